@@ -1,0 +1,2 @@
+//! `interlock`: the node agent and the command line.
+fn main() {}

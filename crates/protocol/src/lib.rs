@@ -1,0 +1,8 @@
+//! The CNI protocol in Rust, both sides of it.
+//!
+//! Network configs and config lists (with every foreign field kept in order), results for
+//! spec versions 0.3.0 to 1.1.0 and the conversions between them, the spec's error
+//! object, conf-dir loading with containerd's and CRI-O's exact rules, and the runtime
+//! side: executing plugin binaries and whole chains.
+
+pub mod atomic;

@@ -1,0 +1,1 @@
+//! The nftables backend (owned by the nft work).

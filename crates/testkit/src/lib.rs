@@ -1,0 +1,192 @@
+//! Test kit shared by every crate's tests.
+//!
+//! Root detection with a clear skip, throwaway network namespaces named and torn down by
+//! the test, and the location of the reference CNI plugins. Everything a test creates here
+//! carries an `il` prefix and is deleted on drop, even when the test fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub use tempfile::{tempdir, TempDir};
+
+/// True when the process runs as root (effective UID 0).
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Skips the calling test with a message when not running as root.
+#[macro_export]
+macro_rules! require_root {
+    () => {
+        if !$crate::is_root() {
+            eprintln!(
+                "SKIP {}: needs root (network namespaces, netfilter); run the tests as root to include it",
+                module_path!()
+            );
+            return;
+        }
+    };
+}
+
+/// Directory holding the reference CNI plugins (`bridge`, `host-local`, `portmap`, …).
+pub fn cni_plugins_dir() -> PathBuf {
+    std::env::var_os("INTERLOCK_CNI_PLUGINS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/lib/cni"))
+}
+
+/// A short name unique to this process and call, at most 15 bytes (fits an ifname).
+pub fn unique(tag: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let salt: u32 = rand::random::<u32>() ^ std::process::id().rotate_left(13) ^ n;
+    let tag: String = tag
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(5)
+        .collect();
+    format!("il{tag}{:08x}", salt)
+}
+
+/// A network namespace created for one test and deleted when dropped.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates `il<tag><random>` with `ip netns add` and brings its loopback up.
+    pub fn new(tag: &str) -> std::io::Result<Netns> {
+        let name = unique(tag);
+        run_ok(Command::new("ip").args(["netns", "add", &name]))?;
+        let ns = Netns { name };
+        run_ok(Command::new("ip").args(["-n", &ns.name, "link", "set", "lo", "up"]))?;
+        Ok(ns)
+    }
+
+    /// The namespace's name under `/var/run/netns`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The bind-mounted namespace file, as a runtime passes it in `CNI_NETNS`.
+    pub fn path(&self) -> PathBuf {
+        Path::new("/var/run/netns").join(&self.name)
+    }
+
+    /// Runs a command inside the namespace (`ip netns exec`).
+    pub fn exec(&self, argv: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(argv)
+            .output()
+            .unwrap_or_else(|e| panic!("ip netns exec {} {:?}: {e}", self.name, argv))
+    }
+
+    /// Like [`Netns::exec`] but panics with the command's stderr when it fails.
+    pub fn exec_ok(&self, argv: &[&str]) -> String {
+        let out = self.exec(argv);
+        assert!(
+            out.status.success(),
+            "in netns {}: {:?} failed: {}",
+            self.name,
+            argv,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs `f` on a fresh thread that has entered this namespace; processes it spawns
+    /// inherit the namespace. The calling thread's namespace is untouched.
+    pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        let path = self.path();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let file = std::fs::File::open(&path)
+                    .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
+                f()
+            })
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+fn run_ok(cmd: &mut Command) -> std::io::Result<()> {
+    let out = cmd.output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "{:?}: {}",
+            cmd,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_names_fit_an_ifname() {
+        let a = unique("bridge");
+        let b = unique("bridge");
+        assert_ne!(a, b);
+        assert!(a.len() <= 15, "{a}");
+        assert!(a.starts_with("ilbridg"));
+    }
+
+    #[test]
+    fn netns_is_created_entered_and_removed() {
+        require_root!();
+        let ns = Netns::new("kit").unwrap();
+        let path = ns.path();
+        assert!(path.exists());
+        ns.exec_ok(&[
+            "ip",
+            "link",
+            "add",
+            "ilkitdummy",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "ilkitpeer",
+        ]);
+        let links = ns.run(|| {
+            String::from_utf8(
+                Command::new("ip")
+                    .args(["-o", "link"])
+                    .output()
+                    .unwrap()
+                    .stdout,
+            )
+            .unwrap()
+        });
+        assert!(links.contains("ilkitdummy"), "{links}");
+        let host = String::from_utf8(
+            Command::new("ip")
+                .args(["-o", "link"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        assert!(!host.contains("ilkitdummy"));
+        drop(ns);
+        assert!(!path.exists());
+    }
+}
