@@ -1,0 +1,233 @@
+//! The agent socket protocol: one JSON request line, one JSON response line, then close.
+//!
+//! Request: `{"v":1,"op":"pod","namespace":"default","name":"web-0","uid":"…"}`.
+//! Responses: `{"v":1,"status":"found","uid":"…","annotations":{…}}`,
+//! `{"v":1,"status":"notFound"}`, or `{"v":1,"status":"undecided","reason":"…"}` when the
+//! agent cannot answer with authority (for example its pod cache has not synced yet).
+//! Unknown fields are ignored both ways so either side can grow.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{match_uid, LookupError, PodLookup, PodRef};
+
+/// Protocol version spoken by this build.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A request to the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Protocol version.
+    pub v: u32,
+    /// Operation; only `pod` exists.
+    pub op: String,
+    /// The pod asked about.
+    #[serde(flatten)]
+    pub pod: PodRef,
+}
+
+/// The agent's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "camelCase")]
+pub enum Response {
+    /// The pod is known; all its annotations.
+    Found {
+        /// Protocol version.
+        v: u32,
+        /// The pod's UID.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        uid: Option<String>,
+        /// The annotations.
+        #[serde(default)]
+        annotations: BTreeMap<String, String>,
+    },
+    /// The agent knows with authority that no such pod exists on this node.
+    NotFound {
+        /// Protocol version.
+        v: u32,
+    },
+    /// The agent cannot answer with authority.
+    Undecided {
+        /// Protocol version.
+        v: u32,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Asks the agent at `socket` about `pod`, giving up after `timeout` in total.
+pub fn query(socket: &Path, pod: &PodRef, timeout: Duration) -> Result<PodLookup, LookupError> {
+    let err = |msg: String| LookupError::Agent {
+        socket: socket.display().to_string(),
+        msg,
+    };
+    let mut stream = UnixStream::connect(socket).map_err(|e| err(format!("connect: {e}")))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| err(e.to_string()))?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(|e| err(e.to_string()))?;
+    let req = Request {
+        v: PROTOCOL_VERSION,
+        op: "pod".into(),
+        pod: pod.clone(),
+    };
+    let mut line = serde_json::to_vec(&req).map_err(|e| err(e.to_string()))?;
+    line.push(b'\n');
+    stream
+        .write_all(&line)
+        .map_err(|e| err(format!("send: {e}")))?;
+    let mut answer = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut answer)
+        .map_err(|e| err(format!("no answer within {timeout:?}: {e}")))?;
+    if answer.trim().is_empty() {
+        return Err(err("closed the connection without answering".into()));
+    }
+    let resp: Response = serde_json::from_str(answer.trim())
+        .map_err(|e| err(format!("bad answer {answer:?}: {e}")))?;
+    match resp {
+        Response::Found {
+            uid, annotations, ..
+        } => {
+            if match_uid(pod, uid.as_deref()) {
+                Ok(PodLookup::Found { uid, annotations })
+            } else {
+                Ok(PodLookup::NotFound)
+            }
+        }
+        Response::NotFound { .. } => Ok(PodLookup::NotFound),
+        Response::Undecided { reason, .. } => Err(LookupError::AgentUndecided {
+            socket: socket.display().to_string(),
+            pod: pod.to_string(),
+            reason,
+        }),
+    }
+}
+
+/// Server side: turns one request line into one response line using `lookup`.
+/// Malformed requests get an `undecided` answer naming the problem, never a panic.
+pub fn answer_line(line: &str, lookup: impl FnOnce(&PodRef) -> Response) -> String {
+    let resp = match serde_json::from_str::<Request>(line.trim()) {
+        Ok(req) if req.op == "pod" => lookup(&req.pod),
+        Ok(req) => Response::Undecided {
+            v: PROTOCOL_VERSION,
+            reason: format!("unknown op {:?}", req.op),
+        },
+        Err(e) => Response::Undecided {
+            v: PROTOCOL_VERSION,
+            reason: format!("bad request: {e}"),
+        },
+    };
+    let mut s = serde_json::to_string(&resp).unwrap_or_else(|_| {
+        r#"{"status":"undecided","v":1,"reason":"could not encode answer"}"#.to_string()
+    });
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    fn pod() -> PodRef {
+        PodRef {
+            namespace: "shop".into(),
+            name: "cart-0".into(),
+            uid: Some("u-1".into()),
+        }
+    }
+
+    fn serve(
+        dir: &Path,
+        reply: impl Fn(&PodRef) -> Response + Send + 'static,
+    ) -> std::path::PathBuf {
+        let sock = dir.join("agent.sock");
+        let l = UnixListener::bind(&sock).unwrap();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let mut s = s.unwrap();
+                let mut line = String::new();
+                BufReader::new(&s).read_line(&mut line).unwrap();
+                let out = answer_line(&line, &reply);
+                s.write_all(out.as_bytes()).unwrap();
+            }
+        });
+        sock
+    }
+
+    #[test]
+    fn found_notfound_undecided_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = serve(dir.path(), |p| {
+            if p.name == "cart-0" {
+                Response::Found {
+                    v: 1,
+                    uid: Some("u-1".into()),
+                    annotations: [("sidecar.istio.io/status".to_string(), "{}".to_string())].into(),
+                }
+            } else if p.name == "gone" {
+                Response::NotFound { v: 1 }
+            } else {
+                Response::Undecided {
+                    v: 1,
+                    reason: "pod cache not synced".into(),
+                }
+            }
+        });
+        let t = Duration::from_secs(2);
+        match query(&sock, &pod(), t).unwrap() {
+            PodLookup::Found { annotations, .. } => {
+                assert_eq!(annotations["sidecar.istio.io/status"], "{}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut gone = pod();
+        gone.name = "gone".into();
+        assert_eq!(query(&sock, &gone, t).unwrap(), PodLookup::NotFound);
+        let mut other = pod();
+        other.name = "x".into();
+        let e = query(&sock, &other, t).unwrap_err().to_string();
+        assert!(
+            e.contains("pod cache not synced") && e.contains("shop/x"),
+            "{e}"
+        );
+        // Same name, other UID: a different pod.
+        let mut recreated = pod();
+        recreated.uid = Some("u-2".into());
+        assert_eq!(query(&sock, &recreated, t).unwrap(), PodLookup::NotFound);
+    }
+
+    #[test]
+    fn missing_socket_is_an_error_naming_it() {
+        let e = query(
+            Path::new("/nonexistent/il.sock"),
+            &pod(),
+            Duration::from_millis(100),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("/nonexistent/il.sock"), "{e}");
+    }
+
+    #[test]
+    fn bad_requests_get_an_undecided_answer() {
+        let out = answer_line("not json", |_| Response::NotFound { v: 1 });
+        assert!(
+            out.contains("undecided") && out.contains("bad request"),
+            "{out}"
+        );
+        let out = answer_line(
+            r#"{"v":1,"op":"delete","namespace":"a","name":"b"}"#,
+            |_| Response::NotFound { v: 1 },
+        );
+        assert!(out.contains("unknown op"), "{out}");
+    }
+}
