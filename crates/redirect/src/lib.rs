@@ -5,6 +5,8 @@
 //! remove it inside a pod's network namespace, and the probe that proves it with traffic.
 
 pub mod backend;
+pub mod profile;
 pub mod spec;
 
-pub use spec::RedirectSpec;
+pub use profile::{decide, ProfileName};
+pub use spec::{RedirectSpec, SpecError};

@@ -1,7 +1,36 @@
 //! The one rule model every profile produces and every backend applies.
+//!
+//! # Semantics (every backend implements exactly this)
+//!
+//! Only TCP is captured. For each enabled address family:
+//!
+//! **Inbound** (nat prerouting), a connection arriving at the pod is redirected to
+//! `inbound.proxy_port` unless, in this order:
+//! 1. it arrives on an interface in `exclude_interfaces`;
+//! 2. its destination port is in `inbound.exclude_ports`;
+//! 3. `inbound.include_ports` is `Only(list)` and the destination port is not in `list`.
+//!
+//! **Outbound** (nat output), a connection a pod process opens is redirected to
+//! `outbound.proxy_port` unless, in this order:
+//! 1. it leaves through loopback (`lo`);
+//! 2. the socket's owner UID is `proxy_uid`, or its GID is `proxy_gid` (when set);
+//! 3. it leaves through an interface in `exclude_interfaces`;
+//! 4. its destination port is in `outbound.exclude_ports`;
+//! 5. its destination address is in `outbound.exclude_cidrs` (of this family);
+//! 6. `outbound.include_cidrs` is non-empty and the destination is in none of them (a
+//!    family with no include CIDR of its own then has no outbound capture at all);
+//! 7. `outbound.include_ports` is `Only(list)` and the destination port is not in `list`.
+//!
+//! Exclusions always win over inclusions. Port lists may be long (ranges in annotations
+//! are expanded); backends should compress them with [`port_runs`].
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::ops::RangeInclusive;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 /// Everything a backend needs to capture a pod's traffic to its proxy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,13 +46,13 @@ pub struct RedirectSpec {
     pub outbound: OutboundCapture,
     /// Interfaces whose traffic is never captured (besides loopback).
     pub exclude_interfaces: Vec<String>,
-    /// Address families to program.
+    /// Program IPv4 rules.
     pub ipv4: bool,
-    /// Address families to program.
+    /// Program IPv6 rules.
     pub ipv6: bool,
 }
 
-/// Which inbound destination ports are captured.
+/// Which destination ports are captured.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "mode", content = "ports")]
 pub enum PortSelection {
@@ -31,6 +60,16 @@ pub enum PortSelection {
     All,
     /// Only these ports (minus the exclusions); empty means none.
     Only(Vec<u16>),
+}
+
+impl PortSelection {
+    /// True when `port` is selected (exclusions not considered).
+    pub fn contains(&self, port: u16) -> bool {
+        match self {
+            PortSelection::All => true,
+            PortSelection::Only(list) => list.contains(&port),
+        }
+    }
 }
 
 /// Inbound capture settings.
@@ -59,4 +98,424 @@ pub struct OutboundCapture {
     pub include_cidrs: Vec<IpNet>,
     /// Destination networks never captured.
     pub exclude_cidrs: Vec<IpNet>,
+}
+
+/// An IP address family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    /// IPv4.
+    V4,
+    /// IPv6.
+    V6,
+}
+
+impl Family {
+    /// The family of an address.
+    pub fn of(ip: &IpAddr) -> Family {
+        match ip {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+
+    /// The family of a network.
+    pub fn of_net(net: &IpNet) -> Family {
+        match net {
+            IpNet::V4(_) => Family::V4,
+            IpNet::V6(_) => Family::V6,
+        }
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        })
+    }
+}
+
+/// Why a spec, or the annotation it was built from, is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// A pod annotation has a value interlock cannot use.
+    #[error("pod annotation {annotation}={value:?} is invalid: {reason}; fix the annotation on the pod (or its template)")]
+    Annotation {
+        /// Full annotation key.
+        annotation: String,
+        /// The value as found on the pod.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A pod annotation asks for something interlock does not implement.
+    #[error("pod annotation {annotation}={value:?} is not supported: {reason}")]
+    Unsupported {
+        /// Full annotation key.
+        annotation: String,
+        /// The value as found on the pod.
+        value: String,
+        /// What is not supported and what to use instead.
+        reason: String,
+    },
+    /// A field of the spec itself is invalid (spec built in code or read from state).
+    #[error("redirect spec field {field} is invalid: {reason}")]
+    Field {
+        /// Field path, e.g. `outbound.proxyPort`.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl RedirectSpec {
+    /// The families to program, in order (IPv4 first).
+    pub fn families(&self) -> Vec<Family> {
+        let mut out = Vec::with_capacity(2);
+        if self.ipv4 {
+            out.push(Family::V4);
+        }
+        if self.ipv6 {
+            out.push(Family::V6);
+        }
+        out
+    }
+
+    /// Checks every field; the first problem found is returned.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        fn field(field: &'static str, reason: impl Into<String>) -> SpecError {
+            SpecError::Field {
+                field,
+                reason: reason.into(),
+            }
+        }
+        if self.proxy_uid == 0 {
+            return Err(field(
+                "proxyUid",
+                "UID 0 would exempt every root process from capture",
+            ));
+        }
+        if self.proxy_gid == Some(0) {
+            return Err(field(
+                "proxyGid",
+                "GID 0 would exempt every root-group process from capture",
+            ));
+        }
+        if !self.ipv4 && !self.ipv6 {
+            return Err(field("ipv4/ipv6", "at least one address family is needed"));
+        }
+        if self.inbound.proxy_port == 0 {
+            return Err(field("inbound.proxyPort", "port 0 is not a valid port"));
+        }
+        if self.outbound.proxy_port == 0 {
+            return Err(field("outbound.proxyPort", "port 0 is not a valid port"));
+        }
+        let no_zero = |name: &'static str, ports: &[u16]| {
+            if ports.contains(&0) {
+                Err(field(name, "port 0 is not a valid port"))
+            } else {
+                Ok(())
+            }
+        };
+        no_zero("inbound.excludePorts", &self.inbound.exclude_ports)?;
+        no_zero("outbound.excludePorts", &self.outbound.exclude_ports)?;
+        if let PortSelection::Only(list) = &self.inbound.include_ports {
+            no_zero("inbound.includePorts", list)?;
+        }
+        if let PortSelection::Only(list) = &self.outbound.include_ports {
+            no_zero("outbound.includePorts", list)?;
+        }
+        for name in &self.exclude_interfaces {
+            validate_ifname(name).map_err(|reason| field("excludeInterfaces", reason))?;
+        }
+        Ok(())
+    }
+
+    /// The same spec with every list sorted and deduplicated and every CIDR truncated to
+    /// its network address, so equal meanings compare (and hash) equal.
+    pub fn normalized(&self) -> RedirectSpec {
+        let mut s = self.clone();
+        sort_dedup(&mut s.inbound.exclude_ports);
+        sort_dedup(&mut s.outbound.exclude_ports);
+        if let PortSelection::Only(list) = &mut s.inbound.include_ports {
+            sort_dedup(list);
+        }
+        if let PortSelection::Only(list) = &mut s.outbound.include_ports {
+            sort_dedup(list);
+        }
+        for list in [&mut s.outbound.include_cidrs, &mut s.outbound.exclude_cidrs] {
+            for net in list.iter_mut() {
+                *net = net.trunc();
+            }
+            sort_dedup(list);
+        }
+        sort_dedup(&mut s.exclude_interfaces);
+        s
+    }
+
+    /// Canonical JSON of the normalized spec (stable field order, sorted lists).
+    pub fn canonical_json(&self) -> String {
+        serde_json::to_string(&self.normalized()).expect("a RedirectSpec always serializes")
+    }
+
+    /// Hex SHA-256 of [`RedirectSpec::canonical_json`]: equal for equal meanings, recorded in
+    /// per-attachment state to tell whether the rules in a netns are the ones wanted now.
+    pub fn hash(&self) -> String {
+        hex::encode(Sha256::digest(self.canonical_json().as_bytes()))
+    }
+
+    /// The include CIDRs of one family (empty: see [`OutboundCapture::include_cidrs`]).
+    pub fn include_cidrs(&self, family: Family) -> Vec<IpNet> {
+        cidrs_of(&self.outbound.include_cidrs, family)
+    }
+
+    /// The exclude CIDRs of one family.
+    pub fn exclude_cidrs(&self, family: Family) -> Vec<IpNet> {
+        cidrs_of(&self.outbound.exclude_cidrs, family)
+    }
+
+    /// Whether a TCP connection opened by a process with `uid`/`gid` to `dst:port`, leaving
+    /// through interface `out_if`, would be redirected to the outbound proxy port.
+    /// This is the outbound semantics above as a pure function (used by the probe and tests).
+    pub fn captures_outbound(
+        &self,
+        uid: u32,
+        gid: u32,
+        out_if: &str,
+        dst: IpAddr,
+        port: u16,
+    ) -> bool {
+        let family = Family::of(&dst);
+        if !self.families().contains(&family) || out_if == "lo" {
+            return false;
+        }
+        if uid == self.proxy_uid || self.proxy_gid == Some(gid) {
+            return false;
+        }
+        if self.exclude_interfaces.iter().any(|i| i == out_if) {
+            return false;
+        }
+        if self.outbound.exclude_ports.contains(&port) {
+            return false;
+        }
+        if self.exclude_cidrs(family).iter().any(|n| n.contains(&dst)) {
+            return false;
+        }
+        if !self.outbound.include_cidrs.is_empty()
+            && !self.include_cidrs(family).iter().any(|n| n.contains(&dst))
+        {
+            return false;
+        }
+        self.outbound.include_ports.contains(port)
+    }
+
+    /// Whether a TCP connection arriving on `in_if` for destination port `port` would be
+    /// redirected to the inbound proxy port (the inbound semantics above).
+    pub fn captures_inbound(&self, in_if: &str, port: u16) -> bool {
+        !self.exclude_interfaces.iter().any(|i| i == in_if)
+            && !self.inbound.exclude_ports.contains(&port)
+            && self.inbound.include_ports.contains(port)
+    }
+}
+
+fn cidrs_of(list: &[IpNet], family: Family) -> Vec<IpNet> {
+    list.iter()
+        .filter(|n| Family::of_net(n) == family)
+        .map(|n| n.trunc())
+        .collect()
+}
+
+fn sort_dedup<T: Ord>(v: &mut Vec<T>) {
+    v.sort();
+    v.dedup();
+}
+
+/// Checks a Linux interface name (1–15 bytes, no `/`, no whitespace, not `.`/`..`).
+pub fn validate_ifname(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 15 {
+        return Err(format!(
+            "interface name {name:?} must be 1 to 15 characters long"
+        ));
+    }
+    if name == "." || name == ".." || name.chars().any(|c| c == '/' || c.is_whitespace()) {
+        return Err(format!("{name:?} is not a valid interface name"));
+    }
+    Ok(())
+}
+
+/// Compresses a port list into sorted, merged inclusive runs (`[80,81,82,443]` →
+/// `[80..=82, 443..=443]`), so backends can emit one range match per run.
+pub fn port_runs(ports: &[u16]) -> Vec<RangeInclusive<u16>> {
+    let set: BTreeSet<u16> = ports.iter().copied().collect();
+    let mut runs: Vec<RangeInclusive<u16>> = Vec::new();
+    for p in set {
+        match runs.last_mut() {
+            Some(r) if *r.end() != u16::MAX && r.end() + 1 == p => *r = *r.start()..=p,
+            _ => runs.push(p..=p),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn istio_like() -> RedirectSpec {
+        RedirectSpec {
+            proxy_uid: 1337,
+            proxy_gid: Some(1337),
+            inbound: InboundCapture {
+                proxy_port: 15006,
+                include_ports: PortSelection::All,
+                exclude_ports: vec![15090, 15020, 15021],
+            },
+            outbound: OutboundCapture {
+                proxy_port: 15001,
+                include_ports: PortSelection::All,
+                exclude_ports: vec![],
+                include_cidrs: vec![],
+                exclude_cidrs: vec![],
+            },
+            exclude_interfaces: vec![],
+            ipv4: true,
+            ipv6: true,
+        }
+    }
+
+    #[test]
+    fn valid_spec_passes() {
+        istio_like().validate().unwrap();
+    }
+
+    #[test]
+    fn invalid_fields_are_named() {
+        let mut s = istio_like();
+        s.proxy_uid = 0;
+        assert!(matches!(
+            s.validate(),
+            Err(SpecError::Field {
+                field: "proxyUid",
+                ..
+            })
+        ));
+        let mut s = istio_like();
+        s.proxy_gid = Some(0);
+        assert!(matches!(
+            s.validate(),
+            Err(SpecError::Field {
+                field: "proxyGid",
+                ..
+            })
+        ));
+        let mut s = istio_like();
+        s.outbound.proxy_port = 0;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("outbound.proxyPort"), "{e}");
+        let mut s = istio_like();
+        s.inbound.exclude_ports.push(0);
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("inbound.excludePorts"));
+        let mut s = istio_like();
+        s.outbound.include_ports = PortSelection::Only(vec![0]);
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("outbound.includePorts"));
+        let mut s = istio_like();
+        s.exclude_interfaces.push("a/b".into());
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("excludeInterfaces"));
+        let mut s = istio_like();
+        s.exclude_interfaces.push("averyveryverylongname".into());
+        assert!(s.validate().is_err());
+        let mut s = istio_like();
+        s.ipv4 = false;
+        s.ipv6 = false;
+        assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn hash_is_stable_across_list_order_and_host_bits() {
+        let a = istio_like();
+        let mut b = istio_like();
+        b.inbound.exclude_ports = vec![15021, 15090, 15020, 15020];
+        assert_eq!(a.hash(), b.hash());
+        let mut c = istio_like();
+        c.outbound.exclude_cidrs = vec!["10.1.2.3/8".parse().unwrap()];
+        let mut d = istio_like();
+        d.outbound.exclude_cidrs = vec!["10.0.0.0/8".parse().unwrap()];
+        assert_eq!(c.hash(), d.hash());
+        assert_ne!(a.hash(), c.hash());
+        assert_eq!(a.hash().len(), 64);
+        let mut e = istio_like();
+        e.outbound.proxy_port = 15002;
+        assert_ne!(a.hash(), e.hash());
+    }
+
+    #[test]
+    fn canonical_json_round_trips() {
+        let a = istio_like();
+        let back: RedirectSpec = serde_json::from_str(&a.canonical_json()).unwrap();
+        assert_eq!(back, a.normalized());
+        assert!(a.canonical_json().contains("\"proxyUid\":1337"));
+    }
+
+    #[test]
+    fn port_runs_merge_neighbours() {
+        assert_eq!(port_runs(&[443, 80, 81, 82, 81]), vec![80..=82, 443..=443]);
+        assert_eq!(port_runs(&[]), Vec::<RangeInclusive<u16>>::new());
+        assert_eq!(port_runs(&[65534, 65535, 1]), vec![1..=1, 65534..=65535]);
+    }
+
+    #[test]
+    fn outbound_semantics() {
+        let mut s = istio_like();
+        let b: IpAddr = "10.99.1.3".parse().unwrap();
+        assert!(s.captures_outbound(0, 0, "eth0", b, 8080));
+        assert!(!s.captures_outbound(1337, 0, "eth0", b, 8080));
+        assert!(!s.captures_outbound(1000, 1337, "eth0", b, 8080));
+        assert!(!s.captures_outbound(0, 0, "lo", b, 8080));
+        s.outbound.exclude_ports = vec![8080];
+        assert!(!s.captures_outbound(0, 0, "eth0", b, 8080));
+        s.outbound.exclude_ports = vec![];
+        s.outbound.exclude_cidrs = vec!["10.99.1.0/24".parse().unwrap()];
+        assert!(!s.captures_outbound(0, 0, "eth0", b, 8080));
+        s.outbound.exclude_cidrs = vec![];
+        s.outbound.include_cidrs = vec!["10.98.0.0/16".parse().unwrap()];
+        assert!(!s.captures_outbound(0, 0, "eth0", b, 8080));
+        // An include list with only IPv4 networks captures no IPv6 destination.
+        assert!(!s.captures_outbound(0, 0, "eth0", "fd99::3".parse().unwrap(), 80));
+        s.outbound.include_cidrs = vec!["10.99.0.0/16".parse().unwrap()];
+        assert!(s.captures_outbound(0, 0, "eth0", b, 8080));
+        s.outbound.include_ports = PortSelection::Only(vec![443]);
+        assert!(!s.captures_outbound(0, 0, "eth0", b, 8080));
+        assert!(s.captures_outbound(0, 0, "eth0", b, 443));
+        s.exclude_interfaces = vec!["eth0".into()];
+        assert!(!s.captures_outbound(0, 0, "eth0", b, 443));
+        s.ipv4 = false;
+        s.exclude_interfaces.clear();
+        assert!(!s.captures_outbound(0, 0, "eth0", b, 443));
+    }
+
+    #[test]
+    fn inbound_semantics() {
+        let mut s = istio_like();
+        assert!(s.captures_inbound("eth0", 8080));
+        assert!(!s.captures_inbound("eth0", 15020));
+        s.inbound.include_ports = PortSelection::Only(vec![8080, 15020]);
+        assert!(s.captures_inbound("eth0", 8080));
+        assert!(!s.captures_inbound("eth0", 9090));
+        assert!(!s.captures_inbound("eth0", 15020));
+        s.exclude_interfaces = vec!["net1".into()];
+        assert!(!s.captures_inbound("net1", 8080));
+    }
 }
