@@ -6,3 +6,12 @@
 //! side: executing plugin binaries and whole chains.
 
 pub mod atomic;
+pub mod conf;
+pub mod error;
+pub mod result;
+pub mod version;
+
+pub use conf::{parse_conf, parse_conflist, ConfError, ConfFormat, NetworkConfigList, PluginConf};
+pub use error::CniError;
+pub use result::CniResult;
+pub use version::CniVersion;
