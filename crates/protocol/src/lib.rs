@@ -7,6 +7,7 @@
 
 pub mod atomic;
 pub mod conf;
+pub mod confdir;
 pub mod error;
 pub mod result;
 pub mod version;
