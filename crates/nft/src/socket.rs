@@ -1,0 +1,764 @@
+//! The netlink socket (`AF_NETLINK`, `NETLINK_NETFILTER`) and the client on top of it:
+//! commit a batch and collect every acknowledgement, run dumps, get single objects.
+//!
+//! A socket belongs to the network namespace of the thread that opened it, so open it on
+//! a thread that is already inside the target namespace.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use crate::attr::{AttrWriter, Attrs};
+use crate::batch::{
+    finish_message, put_header, Batch, Chain, ChainType, Family, Hook, Policy, TableInfo,
+};
+use crate::error::NftError;
+use crate::expr::Expr;
+use crate::rule::Rule;
+use crate::sys::*;
+
+/// How long a request may go unanswered before it fails. The kernel answers nf_tables
+/// requests synchronously, so this only guards against a broken kernel or socket.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Attempts when a dump is interrupted by concurrent changes (`NLM_F_DUMP_INTR`).
+const DUMP_ATTEMPTS: usize = 5;
+
+/// A chain as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainInfo {
+    /// Chain name.
+    pub name: String,
+    /// Kernel handle.
+    pub handle: u64,
+    /// Hook number and priority, for a base chain.
+    pub hook: Option<(u32, i32)>,
+    /// Chain type name (`nat`, `filter`, `route`), for a base chain.
+    pub chain_type: Option<String>,
+    /// Policy verdict code, for a base chain.
+    pub policy: Option<u32>,
+    /// Number of rules and references.
+    pub use_count: u32,
+}
+
+impl ChainInfo {
+    /// True when this chain is exactly `expected`: same name, and the same hook, priority,
+    /// type and policy (or none of them, for a regular chain).
+    pub fn matches(&self, expected: &Chain) -> bool {
+        if self.name != expected.name {
+            return false;
+        }
+        match &expected.base {
+            None => self.hook.is_none() && self.chain_type.is_none(),
+            Some(b) => {
+                self.hook == Some((b.hook.raw(), b.priority))
+                    && self.chain_type.as_deref() == Some(b.chain_type.as_str())
+                    && self.policy == Some(b.policy.raw())
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ChainInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "chain {}", self.name)?;
+        if let Some((hook, prio)) = self.hook {
+            let hook = Hook::from_raw(hook)
+                .map(|h| format!("{h:?}").to_lowercase())
+                .unwrap_or_else(|| hook.to_string());
+            let ty = self.chain_type.as_deref().unwrap_or("?");
+            let policy = match self.policy.and_then(Policy::from_raw) {
+                Some(Policy::Accept) => "accept".to_string(),
+                Some(Policy::Drop) => "drop".to_string(),
+                None => format!("{:?}", self.policy),
+            };
+            write!(
+                f,
+                " {{ type {ty} hook {hook} priority {prio}; policy {policy}; }}"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A client for nf_tables in the current network namespace.
+///
+/// Cheap to keep: one socket, one receive buffer. Reuse it for the read-back after a
+/// commit instead of opening another.
+#[derive(Debug)]
+pub struct Nft {
+    fd: OwnedFd,
+    seq: u32,
+    rbuf: Vec<u8>,
+}
+
+impl Nft {
+    /// Opens a netfilter netlink socket in the calling thread's network namespace.
+    pub fn open() -> Result<Nft, NftError> {
+        let fd = sys_socket()?;
+        sys_bind(&fd)?;
+        // Best effort: error messages from the kernel, and short error acks.
+        let _ = sys_setsockopt_int(&fd, libc::SOL_NETLINK, NETLINK_EXT_ACK, 1);
+        let _ = sys_setsockopt_int(&fd, libc::SOL_NETLINK, NETLINK_CAP_ACK, 1);
+        sys_set_rcvtimeo(&fd, REPLY_TIMEOUT)?;
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(1);
+        Ok(Nft {
+            fd,
+            seq: seed | 1,
+            rbuf: vec![0u8; 64 * 1024],
+        })
+    }
+
+    fn take_seqs(&mut self, n: u32) -> u32 {
+        let first = self.seq;
+        self.seq = self.seq.wrapping_add(n);
+        first
+    }
+
+    /// Sends `batch` as one transaction and waits for the kernel's verdict on every
+    /// message. On failure nothing of the batch is applied; the error names the first
+    /// message the kernel refused.
+    pub fn commit(&mut self, batch: &Batch) -> Result<(), NftError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let n = batch.len() as u32;
+        let first = self.take_seqs(n + 2);
+        let bytes = batch.encode(first, true);
+        sys_send(&self.fd, &bytes)?;
+
+        let mut answered = vec![false; n as usize];
+        let mut remaining = n as usize;
+        // (message index or None for the batch markers, errno, kernel message)
+        let mut errors: Vec<(Option<usize>, i32, Option<String>)> = Vec::new();
+        while remaining > 0 {
+            // The kernel answers within send(); once it has refused something, read only
+            // what is queued instead of waiting for acks that may never come.
+            let got = match sys_recv(&self.fd, &mut self.rbuf, !errors.is_empty()) {
+                Ok(0) => break,
+                Ok(len) => len,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && !errors.is_empty() => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    return Err(NftError::Timeout {
+                        what: batch.describe(0).unwrap_or("batch").to_string(),
+                        timeout_ms: REPLY_TIMEOUT.as_millis() as u64,
+                    })
+                }
+                Err(e) => {
+                    return Err(NftError::Io {
+                        op: "recv",
+                        source: e,
+                    })
+                }
+            };
+            for msg in Messages::new(&self.rbuf[..got]) {
+                let msg = msg?;
+                let rel = msg.seq.wrapping_sub(first);
+                if rel > n + 1 || msg.ty != NLMSG_ERROR {
+                    continue;
+                }
+                let (errno, text) = parse_error(&msg)?;
+                let idx = (1..=n).contains(&rel).then(|| (rel - 1) as usize);
+                if let Some(i) = idx {
+                    if !answered[i] {
+                        answered[i] = true;
+                        remaining -= 1;
+                    }
+                }
+                if errno != 0 {
+                    errors.push((idx, errno, text));
+                }
+            }
+        }
+        if let Some((idx, errno, message)) = errors.into_iter().next() {
+            let what = match idx {
+                Some(i) => batch.describe(i).unwrap_or("a batch message").to_string(),
+                None => "the nf_tables batch".to_string(),
+            };
+            return Err(NftError::Kernel {
+                what,
+                errno,
+                message,
+            });
+        }
+        if remaining > 0 {
+            return Err(NftError::Malformed(format!(
+                "the kernel acknowledged {} of {n} batch messages",
+                n as usize - remaining
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends one non-batch request and collects the payloads (after `nfgenmsg`) of every
+    /// data message it answers with, until `NLMSG_DONE` (dump) or the ack.
+    fn request(
+        &mut self,
+        msg: u16,
+        flags: u16,
+        family: Family,
+        what: &str,
+        attrs: impl Fn(&mut AttrWriter<'_>),
+    ) -> Result<Vec<Vec<u8>>, NftError> {
+        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        for _ in 0..DUMP_ATTEMPTS {
+            let seq = self.take_seqs(1);
+            let mut req = Vec::with_capacity(128);
+            put_header(
+                &mut req,
+                (NFNL_SUBSYS_NFTABLES << 8) | msg,
+                NLM_F_REQUEST | flags,
+                seq,
+                family.raw(),
+                0,
+            );
+            attrs(&mut AttrWriter::new(&mut req));
+            finish_message(&mut req, 0);
+            sys_send(&self.fd, &req)?;
+
+            let mut out = Vec::new();
+            let mut interrupted = false;
+            'recv: loop {
+                let got = match sys_recv(&self.fd, &mut self.rbuf, false) {
+                    Ok(len) => len,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        return Err(NftError::Timeout {
+                            what: what.to_string(),
+                            timeout_ms: REPLY_TIMEOUT.as_millis() as u64,
+                        })
+                    }
+                    Err(e) => {
+                        return Err(NftError::Io {
+                            op: "recv",
+                            source: e,
+                        })
+                    }
+                };
+                if got == 0 {
+                    return Err(NftError::Malformed(format!("{what}: socket closed")));
+                }
+                for m in Messages::new(&self.rbuf[..got]) {
+                    let m = m?;
+                    if m.seq != seq {
+                        continue;
+                    }
+                    if m.flags & NLM_F_DUMP_INTR != 0 {
+                        interrupted = true;
+                    }
+                    match m.ty {
+                        NLMSG_ERROR => {
+                            let (errno, message) = parse_error(&m)?;
+                            if errno != 0 {
+                                return Err(NftError::Kernel {
+                                    what: what.to_string(),
+                                    errno,
+                                    message,
+                                });
+                            }
+                            if !dump {
+                                break 'recv;
+                            }
+                        }
+                        NLMSG_DONE => {
+                            if let Some(b) = m.payload.get(..4) {
+                                let status = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+                                if status < 0 {
+                                    return Err(NftError::Kernel {
+                                        what: what.to_string(),
+                                        errno: -status,
+                                        message: None,
+                                    });
+                                }
+                            }
+                            break 'recv;
+                        }
+                        NLMSG_NOOP => {}
+                        _ => {
+                            let body = m.payload.get(NFGENMSG_LEN..).ok_or_else(|| {
+                                NftError::Malformed(format!("{what}: reply shorter than nfgenmsg"))
+                            })?;
+                            out.push(body.to_vec());
+                        }
+                    }
+                }
+            }
+            if !interrupted {
+                return Ok(out);
+            }
+        }
+        Err(NftError::DumpInterrupted {
+            what: what.to_string(),
+        })
+    }
+
+    /// The table `<family> <name>`, or `None` when it does not exist.
+    pub fn table(&mut self, family: Family, name: &str) -> Result<Option<TableInfo>, NftError> {
+        let what = format!("get table {family} {name}");
+        let replies = match self.request(NFT_MSG_GETTABLE, NLM_F_ACK, family, &what, |w| {
+            w.string(NFTA_TABLE_NAME, name)
+        }) {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some(body) = replies.first() else {
+            return Ok(None);
+        };
+        let mut t = TableInfo {
+            name: String::new(),
+            family,
+            flags: 0,
+            handle: 0,
+            use_count: 0,
+        };
+        for a in Attrs::new(body) {
+            let a = a?;
+            match a.ty {
+                NFTA_TABLE_NAME => t.name = a.string()?,
+                NFTA_TABLE_FLAGS => t.flags = a.be32()?,
+                NFTA_TABLE_USE => t.use_count = a.be32()?,
+                NFTA_TABLE_HANDLE => t.handle = a.be64()?,
+                _ => {}
+            }
+        }
+        Ok(Some(t))
+    }
+
+    /// Every chain of table `<family> <table>`, in the kernel's order (empty when the
+    /// table does not exist).
+    pub fn chains(&mut self, family: Family, table: &str) -> Result<Vec<ChainInfo>, NftError> {
+        let what = format!("list chains of table {family} {table}");
+        let replies = self.request(NFT_MSG_GETCHAIN, NLM_F_DUMP, family, &what, |w| {
+            w.string(NFTA_CHAIN_TABLE, table)
+        })?;
+        let mut chains = Vec::with_capacity(replies.len());
+        for body in replies {
+            let mut c = ChainInfo {
+                name: String::new(),
+                handle: 0,
+                hook: None,
+                chain_type: None,
+                policy: None,
+                use_count: 0,
+            };
+            let mut in_table = true;
+            for a in Attrs::new(&body) {
+                let a = a?;
+                match a.ty {
+                    NFTA_CHAIN_TABLE => in_table = a.string()? == table,
+                    NFTA_CHAIN_NAME => c.name = a.string()?,
+                    NFTA_CHAIN_HANDLE => c.handle = a.be64()?,
+                    NFTA_CHAIN_POLICY => c.policy = Some(a.be32()?),
+                    NFTA_CHAIN_TYPE => c.chain_type = Some(a.string()?),
+                    NFTA_CHAIN_USE => c.use_count = a.be32()?,
+                    NFTA_CHAIN_HOOK => {
+                        let (mut num, mut prio) = (None, None);
+                        for h in a.nested() {
+                            let h = h?;
+                            match h.ty {
+                                NFTA_HOOK_HOOKNUM => num = Some(h.be32()?),
+                                NFTA_HOOK_PRIORITY => prio = Some(h.be32()? as i32),
+                                _ => {}
+                            }
+                        }
+                        if let (Some(n), Some(p)) = (num, prio) {
+                            c.hook = Some((n, p));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if in_table {
+                chains.push(c);
+            }
+        }
+        Ok(chains)
+    }
+
+    /// Every rule of table `<family> <table>` (of one chain when `chain` is given), in
+    /// chain order, with handles, tags and decoded expressions. Empty when the table
+    /// does not exist.
+    pub fn rules(
+        &mut self,
+        family: Family,
+        table: &str,
+        chain: Option<&str>,
+    ) -> Result<Vec<Rule>, NftError> {
+        let what = match chain {
+            Some(c) => format!("list rules of chain {family} {table} {c}"),
+            None => format!("list rules of table {family} {table}"),
+        };
+        let replies = self.request(NFT_MSG_GETRULE, NLM_F_DUMP, family, &what, |w| {
+            w.string(NFTA_RULE_TABLE, table);
+            if let Some(c) = chain {
+                w.string(NFTA_RULE_CHAIN, c);
+            }
+        })?;
+        let mut rules = Vec::with_capacity(replies.len());
+        for body in replies {
+            let (in_table, rule) = decode_rule(&body)?;
+            if in_table == table && chain.map_or(true, |c| c == rule.chain) {
+                rules.push(rule);
+            }
+        }
+        Ok(rules)
+    }
+
+    /// Deletes table `<family> <name>` with everything in it. `Ok(false)` when it did not
+    /// exist.
+    pub fn delete_table(&mut self, family: Family, name: &str) -> Result<bool, NftError> {
+        let mut b = Batch::new();
+        b.delete_table(family, name);
+        match self.commit(&b) {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The chain type of a [`ChainInfo`], parsed.
+impl ChainInfo {
+    /// The chain type, when it is one this crate knows.
+    pub fn parsed_type(&self) -> Option<ChainType> {
+        self.chain_type.as_deref().and_then(ChainType::parse)
+    }
+}
+
+/// Decodes a `NEWRULE` body (after `nfgenmsg`) into its table name and rule.
+fn decode_rule(body: &[u8]) -> Result<(String, Rule), NftError> {
+    let mut rule = Rule::new(String::new());
+    let mut table = String::new();
+    for a in Attrs::new(body) {
+        let a = a?;
+        match a.ty {
+            NFTA_RULE_TABLE => table = a.string()?,
+            NFTA_RULE_CHAIN => rule.chain = a.string()?,
+            NFTA_RULE_HANDLE => rule.handle = Some(a.be64()?),
+            NFTA_RULE_USERDATA => rule.userdata = Some(a.data.to_vec()),
+            NFTA_RULE_EXPRESSIONS => {
+                for e in a.nested() {
+                    rule.exprs.push(Expr::decode(&e?)?);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((table, rule))
+}
+
+/// One netlink message in a receive buffer.
+struct Message<'a> {
+    ty: u16,
+    flags: u16,
+    seq: u32,
+    payload: &'a [u8],
+}
+
+struct Messages<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Messages<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        Messages { rest: buf }
+    }
+}
+
+impl<'a> Iterator for Messages<'a> {
+    type Item = Result<Message<'a>, NftError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.len() < NLMSG_HDRLEN {
+            return None;
+        }
+        let r = self.rest;
+        let len = u32::from_ne_bytes([r[0], r[1], r[2], r[3]]) as usize;
+        if len < NLMSG_HDRLEN || len > r.len() {
+            self.rest = &[];
+            return Some(Err(NftError::Malformed(format!(
+                "netlink message claims {len} bytes, {} received",
+                r.len()
+            ))));
+        }
+        let msg = Message {
+            ty: u16::from_ne_bytes([r[4], r[5]]),
+            flags: u16::from_ne_bytes([r[6], r[7]]),
+            seq: u32::from_ne_bytes([r[8], r[9], r[10], r[11]]),
+            payload: &r[NLMSG_HDRLEN..len],
+        };
+        self.rest = &r[crate::attr::align(len).min(r.len())..];
+        Some(Ok(msg))
+    }
+}
+
+/// Errno (positive, 0 for an ack) and the extended-ack message of an `NLMSG_ERROR`.
+fn parse_error(msg: &Message<'_>) -> Result<(i32, Option<String>), NftError> {
+    let p = msg.payload;
+    if p.len() < 4 {
+        return Err(NftError::Malformed("short netlink error message".into()));
+    }
+    let errno = -i32::from_ne_bytes([p[0], p[1], p[2], p[3]]);
+    let mut text = None;
+    if msg.flags & NLM_F_ACK_TLVS != 0 && p.len() >= 4 + NLMSG_HDRLEN {
+        let orig_len = u32::from_ne_bytes([p[4], p[5], p[6], p[7]]) as usize;
+        let echoed = if msg.flags & NLM_F_CAPPED != 0 {
+            NLMSG_HDRLEN
+        } else {
+            orig_len
+        };
+        if let Some(tlvs) = p.get(4 + crate::attr::align(echoed)..) {
+            for a in Attrs::new(tlvs).flatten() {
+                if a.ty == NLMSGERR_ATTR_MSG {
+                    text = a.string().ok();
+                }
+            }
+        }
+    }
+    Ok((errno, text))
+}
+
+#[allow(unsafe_code)]
+fn sys_socket() -> Result<OwnedFd, NftError> {
+    // SAFETY: plain socket(2) call with constant arguments; no pointers involved.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            NETLINK_NETFILTER,
+        )
+    };
+    if fd < 0 {
+        return Err(NftError::Io {
+            op: "socket(AF_NETLINK, NETLINK_NETFILTER)",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[allow(unsafe_code)]
+fn sys_bind(fd: &OwnedFd) -> Result<(), NftError> {
+    // SAFETY: sockaddr_nl is plain old data; all-zero is a valid value (pid 0 lets the
+    // kernel pick the port id, no groups).
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    // SAFETY: `addr` is a valid sockaddr_nl that outlives the call, and the length passed
+    // is its size.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &addr as *const libc::sockaddr_nl as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(NftError::Io {
+            op: "bind",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+#[allow(unsafe_code)]
+fn sys_setsockopt_int(fd: &OwnedFd, level: i32, opt: i32, value: i32) -> std::io::Result<()> {
+    // SAFETY: `value` is a live c_int and the length passed is its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            &value as *const i32 as *const libc::c_void,
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[allow(unsafe_code)]
+fn sys_set_rcvtimeo(fd: &OwnedFd, d: Duration) -> Result<(), NftError> {
+    let tv = libc::timeval {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_usec: d.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: `tv` is a live timeval and the length passed is its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const libc::timeval as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(NftError::Io {
+            op: "setsockopt(SO_RCVTIMEO)",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+#[allow(unsafe_code)]
+fn sys_send(fd: &OwnedFd, buf: &[u8]) -> Result<(), NftError> {
+    loop {
+        // SAFETY: `buf` is a valid slice for the duration of the call; an unconnected
+        // netlink socket sends to the kernel (port id 0).
+        let rc = unsafe {
+            libc::send(
+                fd.as_raw_fd(),
+                buf.as_ptr() as *const libc::c_void,
+                buf.len(),
+                0,
+            )
+        };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(NftError::Io {
+                op: "send",
+                source: e,
+            });
+        }
+        if rc as usize != buf.len() {
+            return Err(NftError::Malformed(format!(
+                "netlink send wrote {rc} of {} bytes",
+                buf.len()
+            )));
+        }
+        return Ok(());
+    }
+}
+
+/// Receives one datagram; `nonblocking` returns `WouldBlock` instead of waiting.
+#[allow(unsafe_code)]
+fn sys_recv(fd: &OwnedFd, buf: &mut [u8], nonblocking: bool) -> std::io::Result<usize> {
+    let flags = if nonblocking { libc::MSG_DONTWAIT } else { 0 };
+    loop {
+        // SAFETY: `buf` is a valid, writable slice for the duration of the call.
+        let rc = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len(),
+                flags | libc::MSG_TRUNC,
+            )
+        };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if rc as usize > buf.len() {
+            return Err(std::io::Error::other(format!(
+                "netlink reply of {rc} bytes exceeds the {}-byte receive buffer",
+                buf.len()
+            )));
+        }
+        return Ok(rc as usize);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::expr::{CmpOp, Register};
+    use crate::rule::{IPPROTO_TCP, NFPROTO_IPV6};
+    use crate::Verdict;
+
+    fn sample_rules() -> Vec<Rule> {
+        vec![
+            Rule::new("outbound")
+                .tag("il:out:1")
+                .l4proto(IPPROTO_TCP)
+                .skuid(1337)
+                .verdict(Verdict::Return),
+            Rule::new("outbound")
+                .daddr("fd99:1::".parse().unwrap(), 61)
+                .l4proto(IPPROTO_TCP)
+                .dport_range(1000, 2000)
+                .counter()
+                .redirect_to_port(15001),
+            Rule::new("output")
+                .nfproto(NFPROTO_IPV6)
+                .verdict(Verdict::Jump("outbound".into())),
+            Rule::new("x")
+                .expr(Expr::Range {
+                    sreg: Register::R1,
+                    op: crate::RangeOp::Neq,
+                    from: vec![0, 1],
+                    to: vec![0, 9],
+                })
+                .meta_cmp(crate::MetaKey::Mark, CmpOp::Gt, &[1, 0, 0, 0])
+                .expr(Expr::Other {
+                    name: "unknownexpr".into(),
+                    data: vec![8, 0, 1, 0, 0, 0, 0, 7],
+                }),
+        ]
+    }
+
+    #[test]
+    fn encoded_rules_decode_to_the_same_rules() {
+        let rules = sample_rules();
+        let mut b = Batch::new();
+        for r in &rules {
+            b.add_rule(Family::Inet, "interlock", r);
+        }
+        let bytes = b.encode(100, true);
+        let msgs: Vec<_> = Messages::new(&bytes).collect::<Result<_, _>>().unwrap();
+        assert_eq!(msgs.len(), rules.len() + 2);
+        assert_eq!(msgs[0].ty, NFNL_MSG_BATCH_BEGIN);
+        assert_eq!(msgs.last().unwrap().seq, 100 + rules.len() as u32 + 1);
+        for (m, r) in msgs[1..=rules.len()].iter().zip(&rules) {
+            assert_eq!(
+                m.flags,
+                NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_APPEND
+            );
+            let (table, decoded) = decode_rule(&m.payload[NFGENMSG_LEN..]).unwrap();
+            assert_eq!(table, "interlock");
+            assert_eq!(&decoded, r, "{decoded}");
+        }
+    }
+
+    #[test]
+    fn error_messages_yield_errno_and_extack_text() {
+        // NLMSG_ERROR, capped, with an NLMSGERR_ATTR_MSG TLV.
+        let mut p = Vec::new();
+        p.extend_from_slice(&(-libc::ENOENT).to_ne_bytes());
+        p.extend_from_slice(&[0u8; NLMSG_HDRLEN]);
+        AttrWriter::new(&mut p).string(NLMSGERR_ATTR_MSG, "No such chain");
+        let m = Message {
+            ty: NLMSG_ERROR,
+            flags: NLM_F_CAPPED | NLM_F_ACK_TLVS,
+            seq: 1,
+            payload: &p,
+        };
+        assert_eq!(
+            parse_error(&m).unwrap(),
+            (libc::ENOENT, Some("No such chain".to_string()))
+        );
+        let e = NftError::Kernel {
+            what: "add rule inet interlock outbound [il:out:3]".into(),
+            errno: libc::ENOENT,
+            message: Some("No such chain".into()),
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("[il:out:3]") && text.contains("No such chain"),
+            "{text}"
+        );
+        assert!(e.is_not_found());
+    }
+}

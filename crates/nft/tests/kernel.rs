@@ -1,0 +1,271 @@
+//! Against the real kernel, inside throwaway network namespaces (root only): what this
+//! crate commits is what `nft list ruleset` shows and what the read-back decodes.
+
+use interlock_nft::{
+    Batch, Chain, ChainType, Family, Hook, Nft, Rule, Verdict, IPPROTO_TCP, NFPROTO_IPV4,
+    NFPROTO_IPV6, TABLE_F_DORMANT,
+};
+use interlock_testkit::{require_root, Netns};
+
+const T: &str = "iltest";
+
+fn chains() -> Vec<Chain> {
+    vec![
+        Chain::base("prerouting", ChainType::Nat, Hook::Prerouting, -100),
+        Chain::base("output", ChainType::Nat, Hook::Output, -100),
+        Chain::regular("outbound"),
+    ]
+}
+
+fn rules() -> Vec<Rule> {
+    vec![
+        Rule::new("prerouting")
+            .tag("il:pre:0")
+            .iifname("veth9")
+            .verdict(Verdict::Return),
+        Rule::new("prerouting")
+            .tag("il:pre:1")
+            .l4proto(IPPROTO_TCP)
+            .dport_range(15020, 15021)
+            .verdict(Verdict::Return),
+        Rule::new("prerouting")
+            .tag("il:pre:2")
+            .l4proto(IPPROTO_TCP)
+            .redirect_to_port(15006),
+        Rule::new("output")
+            .tag("il:output:0")
+            .l4proto(IPPROTO_TCP)
+            .verdict(Verdict::Jump("outbound".into())),
+        Rule::new("outbound")
+            .tag("il:out:0")
+            .oifname("lo")
+            .verdict(Verdict::Return),
+        Rule::new("outbound")
+            .tag("il:out:1")
+            .skuid(1337)
+            .verdict(Verdict::Return),
+        Rule::new("outbound")
+            .tag("il:out:2")
+            .skgid(1338)
+            .verdict(Verdict::Return),
+        Rule::new("outbound")
+            .tag("il:out:3")
+            .daddr("10.99.0.0".parse().unwrap(), 20)
+            .verdict(Verdict::Return),
+        Rule::new("outbound")
+            .tag("il:out:4")
+            .daddr("fd99:1::".parse().unwrap(), 64)
+            .verdict(Verdict::Return),
+        Rule::new("outbound")
+            .tag("il:out:5")
+            .nfproto(NFPROTO_IPV4)
+            .l4proto(IPPROTO_TCP)
+            .dport(8080)
+            .counter()
+            .redirect_to_port(15001),
+        Rule::new("outbound")
+            .tag("il:out:6")
+            .nfproto(NFPROTO_IPV6)
+            .l4proto(IPPROTO_TCP)
+            .redirect_to_port(15001),
+    ]
+}
+
+fn replace_batch() -> Batch {
+    let mut b = Batch::new();
+    b.add_table(Family::Inet, T)
+        .delete_table(Family::Inet, T)
+        .add_table(Family::Inet, T);
+    for c in chains() {
+        b.add_chain(Family::Inet, T, &c);
+    }
+    for r in rules() {
+        b.add_rule(Family::Inet, T, &r);
+    }
+    b
+}
+
+#[test]
+fn committed_rules_are_what_nft_lists_and_what_reads_back() {
+    require_root!();
+    let ns = Netns::new("nftk").unwrap();
+    let (table, chains_back, rules_back) = ns.run(|| {
+        let mut nft = Nft::open().unwrap();
+        assert!(nft.table(Family::Inet, T).unwrap().is_none());
+        assert!(nft.rules(Family::Inet, T, None).unwrap().is_empty());
+        nft.commit(&replace_batch()).unwrap();
+        (
+            nft.table(Family::Inet, T).unwrap(),
+            nft.chains(Family::Inet, T).unwrap(),
+            nft.rules(Family::Inet, T, None).unwrap(),
+        )
+    });
+    let table = table.expect("table exists after commit");
+    assert_eq!(table.name, T);
+    assert_eq!(table.flags, 0);
+
+    let expected_chains = chains();
+    assert_eq!(chains_back.len(), expected_chains.len());
+    for c in &expected_chains {
+        assert!(
+            chains_back.iter().any(|b| b.matches(c)),
+            "chain {c:?} not found in {chains_back:?}"
+        );
+    }
+
+    // Kernel order is per chain; compare chain by chain.
+    let expected = rules();
+    for chain in ["prerouting", "output", "outbound"] {
+        let want: Vec<_> = expected.iter().filter(|r| r.chain == chain).collect();
+        let got: Vec<_> = rules_back.iter().filter(|r| r.chain == chain).collect();
+        assert_eq!(got.len(), want.len(), "rule count in {chain}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!(g.handle.is_some());
+            assert_eq!(g.tag_str(), w.tag_str());
+            assert_eq!(g.exprs, w.exprs, "\nread back: {g}\nexpected: {w}");
+        }
+    }
+
+    let listed = ns.exec_ok(&["nft", "list", "table", "inet", T]);
+    for line in [
+        "type nat hook prerouting priority dstnat; policy accept;",
+        "type nat hook output priority -100; policy accept;",
+        "iifname \"veth9\" return comment \"il:pre:0\"",
+        "tcp dport 15020-15021 return comment \"il:pre:1\"",
+        "meta l4proto tcp redirect to :15006 comment \"il:pre:2\"",
+        "meta l4proto tcp jump outbound comment \"il:output:0\"",
+        "oifname \"lo\" return comment \"il:out:0\"",
+        "meta skuid 1337 return comment \"il:out:1\"",
+        "meta skgid 1338 return comment \"il:out:2\"",
+        "ip daddr 10.99.0.0/20 return comment \"il:out:3\"",
+        "ip6 daddr fd99:1::/64 return comment \"il:out:4\"",
+        "tcp dport 8080 counter packets 0 bytes 0 redirect to :15001 comment \"il:out:5\"",
+        "meta nfproto ipv6 meta l4proto tcp redirect to :15001 comment \"il:out:6\"",
+    ] {
+        assert!(listed.contains(line), "missing {line:?} in:\n{listed}");
+    }
+    assert_eq!(
+        listed.matches("comment \"il:").count(),
+        expected.len(),
+        "{listed}"
+    );
+}
+
+#[test]
+fn replacing_is_atomic_and_a_refused_batch_changes_nothing() {
+    require_root!();
+    let ns = Netns::new("nfta").unwrap();
+    ns.run(|| {
+        let mut nft = Nft::open().unwrap();
+        nft.commit(&replace_batch()).unwrap();
+        let first = nft.rules(Family::Inet, T, None).unwrap();
+
+        // Same replace again: same rules, fresh handles (the table was recreated).
+        nft.commit(&replace_batch()).unwrap();
+        let second = nft.rules(Family::Inet, T, None).unwrap();
+        assert_eq!(first.len(), second.len());
+        for (a, b) in first.iter().zip(&second) {
+            assert_eq!(a.exprs, b.exprs);
+        }
+
+        // A batch whose last rule jumps to a missing chain: refused, naming that rule,
+        // and the earlier delete-table in the same batch did not happen either.
+        let mut bad = replace_batch();
+        bad.add_rule(
+            Family::Inet,
+            T,
+            &Rule::new("outbound")
+                .tag("il:bad:0")
+                .verdict(Verdict::Jump("nosuchchain".into())),
+        );
+        let err = nft.commit(&bad).unwrap_err();
+        assert!(err.is_not_found(), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("[il:bad:0]"), "{text}");
+        let after = nft.rules(Family::Inet, T, None).unwrap();
+        assert_eq!(
+            after, second,
+            "a refused batch must leave the old rules in place"
+        );
+    });
+}
+
+#[test]
+fn table_lookup_sees_dormant_flag_and_delete_is_idempotent() {
+    require_root!();
+    let ns = Netns::new("nftd").unwrap();
+    ns.exec_ok(&[
+        "nft", "add", "table", "inet", T, "{", "flags", "dormant", ";", "}",
+    ]);
+    ns.run(|| {
+        let mut nft = Nft::open().unwrap();
+        let t = nft.table(Family::Inet, T).unwrap().unwrap();
+        assert_eq!(t.flags & TABLE_F_DORMANT, TABLE_F_DORMANT);
+        assert!(nft.table(Family::Ip, T).unwrap().is_none(), "other family");
+        assert!(nft.delete_table(Family::Inet, T).unwrap());
+        assert!(!nft.delete_table(Family::Inet, T).unwrap());
+        assert!(nft.table(Family::Inet, T).unwrap().is_none());
+    });
+    let listed = ns.exec_ok(&["nft", "list", "ruleset"]);
+    assert!(listed.trim().is_empty(), "{listed}");
+}
+
+#[test]
+fn rules_altered_by_nft_read_back_differently() {
+    require_root!();
+    let ns = Netns::new("nftx").unwrap();
+    ns.run(|| Nft::open().unwrap().commit(&replace_batch()).unwrap());
+    // Someone inserts a foreign rule and replaces one of ours with different expressions.
+    ns.exec_ok(&[
+        "nft", "insert", "rule", "inet", T, "outbound", "meta", "mark", "1", "accept",
+    ]);
+    let handle = ns.run(|| {
+        let mut nft = Nft::open().unwrap();
+        let rules = nft.rules(Family::Inet, T, Some("outbound")).unwrap();
+        assert_eq!(rules.len(), 8);
+        assert_eq!(rules[0].tag_str(), None, "foreign rule first");
+        assert!(rules.iter().all(|r| r.chain == "outbound"));
+        rules
+            .iter()
+            .find(|r| r.tag_str() == Some("il:out:1"))
+            .unwrap()
+            .handle
+            .unwrap()
+    });
+    ns.exec_ok(&[
+        "nft",
+        "replace",
+        "rule",
+        "inet",
+        T,
+        "outbound",
+        "handle",
+        &handle.to_string(),
+        "meta",
+        "skuid",
+        "0",
+        "return",
+        "comment",
+        "\"il:out:1\"",
+    ]);
+    ns.run(|| {
+        let mut nft = Nft::open().unwrap();
+        let rules = nft.rules(Family::Inet, T, Some("outbound")).unwrap();
+        let r = rules
+            .iter()
+            .find(|r| r.tag_str() == Some("il:out:1"))
+            .unwrap();
+        let want = rules_by_tag("il:out:1");
+        assert_ne!(
+            r.exprs, want.exprs,
+            "same tag, altered expressions must differ"
+        );
+    });
+}
+
+fn rules_by_tag(tag: &str) -> Rule {
+    rules()
+        .into_iter()
+        .find(|r| r.tag_str() == Some(tag))
+        .unwrap()
+}
