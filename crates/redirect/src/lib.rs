@@ -5,6 +5,7 @@
 //! remove it inside a pod's network namespace, and the probe that proves it with traffic.
 
 pub mod backend;
+pub mod netns;
 pub mod profile;
 pub mod spec;
 
