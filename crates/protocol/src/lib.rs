@@ -9,6 +9,7 @@ pub mod atomic;
 pub mod conf;
 pub mod confdir;
 pub mod error;
+pub mod exec;
 pub mod result;
 pub mod version;
 

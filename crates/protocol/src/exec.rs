@@ -1,0 +1,608 @@
+//! The runtime side of the protocol: run one plugin binary, or a whole chain.
+//!
+//! What libcni does, in Rust: a plugin gets `CNI_COMMAND`, `CNI_CONTAINERID`,
+//! `CNI_NETNS`, `CNI_IFNAME`, `CNI_ARGS` and `CNI_PATH` (on top of the caller's
+//! environment) and its config on stdin; its stdout is the result or a CNI error, its
+//! stderr is captured into the error. A [`Chain`] runs a [`NetworkConfigList`]: ADD in
+//! order threading `prevResult`, DEL in reverse, CHECK, GC with
+//! `cni.dev/valid-attachments`, STATUS and VERSION, and injects `name`, `cniVersion`,
+//! `prevResult` and — only for capabilities a plugin declares — `runtimeConfig`.
+//!
+//! Plugins are started from the calling thread, so a caller that entered a network
+//! namespace on that thread runs them inside it.
+
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command as Process, Stdio};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::conf::{ConfError, NetworkConfigList};
+use crate::confdir::find_plugin;
+use crate::error::CniError;
+use crate::result::{CniResult, ResultError};
+use crate::version::CniVersion;
+
+/// A CNI verb.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Command {
+    /// Attach a container.
+    Add,
+    /// Detach a container.
+    Del,
+    /// Verify an attachment (0.4.0+).
+    Check,
+    /// Clean up everything not in the valid attachments (1.1.0+).
+    Gc,
+    /// Is the plugin ready to ADD (1.1.0+).
+    Status,
+    /// Which spec versions the plugin supports.
+    Version,
+}
+
+impl Command {
+    /// The `CNI_COMMAND` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Command::Add => "ADD",
+            Command::Del => "DEL",
+            Command::Check => "CHECK",
+            Command::Gc => "GC",
+            Command::Status => "STATUS",
+            Command::Version => "VERSION",
+        }
+    }
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Command {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "ADD" => Command::Add,
+            "DEL" => Command::Del,
+            "CHECK" => Command::Check,
+            "GC" => Command::Gc,
+            "STATUS" => Command::Status,
+            "VERSION" => Command::Version,
+            other => return Err(format!("unknown CNI_COMMAND {other:?}")),
+        })
+    }
+}
+
+/// Per-attachment parameters of a call (libcni `RuntimeConf`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RuntimeConf {
+    /// `CNI_CONTAINERID` (the sandbox id).
+    pub container_id: String,
+    /// `CNI_NETNS` (path of the netns; empty on a late DEL).
+    pub netns: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+    /// `CNI_ARGS` pairs, joined as `K=V;K=V`.
+    pub args: Vec<(String, String)>,
+    /// Capability arguments (`portMappings`, `io.kubernetes.cri.pod-annotations`, …),
+    /// injected as `runtimeConfig` into plugins that declare the capability.
+    pub capability_args: Map<String, Value>,
+}
+
+impl RuntimeConf {
+    /// A runtime conf for one attachment.
+    pub fn new(container_id: &str, netns: &str, ifname: &str) -> RuntimeConf {
+        RuntimeConf {
+            container_id: container_id.into(),
+            netns: netns.into(),
+            ifname: ifname.into(),
+            ..RuntimeConf::default()
+        }
+    }
+
+    /// Adds a `CNI_ARGS` pair.
+    pub fn with_arg(mut self, key: &str, value: &str) -> RuntimeConf {
+        self.args.push((key.into(), value.into()));
+        self
+    }
+
+    /// Adds a capability argument.
+    pub fn with_capability(mut self, capability: &str, value: Value) -> RuntimeConf {
+        self.capability_args.insert(capability.into(), value);
+        self
+    }
+
+    /// `CNI_ARGS` as the runtime passes it.
+    pub fn cni_args(&self) -> String {
+        self.args
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(";")
+    }
+}
+
+/// One entry of `cni.dev/valid-attachments` for GC.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Attachment {
+    /// The container (sandbox) id.
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    /// The interface name inside it.
+    pub ifname: String,
+}
+
+/// A plugin's answer to VERSION.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginInfo {
+    /// The version the answer is written in.
+    #[serde(rename = "cniVersion", default)]
+    pub cni_version: String,
+    /// Every spec version the plugin accepts.
+    #[serde(rename = "supportedVersions", default)]
+    pub supported_versions: Vec<String>,
+}
+
+/// What went wrong running a plugin or a chain.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The binary for `plugin` is not in any plugin directory.
+    #[error("failed to find plugin {plugin:?} in path [{dirs}]: install it there or fix the plugin directories")]
+    NotFound {
+        /// The plugin `type`.
+        plugin: String,
+        /// The directories searched, `:`-joined.
+        dirs: String,
+    },
+    /// The binary could not be started or talked to.
+    #[error("running plugin {path}: {source}")]
+    Spawn {
+        /// Path of the binary.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The plugin exited non-zero; its stdout error and stderr are kept.
+    #[error("plugin {plugin} {command} failed: {error}{}", if stderr.trim().is_empty() { String::new() } else { format!("; stderr: {}", stderr.trim()) })]
+    Failed {
+        /// The plugin `type`.
+        plugin: String,
+        /// The verb.
+        command: Command,
+        /// The CNI error it printed (or one describing its silent failure).
+        error: CniError,
+        /// What it wrote to stderr.
+        stderr: String,
+    },
+    /// The plugin succeeded but its stdout is not a valid result.
+    #[error("plugin {plugin} {command} returned an invalid result: {source}; stdout: {stdout:?}")]
+    BadResult {
+        /// The plugin `type`.
+        plugin: String,
+        /// The verb.
+        command: Command,
+        /// Why the result did not parse.
+        source: ResultError,
+        /// The raw stdout.
+        stdout: String,
+    },
+    /// The chain's version does not allow this verb.
+    #[error("configuration version {version:?} does not support the {command} command")]
+    Unsupported {
+        /// The verb.
+        command: Command,
+        /// The chain's version.
+        version: String,
+    },
+    /// The config itself is unusable.
+    #[error("invalid network config: {0}")]
+    Config(#[from] ConfError),
+    /// Several plugins failed (GC collects every failure).
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Many(Vec<ExecError>),
+}
+
+impl ExecError {
+    /// The CNI error code behind this failure, when the plugin reported one.
+    pub fn cni_code(&self) -> Option<u32> {
+        match self {
+            ExecError::Failed { error, .. } => Some(error.code),
+            _ => None,
+        }
+    }
+}
+
+/// libcni's `pluginErr`: turn a failed plugin's stdout/stderr into a CNI error.
+fn plugin_error(stdout: &[u8], stderr: &str, status: std::process::ExitStatus) -> CniError {
+    if stdout.iter().all(u8::is_ascii_whitespace) {
+        let msg = if stderr.trim().is_empty() {
+            format!("netplugin failed with no error message: {status}")
+        } else {
+            format!("netplugin failed: {:?}", stderr.trim())
+        };
+        return CniError::new("", 0, msg);
+    }
+    match serde_json::from_slice::<CniError>(stdout) {
+        Ok(e) => e,
+        Err(e) => CniError::new(
+            "",
+            0,
+            format!(
+                "netplugin failed but error parsing its diagnostic message {:?}: {e}",
+                String::from_utf8_lossy(stdout)
+            ),
+        ),
+    }
+}
+
+/// Runs `path` once with `command`, the attachment's environment and `stdin`; returns
+/// its stdout on success. The caller's environment is passed on (minus stale `CNI_*`).
+pub fn exec_plugin(
+    path: &Path,
+    command: Command,
+    rt: &RuntimeConf,
+    bin_dirs: &[PathBuf],
+    stdin: &[u8],
+) -> Result<Vec<u8>, ExecError> {
+    let plugin = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let cni_path = bin_dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
+    let mut cmd = Process::new(path);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("CNI_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("CNI_COMMAND", command.as_str())
+        .env("CNI_CONTAINERID", &rt.container_id)
+        .env("CNI_NETNS", &rt.netns)
+        .env("CNI_IFNAME", &rt.ifname)
+        .env("CNI_ARGS", rt.cni_args())
+        .env("CNI_PATH", cni_path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let spawn_err = |source| ExecError::Spawn {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut child = cmd.spawn().map_err(spawn_err)?;
+    if let Some(mut input) = child.stdin.take() {
+        // A plugin may exit without reading stdin (e.g. VERSION): ignore EPIPE.
+        if let Err(e) = input.write_all(stdin) {
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(spawn_err(e));
+            }
+        }
+    }
+    let out = child.wait_with_output().map_err(spawn_err)?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        return Err(ExecError::Failed {
+            plugin,
+            command,
+            error: plugin_error(&out.stdout, &stderr, out.status),
+            stderr,
+        });
+    }
+    Ok(out.stdout)
+}
+
+/// Asks a plugin binary which versions it supports (stdin `{"cniVersion": <latest>}`).
+pub fn plugin_version(path: &Path, bin_dirs: &[PathBuf]) -> Result<PluginInfo, ExecError> {
+    let stdin = format!("{{\"cniVersion\":\"{}\"}}", CniVersion::LATEST);
+    let out = exec_plugin(
+        path,
+        Command::Version,
+        &RuntimeConf::default(),
+        bin_dirs,
+        stdin.as_bytes(),
+    )?;
+    serde_json::from_slice(&out).map_err(|e| ExecError::BadResult {
+        plugin: path.display().to_string(),
+        command: Command::Version,
+        source: ResultError::Json(e),
+        stdout: String::from_utf8_lossy(&out).into_owned(),
+    })
+}
+
+/// A network configuration list bound to plugin directories, ready to run.
+#[derive(Debug, Clone)]
+pub struct Chain {
+    list: NetworkConfigList,
+    bin_dirs: Vec<PathBuf>,
+    version: CniVersion,
+}
+
+impl Chain {
+    /// Binds `list` to `bin_dirs`. Fails when the list's version is not one interlock
+    /// supports (0.3.0 to 1.1.0).
+    pub fn new(list: NetworkConfigList, bin_dirs: Vec<PathBuf>) -> Result<Chain, ExecError> {
+        let version = list.cni_version()?;
+        Ok(Chain {
+            list,
+            bin_dirs,
+            version,
+        })
+    }
+
+    /// The list being run.
+    pub fn list(&self) -> &NetworkConfigList {
+        &self.list
+    }
+
+    /// The version the chain runs with.
+    pub fn version(&self) -> CniVersion {
+        self.version
+    }
+
+    /// The plugin directories (`CNI_PATH`).
+    pub fn bin_dirs(&self) -> &[PathBuf] {
+        &self.bin_dirs
+    }
+
+    fn find(&self, plugin: &str) -> Result<PathBuf, ExecError> {
+        find_plugin(plugin, &self.bin_dirs).ok_or_else(|| ExecError::NotFound {
+            plugin: plugin.to_string(),
+            dirs: self
+                .bin_dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(":"),
+        })
+    }
+
+    /// The exact stdin plugin `index` gets (libcni `buildOneConfig`): its own entry with
+    /// `name` and `cniVersion` set, `prevResult` when given, and `runtimeConfig` holding
+    /// the capability arguments for the capabilities it declares (only if any match).
+    pub fn plugin_config(
+        &self,
+        index: usize,
+        prev: Option<&CniResult>,
+        rt: &RuntimeConf,
+    ) -> Map<String, Value> {
+        let mut conf = self.list.plugins()[index]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        conf.insert("name".into(), Value::String(self.list.name().to_string()));
+        conf.insert("cniVersion".into(), Value::String(self.version.to_string()));
+        if let Some(prev) = prev {
+            conf.insert("prevResult".into(), prev.to_value());
+        }
+        let mut rc = Map::new();
+        if let Some(view) = self.list.plugin_confs().get(index) {
+            for cap in view.capabilities() {
+                if let Some(v) = rt.capability_args.get(cap) {
+                    rc.insert(cap.to_string(), v.clone());
+                }
+            }
+        }
+        if !rc.is_empty() {
+            conf.insert("runtimeConfig".into(), Value::Object(rc));
+        }
+        conf
+    }
+
+    fn run_one(
+        &self,
+        index: usize,
+        command: Command,
+        conf: &Map<String, Value>,
+        rt: &RuntimeConf,
+    ) -> Result<Vec<u8>, ExecError> {
+        let plugin = self.list.plugin_confs()[index].plugin_type().to_string();
+        let path = self.find(&plugin)?;
+        let stdin = serde_json::to_vec(conf).unwrap_or_default();
+        exec_plugin(&path, command, rt, &self.bin_dirs, &stdin).map_err(|e| match e {
+            ExecError::Failed {
+                command,
+                error,
+                stderr,
+                ..
+            } => ExecError::Failed {
+                plugin,
+                command,
+                error,
+                stderr,
+            },
+            other => other,
+        })
+    }
+
+    /// ADD: every plugin in order, each getting the previous one's result; returns the
+    /// last result (in the version the last plugin wrote it).
+    pub fn add(&self, rt: &RuntimeConf) -> Result<CniResult, ExecError> {
+        let mut prev: Option<CniResult> = None;
+        for i in 0..self.list.plugins().len() {
+            let conf = self.plugin_config(i, prev.as_ref(), rt);
+            let out = self.run_one(i, Command::Add, &conf, rt)?;
+            let result = CniResult::parse(&out, Some(self.version)).map_err(|source| {
+                ExecError::BadResult {
+                    plugin: self.list.plugin_confs()[i].plugin_type().to_string(),
+                    command: Command::Add,
+                    source,
+                    stdout: String::from_utf8_lossy(&out).into_owned(),
+                }
+            })?;
+            prev = Some(result);
+        }
+        prev.ok_or_else(|| {
+            ExecError::Config(ConfError::Field {
+                field: "plugins".into(),
+                problem: "empty: no plugins in list".into(),
+            })
+        })
+    }
+
+    /// DEL: every plugin in reverse order. `prev` (the cached ADD result) is passed from
+    /// 0.4.0 on, as libcni does; pass `None` for a late DEL without a cached result.
+    pub fn del(&self, rt: &RuntimeConf, prev: Option<&CniResult>) -> Result<(), ExecError> {
+        let prev = if self.version.del_has_prev_result() {
+            prev.map(|p| p.convert(self.version))
+        } else {
+            None
+        };
+        for i in (0..self.list.plugins().len()).rev() {
+            let conf = self.plugin_config(i, prev.as_ref(), rt);
+            self.run_one(i, Command::Del, &conf, rt)?;
+        }
+        Ok(())
+    }
+
+    /// CHECK: every plugin in order with the cached ADD result. An error for versions
+    /// before 0.4.0; a no-op when the list sets `disableCheck`.
+    pub fn check(&self, rt: &RuntimeConf, prev: &CniResult) -> Result<(), ExecError> {
+        if !self.version.supports_check() {
+            return Err(ExecError::Unsupported {
+                command: Command::Check,
+                version: self.version.to_string(),
+            });
+        }
+        if self.list.disable_check() {
+            return Ok(());
+        }
+        let prev = prev.convert(self.version);
+        for i in 0..self.list.plugins().len() {
+            let conf = self.plugin_config(i, Some(&prev), rt);
+            self.run_one(i, Command::Check, &conf, rt)?;
+        }
+        Ok(())
+    }
+
+    /// GC (1.1.0+): every plugin gets `cni.dev/valid-attachments` (and the spec's older
+    /// spelling `cni.dev/attachments`); every failure is collected. A no-op before 1.1.0
+    /// or when the list sets `disableGC`.
+    pub fn gc(&self, valid: &[Attachment]) -> Result<(), ExecError> {
+        if !self.version.supports_gc_and_status() || self.list.disable_gc() {
+            return Ok(());
+        }
+        let attachments = serde_json::to_value(valid).unwrap_or(Value::Array(Vec::new()));
+        let rt = RuntimeConf::default();
+        let mut errors = Vec::new();
+        for i in 0..self.list.plugins().len() {
+            let mut conf = self.plugin_config(i, None, &rt);
+            conf.remove("runtimeConfig");
+            conf.insert("cni.dev/valid-attachments".into(), attachments.clone());
+            conf.insert("cni.dev/attachments".into(), attachments.clone());
+            if let Err(e) = self.run_one(i, Command::Gc, &conf, &rt) {
+                errors.push(e);
+            }
+        }
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(ExecError::Many(errors)),
+        }
+    }
+
+    /// STATUS (1.1.0+): every plugin in order; the first failure is returned (code 50/51
+    /// means "do not create pods"). A no-op before 1.1.0.
+    pub fn status(&self) -> Result<(), ExecError> {
+        if !self.version.supports_gc_and_status() {
+            return Ok(());
+        }
+        let rt = RuntimeConf::default();
+        for i in 0..self.list.plugins().len() {
+            let mut conf = self.plugin_config(i, None, &rt);
+            conf.remove("runtimeConfig");
+            self.run_one(i, Command::Status, &conf, &rt)?;
+        }
+        Ok(())
+    }
+
+    /// VERSION for every plugin of the chain, in order: `(type, answer)`.
+    pub fn versions(&self) -> Result<Vec<(String, PluginInfo)>, ExecError> {
+        self.list
+            .plugin_confs()
+            .iter()
+            .map(|p| {
+                let path = self.find(p.plugin_type())?;
+                Ok((
+                    p.plugin_type().to_string(),
+                    plugin_version(&path, &self.bin_dirs)?,
+                ))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conf::parse_conflist;
+
+    #[test]
+    fn plugin_config_injects_like_libcni() {
+        let list = parse_conflist(br#"{"cniVersion":"1.0.0","name":"net","plugins":[
+            {"type":"bridge","name":"ignored","zz":1},
+            {"type":"portmap","capabilities":{"portMappings":true,"bandwidth":false},"runtimeConfig":{"static":1},"a":2},
+            {"type":"interlock-cni","capabilities":{"io.kubernetes.cri.pod-annotations":true},"runtimeConfig":{"keep":true}}]}"#).unwrap();
+        let chain = Chain::new(list, vec![]).unwrap();
+        let rt = RuntimeConf::new("c1", "/var/run/netns/x", "eth0")
+            .with_capability("portMappings", serde_json::json!([{"hostPort": 8080}]))
+            .with_capability("bandwidth", serde_json::json!({"ingressRate": 1}));
+        let prev = CniResult::empty(CniVersion::V1_0_0);
+        let c0 = Value::Object(chain.plugin_config(0, None, &rt));
+        assert_eq!(
+            c0.to_string(),
+            r#"{"type":"bridge","name":"net","zz":1,"cniVersion":"1.0.0"}"#
+        );
+        let c1 = Value::Object(chain.plugin_config(1, Some(&prev), &rt));
+        assert_eq!(
+            c1.to_string(),
+            r#"{"type":"portmap","capabilities":{"portMappings":true,"bandwidth":false},"runtimeConfig":{"portMappings":[{"hostPort":8080}]},"a":2,"name":"net","cniVersion":"1.0.0","prevResult":{"cniVersion":"1.0.0","dns":{}}}"#
+        );
+        // No matching capability argument: the file's own runtimeConfig stays.
+        let c2 = chain.plugin_config(2, None, &rt);
+        assert_eq!(c2["runtimeConfig"], serde_json::json!({"keep": true}));
+        // A null argument (pod without annotations) is still injected.
+        let rt = rt.with_capability("io.kubernetes.cri.pod-annotations", Value::Null);
+        let c2 = chain.plugin_config(2, None, &rt);
+        assert_eq!(
+            c2["runtimeConfig"],
+            serde_json::json!({"io.kubernetes.cri.pod-annotations": null})
+        );
+    }
+
+    #[test]
+    fn cni_args_and_commands() {
+        let rt = RuntimeConf::new("c", "", "eth0")
+            .with_arg("K8S_POD_NAMESPACE", "ns")
+            .with_arg("IgnoreUnknown", "1");
+        assert_eq!(rt.cni_args(), "K8S_POD_NAMESPACE=ns;IgnoreUnknown=1");
+        for c in [
+            Command::Add,
+            Command::Del,
+            Command::Check,
+            Command::Gc,
+            Command::Status,
+            Command::Version,
+        ] {
+            assert_eq!(c.as_str().parse::<Command>().unwrap(), c);
+        }
+        assert!("add".parse::<Command>().is_err());
+    }
+
+    #[test]
+    fn unsupported_version_is_refused() {
+        let list = parse_conflist(br#"{"cniVersion":"0.2.0","name":"n","plugins":[{"type":"a"}]}"#)
+            .unwrap();
+        let e = Chain::new(list, vec![]).unwrap_err();
+        assert!(e.to_string().contains("cniVersion"), "{e}");
+    }
+}
