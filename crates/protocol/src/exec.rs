@@ -175,7 +175,7 @@ pub enum ExecError {
         /// The verb.
         command: Command,
         /// The CNI error it printed (or one describing its silent failure).
-        error: CniError,
+        error: Box<CniError>,
         /// What it wrote to stderr.
         stderr: String,
     },
@@ -294,7 +294,7 @@ pub fn exec_plugin(
         return Err(ExecError::Failed {
             plugin,
             command,
-            error: plugin_error(&out.stdout, &stderr, out.status),
+            error: Box::new(plugin_error(&out.stdout, &stderr, out.status)),
             stderr,
         });
     }
