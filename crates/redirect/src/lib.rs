@@ -1,13 +1,21 @@
 //! The redirection engine.
 //!
 //! One rule model ([`RedirectSpec`]) for inbound and outbound capture to a pod's proxy,
-//! mesh profiles that build it from pod annotations, backends that apply, verify and
-//! remove it inside a pod's network namespace, and the probe that proves it with traffic.
+//! mesh profiles that build it from pod annotations ([`profile`]), backends that apply,
+//! verify and remove it inside a pod's network namespace ([`backend`], [`netns`]), the
+//! probe that proves it with traffic ([`probe`]), and the calls the plugin and agent use
+//! ([`engine`]: [`protect`], [`check`], [`unprotect`]).
 
 pub mod backend;
+pub mod engine;
 pub mod netns;
+pub mod probe;
 pub mod profile;
 pub mod spec;
 
+pub use backend::{BackendKind, BackendSelection, Verification};
+pub use engine::{
+    check, protect, protect_with, unprotect, ProtectError, ProtectOptions, Protection, Unprotected,
+};
 pub use profile::{decide, ProfileName};
 pub use spec::{RedirectSpec, SpecError};

@@ -1,0 +1,439 @@
+//! Redirection proven with real traffic between test-owned network namespaces: pod A is
+//! protected, pod B and the node are its peers on a bridge.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use common::*;
+use interlock_redirect::probe::original_dst;
+use interlock_redirect::spec::Family;
+use interlock_redirect::{
+    check, decide, protect, unprotect, BackendKind, ProfileName, RedirectSpec, Unprotected,
+    Verification,
+};
+use interlock_testkit::{require_root, Netns};
+
+const WAIT: Duration = Duration::from_secs(2);
+
+fn loopback(v6: bool, port: u16) -> SocketAddr {
+    if v6 {
+        SocketAddr::new(Ipv6Addr::LOCALHOST.into(), port)
+    } else {
+        SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port)
+    }
+}
+
+fn any(v6: bool, port: u16) -> SocketAddr {
+    if v6 {
+        SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port)
+    } else {
+        SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port)
+    }
+}
+
+fn family(v6: bool) -> Family {
+    if v6 {
+        Family::V6
+    } else {
+        Family::V4
+    }
+}
+
+struct Mesh {
+    annotations: &'static [(&'static str, &'static str)],
+    outbound: u16,
+    inbound: u16,
+    uid: u32,
+    excluded_inbound: u16,
+}
+
+const ISTIO: Mesh = Mesh {
+    annotations: &[(
+        "sidecar.istio.io/status",
+        "{\"containers\":[\"istio-proxy\"]}",
+    )],
+    outbound: 15001,
+    inbound: 15006,
+    uid: 1337,
+    excluded_inbound: 15021,
+};
+
+const LINKERD: Mesh = Mesh {
+    annotations: &[("linkerd.io/proxy-version", "stable-2.14.10")],
+    outbound: 4140,
+    inbound: 4143,
+    uid: 2102,
+    excluded_inbound: 4191,
+};
+
+fn spec_for(pairs: &[(&str, &str)]) -> RedirectSpec {
+    decide(&annotations(pairs), &ProfileName::ALL)
+        .unwrap()
+        .expect("meshed")
+        .1
+}
+
+/// Deletes the proxy-UID exemption rule from the pod's netns behind the backend's back.
+fn delete_uid_rule(ns: &Netns, kind: BackendKind, uid: u32) {
+    let uid = uid.to_string();
+    match kind {
+        BackendKind::IptablesNft | BackendKind::IptablesLegacy => {
+            let flavour = if kind == BackendKind::IptablesNft {
+                "nft"
+            } else {
+                "legacy"
+            };
+            for family in ["iptables", "ip6tables"] {
+                let tool = format!("{family}-{flavour}");
+                ns.exec_ok(&[
+                    &tool,
+                    "-t",
+                    "nat",
+                    "-D",
+                    "IL_OUTPUT",
+                    "-m",
+                    "owner",
+                    "--uid-owner",
+                    &uid,
+                    "-j",
+                    "RETURN",
+                ]);
+            }
+        }
+        BackendKind::Nftables => {
+            // Find the rule matching the proxy UID by handle and delete it.
+            let listing = ns.exec_ok(&["nft", "-a", "list", "ruleset"]);
+            let (mut table, mut chain) = (String::new(), String::new());
+            let mut deleted = 0;
+            for line in listing.lines() {
+                let t = line.trim();
+                if let Some(rest) = t.strip_prefix("table ") {
+                    table = rest.trim_end_matches(" {").to_string();
+                    table = table.split(" # ").next().unwrap().to_string();
+                } else if let Some(rest) = t.strip_prefix("chain ") {
+                    chain = rest.split_whitespace().next().unwrap().to_string();
+                } else if t.contains("skuid") && t.contains(&uid) {
+                    let handle = t.rsplit("# handle ").next().unwrap().trim().to_string();
+                    let mut args = vec!["nft", "delete", "rule"];
+                    args.extend(table.split_whitespace());
+                    args.extend([chain.as_str(), "handle", handle.as_str()]);
+                    ns.exec_ok(&args);
+                    deleted += 1;
+                }
+            }
+            assert!(deleted > 0, "no skuid {uid} rule found in:\n{listing}");
+        }
+    }
+}
+
+fn mesh_scenario(kind: BackendKind, mesh: &Mesh, v6: bool) {
+    let topo = Topology::new();
+    let (a, b) = (&topo.a, &topo.b);
+    let spec = spec_for(mesh.annotations);
+
+    // ADD: apply, verify, prove.
+    let p = protect(&a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
+    assert_eq!(p.backend, kind);
+    assert_eq!(p.spec_hash, spec.hash());
+    assert_eq!(p.probe.proven.len(), 2, "{:?}", p.probe);
+    for r in &p.probe.proven {
+        assert_eq!(r.original_dst, r.target);
+        assert!(topo.gateways().contains(&r.target.ip()), "{r:?}");
+    }
+
+    let out_l = listen(&a.ns, loopback(v6, mesh.outbound));
+    let in_l = listen(&a.ns, any(v6, mesh.inbound));
+    let b_l = listen(&b.ns, any(v6, 8080));
+    let b8080 = SocketAddr::new(b.ip(v6), 8080);
+    let a8080 = SocketAddr::new(a.ip(v6), 8080);
+
+    // An app process (root) in A connecting to B:8080 lands on A's outbound proxy port.
+    let local = connect_as_root(&a.ns, b8080);
+    let (c, peer) = accept_within(&out_l, WAIT).expect("captured connection at the proxy");
+    assert_eq!(peer, local);
+    assert_eq!(original_dst(&c, family(v6)).unwrap(), b8080);
+    assert!(
+        accept_within(&b_l, Duration::ZERO).is_none(),
+        "B must not see it"
+    );
+
+    // The proxy's UID is exempt: the same connection reaches B itself.
+    assert!(connect_as(&a.ns, mesh.uid, 5000, b8080));
+    assert!(
+        accept_within(&b_l, WAIT).is_some(),
+        "proxy UID must reach B"
+    );
+    assert!(accept_within(&out_l, Duration::ZERO).is_none());
+
+    // Another unprivileged UID is captured too.
+    assert!(connect_as(&a.ns, 4321, 4321, b8080));
+    let (c, _) = accept_within(&out_l, WAIT).expect("UID 4321 captured");
+    assert_eq!(original_dst(&c, family(v6)).unwrap(), b8080);
+    assert!(accept_within(&b_l, Duration::ZERO).is_none());
+
+    // B → A:8080 lands on A's inbound proxy port.
+    connect_as_root(&b.ns, a8080);
+    let (c, _) = accept_within(&in_l, WAIT).expect("inbound capture");
+    assert_eq!(original_dst(&c, family(v6)).unwrap(), a8080);
+
+    // The proxy's own admin port is not captured inbound.
+    let admin = listen(&a.ns, any(v6, mesh.excluded_inbound));
+    connect_as_root(&b.ns, SocketAddr::new(a.ip(v6), mesh.excluded_inbound));
+    assert!(accept_within(&admin, WAIT).is_some());
+    assert!(accept_within(&in_l, Duration::ZERO).is_none());
+
+    // CHECK: exact now; a deleted rule is detected (and really stops the exemption).
+    assert_eq!(
+        check(&a.ns.path(), &spec, kind).unwrap(),
+        Verification::Exact
+    );
+    delete_uid_rule(&a.ns, kind, mesh.uid);
+    let Verification::Mismatch(diffs) = check(&a.ns.path(), &spec, kind).unwrap() else {
+        panic!("deleted rule not detected")
+    };
+    assert!(!diffs.is_empty());
+    assert!(connect_as(&a.ns, mesh.uid, 5000, b8080));
+    assert!(
+        accept_within(&out_l, WAIT).is_some(),
+        "without the rule the proxy UID is captured"
+    );
+
+    // Re-applying repairs it (listeners closed: the probe needs the port).
+    drop((out_l, in_l, admin));
+    protect(&a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
+    assert_eq!(
+        check(&a.ns.path(), &spec, kind).unwrap(),
+        Verification::Exact
+    );
+    assert!(connect_as(&a.ns, mesh.uid, 5000, b8080));
+    assert!(accept_within(&b_l, WAIT).is_some());
+
+    // DEL: removed, nothing left; a vanished netns is reported as such.
+    assert_eq!(unprotect(&a.ns.path(), kind).unwrap(), Unprotected::Removed);
+    let rules = all_rules(&a.ns);
+    assert!(
+        !rules.contains("IL_") && !rules.contains("interlock"),
+        "{rules}"
+    );
+    let b_l2 = b_l;
+    connect_as_root(&a.ns, b8080);
+    assert!(
+        accept_within(&b_l2, WAIT).is_some(),
+        "unprotected pod talks to B directly"
+    );
+    let path = a.ns.path();
+    drop(topo);
+    assert_eq!(unprotect(&path, kind).unwrap(), Unprotected::NetnsGone);
+}
+
+fn exclusions_scenario(kind: BackendKind, v6: bool) {
+    let topo = Topology::new();
+    let (a, b) = (&topo.a, &topo.b);
+    let b_net = if v6 { "fd99:1::3/128" } else { "10.99.1.3/32" };
+    let ranges = format!("{b_net},10.99.200.0/24");
+    let ranges: &'static str = Box::leak(ranges.into_boxed_str());
+    let spec = spec_for(&[
+        ISTIO.annotations[0],
+        ("traffic.sidecar.istio.io/excludeOutboundIPRanges", ranges),
+        (
+            "traffic.sidecar.istio.io/excludeOutboundPorts",
+            "5432,6000-6010",
+        ),
+        ("traffic.sidecar.istio.io/includeInboundPorts", "8080,9090"),
+    ]);
+    protect(&a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
+    let out_l = listen(&a.ns, loopback(v6, 15001));
+    let in_l = listen(&a.ns, any(v6, 15006));
+    let gw = if v6 { topo.gw6 } else { topo.gw4 };
+    let node_5432 = listen(&topo.node, SocketAddr::new(gw, 5432));
+    let node_6005 = listen(&topo.node, SocketAddr::new(gw, 6005));
+    let node_8080 = listen(&topo.node, SocketAddr::new(gw, 8080));
+    let b_l = listen(&b.ns, any(v6, 8080));
+
+    // Excluded CIDR: A → B:8080 is not captured.
+    connect_as_root(&a.ns, SocketAddr::new(b.ip(v6), 8080));
+    assert!(
+        accept_within(&b_l, WAIT).is_some(),
+        "excluded CIDR reaches B"
+    );
+    assert!(accept_within(&out_l, Duration::ZERO).is_none());
+    // Excluded ports (single and range) to a captured address are not captured.
+    connect_as_root(&a.ns, SocketAddr::new(gw, 5432));
+    assert!(
+        accept_within(&node_5432, WAIT).is_some(),
+        "excluded port 5432 reaches the node"
+    );
+    connect_as_root(&a.ns, SocketAddr::new(gw, 6005));
+    assert!(
+        accept_within(&node_6005, WAIT).is_some(),
+        "excluded port 6005 reaches the node"
+    );
+    assert!(accept_within(&out_l, Duration::ZERO).is_none());
+    // The same address on another port is captured.
+    connect_as_root(&a.ns, SocketAddr::new(gw, 8080));
+    let (c, _) = accept_within(&out_l, WAIT).expect("captured");
+    assert_eq!(
+        original_dst(&c, family(v6)).unwrap(),
+        SocketAddr::new(gw, 8080)
+    );
+    assert!(accept_within(&node_8080, Duration::ZERO).is_none());
+
+    // Inbound include list: 8080 captured, 7070 not.
+    let a7070 = listen(&a.ns, any(v6, 7070));
+    connect_as_root(&b.ns, SocketAddr::new(a.ip(v6), 7070));
+    assert!(
+        accept_within(&a7070, WAIT).is_some(),
+        "inbound port outside the include list"
+    );
+    assert!(accept_within(&in_l, Duration::ZERO).is_none());
+    connect_as_root(&b.ns, SocketAddr::new(a.ip(v6), 8080));
+    assert!(
+        accept_within(&in_l, WAIT).is_some(),
+        "inbound port in the include list"
+    );
+}
+
+#[test]
+fn istio_v4_iptables_nft() {
+    require_root!();
+    mesh_scenario(BackendKind::IptablesNft, &ISTIO, false);
+}
+
+#[test]
+fn istio_v6_iptables_nft() {
+    require_root!();
+    mesh_scenario(BackendKind::IptablesNft, &ISTIO, true);
+}
+
+#[test]
+fn istio_v4_iptables_legacy() {
+    require_root!();
+    mesh_scenario(BackendKind::IptablesLegacy, &ISTIO, false);
+}
+
+#[test]
+fn istio_v6_iptables_legacy() {
+    require_root!();
+    mesh_scenario(BackendKind::IptablesLegacy, &ISTIO, true);
+}
+
+#[test]
+fn linkerd_v4_iptables_nft() {
+    require_root!();
+    mesh_scenario(BackendKind::IptablesNft, &LINKERD, false);
+}
+
+#[test]
+fn linkerd_v6_iptables_nft() {
+    require_root!();
+    mesh_scenario(BackendKind::IptablesNft, &LINKERD, true);
+}
+
+#[test]
+fn linkerd_v4_iptables_legacy() {
+    require_root!();
+    mesh_scenario(BackendKind::IptablesLegacy, &LINKERD, false);
+}
+
+#[test]
+fn linkerd_v6_iptables_legacy() {
+    require_root!();
+    mesh_scenario(BackendKind::IptablesLegacy, &LINKERD, true);
+}
+
+#[test]
+fn exclusions_v4_iptables_nft() {
+    require_root!();
+    exclusions_scenario(BackendKind::IptablesNft, false);
+}
+
+#[test]
+fn exclusions_v6_iptables_legacy() {
+    require_root!();
+    exclusions_scenario(BackendKind::IptablesLegacy, true);
+}
+
+#[test]
+fn garbage_annotation_applies_nothing() {
+    require_root!();
+    let topo = Topology::new();
+    let err = decide(
+        &annotations(&[
+            ISTIO.annotations[0],
+            (
+                "traffic.sidecar.istio.io/excludeInboundPorts",
+                "15020,70000",
+            ),
+        ]),
+        &ProfileName::ALL,
+    )
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("traffic.sidecar.istio.io/excludeInboundPorts") && msg.contains("70000"),
+        "{msg}"
+    );
+    // An invalid spec handed to protect fails before touching the netns.
+    let mut bad = spec_for(ISTIO.annotations);
+    bad.proxy_uid = 0;
+    let e = protect(
+        &topo.a.ns.path(),
+        &bad,
+        BackendKind::IptablesNft,
+        &topo.gateways(),
+    )
+    .unwrap_err();
+    assert_eq!(e.step(), "spec");
+    let rules = all_rules(&topo.a.ns);
+    assert!(
+        !rules.contains("IL_") && !rules.contains("interlock"),
+        "{rules}"
+    );
+}
+
+#[test]
+fn failed_probe_leaves_no_rules() {
+    require_root!();
+    let topo = Topology::new();
+    let spec = spec_for(ISTIO.annotations);
+    // Something already holds the outbound proxy port: the probe cannot listen.
+    let _busy = listen(&topo.a.ns, loopback(false, 15001));
+    let e = protect(
+        &topo.a.ns.path(),
+        &spec,
+        BackendKind::IptablesLegacy,
+        &topo.gateways(),
+    )
+    .unwrap_err();
+    assert_eq!(e.step(), "probe", "{e}");
+    assert!(
+        e.to_string()
+            .contains(&topo.a.ns.path().display().to_string()),
+        "{e}"
+    );
+    let rules = all_rules(&topo.a.ns);
+    assert!(!rules.contains("IL_"), "{rules}");
+}
+
+#[test]
+fn probe_detects_missing_redirection() {
+    require_root!();
+    let topo = Topology::new();
+    let spec = spec_for(ISTIO.annotations);
+    // No rules at all: the probe's SYN (hop limit 1) reaches the node, which refuses it.
+    let e = interlock_redirect::netns::in_netns(&topo.a.ns.path(), || {
+        interlock_redirect::probe::probe(&spec, &[topo.gw4], Duration::from_millis(300))
+    })
+    .unwrap()
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            interlock_redirect::probe::ProbeError::NotRedirected { .. }
+        ),
+        "{e}"
+    );
+    let _: &[IpAddr] = &topo.gateways();
+}
