@@ -38,10 +38,8 @@ pub struct Protection {
     pub spec_hash: String,
     /// What the probe proved.
     pub probe: ProbeReport,
-    /// Time spent applying.
-    pub apply_time: Duration,
-    /// Time spent verifying.
-    pub verify_time: Duration,
+    /// Time spent applying and verifying the rules.
+    pub rules_time: Duration,
     /// Time spent probing.
     pub probe_time: Duration,
 }
@@ -194,18 +192,7 @@ pub fn protect_with(
         let cleanup = || backend.remove().err().map(|e| e.to_string());
 
         let t = Instant::now();
-        if let Err(source) = backend.apply(spec) {
-            return Err(ProtectError::Apply {
-                netns: path.clone(),
-                backend: kind,
-                source,
-                cleanup: cleanup(),
-            });
-        }
-        let apply_time = t.elapsed();
-
-        let t = Instant::now();
-        match backend.verify(spec) {
+        match backend.apply_and_verify(spec) {
             Ok(Verification::Exact) => {}
             Ok(Verification::Mismatch(diffs)) => {
                 return Err(ProtectError::Mismatch {
@@ -215,7 +202,7 @@ pub fn protect_with(
                     cleanup: cleanup(),
                 })
             }
-            Err(source) => {
+            Err(source) if source.op() == "verify" => {
                 return Err(ProtectError::Verify {
                     netns: path.clone(),
                     backend: kind,
@@ -223,8 +210,16 @@ pub fn protect_with(
                     cleanup: cleanup(),
                 })
             }
+            Err(source) => {
+                return Err(ProtectError::Apply {
+                    netns: path.clone(),
+                    backend: kind,
+                    source,
+                    cleanup: cleanup(),
+                })
+            }
         }
-        let verify_time = t.elapsed();
+        let rules_time = t.elapsed();
 
         let t = Instant::now();
         let report = match probe::probe(spec, probe_targets, options.probe_timeout) {
@@ -242,8 +237,7 @@ pub fn protect_with(
             backend: kind,
             spec_hash: spec.hash(),
             probe: report,
-            apply_time,
-            verify_time,
+            rules_time,
             probe_time: t.elapsed(),
         })
     })?

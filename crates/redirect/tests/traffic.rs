@@ -110,8 +110,7 @@ fn delete_uid_rule(ns: &Netns, kind: BackendKind, uid: u32) {
             for line in listing.lines() {
                 let t = line.trim();
                 if let Some(rest) = t.strip_prefix("table ") {
-                    table = rest.trim_end_matches(" {").to_string();
-                    table = table.split(" # ").next().unwrap().to_string();
+                    table = rest.split('{').next().unwrap().trim().to_string();
                 } else if let Some(rest) = t.strip_prefix("chain ") {
                     chain = rest.split_whitespace().next().unwrap().to_string();
                 } else if t.contains("skuid") && t.contains(&uid) {
@@ -436,4 +435,52 @@ fn probe_detects_missing_redirection() {
         "{e}"
     );
     let _: &[IpAddr] = &topo.gateways();
+}
+
+#[test]
+fn istio_v4_nftables() {
+    require_root!();
+    mesh_scenario(BackendKind::Nftables, &ISTIO, false);
+}
+
+#[test]
+fn istio_v6_nftables() {
+    require_root!();
+    mesh_scenario(BackendKind::Nftables, &ISTIO, true);
+}
+
+#[test]
+fn linkerd_v4_nftables() {
+    require_root!();
+    mesh_scenario(BackendKind::Nftables, &LINKERD, false);
+}
+
+#[test]
+fn linkerd_v6_nftables() {
+    require_root!();
+    mesh_scenario(BackendKind::Nftables, &LINKERD, true);
+}
+
+#[test]
+fn exclusions_v4_nftables() {
+    require_root!();
+    exclusions_scenario(BackendKind::Nftables, false);
+}
+
+#[test]
+fn exclusions_v6_nftables() {
+    require_root!();
+    exclusions_scenario(BackendKind::Nftables, true);
+}
+
+#[test]
+fn exclusions_v6_iptables_nft() {
+    require_root!();
+    exclusions_scenario(BackendKind::IptablesNft, true);
+}
+
+#[test]
+fn exclusions_v4_iptables_legacy() {
+    require_root!();
+    exclusions_scenario(BackendKind::IptablesLegacy, false);
 }

@@ -205,13 +205,8 @@ pub fn open(kind: BackendKind) -> Result<Box<dyn Backend + Send + Sync>, Backend
     })
 }
 
-// NFT-ROUTING: replaced by `Box::new(nftables::NftablesBackend::new())` once it exists.
 fn open_nftables() -> Result<Box<dyn Backend + Send + Sync>, BackendError> {
-    Err(BackendError::Failed {
-        backend: BackendKind::Nftables,
-        op: "open",
-        msg: "the nftables backend is not part of this build yet; set backend to iptables-nft or iptables-legacy".into(),
-    })
+    Ok(Box::new(nftables::NftablesBackend::new()))
 }
 
 /// What a read-back found.
@@ -245,6 +240,15 @@ pub enum BackendError {
     },
 }
 
+impl BackendError {
+    /// The operation that failed (`open`, `apply`, `verify`, `remove`).
+    pub fn op(&self) -> &'static str {
+        match self {
+            BackendError::Failed { op, .. } => op,
+        }
+    }
+}
+
 /// Applies, verifies and removes interlock's rules. Every method runs on a thread that is
 /// already inside the pod's network namespace.
 pub trait Backend {
@@ -256,6 +260,12 @@ pub trait Backend {
     fn verify(&self, spec: &RedirectSpec) -> Result<Verification, BackendError>;
     /// Removes everything interlock installed; succeeds when nothing is there.
     fn remove(&self) -> Result<(), BackendError>;
+    /// [`Backend::apply`] then [`Backend::verify`]; backends that can share work between
+    /// the two (one netlink socket) override it. The engine calls this on ADD.
+    fn apply_and_verify(&self, spec: &RedirectSpec) -> Result<Verification, BackendError> {
+        self.apply(spec)?;
+        self.verify(spec)
+    }
 }
 
 #[cfg(test)]
