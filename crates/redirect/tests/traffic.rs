@@ -437,41 +437,11 @@ fn probe_detects_missing_redirection() {
     let _: &[IpAddr] = &topo.gateways();
 }
 
-#[test]
-fn istio_v4_nftables() {
-    require_root!();
-    mesh_scenario(BackendKind::Nftables, &ISTIO, false);
-}
 
-#[test]
-fn istio_v6_nftables() {
-    require_root!();
-    mesh_scenario(BackendKind::Nftables, &ISTIO, true);
-}
 
-#[test]
-fn linkerd_v4_nftables() {
-    require_root!();
-    mesh_scenario(BackendKind::Nftables, &LINKERD, false);
-}
 
-#[test]
-fn linkerd_v6_nftables() {
-    require_root!();
-    mesh_scenario(BackendKind::Nftables, &LINKERD, true);
-}
 
-#[test]
-fn exclusions_v4_nftables() {
-    require_root!();
-    exclusions_scenario(BackendKind::Nftables, false);
-}
 
-#[test]
-fn exclusions_v6_nftables() {
-    require_root!();
-    exclusions_scenario(BackendKind::Nftables, true);
-}
 
 #[test]
 fn exclusions_v6_iptables_nft() {
