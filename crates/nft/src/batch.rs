@@ -259,6 +259,25 @@ impl Batch {
         )
     }
 
+    /// `create table <family> <name>`: like [`Batch::add_table`] but the whole batch fails
+    /// with `EEXIST` when the table already exists (`NLM_F_EXCL`).
+    ///
+    /// A batch that only creates objects is also cheaper to close out than one that
+    /// deletes: after a deletion, closing any nf_tables netlink socket waits for the
+    /// kernel's deferred destruction (an RCU grace period, milliseconds).
+    pub fn create_table(&mut self, family: Family, name: &str) -> &mut Self {
+        self.message(
+            NFT_MSG_NEWTABLE,
+            NLM_F_CREATE | NLM_F_EXCL,
+            family,
+            format!("create table {family} {name}"),
+            |w| {
+                w.string(NFTA_TABLE_NAME, name);
+                w.be32(NFTA_TABLE_FLAGS, 0);
+            },
+        )
+    }
+
     /// `delete table <family> <name>` with everything in it. Fails with `ENOENT` (and the
     /// whole batch with it) when the table does not exist: put [`Batch::add_table`] first
     /// to make it unconditional.

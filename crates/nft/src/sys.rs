@@ -9,6 +9,7 @@ pub const NLM_F_MULTI: u16 = 0x2;
 pub const NLM_F_ACK: u16 = 0x4;
 pub const NLM_F_DUMP_INTR: u16 = 0x10;
 pub const NLM_F_DUMP: u16 = 0x300;
+pub const NLM_F_EXCL: u16 = 0x200;
 pub const NLM_F_CREATE: u16 = 0x400;
 pub const NLM_F_APPEND: u16 = 0x800;
 pub const NLMSG_NOOP: u16 = 0x1;

@@ -269,3 +269,8 @@ fn rules_by_tag(tag: &str) -> Rule {
         .find(|r| r.tag_str() == Some(tag))
         .unwrap()
 }
+
+/// `EEXIST` on Linux (kept local: libc is not a dev-dependency of this test).
+fn libc_eexist() -> i32 {
+    17
+}
