@@ -1,0 +1,254 @@
+//! Per-attachment state, one file per (container ID, ifname) under
+//! `<stateDir>/attachments/`.
+//!
+//! Each file is replaced atomically (`write_file_atomic`: temp file, fsync, rename), and
+//! concurrent ADDs for different attachments touch different files, so any number of
+//! plugin processes can run at once. A reader sees a whole old file or a whole new one.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use interlock_protocol::atomic::write_file_atomic;
+use serde::{Deserialize, Serialize};
+
+use crate::decide::{Decision, Protection};
+use crate::identity::PodIdentity;
+
+/// Identifies one attachment (what GC's `cni.dev/valid-attachments` lists).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct AttachmentKey {
+    /// `CNI_CONTAINERID`.
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+}
+
+/// What interlock knows about one attachment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachmentState {
+    /// Which attachment.
+    #[serde(flatten)]
+    pub key: AttachmentKey,
+    /// `CNI_NETNS` at ADD.
+    pub netns: String,
+    /// The network (list) name.
+    pub network: String,
+    /// The config's cniVersion.
+    pub cni_version: String,
+    /// The pod, as the runtime described it.
+    pub pod: PodIdentity,
+    /// The decision taken.
+    pub decision: Decision,
+    /// What was done about it.
+    pub protection: Protection,
+    /// When the ADD happened (Unix ms).
+    pub added_at_ms: u64,
+}
+
+/// The directory of attachment state files.
+#[derive(Debug, Clone)]
+pub struct StateStore {
+    dir: PathBuf,
+}
+
+fn encode(part: &str) -> String {
+    let mut s = String::with_capacity(part.len());
+    for b in part.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            s.push(b as char);
+        } else {
+            s.push_str(&format!("%{b:02X}"));
+        }
+    }
+    s
+}
+
+fn decode(part: &str) -> Option<String> {
+    let bytes = part.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = part.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+impl StateStore {
+    /// The store under `state_dir` (`<state_dir>/attachments`).
+    pub fn new(state_dir: &Path) -> StateStore {
+        StateStore {
+            dir: state_dir.join("attachments"),
+        }
+    }
+
+    /// The directory holding the files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file for `key`: `<containerID>+<ifname>.json`, each part percent-encoded so
+    /// that any ID or ifname maps to exactly one safe file name.
+    pub fn path_for(&self, key: &AttachmentKey) -> PathBuf {
+        self.dir.join(format!(
+            "{}+{}.json",
+            encode(&key.container_id),
+            encode(&key.ifname)
+        ))
+    }
+
+    /// The key a file name stands for, if it is one of ours.
+    pub fn key_of(file_name: &str) -> Option<AttachmentKey> {
+        let stem = file_name.strip_suffix(".json")?;
+        let (c, i) = stem.split_once('+')?;
+        Some(AttachmentKey {
+            container_id: decode(c)?,
+            ifname: decode(i)?,
+        })
+    }
+
+    /// Writes (replaces) the state of one attachment atomically.
+    pub fn save(&self, state: &AttachmentState) -> io::Result<()> {
+        fs::create_dir_all(&self.dir).map_err(|e| {
+            io::Error::new(e.kind(), format!("creating {}: {e}", self.dir.display()))
+        })?;
+        let mut data = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;
+        data.push(b'\n');
+        write_file_atomic(&self.path_for(&state.key), &data, Some(0o600))
+    }
+
+    /// Reads the state of one attachment; `Ok(None)` when there is none.
+    pub fn load(&self, key: &AttachmentKey) -> io::Result<Option<AttachmentState>> {
+        let path = self.path_for(key);
+        match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{} is corrupt: {e}", path.display()),
+                )
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io::Error::new(
+                e.kind(),
+                format!("reading {}: {e}", path.display()),
+            )),
+        }
+    }
+
+    /// Removes the state of one attachment; `Ok(false)` when there was none.
+    pub fn remove(&self, key: &AttachmentKey) -> io::Result<bool> {
+        let path = self.path_for(key);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io::Error::new(
+                e.kind(),
+                format!("removing {}: {e}", path.display()),
+            )),
+        }
+    }
+
+    /// Every attachment with a state file.
+    pub fn keys(&self) -> io::Result<BTreeSet<AttachmentKey>> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("reading {}: {e}", self.dir.display()),
+                ))
+            }
+        };
+        let mut keys = BTreeSet::new();
+        for entry in entries {
+            let name = entry?.file_name();
+            if let Some(k) = name.to_str().and_then(StateStore::key_of) {
+                keys.insert(k);
+            }
+        }
+        Ok(keys)
+    }
+
+    /// GC: removes the state of every attachment not in `valid`; returns what it removed.
+    pub fn retain(&self, valid: &BTreeSet<AttachmentKey>) -> io::Result<Vec<AttachmentKey>> {
+        let mut removed = Vec::new();
+        for key in self.keys()? {
+            if !valid.contains(&key) && self.remove(&key)? {
+                removed.push(key);
+            }
+        }
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn state(cid: &str, ifname: &str) -> AttachmentState {
+        AttachmentState {
+            key: AttachmentKey {
+                container_id: cid.into(),
+                ifname: ifname.into(),
+            },
+            netns: "/var/run/netns/x".into(),
+            network: "net".into(),
+            cni_version: "1.0.0".into(),
+            pod: PodIdentity::default(),
+            decision: Decision::Skip {
+                reason: "test".into(),
+            },
+            protection: Protection::NotNeeded,
+            added_at_ms: 1,
+        }
+    }
+
+    #[test]
+    fn save_load_remove_retain() {
+        let t = tempfile::tempdir().unwrap();
+        let s = StateStore::new(t.path());
+        assert_eq!(s.load(&state("a", "eth0").key).unwrap(), None);
+        for (c, i) in [("a", "eth0"), ("b", "eth0"), ("b", "net1")] {
+            s.save(&state(c, i)).unwrap();
+        }
+        assert_eq!(
+            s.load(&state("b", "net1").key).unwrap().unwrap(),
+            state("b", "net1")
+        );
+        let valid: BTreeSet<_> = [state("b", "eth0").key].into();
+        let removed = s.retain(&valid).unwrap();
+        assert_eq!(removed.len(), 2);
+        assert_eq!(s.keys().unwrap(), valid);
+        assert!(s.remove(&state("b", "eth0").key).unwrap());
+        assert!(!s.remove(&state("b", "eth0").key).unwrap());
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&fs::metadata(s.dir()).unwrap().permissions());
+        assert!(mode & 0o700 == 0o700);
+    }
+
+    proptest! {
+        #[test]
+        fn file_names_are_safe_and_reversible(cid in "\\PC{0,40}", ifname in "\\PC{0,15}") {
+            let s = StateStore::new(Path::new("/x"));
+            let key = AttachmentKey { container_id: cid, ifname };
+            let path = s.path_for(&key);
+            let name = path.file_name().unwrap().to_str().unwrap();
+            prop_assert!(!name.starts_with('.'));
+            prop_assert!(!name.contains('/'));
+            prop_assert_eq!(path.parent().unwrap(), Path::new("/x/attachments"));
+            prop_assert_eq!(StateStore::key_of(name), Some(key));
+        }
+    }
+}
