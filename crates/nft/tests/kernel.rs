@@ -187,6 +187,24 @@ fn replacing_is_atomic_and_a_refused_batch_changes_nothing() {
             after, second,
             "a refused batch must leave the old rules in place"
         );
+
+        // create_table refuses an existing table, and with it the whole batch.
+        let mut create = Batch::new();
+        create
+            .create_table(Family::Inet, T)
+            .add_chain(Family::Inet, T, &Chain::regular("ilnew"));
+        let err = nft.commit(&create).unwrap_err();
+        assert_eq!(err.errno(), Some(libc_eexist()), "{err}");
+        let has_new = |nft: &mut Nft| {
+            nft.chains(Family::Inet, T)
+                .unwrap()
+                .iter()
+                .any(|c| c.name == "ilnew")
+        };
+        assert!(!has_new(&mut nft));
+        assert!(nft.delete_table(Family::Inet, T).unwrap());
+        nft.commit(&create).unwrap();
+        assert!(has_new(&mut nft));
     });
 }
 

@@ -420,15 +420,6 @@ impl NftablesBackend {
     pub fn new() -> Self {
         NftablesBackend { _private: () }
     }
-
-    /// Applies `spec` (unless already exact) and verifies the result, on one socket:
-    /// the fast path for a plugin ADD. Returns the verification after the apply.
-    pub fn apply_and_verify(&self, spec: &RedirectSpec) -> Result<Verification, BackendError> {
-        let ruleset = checked(spec, "apply")?;
-        let mut nft = open("apply")?;
-        apply_with(&mut nft, &ruleset)?;
-        verify_with(&mut nft, &ruleset, "verify")
-    }
 }
 
 fn fail(op: &'static str, msg: impl Into<String>) -> BackendError {
@@ -494,6 +485,15 @@ impl Backend for NftablesBackend {
     fn verify(&self, spec: &RedirectSpec) -> Result<Verification, BackendError> {
         let ruleset = checked(spec, "verify")?;
         verify_with(&mut open("verify")?, &ruleset, "verify")
+    }
+
+    /// Applies `spec` (unless already exact) and verifies the result on one socket: the
+    /// plugin ADD path.
+    fn apply_and_verify(&self, spec: &RedirectSpec) -> Result<Verification, BackendError> {
+        let ruleset = checked(spec, "apply")?;
+        let mut nft = open("apply")?;
+        apply_with(&mut nft, &ruleset)?;
+        verify_with(&mut nft, &ruleset, "verify")
     }
 
     fn remove(&self) -> Result<(), BackendError> {
