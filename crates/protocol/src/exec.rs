@@ -427,26 +427,34 @@ impl Chain {
     /// ADD: every plugin in order, each getting the previous one's result; returns the
     /// last result (in the version the last plugin wrote it).
     pub fn add(&self, rt: &RuntimeConf) -> Result<CniResult, ExecError> {
-        let mut prev: Option<CniResult> = None;
-        for i in 0..self.list.plugins().len() {
-            let conf = self.plugin_config(i, prev.as_ref(), rt);
-            let out = self.run_one(i, Command::Add, &conf, rt)?;
-            let result = CniResult::parse(&out, Some(self.version)).map_err(|source| {
-                ExecError::BadResult {
-                    plugin: self.list.plugin_confs()[i].plugin_type().to_string(),
-                    command: Command::Add,
-                    source,
-                    stdout: String::from_utf8_lossy(&out).into_owned(),
-                }
-            })?;
-            prev = Some(result);
-        }
-        prev.ok_or_else(|| {
+        let mut each = self.add_each(rt)?;
+        each.pop().map(|(_, r)| r).ok_or_else(|| {
             ExecError::Config(ConfError::Field {
                 field: "plugins".into(),
                 problem: "empty: no plugins in list".into(),
             })
         })
+    }
+
+    /// ADD like [`Chain::add`], returning every plugin's result in chain order as
+    /// `(type, result)`: what each plugin made of its predecessor's result.
+    pub fn add_each(&self, rt: &RuntimeConf) -> Result<Vec<(String, CniResult)>, ExecError> {
+        let mut results: Vec<(String, CniResult)> = Vec::new();
+        for i in 0..self.list.plugins().len() {
+            let conf = self.plugin_config(i, results.last().map(|(_, r)| r), rt);
+            let out = self.run_one(i, Command::Add, &conf, rt)?;
+            let plugin = self.list.plugin_confs()[i].plugin_type().to_string();
+            let result = CniResult::parse(&out, Some(self.version)).map_err(|source| {
+                ExecError::BadResult {
+                    plugin: plugin.clone(),
+                    command: Command::Add,
+                    source,
+                    stdout: String::from_utf8_lossy(&out).into_owned(),
+                }
+            })?;
+            results.push((plugin, result));
+        }
+        Ok(results)
     }
 
     /// DEL: every plugin in reverse order. `prev` (the cached ADD result) is passed from
