@@ -135,6 +135,20 @@ pub fn protect(
     }
 }
 
+/// Undoes [`protect`] for an attachment being deleted. `state` is what ADD recorded (or
+/// `None` after a restart or a second DEL); `netns` may be empty (containerd's later
+/// DELs), in which case there is nothing left to clean inside it. Must be idempotent.
+/// At this stage `protect` never applies rules, so there is nothing to remove.
+pub fn unprotect(
+    _config: &PluginConfig,
+    state: Option<&crate::state::AttachmentState>,
+    _netns: &str,
+) -> Result<(), String> {
+    match state.map(|s| &s.protection) {
+        None | Some(Protection::NotNeeded) | Some(Protection::PassedThrough { .. }) => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -394,8 +394,24 @@ fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
 
 fn cmd_del(call: &Call) -> Result<Vec<u8>, CniError> {
     let store = StateStore::new(&call.config.state_dir);
+    let key = call.key();
+    let state = match store.load(&key) {
+        Ok(s) => s,
+        Err(e) => {
+            call.log.warn(&format!(
+                "attachment state unreadable, deleting anyway: {e}"
+            ));
+            None
+        }
+    };
+    decide::unprotect(
+        &call.config,
+        state.as_ref(),
+        call.env.netns.as_deref().unwrap_or(""),
+    )
+    .map_err(|e| call.err(codes::IO_FAILURE, format!("removing redirection: {e}")))?;
     let existed = store
-        .remove(&call.key())
+        .remove(&key)
         .map_err(|e| call.err(codes::IO_FAILURE, format!("removing attachment state: {e}")))?;
     call.log.info(if existed {
         "attachment state removed"

@@ -135,9 +135,20 @@ fn read_bool(obj: &Map<String, Value>, key: &str) -> Result<bool, ConfError> {
     }
 }
 
-/// Validates one plugin entry (`plugins[i]`), as libcni's `ConfFromBytes` does plus the
-/// types of the spec's well-known fields.
-fn validate_plugin(value: &Value, path: &str) -> Result<(), ConfError> {
+/// How strictly to check a config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Validation {
+    /// Every spec field's type, including `args` and `runtimeConfig` (the default).
+    #[default]
+    Spec,
+    /// Only what libcni rejects when a runtime loads the file (it does not look at
+    /// `args` or `runtimeConfig`): use this to predict what a runtime will load.
+    Libcni,
+}
+
+/// Validates one plugin entry (`plugins[i]`), as libcni's `ConfFromBytes` does plus, for
+/// [`Validation::Spec`], the types of the spec's other well-known fields.
+fn validate_plugin(value: &Value, path: &str, level: Validation) -> Result<(), ConfError> {
     let obj = value.as_object().ok_or_else(|| {
         ConfError::field(
             path,
@@ -165,8 +176,11 @@ fn validate_plugin(value: &Value, path: &str) -> Result<(), ConfError> {
             }
         }
     }
-    expect_object(obj, "runtimeConfig", &format!("{path}.runtimeConfig"))?;
-    expect_object(obj, "args", &format!("{path}.args"))?;
+    if level == Validation::Spec {
+        expect_object(obj, "runtimeConfig", &format!("{path}.runtimeConfig"))?;
+        expect_object(obj, "args", &format!("{path}.args"))?;
+    }
+    expect_object(obj, "prevResult", &format!("{path}.prevResult"))?;
     if let Some(ipam) = expect_object(obj, "ipam", &format!("{path}.ipam"))? {
         expect_string(ipam, "type", &format!("{path}.ipam.type"))?;
     }
@@ -188,15 +202,38 @@ pub struct NetworkConfigList {
 
 /// Parses a `.conflist` document.
 pub fn parse_conflist(bytes: &[u8]) -> Result<NetworkConfigList, ConfError> {
+    parse_conflist_with(bytes, Validation::Spec)
+}
+
+/// Parses a `.conflist` document with the given strictness.
+pub fn parse_conflist_with(
+    bytes: &[u8],
+    level: Validation,
+) -> Result<NetworkConfigList, ConfError> {
     let value: Value = serde_json::from_slice(bytes)?;
-    NetworkConfigList::from_value(value)
+    match value {
+        Value::Object(raw) => {
+            let list = NetworkConfigList { raw };
+            list.validate_with(level)?;
+            Ok(list)
+        }
+        other => Err(ConfError::field(
+            "(document)",
+            format!("expected a JSON object, found {}", type_name(&other)),
+        )),
+    }
 }
 
 /// Parses a single-plugin `.conf` document and wraps it into list form the way libcni's
 /// `ConfListFromConf` does: `{"name", "cniVersion", "plugins": [<the whole conf>]}`.
 pub fn parse_conf(bytes: &[u8]) -> Result<NetworkConfigList, ConfError> {
+    parse_conf_with(bytes, Validation::Spec)
+}
+
+/// Parses a single-plugin `.conf` document with the given strictness.
+pub fn parse_conf_with(bytes: &[u8], level: Validation) -> Result<NetworkConfigList, ConfError> {
     let value: Value = serde_json::from_slice(bytes)?;
-    NetworkConfigList::from_single_conf(value)
+    NetworkConfigList::wrap_single_conf(value, level)
 }
 
 impl NetworkConfigList {
@@ -220,7 +257,11 @@ impl NetworkConfigList {
 
     /// Wraps a single network config (one plugin) into list form, like `ConfListFromConf`.
     pub fn from_single_conf(value: Value) -> Result<NetworkConfigList, ConfError> {
-        validate_plugin(&value, "(document)").map_err(|e| match e {
+        NetworkConfigList::wrap_single_conf(value, Validation::Spec)
+    }
+
+    fn wrap_single_conf(value: Value, level: Validation) -> Result<NetworkConfigList, ConfError> {
+        validate_plugin(&value, "(document)", level).map_err(|e| match e {
             ConfError::Field { field, problem } => ConfError::Field {
                 field: field.trim_start_matches("(document).").to_string(),
                 problem,
@@ -240,11 +281,18 @@ impl NetworkConfigList {
         raw.insert("name".into(), name);
         raw.insert("cniVersion".into(), version);
         raw.insert("plugins".into(), Value::Array(vec![value]));
-        NetworkConfigList::from_map(raw)
+        let list = NetworkConfigList { raw };
+        list.validate_with(level)?;
+        Ok(list)
     }
 
     /// Checks every spec field with libcni's rules; the error names the field.
     pub fn validate(&self) -> Result<(), ConfError> {
+        self.validate_with(Validation::Spec)
+    }
+
+    /// Like [`NetworkConfigList::validate`] with the given strictness.
+    pub fn validate_with(&self, level: Validation) -> Result<(), ConfError> {
         let raw = &self.raw;
         match raw.get("name") {
             None => {
@@ -285,7 +333,7 @@ impl NetworkConfigList {
             return Err(ConfError::field("plugins", "empty: no plugins in list"));
         }
         for (i, p) in plugins.iter().enumerate() {
-            validate_plugin(p, &format!("plugins[{i}]"))?;
+            validate_plugin(p, &format!("plugins[{i}]"), level)?;
         }
         Ok(())
     }
@@ -439,6 +487,19 @@ impl NetworkConfigList {
         let mut s = serde_json::to_string_pretty(&self.raw).unwrap_or_default();
         s.push('\n');
         s
+    }
+}
+
+impl serde::Serialize for NetworkConfigList {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.raw.serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for NetworkConfigList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = Map::deserialize(d)?;
+        NetworkConfigList::from_map(raw).map_err(serde::de::Error::custom)
     }
 }
 
@@ -656,6 +717,32 @@ mod tests {
         let e = parse_conf(br#"{"name":"x","cniVersion":"1.0.0","plugins":[{"type":"a"}]}"#)
             .unwrap_err();
         assert_eq!(e.field_name(), Some("type"));
+    }
+
+    #[test]
+    fn libcni_validation_ignores_args_and_runtime_config() {
+        let doc = br#"{"name":"n","plugins":[{"type":"a","args":"x","runtimeConfig":1}]}"#;
+        assert_eq!(
+            parse_conflist(doc).unwrap_err().field_name(),
+            Some("plugins[0].runtimeConfig")
+        );
+        let list = parse_conflist_with(doc, Validation::Libcni).unwrap();
+        assert_eq!(list.plugin_types(), ["a"]);
+        let conf = br#"{"name":"n","type":"a","args":[]}"#;
+        assert!(parse_conf(conf).is_err());
+        assert!(parse_conf_with(conf, Validation::Libcni).is_ok());
+        let bad_prev = br#"{"name":"n","plugins":[{"type":"a","prevResult":[]}]}"#;
+        assert!(parse_conflist_with(bad_prev, Validation::Libcni).is_err());
+    }
+
+    #[test]
+    fn serde_is_the_raw_object() {
+        let list = parse_conflist(FULL.as_bytes()).unwrap();
+        let v = serde_json::to_value(&list).unwrap();
+        assert_eq!(v.to_string(), list.to_json());
+        let back: NetworkConfigList = serde_json::from_value(v).unwrap();
+        assert_eq!(back, list);
+        assert!(serde_json::from_str::<NetworkConfigList>(r#"{"name":"x"}"#).is_err());
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::conf::{self, ConfFormat, NetworkConfigList};
+use crate::conf::{self, ConfFormat, NetworkConfigList, Validation};
 
 /// The extensions both runtimes load.
 pub const EXTENSIONS: [&str; 3] = [".conf", ".conflist", ".json"];
@@ -81,7 +81,7 @@ pub struct FileVerdict {
 }
 
 /// The network the runtime would use.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Chosen {
     /// The file it comes from.
     pub path: PathBuf,
@@ -94,7 +94,7 @@ pub struct Chosen {
 }
 
 /// "Which network would this runtime load from this directory, and why."
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Effective {
     /// The rules applied.
     pub runtime: Runtime,
@@ -147,11 +147,11 @@ pub fn load_file(path: &Path) -> Result<(NetworkConfigList, ConfFormat), String>
     let bytes = fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let is_list = path.extension().is_some_and(|e| e == "conflist");
     if is_list {
-        conf::parse_conflist(&bytes)
+        conf::parse_conflist_with(&bytes, Validation::Libcni)
             .map(|l| (l, ConfFormat::Conflist))
             .map_err(|e| format!("{} is not a valid config list: {e}", path.display()))
     } else {
-        conf::parse_conf(&bytes)
+        conf::parse_conf_with(&bytes, Validation::Libcni)
             .map(|l| (l, ConfFormat::Conf))
             .map_err(|e| {
                 let hint = if e.field_name() == Some("type") {
@@ -556,6 +556,26 @@ mod tests {
         // containerd does not look at binaries: it picks 00-calico.
         let c = load(&d, Runtime::Containerd, &bins).unwrap();
         assert_eq!(c.chosen_name().as_deref(), Some("00-calico.conflist"));
+    }
+
+    #[test]
+    fn runtimes_only_reject_what_libcni_rejects() {
+        // `args` is not a JSON object: the spec says it should be, libcni does not care,
+        // so both runtimes load the file and so must the prediction.
+        let t = tempfile::tempdir().unwrap();
+        fs::write(
+            t.path().join("10-a.conflist"),
+            r#"{"cniVersion":"1.0.0","name":"a","plugins":[{"type":"bridge","args":"x"}]}"#,
+        )
+        .unwrap();
+        let bins = vec![bin_dir(t.path(), &["bridge"])];
+        for rt in [Runtime::Containerd, Runtime::Crio] {
+            let e = load(t.path(), rt, &bins).unwrap();
+            assert_eq!(e.chosen_name().as_deref(), Some("10-a.conflist"), "{rt}");
+            let json = serde_json::to_value(&e).unwrap();
+            assert_eq!(json["chosen"]["list"]["plugins"][0]["args"], "x");
+            assert_eq!(json["files"][0]["verdict"], "chosen");
+        }
     }
 
     #[test]

@@ -13,7 +13,9 @@ pub mod exec;
 pub mod result;
 pub mod version;
 
-pub use conf::{parse_conf, parse_conflist, ConfError, ConfFormat, NetworkConfigList, PluginConf};
+pub use conf::{
+    parse_conf, parse_conflist, ConfError, ConfFormat, NetworkConfigList, PluginConf, Validation,
+};
 pub use error::CniError;
 pub use result::CniResult;
 pub use version::CniVersion;
