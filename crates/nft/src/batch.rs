@@ -204,6 +204,20 @@ pub struct TableInfo {
 /// `NFT_TABLE_F_DORMANT`: a dormant table's base chains see no packets.
 pub const TABLE_F_DORMANT: u32 = 1;
 
+/// Which batch messages ask the kernel for an acknowledgement (`NLM_F_ACK`). The kernel
+/// reports every refused message whatever this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ack {
+    /// None (as `nft` sends them).
+    None,
+    /// Every message: one reply each, which for thousands of messages can overflow the
+    /// socket's receive buffer.
+    Each,
+    /// Only the last message: one reply marks the end of the kernel's answer (what
+    /// [`crate::Nft::commit`] uses).
+    Last,
+}
+
 /// One message of a batch.
 #[derive(Debug, Clone)]
 struct Entry {
@@ -363,8 +377,9 @@ impl Batch {
     }
 
     /// The complete transaction as sent: begin marker with sequence number `first_seq`,
-    /// message `i` with `first_seq + 1 + i` (and `NLM_F_ACK` when `ack`), end marker last.
-    pub fn encode(&self, first_seq: u32, ack: bool) -> Vec<u8> {
+    /// message `i` with `first_seq + 1 + i` (with `NLM_F_ACK` as `ack` says), end marker
+    /// last.
+    pub fn encode(&self, first_seq: u32, ack: Ack) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.buf.len() + 40);
         put_header(
             &mut out,
@@ -381,7 +396,8 @@ impl Batch {
             let at = base + e.offset;
             let seq = first_seq.wrapping_add(1 + i as u32);
             out[at + 8..at + 12].copy_from_slice(&seq.to_ne_bytes());
-            if ack {
+            let last = i + 1 == self.entries.len();
+            if ack == Ack::Each || (ack == Ack::Last && last) {
                 let flags = u16::from_ne_bytes([out[at + 6], out[at + 7]]) | NLM_F_ACK;
                 out[at + 6..at + 8].copy_from_slice(&flags.to_ne_bytes());
             }

@@ -23,7 +23,7 @@ pub mod socket;
 mod sys;
 
 pub use batch::{
-    BaseChain, Batch, Chain, ChainType, Family, Hook, Policy, TableInfo, TABLE_F_DORMANT,
+    Ack, BaseChain, Batch, Chain, ChainType, Family, Hook, Policy, TableInfo, TABLE_F_DORMANT,
 };
 pub use error::NftError;
 pub use expr::{CmpOp, Expr, ImmediateData, MetaKey, PayloadBase, RangeOp, Register, Verdict};

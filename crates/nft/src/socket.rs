@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::attr::{AttrWriter, Attrs};
 use crate::batch::{
-    finish_message, put_header, Batch, Chain, ChainType, Family, Hook, Policy, TableInfo,
+    finish_message, put_header, Ack, Batch, Chain, ChainType, Family, Hook, Policy, TableInfo,
 };
 use crate::error::NftError;
 use crate::expr::Expr;
@@ -19,6 +19,9 @@ use crate::sys::*;
 /// How long a request may go unanswered before it fails. The kernel answers nf_tables
 /// requests synchronously, so this only guards against a broken kernel or socket.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Send buffer asked for, so a batch of thousands of rules fits one datagram.
+const SEND_BUFFER: i32 = 4 << 20;
 
 /// Attempts when a dump is interrupted by concurrent changes (`NLM_F_DUMP_INTR`).
 const DUMP_ATTEMPTS: usize = 5;
@@ -100,6 +103,11 @@ impl Nft {
         let _ = sys_setsockopt_int(&fd, libc::SOL_NETLINK, NETLINK_EXT_ACK, 1);
         let _ = sys_setsockopt_int(&fd, libc::SOL_NETLINK, NETLINK_CAP_ACK, 1);
         sys_set_rcvtimeo(&fd, REPLY_TIMEOUT)?;
+        // A batch must fit the send buffer in one datagram; allow large rule sets
+        // (SO_SNDBUFFORCE needs CAP_NET_ADMIN, which nf_tables changes need anyway).
+        if sys_setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, SEND_BUFFER).is_err() {
+            let _ = sys_setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, SEND_BUFFER);
+        }
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
@@ -126,16 +134,17 @@ impl Nft {
         }
         let n = batch.len() as u32;
         let first = self.take_seqs(n + 2);
-        let bytes = batch.encode(first, true);
-        sys_send(&self.fd, &bytes)?;
+        let last = first.wrapping_add(n);
+        sys_send(&self.fd, &batch.encode(first, Ack::Last))?;
 
-        let mut answered = vec![false; n as usize];
-        let mut remaining = n as usize;
+        // The kernel handles the batch inside send(): its replies (an error for every
+        // refused message, the ack of the last one) are queued by now. Wait for the last
+        // message's reply; once something was refused, read only what is queued (a batch
+        // refused at its begin marker never answers for the last message).
+        let mut done = false;
         // (message index or None for the batch markers, errno, kernel message)
         let mut errors: Vec<(Option<usize>, i32, Option<String>)> = Vec::new();
-        while remaining > 0 {
-            // The kernel answers within send(); once it has refused something, read only
-            // what is queued instead of waiting for acks that may never come.
+        while !done {
             let got = match sys_recv(&self.fd, &mut self.rbuf, !errors.is_empty()) {
                 Ok(0) => break,
                 Ok(len) => len,
@@ -160,15 +169,12 @@ impl Nft {
                     continue;
                 }
                 let (errno, text) = parse_error(&msg)?;
-                let idx = (1..=n).contains(&rel).then(|| (rel - 1) as usize);
-                if let Some(i) = idx {
-                    if !answered[i] {
-                        answered[i] = true;
-                        remaining -= 1;
-                    }
-                }
                 if errno != 0 {
+                    let idx = (1..=n).contains(&rel).then(|| (rel - 1) as usize);
                     errors.push((idx, errno, text));
+                }
+                if msg.seq == last {
+                    done = true;
                 }
             }
         }
@@ -183,11 +189,10 @@ impl Nft {
                 message,
             });
         }
-        if remaining > 0 {
-            return Err(NftError::Malformed(format!(
-                "the kernel acknowledged {} of {n} batch messages",
-                n as usize - remaining
-            )));
+        if !done {
+            return Err(NftError::Malformed(
+                "the kernel closed the reply stream before acknowledging the batch".into(),
+            ));
         }
         Ok(())
     }
@@ -716,7 +721,7 @@ mod tests {
         for r in &rules {
             b.add_rule(Family::Inet, "interlock", r);
         }
-        let bytes = b.encode(100, true);
+        let bytes = b.encode(100, Ack::Each);
         let msgs: Vec<_> = Messages::new(&bytes).collect::<Result<_, _>>().unwrap();
         assert_eq!(msgs.len(), rules.len() + 2);
         assert_eq!(msgs[0].ty, NFNL_MSG_BATCH_BEGIN);

@@ -4,7 +4,7 @@
 //! (sequence numbers 0.., no acks, exactly as `nft` sent them).
 
 use interlock_nft::{
-    Batch, Chain, ChainType, Family, Hook, Rule, Verdict, IPPROTO_TCP, NFPROTO_IPV4,
+    Ack, Batch, Chain, ChainType, Family, Hook, Rule, Verdict, IPPROTO_TCP, NFPROTO_IPV4,
 };
 
 const FIXTURE: &[u8] = include_bytes!("fixtures/nft-1.0.6-batch.bin");
@@ -78,7 +78,7 @@ fn batch_like_the_fixture() -> Batch {
 
 #[test]
 fn batch_matches_nft_byte_for_byte() {
-    let ours = batch_like_the_fixture().encode(0, false);
+    let ours = batch_like_the_fixture().encode(0, Ack::None);
     let theirs = split(FIXTURE);
     let mine = split(&ours);
     assert_eq!(mine.len(), theirs.len(), "message count");
@@ -95,8 +95,8 @@ fn batch_matches_nft_byte_for_byte() {
 #[test]
 fn acked_batch_differs_only_in_the_ack_flag() {
     let b = batch_like_the_fixture();
-    let plain = b.encode(7, false);
-    let acked = b.encode(7, true);
+    let plain = b.encode(7, Ack::None);
+    let acked = b.encode(7, Ack::Each);
     let (p, a) = (split(&plain), split(&acked));
     assert_eq!(p.len(), b.len() + 2);
     for (i, (p, a)) in p.iter().zip(&a).enumerate() {
@@ -110,4 +110,13 @@ fn acked_batch_differs_only_in_the_ack_flag() {
             7 + i as u32
         );
     }
+    // Ack::Last: only the last content message asks for an ack.
+    let last = b.encode(7, Ack::Last);
+    let flags: Vec<u16> = split(&last)
+        .iter()
+        .map(|m| u16::from_ne_bytes([m[6], m[7]]) & 0x4)
+        .collect();
+    let mut want = vec![0u16; b.len() + 2];
+    want[b.len()] = 0x4;
+    assert_eq!(flags, want);
 }

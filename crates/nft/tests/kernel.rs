@@ -2,7 +2,7 @@
 //! crate commits is what `nft list ruleset` shows and what the read-back decodes.
 
 use interlock_nft::{
-    Batch, Chain, ChainType, Family, Hook, Nft, Rule, Verdict, IPPROTO_TCP, NFPROTO_IPV4,
+    Ack, Batch, Chain, ChainType, Family, Hook, Nft, Rule, Verdict, IPPROTO_TCP, NFPROTO_IPV4,
     NFPROTO_IPV6, TABLE_F_DORMANT,
 };
 use interlock_testkit::{require_root, Netns};
@@ -168,8 +168,9 @@ fn replacing_is_atomic_and_a_refused_batch_changes_nothing() {
             assert_eq!(a.exprs, b.exprs);
         }
 
-        // A batch whose last rule jumps to a missing chain: refused, naming that rule,
-        // and the earlier delete-table in the same batch did not happen either.
+        // A batch with a rule jumping to a missing chain before a valid last rule:
+        // refused, naming that rule, and the earlier delete-table in the same batch did
+        // not happen either.
         let mut bad = replace_batch();
         bad.add_rule(
             Family::Inet,
@@ -177,6 +178,13 @@ fn replacing_is_atomic_and_a_refused_batch_changes_nothing() {
             &Rule::new("outbound")
                 .tag("il:bad:0")
                 .verdict(Verdict::Jump("nosuchchain".into())),
+        )
+        .add_rule(
+            Family::Inet,
+            T,
+            &Rule::new("outbound")
+                .tag("il:good:1")
+                .verdict(Verdict::Return),
         );
         let err = nft.commit(&bad).unwrap_err();
         assert!(err.is_not_found(), "{err}");
@@ -291,4 +299,39 @@ fn rules_by_tag(tag: &str) -> Rule {
 /// `EEXIST` on Linux (kept local: libc is not a dev-dependency of this test).
 fn libc_eexist() -> i32 {
     17
+}
+
+#[test]
+fn thousands_of_rules_commit_in_one_batch_and_dump_across_datagrams() {
+    require_root!();
+    let ns = Netns::new("nftbig").unwrap();
+    let n = 3000u16;
+    let got = ns.run(|| {
+        let mut nft = Nft::open().unwrap();
+        let mut b = Batch::new();
+        b.create_table(Family::Inet, T)
+            .add_chain(Family::Inet, T, &Chain::regular("ilbig"));
+        for i in 0..n {
+            b.add_rule(
+                Family::Inet,
+                T,
+                &Rule::new("ilbig")
+                    .tag(&format!("il:big:{i}"))
+                    .daddr(std::net::Ipv4Addr::from(0x0a63_0000 + i as u32).into(), 32)
+                    .l4proto(IPPROTO_TCP)
+                    .dport(1000 + i)
+                    .verdict(Verdict::Return),
+            );
+        }
+        assert!(
+            b.encode(0, Ack::Last).len() > 512 * 1024,
+            "batch larger than a default send buffer"
+        );
+        nft.commit(&b).unwrap();
+        nft.rules(Family::Inet, T, Some("ilbig")).unwrap()
+    });
+    assert_eq!(got.len(), n as usize);
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.tag_str(), Some(format!("il:big:{i}").as_str()));
+    }
 }
