@@ -3,3 +3,301 @@
 //! Installs the plugin binary, writes the config the runtime actually loads, re-converges
 //! it within milliseconds after anyone else touches the conf dir, and reports readiness
 //! truthfully (health endpoints and the STATUS marker the plugin reads).
+//!
+//! Layout: [`view`] models the conf dir as a runtime sees it, [`plan`] decides what to
+//! write (pure), [`fight`] decides when to back off from another writer (pure),
+//! [`guard`] is the thin layer that reads, writes and watches, [`install`] handles the
+//! plugin binary, [`status`] and [`health`] serve readiness and metrics, [`marker`] is
+//! the file `interlock-cni` STATUS reads. Threads: the tokio runtime (health server,
+//! signals), one guard thread, one inotify thread.
+
+pub mod error;
+pub mod fight;
+pub mod guard;
+pub mod health;
+pub mod install;
+pub mod log;
+pub mod marker;
+pub mod plan;
+pub mod status;
+pub mod view;
+
+pub use error::AgentError;
+
+use plan::{ConfigMode, Settings};
+use serde_json::{Map, Value};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use view::RuntimeKind;
+
+/// Whether to talk to the Kubernetes API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KubeMode {
+    /// Use the API when reachable (not implemented yet: behaves like `None`, says so).
+    Auto,
+    /// No Kubernetes API at all.
+    None,
+}
+
+/// Everything `interlock agent` is told on its command line.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The runtime's CNI conf dir.
+    pub conf_dir: PathBuf,
+    /// Bin dirs to install the plugin into (the first is where the runtime looks first).
+    pub bin_dirs: Vec<PathBuf>,
+    /// Where the readiness marker lives (also written into our plugin entry).
+    pub state_dir: PathBuf,
+    /// Owned or chain.
+    pub mode: ConfigMode,
+    /// Chain mode target file (name or path inside the conf dir).
+    pub chain_target: Option<String>,
+    /// Whose loading rules decide what is effective.
+    pub runtime: RuntimeKind,
+    /// Kubernetes integration.
+    pub kube: KubeMode,
+    /// Address of `/healthz`, `/readyz`, `/metrics`.
+    pub health_addr: SocketAddr,
+    /// The `interlock-cni` binary to install.
+    pub plugin_source: PathBuf,
+    /// Remove what interlock added when the agent exits.
+    pub uninstall_on_exit: bool,
+    /// Files allowed to sort ahead of ours (we chain into them instead).
+    pub allow_ahead: Vec<String>,
+    /// Highest `cniVersion` to write (`None`: the highest every plugin supports).
+    pub max_cni_version: Option<String>,
+    /// Period of the full resync.
+    pub resync_interval: Duration,
+    /// Marker staleness limit written into the marker (refreshed every third of it).
+    pub marker_stale_after: Duration,
+    /// Undos of one file within `conflict_window` that trigger a back-off (0: never).
+    pub conflict_threshold: u32,
+    /// Window for counting undos.
+    pub conflict_window: Duration,
+}
+
+impl AgentConfig {
+    /// A config with the documented defaults.
+    pub fn new(plugin_source: PathBuf) -> AgentConfig {
+        AgentConfig {
+            conf_dir: "/etc/cni/net.d".into(),
+            bin_dirs: vec!["/opt/cni/bin".into()],
+            state_dir: "/var/run/interlock".into(),
+            mode: ConfigMode::Owned,
+            chain_target: None,
+            runtime: RuntimeKind::Containerd,
+            kube: KubeMode::None,
+            health_addr: "127.0.0.1:9102".parse().expect("valid address"),
+            plugin_source,
+            uninstall_on_exit: false,
+            allow_ahead: vec![],
+            max_cni_version: None,
+            resync_interval: Duration::from_secs(10),
+            marker_stale_after: Duration::from_secs(3),
+            conflict_threshold: 20,
+            conflict_window: Duration::from_secs(1),
+        }
+    }
+
+    /// Our plugin entry, exactly as it must appear in the effective config.
+    pub fn entry(&self) -> Map<String, Value> {
+        plugin_entry(&self.state_dir)
+    }
+
+    /// The planner's view of this config.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            mode: self.mode,
+            chain_target: self.chain_target.as_ref().map(|t| {
+                Path::new(t)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| t.clone())
+            }),
+            allow_ahead: self
+                .allow_ahead
+                .iter()
+                .map(|t| {
+                    Path::new(t)
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_else(|| t.clone())
+                })
+                .collect(),
+            runtime: self.runtime,
+            entry: self.entry(),
+            max_cni_version: self.max_cni_version.clone(),
+        }
+    }
+}
+
+/// The `interlock-cni` entry the agent writes for a plugin whose state lives in `state_dir`.
+pub fn plugin_entry(state_dir: &Path) -> Map<String, Value> {
+    let v = serde_json::json!({
+        "type": plan::PLUGIN_TYPE,
+        "stateDir": state_dir.display().to_string(),
+        "capabilities": { "io.kubernetes.cri.pod-annotations": true },
+    });
+    match v {
+        Value::Object(m) => m,
+        _ => unreachable!("json! object literal"),
+    }
+}
+
+fn mkdir(p: &Path) -> Result<(), AgentError> {
+    std::fs::create_dir_all(p).map_err(|e| AgentError::Dir {
+        path: p.to_path_buf(),
+        reason: format!("cannot create: {e}"),
+    })
+}
+
+/// Runs the agent until SIGTERM or SIGINT. The config stays in place on exit unless
+/// `uninstall_on_exit` is set.
+pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
+    mkdir(&cfg.conf_dir)?;
+    for b in &cfg.bin_dirs {
+        mkdir(b)?;
+    }
+    mkdir(&cfg.state_dir)?;
+    guard::sweep_stale_temps(&cfg.conf_dir);
+    for b in &cfg.bin_dirs {
+        guard::sweep_stale_temps(b);
+    }
+    if cfg.kube == KubeMode::Auto {
+        info!("Kubernetes integration is not available yet in this version; continuing without it (as --kube=none)");
+    }
+    let installer = install::PluginInstaller::new(&cfg.plugin_source)?;
+    info!(
+        "interlock agent {} starting: conf dir {}, bin dirs {:?}, mode {:?}, runtime {:?}, plugin {} (sha256 {}, versions {:?})",
+        env!("CARGO_PKG_VERSION"),
+        cfg.conf_dir.display(),
+        cfg.bin_dirs,
+        cfg.mode,
+        cfg.runtime,
+        installer.source().display(),
+        installer.sha256(),
+        installer.versions()
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| AgentError::Runtime(format!("cannot start tokio: {e}")))?;
+    let shared = Arc::new(status::Shared::default());
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(cfg.health_addr)
+            .await
+            .map_err(|e| AgentError::Listen {
+                addr: cfg.health_addr.to_string(),
+                reason: e.to_string(),
+            })?;
+        info!(
+            "health endpoints on http://{}",
+            listener
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default()
+        );
+        tokio::spawn(health::serve(listener, shared.clone()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        guard::spawn_watcher(&cfg.conf_dir, &cfg.bin_dirs, tx.clone()).map_err(|e| {
+            AgentError::Dir {
+                path: cfg.conf_dir.clone(),
+                reason: format!("cannot watch with inotify: {e}"),
+            }
+        })?;
+        let g = guard::Guard::new(cfg.clone(), installer, shared.clone());
+        let handle = std::thread::Builder::new()
+            .name("interlock-guard".into())
+            .spawn(move || g.run(rx))
+            .map_err(|e| AgentError::Runtime(format!("cannot start guard thread: {e}")))?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| AgentError::Runtime(format!("cannot handle SIGTERM: {e}")))?;
+        let sig = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+        };
+        info!(
+            "{sig} received: stopping (the CNI config stays in place{})",
+            if cfg.uninstall_on_exit {
+                " until uninstall"
+            } else {
+                ""
+            }
+        );
+        let _ = tx.send(guard::Wake::Stop);
+        let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        Ok::<(), AgentError>(())
+    })?;
+    let stopped = marker::Marker {
+        ready: false,
+        reason: format!("interlock agent (pid {}) stopped", std::process::id()),
+        updated_at_ms: log::now_ms(),
+        stale_after_ms: cfg.marker_stale_after.as_millis() as u64,
+        pid: std::process::id(),
+        config_path: String::new(),
+    };
+    let _ = marker::write(&cfg.state_dir, &stopped);
+    if cfg.uninstall_on_exit {
+        let done = uninstall(&cfg.conf_dir, &cfg.bin_dirs, &cfg.state_dir)?;
+        info!(
+            "uninstalled: {}",
+            if done.is_empty() {
+                "nothing to remove".into()
+            } else {
+                done.join(", ")
+            }
+        );
+    }
+    Ok(())
+}
+
+/// Removes exactly what interlock added: owned config files, our entries in foreign
+/// configs, wrapped `.conf`s (restored byte for byte), the plugin binary in each bin dir,
+/// and the readiness marker. Every step is attempted; failures are collected.
+pub fn uninstall(
+    conf_dir: &Path,
+    bin_dirs: &[PathBuf],
+    state_dir: &Path,
+) -> Result<Vec<String>, AgentError> {
+    let mut done = vec![];
+    let mut errors = vec![];
+    match guard::snapshot(conf_dir) {
+        Ok(snap) => {
+            for a in plan::plan_uninstall(&snap) {
+                match guard::apply(conf_dir, &a) {
+                    Ok(()) => {
+                        done.push(format!("{} in {}", guard::describe(&a), conf_dir.display()))
+                    }
+                    Err(e) => errors.push(format!(
+                        "{} in {}: {e}",
+                        guard::describe(&a),
+                        conf_dir.display()
+                    )),
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => errors.push(format!("reading {}: {e}", conf_dir.display())),
+    }
+    for b in bin_dirs {
+        let p = b.join(install::PLUGIN_FILE);
+        match std::fs::remove_file(&p) {
+            Ok(()) => done.push(format!("removed {}", p.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => errors.push(format!("removing {}: {e}", p.display())),
+        }
+    }
+    let m = marker::marker_path(state_dir);
+    match std::fs::remove_file(&m) {
+        Ok(()) => done.push(format!("removed {}", m.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => errors.push(format!("removing {}: {e}", m.display())),
+    }
+    if errors.is_empty() {
+        Ok(done)
+    } else {
+        Err(AgentError::Uninstall(errors))
+    }
+}

@@ -1,0 +1,572 @@
+//! The config guard's thin layer: reads the conf dir, asks [`crate::plan`] what to do,
+//! does it with atomic writes, and keeps readiness and the STATUS marker truthful.
+//!
+//! One dedicated thread runs [`Guard::run`]; an inotify thread wakes it whenever anything
+//! in the conf dir or a bin dir changes, and a timer drives the periodic resync, the marker
+//! heartbeat, retries and the end of back-offs. Our own writes wake it too; that
+//! reconcile finds nothing to do, so there is no repair loop.
+
+use crate::fight::{FightTracker, Verdict};
+use crate::install::{find_plugin, PluginInstaller, VersionCache, PLUGIN_FILE};
+use crate::marker::{self, Marker};
+use crate::plan::{self, Action, Facts, Settings, BACKUP_SUFFIX};
+use crate::status::{Readiness, Shared};
+use crate::view::{is_candidate_name, parse_candidate, DirEntry, DirSnapshot};
+use crate::{info, warn, AgentConfig};
+use interlock_protocol::atomic::write_file_atomic;
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Messages to the guard thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// Something in the conf dir changed.
+    Conf,
+    /// Something in a bin dir changed.
+    Bin,
+    /// Stop the loop.
+    Stop,
+}
+
+/// Reads the conf dir: every regular file, with content for candidates, owned files and
+/// our backups (the names the planner looks at).
+pub fn snapshot(dir: &Path) -> std::io::Result<DirSnapshot> {
+    let mut entries = vec![];
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let relevant = is_candidate_name(&name) || name.ends_with(BACKUP_SUFFIX);
+        // Follows symlinks like the runtimes do; a file that vanished meanwhile is skipped.
+        let Ok(meta) = std::fs::metadata(e.path()) else {
+            continue;
+        };
+        if meta.is_dir() {
+            continue;
+        }
+        let content = if relevant {
+            match std::fs::read(e.path()) {
+                Ok(c) => Some(c),
+                Err(_) => continue,
+            }
+        } else {
+            None
+        };
+        entries.push(DirEntry {
+            name,
+            content,
+            mode: meta.permissions().mode() & 0o7777,
+        });
+    }
+    Ok(DirSnapshot { entries })
+}
+
+/// Executes one action in `dir`.
+pub fn apply(dir: &Path, a: &Action) -> std::io::Result<()> {
+    match a {
+        Action::Write { name, bytes, mode } => {
+            write_file_atomic(&dir.join(name), bytes, Some(*mode))
+        }
+        Action::Rename { from, to } => {
+            std::fs::rename(dir.join(from), dir.join(to))?;
+            std::fs::File::open(dir)?.sync_all()
+        }
+        Action::Remove { name } => match std::fs::remove_file(dir.join(name)) {
+            Ok(()) => std::fs::File::open(dir)?.sync_all(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// A readable description of an action for the log.
+pub fn describe(a: &Action) -> String {
+    match a {
+        Action::Write { name, bytes, .. } => format!("wrote {name} ({} bytes)", bytes.len()),
+        Action::Rename { from, to } => format!("renamed {from} to {to}"),
+        Action::Remove { name } => format!("removed {name}"),
+    }
+}
+
+/// True for a temp file left by a `write_file_atomic` of a process that is gone
+/// (`.<name>.<pid>.<n>.tmp`).
+pub fn is_stale_temp(name: &str) -> bool {
+    let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
+        return false;
+    };
+    let mut parts = inner.rsplitn(3, '.');
+    let (Some(n), Some(pid), Some(_base)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    if n.parse::<u64>().is_err() {
+        return false;
+    }
+    match pid.parse::<u32>() {
+        Ok(pid) => pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists(),
+        Err(_) => false,
+    }
+}
+
+/// Removes temp files that a killed writer left in `dir` (they are invisible to the
+/// runtimes, but should not pile up).
+pub fn sweep_stale_temps(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if is_stale_temp(&name) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// The guard's state.
+pub struct Guard {
+    cfg: AgentConfig,
+    settings: Settings,
+    installer: PluginInstaller,
+    versions: VersionCache,
+    shared: Arc<Shared>,
+    /// What we last left in each file we touched (`None`: we left it absent).
+    left: HashMap<String, Option<Vec<u8>>>,
+    fights: FightTracker,
+    binary_problem: Option<String>,
+    retry_at: Option<Instant>,
+    retries: u32,
+    last_marker: Option<Instant>,
+}
+
+impl Guard {
+    /// A guard for `cfg` installing the binary from `installer`.
+    pub fn new(cfg: AgentConfig, installer: PluginInstaller, shared: Arc<Shared>) -> Guard {
+        Guard {
+            settings: cfg.settings(),
+            fights: FightTracker::new(cfg.conflict_window, cfg.conflict_threshold),
+            cfg,
+            installer,
+            versions: VersionCache::default(),
+            shared,
+            left: HashMap::new(),
+            binary_problem: None,
+            retry_at: None,
+            retries: 0,
+            last_marker: None,
+        }
+    }
+
+    fn check_binaries(&mut self, full: bool) {
+        let mut problems = vec![];
+        for dir in &self.cfg.bin_dirs {
+            match self.installer.ensure(dir, full) {
+                Ok(true) => {
+                    self.shared
+                        .installs
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    info!(
+                        "installed {} (sha256 {})",
+                        dir.join(PLUGIN_FILE).display(),
+                        self.installer.sha256()
+                    );
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.shared
+                        .errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    warn!("plugin binary in {}: {e}", dir.display());
+                    problems.push(e);
+                }
+            }
+        }
+        self.binary_problem = (!problems.is_empty()).then(|| problems.join("; "));
+        if self.binary_problem.is_some() {
+            self.schedule_retry();
+        }
+    }
+
+    fn facts(&mut self, snap: &DirSnapshot) -> Facts {
+        let mut facts = Facts::default();
+        let mut types: Vec<String> = vec![];
+        for c in snap.candidates() {
+            if let Ok(p) = &c.parsed {
+                types.extend(p.plugin_types());
+            }
+            if let Ok(p) = &c.parsed {
+                if let Some(ds) = p.original.get("delegates").and_then(|d| d.as_array()) {
+                    for d in ds {
+                        if let Some(ps) = d.get("plugins").and_then(|p| p.as_array()) {
+                            types.extend(
+                                ps.iter()
+                                    .filter_map(|p| p.get("type")?.as_str().map(str::to_string)),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // Our own plugin is in every list we write, whether or not a file has it yet.
+        types.push(plan::PLUGIN_TYPE.to_string());
+        types.sort();
+        types.dedup();
+        for t in types {
+            if t == plan::PLUGIN_TYPE {
+                facts.present_types.insert(t.clone());
+                facts.versions.insert(t, self.installer.versions().to_vec());
+                continue;
+            }
+            if let Some(bin) = find_plugin(&self.cfg.bin_dirs, &t) {
+                facts.present_types.insert(t.clone());
+                if let Ok(v) = self.versions.get(&bin) {
+                    facts.versions.insert(t, v);
+                }
+            }
+        }
+        facts
+    }
+
+    /// One reconcile: converge the conf dir, then decide readiness. `full` also re-hashes
+    /// the installed binaries.
+    pub fn reconcile(&mut self, bins: bool, full: bool) {
+        let started = Instant::now();
+        self.shared
+            .reconciles
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if bins || full {
+            self.check_binaries(full);
+        }
+        let dir = self.cfg.conf_dir.clone();
+        let snap = match snapshot(&dir) {
+            Ok(s) => s,
+            Err(e) => {
+                self.set_ready(
+                    false,
+                    format!("cannot read conf dir {}: {e}", dir.display()),
+                    None,
+                );
+                self.schedule_retry();
+                return;
+            }
+        };
+        let facts = self.facts(&snap);
+        let plan = plan::plan(&snap, &self.settings, &facts);
+        let now = Instant::now();
+        let mut blocked: Option<String> = None;
+        for a in &plan.actions {
+            let f = a.file();
+            if let Some(expected) = self.left.get(f) {
+                let entry = snap.get(f);
+                let current = entry.map(|e| e.content.as_deref().unwrap_or_default());
+                // An undo is someone else taking interlock out of a file we fixed. A file
+                // that changed but still carries our entry (a twin agent, a primary update
+                // we already followed) is not a fight.
+                let still_ours = current.is_some_and(|c| {
+                    parse_candidate(f, c)
+                        .is_ok_and(|p| plan::contains_entry(&p, &self.settings.entry))
+                });
+                if current != expected.as_deref() && !still_ours && !self.fights.in_backoff(f, now)
+                {
+                    match self.fights.record_undo(f, now) {
+                        Verdict::Repair => {}
+                        Verdict::BackOff(d) => warn!(
+                            "{} in {} keeps being rewritten by another writer, undoing interlock's change; \
+                             backing off for {d:?} and reporting not ready. Find the other writer \
+                             (another CNI installer or a second interlock with different flags)",
+                            f,
+                            dir.display()
+                        ),
+                    }
+                }
+            }
+            if self.fights.in_backoff(f, now) && blocked.is_none() {
+                blocked = Some(f.to_string());
+            }
+        }
+        let mut changed = false;
+        if blocked.is_none() {
+            for a in &plan.actions {
+                match apply(&dir, a) {
+                    Ok(()) => {
+                        changed = true;
+                        self.shared
+                            .writes
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        self.left
+                            .insert(a.file().to_string(), a.leaves().map(<[u8]>::to_vec));
+                        if let Action::Rename { to, .. } = a {
+                            self.left.remove(to);
+                        }
+                        info!("{} in {}", describe(a), dir.display());
+                    }
+                    Err(e) => {
+                        self.shared
+                            .errors
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        warn!("{} in {} failed: {e}; retrying", describe(a), dir.display());
+                        self.schedule_retry();
+                        break;
+                    }
+                }
+            }
+        }
+        if changed {
+            self.shared
+                .repairs
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.shared.observe_repair(started.elapsed().as_secs_f64());
+        } else if blocked.is_none() && plan.actions.is_empty() {
+            self.retries = 0;
+        }
+        self.publish_conflicts(now);
+        // Readiness from the directory as it is now, by the runtime's rules.
+        let after = if changed {
+            snapshot(&dir).ok()
+        } else {
+            Some(snap)
+        };
+        let verdict = match after {
+            None => Err(format!("cannot read conf dir {}", dir.display())),
+            Some(s) => plan::check_effective(&s, &self.settings, &self.facts_light(&facts)),
+        };
+        let backing: Vec<String> = self
+            .fights
+            .backing_off(now)
+            .into_iter()
+            .map(|(f, _)| f)
+            .collect();
+        let (ready, reason, effective) = match (&verdict, &self.binary_problem, backing.is_empty())
+        {
+            (_, _, false) => (
+                false,
+                format!(
+                    "backing off: another writer keeps rewriting {} in {}",
+                    backing.join(", "),
+                    dir.display()
+                ),
+                verdict.as_ref().ok().cloned(),
+            ),
+            (Err(e), _, _) => (
+                false,
+                match &plan.problem {
+                    Some(p) => format!("{e}: {p}"),
+                    None => e.clone(),
+                },
+                None,
+            ),
+            (Ok(_), Some(b), _) => (
+                false,
+                format!("plugin binary not verified: {b}"),
+                verdict.as_ref().ok().cloned(),
+            ),
+            (Ok(n), None, true) => (true, "ok".to_string(), Some(n.clone())),
+        };
+        self.set_ready(ready, reason, effective);
+    }
+
+    fn facts_light(&self, facts: &Facts) -> Facts {
+        // Readiness only needs which binaries exist; versions are irrelevant there.
+        Facts {
+            present_types: facts.present_types.clone(),
+            versions: HashMap::new(),
+        }
+    }
+
+    fn publish_conflicts(&self, now: Instant) {
+        let backing: Vec<String> = self
+            .fights
+            .backing_off(now)
+            .into_iter()
+            .map(|(f, _)| f)
+            .collect();
+        self.shared.set_conflicts(
+            self.fights
+                .undo_counts()
+                .into_iter()
+                .map(|(f, n, t)| {
+                    let on = backing.contains(&f);
+                    (f, n, t, on)
+                })
+                .collect(),
+        );
+    }
+
+    fn schedule_retry(&mut self) {
+        let d = Duration::from_millis(10u64 << self.retries.min(7));
+        self.retries = self.retries.saturating_add(1);
+        self.retry_at = Some(Instant::now() + d);
+    }
+
+    fn set_ready(&mut self, ready: bool, reason: String, effective: Option<String>) {
+        let was = self.shared.readiness();
+        let changed = self.shared.set_readiness(Readiness {
+            ready,
+            reason: reason.clone(),
+            effective: effective.clone(),
+        });
+        if changed {
+            if was.ready != ready || was.reason != reason {
+                if ready {
+                    info!(
+                        "ready: the runtime loads {}",
+                        effective.as_deref().unwrap_or("?")
+                    );
+                } else {
+                    warn!("not ready: {reason}");
+                }
+            }
+            self.write_marker();
+        }
+    }
+
+    /// Writes the STATUS marker from the current readiness.
+    pub fn write_marker(&mut self) {
+        let r = self.shared.readiness();
+        let m = Marker {
+            ready: r.ready,
+            reason: r.reason,
+            updated_at_ms: crate::log::now_ms(),
+            stale_after_ms: self.cfg.marker_stale_after.as_millis() as u64,
+            pid: std::process::id(),
+            config_path: r
+                .effective
+                .map(|e| self.cfg.conf_dir.join(e).display().to_string())
+                .unwrap_or_default(),
+        };
+        if let Err(e) = marker::write(&self.cfg.state_dir, &m) {
+            self.shared
+                .errors
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            warn!(
+                "cannot write readiness marker in {}: {e}",
+                self.cfg.state_dir.display()
+            );
+        }
+        self.last_marker = Some(Instant::now());
+    }
+
+    /// Runs until [`Wake::Stop`] arrives or the sender is dropped.
+    pub fn run(mut self, rx: Receiver<Wake>) {
+        let heartbeat = self.cfg.marker_stale_after / 3;
+        let mut next_resync = Instant::now() + self.cfg.resync_interval;
+        self.reconcile(true, true);
+        self.write_marker();
+        loop {
+            self.shared.tick();
+            let now = Instant::now();
+            let mut deadline = next_resync.min(self.last_marker.unwrap_or(now) + heartbeat);
+            if let Some(r) = self.retry_at {
+                deadline = deadline.min(r);
+            }
+            if let Some((_, until)) = self
+                .fights
+                .backing_off(now)
+                .into_iter()
+                .min_by_key(|(_, t)| *t)
+            {
+                deadline = deadline.min(until);
+            }
+            let wait = deadline.saturating_duration_since(now);
+            let (mut conf, mut bins) = (false, false);
+            match rx.recv_timeout(wait) {
+                Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+                Ok(Wake::Conf) => conf = true,
+                Ok(Wake::Bin) => bins = true,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            // Coalesce whatever else is queued.
+            let mut stop = false;
+            while let Ok(w) = rx.try_recv() {
+                match w {
+                    Wake::Stop => stop = true,
+                    Wake::Conf => conf = true,
+                    Wake::Bin => bins = true,
+                }
+            }
+            if stop {
+                break;
+            }
+            let now = Instant::now();
+            let full = now >= next_resync;
+            if full {
+                next_resync = now + self.cfg.resync_interval;
+                self.shared
+                    .resyncs
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            let retry = self.retry_at.is_some_and(|r| now >= r);
+            if retry {
+                self.retry_at = None;
+                bins |= self.binary_problem.is_some();
+            }
+            let backoff_ended = !self.fights.backing_off(now).is_empty()
+                || self.shared.readiness().reason.starts_with("backing off");
+            if conf || bins || full || retry || backoff_ended {
+                self.reconcile(bins, full);
+            }
+            if self.last_marker.map_or(true, |t| t.elapsed() >= heartbeat) {
+                self.write_marker();
+            }
+        }
+    }
+}
+
+/// Starts the inotify thread watching `conf_dir` and `bin_dirs`; it sends a [`Wake`] per
+/// batch of events until the receiver is gone.
+pub fn spawn_watcher(
+    conf_dir: &Path,
+    bin_dirs: &[PathBuf],
+    tx: std::sync::mpsc::Sender<Wake>,
+) -> std::io::Result<()> {
+    use inotify::{Inotify, WatchMask};
+    let mut ino = Inotify::init()?;
+    let mask = WatchMask::CREATE
+        | WatchMask::DELETE
+        | WatchMask::MODIFY
+        | WatchMask::CLOSE_WRITE
+        | WatchMask::MOVED_TO
+        | WatchMask::MOVED_FROM
+        | WatchMask::ATTRIB
+        | WatchMask::DELETE_SELF
+        | WatchMask::MOVE_SELF;
+    let conf_wd = ino.watches().add(conf_dir, mask)?;
+    for b in bin_dirs {
+        ino.watches().add(b, mask)?;
+    }
+    std::thread::Builder::new()
+        .name("interlock-watch".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let events = match ino.read_events_blocking(&mut buf) {
+                    Ok(ev) => ev,
+                    Err(e) => {
+                        warn!("inotify read failed: {e}; relying on periodic resync");
+                        return;
+                    }
+                };
+                let (mut conf, mut bin) = (false, false);
+                for ev in events {
+                    // Our own temp files come and go on every write: ignore them, the
+                    // rename that follows is what matters.
+                    if ev
+                        .name
+                        .is_some_and(|n| n.to_string_lossy().ends_with(".tmp"))
+                    {
+                        continue;
+                    }
+                    if ev.wd == conf_wd {
+                        conf = true;
+                    } else {
+                        bin = true;
+                    }
+                }
+                if (conf && tx.send(Wake::Conf).is_err()) || (bin && tx.send(Wake::Bin).is_err()) {
+                    return;
+                }
+            }
+        })?;
+    Ok(())
+}

@@ -1,0 +1,632 @@
+//! Pure decisions of the config guard: given the conf dir and what the plugin binaries
+//! answered, which files to write, rename or remove — and nothing else.
+//!
+//! Owned mode copies the first valid foreign config, appends our entry and writes it under
+//! a name that sorts before every other candidate. Chain mode inserts our entry into the
+//! target in place, wrapping a single-plugin `.conf` into a `.conflist` and moving the
+//! original out of the runtime's way (`<name>.interlock-orig`), from where uninstall
+//! restores it unchanged. The thin layer in [`crate::guard`] executes a [`Plan`] in order.
+
+use crate::view::{
+    effective, lift_conf, loadable, Candidate, DirSnapshot, FileFormat, RuntimeKind,
+};
+use serde_json::{Map, Value};
+use std::collections::{HashMap, HashSet};
+
+/// The plugin `type` interlock registers under.
+pub const PLUGIN_TYPE: &str = "interlock-cni";
+
+/// Suffix of the backup name a wrapped `.conf`/`.json` is moved to (runtimes ignore it).
+pub const BACKUP_SUFFIX: &str = ".interlock-orig";
+
+/// Plugin types of meta plugins that must stay first (we chain into them instead).
+pub const META_PLUGIN_TYPES: [&str; 2] = ["multus", "multus-shim"];
+
+/// Spec versions the guard may choose, oldest first.
+pub const KNOWN_CNI_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// How interlock gets into the runtime's config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigMode {
+    /// Write our own `<prefix>-interlock.conflist` sorting first (default).
+    Owned,
+    /// Insert our entry into the target file in place.
+    Chain,
+}
+
+/// What the guard is asked to maintain.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Owned or chain.
+    pub mode: ConfigMode,
+    /// Chain mode: the file to chain into (name inside the conf dir); `None`: the effective one.
+    pub chain_target: Option<String>,
+    /// Files allowed to sort ahead of us: we chain into them instead of overtaking them.
+    pub allow_ahead: Vec<String>,
+    /// Whose loading rules decide what is effective.
+    pub runtime: RuntimeKind,
+    /// Our plugin entry, exactly as it must appear in the effective config.
+    pub entry: Map<String, Value>,
+    /// Highest `cniVersion` the guard may choose (`None`: no cap).
+    pub max_cni_version: Option<String>,
+}
+
+/// What the thin layer learnt from the bin dirs.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    /// Plugin types that have an executable in some bin dir.
+    pub present_types: HashSet<String>,
+    /// Versions each plugin type said it supports (its VERSION answer). A type missing
+    /// here did not answer.
+    pub versions: HashMap<String, Vec<String>>,
+}
+
+/// One step of a plan. Steps run in order; each leaves the directory loadable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Replace `name` atomically with `bytes` and permission bits `mode`.
+    Write {
+        /// File name.
+        name: String,
+        /// New content.
+        bytes: Vec<u8>,
+        /// Permission bits.
+        mode: u32,
+    },
+    /// Rename `from` to `to` (both in the conf dir).
+    Rename {
+        /// Old name.
+        from: String,
+        /// New name.
+        to: String,
+    },
+    /// Remove `name`.
+    Remove {
+        /// File name.
+        name: String,
+    },
+}
+
+impl Action {
+    /// The file whose state this action decides (for a rename, the one moved away).
+    pub fn file(&self) -> &str {
+        match self {
+            Action::Write { name, .. } | Action::Remove { name } => name,
+            Action::Rename { from, .. } => from,
+        }
+    }
+
+    /// What the decided file holds after the action (`None`: absent).
+    pub fn leaves(&self) -> Option<&[u8]> {
+        match self {
+            Action::Write { bytes, .. } => Some(bytes),
+            _ => None,
+        }
+    }
+}
+
+/// The outcome of planning.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Steps, in order. Empty when the directory is already as it should be.
+    pub actions: Vec<Action>,
+    /// The file that should be in effect afterwards.
+    pub target: Option<String>,
+    /// Why interlock cannot be put in effect (then the agent stays not-ready).
+    pub problem: Option<String>,
+}
+
+/// True for names of the owned file (`[0-9-]*interlock.conflist`).
+pub fn is_owned_name(name: &str) -> bool {
+    name.strip_suffix("interlock.conflist")
+        .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit() || b == b'-'))
+}
+
+/// A name for the owned file that sorts strictly before `first`, preferring the usual
+/// `00-interlock.conflist`. `None` when no such name exists (e.g. `first` starts with `!`).
+pub fn owned_name_before(first: &str) -> Option<String> {
+    let mut candidates = vec![
+        "00-interlock.conflist".to_string(),
+        "0-interlock.conflist".to_string(),
+    ];
+    for n in 1..=8 {
+        candidates.push(format!("{}interlock.conflist", "-".repeat(n)));
+    }
+    candidates
+        .into_iter()
+        .find(|c| c.as_bytes() < first.as_bytes())
+}
+
+fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
+    let mut it = v.split('.').map(|p| p.parse::<u64>().ok());
+    let out = (it.next()??, it.next()??, it.next()??);
+    it.next().is_none().then_some(out)
+}
+
+/// The `cniVersion` for a list of `types`: the highest known version every plugin said it
+/// supports (capped by `max`). If some plugin did not answer VERSION, or they share none,
+/// the primary's own `current` version is kept.
+pub fn choose_cni_version(
+    current: &str,
+    types: &[String],
+    versions: &HashMap<String, Vec<String>>,
+    max: Option<&str>,
+) -> String {
+    let cap = max.and_then(parse_version);
+    let mut common: Vec<&str> = KNOWN_CNI_VERSIONS
+        .iter()
+        .copied()
+        .filter(|v| match cap {
+            None => true,
+            Some(c) => parse_version(v).is_some_and(|p| p <= c),
+        })
+        .collect();
+    for t in types {
+        let Some(supported) = versions.get(t) else {
+            return current.to_string();
+        };
+        common.retain(|v| supported.iter().any(|s| s == v));
+    }
+    common
+        .last()
+        .map(|v| v.to_string())
+        .unwrap_or_else(|| current.to_string())
+}
+
+fn is_entry(p: &Value) -> bool {
+    p.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE)
+}
+
+/// Removes every interlock entry from `plugins` and appends `entry` as the last plugin.
+fn chain_plugins(plugins: &[Value], entry: &Map<String, Value>) -> Vec<Value> {
+    let mut out: Vec<Value> = plugins.iter().filter(|p| !is_entry(p)).cloned().collect();
+    out.push(Value::Object(entry.clone()));
+    out
+}
+
+/// The inline delegate list of a thin Multus `.conf` (`delegates[0].plugins`), if any.
+fn delegate_plugins(conf: &Map<String, Value>) -> Option<&Vec<Value>> {
+    conf.get("delegates")?
+        .as_array()?
+        .first()?
+        .get("plugins")?
+        .as_array()
+}
+
+/// True when `list` (conflist form) or its inline delegate runs exactly `entry`.
+pub fn contains_entry(parsed: &crate::view::ParsedConf, entry: &Map<String, Value>) -> bool {
+    let want = Value::Object(entry.clone());
+    parsed.plugins().contains(&want)
+        || delegate_plugins(&parsed.original).is_some_and(|d| d.contains(&want))
+}
+
+/// True when `parsed` has an interlock entry anywhere we put one.
+pub fn has_any_entry(parsed: &crate::view::ParsedConf) -> bool {
+    parsed.plugins().iter().any(is_entry)
+        || delegate_plugins(&parsed.original).is_some_and(|d| d.iter().any(is_entry))
+}
+
+/// Serialises a config the way the guard writes it (pretty, trailing newline).
+pub fn render(map: &Map<String, Value>) -> Vec<u8> {
+    let mut out = serde_json::to_vec_pretty(map).expect("a JSON map always serialises");
+    out.push(b'\n');
+    out
+}
+
+fn backup_name(name: &str) -> String {
+    format!("{name}{BACKUP_SUFFIX}")
+}
+
+/// The `.conflist` a `.conf`/`.json` is wrapped into.
+pub fn wrapped_name(name: &str) -> String {
+    let stem = name.rsplit_once('.').map(|(s, _)| s).unwrap_or(name);
+    format!("{stem}.conflist")
+}
+
+fn is_meta(c: &Candidate, settings: &Settings) -> bool {
+    if settings.allow_ahead.iter().any(|a| a == &c.name) {
+        return true;
+    }
+    match &c.parsed {
+        Ok(p) => p
+            .plugin_types()
+            .iter()
+            .any(|t| META_PLUGIN_TYPES.contains(&t.as_str())),
+        Err(_) => false,
+    }
+}
+
+/// Plans how to chain `entry` into candidate `c` in place. Returns the actions and the
+/// name that carries our entry afterwards.
+fn chain_into(
+    c: &Candidate,
+    snap: &DirSnapshot,
+    entry: &Map<String, Value>,
+) -> Result<(Vec<Action>, String), String> {
+    let parsed = c
+        .parsed
+        .as_ref()
+        .map_err(|e| format!("cannot chain into {}: {e}", c.name))?;
+    match parsed.format {
+        FileFormat::Conflist => {
+            let mut list = parsed.original.clone();
+            list.insert(
+                "plugins".into(),
+                Value::Array(chain_plugins(parsed.plugins(), entry)),
+            );
+            let actions = if list == parsed.original && ordered_eq(&list, &parsed.original) {
+                vec![]
+            } else {
+                vec![Action::Write {
+                    name: c.name.clone(),
+                    bytes: render(&list),
+                    mode: c.mode,
+                }]
+            };
+            Ok((actions, c.name.clone()))
+        }
+        FileFormat::Conf => {
+            if let Some(delegates) = delegate_plugins(&parsed.original) {
+                let new = chain_plugins(delegates, entry);
+                if ordered_eq_values(&new, delegates) {
+                    return Ok((vec![], c.name.clone()));
+                }
+                let mut conf = parsed.original.clone();
+                if let Some(Value::Object(d0)) = conf
+                    .get_mut("delegates")
+                    .and_then(Value::as_array_mut)
+                    .and_then(|a| a.first_mut())
+                {
+                    d0.insert("plugins".into(), Value::Array(new));
+                }
+                return Ok((
+                    vec![Action::Write {
+                        name: c.name.clone(),
+                        bytes: render(&conf),
+                        mode: c.mode,
+                    }],
+                    c.name.clone(),
+                ));
+            }
+            let wrapped = wrapped_name(&c.name);
+            let backup = backup_name(&c.name);
+            if snap.get(&wrapped).is_some() && snap.get(&backup).is_none() {
+                return Err(format!(
+                    "cannot wrap {} into {wrapped}: {wrapped} already exists and is not ours; \
+                     remove one of them or set --chain-target",
+                    c.name
+                ));
+            }
+            let mut list = lift_conf(&parsed.original);
+            list.insert(
+                "plugins".into(),
+                Value::Array(chain_plugins(parsed.plugins(), entry)),
+            );
+            Ok((
+                vec![
+                    Action::Write {
+                        name: wrapped.clone(),
+                        bytes: render(&list),
+                        mode: c.mode,
+                    },
+                    Action::Rename {
+                        from: c.name.clone(),
+                        to: backup,
+                    },
+                ],
+                wrapped,
+            ))
+        }
+    }
+}
+
+/// Map equality that also compares key order (serde_json's `==` ignores it).
+fn ordered_eq(a: &Map<String, Value>, b: &Map<String, Value>) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b.iter())
+            .all(|((ka, va), (kb, vb))| ka == kb && ordered_eq_value(va, vb))
+}
+
+fn ordered_eq_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => ordered_eq(a, b),
+        (Value::Array(a), Value::Array(b)) => ordered_eq_values(a, b),
+        _ => a == b,
+    }
+}
+
+fn ordered_eq_values(a: &[Value], b: &[Value]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| ordered_eq_value(x, y))
+}
+
+/// Decides what to do so that the runtime loads a config containing our entry.
+pub fn plan(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
+    match settings.mode {
+        ConfigMode::Owned => plan_owned(snap, settings, facts),
+        ConfigMode::Chain => plan_chain(snap, settings, facts),
+    }
+}
+
+fn remove_owned(cands: &[Candidate], keep: Option<&str>) -> Vec<Action> {
+    cands
+        .iter()
+        .filter(|c| is_owned_name(&c.name) && Some(c.name.as_str()) != keep)
+        .map(|c| Action::Remove {
+            name: c.name.clone(),
+        })
+        .collect()
+}
+
+fn plan_owned(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
+    let cands = snap.candidates();
+    let foreign: Vec<&Candidate> = cands.iter().filter(|c| !is_owned_name(&c.name)).collect();
+    let Some(first_foreign) = foreign.first() else {
+        return Plan {
+            actions: remove_owned(&cands, None),
+            target: None,
+            problem: Some(
+                "no CNI config from the primary plugin in the conf dir yet: waiting for it".into(),
+            ),
+        };
+    };
+    let Some(primary) = foreign
+        .iter()
+        .find(|c| loadable(c, settings.runtime, &facts.present_types))
+    else {
+        let why = match &first_foreign.parsed {
+            Err(e) => e.clone(),
+            Ok(_) => format!("{}: plugin binaries missing", first_foreign.name),
+        };
+        // Keep whatever we wrote: the primary is probably mid-way through a rewrite.
+        return Plan {
+            actions: vec![],
+            target: None,
+            problem: Some(format!("no valid primary CNI config to copy ({why})")),
+        };
+    };
+    if is_meta(primary, settings) {
+        return match chain_into(primary, snap, &settings.entry) {
+            Ok((mut actions, target)) => {
+                actions.extend(remove_owned(&cands, None));
+                Plan {
+                    actions,
+                    target: Some(target),
+                    problem: None,
+                }
+            }
+            Err(e) => Plan {
+                actions: vec![],
+                target: None,
+                problem: Some(e),
+            },
+        };
+    }
+    let existing = cands
+        .iter()
+        .find(|c| is_owned_name(&c.name) && c.name.as_bytes() < first_foreign.name.as_bytes())
+        .map(|c| c.name.clone());
+    let Some(name) = existing.or_else(|| owned_name_before(&first_foreign.name)) else {
+        return Plan {
+            actions: vec![],
+            target: None,
+            problem: Some(format!(
+                "cannot name our config so that it sorts before {}: rename that file or list it \
+                 in --allow-ahead",
+                first_foreign.name
+            )),
+        };
+    };
+    let parsed = primary.parsed.as_ref().expect("loadable implies parsed");
+    let mut list = parsed.list.clone();
+    let plugins = chain_plugins(parsed.plugins(), &settings.entry);
+    let types: Vec<String> = plugins
+        .iter()
+        .filter_map(|p| p.get("type").and_then(Value::as_str).map(str::to_string))
+        .collect();
+    let version = choose_cni_version(
+        parsed.cni_version(),
+        &types,
+        &facts.versions,
+        settings.max_cni_version.as_deref(),
+    );
+    list.insert("cniVersion".into(), Value::String(version));
+    list.insert("plugins".into(), Value::Array(plugins));
+    let bytes = render(&list);
+    let mut actions = vec![];
+    let current = snap.get(&name);
+    if current.and_then(|e| e.content.as_deref()) != Some(bytes.as_slice())
+        || current.is_some_and(|e| e.mode != primary.mode)
+    {
+        actions.push(Action::Write {
+            name: name.clone(),
+            bytes,
+            mode: primary.mode,
+        });
+    }
+    actions.extend(remove_owned(&cands, Some(&name)));
+    Plan {
+        actions,
+        target: Some(name),
+        problem: None,
+    }
+}
+
+fn plan_chain(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
+    let cands = snap.candidates();
+    let mut actions = remove_owned(&cands, None);
+    let foreign: Vec<Candidate> = cands
+        .iter()
+        .filter(|c| !is_owned_name(&c.name))
+        .cloned()
+        .collect();
+    let target = match &settings.chain_target {
+        Some(t) => {
+            let wrapped = wrapped_name(t);
+            match foreign.iter().find(|c| &c.name == t) {
+                Some(c) => Ok(c),
+                None if snap.get(&backup_name(t)).is_some() => {
+                    foreign.iter().find(|c| c.name == wrapped).ok_or_else(|| {
+                        format!("chain target {t} was wrapped into {wrapped}, which is gone")
+                    })
+                }
+                None => Err(format!("chain target {t} not found in the conf dir")),
+            }
+        }
+        None => effective(&foreign, settings.runtime, &facts.present_types)
+            .map_err(|e| format!("no config to chain into: {e}")),
+    };
+    match target.and_then(|c| chain_into(c, snap, &settings.entry)) {
+        Ok((more, target)) => {
+            actions.extend(more);
+            Plan {
+                actions,
+                target: Some(target),
+                problem: None,
+            }
+        }
+        Err(problem) => Plan {
+            actions,
+            target: None,
+            problem: Some(problem),
+        },
+    }
+}
+
+/// Decides how to remove exactly what interlock added: owned files, our entries in
+/// foreign files, and wrapped `.conf`s (the original is renamed back, byte for byte).
+pub fn plan_uninstall(snap: &DirSnapshot) -> Vec<Action> {
+    let cands = snap.candidates();
+    let mut actions = vec![];
+    let mut restored = HashSet::new();
+    for c in &cands {
+        if is_owned_name(&c.name) {
+            actions.push(Action::Remove {
+                name: c.name.clone(),
+            });
+            continue;
+        }
+        // A conflist we created by wrapping a .conf/.json: put the original back first
+        // (it sorts before the .conflist), then remove ours.
+        let stem = c.name.strip_suffix(".conflist");
+        let orig = stem.and_then(|s| {
+            [format!("{s}.conf"), format!("{s}.json")]
+                .into_iter()
+                .find(|o| snap.get(&backup_name(o)).is_some())
+        });
+        if let Some(orig) = orig {
+            if snap.get(&orig).is_none() {
+                actions.push(Action::Rename {
+                    from: backup_name(&orig),
+                    to: orig.clone(),
+                });
+            } else {
+                // The primary wrote a newer original since: it wins, the backup is stale.
+                actions.push(Action::Remove {
+                    name: backup_name(&orig),
+                });
+            }
+            restored.insert(orig);
+            actions.push(Action::Remove {
+                name: c.name.clone(),
+            });
+            continue;
+        }
+        let Ok(parsed) = &c.parsed else { continue };
+        if !has_any_entry(parsed) {
+            continue;
+        }
+        let mut orig = parsed.original.clone();
+        match parsed.format {
+            FileFormat::Conflist => {
+                let kept: Vec<Value> = parsed
+                    .plugins()
+                    .iter()
+                    .filter(|p| !is_entry(p))
+                    .cloned()
+                    .collect();
+                orig.insert("plugins".into(), Value::Array(kept));
+            }
+            FileFormat::Conf => {
+                if let Some(Value::Object(d0)) = orig
+                    .get_mut("delegates")
+                    .and_then(Value::as_array_mut)
+                    .and_then(|a| a.first_mut())
+                {
+                    if let Some(Value::Array(p)) = d0.get_mut("plugins") {
+                        p.retain(|x| !is_entry(x));
+                    }
+                }
+            }
+        }
+        actions.push(Action::Write {
+            name: c.name.clone(),
+            bytes: render(&orig),
+            mode: c.mode,
+        });
+    }
+    // Backups whose wrapped conflist is gone: restore them too.
+    for e in &snap.entries {
+        if let Some(orig) = e.name.strip_suffix(BACKUP_SUFFIX) {
+            if !restored.contains(orig) && snap.get(orig).is_none() {
+                actions.push(Action::Rename {
+                    from: e.name.clone(),
+                    to: orig.to_string(),
+                });
+            }
+        }
+    }
+    actions
+}
+
+/// Whether the runtime's effective config carries our entry. `Ok(name)` of the effective
+/// file when it does, otherwise why not.
+pub fn check_effective(
+    snap: &DirSnapshot,
+    settings: &Settings,
+    facts: &Facts,
+) -> Result<String, String> {
+    let cands = snap.candidates();
+    let c = effective(&cands, settings.runtime, &facts.present_types)?;
+    let parsed = c.parsed.as_ref().map_err(Clone::clone)?;
+    if contains_entry(parsed, &settings.entry) {
+        Ok(c.name.clone())
+    } else if has_any_entry(parsed) {
+        Err(format!(
+            "the effective config {} has an interlock-cni entry that differs from ours",
+            c.name
+        ))
+    } else {
+        Err(format!(
+            "the effective config {} does not contain interlock-cni",
+            c.name
+        ))
+    }
+}
+
+/// Applies `actions` to a snapshot in memory (what the directory looks like afterwards).
+/// Used by tests and by the bench to predict outcomes.
+pub fn apply_in_memory(snap: &DirSnapshot, actions: &[Action]) -> DirSnapshot {
+    let mut out = snap.clone();
+    for a in actions {
+        match a {
+            Action::Write { name, bytes, mode } => {
+                out.entries.retain(|e| &e.name != name);
+                out.entries.push(crate::view::DirEntry {
+                    name: name.clone(),
+                    content: Some(bytes.clone()),
+                    mode: *mode,
+                });
+            }
+            Action::Rename { from, to } => {
+                if let Some(mut e) = out.entries.iter().find(|e| &e.name == from).cloned() {
+                    out.entries.retain(|e| &e.name != from && &e.name != to);
+                    e.name = to.clone();
+                    out.entries.push(e);
+                }
+            }
+            Action::Remove { name } => out.entries.retain(|e| &e.name != name),
+        }
+    }
+    out
+}

@@ -1,0 +1,685 @@
+//! The guard's pure decisions, exercised without touching the disk.
+
+use interlock_agent::plan::{
+    apply_in_memory, check_effective, choose_cni_version, is_owned_name, owned_name_before, plan,
+    plan_uninstall, Action, ConfigMode, Facts, Settings,
+};
+use interlock_agent::plugin_entry;
+use interlock_agent::view::{DirEntry, DirSnapshot, RuntimeKind};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::Path;
+
+const CALICO: &str = r#"{
+  "name": "k8s-pod-network",
+  "cniVersion": "0.3.1",
+  "zzForeign": {"keep": [3, 2, 1]},
+  "plugins": [
+    {"type": "calico", "ipam": {"type": "calico-ipam", "subnet": "10.99.0.0/16"}, "mtu": 1440},
+    {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}
+  ],
+  "aFieldAfter": 1
+}"#;
+
+fn snap(files: &[(&str, &str)]) -> DirSnapshot {
+    DirSnapshot {
+        entries: files
+            .iter()
+            .map(|(n, c)| DirEntry {
+                name: n.to_string(),
+                content: Some(c.as_bytes().to_vec()),
+                mode: 0o640,
+            })
+            .collect(),
+    }
+}
+
+fn settings(mode: ConfigMode) -> Settings {
+    Settings {
+        mode,
+        chain_target: None,
+        allow_ahead: vec![],
+        runtime: RuntimeKind::Containerd,
+        entry: plugin_entry(Path::new("/var/run/interlock")),
+        max_cni_version: None,
+    }
+}
+
+fn all_versions() -> Vec<String> {
+    ["0.3.0", "0.3.1", "0.4.0", "1.0.0"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn facts() -> Facts {
+    let mut f = Facts::default();
+    for t in [
+        "calico",
+        "portmap",
+        "bridge",
+        "multus",
+        "flannel",
+        "interlock-cni",
+        "aws-cni",
+    ] {
+        f.present_types.insert(t.to_string());
+        f.versions.insert(t.to_string(), all_versions());
+    }
+    f.versions
+        .get_mut("interlock-cni")
+        .unwrap()
+        .push("1.1.0".into());
+    f
+}
+
+fn content(s: &DirSnapshot, name: &str) -> Value {
+    serde_json::from_slice(s.get(name).unwrap().content.as_ref().unwrap()).unwrap()
+}
+
+/// Plans, applies in memory, and checks that a second plan is a no-op.
+fn converge(s: &DirSnapshot, st: &Settings, f: &Facts) -> (DirSnapshot, Vec<Action>) {
+    let p = plan(s, st, f);
+    assert!(p.problem.is_none(), "unexpected problem: {:?}", p.problem);
+    let after = apply_in_memory(s, &p.actions);
+    let again = plan(&after, st, f);
+    assert!(
+        again.actions.is_empty(),
+        "not idempotent: {:?}",
+        again.actions
+    );
+    assert_eq!(
+        check_effective(&after, st, f).as_deref().ok(),
+        p.target.as_deref(),
+        "the planned target is not what the runtime loads"
+    );
+    (after, p.actions)
+}
+
+#[test]
+fn owned_copies_primary_and_appends_entry() {
+    let s = snap(&[("10-calico.conflist", CALICO)]);
+    let st = settings(ConfigMode::Owned);
+    let (after, actions) = converge(&s, &st, &facts());
+    assert_eq!(actions.len(), 1);
+    let owned = content(&after, "00-interlock.conflist");
+    let keys: Vec<_> = owned.as_object().unwrap().keys().cloned().collect();
+    assert_eq!(
+        keys,
+        ["name", "cniVersion", "zzForeign", "plugins", "aFieldAfter"]
+    );
+    assert_eq!(
+        owned["cniVersion"], "1.0.0",
+        "highest version all plugins support"
+    );
+    assert_eq!(owned["zzForeign"], json!({"keep": [3, 2, 1]}));
+    let types: Vec<_> = owned["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["calico", "portmap", "interlock-cni"]);
+    assert_eq!(owned["plugins"][0]["ipam"]["subnet"], "10.99.0.0/16");
+    assert_eq!(after.get("00-interlock.conflist").unwrap().mode, 0o640);
+    assert_eq!(
+        after.get("10-calico.conflist").unwrap().content.as_deref(),
+        Some(CALICO.as_bytes())
+    );
+}
+
+#[test]
+fn owned_follows_primary_parameters() {
+    let st = settings(ConfigMode::Owned);
+    let (after, _) = converge(&snap(&[("10-calico.conflist", CALICO)]), &st, &facts());
+    let mut s2 = after.clone();
+    let changed = CALICO.replace("10.99.0.0/16", "10.99.128.0/17");
+    s2.entries.retain(|e| e.name != "10-calico.conflist");
+    s2.entries.push(DirEntry {
+        name: "10-calico.conflist".into(),
+        content: Some(changed.into_bytes()),
+        mode: 0o640,
+    });
+    let (after2, actions) = converge(&s2, &st, &facts());
+    assert_eq!(actions.len(), 1);
+    assert_eq!(
+        content(&after2, "00-interlock.conflist")["plugins"][0]["ipam"]["subnet"],
+        "10.99.128.0/17"
+    );
+}
+
+#[test]
+fn owned_rederives_from_new_first_config_and_stays_first() {
+    let st = settings(ConfigMode::Owned);
+    let (after, _) = converge(&snap(&[("10-calico.conflist", CALICO)]), &st, &facts());
+    // 00-new sorts after 00-interlock but before calico: it is the new primary.
+    let mut s = after.clone();
+    s.entries.push(DirEntry {
+        name: "00-new.conflist".into(),
+        content: Some(br#"{"cniVersion":"0.4.0","name":"new","plugins":[{"type":"bridge","bridge":"ilnew"}]}"#.to_vec()),
+        mode: 0o644,
+    });
+    let (after2, _) = converge(&s, &st, &facts());
+    let owned = content(&after2, "00-interlock.conflist");
+    assert_eq!(owned["name"], "new");
+    assert_eq!(owned["plugins"][0]["bridge"], "ilnew");
+    // 00-aaa sorts ahead of 00-interlock: we take a new name and drop the old one.
+    let mut s = after2.clone();
+    s.entries.push(DirEntry {
+        name: "00-aaa.conflist".into(),
+        content: Some(
+            br#"{"cniVersion":"0.4.0","name":"aaa","plugins":[{"type":"flannel"}]}"#.to_vec(),
+        ),
+        mode: 0o644,
+    });
+    let (after3, actions) = converge(&s, &st, &facts());
+    assert!(actions.contains(&Action::Remove {
+        name: "00-interlock.conflist".into()
+    }));
+    assert!(after3.get("00-interlock.conflist").is_none());
+    assert_eq!(content(&after3, "0-interlock.conflist")["name"], "aaa");
+    assert_eq!(
+        check_effective(&after3, &st, &facts()).unwrap(),
+        "0-interlock.conflist"
+    );
+    // Write first, remove after: there is never a moment without us first.
+    let w = actions
+        .iter()
+        .position(|a| matches!(a, Action::Write { .. }))
+        .unwrap();
+    let r = actions
+        .iter()
+        .position(|a| matches!(a, Action::Remove { .. }))
+        .unwrap();
+    assert!(w < r);
+}
+
+#[test]
+fn owned_sorts_before_invalid_files_for_containerd() {
+    let st = settings(ConfigMode::Owned);
+    let s = snap(&[
+        ("00-broken.conf", "{ partial"),
+        ("10-calico.conflist", CALICO),
+    ]);
+    let (after, _) = converge(&s, &st, &facts());
+    assert_eq!(
+        check_effective(&after, &st, &facts()).unwrap(),
+        "0-interlock.conflist"
+    );
+    assert_eq!(
+        content(&after, "0-interlock.conflist")["name"],
+        "k8s-pod-network"
+    );
+}
+
+#[test]
+fn owned_with_conf_primary_lifts_it() {
+    let st = settings(ConfigMode::Owned);
+    let conf = r#"{"cniVersion":"0.3.1","name":"br","type":"bridge","bridge":"ilbr0","ipam":{"type":"host-local","subnet":"10.99.1.0/24"}}"#;
+    let (after, _) = converge(&snap(&[("10-br.conf", conf)]), &st, &facts());
+    let owned = content(&after, "00-interlock.conflist");
+    assert_eq!(owned["name"], "br");
+    assert_eq!(owned["plugins"][0]["bridge"], "ilbr0");
+    assert_eq!(owned["plugins"][1]["type"], "interlock-cni");
+    assert_eq!(
+        after.get("10-br.conf").unwrap().content.as_deref(),
+        Some(conf.as_bytes())
+    );
+}
+
+#[test]
+fn multus_stays_first_and_is_chained_into() {
+    let st = settings(ConfigMode::Owned);
+    let (after, _) = converge(&snap(&[("10-calico.conflist", CALICO)]), &st, &facts());
+    let multus = r#"{"cniVersion":"0.3.1","name":"multus-cni-network","type":"multus","clusterNetwork":"/etc/cni/net.d/10-calico.conflist","kubeconfig":"/etc/cni/net.d/multus.d/multus.kubeconfig"}"#;
+    let mut s = after;
+    s.entries.push(DirEntry {
+        name: "00-multus.conf".into(),
+        content: Some(multus.as_bytes().to_vec()),
+        mode: 0o600,
+    });
+    let (after2, _) = converge(&s, &st, &facts());
+    assert!(
+        after2.get("00-interlock.conflist").is_none(),
+        "owned file must not sort ahead of multus"
+    );
+    assert_eq!(
+        check_effective(&after2, &st, &facts()).unwrap(),
+        "00-multus.conflist"
+    );
+    let wrapped = content(&after2, "00-multus.conflist");
+    assert_eq!(
+        wrapped["plugins"][0]["clusterNetwork"],
+        "/etc/cni/net.d/10-calico.conflist"
+    );
+    assert_eq!(wrapped["plugins"][1]["type"], "interlock-cni");
+    assert_eq!(after2.get("00-multus.conflist").unwrap().mode, 0o600);
+    // Uninstall puts multus back exactly.
+    let restored = apply_in_memory(&after2, &plan_uninstall(&after2));
+    assert_eq!(
+        restored.get("00-multus.conf").unwrap().content.as_deref(),
+        Some(multus.as_bytes())
+    );
+    assert!(restored.get("00-multus.conflist").is_none());
+    assert!(restored.get("00-multus.conf.interlock-orig").is_none());
+}
+
+#[test]
+fn multus_with_inline_delegate_gets_entry_in_delegate() {
+    let st = settings(ConfigMode::Owned);
+    let multus = json!({"cniVersion":"0.3.1","name":"multus","type":"multus","delegates":[
+        {"cniVersion":"0.3.1","name":"k8s-pod-network","plugins":[{"type":"calico"},{"type":"portmap"}]}]});
+    let s = snap(&[
+        ("00-multus.conf", &multus.to_string()),
+        ("10-calico.conflist", CALICO),
+    ]);
+    let (after, _) = converge(&s, &st, &facts());
+    assert_eq!(
+        check_effective(&after, &st, &facts()).unwrap(),
+        "00-multus.conf"
+    );
+    let m = content(&after, "00-multus.conf");
+    assert_eq!(m["delegates"][0]["plugins"][2]["type"], "interlock-cni");
+    let restored = apply_in_memory(&after, &plan_uninstall(&after));
+    assert_eq!(content(&restored, "00-multus.conf"), multus);
+}
+
+#[test]
+fn allow_ahead_is_chained_into() {
+    let mut st = settings(ConfigMode::Owned);
+    st.allow_ahead = vec!["05-special.conflist".into()];
+    let special = r#"{"cniVersion":"0.4.0","name":"special","plugins":[{"type":"bridge"}]}"#;
+    let (after, _) = converge(
+        &snap(&[
+            ("05-special.conflist", special),
+            ("10-calico.conflist", CALICO),
+        ]),
+        &st,
+        &facts(),
+    );
+    assert!(after.get("00-interlock.conflist").is_none());
+    assert_eq!(
+        content(&after, "05-special.conflist")["plugins"][1]["type"],
+        "interlock-cni"
+    );
+}
+
+#[test]
+fn unbeatable_name_is_a_problem_not_a_guess() {
+    let st = settings(ConfigMode::Owned);
+    let p = plan(&snap(&[("!first.conflist", CALICO)]), &st, &facts());
+    assert!(p.actions.is_empty());
+    assert!(p.problem.unwrap().contains("!first.conflist"));
+    assert!(check_effective(&snap(&[("!first.conflist", CALICO)]), &st, &facts()).is_err());
+}
+
+#[test]
+fn owned_without_primary_removes_owned_copy_but_keeps_it_while_primary_is_invalid() {
+    let st = settings(ConfigMode::Owned);
+    let (after, _) = converge(&snap(&[("10-calico.conflist", CALICO)]), &st, &facts());
+    let mut half = after.clone();
+    half.entries
+        .iter_mut()
+        .find(|e| e.name == "10-calico.conflist")
+        .unwrap()
+        .content = Some(b"{\"name\":".to_vec());
+    let p = plan(&half, &st, &facts());
+    assert!(
+        p.actions.is_empty(),
+        "keep our copy while the primary is mid-rewrite"
+    );
+    assert!(p.problem.is_some());
+    let mut gone = after;
+    gone.entries.retain(|e| e.name != "10-calico.conflist");
+    let p = plan(&gone, &st, &facts());
+    assert_eq!(
+        p.actions,
+        vec![Action::Remove {
+            name: "00-interlock.conflist".into()
+        }]
+    );
+}
+
+#[test]
+fn crio_skips_lists_with_missing_binaries() {
+    let mut st = settings(ConfigMode::Owned);
+    st.runtime = RuntimeKind::Crio;
+    let nobin = r#"{"cniVersion":"0.4.0","name":"x","plugins":[{"type":"not-installed"}]}"#;
+    let (after, _) = converge(
+        &snap(&[("05-x.conflist", nobin), ("10-calico.conflist", CALICO)]),
+        &st,
+        &facts(),
+    );
+    assert_eq!(
+        content(&after, "00-interlock.conflist")["name"],
+        "k8s-pod-network"
+    );
+}
+
+#[test]
+fn chain_inserts_last_dedups_and_keeps_fields() {
+    let st = settings(ConfigMode::Chain);
+    let mut v: Value = serde_json::from_str(CALICO).unwrap();
+    let ours = Value::Object(plugin_entry(Path::new("/elsewhere")));
+    v["plugins"].as_array_mut().unwrap().insert(1, ours.clone());
+    v["plugins"].as_array_mut().unwrap().insert(0, ours);
+    let s = snap(&[
+        ("10-calico.conflist", &v.to_string()),
+        ("20-other.conflist", CALICO),
+    ]);
+    let (after, actions) = converge(&s, &st, &facts());
+    assert_eq!(actions.len(), 1);
+    let c = content(&after, "10-calico.conflist");
+    let types: Vec<_> = c["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["calico", "portmap", "interlock-cni"]);
+    assert_eq!(c["plugins"][2]["stateDir"], "/var/run/interlock");
+    assert_eq!(
+        c["cniVersion"], "0.3.1",
+        "chain mode keeps the foreign version"
+    );
+    let keys: Vec<_> = c.as_object().unwrap().keys().cloned().collect();
+    assert_eq!(
+        keys,
+        ["name", "cniVersion", "zzForeign", "plugins", "aFieldAfter"]
+    );
+    assert_eq!(after.get("10-calico.conflist").unwrap().mode, 0o640);
+    assert_eq!(
+        after.get("20-other.conflist").unwrap().content.as_deref(),
+        Some(CALICO.as_bytes())
+    );
+    // Uninstall strips our entry and nothing else.
+    let un = apply_in_memory(&after, &plan_uninstall(&after));
+    let orig: Value = serde_json::from_str(CALICO).unwrap();
+    assert_eq!(content(&un, "10-calico.conflist"), orig);
+}
+
+#[test]
+fn chain_wraps_conf_and_uninstall_restores_bytes() {
+    let st = settings(ConfigMode::Chain);
+    let conf = "{\n  \"cniVersion\": \"0.3.1\",  \"name\": \"aws-cni\", \"type\": \"aws-cni\",\n \"vethPrefix\": \"eni\" }\n";
+    let s = snap(&[("10-aws.conf", conf), ("README", "x")]);
+    let (after, actions) = converge(&s, &st, &facts());
+    assert!(matches!(&actions[0], Action::Write { name, .. } if name == "10-aws.conflist"));
+    assert_eq!(
+        actions[1],
+        Action::Rename {
+            from: "10-aws.conf".into(),
+            to: "10-aws.conf.interlock-orig".into()
+        }
+    );
+    let w = content(&after, "10-aws.conflist");
+    assert_eq!(w["name"], "aws-cni");
+    assert_eq!(w["plugins"][0]["vethPrefix"], "eni");
+    assert_eq!(w["plugins"][1]["type"], "interlock-cni");
+    // The primary writes its .conf again: wrapped again, the backup is the newest original.
+    let mut again = after.clone();
+    let conf2 = conf.replace("eni", "xyz");
+    again.entries.push(DirEntry {
+        name: "10-aws.conf".into(),
+        content: Some(conf2.clone().into_bytes()),
+        mode: 0o600,
+    });
+    let (after2, _) = converge(&again, &st, &facts());
+    assert_eq!(
+        content(&after2, "10-aws.conflist")["plugins"][0]["vethPrefix"],
+        "xyz"
+    );
+    let un = apply_in_memory(&after2, &plan_uninstall(&after2));
+    let e = un.get("10-aws.conf").unwrap();
+    assert_eq!(e.content.as_deref(), Some(conf2.as_bytes()));
+    assert_eq!(e.mode, 0o600);
+    let mut names: Vec<_> = un.entries.iter().map(|e| e.name.clone()).collect();
+    names.sort();
+    assert_eq!(names, ["10-aws.conf", "README"]);
+}
+
+#[test]
+fn chain_target_explicit_and_missing() {
+    let mut st = settings(ConfigMode::Chain);
+    st.chain_target = Some("20-other.conflist".into());
+    let s = snap(&[
+        ("10-calico.conflist", CALICO),
+        ("20-other.conflist", CALICO),
+    ]);
+    let p = plan(&s, &st, &facts());
+    assert_eq!(p.target.as_deref(), Some("20-other.conflist"));
+    assert!(p.actions.iter().all(|a| a.file() == "20-other.conflist"));
+    st.chain_target = Some("99-none.conflist".into());
+    assert!(plan(&s, &st, &facts())
+        .problem
+        .unwrap()
+        .contains("99-none.conflist"));
+    // A wrapped target keeps being found under its .conflist name.
+    st.chain_target = Some("10-aws.conf".into());
+    let conf = r#"{"cniVersion":"0.3.1","name":"aws","type":"aws-cni"}"#;
+    let (after, _) = converge(&snap(&[("10-aws.conf", conf)]), &st, &facts());
+    assert!(plan(&after, &st, &facts()).actions.is_empty());
+}
+
+#[test]
+fn chain_refuses_to_clobber_a_foreign_conflist_of_the_same_stem() {
+    let st = settings(ConfigMode::Chain);
+    let conf = r#"{"cniVersion":"0.3.1","name":"aws","type":"aws-cni"}"#;
+    let p = plan(
+        &snap(&[("10-aws.conf", conf), ("10-aws.conflist", CALICO)]),
+        &st,
+        &facts(),
+    );
+    assert!(p.actions.is_empty());
+    assert!(p.problem.unwrap().contains("10-aws.conflist"));
+}
+
+#[test]
+fn mode_switch_cleans_up_owned_files() {
+    let (after, _) = converge(
+        &snap(&[("10-calico.conflist", CALICO)]),
+        &settings(ConfigMode::Owned),
+        &facts(),
+    );
+    let (after2, _) = converge(&after, &settings(ConfigMode::Chain), &facts());
+    assert!(after2.get("00-interlock.conflist").is_none());
+    assert_eq!(
+        check_effective(&after2, &settings(ConfigMode::Chain), &facts()).unwrap(),
+        "10-calico.conflist"
+    );
+}
+
+#[test]
+fn uninstall_owned_touches_nothing_foreign() {
+    let (after, _) = converge(
+        &snap(&[("10-calico.conflist", CALICO), ("notes.txt", "x")]),
+        &settings(ConfigMode::Owned),
+        &facts(),
+    );
+    let un = plan_uninstall(&after);
+    assert_eq!(
+        un,
+        vec![Action::Remove {
+            name: "00-interlock.conflist".into()
+        }]
+    );
+}
+
+#[test]
+fn check_effective_requires_our_exact_entry() {
+    let st = settings(ConfigMode::Chain);
+    let mut v: Value = serde_json::from_str(CALICO).unwrap();
+    v["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .push(Value::Object(plugin_entry(Path::new("/other"))));
+    let s = snap(&[("10-calico.conflist", &v.to_string())]);
+    assert!(check_effective(&s, &st, &facts())
+        .unwrap_err()
+        .contains("differs"));
+    let s = snap(&[("10-calico.conflist", CALICO)]);
+    assert!(check_effective(&s, &st, &facts())
+        .unwrap_err()
+        .contains("does not contain"));
+    assert!(check_effective(&snap(&[]), &st, &facts()).is_err());
+}
+
+#[test]
+fn cni_version_choice() {
+    let mut v: HashMap<String, Vec<String>> = HashMap::new();
+    let types = |ts: &[&str]| ts.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let vs = |xs: &[&str]| xs.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    v.insert("a".into(), vs(&["0.3.1", "0.4.0", "1.0.0", "1.1.0"]));
+    v.insert(
+        "b".into(),
+        vs(&["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]),
+    );
+    v.insert("old".into(), vs(&["0.1.0", "0.2.0", "0.3.0", "0.3.1"]));
+    assert_eq!(
+        choose_cni_version("0.3.1", &types(&["a", "b"]), &v, None),
+        "1.1.0"
+    );
+    assert_eq!(
+        choose_cni_version("0.3.1", &types(&["a", "b"]), &v, Some("1.0.0")),
+        "1.0.0"
+    );
+    assert_eq!(
+        choose_cni_version("1.0.0", &types(&["a", "old"]), &v, None),
+        "0.3.1"
+    );
+    assert_eq!(
+        choose_cni_version("0.4.0", &types(&["a", "silent"]), &v, None),
+        "0.4.0"
+    );
+    v.insert("none".into(), vs(&["9.9.9"]));
+    assert_eq!(
+        choose_cni_version("0.4.0", &types(&["a", "none"]), &v, None),
+        "0.4.0"
+    );
+}
+
+#[test]
+fn owned_names() {
+    assert!(is_owned_name("00-interlock.conflist"));
+    assert!(is_owned_name("0-interlock.conflist"));
+    assert!(is_owned_name("--interlock.conflist"));
+    assert!(!is_owned_name("10-calico.conflist"));
+    assert!(!is_owned_name("00-interlock.conf"));
+    assert!(!is_owned_name("a-interlock.conflist"));
+    assert_eq!(
+        owned_name_before("10-calico.conflist").unwrap(),
+        "00-interlock.conflist"
+    );
+    assert_eq!(
+        owned_name_before("00-aaa.conflist").unwrap(),
+        "0-interlock.conflist"
+    );
+    assert_eq!(
+        owned_name_before("0-a.conf").unwrap(),
+        "-interlock.conflist"
+    );
+    assert_eq!(
+        owned_name_before("-a.conf").unwrap(),
+        "--interlock.conflist"
+    );
+    assert_eq!(owned_name_before("!x.conf"), None);
+    for first in [
+        "00-multus.conf",
+        "05-cilium.conflist",
+        "A.conf",
+        "z.json",
+        "000.conf",
+        "0.conf",
+        "00.conf",
+    ] {
+        let n = owned_name_before(first).unwrap();
+        assert!(n.as_str() < first, "{n} !< {first}");
+        assert!(is_owned_name(&n));
+    }
+}
+
+/// Many random directories: after converging, the runtime loads a config with our entry
+/// built from the first valid foreign file, and no foreign file changed.
+#[test]
+fn random_directories_converge_without_touching_foreign_files() {
+    let names = [
+        "00-a.conflist",
+        "00-z.conf",
+        "05-x.json",
+        "0.conf",
+        "10-calico.conflist",
+        "99-last.conflist",
+        "-dash.conflist",
+        "A.conf",
+        "a.conf",
+        "00-interlock.conflist",
+        "0-interlock.conflist",
+    ];
+    let bodies = [
+        CALICO.to_string(),
+        r#"{"cniVersion":"0.4.0","name":"b","type":"bridge"}"#.to_string(),
+        "{ broken".to_string(),
+        r#"{"cniVersion":"0.4.0","name":"f","plugins":[{"type":"flannel"}]}"#.to_string(),
+    ];
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for mode in [ConfigMode::Owned, ConfigMode::Chain] {
+        for runtime in [RuntimeKind::Containerd, RuntimeKind::Crio] {
+            let mut st = settings(mode);
+            st.runtime = runtime;
+            for _ in 0..300 {
+                let mut files = vec![];
+                for n in names {
+                    if next() % 3 == 0 {
+                        files.push((n, bodies[(next() % bodies.len() as u64) as usize].as_str()));
+                    }
+                }
+                let s = snap(&files);
+                let p = plan(&s, &st, &facts());
+                let after = apply_in_memory(&s, &p.actions);
+                let again = plan(&after, &st, &facts());
+                assert!(
+                    again.actions.is_empty(),
+                    "{files:?}: not idempotent: {:?}",
+                    again.actions
+                );
+                if p.problem.is_none() && p.target.is_some() {
+                    assert_eq!(
+                        check_effective(&after, &st, &facts()).ok(),
+                        p.target.clone(),
+                        "{files:?} {mode:?} {runtime:?}"
+                    );
+                }
+                if mode == ConfigMode::Owned {
+                    for (n, body) in &files {
+                        if !is_owned_name(n) && !n.contains("multus") {
+                            assert_eq!(
+                                after.get(n).and_then(|e| e.content.as_deref()),
+                                Some(body.as_bytes()),
+                                "{n} changed in owned mode"
+                            );
+                        }
+                    }
+                }
+                // Uninstall leaves no entry of ours and no owned file.
+                let un = apply_in_memory(&after, &plan_uninstall(&after));
+                for e in &un.entries {
+                    assert!(!is_owned_name(&e.name));
+                    assert!(!e.name.ends_with(".interlock-orig"));
+                    if let Some(c) = &e.content {
+                        assert!(
+                            !String::from_utf8_lossy(c).contains("interlock-cni"),
+                            "{} still has our entry",
+                            e.name
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

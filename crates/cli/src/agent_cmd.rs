@@ -1,0 +1,181 @@
+//! `interlock agent` and `interlock uninstall`: flags (each mirrored by an environment
+//! variable) turned into an `interlock_agent::AgentConfig`.
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use interlock_agent::plan::ConfigMode;
+use interlock_agent::view::RuntimeKind;
+use interlock_agent::{AgentConfig, KubeMode};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    Owned,
+    Chain,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RuntimeArg {
+    Containerd,
+    Crio,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum KubeArg {
+    Auto,
+    None,
+}
+
+/// Directories shared by `agent` and `uninstall`.
+#[derive(Debug, Args)]
+pub struct Dirs {
+    /// The runtime's CNI config directory.
+    #[arg(long, env = "INTERLOCK_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+    /// A CNI bin dir to install interlock-cni into (repeatable).
+    #[arg(
+        long = "cni-bin-dir",
+        env = "INTERLOCK_CNI_BIN_DIR",
+        value_delimiter = ',',
+        default_value = "/opt/cni/bin"
+    )]
+    pub cni_bin_dirs: Vec<PathBuf>,
+    /// Where the readiness marker and plugin state live.
+    #[arg(
+        long,
+        env = "INTERLOCK_STATE_DIR",
+        default_value = "/var/run/interlock"
+    )]
+    pub state_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub dirs: Dirs,
+    /// owned: write our own config sorting first; chain: insert into the target in place.
+    #[arg(
+        long,
+        env = "INTERLOCK_CONFIG_MODE",
+        value_enum,
+        default_value = "owned"
+    )]
+    pub config_mode: ModeArg,
+    /// Chain mode: the file to chain into (default: the one the runtime loads).
+    #[arg(long, env = "INTERLOCK_CHAIN_TARGET")]
+    pub chain_target: Option<String>,
+    /// Whose loading rules decide which config is effective.
+    #[arg(
+        long,
+        env = "INTERLOCK_RUNTIME",
+        value_enum,
+        default_value = "containerd"
+    )]
+    pub runtime: RuntimeArg,
+    /// Kubernetes API integration (auto is not available yet and behaves like none).
+    #[arg(long, env = "INTERLOCK_KUBE", value_enum, default_value = "auto")]
+    pub kube: KubeArg,
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(long, env = "INTERLOCK_HEALTH_ADDR", default_value = "127.0.0.1:9102")]
+    pub health_addr: SocketAddr,
+    /// The interlock-cni binary to install (default: next to this binary).
+    #[arg(long, env = "INTERLOCK_PLUGIN_SOURCE")]
+    pub plugin_source: Option<PathBuf>,
+    /// Remove what interlock added when the agent exits (default: the config stays).
+    #[arg(long, env = "INTERLOCK_UNINSTALL_ON_EXIT")]
+    pub uninstall_on_exit: bool,
+    /// A config file allowed to sort ahead of ours; we chain into it instead (repeatable).
+    #[arg(long, env = "INTERLOCK_ALLOW_AHEAD", value_delimiter = ',')]
+    pub allow_ahead: Vec<String>,
+    /// Highest cniVersion to write into the owned config (default: the highest every plugin supports).
+    #[arg(long, env = "INTERLOCK_MAX_CNI_VERSION")]
+    pub max_cni_version: Option<String>,
+    /// Seconds between full resyncs.
+    #[arg(
+        long,
+        env = "INTERLOCK_RESYNC_SECONDS",
+        default_value_t = 10,
+        hide = true
+    )]
+    pub resync_seconds: u64,
+    /// Milliseconds after which the readiness marker counts as stale.
+    #[arg(
+        long,
+        env = "INTERLOCK_MARKER_STALE_MS",
+        default_value_t = 3000,
+        hide = true
+    )]
+    pub marker_stale_ms: u64,
+    /// Undos of one file per second after which the agent backs off (0: never).
+    #[arg(
+        long,
+        env = "INTERLOCK_CONFLICT_THRESHOLD",
+        default_value_t = 20,
+        hide = true
+    )]
+    pub conflict_threshold: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct UninstallArgs {
+    #[command(flatten)]
+    pub dirs: Dirs,
+}
+
+fn default_plugin_source() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot find this binary's path")?;
+    Ok(exe.with_file_name("interlock-cni"))
+}
+
+pub fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
+    let source = match a.plugin_source {
+        Some(p) => p,
+        None => default_plugin_source()?,
+    };
+    let mut cfg = AgentConfig::new(source);
+    cfg.conf_dir = a.dirs.cni_conf_dir;
+    cfg.bin_dirs = a.dirs.cni_bin_dirs;
+    cfg.state_dir = a.dirs.state_dir;
+    cfg.mode = match a.config_mode {
+        ModeArg::Owned => ConfigMode::Owned,
+        ModeArg::Chain => ConfigMode::Chain,
+    };
+    cfg.chain_target = a.chain_target;
+    cfg.runtime = match a.runtime {
+        RuntimeArg::Containerd => RuntimeKind::Containerd,
+        RuntimeArg::Crio => RuntimeKind::Crio,
+    };
+    cfg.kube = match a.kube {
+        KubeArg::Auto => KubeMode::Auto,
+        KubeArg::None => KubeMode::None,
+    };
+    cfg.health_addr = a.health_addr;
+    cfg.uninstall_on_exit = a.uninstall_on_exit;
+    cfg.allow_ahead = a.allow_ahead;
+    cfg.max_cni_version = a.max_cni_version;
+    cfg.resync_interval = Duration::from_secs(a.resync_seconds.max(1));
+    cfg.marker_stale_after = Duration::from_millis(a.marker_stale_ms.max(30));
+    cfg.conflict_threshold = a.conflict_threshold;
+    interlock_agent::run(cfg).context("interlock agent failed")
+}
+
+pub fn run_uninstall(a: UninstallArgs) -> anyhow::Result<()> {
+    let done = interlock_agent::uninstall(
+        &a.dirs.cni_conf_dir,
+        &a.dirs.cni_bin_dirs,
+        &a.dirs.state_dir,
+    )
+    .context("interlock uninstall")?;
+    if done.is_empty() {
+        println!(
+            "nothing of interlock's found in {}",
+            a.dirs.cni_conf_dir.display()
+        );
+    }
+    for d in done {
+        println!("{d}");
+    }
+    Ok(())
+}
