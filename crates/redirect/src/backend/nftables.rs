@@ -658,6 +658,85 @@ mod tests {
         assert_eq!(Ruleset::for_spec(&a), Ruleset::for_spec(&b));
     }
 
+    fn live(tag: &str, handle: u64, port: u16) -> Rule {
+        Rule {
+            handle: Some(handle),
+            ..Rule::new("c")
+                .tag(tag)
+                .l4proto(IPPROTO_TCP)
+                .dport(port)
+                .verdict(Verdict::Return)
+        }
+    }
+
+    fn diff(want: &[Rule], have: &[Rule]) -> Vec<String> {
+        let mut d = Vec::new();
+        let w: Vec<&Rule> = want.iter().collect();
+        let h: Vec<&Rule> = have.iter().collect();
+        compare_chain("c", &w, &h, &mut d);
+        d
+    }
+
+    #[test]
+    fn chain_comparison_names_each_kind_of_difference() {
+        let want = [live("il:c:0", 0, 1), live("il:c:1", 0, 2)];
+        // Handles differ from the expectation's: not a difference.
+        assert!(diff(&want, &[live("il:c:0", 5, 1), live("il:c:1", 6, 2)]).is_empty());
+
+        let d = diff(&want, &[live("il:c:0", 5, 1)]);
+        assert_eq!(d.len(), 1);
+        assert!(d[0].contains("il:c:1") && d[0].contains("missing"), "{d:?}");
+
+        let d = diff(&want, &[live("il:c:0", 5, 1), live("il:c:1", 6, 3)]);
+        assert_eq!(d.len(), 1);
+        assert!(
+            d[0].contains("il:c:1") && d[0].contains("handle 6") && d[0].contains("altered"),
+            "{d:?}"
+        );
+
+        let mut foreign = live("x", 9, 22);
+        foreign.userdata = None;
+        let d = diff(
+            &want,
+            &[live("il:c:0", 5, 1), foreign, live("il:c:1", 6, 2)],
+        );
+        assert_eq!(d.len(), 1);
+        assert!(
+            d[0].contains("unexpected rule") && d[0].contains("handle 9"),
+            "{d:?}"
+        );
+
+        let d = diff(&want, &[live("il:c:1", 6, 2), live("il:c:0", 5, 1)]);
+        assert_eq!(d.len(), 1);
+        assert!(d[0].contains("out of order"), "{d:?}");
+
+        let d = diff(
+            &want,
+            &[
+                live("il:c:0", 5, 1),
+                live("il:c:1", 6, 2),
+                live("il:c:1", 7, 2),
+            ],
+        );
+        assert!(
+            d.iter()
+                .any(|m| m.contains("2 times") && m.contains("6, 7")),
+            "{d:?}"
+        );
+
+        assert!(diff(&[], &[]).is_empty());
+        assert_eq!(diff(&[], &[live("il:c:0", 1, 1)]).len(), 1);
+    }
+
+    #[test]
+    fn readback_maps_to_verification() {
+        assert_eq!(Verification::from(Readback::Exact), Verification::Exact);
+        match Verification::from(Readback::TableMissing) {
+            Verification::Mismatch(d) => assert!(d[0].contains("inet interlock is missing")),
+            v => panic!("{v:?}"),
+        }
+    }
+
     #[test]
     fn invalid_spec_is_refused_before_touching_the_kernel() {
         let mut s = spec();
