@@ -335,3 +335,53 @@ fn thousands_of_rules_commit_in_one_batch_and_dump_across_datagrams() {
         assert_eq!(r.tag_str(), Some(format!("il:big:{i}").as_str()));
     }
 }
+
+#[test]
+fn range_and_ordered_comparisons_round_trip_through_the_kernel() {
+    require_root!();
+    use interlock_nft::{CmpOp, Expr, MetaKey, RangeOp, Register};
+    let ns = Netns::new("nftr").unwrap();
+    let rules = vec![
+        Rule::new("ilc")
+            .tag("il:r:0")
+            .l4proto(IPPROTO_TCP)
+            .expr(Expr::Payload {
+                base: interlock_nft::PayloadBase::Transport,
+                offset: 2,
+                len: 2,
+                dreg: Register::R1,
+            })
+            .expr(Expr::Range {
+                sreg: Register::R1,
+                op: RangeOp::Neq,
+                from: 1000u16.to_be_bytes().to_vec(),
+                to: 2000u16.to_be_bytes().to_vec(),
+            })
+            .verdict(Verdict::Accept),
+        Rule::new("ilc")
+            .tag("il:r:1")
+            .meta_cmp(MetaKey::SkUid, CmpOp::Neq, &0u32.to_ne_bytes())
+            .meta_cmp(MetaKey::L4Proto, CmpOp::Lt, &[17])
+            .meta_cmp(MetaKey::L4Proto, CmpOp::Gt, &[1])
+            .counter()
+            .verdict(Verdict::Drop),
+    ];
+    let back = ns.run(|| {
+        let mut nft = Nft::open().unwrap();
+        let mut b = Batch::new();
+        b.create_table(Family::Inet, T)
+            .add_chain(Family::Inet, T, &Chain::regular("ilc"));
+        for r in &rules {
+            b.add_rule(Family::Inet, T, r);
+        }
+        nft.commit(&b).unwrap();
+        nft.rules(Family::Inet, T, Some("ilc")).unwrap()
+    });
+    assert_eq!(back.len(), 2);
+    for (b, r) in back.iter().zip(&rules) {
+        assert_eq!(b.exprs, r.exprs, "\nread back: {b}\nexpected: {r}");
+    }
+    let listed = ns.exec_ok(&["nft", "list", "chain", "inet", T, "ilc"]);
+    assert!(listed.contains("tcp dport != 1000-2000 accept"), "{listed}");
+    assert!(listed.contains("meta skuid != 0"), "{listed}");
+}
