@@ -15,8 +15,10 @@
 //!   already loaded name is ignored.
 //!
 //! [`load`] applies one rule set and gives every file in the directory a verdict with a
-//! human reason. It never executes anything (CRI-O additionally asks each plugin binary
-//! for its VERSION; [`Effective`] only checks that the binary exists and is executable).
+//! human reason. It never executes anything: for CRI-O it checks that every plugin
+//! binary exists and is executable. CRI-O additionally asks each binary for its VERSION
+//! and skips lists whose version a plugin does not support; [`load_with`] with
+//! [`LoadOptions::probe_versions`] does that too.
 
 use std::fmt;
 use std::fs;
@@ -235,9 +237,53 @@ fn list_dir(dir: &Path) -> io::Result<(Vec<PathBuf>, IgnoredEntries)> {
     Ok((configs, ignored))
 }
 
-/// Applies `runtime`'s rules to `dir`. `bin_dirs` are the runtime's plugin directories
-/// (used by the CRI-O rules to skip lists whose binaries are missing).
+/// Options for [`load_with`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// CRI-O rules: also run each plugin's VERSION, as ocicni's `ValidateNetworkList`
+    /// does, and skip lists whose version a plugin does not support (e.g. a 1.1.0 list
+    /// with plugins that stop at 1.0.0). Executes the binaries.
+    pub probe_versions: bool,
+}
+
+/// Applies `runtime`'s rules to `dir` without executing anything. `bin_dirs` are the
+/// runtime's plugin directories (used by the CRI-O rules to skip lists whose binaries
+/// are missing).
 pub fn load(dir: &Path, runtime: Runtime, bin_dirs: &[PathBuf]) -> io::Result<Effective> {
+    load_with(dir, runtime, bin_dirs, LoadOptions::default())
+}
+
+/// The version check of ocicni's `ValidateNetworkList`: every plugin must list the
+/// list's version (an empty one means 0.1.0) in its VERSION answer.
+fn unsupported_by_plugins(list: &NetworkConfigList, bin_dirs: &[PathBuf]) -> Option<String> {
+    let mut version = list.effective_version();
+    if version.is_empty() {
+        version = "0.1.0".into();
+    }
+    let mut problems = Vec::new();
+    for t in list.plugin_types() {
+        let Some(path) = find_plugin(t, bin_dirs) else {
+            continue;
+        };
+        match crate::exec::plugin_version(&path, bin_dirs) {
+            Ok(info) if info.supported_versions.contains(&version) => {}
+            Ok(info) => problems.push(format!(
+                "plugin {t} does not support config version {version:?} (it supports {})",
+                info.supported_versions.join(", ")
+            )),
+            Err(e) => problems.push(format!("plugin {t} VERSION failed: {e}")),
+        }
+    }
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
+/// [`load`] with options.
+pub fn load_with(
+    dir: &Path,
+    runtime: Runtime,
+    bin_dirs: &[PathBuf],
+    options: LoadOptions,
+) -> io::Result<Effective> {
     let (configs, ignored) = list_dir(dir)?;
     let mut files = Vec::with_capacity(configs.len() + ignored.len());
     let mut chosen: Option<Chosen> = None;
@@ -339,6 +385,16 @@ pub fn load(dir: &Path, runtime: Runtime, bin_dirs: &[PathBuf]) -> io::Result<Ef
                         ),
                     });
                     continue;
+                }
+                if options.probe_versions {
+                    if let Some(problem) = unsupported_by_plugins(&list, bin_dirs) {
+                        files.push(FileVerdict {
+                            path,
+                            verdict: Verdict::Skipped,
+                            reason: format!("skipped by CRI-O: {problem}"),
+                        });
+                        continue;
+                    }
                 }
                 let net_name = if list.name().is_empty() {
                     name.clone()
@@ -576,6 +632,61 @@ mod tests {
             assert_eq!(json["chosen"]["list"]["plugins"][0]["args"], "x");
             assert_eq!(json["files"][0]["verdict"], "chosen");
         }
+    }
+
+    #[test]
+    fn crio_version_probe_skips_lists_the_plugins_cannot_run() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("net.d");
+        fs::create_dir(&d).unwrap();
+        let b = t.path().join("bin");
+        fs::create_dir(&b).unwrap();
+        fs::write(
+            b.join("old"),
+            "#!/bin/sh\necho '{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}'\n",
+        )
+        .unwrap();
+        fs::set_permissions(b.join("old"), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(
+            d.join("00-new.conflist"),
+            r#"{"cniVersion":"1.1.0","name":"new","plugins":[{"type":"old"}]}"#,
+        )
+        .unwrap();
+        fs::write(
+            d.join("10-ok.conflist"),
+            r#"{"cniVersion":"1.0.0","name":"ok","plugins":[{"type":"old"}]}"#,
+        )
+        .unwrap();
+        let bins = vec![b];
+        // Without probing, 00-new looks usable.
+        let plain = load(&d, Runtime::Crio, &bins).unwrap();
+        assert_eq!(plain.chosen_name().as_deref(), Some("00-new.conflist"));
+        let probed = load_with(
+            &d,
+            Runtime::Crio,
+            &bins,
+            LoadOptions {
+                probe_versions: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(probed.chosen_name().as_deref(), Some("10-ok.conflist"));
+        let why = &probed.verdict_for("00-new.conflist").unwrap().reason;
+        assert!(
+            why.contains("does not support config version \"1.1.0\""),
+            "{why}"
+        );
+        // containerd never looks at the binaries.
+        let c = load_with(
+            &d,
+            Runtime::Containerd,
+            &bins,
+            LoadOptions {
+                probe_versions: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(c.chosen_name().as_deref(), Some("00-new.conflist"));
     }
 
     #[test]
