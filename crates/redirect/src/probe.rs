@@ -171,13 +171,65 @@ fn candidate_ports(spec: &RedirectSpec) -> Vec<u16> {
     }
 }
 
+/// The gateways of the default routes of the calling thread's netns (IPv4 from
+/// `/proc/thread-self/net/route`, IPv6 from `.../ipv6_route`), i.e. the node as seen from
+/// the pod. Empty when there is none or the files cannot be read.
+pub fn default_gateways() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    if let Ok(text) = std::fs::read_to_string("/proc/thread-self/net/route") {
+        out.extend(parse_route_v4(&text));
+    }
+    if let Ok(text) = std::fs::read_to_string("/proc/thread-self/net/ipv6_route") {
+        out.extend(parse_route_v6(&text));
+    }
+    out
+}
+
+fn parse_route_v4(text: &str) -> Vec<IpAddr> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // Iface Destination Gateway Flags RefCnt Use Metric Mask ...
+            if f.len() < 8 || f[1] != "00000000" || f[7] != "00000000" {
+                return None;
+            }
+            let gw = u32::from_str_radix(f[2], 16).ok().filter(|g| *g != 0)?;
+            // The kernel prints the network-order word in host order.
+            Some(IpAddr::V4(Ipv4Addr::from(gw.to_ne_bytes())))
+        })
+        .collect()
+}
+
+fn parse_route_v6(text: &str) -> Vec<IpAddr> {
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // dest plen src plen nexthop metric refcnt use flags iface
+            if f.len() < 10 || f[1] != "00" || f[0].bytes().any(|b| b != b'0') {
+                return None;
+            }
+            let hop = u128::from_str_radix(f[4], 16).ok().filter(|h| *h != 0)?;
+            Some(IpAddr::V6(Ipv6Addr::from(hop)))
+        })
+        .collect()
+}
+
 /// Runs the probe for every family `spec` enables (see the module docs). Call inside the
-/// pod's netns.
+/// pod's netns. `candidates` (the pod's gateways from the CNI result) are tried first,
+/// then the gateways of the netns's default routes ([`default_gateways`]).
 pub fn probe(
     spec: &RedirectSpec,
     candidates: &[IpAddr],
     timeout: Duration,
 ) -> Result<ProbeReport, ProbeError> {
+    let mut candidates = candidates.to_vec();
+    for gw in default_gateways() {
+        if !candidates.contains(&gw) {
+            candidates.push(gw);
+        }
+    }
+    let candidates = &candidates[..];
     let mut report = ProbeReport::default();
     for family in spec.families() {
         match choose_target(spec, family, candidates)? {
@@ -380,6 +432,20 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn parses_default_routes() {
+        let v4 =
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+eth0\t00000000\t0101630A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+eth0\t0001630A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n";
+        if cfg!(target_endian = "little") {
+            assert_eq!(parse_route_v4(v4), vec![ip("10.99.1.1")]);
+        }
+        let v6 = "00000000000000000000000000000000 00 00000000000000000000000000000000 00 fd990001000000000000000000000001 00000400 00000001 00000000 00000003     eth0\n\
+fd990001000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n";
+        assert_eq!(parse_route_v6(v6), vec![ip("fd99:1::1")]);
     }
 
     #[test]

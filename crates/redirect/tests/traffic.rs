@@ -437,11 +437,41 @@ fn probe_detects_missing_redirection() {
     let _: &[IpAddr] = &topo.gateways();
 }
 
+#[test]
+fn istio_v4_nftables() {
+    require_root!();
+    mesh_scenario(BackendKind::Nftables, &ISTIO, false);
+}
 
+#[test]
+fn istio_v6_nftables() {
+    require_root!();
+    mesh_scenario(BackendKind::Nftables, &ISTIO, true);
+}
 
+#[test]
+fn linkerd_v4_nftables() {
+    require_root!();
+    mesh_scenario(BackendKind::Nftables, &LINKERD, false);
+}
 
+#[test]
+fn linkerd_v6_nftables() {
+    require_root!();
+    mesh_scenario(BackendKind::Nftables, &LINKERD, true);
+}
 
+#[test]
+fn exclusions_v4_nftables() {
+    require_root!();
+    exclusions_scenario(BackendKind::Nftables, false);
+}
 
+#[test]
+fn exclusions_v6_nftables() {
+    require_root!();
+    exclusions_scenario(BackendKind::Nftables, true);
+}
 
 #[test]
 fn exclusions_v6_iptables_nft() {
@@ -453,4 +483,57 @@ fn exclusions_v6_iptables_nft() {
 fn exclusions_v4_iptables_legacy() {
     require_root!();
     exclusions_scenario(BackendKind::IptablesLegacy, false);
+}
+
+/// Prints how long each step takes (the plugin's ADD budget is 2 ms with nftables); only
+/// asserts generous bounds so a loaded machine does not fail it.
+#[test]
+fn protect_timings() {
+    require_root!();
+    let topo = Topology::new();
+    let spec = spec_for(ISTIO.annotations);
+    for kind in [
+        BackendKind::Nftables,
+        BackendKind::IptablesNft,
+        BackendKind::IptablesLegacy,
+    ] {
+        let mut probe_times = Vec::new();
+        let mut totals = Vec::new();
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            let p = protect(&topo.a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
+            totals.push(t.elapsed());
+            probe_times.push(p.probe_time);
+            unprotect(&topo.a.ns.path(), kind).unwrap();
+        }
+        probe_times.sort();
+        totals.sort();
+        eprintln!(
+            "{kind}: protect median {:?}, probe median {:?}",
+            totals[2], probe_times[2]
+        );
+        assert!(
+            probe_times[2] < Duration::from_millis(50),
+            "{kind}: probe {probe_times:?}"
+        );
+    }
+}
+
+#[test]
+fn probe_finds_the_gateways_itself() {
+    require_root!();
+    let topo = Topology::new();
+    let gws = interlock_redirect::netns::in_netns(
+        &topo.a.ns.path(),
+        interlock_redirect::probe::default_gateways,
+    )
+    .unwrap();
+    assert_eq!(gws, topo.gateways());
+    let spec = spec_for(ISTIO.annotations);
+    let p = protect(&topo.a.ns.path(), &spec, BackendKind::IptablesNft, &[]).unwrap();
+    let targets: Vec<SocketAddr> = p.probe.proven.iter().map(|r| r.target).collect();
+    assert_eq!(
+        targets,
+        vec![SocketAddr::new(topo.gw4, 9), SocketAddr::new(topo.gw6, 9)]
+    );
 }

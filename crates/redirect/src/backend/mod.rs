@@ -205,13 +205,8 @@ pub fn open(kind: BackendKind) -> Result<Box<dyn Backend + Send + Sync>, Backend
     })
 }
 
-// Routed to `nftables::NftablesBackend::new()` once that file is committed.
 fn open_nftables() -> Result<Box<dyn Backend + Send + Sync>, BackendError> {
-    Err(BackendError::Failed {
-        backend: BackendKind::Nftables,
-        op: "open",
-        msg: "the nftables backend is not part of this build yet; set backend to iptables-nft or iptables-legacy".into(),
-    })
+    Ok(Box::new(nftables::NftablesBackend::new()))
 }
 
 /// What a read-back found.
