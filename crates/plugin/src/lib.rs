@@ -503,3 +503,140 @@ fn cmd_status(call: &Call) -> Result<Vec<u8>, CniError> {
     )?;
     Ok(Vec::new())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn env(command: &str) -> CniEnv {
+        CniEnv {
+            command: Some(command.into()),
+            container_id: Some("c".into()),
+            netns: Some("/var/run/netns/x".into()),
+            ifname: Some("eth0".into()),
+            args: Some("K8S_POD_NAMESPACE=a;K8S_POD_NAME=b".into()),
+            path: Some("/usr/lib/cni".into()),
+        }
+    }
+
+    fn check_outcome(o: &Outcome) -> Result<(), TestCaseError> {
+        prop_assert!(o.exit_code == 0 || o.exit_code == 1);
+        if o.exit_code == 1 {
+            let e: CniError = serde_json::from_slice(&o.stdout)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_ne!(e.code, ERR_INTERNAL, "internal error (a panic): {:?}", e);
+            prop_assert!(!e.msg.is_empty());
+        } else if !o.stdout.is_empty() {
+            serde_json::from_slice::<Value>(&o.stdout)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn arb_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            "\\PC{0,8}".prop_map(Value::String),
+            prop::sample::select(vec![
+                "0.3.1",
+                "1.0.0",
+                "1.1.0",
+                "interlock-cni",
+                "/tmp",
+                "open",
+                "closed"
+            ])
+            .prop_map(|s| Value::String(s.into())),
+        ];
+        leaf.prop_recursive(3, 20, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                prop::collection::vec(
+                    (
+                        prop::sample::select(vec![
+                            "cniVersion",
+                            "type",
+                            "name",
+                            "stateDir",
+                            "prevResult",
+                            "runtimeConfig",
+                            "failurePolicy",
+                            "io.kubernetes.cri.pod-annotations",
+                            "ips",
+                            "interfaces",
+                            "address",
+                            "profiles",
+                            "cni.dev/valid-attachments",
+                            "containerID",
+                            "ifname",
+                            "x",
+                        ]),
+                        inner
+                    ),
+                    0..6
+                )
+                .prop_map(|kv| Value::Object(
+                    kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+                )),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever arrives on stdin, every verb answers in the protocol and never panics.
+        #[test]
+        fn never_panics_on_any_input(
+            bytes in prop::collection::vec(any::<u8>(), 0..64),
+            doc in arb_json(),
+            command in prop::sample::select(vec!["ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION", "NOPE"]),
+        ) {
+            let t = tempfile::tempdir().unwrap();
+            check_outcome(&run(&env(command), &bytes))?;
+            // Keep writes inside the temp dir when the document names a stateDir.
+            let mut doc = doc;
+            if let Value::Object(m) = &mut doc {
+                m.insert("stateDir".into(), Value::String(t.path().display().to_string()));
+            }
+            check_outcome(&run(&env(command), doc.to_string().as_bytes()))?;
+        }
+
+        /// A valid config with random fields replaced by random values reaches every
+        /// verb's deeper checks; still only protocol answers, never a panic.
+        #[test]
+        fn never_panics_on_almost_valid_configs(
+            overrides in prop::collection::vec((prop::sample::select(vec![
+                "cniVersion", "type", "prevResult", "runtimeConfig", "failurePolicy", "logLevel",
+                "excludeNamespaces", "profiles", "capabilities", "cni.dev/valid-attachments", "backend",
+            ]), arb_json()), 0..3),
+            command in prop::sample::select(vec!["ADD", "DEL", "CHECK", "GC", "STATUS"]),
+            annotations in prop::collection::btree_map(
+                prop::sample::select(vec![
+                    "sidecar.istio.io/status", "sidecar.istio.io/inject", "linkerd.io/proxy-version",
+                    "interlock.dev/redirect", "traffic.sidecar.istio.io/excludeOutboundPorts",
+                    "config.linkerd.io/skip-subnets", "interlock.dev/inbound-ports",
+                ]),
+                "\\PC{0,10}|enabled|false|[0-9,*-]{0,12}",
+                0..4,
+            ),
+        ) {
+            let t = tempfile::tempdir().unwrap();
+            let mut doc = serde_json::json!({
+                "cniVersion": "1.1.0", "name": "n", "type": "interlock-cni", "stateDir": t.path(),
+                "logLevel": "error",
+                "runtimeConfig": {"io.kubernetes.cri.pod-annotations": annotations},
+                "prevResult": {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0"}], "ips": [{"interface": 0, "address": "10.99.0.2/24"}]},
+                "cni.dev/valid-attachments": [],
+            });
+            for (k, v) in overrides {
+                doc[k] = v;
+            }
+            doc["stateDir"] = Value::String(t.path().display().to_string());
+            check_outcome(&run(&env(command), doc.to_string().as_bytes()))?;
+        }
+    }
+}
