@@ -46,6 +46,8 @@ struct Mesh {
     outbound: u16,
     inbound: u16,
     uid: u32,
+    /// GID exempt besides the UID, if the profile sets one.
+    gid: Option<u32>,
     excluded_inbound: u16,
 }
 
@@ -57,6 +59,7 @@ const ISTIO: Mesh = Mesh {
     outbound: 15001,
     inbound: 15006,
     uid: 1337,
+    gid: Some(1337),
     excluded_inbound: 15021,
 };
 
@@ -65,7 +68,24 @@ const LINKERD: Mesh = Mesh {
     outbound: 4140,
     inbound: 4143,
     uid: 2102,
+    gid: None,
     excluded_inbound: 4191,
+};
+
+const GENERIC: Mesh = Mesh {
+    annotations: &[
+        ("interlock.dev/redirect", "enabled"),
+        ("interlock.dev/proxy-uid", "999"),
+        ("interlock.dev/proxy-gid", "998"),
+        ("interlock.dev/outbound-port", "7001"),
+        ("interlock.dev/inbound-port", "7006"),
+        ("interlock.dev/exclude-inbound-ports", "7070-7071"),
+    ],
+    outbound: 7001,
+    inbound: 7006,
+    uid: 999,
+    gid: Some(998),
+    excluded_inbound: 7071,
 };
 
 fn spec_for(pairs: &[(&str, &str)]) -> RedirectSpec {
@@ -165,6 +185,16 @@ fn mesh_scenario(kind: BackendKind, mesh: &Mesh, v6: bool) {
         "proxy UID must reach B"
     );
     assert!(accept_within(&out_l, Duration::ZERO).is_none());
+
+    // The proxy's GID is exempt too, when the profile sets one.
+    if let Some(gid) = mesh.gid {
+        assert!(connect_as(&a.ns, 4321, gid, b8080));
+        assert!(
+            accept_within(&b_l, WAIT).is_some(),
+            "proxy GID must reach B"
+        );
+        assert!(accept_within(&out_l, Duration::ZERO).is_none());
+    }
 
     // Another unprivileged UID is captured too.
     assert!(connect_as(&a.ns, 4321, 4321, b8080));
@@ -536,4 +566,16 @@ fn probe_finds_the_gateways_itself() {
         targets,
         vec![SocketAddr::new(topo.gw4, 9), SocketAddr::new(topo.gw6, 9)]
     );
+}
+
+#[test]
+fn generic_v4_nftables() {
+    require_root!();
+    mesh_scenario(BackendKind::Nftables, &GENERIC, false);
+}
+
+#[test]
+fn generic_v6_iptables_legacy() {
+    require_root!();
+    mesh_scenario(BackendKind::IptablesLegacy, &GENERIC, true);
 }
