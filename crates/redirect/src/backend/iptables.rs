@@ -716,3 +716,197 @@ mod tests {
         assert!(compare(Family::V6, &[], &parse_save(no_chain)).is_empty());
     }
 }
+
+/// The rendered rules, interpreted like the kernel walks them, must decide exactly as the
+/// spec's own semantics ([`RedirectSpec::captures_outbound`] / `captures_inbound`).
+#[cfg(test)]
+mod semantics {
+    use super::*;
+    use crate::spec::{InboundCapture, OutboundCapture};
+    use ipnet::IpNet;
+    use proptest::prelude::*;
+    use std::net::IpAddr;
+
+    struct Packet<'a> {
+        uid: u32,
+        gid: u32,
+        iface: &'a str,
+        dst: IpAddr,
+        port: u16,
+    }
+
+    enum Verdict {
+        Redirect(u16),
+        Return,
+        Jump(&'static str),
+    }
+
+    /// Evaluates one rule's matches; `None` when it does not match.
+    fn matches(rule: &str, p: &Packet, inbound: bool) -> Option<Verdict> {
+        let t: Vec<&str> = rule.split_whitespace().collect();
+        let mut i = 0;
+        let mut verdict = None;
+        while i < t.len() {
+            match t[i] {
+                "-i" | "-o" => {
+                    if t[i + 1] != p.iface || (t[i] == "-i") != inbound {
+                        return None;
+                    }
+                    i += 2;
+                }
+                "-p" | "-m" => i += 2,
+                "--uid-owner" => {
+                    if t[i + 1].parse::<u32>().unwrap() != p.uid {
+                        return None;
+                    }
+                    i += 2;
+                }
+                "--gid-owner" => {
+                    if t[i + 1].parse::<u32>().unwrap() != p.gid {
+                        return None;
+                    }
+                    i += 2;
+                }
+                "--dport" => {
+                    let (lo, hi) = t[i + 1].split_once(':').unwrap_or((t[i + 1], t[i + 1]));
+                    if !(lo.parse::<u16>().unwrap()..=hi.parse::<u16>().unwrap()).contains(&p.port)
+                    {
+                        return None;
+                    }
+                    i += 2;
+                }
+                "-d" => {
+                    if !t[i + 1].parse::<IpNet>().unwrap().contains(&p.dst) {
+                        return None;
+                    }
+                    i += 2;
+                }
+                "-j" => {
+                    verdict = Some(match t[i + 1] {
+                        "RETURN" => Verdict::Return,
+                        "REDIRECT" => Verdict::Redirect(t[i + 3].parse().unwrap()),
+                        c => Verdict::Jump(CHAINS.iter().find(|x| **x == c).unwrap()),
+                    });
+                    i += 2;
+                    if matches!(verdict, Some(Verdict::Redirect(_))) {
+                        i += 2;
+                    }
+                }
+                other => panic!("unknown token {other} in {rule}"),
+            }
+        }
+        verdict
+    }
+
+    /// Walks `chain` with jump/return semantics; `Some(port)` when redirected.
+    fn walk(rules: &[ChainRule], chain: &str, p: &Packet, inbound: bool) -> Option<u16> {
+        for r in rules.iter().filter(|r| r.chain == chain) {
+            match matches(&r.rule, p, inbound) {
+                None => {}
+                Some(Verdict::Return) => return None,
+                Some(Verdict::Redirect(port)) => return Some(port),
+                Some(Verdict::Jump(c)) => {
+                    if let Some(port) = walk(rules, c, p, inbound) {
+                        return Some(port);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn ports() -> impl Strategy<Value = Vec<u16>> {
+        proptest::collection::vec(1u16..12, 0..4)
+    }
+
+    fn selection() -> impl Strategy<Value = PortSelection> {
+        prop_oneof![
+            Just(PortSelection::All),
+            ports().prop_map(PortSelection::Only)
+        ]
+    }
+
+    fn nets() -> impl Strategy<Value = Vec<IpNet>> {
+        let pool: Vec<IpNet> = [
+            "10.0.0.0/8",
+            "10.1.0.0/16",
+            "10.1.2.3/32",
+            "fd00::/8",
+            "fd00:1::/32",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+        proptest::sample::subsequence(pool, 0..3)
+    }
+
+    fn spec() -> impl Strategy<Value = RedirectSpec> {
+        (
+            (
+                1u32..4,
+                proptest::option::of(1u32..4),
+                any::<bool>(),
+                any::<bool>(),
+            ),
+            (selection(), ports(), selection(), ports()),
+            (
+                nets(),
+                nets(),
+                proptest::sample::subsequence(vec!["eth1", "net1"], 0..2),
+            ),
+        )
+            .prop_filter_map(
+                "one family",
+                |((uid, gid, v4, v6), (ii, ie, oi, oe), (inc, exc, ifs))| {
+                    (v4 || v6).then(|| RedirectSpec {
+                        proxy_uid: uid,
+                        proxy_gid: gid,
+                        inbound: InboundCapture {
+                            proxy_port: 15006,
+                            include_ports: ii,
+                            exclude_ports: ie,
+                        },
+                        outbound: OutboundCapture {
+                            proxy_port: 15001,
+                            include_ports: oi,
+                            exclude_ports: oe,
+                            include_cidrs: inc,
+                            exclude_cidrs: exc,
+                        },
+                        exclude_interfaces: ifs.into_iter().map(String::from).collect(),
+                        ipv4: v4,
+                        ipv6: v6,
+                    })
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn rendered_rules_match_the_spec_semantics(
+            spec in spec(),
+            uid in 0u32..5,
+            gid in 0u32..5,
+            iface in proptest::sample::select(vec!["lo", "eth0", "eth1", "net1"]),
+            dst in proptest::sample::select(vec!["10.1.2.3", "10.1.9.9", "10.200.0.1", "192.168.0.1", "fd00:1::5", "fd00:2::5", "2001:db8::1"]),
+            port in 1u16..12,
+        ) {
+            let dst: IpAddr = dst.parse().unwrap();
+            let family = Family::of(&dst);
+            let rules = chain_rules(&spec, family);
+            let p = Packet { uid, gid, iface, dst, port };
+            let enabled = spec.families().contains(&family);
+            // Outbound: the builtin jump is `-p tcp -j IL_OUTPUT` (present iff enabled).
+            let out = if enabled { walk(&rules, CHAIN_OUTPUT, &p, false) } else { None };
+            prop_assert_eq!(out.is_some(), spec.captures_outbound(uid, gid, iface, dst, port));
+            if let Some(port) = out {
+                prop_assert_eq!(port, 15001);
+            }
+            // Inbound: PREROUTING never sees loopback traffic.
+            if iface != "lo" {
+                let inb = if enabled { walk(&rules, CHAIN_INBOUND, &p, true) } else { None };
+                prop_assert_eq!(inb.is_some(), enabled && spec.captures_inbound(iface, port));
+            }
+        }
+    }
+}
