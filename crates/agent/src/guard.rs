@@ -64,6 +64,55 @@ pub fn snapshot(dir: &Path) -> std::io::Result<DirSnapshot> {
     Ok(DirSnapshot { entries })
 }
 
+/// Whether the runtime (by `interlock_protocol::confdir::load`) loads a config from `dir`
+/// that runs exactly `entry`: `Ok(file name)`, or why not.
+pub fn effective_with_entry(
+    dir: &Path,
+    cfg: &AgentConfig,
+    entry: &serde_json::Map<String, serde_json::Value>,
+) -> Result<String, String> {
+    use interlock_protocol::confdir::{self, Runtime};
+    let runtime = match cfg.runtime {
+        crate::view::RuntimeKind::Containerd => Runtime::Containerd,
+        crate::view::RuntimeKind::Crio => Runtime::Crio,
+    };
+    let eff = confdir::load(dir, runtime, &cfg.bin_dirs)
+        .map_err(|e| format!("cannot load {}: {e}", dir.display()))?;
+    let Some(chosen) = eff.chosen else {
+        return Err(eff.summary);
+    };
+    let name = chosen
+        .path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let want = serde_json::Value::Object(entry.clone());
+    // A thin Multus config runs us inside its first inline delegate.
+    let in_delegate = chosen
+        .list
+        .plugins()
+        .first()
+        .and_then(|p| {
+            p.get("delegates")?
+                .as_array()?
+                .first()?
+                .get("plugins")?
+                .as_array()
+        })
+        .is_some_and(|p| p.contains(&want));
+    if chosen.list.plugins().contains(&want) || in_delegate {
+        Ok(name)
+    } else if chosen.list.plugin_types().contains(&plan::PLUGIN_TYPE) {
+        Err(format!(
+            "the effective config {name} has an interlock-cni entry that differs from ours"
+        ))
+    } else {
+        Err(format!(
+            "the effective config {name} does not contain interlock-cni"
+        ))
+    }
+}
+
 /// Executes one action in `dir`.
 pub fn apply(dir: &Path, a: &Action) -> std::io::Result<()> {
     match a {
@@ -321,16 +370,9 @@ impl Guard {
             self.retries = 0;
         }
         self.publish_conflicts(now);
-        // Readiness from the directory as it is now, by the runtime's rules.
-        let after = if changed {
-            snapshot(&dir).ok()
-        } else {
-            Some(snap)
-        };
-        let verdict = match after {
-            None => Err(format!("cannot read conf dir {}", dir.display())),
-            Some(s) => plan::check_effective(&s, &self.settings, &self.facts_light(&facts)),
-        };
+        // Readiness from the directory as it is now, judged by the reference loader
+        // (`interlock_protocol::confdir`, the same code `interlock check` uses).
+        let verdict = effective_with_entry(&dir, &self.cfg, &self.settings.entry);
         let backing: Vec<String> = self
             .fights
             .backing_off(now)
@@ -364,14 +406,6 @@ impl Guard {
             (Ok(n), None, true) => (true, "ok".to_string(), Some(n.clone())),
         };
         self.set_ready(ready, reason, effective);
-    }
-
-    fn facts_light(&self, facts: &Facts) -> Facts {
-        // Readiness only needs which binaries exist; versions are irrelevant there.
-        Facts {
-            present_types: facts.present_types.clone(),
-            versions: HashMap::new(),
-        }
     }
 
     fn publish_conflicts(&self, now: Instant) {

@@ -148,8 +148,10 @@ pub fn find_plugin(bin_dirs: &[PathBuf], plugin_type: &str) -> Option<PathBuf> {
 #[derive(Debug)]
 pub struct PluginInstaller {
     source: PathBuf,
-    data: Vec<u8>,
-    sha256: String,
+    data: std::sync::Arc<Vec<u8>>,
+    /// SHA-256 of `data`, computed on a background thread (it only labels logs and
+    /// metrics; verification compares the bytes themselves).
+    sha256: std::sync::Arc<std::sync::OnceLock<String>>,
     /// Per bin dir: identity of the verified installed file.
     verified: HashMap<PathBuf, FileIdentity>,
     /// Versions the source answered (also what the installed copies answer).
@@ -170,18 +172,34 @@ impl PluginInstaller {
             path: source.to_path_buf(),
             reason,
         })?;
+        let data = std::sync::Arc::new(data);
+        let sha256 = std::sync::Arc::new(std::sync::OnceLock::new());
+        let (d, h) = (data.clone(), sha256.clone());
+        std::thread::spawn(move || {
+            let _ = h.set(sha256_hex(&d));
+        });
         Ok(PluginInstaller {
             source: source.to_path_buf(),
-            sha256: sha256_hex(&data),
+            sha256,
             data,
             verified: HashMap::new(),
             versions,
         })
     }
 
-    /// Hex SHA-256 of the plugin.
+    /// Hex SHA-256 of the plugin (`"pending"` until the background hash is done).
     pub fn sha256(&self) -> &str {
-        &self.sha256
+        self.sha256.get().map(String::as_str).unwrap_or("pending")
+    }
+
+    /// Size of the plugin in bytes.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// True for an empty plugin file (never a working plugin).
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
     }
 
     /// The spec versions the plugin supports.
@@ -206,7 +224,8 @@ impl PluginInstaller {
                 return Ok(false);
             }
             self.verified.remove(dir);
-            let matches = std::fs::read(&dest).is_ok_and(|d| sha256_hex(&d) == self.sha256)
+            // Byte-for-byte equal to the source: stronger than the checksum, and cheap.
+            let matches = std::fs::read(&dest).is_ok_and(|d| d == *self.data)
                 && std::fs::metadata(&dest).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
             if !matches {
                 std::fs::create_dir_all(dir)

@@ -170,14 +170,14 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     }
     let installer = install::PluginInstaller::new(&cfg.plugin_source)?;
     info!(
-        "interlock agent {} starting: conf dir {}, bin dirs {:?}, mode {:?}, runtime {:?}, plugin {} (sha256 {}, versions {:?})",
+        "interlock agent {} starting: conf dir {}, bin dirs {:?}, mode {:?}, runtime {:?}, plugin {} ({} bytes, versions {:?})",
         env!("CARGO_PKG_VERSION"),
         cfg.conf_dir.display(),
         cfg.bin_dirs,
         cfg.mode,
         cfg.runtime,
         installer.source().display(),
-        installer.sha256(),
+        installer.len(),
         installer.versions()
     );
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -1,52 +1,27 @@
 //! The readiness marker `interlock-cni` STATUS reads: `<stateDir>/agent-ready.json`.
 //!
-//! Format (contract in TEAM.md): `{"ready", "reason", "updatedAtMs", "staleAfterMs",
-//! "pid", "configPath"}`. Written atomically; refreshed at least every `staleAfterMs/3`
-//! so a dead agent shows as stale.
+//! The type is the plugin's own [`interlock_cni::status::ReadinessMarker`] (contract in
+//! TEAM.md), so writer and reader cannot drift apart. Written atomically; the guard
+//! refreshes it every `staleAfterMs/3` so a dead agent shows as stale.
 
-use interlock_protocol::atomic::write_file_atomic;
-use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// File name of the marker inside the state dir.
-pub const MARKER_FILE: &str = "agent-ready.json";
-
-/// The marker's content.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Marker {
-    /// True while the effective config carries interlock and the binary is verified.
-    pub ready: bool,
-    /// Why not ready (or a short "ok").
-    pub reason: String,
-    /// When this was written, Unix milliseconds.
-    pub updated_at_ms: u64,
-    /// After how many milliseconds without a refresh readers treat it as stale.
-    pub stale_after_ms: u64,
-    /// The agent's process id.
-    pub pid: u32,
-    /// The config file the runtime loads.
-    pub config_path: String,
-}
+pub use interlock_cni::status::{ReadinessMarker as Marker, MARKER_FILE};
 
 /// Path of the marker in `state_dir`.
 pub fn marker_path(state_dir: &Path) -> PathBuf {
-    state_dir.join(MARKER_FILE)
+    interlock_cni::status::marker_path(state_dir)
 }
 
 /// Writes `m` atomically into `state_dir` (creating the directory).
 pub fn write(state_dir: &Path, m: &Marker) -> std::io::Result<()> {
     std::fs::create_dir_all(state_dir)?;
-    let mut data = serde_json::to_vec(m).expect("marker serialises");
-    data.push(b'\n');
-    write_file_atomic(&marker_path(state_dir), &data, Some(0o644))
+    m.write(&marker_path(state_dir))
 }
 
 /// Reads the marker in `state_dir`.
 pub fn read(state_dir: &Path) -> std::io::Result<Marker> {
-    let data = std::fs::read(marker_path(state_dir))?;
-    serde_json::from_slice(&data)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    Marker::read(&marker_path(state_dir))
 }
 
 #[cfg(test)]
@@ -78,5 +53,6 @@ mod tests {
             assert!(raw.get(k).is_some(), "{k} missing in {raw}");
         }
         assert_eq!(read(d.path()).unwrap(), m);
+        assert!(m.is_fresh(3005) && !m.is_fresh(3006));
     }
 }

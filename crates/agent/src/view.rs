@@ -99,12 +99,12 @@ pub fn is_candidate_name(name: &str) -> bool {
 /// Parses one candidate file by libcni's rules (through `interlock_protocol::conf`, the
 /// same parser the conf-dir loader uses). The error says what is wrong.
 pub fn parse_candidate(name: &str, bytes: &[u8]) -> Result<ParsedConf, String> {
-    use interlock_protocol::conf;
+    use interlock_protocol::conf::{self, Validation};
     let is_list = name.ends_with(".conflist");
     let list = if is_list {
-        conf::parse_conflist(bytes)
+        conf::parse_conflist_with(bytes, Validation::Libcni)
     } else {
-        conf::parse_conf(bytes)
+        conf::parse_conf_with(bytes, Validation::Libcni)
     }
     .map_err(|e| format!("{name}: {e}"))?;
     let original = match serde_json::from_slice::<Value>(bytes) {

@@ -134,7 +134,12 @@ impl Dirs {
     }
 
     pub fn effective(&self) -> Effective {
-        confdir::load(&self.conf, Runtime::Containerd, std::slice::from_ref(&self.bin)).unwrap()
+        confdir::load(
+            &self.conf,
+            Runtime::Containerd,
+            std::slice::from_ref(&self.bin),
+        )
+        .unwrap()
     }
 
     /// The effective file's name, when it carries the entry this agent writes.
