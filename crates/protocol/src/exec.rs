@@ -19,6 +19,7 @@ use std::process::{Command as Process, Stdio};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::cache::ResultCache;
 use crate::conf::{ConfError, NetworkConfigList};
 use crate::confdir::find_plugin;
 use crate::error::CniError;
@@ -205,13 +206,19 @@ pub enum ExecError {
     /// Several plugins failed (GC collects every failure).
     #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
     Many(Vec<ExecError>),
+    /// The call was refused before any plugin ran (libcni's input validation).
+    #[error("refused before running any plugin: {0}")]
+    Rejected(Box<CniError>),
+    /// Reading or writing the result cache failed.
+    #[error("result cache: {0}")]
+    Cache(#[from] std::io::Error),
 }
 
 impl ExecError {
     /// The CNI error code behind this failure, when the plugin reported one.
     pub fn cni_code(&self) -> Option<u32> {
         match self {
-            ExecError::Failed { error, .. } => Some(error.code),
+            ExecError::Failed { error, .. } | ExecError::Rejected(error) => Some(error.code),
             _ => None,
         }
     }
@@ -325,6 +332,60 @@ pub struct Chain {
     list: NetworkConfigList,
     bin_dirs: Vec<PathBuf>,
     version: CniVersion,
+    cache: Option<ResultCache>,
+}
+
+fn valid_name_chars(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+}
+
+/// libcni's input checks (`pkg/utils`): container ID, network name and interface name
+/// must be usable as file names and as a Linux ifname.
+pub fn validate_attachment(network: &str, rt: &RuntimeConf) -> Result<(), CniError> {
+    let err = |code, msg: &str| Err(CniError::new("", code, msg));
+    if rt.container_id.is_empty() {
+        return err(crate::error::UNKNOWN_CONTAINER, "missing containerID");
+    }
+    if !valid_name_chars(&rt.container_id) {
+        return err(
+            crate::error::INVALID_ENVIRONMENT,
+            &format!("invalid characters in containerID {:?}", rt.container_id),
+        );
+    }
+    if network.is_empty() {
+        return err(crate::error::INVALID_NETWORK_CONFIG, "missing network name");
+    }
+    if !valid_name_chars(network) {
+        return err(
+            crate::error::INVALID_NETWORK_CONFIG,
+            &format!("invalid characters found in network name {network:?}"),
+        );
+    }
+    let ifname = &rt.ifname;
+    if ifname.is_empty() {
+        return err(crate::error::INVALID_ENVIRONMENT, "interface name is empty");
+    }
+    if ifname.len() > 15 {
+        return err(
+            crate::error::INVALID_ENVIRONMENT,
+            &format!("interface name {ifname:?} is too long (15 bytes at most)"),
+        );
+    }
+    if ifname == "." || ifname == ".." {
+        return err(
+            crate::error::INVALID_ENVIRONMENT,
+            &format!("interface name {ifname:?} is . or .."),
+        );
+    }
+    if ifname.contains(['/', ':']) || ifname.chars().any(char::is_whitespace) {
+        return err(
+            crate::error::INVALID_ENVIRONMENT,
+            &format!("interface name {ifname:?} contains / or : or whitespace characters"),
+        );
+    }
+    Ok(())
 }
 
 impl Chain {
@@ -336,7 +397,37 @@ impl Chain {
             list,
             bin_dirs,
             version,
+            cache: None,
         })
+    }
+
+    /// Keeps results in a libcni-format cache, as runtimes do: ADD records the result,
+    /// DEL without a `prevResult` uses the cached one and then forgets it, and
+    /// [`Chain::check_cached`] checks against it.
+    pub fn with_cache(mut self, cache: ResultCache) -> Chain {
+        self.cache = Some(cache);
+        self
+    }
+
+    /// The result cache, if any.
+    pub fn cache(&self) -> Option<&ResultCache> {
+        self.cache.as_ref()
+    }
+
+    fn validate(&self, rt: &RuntimeConf) -> Result<(), ExecError> {
+        validate_attachment(self.list.name(), rt).map_err(|mut e| {
+            e.cni_version = self.version.to_string();
+            ExecError::Rejected(Box::new(e))
+        })
+    }
+
+    fn cached_result(&self, rt: &RuntimeConf) -> Result<Option<CniResult>, ExecError> {
+        let Some(cache) = &self.cache else {
+            return Ok(None);
+        };
+        Ok(cache
+            .read(self.list.name(), &rt.container_id, &rt.ifname)?
+            .and_then(|e| e.result_as(self.version)))
     }
 
     /// The list being run.
@@ -427,6 +518,7 @@ impl Chain {
     /// ADD: every plugin in order, each getting the previous one's result; returns the
     /// last result (in the version the last plugin wrote it).
     pub fn add(&self, rt: &RuntimeConf) -> Result<CniResult, ExecError> {
+        self.validate(rt)?;
         let mut each = self.add_each(rt)?;
         each.pop().map(|(_, r)| r).ok_or_else(|| {
             ExecError::Config(ConfError::Field {
@@ -439,6 +531,7 @@ impl Chain {
     /// ADD like [`Chain::add`], returning every plugin's result in chain order as
     /// `(type, result)`: what each plugin made of its predecessor's result.
     pub fn add_each(&self, rt: &RuntimeConf) -> Result<Vec<(String, CniResult)>, ExecError> {
+        self.validate(rt)?;
         let mut results: Vec<(String, CniResult)> = Vec::new();
         for i in 0..self.list.plugins().len() {
             let conf = self.plugin_config(i, results.last().map(|(_, r)| r), rt);
@@ -454,14 +547,23 @@ impl Chain {
             })?;
             results.push((plugin, result));
         }
+        if let (Some(cache), Some((_, last))) = (&self.cache, results.last()) {
+            cache.write(self.list.name(), self.list.to_json().as_bytes(), rt, last)?;
+        }
         Ok(results)
     }
 
     /// DEL: every plugin in reverse order. `prev` (the cached ADD result) is passed from
     /// 0.4.0 on, as libcni does; pass `None` for a late DEL without a cached result.
+    /// With a cache, a `None` `prev` is replaced by the cached result, and the entry is
+    /// removed once every plugin succeeded.
     pub fn del(&self, rt: &RuntimeConf, prev: Option<&CniResult>) -> Result<(), ExecError> {
+        self.validate(rt)?;
         let prev = if self.version.del_has_prev_result() {
-            prev.map(|p| p.convert(self.version))
+            match prev {
+                Some(p) => Some(p.convert(self.version)),
+                None => self.cached_result(rt)?,
+            }
         } else {
             None
         };
@@ -469,12 +571,32 @@ impl Chain {
             let conf = self.plugin_config(i, prev.as_ref(), rt);
             self.run_one(i, Command::Del, &conf, rt)?;
         }
+        if let Some(cache) = &self.cache {
+            cache.remove(self.list.name(), &rt.container_id, &rt.ifname)?;
+        }
         Ok(())
+    }
+
+    /// CHECK against the cached ADD result (needs [`Chain::with_cache`] and a cached entry).
+    pub fn check_cached(&self, rt: &RuntimeConf) -> Result<(), ExecError> {
+        match self.cached_result(rt)? {
+            Some(prev) => self.check(rt, &prev),
+            None => Err(ExecError::Cache(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "no cached result for network {:?} container {} interface {}: nothing to CHECK against",
+                    self.list.name(),
+                    rt.container_id,
+                    rt.ifname
+                ),
+            ))),
+        }
     }
 
     /// CHECK: every plugin in order with the cached ADD result. An error for versions
     /// before 0.4.0; a no-op when the list sets `disableCheck`.
     pub fn check(&self, rt: &RuntimeConf, prev: &CniResult) -> Result<(), ExecError> {
+        self.validate(rt)?;
         if !self.version.supports_check() {
             return Err(ExecError::Unsupported {
                 command: Command::Check,
@@ -604,6 +726,27 @@ mod tests {
             assert_eq!(c.as_str().parse::<Command>().unwrap(), c);
         }
         assert!("add".parse::<Command>().is_err());
+    }
+
+    #[test]
+    fn attachment_validation_follows_libcni() {
+        let ok = RuntimeConf::new("abc-1.x_y", "", "eth0");
+        assert!(validate_attachment("net", &ok).is_ok());
+        for (net, cid, ifname, code) in [
+            ("net", "", "eth0", 3),
+            ("net", "../x", "eth0", 4),
+            ("net", "-a", "eth0", 4),
+            ("", "a", "eth0", 7),
+            ("n/t", "a", "eth0", 7),
+            ("net", "a", "", 4),
+            ("net", "a", "averyveryverylongname", 4),
+            ("net", "a", "..", 4),
+            ("net", "a", "et h0", 4),
+            ("net", "a", "eth:0", 4),
+        ] {
+            let e = validate_attachment(net, &RuntimeConf::new(cid, "", ifname)).unwrap_err();
+            assert_eq!(e.code, code, "{net:?} {cid:?} {ifname:?}: {e}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! side: executing plugin binaries and whole chains.
 
 pub mod atomic;
+pub mod cache;
 pub mod conf;
 pub mod confdir;
 pub mod error;

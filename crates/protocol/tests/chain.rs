@@ -5,6 +5,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
+use interlock_protocol::cache::ResultCache;
 use interlock_protocol::exec::{Attachment, Chain, ExecError, RuntimeConf};
 use interlock_protocol::{error, parse_conflist, CniVersion};
 use interlock_testkit::{cni_plugins_dir, require_root, unique, Netns};
@@ -58,12 +59,15 @@ fn run_bridge_portmap(version: CniVersion) {
     let pod = Netns::new("pod").unwrap();
     let data = interlock_testkit::tempdir().unwrap();
     let bridge = unique("br");
+    let cache_dir = interlock_testkit::tempdir().unwrap();
+    let cache = ResultCache::new(cache_dir.path());
     let chain = bridge_chain(
         version.as_str(),
         &bridge,
         &subnet(),
         data.path().to_str().unwrap(),
-    );
+    )
+    .with_cache(cache.clone());
     let pod_path = pod.path().display().to_string();
     let rt = RuntimeConf::new(&unique("ctr"), &pod_path, "eth0")
         .with_arg("IgnoreUnknown", "1")
@@ -112,6 +116,10 @@ fn run_bridge_portmap(version: CniVersion) {
     if version.supports_check() {
         node.run(|| bridge_only.check(&rt, &result))
             .unwrap_or_else(|e| panic!("CHECK {version}: {e}"));
+        // The same CHECK against the cached result, as a runtime does it.
+        let bridge_cached = bridge_only.clone().with_cache(cache.clone());
+        node.run(|| bridge_cached.check_cached(&rt))
+            .unwrap_or_else(|e| panic!("cached CHECK {version}: {e}"));
         // And CHECK really checks: with eth0's address gone, bridge reports it.
         let gone = result.ips_on("eth0")[0].address.clone();
         pod.exec_ok(&["ip", "addr", "del", &gone, "dev", "eth0"]);
@@ -125,8 +133,19 @@ fn run_bridge_portmap(version: CniVersion) {
         ));
     }
 
-    node.run(|| chain.del(&rt, Some(&result)))
+    // The result is cached like libcni does; DEL without prevResult uses it.
+    let cached = cache
+        .read(chain.list().name(), &rt.container_id, "eth0")
+        .unwrap()
+        .expect("ADD result cached");
+    assert_eq!(cached.result_as(version).unwrap(), result);
+    assert_eq!(cached.netns, pod_path);
+    node.run(|| chain.del(&rt, None))
         .unwrap_or_else(|e| panic!("DEL {version}: {e}"));
+    assert!(cache
+        .read(chain.list().name(), &rt.container_id, "eth0")
+        .unwrap()
+        .is_none());
     let after = pod.exec(&["ip", "link", "show", "eth0"]);
     assert!(!after.status.success(), "eth0 still exists after DEL");
     let nat = node.exec_ok(&["iptables-save", "-t", "nat"]);
