@@ -285,7 +285,27 @@ pub fn unprotect(netns: &Path, kind: BackendKind) -> Result<Unprotected, Protect
     match result {
         Ok(Ok(())) => Ok(Unprotected::Removed),
         Ok(Err(e)) => Err(e),
-        Err(e) if e.is_not_found() => Ok(Unprotected::NetnsGone),
+        Err(e) if e.is_gone() => Ok(Unprotected::NetnsGone),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes interlock's rules of every backend from `netns` (for a DEL without recorded
+/// state, and for uninstall). Tries all backends even when one fails; the first error is
+/// returned after the others ran. A vanished netns is [`Unprotected::NetnsGone`].
+pub fn unprotect_all(netns: &Path) -> Result<Unprotected, ProtectError> {
+    let mut first_error = None;
+    for kind in BackendKind::ALL {
+        match unprotect(netns, kind) {
+            Ok(Unprotected::NetnsGone) => return Ok(Unprotected::NetnsGone),
+            Ok(Unprotected::Removed) => {}
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        None => Ok(Unprotected::Removed),
+        Some(e) => Err(e),
     }
 }

@@ -15,7 +15,8 @@ pub mod spec;
 
 pub use backend::{BackendKind, BackendSelection, Verification};
 pub use engine::{
-    check, protect, protect_with, unprotect, ProtectError, ProtectOptions, Protection, Unprotected,
+    check, protect, protect_with, unprotect, unprotect_all, ProtectError, ProtectOptions,
+    Protection, Unprotected,
 };
 pub use profile::{decide, ProfileName};
 pub use spec::{RedirectSpec, SpecError};

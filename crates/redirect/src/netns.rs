@@ -52,6 +52,16 @@ impl NetnsError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, NetnsError::NotFound { .. })
     }
+
+    /// True when there is no namespace behind the path any more: the file is missing, or
+    /// it is no longer a namespace (the bind mount was removed, leaving an empty file).
+    pub fn is_gone(&self) -> bool {
+        match self {
+            NetnsError::NotFound { .. } => true,
+            NetnsError::Enter { source, .. } => *source == nix::Error::EINVAL,
+            _ => false,
+        }
+    }
 }
 
 /// Runs `f` on a dedicated thread that has entered the network namespace at `path` (a
@@ -138,6 +148,7 @@ mod tests {
         std::fs::write(&p, b"x").unwrap();
         let e = in_netns(&p, || ()).unwrap_err();
         assert!(matches!(e, NetnsError::Enter { .. }), "{e}");
+        assert!(e.is_gone() && !e.is_not_found());
         assert!(e.to_string().contains("notns"), "{e}");
     }
 }

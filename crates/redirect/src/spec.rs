@@ -182,6 +182,16 @@ impl RedirectSpec {
         out
     }
 
+    /// The same spec programming only the families the pod has addresses of (from the CNI
+    /// result). With no addresses at all the spec is returned unchanged.
+    pub fn for_addresses(mut self, ips: &[IpAddr]) -> RedirectSpec {
+        if !ips.is_empty() {
+            self.ipv4 = ips.iter().any(|ip| ip.is_ipv4());
+            self.ipv6 = ips.iter().any(|ip| ip.is_ipv6());
+        }
+        self
+    }
+
     /// Checks every field; the first problem found is returned.
     pub fn validate(&self) -> Result<(), SpecError> {
         fn field(field: &'static str, reason: impl Into<String>) -> SpecError {
@@ -467,6 +477,16 @@ pub(crate) mod tests {
         let back: RedirectSpec = serde_json::from_str(&a.canonical_json()).unwrap();
         assert_eq!(back, a.normalized());
         assert!(a.canonical_json().contains("\"proxyUid\":1337"));
+    }
+
+    #[test]
+    fn families_follow_the_pod_addresses() {
+        let s = istio_like().for_addresses(&["10.99.1.2".parse().unwrap()]);
+        assert!(s.ipv4 && !s.ipv6);
+        let s = istio_like().for_addresses(&["fd99::2".parse().unwrap()]);
+        assert!(!s.ipv4 && s.ipv6);
+        let s = istio_like().for_addresses(&[]);
+        assert!(s.ipv4 && s.ipv6);
     }
 
     #[test]

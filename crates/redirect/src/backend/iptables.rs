@@ -396,6 +396,11 @@ impl IptablesBackend {
     }
 
     fn save(&self, family: Family, op: &'static str) -> Result<Observed, BackendError> {
+        if self.flavour == Flavour::Legacy && !legacy_nat_exists(family) {
+            // No legacy nat table in this netns: nothing of ours, and no need to start a
+            // process (which would also instantiate the table).
+            return Ok(Observed::default());
+        }
         let tool = self.flavour.tool(family, Tool::Save);
         let out = Command::new(find_tool(&tool))
             .args(["-t", "nat"])
@@ -475,6 +480,19 @@ impl IptablesBackend {
 }
 
 const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
+
+/// Whether the legacy (x_tables) nat table exists in the calling thread's netns. `true`
+/// when that cannot be read, so the caller falls back to asking the tool.
+fn legacy_nat_exists(family: Family) -> bool {
+    let file = match family {
+        Family::V4 => "/proc/thread-self/net/ip_tables_names",
+        Family::V6 => "/proc/thread-self/net/ip6_tables_names",
+    };
+    match std::fs::read_to_string(file) {
+        Ok(names) => names.lines().any(|l| l.trim() == "nat"),
+        Err(_) => true,
+    }
+}
 
 impl Backend for IptablesBackend {
     fn kind(&self) -> BackendKind {
