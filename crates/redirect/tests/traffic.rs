@@ -579,3 +579,46 @@ fn generic_v6_iptables_legacy() {
     require_root!();
     mesh_scenario(BackendKind::IptablesLegacy, &GENERIC, true);
 }
+
+#[test]
+fn unprotect_all_clears_every_backend_and_tolerates_dead_netns() {
+    require_root!();
+    let topo = Topology::new();
+    let spec = spec_for(ISTIO.annotations);
+    // Rules of all three backends at once (as after a backend change without state).
+    for kind in [
+        BackendKind::IptablesLegacy,
+        BackendKind::IptablesNft,
+        BackendKind::Nftables,
+    ] {
+        interlock_redirect::netns::in_netns(&topo.a.ns.path(), || {
+            interlock_redirect::backend::open(kind)
+                .unwrap()
+                .apply(&spec)
+                .unwrap()
+        })
+        .unwrap();
+    }
+    assert_eq!(
+        interlock_redirect::unprotect_all(&topo.a.ns.path()).unwrap(),
+        Unprotected::Removed
+    );
+    let rules = all_rules(&topo.a.ns);
+    assert!(
+        !rules.contains("IL_") && !rules.contains("interlock"),
+        "{rules}"
+    );
+
+    // A netns file whose mount is gone (an empty regular file) counts as gone.
+    let dir = interlock_testkit::tempdir().unwrap();
+    let stale = dir.path().join("stale-netns");
+    std::fs::write(&stale, b"").unwrap();
+    assert_eq!(
+        unprotect(&stale, BackendKind::Nftables).unwrap(),
+        Unprotected::NetnsGone
+    );
+    assert_eq!(
+        interlock_redirect::unprotect_all(&stale).unwrap(),
+        Unprotected::NetnsGone
+    );
+}
