@@ -14,7 +14,9 @@
 //! gateway) and no further. Callers pass the pod's gateway addresses as candidates; the
 //! probe uses a port the spec captures, preferring the discard port 9 that nothing serves.
 //! Only when no candidate is captured does it derive a destination from the spec's include
-//! networks (still limited to one hop by the TTL).
+//! networks or, when every destination is captured but the gateways are excluded, use a
+//! documentation address (192.0.2.1, 2001:db8::1); either is still limited to one hop by
+//! the TTL.
 //!
 //! Must run on a thread inside the pod's netns ([`crate::netns::in_netns`]); the outbound
 //! proxy port must be free there (true during CNI ADD, before any container starts).
@@ -145,6 +147,22 @@ pub fn choose_target(
             None => net.network(),
         };
         if let Some(t) = captured(ip) {
+            return Ok(Some(t));
+        }
+    }
+    // Every destination is selected but the gateways are excluded: use a documentation
+    // address (RFC 5737 / RFC 3849), routed by the default route, never served by anyone,
+    // and still stopped at the first hop by the TTL if the rules do not catch it.
+    if spec.outbound.include_cidrs.is_empty() {
+        let docs: &[IpAddr] = match family {
+            Family::V4 => &[
+                IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
+                IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1)),
+                IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1)),
+            ],
+            Family::V6 => &[IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1))],
+        };
+        if let Some(t) = docs.iter().find_map(|&ip| captured(ip)) {
             return Ok(Some(t));
         }
     }
@@ -482,8 +500,13 @@ fd990001000000000000000000000000 40 00000000000000000000000000000000 00 00000000
             choose_target(&s, Family::V6, &[ip("fd99::1")]).unwrap(),
             None
         );
-        // Everything excluded, gateway excluded, no include list: no target.
+        // Gateway excluded, every destination selected: a documentation address.
         s.outbound.include_cidrs.clear();
+        assert_eq!(
+            choose_target(&s, Family::V4, &[ip("10.99.0.1")]).unwrap(),
+            Some("192.0.2.1:443".parse().unwrap())
+        );
+        s.outbound.exclude_cidrs.push("0.0.0.0/0".parse().unwrap());
         assert!(matches!(
             choose_target(&s, Family::V4, &[ip("10.99.0.1")]),
             Err(ProbeError::NoTarget { .. })

@@ -622,3 +622,31 @@ fn unprotect_all_clears_every_backend_and_tolerates_dead_netns() {
         Unprotected::NetnsGone
     );
 }
+
+#[test]
+fn probe_works_when_the_gateways_are_excluded() {
+    require_root!();
+    let topo = Topology::new();
+    let spec = spec_for(&[
+        ISTIO.annotations[0],
+        (
+            "traffic.sidecar.istio.io/excludeOutboundIPRanges",
+            "10.99.0.0/16,fd99::/16",
+        ),
+    ]);
+    let p = protect(
+        &topo.a.ns.path(),
+        &spec,
+        BackendKind::Nftables,
+        &topo.gateways(),
+    )
+    .unwrap();
+    let targets: Vec<SocketAddr> = p.probe.proven.iter().map(|r| r.target).collect();
+    assert_eq!(
+        targets,
+        vec![
+            "192.0.2.1:9".parse::<SocketAddr>().unwrap(),
+            "[2001:db8::1]:9".parse().unwrap()
+        ]
+    );
+}
