@@ -650,3 +650,28 @@ fn probe_works_when_the_gateways_are_excluded() {
         ]
     );
 }
+
+#[test]
+fn concurrent_protects_do_not_interfere() {
+    require_root!();
+    let topo = Topology::new();
+    let spec = spec_for(ISTIO.annotations);
+    let gws = topo.gateways();
+    for kind in [BackendKind::IptablesLegacy, BackendKind::Nftables] {
+        std::thread::scope(|s| {
+            for pod in [&topo.a, &topo.b] {
+                let (spec, gws) = (&spec, &gws);
+                s.spawn(move || {
+                    for _ in 0..3 {
+                        protect(&pod.ns.path(), spec, kind, gws).unwrap();
+                        assert_eq!(
+                            check(&pod.ns.path(), spec, kind).unwrap(),
+                            Verification::Exact
+                        );
+                        unprotect(&pod.ns.path(), kind).unwrap();
+                    }
+                });
+            }
+        });
+    }
+}
