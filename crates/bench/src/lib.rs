@@ -1,0 +1,677 @@
+//! Benchmarks of interlock's hot paths against the tools people use today.
+//!
+//! Everything runs in throwaway network namespaces ([`topology`]): a test-owned "node"
+//! netns that is every pod's gateway, and a fresh pod netns per sample. [`Bench`] measures
+//! one sample of a [`Scenario`]:
+//!
+//! - `add_meshed_<backend>`: the real `interlock-cni` binary run as a runtime runs it
+//!   (conflist entry + `prevResult` + `runtimeConfig` with istio pod annotations);
+//! - `engine_protect_<backend>`: the in-process engine (`interlock_redirect::protect`:
+//!   apply, verify, probe);
+//! - `add_unmeshed`: the binary for a pod no profile claims;
+//! - `iptables_restore_per_family_<flavour>`: one `iptables-restore --noflush` and one
+//!   `ip6tables-restore --noflush` with the same rules, rendered by the redirect crate;
+//! - `iptables_per_rule_<flavour>`: one `iptables`/`ip6tables` process per rule.
+//!
+//! [`run::run`] samples every scenario in interleaved rounds and [`report`] turns the
+//! samples into the JSON document `interlock-bench` prints (medians, tails, ratios and
+//! budget verdicts, all computed from this run).
+
+pub mod report;
+pub mod run;
+pub mod stats;
+pub mod topology;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use interlock_protocol::exec::{self, RuntimeConf};
+use interlock_redirect::backend::iptables::{self, Flavour, Tool};
+use interlock_redirect::backend::{self as backends, BackendKind};
+use interlock_redirect::netns::in_netns;
+use interlock_redirect::spec::Family;
+use interlock_redirect::{ProfileName, RedirectSpec, Verification};
+use serde_json::{json, Map, Value};
+
+pub use topology::{Node, Pod};
+
+/// The capability through which containerd passes pod annotations to a plugin.
+pub const POD_ANNOTATIONS_CAPABILITY: &str = "io.kubernetes.cri.pod-annotations";
+
+/// The CNI version of the benchmark's network configuration.
+pub const CNI_VERSION: &str = "1.0.0";
+
+/// Why a benchmark could not run or a sample failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The process is not root.
+    #[error("interlock-bench needs root: it creates network namespaces and netfilter rules (run it with sudo)")]
+    NotRoot,
+    /// The plugin binary is not where it was looked for.
+    #[error("interlock-cni binary not found at {0}: build it first (`cargo build --release -p interlock-cni -p interlock-bench`) or pass --plugin <path>")]
+    PluginMissing(PathBuf),
+    /// Building the throwaway network failed.
+    #[error("setting up the benchmark network: {0}")]
+    Setup(String),
+    /// One sample of a scenario failed (the run stops: numbers without it would lie).
+    #[error("{scenario} (pod netns {netns}): {msg}")]
+    Sample {
+        /// Scenario key.
+        scenario: String,
+        /// The pod netns of the sample.
+        netns: String,
+        /// What went wrong.
+        msg: String,
+    },
+}
+
+/// One thing the benchmark measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scenario {
+    /// `interlock-cni` ADD for an istio-meshed pod with this backend configured.
+    AddMeshed(BackendKind),
+    /// In-process `interlock_redirect::protect` (apply + verify + probe) with this backend.
+    Engine(BackendKind),
+    /// `interlock-cni` ADD for a pod without mesh annotations.
+    AddUnmeshed,
+    /// Baseline: one `iptables-restore --noflush` per family.
+    RestorePerFamily(Flavour),
+    /// Baseline: one `iptables` process per rule.
+    PerRule(Flavour),
+}
+
+fn kind_key(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::Nftables => "nftables",
+        BackendKind::IptablesNft => "iptables_nft",
+        BackendKind::IptablesLegacy => "iptables_legacy",
+    }
+}
+
+fn flavour_key(f: Flavour) -> &'static str {
+    match f {
+        Flavour::Nft => "nft",
+        Flavour::Legacy => "legacy",
+    }
+}
+
+/// The backend that reads back rules installed with `flavour`'s tools.
+pub fn flavour_kind(f: Flavour) -> BackendKind {
+    match f {
+        Flavour::Nft => BackendKind::IptablesNft,
+        Flavour::Legacy => BackendKind::IptablesLegacy,
+    }
+}
+
+impl Scenario {
+    /// Every scenario, in report order.
+    pub fn all() -> Vec<Scenario> {
+        let mut v = Vec::new();
+        v.extend(BackendKind::ALL.map(Scenario::AddMeshed));
+        v.extend(BackendKind::ALL.map(Scenario::Engine));
+        v.push(Scenario::AddUnmeshed);
+        v.extend([Flavour::Nft, Flavour::Legacy].map(Scenario::RestorePerFamily));
+        v.extend([Flavour::Nft, Flavour::Legacy].map(Scenario::PerRule));
+        v
+    }
+
+    /// The JSON key (`add_meshed_nftables`, `iptables_per_rule_legacy`, …).
+    pub fn key(&self) -> String {
+        match self {
+            Scenario::AddMeshed(k) => format!("add_meshed_{}", kind_key(*k)),
+            Scenario::Engine(k) => format!("engine_protect_{}", kind_key(*k)),
+            Scenario::AddUnmeshed => "add_unmeshed".into(),
+            Scenario::RestorePerFamily(f) => {
+                format!("iptables_restore_per_family_{}", flavour_key(*f))
+            }
+            Scenario::PerRule(f) => format!("iptables_per_rule_{}", flavour_key(*f)),
+        }
+    }
+
+    /// The scenario with this key.
+    pub fn from_key(key: &str) -> Option<Scenario> {
+        Scenario::all().into_iter().find(|s| s.key() == key)
+    }
+
+    /// True for the slow per-rule baseline (sampled less).
+    pub fn is_per_rule(&self) -> bool {
+        matches!(self, Scenario::PerRule(_))
+    }
+
+    /// The backend whose read-back shows this scenario's rules (`None`: no rules).
+    pub fn rules_backend(&self) -> Option<BackendKind> {
+        match self {
+            Scenario::AddMeshed(k) | Scenario::Engine(k) => Some(*k),
+            Scenario::AddUnmeshed => None,
+            Scenario::RestorePerFamily(f) | Scenario::PerRule(f) => Some(flavour_kind(*f)),
+        }
+    }
+}
+
+/// One measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// Wall time of the measured operation.
+    pub total: Duration,
+    /// For the engine: time applying and verifying the rules.
+    pub rules: Option<Duration>,
+    /// For the engine: time proving them with the probe.
+    pub probe: Option<Duration>,
+}
+
+impl Sample {
+    fn plain(total: Duration) -> Sample {
+        Sample {
+            total,
+            rules: None,
+            probe: None,
+        }
+    }
+}
+
+/// The pod annotations istio's injector writes on a sidecar-injected pod (only
+/// `sidecar.istio.io/status` decides; the rest is what a real pod carries).
+pub fn istio_annotations() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "sidecar.istio.io/status".to_string(),
+            r#"{"initContainers":["istio-init"],"containers":["istio-proxy"],"volumes":["workload-socket","credential-socket","workload-certs","istio-envoy","istio-data","istio-podinfo","istio-token","istiod-ca-cert"],"imagePullSecrets":null,"revision":"default"}"#.to_string(),
+        ),
+        ("kubectl.kubernetes.io/default-container".to_string(), "app".to_string()),
+        ("prometheus.io/path".to_string(), "/stats/prometheus".to_string()),
+        ("prometheus.io/port".to_string(), "15020".to_string()),
+        ("prometheus.io/scrape".to_string(), "true".to_string()),
+    ])
+}
+
+/// The annotations of an ordinary, unmeshed pod.
+pub fn plain_annotations() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "kubernetes.io/config.seen".to_string(),
+            "2026-11-21T06:00:00.000000000Z".to_string(),
+        ),
+        ("kubernetes.io/config.source".to_string(), "api".to_string()),
+    ])
+}
+
+/// The rule set every scenario installs: the istio profile's spec for
+/// [`istio_annotations`], dual-stack.
+pub fn bench_spec() -> RedirectSpec {
+    let (_, mut spec) = interlock_redirect::decide(&istio_annotations(), &ProfileName::ALL)
+        .expect("the istio annotations are valid")
+        .expect("the istio profile claims the pod");
+    spec.ipv4 = true;
+    spec.ipv6 = true;
+    spec
+}
+
+/// Where the plugin is looked for by default: `interlock-cni` next to the running
+/// executable (for a test or bench executable in `target/<profile>/deps`, one level up).
+pub fn default_plugin_path() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
+    dir.join("interlock-cni")
+}
+
+/// Builds `interlock-cni` with cargo into the target directory that holds the running
+/// executable (release when that is a release directory) and returns its path. For the
+/// smoke test and the criterion benches, which cargo does not build the plugin for.
+pub fn build_plugin() -> Result<PathBuf, BenchError> {
+    let path = default_plugin_path();
+    let profile_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let target_dir = profile_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let release = profile_dir.file_name().is_some_and(|n| n != "debug");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-p", "interlock-cni", "--bin", "interlock-cni"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd
+        .status()
+        .map_err(|e| BenchError::Setup(format!("running cargo to build interlock-cni: {e}")))?;
+    if !status.success() || !path.exists() {
+        return Err(BenchError::PluginMissing(path));
+    }
+    Ok(path)
+}
+
+/// Where the plugin's `stateDir` goes by default: `/dev/shm` (a tmpfs, like `/run` on
+/// a Kubernetes node, which the plugin's default `/var/run/interlock` lives in), else the
+/// system temp directory.
+pub fn default_state_parent() -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// Finds `name` on `PATH` or in the sbin directories; the bare name if nowhere.
+fn tool_path(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// Runs `program args` with `stdin`; an error says what failed and its stderr.
+fn run_tool(program: &Path, args: &[String], stdin: Option<&[u8]>) -> Result<(), String> {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", program.display()))?;
+    if let (Some(data), Some(mut input)) = (stdin, child.stdin.take()) {
+        input
+            .write_all(data)
+            .map_err(|e| format!("writing to {}: {e}", program.display()))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for {}: {e}", program.display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} {} failed ({}): {}",
+            program.display(),
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// A program and its arguments.
+type Invocation = (PathBuf, Vec<String>);
+
+/// The measured world: the node, the rule set, the plugin, and the pre-rendered baseline
+/// inputs. Everything a sample needs is prepared here, outside the measurements.
+#[derive(Debug)]
+pub struct Bench {
+    node: Node,
+    spec: RedirectSpec,
+    plugin: PathBuf,
+    bin_dirs: Vec<PathBuf>,
+    state: tempfile::TempDir,
+    /// Per flavour: (restore tool, its input) per family.
+    restore: Vec<(Flavour, Vec<(PathBuf, String)>)>,
+    /// Per flavour: (program, args) per rule, both families.
+    per_rule: Vec<(Flavour, Vec<Invocation>)>,
+    next_id: AtomicU64,
+}
+
+impl Bench {
+    /// Prepares a benchmark driving the plugin binary at `plugin`, with the plugin's
+    /// `stateDir` in [`default_state_parent`]. Needs root.
+    pub fn new(plugin: &Path) -> Result<Bench, BenchError> {
+        Bench::with_state_parent(plugin, &default_state_parent())
+    }
+
+    /// [`Bench::new`] with the plugin's `stateDir` created under `state_parent`.
+    pub fn with_state_parent(plugin: &Path, state_parent: &Path) -> Result<Bench, BenchError> {
+        if !interlock_testkit::is_root() {
+            return Err(BenchError::NotRoot);
+        }
+        if !plugin.is_file() {
+            return Err(BenchError::PluginMissing(plugin.to_path_buf()));
+        }
+        let spec = bench_spec();
+        let mut restore = Vec::new();
+        let mut per_rule = Vec::new();
+        for flavour in [Flavour::Nft, Flavour::Legacy] {
+            let mut inputs = Vec::new();
+            let mut argvs = Vec::new();
+            for family in spec.families() {
+                inputs.push((
+                    tool_path(&flavour.tool(family, Tool::Restore)),
+                    iptables::restore_text(&spec, family),
+                ));
+                for argv in iptables::rule_argvs(&spec, family, flavour) {
+                    let (prog, args) = argv.split_first().expect("argv has a program");
+                    argvs.push((tool_path(prog), args.to_vec()));
+                }
+            }
+            restore.push((flavour, inputs));
+            per_rule.push((flavour, argvs));
+        }
+        let state = tempfile::Builder::new()
+            .prefix("ilbench-state")
+            .tempdir_in(state_parent)
+            .map_err(|e| {
+                BenchError::Setup(format!(
+                    "creating a state directory in {}: {e}",
+                    state_parent.display()
+                ))
+            })?;
+        let mut bin_dirs = vec![plugin.parent().map(Path::to_path_buf).unwrap_or_default()];
+        bin_dirs.push(interlock_testkit::cni_plugins_dir());
+        Ok(Bench {
+            node: Node::new()?,
+            spec,
+            plugin: plugin.to_path_buf(),
+            bin_dirs,
+            state,
+            restore,
+            per_rule,
+            next_id: AtomicU64::new(0),
+        })
+    }
+
+    /// The rule set every scenario installs.
+    pub fn spec(&self) -> &RedirectSpec {
+        &self.spec
+    }
+
+    /// The plugin binary being measured.
+    pub fn plugin(&self) -> &Path {
+        &self.plugin
+    }
+
+    /// The plugin's `stateDir` (state files and log).
+    pub fn state_dir(&self) -> &Path {
+        self.state.path()
+    }
+
+    /// The node netns.
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// Fresh pod netns (created now, not measured).
+    pub fn pods(&self, n: usize) -> Result<Vec<Pod>, BenchError> {
+        self.node.pods(n)
+    }
+
+    /// Rules per family in interlock's chains (what one family's restore installs,
+    /// besides the chain declarations and the two jumps).
+    pub fn rules_per_family(&self) -> usize {
+        iptables::chain_rules(&self.spec, Family::V4).len()
+    }
+
+    /// Processes one per-rule baseline sample starts (both families).
+    pub fn per_rule_calls(&self) -> usize {
+        self.per_rule.first().map_or(0, |(_, v)| v.len())
+    }
+
+    /// The `iptables-restore` input of `family` (nft and legacy are the same text).
+    pub fn restore_text(&self, family: Family) -> String {
+        iptables::restore_text(&self.spec, family)
+    }
+
+    /// Measures one sample of `scenario` in the fresh `pod`.
+    pub fn sample(&self, scenario: Scenario, pod: &Pod) -> Result<Sample, BenchError> {
+        let fail = |msg: String| BenchError::Sample {
+            scenario: scenario.key(),
+            netns: pod.name().to_string(),
+            msg,
+        };
+        match scenario {
+            Scenario::AddMeshed(kind) => self
+                .plugin_add(pod, Some(kind), &istio_annotations())
+                .map(Sample::plain)
+                .map_err(fail),
+            Scenario::AddUnmeshed => self
+                .plugin_add(pod, None, &plain_annotations())
+                .map(Sample::plain)
+                .map_err(fail),
+            Scenario::Engine(kind) => self.engine_protect(pod, kind).map_err(fail),
+            Scenario::RestorePerFamily(f) => self
+                .restore_per_family(pod, f)
+                .map(Sample::plain)
+                .map_err(fail),
+            Scenario::PerRule(f) => self
+                .iptables_per_rule(pod, f)
+                .map(Sample::plain)
+                .map_err(fail),
+        }
+    }
+
+    /// The stdin of a plugin ADD as containerd builds it from the conflist: the plugin's
+    /// entry plus `name`, `cniVersion`, `runtimeConfig` (declared capability) and
+    /// `prevResult` (the bridge plugin's result for the pod).
+    pub fn add_stdin(
+        &self,
+        pod: &Pod,
+        backend: Option<BackendKind>,
+        annotations: &BTreeMap<String, String>,
+    ) -> Vec<u8> {
+        let mut conf = Map::new();
+        conf.insert("cniVersion".into(), CNI_VERSION.into());
+        conf.insert("name".into(), "ilbench".into());
+        conf.insert("type".into(), "interlock-cni".into());
+        conf.insert(
+            "stateDir".into(),
+            self.state.path().display().to_string().into(),
+        );
+        conf.insert(
+            "logFile".into(),
+            self.state
+                .path()
+                .join("interlock-cni.log")
+                .display()
+                .to_string()
+                .into(),
+        );
+        conf.insert(
+            "backend".into(),
+            backend.map_or("auto", BackendKind::as_str).into(),
+        );
+        conf.insert("excludeNamespaces".into(), json!(["kube-system"]));
+        conf.insert(
+            "capabilities".into(),
+            json!({ POD_ANNOTATIONS_CAPABILITY: true }),
+        );
+        conf.insert(
+            "runtimeConfig".into(),
+            json!({ POD_ANNOTATIONS_CAPABILITY: annotations }),
+        );
+        let [gw4, gw6] = [
+            topology::GATEWAY_V4.to_string(),
+            topology::GATEWAY_V6.to_string(),
+        ];
+        conf.insert(
+            "prevResult".into(),
+            json!({
+                "cniVersion": CNI_VERSION,
+                "interfaces": [
+                    {"name": "ilbenchbr0", "mac": "02:00:00:00:00:01"},
+                    {"name": "ilbv", "mac": "02:00:00:00:00:02"},
+                    {"name": "eth0", "mac": "02:00:00:00:00:03", "sandbox": pod.path().display().to_string()}
+                ],
+                "ips": [
+                    {"address": format!("{}/16", pod.v4), "gateway": gw4, "interface": 2},
+                    {"address": format!("{}/64", pod.v6), "gateway": gw6, "interface": 2}
+                ],
+                "routes": [
+                    {"dst": "0.0.0.0/0", "gw": gw4},
+                    {"dst": "::/0", "gw": gw6}
+                ],
+                "dns": {}
+            }),
+        );
+        serde_json::to_vec(&Value::Object(conf)).expect("JSON")
+    }
+
+    fn runtime_conf(&self, pod: &Pod) -> RuntimeConf {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = format!("ilbench{:08x}{n:08x}", std::process::id());
+        RuntimeConf::new(&id, &pod.path().display().to_string(), "eth0")
+            .with_arg("IgnoreUnknown", "1")
+            .with_arg("K8S_POD_NAMESPACE", "bench")
+            .with_arg("K8S_POD_NAME", &format!("pod-{n}"))
+            .with_arg("K8S_POD_INFRA_CONTAINER_ID", &id)
+            .with_arg("K8S_POD_UID", &format!("00000000-0000-4000-8000-{n:012x}"))
+    }
+
+    /// One plugin ADD of the binary, timed from spawn to exit (as a runtime waits for it);
+    /// checks that it succeeded and printed a result.
+    pub fn plugin_add(
+        &self,
+        pod: &Pod,
+        backend: Option<BackendKind>,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<Duration, String> {
+        let stdin = self.add_stdin(pod, backend, annotations);
+        let rt = self.runtime_conf(pod);
+        let t = Instant::now();
+        let out = exec::exec_plugin(
+            &self.plugin,
+            exec::Command::Add,
+            &rt,
+            &self.bin_dirs,
+            &stdin,
+        );
+        let elapsed = t.elapsed();
+        let out = out.map_err(|e| format!("plugin ADD failed: {e}"))?;
+        let v: Value = serde_json::from_slice(&out).map_err(|e| {
+            format!(
+                "plugin ADD printed no JSON result ({e}): {:?}",
+                String::from_utf8_lossy(&out)
+            )
+        })?;
+        if v.get("ips").is_none() {
+            return Err(format!("plugin ADD result has no ips: {v}"));
+        }
+        Ok(elapsed)
+    }
+
+    /// One in-process `interlock_redirect::protect` (enter netns, open backend, apply,
+    /// verify, probe), timed around the call; checks every family was proven.
+    pub fn engine_protect(&self, pod: &Pod, kind: BackendKind) -> Result<Sample, String> {
+        let gateways: Vec<IpAddr> = self.node.gateways();
+        let t = Instant::now();
+        let p = interlock_redirect::protect(&pod.path(), &self.spec, kind, &gateways);
+        let total = t.elapsed();
+        let p = p.map_err(|e| format!("protect failed: {e}"))?;
+        if p.probe.proven.len() != self.spec.families().len() {
+            return Err(format!(
+                "probe proved {} families, expected {}: {:?}",
+                p.probe.proven.len(),
+                self.spec.families().len(),
+                p.probe
+            ));
+        }
+        Ok(Sample {
+            total,
+            rules: Some(p.rules_time),
+            probe: Some(p.probe_time),
+        })
+    }
+
+    /// In-process apply + verify only (no probe): enter the netns, open the backend,
+    /// `apply_and_verify`. Timed inside the netns thread, without the thread start.
+    pub fn engine_apply_verify(&self, pod: &Pod, kind: BackendKind) -> Result<Duration, String> {
+        in_netns(&pod.path(), || {
+            let t = Instant::now();
+            let backend = backends::open(kind).map_err(|e| e.to_string())?;
+            let v = backend
+                .apply_and_verify(&self.spec)
+                .map_err(|e| e.to_string())?;
+            let elapsed = t.elapsed();
+            match v {
+                Verification::Exact => Ok(elapsed),
+                Verification::Mismatch(d) => Err(format!("rules not exact: {}", d.join("; "))),
+            }
+        })
+        .map_err(|e| e.to_string())?
+    }
+
+    /// Baseline: one `<flavour> iptables-restore --noflush` per family with the rendered
+    /// rules, inside the pod netns (timed from the first spawn to the last exit).
+    pub fn restore_per_family(&self, pod: &Pod, flavour: Flavour) -> Result<Duration, String> {
+        let inputs = &self
+            .restore
+            .iter()
+            .find(|(f, _)| *f == flavour)
+            .expect("both flavours rendered")
+            .1;
+        let noflush = ["--noflush".to_string()];
+        in_netns(&pod.path(), || {
+            let t = Instant::now();
+            for (tool, text) in inputs {
+                run_tool(tool, &noflush, Some(text.as_bytes()))?;
+            }
+            Ok(t.elapsed())
+        })
+        .map_err(|e| e.to_string())?
+    }
+
+    /// Baseline: one `iptables`/`ip6tables` process per rule (create chains, append rules,
+    /// insert jumps), inside the pod netns.
+    pub fn iptables_per_rule(&self, pod: &Pod, flavour: Flavour) -> Result<Duration, String> {
+        let argvs = &self
+            .per_rule
+            .iter()
+            .find(|(f, _)| *f == flavour)
+            .expect("both flavours rendered")
+            .1;
+        in_netns(&pod.path(), || {
+            let t = Instant::now();
+            for (prog, args) in argvs {
+                run_tool(prog, args, None)?;
+            }
+            Ok(t.elapsed())
+        })
+        .map_err(|e| e.to_string())?
+    }
+
+    /// Whether interlock's rules of `kind` are visible in the pod netns through the
+    /// standard tools (`nft list table inet interlock`, `iptables-save -t nat`).
+    pub fn rules_visible(&self, pod: &Pod, kind: BackendKind) -> bool {
+        match kind {
+            BackendKind::Nftables => {
+                let out = pod.exec(&["nft", "list", "table", "inet", backends::nftables::TABLE]);
+                out.status.success() && String::from_utf8_lossy(&out.stdout).contains("redirect")
+            }
+            BackendKind::IptablesNft | BackendKind::IptablesLegacy => {
+                let flavour = if kind == BackendKind::IptablesNft {
+                    Flavour::Nft
+                } else {
+                    Flavour::Legacy
+                };
+                let save = flavour.tool(Family::V4, Tool::Save);
+                let out = pod.exec(&[&save, "-t", "nat"]);
+                out.status.success()
+                    && String::from_utf8_lossy(&out.stdout)
+                        .lines()
+                        .any(|l| l.starts_with(&format!("-A {}", iptables::CHAIN_OUTPUT)))
+            }
+        }
+    }
+
+    /// Reads the pod's rules back with `kind` and compares them with the bench spec.
+    pub fn rules_exact(&self, pod: &Pod, kind: BackendKind) -> Result<(), String> {
+        match interlock_redirect::check(&pod.path(), &self.spec, kind) {
+            Ok(Verification::Exact) => Ok(()),
+            Ok(Verification::Mismatch(d)) => Err(d.join("; ")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! `interlock-bench`: measures plugin ADD (meshed, per backend, and unmeshed), the
+//! in-process engine, and the `iptables-restore` / per-rule `iptables` baselines on the
+//! same rule set in throwaway netns, and prints one JSON document to stdout.
+//! Progress goes to stderr. Needs root.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use interlock_bench::run::{self, Plan};
+use interlock_bench::{report, Bench, Scenario};
+
+/// Benchmarks interlock's plugin ADD against iptables baselines; prints JSON.
+#[derive(Debug, Parser)]
+#[command(name = "interlock-bench", version)]
+struct Args {
+    /// The interlock-cni binary (default: interlock-cni next to this executable).
+    #[arg(long)]
+    plugin: Option<PathBuf>,
+    /// Samples per scenario (the per-rule baseline takes --per-rule-samples).
+    #[arg(long)]
+    samples: Option<usize>,
+    /// Samples of each per-rule iptables baseline (default 20, or samples/10 if smaller).
+    #[arg(long)]
+    per_rule_samples: Option<usize>,
+    /// Rounds the samples are interleaved in.
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// A smoke run: a few samples of everything.
+    #[arg(long)]
+    quick: bool,
+    /// Only these scenarios (comma-separated keys, e.g. add_meshed_nftables,add_unmeshed).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Parent directory of the plugin's stateDir (default /dev/shm: a tmpfs like a
+    /// node's /run, where the plugin's default /var/run/interlock lives).
+    #[arg(long)]
+    state_parent: Option<PathBuf>,
+    /// Pretty-print the JSON.
+    #[arg(long)]
+    pretty: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if !interlock_testkit::is_root() {
+        eprintln!(
+            "interlock-bench: needs root (it creates network namespaces and netfilter rules); run it with sudo"
+        );
+        return ExitCode::from(2);
+    }
+    let mut plan = if args.quick {
+        Plan::quick()
+    } else {
+        Plan::standard()
+    };
+    if let Some(n) = args.samples {
+        plan.samples = n.max(1);
+        plan.per_rule_samples = plan.per_rule_samples.min((n / 10).max(1));
+    }
+    if let Some(n) = args.per_rule_samples {
+        plan.per_rule_samples = n.max(1);
+    }
+    if let Some(r) = args.rounds {
+        plan.rounds = r.max(1);
+    }
+    if !args.only.is_empty() {
+        let mut picked = Vec::new();
+        for key in &args.only {
+            match Scenario::from_key(key) {
+                Some(s) => picked.push(s),
+                None => {
+                    let known: Vec<String> = Scenario::all().iter().map(|s| s.key()).collect();
+                    eprintln!(
+                        "interlock-bench: unknown scenario {key:?}; known: {}",
+                        known.join(", ")
+                    );
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        plan.scenarios = picked;
+    }
+    let plugin = args
+        .plugin
+        .unwrap_or_else(interlock_bench::default_plugin_path);
+    let loadavg = std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let state_parent = args
+        .state_parent
+        .unwrap_or_else(interlock_bench::default_state_parent);
+    let bench = match Bench::with_state_parent(&plugin, &state_parent) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("interlock-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    eprintln!(
+        "interlock-bench: {} scenarios, {} samples ({} per-rule) in {} rounds, plugin {}",
+        plan.scenarios.len(),
+        plan.samples,
+        plan.per_rule_samples,
+        plan.rounds,
+        plugin.display()
+    );
+    let collected = match run::run(&bench, &plan, &mut |line| {
+        eprintln!("interlock-bench: {line}")
+    }) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("interlock-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let doc = report::report(&bench, &plan, &collected, &loadavg);
+    let text = if args.pretty {
+        serde_json::to_string_pretty(&doc)
+    } else {
+        serde_json::to_string(&doc)
+    }
+    .expect("JSON");
+    println!("{text}");
+    ExitCode::SUCCESS
+}

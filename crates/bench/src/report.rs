@@ -1,0 +1,270 @@
+//! The JSON document `interlock-bench` prints: per-scenario statistics, ratios of the
+//! baselines to interlock, and the design's budget verdicts, all computed from one run.
+//!
+//! Budgets (DESIGN.md "Performance budgets"): meshed plugin ADD median ≤ 2 ms including
+//! the proof, ≥ 5× faster than one `iptables-restore` per family, ≥ 20× faster than one
+//! `iptables` call per rule; unmeshed plugin ADD median ≤ 0.5 ms. The primary subject is
+//! `add_meshed_nftables` (the plugin binary with the in-process netlink backend); every
+//! other meshed path gets its verdicts too. A meshed ADD that did not install rules
+//! (`wired: false`) gets `null` verdicts: its numbers measure a pass-through.
+
+use std::time::Duration;
+
+use interlock_redirect::backend::iptables::Flavour;
+use interlock_redirect::spec::Family;
+use interlock_redirect::BackendKind;
+use serde_json::{json, Map, Value};
+
+use crate::run::{Collected, Plan};
+use crate::stats::Summary;
+use crate::{Bench, Scenario};
+
+/// Meshed ADD median budget (µs).
+pub const MESHED_ADD_LIMIT_US: f64 = 2000.0;
+/// Unmeshed ADD median budget (µs).
+pub const UNMESHED_ADD_LIMIT_US: f64 = 500.0;
+/// Minimum speed-up over one `iptables-restore` per family.
+pub const RESTORE_RATIO_MIN: f64 = 5.0;
+/// Minimum speed-up over one `iptables` call per rule.
+pub const PER_RULE_RATIO_MIN: f64 = 20.0;
+
+/// Every top-level key of the document.
+pub const TOP_LEVEL_KEYS: [&str; 17] = [
+    "tool",
+    "version",
+    "unit",
+    "build",
+    "plugin",
+    "state_dir",
+    "host",
+    "loadavg_start",
+    "rule_set",
+    "plan",
+    "wired",
+    "wired_by_backend",
+    "results",
+    "ratios",
+    "budgets",
+    "notes",
+    "duration_s",
+];
+
+/// The budget subject: the plugin binary with the in-process nftables backend.
+pub const PRIMARY_SUBJECT: Scenario = Scenario::AddMeshed(BackendKind::Nftables);
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn summary(c: &Collected, s: Scenario) -> Option<Summary> {
+    let v: Vec<Duration> = c.of(s).iter().map(|x| x.total).collect();
+    Summary::of(&v)
+}
+
+fn median_of(c: &Collected, s: Scenario) -> Option<f64> {
+    summary(c, s).map(|x| x.median_us)
+}
+
+/// True when `s`'s numbers measure what they claim (a meshed ADD that installed rules).
+fn valid(c: &Collected, s: Scenario) -> bool {
+    match s {
+        Scenario::AddMeshed(k) => c.wiring_of(k).wired(),
+        _ => true,
+    }
+}
+
+fn meshed_subjects(c: &Collected) -> Vec<Scenario> {
+    c.samples
+        .iter()
+        .map(|(s, _)| *s)
+        .filter(|s| matches!(s, Scenario::AddMeshed(_) | Scenario::Engine(_)))
+        .collect()
+}
+
+fn baseline(f: Flavour, per_rule: bool) -> Scenario {
+    if per_rule {
+        Scenario::PerRule(f)
+    } else {
+        Scenario::RestorePerFamily(f)
+    }
+}
+
+/// A "median ≤ limit" verdict for each subject.
+fn le_verdict(c: &Collected, subjects: &[Scenario], limit_us: f64) -> Value {
+    let mut by = Map::new();
+    for &s in subjects {
+        let Some(m) = median_of(c, s) else { continue };
+        let met = valid(c, s).then_some(m <= limit_us);
+        by.insert(s.key(), json!({ "median_us": round2(m), "met": met }));
+    }
+    Value::Object(by)
+}
+
+/// A "baseline median / subject median ≥ min" verdict for each subject.
+fn ratio_verdict(c: &Collected, subjects: &[Scenario], base: Scenario, min: f64) -> Value {
+    let mut by = Map::new();
+    let Some(b) = median_of(c, base) else {
+        return Value::Object(by);
+    };
+    for &s in subjects {
+        let Some(m) = median_of(c, s) else { continue };
+        if m <= 0.0 {
+            continue;
+        }
+        let ratio = b / m;
+        let met = valid(c, s).then_some(ratio >= min);
+        by.insert(s.key(), json!({ "ratio": round2(ratio), "met": met }));
+    }
+    Value::Object(by)
+}
+
+fn primary_of(by: &Value, key: &str) -> Value {
+    by.get(key).cloned().unwrap_or(Value::Null)
+}
+
+fn dedup(notes: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for n in notes {
+        if !out.contains(n) {
+            out.push(n.clone());
+        }
+    }
+    out
+}
+
+fn host_info() -> Value {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    json!({
+        "kernel": read("/proc/sys/kernel/osrelease"),
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "loadavg": read("/proc/loadavg"),
+    })
+}
+
+/// The JSON document for a finished run. `loadavg_start` is `/proc/loadavg` before it.
+pub fn report(bench: &Bench, plan: &Plan, c: &Collected, loadavg_start: &str) -> Value {
+    // Per-scenario statistics.
+    let mut results = Map::new();
+    for (s, samples) in &c.samples {
+        let Some(sum) = summary(c, *s) else { continue };
+        let mut v = sum.to_json();
+        let obj = v.as_object_mut().expect("object");
+        match s {
+            Scenario::AddMeshed(k) => {
+                let w = c.wiring_of(*k);
+                obj.insert("wired".into(), w.wired().into());
+                obj.insert("wiring_checks".into(), w.checked.into());
+                obj.insert("rules_visible_after".into(), w.visible.into());
+                obj.insert("rules_exact_after".into(), w.exact.into());
+            }
+            Scenario::Engine(_) => {
+                let med = |f: fn(&crate::Sample) -> Option<Duration>| {
+                    let v: Vec<Duration> = samples.iter().filter_map(f).collect();
+                    Summary::of(&v).map(|x| (x.median_us * 10.0).round() / 10.0)
+                };
+                obj.insert("apply_verify_median_us".into(), med(|x| x.rules).into());
+                obj.insert("probe_median_us".into(), med(|x| x.probe).into());
+            }
+            _ => {}
+        }
+        results.insert(s.key(), v);
+    }
+
+    // Ratios: every baseline against every meshed path.
+    let subjects = meshed_subjects(c);
+    let mut ratios = Map::new();
+    for f in [Flavour::Nft, Flavour::Legacy] {
+        for per_rule in [false, true] {
+            let base = baseline(f, per_rule);
+            let Some(b) = median_of(c, base) else {
+                continue;
+            };
+            let mut by = Map::new();
+            for &s in &subjects {
+                if let Some(m) = median_of(c, s).filter(|m| *m > 0.0) {
+                    by.insert(s.key(), round2(b / m).into());
+                }
+            }
+            ratios.insert(base.key(), Value::Object(by));
+        }
+    }
+
+    // Budget verdicts.
+    let primary = PRIMARY_SUBJECT.key();
+    let meshed = le_verdict(c, &subjects, MESHED_ADD_LIMIT_US);
+    let unmeshed = le_verdict(c, &[Scenario::AddUnmeshed], UNMESHED_ADD_LIMIT_US);
+    let restore_base = baseline(Flavour::Nft, false);
+    let per_rule_base = baseline(Flavour::Nft, true);
+    let restore = ratio_verdict(c, &subjects, restore_base, RESTORE_RATIO_MIN);
+    let per_rule = ratio_verdict(c, &subjects, per_rule_base, PER_RULE_RATIO_MIN);
+    let met = |v: &Value| v.get("met").cloned().unwrap_or(Value::Null);
+    let budgets = json!({
+        "subject": primary,
+        "subject_wired": valid(c, PRIMARY_SUBJECT),
+        "meshed_add_median_le_2ms": {
+            "limit_us": MESHED_ADD_LIMIT_US,
+            "met": met(&primary_of(&meshed, &primary)),
+            "by_subject": meshed,
+        },
+        "unmeshed_add_median_le_0_5ms": {
+            "limit_us": UNMESHED_ADD_LIMIT_US,
+            "met": met(&primary_of(&unmeshed, &Scenario::AddUnmeshed.key())),
+            "median_us": primary_of(&unmeshed, &Scenario::AddUnmeshed.key()).get("median_us").cloned().unwrap_or(Value::Null),
+        },
+        "restore_per_family_ratio_ge_5x": {
+            "baseline": restore_base.key(),
+            "min_ratio": RESTORE_RATIO_MIN,
+            "met": met(&primary_of(&restore, &primary)),
+            "by_subject": restore,
+        },
+        "per_rule_ratio_ge_20x": {
+            "baseline": per_rule_base.key(),
+            "min_ratio": PER_RULE_RATIO_MIN,
+            "met": met(&primary_of(&per_rule, &primary)),
+            "by_subject": per_rule,
+        },
+    });
+
+    let wired_by: Map<String, Value> = BackendKind::ALL
+        .into_iter()
+        .filter(|k| c.wiring_of(*k).checked > 0)
+        .map(|k| (k.as_str().to_string(), c.wiring_of(k).wired().into()))
+        .collect();
+    let wired = !wired_by.is_empty() && wired_by.values().all(|v| v == &Value::Bool(true));
+    let spec = bench.spec();
+    json!({
+        "tool": "interlock-bench",
+        "version": env!("CARGO_PKG_VERSION"),
+        "unit": "microseconds",
+        "build": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "plugin": bench.plugin().display().to_string(),
+        "state_dir": bench.state_dir().display().to_string(),
+        "host": host_info(),
+        "loadavg_start": loadavg_start,
+        "rule_set": {
+            "profile": "istio",
+            "families": spec.families().iter().map(|f| match f { Family::V4 => "ipv4", Family::V6 => "ipv6" }).collect::<Vec<_>>(),
+            "rules_per_family": bench.rules_per_family(),
+            "restore_calls_per_sample": spec.families().len(),
+            "iptables_calls_per_sample": bench.per_rule_calls(),
+            "spec_hash": spec.hash(),
+        },
+        "plan": {
+            "samples": plan.samples,
+            "per_rule_samples": plan.per_rule_samples,
+            "rounds": plan.rounds,
+            "warmup": plan.warmup,
+        },
+        "wired": wired,
+        "wired_by_backend": wired_by,
+        "results": results,
+        "ratios": ratios,
+        "budgets": budgets,
+        "notes": dedup(&c.notes),
+        "duration_s": round2(c.elapsed.as_secs_f64()),
+    })
+}

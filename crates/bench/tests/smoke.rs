@@ -1,0 +1,159 @@
+//! Smoke test of the `interlock-bench` command: a `--quick` run prints one JSON document
+//! with every scenario, positive and ordered statistics, ratios and budget verdicts.
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use interlock_bench::report::TOP_LEVEL_KEYS;
+use interlock_bench::Scenario;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_interlock-bench");
+
+fn plugin() -> std::path::PathBuf {
+    let p = interlock_bench::default_plugin_path();
+    if p.is_file() {
+        p
+    } else {
+        interlock_bench::build_plugin().unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+fn positive(v: &Value, what: &str) -> f64 {
+    let x = v
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {v}"));
+    assert!(x > 0.0, "{what} is not positive: {x}");
+    x
+}
+
+#[test]
+fn quick_run_prints_every_key_with_positive_numbers() {
+    interlock_testkit::require_root!();
+    let out = Command::new(BIN)
+        .arg("--quick")
+        .arg("--plugin")
+        .arg(plugin())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "interlock-bench --quick failed: {stderr}"
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let doc: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {stdout}"));
+
+    for key in TOP_LEVEL_KEYS {
+        assert!(doc.get(key).is_some(), "missing top-level key {key}: {doc}");
+    }
+    assert!(doc["wired"].is_boolean());
+    positive(&doc["rule_set"]["rules_per_family"], "rules_per_family");
+    positive(
+        &doc["rule_set"]["iptables_calls_per_sample"],
+        "iptables_calls_per_sample",
+    );
+    assert_eq!(
+        doc["rule_set"]["families"],
+        serde_json::json!(["ipv4", "ipv6"])
+    );
+
+    let results = &doc["results"];
+    for s in Scenario::all() {
+        let r = &results[s.key()];
+        assert!(r.is_object(), "missing result {}: {results}", s.key());
+        let n = r["samples"].as_u64().unwrap_or(0);
+        assert!(n > 0, "{}: no samples", s.key());
+        let min = positive(&r["min_us"], "min_us");
+        let med = positive(&r["median_us"], "median_us");
+        let p90 = positive(&r["p90_us"], "p90_us");
+        let p99 = positive(&r["p99_us"], "p99_us");
+        let max = positive(&r["max_us"], "max_us");
+        assert!(
+            min <= med && med <= p90 && p90 <= p99 && p99 <= max,
+            "{}: statistics out of order: {r}",
+            s.key()
+        );
+        match s {
+            Scenario::AddMeshed(_) => {
+                assert!(r["wired"].is_boolean(), "{}: {r}", s.key());
+                assert!(r["wiring_checks"].as_u64().unwrap_or(0) > 0, "{r}");
+            }
+            Scenario::Engine(_) => {
+                positive(&r["apply_verify_median_us"], "apply_verify_median_us");
+                positive(&r["probe_median_us"], "probe_median_us");
+            }
+            _ => {}
+        }
+    }
+
+    // Every baseline against every meshed path.
+    let baselines: Vec<Scenario> = Scenario::all()
+        .into_iter()
+        .filter(|s| matches!(s, Scenario::RestorePerFamily(_) | Scenario::PerRule(_)))
+        .collect();
+    let meshed: Vec<Scenario> = Scenario::all()
+        .into_iter()
+        .filter(|s| matches!(s, Scenario::AddMeshed(_) | Scenario::Engine(_)))
+        .collect();
+    for b in &baselines {
+        for m in &meshed {
+            positive(
+                &doc["ratios"][b.key()][m.key()],
+                &format!("ratio {} / {}", b.key(), m.key()),
+            );
+        }
+    }
+
+    // Budget verdicts: booleans, or null exactly for a meshed ADD that applied no rules.
+    let budgets = &doc["budgets"];
+    for name in [
+        "meshed_add_median_le_2ms",
+        "restore_per_family_ratio_ge_5x",
+        "per_rule_ratio_ge_20x",
+    ] {
+        let by = budgets[name]["by_subject"]
+            .as_object()
+            .unwrap_or_else(|| panic!("budgets.{name}.by_subject missing: {budgets}"));
+        for m in &meshed {
+            let v = &by[&m.key()];
+            let met = &v["met"];
+            match m {
+                Scenario::AddMeshed(_) if !results[m.key()]["wired"].as_bool().unwrap() => {
+                    assert!(met.is_null(), "{name}/{}: {v}", m.key())
+                }
+                _ => assert!(met.is_boolean(), "{name}/{}: {v}", m.key()),
+            }
+        }
+        let primary = &by["add_meshed_nftables"]["met"];
+        assert_eq!(&budgets[name]["met"], primary, "{name}");
+    }
+    assert!(budgets["unmeshed_add_median_le_0_5ms"]["met"].is_boolean());
+    positive(
+        &budgets["unmeshed_add_median_le_0_5ms"]["median_us"],
+        "unmeshed median",
+    );
+}
+
+#[test]
+fn refuses_to_run_without_root() {
+    interlock_testkit::require_root!();
+    // Run it as nobody (needs root to switch).
+    let out = match Command::new(BIN)
+        .arg("--quick")
+        .uid(65534)
+        .gid(65534)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("SKIP: cannot run {BIN} as nobody ({e})");
+            return;
+        }
+    };
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("needs root"), "{stderr}");
+    assert!(out.stdout.is_empty(), "no JSON without root");
+}
