@@ -547,14 +547,15 @@ impl Guard {
     }
 }
 
-/// Starts the inotify thread watching `conf_dir` and `bin_dirs`; it sends a [`Wake`] per
-/// batch of events until the receiver is gone.
+/// Starts the inotify thread watching `conf_dir` and `bin_dirs` (as directories: writers
+/// rename files in); it sends a [`Wake`] per batch of events until the receiver is gone.
+/// A watched directory that is deleted or moved is watched again once it reappears.
 pub fn spawn_watcher(
     conf_dir: &Path,
     bin_dirs: &[PathBuf],
     tx: std::sync::mpsc::Sender<Wake>,
 ) -> std::io::Result<()> {
-    use inotify::{Inotify, WatchMask};
+    use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
     let mut ino = Inotify::init()?;
     let mask = WatchMask::CREATE
         | WatchMask::DELETE
@@ -565,33 +566,72 @@ pub fn spawn_watcher(
         | WatchMask::ATTRIB
         | WatchMask::DELETE_SELF
         | WatchMask::MOVE_SELF;
-    let conf_wd = ino.watches().add(conf_dir, mask)?;
+    // (directory, its watch, true for the conf dir)
+    let mut watched: Vec<(PathBuf, Option<WatchDescriptor>, bool)> = vec![];
+    watched.push((conf_dir.to_path_buf(), Some(ino.watches().add(conf_dir, mask)?), true));
     for b in bin_dirs {
-        ino.watches().add(b, mask)?;
+        watched.push((b.clone(), Some(ino.watches().add(b, mask)?), false));
     }
     std::thread::Builder::new()
         .name("interlock-watch".into())
         .spawn(move || {
             let mut buf = vec![0u8; 16 * 1024];
             loop {
-                let events = match ino.read_events_blocking(&mut buf) {
-                    Ok(ev) => ev,
-                    Err(e) => {
-                        warn!("inotify read failed: {e}; relying on periodic resync");
-                        return;
+                // Re-watch directories that went away, once they are back.
+                let mut lost = false;
+                for (path, wd, is_conf) in watched.iter_mut() {
+                    if wd.is_none() {
+                        match ino.watches().add(&*path, mask) {
+                            Ok(w) => {
+                                info!("watching {} again", path.display());
+                                *wd = Some(w);
+                                let wake = if *is_conf { Wake::Conf } else { Wake::Bin };
+                                if tx.send(wake).is_err() {
+                                    return;
+                                }
+                            }
+                            Err(_) => lost = true,
+                        }
+                    }
+                }
+                let events = if lost {
+                    // Poll while a directory is missing (the resync covers the gap).
+                    std::thread::sleep(Duration::from_millis(100));
+                    match ino.read_events(&mut buf) {
+                        Ok(ev) => ev,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                        Err(e) => {
+                            warn!("inotify read failed: {e}; relying on periodic resync");
+                            return;
+                        }
+                    }
+                } else {
+                    match ino.read_events_blocking(&mut buf) {
+                        Ok(ev) => ev,
+                        Err(e) => {
+                            warn!("inotify read failed: {e}; relying on periodic resync");
+                            return;
+                        }
                     }
                 };
                 let (mut conf, mut bin) = (false, false);
                 for ev in events {
-                    // Our own temp files come and go on every write: ignore them, the
-                    // rename that follows is what matters.
-                    if ev
-                        .name
-                        .is_some_and(|n| n.to_string_lossy().ends_with(".tmp"))
-                    {
+                    let Some(entry) = watched.iter_mut().find(|(_, wd, _)| wd.as_ref() == Some(&ev.wd)) else {
+                        continue;
+                    };
+                    if ev.mask.intersects(EventMask::IGNORED | EventMask::DELETE_SELF | EventMask::MOVE_SELF) {
+                        warn!("{} was removed or moved; watching for it to come back", entry.0.display());
+                        if ev.mask.contains(EventMask::MOVE_SELF) {
+                            let _ = ino.watches().remove(ev.wd.clone());
+                        }
+                        entry.1 = None;
+                    }
+                    // Temp files come and go on every atomic write: the rename that
+                    // follows is what matters.
+                    if ev.name.is_some_and(|n| n.to_string_lossy().ends_with(".tmp")) {
                         continue;
                     }
-                    if ev.wd == conf_wd {
+                    if entry.2 {
                         conf = true;
                     } else {
                         bin = true;

@@ -79,138 +79,165 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[idx]
 }
 
+/// A running agent on throwaway directories, ready to be clobbered.
+pub struct Session {
+    agent: Agent,
+    root: PathBuf,
+    conf: PathBuf,
+    mode: String,
+    events: mpsc::Receiver<()>,
+    count: u64,
+}
+
+impl Session {
+    /// Starts `exe agent` in `mode` (chain or owned) under `base`, installing `plugin`,
+    /// and waits until interlock is in effect.
+    pub fn start(exe: &Path, plugin: &Path, mode: &str, base: &Path) -> anyhow::Result<Session> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let root = base.join(format!("interlock-bench-{}-{n}", std::process::id()));
+        let conf = root.join("net.d");
+        let bin = root.join("bin");
+        let state = root.join("state");
+        for d in [&conf, &bin, &state] {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        std::fs::write(conf.join("10-primary.conflist"), PRIMARY)?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = Command::new(exe)
+            .args([
+                "agent",
+                "--kube=none",
+                "--config-mode",
+                mode,
+                "--conflict-threshold",
+                "0",
+            ])
+            .arg("--cni-conf-dir")
+            .arg(&conf)
+            .arg("--cni-bin-dir")
+            .arg(&bin)
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--plugin-source")
+            .arg(plugin)
+            .arg("--health-addr")
+            .arg(format!("127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the agent")?;
+        let agent = Agent(child);
+        let start = Instant::now();
+        while !has_interlock(&conf) {
+            if start.elapsed() > Duration::from_secs(10) {
+                bail!("the agent did not put interlock in effect within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Wake on every change in the conf dir instead of busy polling.
+        let (tx, events) = mpsc::channel();
+        let mut ino = inotify::Inotify::init()?;
+        ino.watches().add(
+            &conf,
+            inotify::WatchMask::MOVED_TO
+                | inotify::WatchMask::CLOSE_WRITE
+                | inotify::WatchMask::DELETE,
+        )?;
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 8192];
+            while ino.read_events_blocking(&mut buf).is_ok() {
+                if tx.send(()).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Session {
+            agent,
+            root,
+            conf,
+            mode: mode.to_string(),
+            events,
+            count: 0,
+        })
+    }
+
+    /// VmRSS of the agent in KiB.
+    pub fn rss_kib(&self) -> Option<u64> {
+        rss_kib(self.agent.0.id())
+    }
+
+    /// One clobber, the way an installer writes (temp file, rename), and the time until
+    /// the effective config carries interlock again.
+    pub fn clobber(&mut self) -> anyhow::Result<Duration> {
+        self.count += 1;
+        // Vary the content so every clobber is a real change.
+        let body = PRIMARY.replace("ilbench", &format!("ilbench{}", self.count % 2));
+        while self.events.try_recv().is_ok() {}
+        let name = if self.mode == "owned" {
+            "00-interlock.conflist"
+        } else {
+            "10-primary.conflist"
+        };
+        let t0 = Instant::now();
+        rename_in(&self.conf, name, body.as_bytes())?;
+        loop {
+            if has_interlock(&self.conf) {
+                return Ok(t0.elapsed());
+            }
+            if t0.elapsed() > Duration::from_secs(5) {
+                bail!("clobber {}: not repaired within 5 s", self.count);
+            }
+            let _ = self.events.recv_timeout(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.agent.0.kill();
+        let _ = self.agent.0.wait();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// p50/p99/max/mean of `samples` in milliseconds, as JSON.
+pub fn summary(samples: &[Duration]) -> serde_json::Value {
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    ms.sort_by(|a, b| a.total_cmp(b));
+    if ms.is_empty() {
+        return serde_json::json!({"n": 0});
+    }
+    serde_json::json!({
+        "n": ms.len(),
+        "p50_ms": percentile(&ms, 0.50),
+        "p90_ms": percentile(&ms, 0.90),
+        "p99_ms": percentile(&ms, 0.99),
+        "max_ms": ms[ms.len() - 1],
+        "mean_ms": ms.iter().sum::<f64>() / ms.len() as f64,
+    })
+}
+
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let plugin = a
         .plugin_source
         .unwrap_or_else(|| exe.with_file_name("interlock-cni"));
     let base = a.dir.unwrap_or_else(std::env::temp_dir);
-    let root = base.join(format!("interlock-bench-{}", std::process::id()));
-    let conf = root.join("net.d");
-    let bin = root.join("bin");
-    let state = root.join("state");
-    for d in [&conf, &bin, &state] {
-        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    let mut s = Session::start(&exe, &plugin, &a.mode, &base)?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let idle_rss = s.rss_kib();
+    let mut samples = Vec::with_capacity(a.clobbers);
+    for _ in 0..a.clobbers {
+        samples.push(s.clobber()?);
+        std::thread::sleep(Duration::from_millis(a.interval_ms));
     }
-    let result = bench(
-        &exe,
-        &plugin,
-        &conf,
-        &bin,
-        &state,
-        a.clobbers,
-        a.interval_ms,
-        &a.mode,
-    );
-    let _ = std::fs::remove_dir_all(&root);
-    let out = result?;
+    let mut out = summary(&samples);
+    out["mode"] = a.mode.clone().into();
+    out["idle_rss_kib"] = idle_rss.into();
+    out["rss_after_kib"] = s.rss_kib().into();
     println!("{out}");
     Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn bench(
-    exe: &Path,
-    plugin: &Path,
-    conf: &Path,
-    bin: &Path,
-    state: &Path,
-    n: usize,
-    interval_ms: u64,
-    mode: &str,
-) -> anyhow::Result<serde_json::Value> {
-    std::fs::write(conf.join("10-primary.conflist"), PRIMARY)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let child = Command::new(exe)
-        .args([
-            "agent",
-            "--kube=none",
-            "--config-mode",
-            mode,
-            "--conflict-threshold",
-            "0",
-        ])
-        .arg("--cni-conf-dir")
-        .arg(conf)
-        .arg("--cni-bin-dir")
-        .arg(bin)
-        .arg("--state-dir")
-        .arg(state)
-        .arg("--plugin-source")
-        .arg(plugin)
-        .arg("--health-addr")
-        .arg(format!("127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting the agent")?;
-    let agent = Agent(child);
-    let start = Instant::now();
-    while !has_interlock(conf) {
-        if start.elapsed() > Duration::from_secs(10) {
-            bail!("the agent did not put interlock in effect within 10 s");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    std::thread::sleep(Duration::from_millis(1500));
-    let idle_rss = rss_kib(agent.0.id());
-
-    // Wake on every change in the conf dir instead of busy polling.
-    let (tx, rx) = mpsc::channel();
-    let mut ino = inotify::Inotify::init()?;
-    ino.watches().add(
-        conf,
-        inotify::WatchMask::MOVED_TO | inotify::WatchMask::CLOSE_WRITE | inotify::WatchMask::DELETE,
-    )?;
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 8192];
-        while ino.read_events_blocking(&mut buf).is_ok() {
-            if tx.send(()).is_err() {
-                return;
-            }
-        }
-    });
-
-    let stripped_primary = PRIMARY.to_string();
-    let owned_name = "00-interlock.conflist";
-    let mut samples = Vec::with_capacity(n);
-    for i in 0..n {
-        // Vary the content so every clobber is a real change.
-        let clobber = stripped_primary.replace("ilbench", &format!("ilbench{}", i % 2));
-        while rx.try_recv().is_ok() {}
-        let t0 = Instant::now();
-        match mode {
-            "owned" => rename_in(conf, owned_name, clobber.as_bytes())?,
-            _ => rename_in(conf, "10-primary.conflist", clobber.as_bytes())?,
-        }
-        loop {
-            if has_interlock(conf) {
-                break;
-            }
-            if t0.elapsed() > Duration::from_secs(5) {
-                bail!("clobber {i}: not repaired within 5 s");
-            }
-            let _ = rx.recv_timeout(Duration::from_millis(20));
-        }
-        samples.push(t0.elapsed().as_secs_f64() * 1000.0);
-        std::thread::sleep(Duration::from_millis(interval_ms));
-    }
-    let busy_rss = rss_kib(agent.0.id());
-    drop(agent);
-    let mut sorted = samples.clone();
-    sorted.sort_by(|a, b| a.total_cmp(b));
-    let mean = samples.iter().sum::<f64>() / samples.len().max(1) as f64;
-    Ok(serde_json::json!({
-        "n": samples.len(),
-        "mode": mode,
-        "p50_ms": percentile(&sorted, 0.50),
-        "p90_ms": percentile(&sorted, 0.90),
-        "p99_ms": percentile(&sorted, 0.99),
-        "max_ms": sorted.last().copied().unwrap_or(0.0),
-        "mean_ms": mean,
-        "idle_rss_kib": idle_rss,
-        "rss_after_kib": busy_rss,
-    }))
 }

@@ -543,3 +543,28 @@ fn status_reports_50_while_agent_is_stopped() {
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["code"], 50, "{out}");
 }
+
+#[test]
+fn conf_dir_removed_and_recreated_is_watched_again() {
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let a = d.agent(&["--resync-seconds", "3600"]);
+    wait_protected(&d, &a);
+    std::fs::remove_dir_all(&d.conf).unwrap();
+    wait_until(
+        Duration::from_secs(2),
+        || a.ready() == Some(false),
+        || a.log_text(),
+    );
+    std::fs::create_dir(&d.conf).unwrap();
+    d.write("10-calico.conflist", CALICO);
+    assert_eq!(wait_protected(&d, &a), "00-interlock.conflist");
+    // And the new directory is really watched: a clobber is repaired without a resync.
+    std::fs::remove_file(d.conf.join("00-interlock.conflist")).unwrap();
+    wait_until(
+        Duration::from_secs(2),
+        || d.effective_with_us().is_some(),
+        || a.log_text(),
+    );
+    assert!(a.log_text().contains("watching"), "{}", a.log_text());
+}
