@@ -186,6 +186,8 @@ pub struct Guard {
     binary_problem: Option<String>,
     retry_at: Option<Instant>,
     retries: u32,
+    /// Readiness as last logged and written to the marker.
+    published: Option<Readiness>,
     last_marker: Option<Instant>,
 }
 
@@ -203,6 +205,7 @@ impl Guard {
             binary_problem: None,
             retry_at: None,
             retries: 0,
+            published: None,
             last_marker: None,
         }
     }
@@ -335,6 +338,19 @@ impl Guard {
             }
         }
         let mut changed = false;
+        if blocked.is_none() && !plan.actions.is_empty() {
+            // The runtime would load a config without us right now: /readyz says so for
+            // the duration of the repair (not logged, not marked: it lasts milliseconds).
+            if let Err(e) = plan::check_effective(&snap, &self.settings, &facts) {
+                if self.shared.readiness().ready {
+                    self.shared.set_readiness(Readiness {
+                        ready: false,
+                        reason: format!("repairing: {e}"),
+                        effective: None,
+                    });
+                }
+            }
+        }
         if blocked.is_none() {
             for a in &plan.actions {
                 match apply(&dir, a) {
@@ -434,23 +450,26 @@ impl Guard {
     }
 
     fn set_ready(&mut self, ready: bool, reason: String, effective: Option<String>) {
-        let was = self.shared.readiness();
-        let changed = self.shared.set_readiness(Readiness {
+        let r = Readiness {
             ready,
-            reason: reason.clone(),
-            effective: effective.clone(),
-        });
-        if changed {
-            if was.ready != ready || was.reason != reason {
-                if ready {
+            reason,
+            effective,
+        };
+        self.shared.set_readiness(r.clone());
+        // Log and mark only real changes (a transient "repairing" state is neither).
+        if self.published.as_ref() != Some(&r) {
+            let was = self.published.take().unwrap_or_default();
+            if was.ready != r.ready || was.reason != r.reason {
+                if r.ready {
                     info!(
                         "ready: the runtime loads {}",
-                        effective.as_deref().unwrap_or("?")
+                        r.effective.as_deref().unwrap_or("?")
                     );
                 } else {
-                    warn!("not ready: {reason}");
+                    warn!("not ready: {}", r.reason);
                 }
             }
+            self.published = Some(r);
             self.write_marker();
         }
     }
@@ -568,7 +587,11 @@ pub fn spawn_watcher(
         | WatchMask::MOVE_SELF;
     // (directory, its watch, true for the conf dir)
     let mut watched: Vec<(PathBuf, Option<WatchDescriptor>, bool)> = vec![];
-    watched.push((conf_dir.to_path_buf(), Some(ino.watches().add(conf_dir, mask)?), true));
+    watched.push((
+        conf_dir.to_path_buf(),
+        Some(ino.watches().add(conf_dir, mask)?),
+        true,
+    ));
     for b in bin_dirs {
         watched.push((b.clone(), Some(ino.watches().add(b, mask)?), false));
     }
@@ -616,11 +639,19 @@ pub fn spawn_watcher(
                 };
                 let (mut conf, mut bin) = (false, false);
                 for ev in events {
-                    let Some(entry) = watched.iter_mut().find(|(_, wd, _)| wd.as_ref() == Some(&ev.wd)) else {
+                    let Some(entry) = watched
+                        .iter_mut()
+                        .find(|(_, wd, _)| wd.as_ref() == Some(&ev.wd))
+                    else {
                         continue;
                     };
-                    if ev.mask.intersects(EventMask::IGNORED | EventMask::DELETE_SELF | EventMask::MOVE_SELF) {
-                        warn!("{} was removed or moved; watching for it to come back", entry.0.display());
+                    if ev.mask.intersects(
+                        EventMask::IGNORED | EventMask::DELETE_SELF | EventMask::MOVE_SELF,
+                    ) {
+                        warn!(
+                            "{} was removed or moved; watching for it to come back",
+                            entry.0.display()
+                        );
                         if ev.mask.contains(EventMask::MOVE_SELF) {
                             let _ = ino.watches().remove(ev.wd.clone());
                         }
@@ -628,7 +659,10 @@ pub fn spawn_watcher(
                     }
                     // Temp files come and go on every atomic write: the rename that
                     // follows is what matters.
-                    if ev.name.is_some_and(|n| n.to_string_lossy().ends_with(".tmp")) {
+                    if ev
+                        .name
+                        .is_some_and(|n| n.to_string_lossy().ends_with(".tmp"))
+                    {
                         continue;
                     }
                     if entry.2 {

@@ -10,7 +10,7 @@ use std::time::Instant;
 pub const REPAIR_BUCKETS: [f64; 9] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0];
 
 /// Readiness as last decided by the guard.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Readiness {
     /// True while the effective config carries our entry and the binary is verified.
     pub ready: bool,
