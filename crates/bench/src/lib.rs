@@ -9,6 +9,7 @@
 //! - `engine_protect_<backend>`: the in-process engine (`interlock_redirect::protect`:
 //!   apply, verify, probe);
 //! - `add_unmeshed`: the binary for a pod no profile claims;
+//! - `spawn_floor_true`: `/bin/true` started the same way (what any exec'd plugin costs);
 //! - `iptables_restore_per_family_<flavour>`: one `iptables-restore --noflush` and one
 //!   `ip6tables-restore --noflush` with the same rules, rendered by the redirect crate;
 //! - `iptables_per_rule_<flavour>`: one `iptables`/`ip6tables` process per rule.
@@ -79,6 +80,9 @@ pub enum Scenario {
     Engine(BackendKind),
     /// `interlock-cni` ADD for a pod without mesh annotations.
     AddUnmeshed,
+    /// Reference: `/bin/true` started exactly like the plugin (same environment, stdin
+    /// and pipes): the floor of any exec'd CNI plugin on this machine.
+    SpawnFloor,
     /// Baseline: one `iptables-restore --noflush` per family.
     RestorePerFamily(Flavour),
     /// Baseline: one `iptables` process per rule.
@@ -115,6 +119,7 @@ impl Scenario {
         v.extend(BackendKind::ALL.map(Scenario::AddMeshed));
         v.extend(BackendKind::ALL.map(Scenario::Engine));
         v.push(Scenario::AddUnmeshed);
+        v.push(Scenario::SpawnFloor);
         v.extend([Flavour::Nft, Flavour::Legacy].map(Scenario::RestorePerFamily));
         v.extend([Flavour::Nft, Flavour::Legacy].map(Scenario::PerRule));
         v
@@ -126,6 +131,7 @@ impl Scenario {
             Scenario::AddMeshed(k) => format!("add_meshed_{}", kind_key(*k)),
             Scenario::Engine(k) => format!("engine_protect_{}", kind_key(*k)),
             Scenario::AddUnmeshed => "add_unmeshed".into(),
+            Scenario::SpawnFloor => "spawn_floor_true".into(),
             Scenario::RestorePerFamily(f) => {
                 format!("iptables_restore_per_family_{}", flavour_key(*f))
             }
@@ -147,7 +153,7 @@ impl Scenario {
     pub fn rules_backend(&self) -> Option<BackendKind> {
         match self {
             Scenario::AddMeshed(k) | Scenario::Engine(k) => Some(*k),
-            Scenario::AddUnmeshed => None,
+            Scenario::AddUnmeshed | Scenario::SpawnFloor => None,
             Scenario::RestorePerFamily(f) | Scenario::PerRule(f) => Some(flavour_kind(*f)),
         }
     }
@@ -318,6 +324,7 @@ pub struct Bench {
     node: Node,
     spec: RedirectSpec,
     plugin: PathBuf,
+    true_bin: PathBuf,
     bin_dirs: Vec<PathBuf>,
     state: tempfile::TempDir,
     /// Per flavour: (restore tool, its input) per family.
@@ -376,6 +383,7 @@ impl Bench {
             node: Node::new()?,
             spec,
             plugin: plugin.to_path_buf(),
+            true_bin: tool_path("true"),
             bin_dirs,
             state,
             restore,
@@ -441,6 +449,7 @@ impl Bench {
                 .plugin_add(pod, None, &plain_annotations())
                 .map(Sample::plain)
                 .map_err(fail),
+            Scenario::SpawnFloor => self.spawn_floor(pod).map(Sample::plain).map_err(fail),
             Scenario::Engine(kind) => self.engine_protect(pod, kind).map_err(fail),
             Scenario::RestorePerFamily(f) => self
                 .restore_per_family(pod, f)
@@ -559,6 +568,24 @@ impl Bench {
         if v.get("ips").is_none() {
             return Err(format!("plugin ADD result has no ips: {v}"));
         }
+        Ok(elapsed)
+    }
+
+    /// `/bin/true` run through the same exec path as [`Bench::plugin_add`] (environment,
+    /// stdin with a meshed ADD's config, piped stdout/stderr), timed the same way.
+    pub fn spawn_floor(&self, pod: &Pod) -> Result<Duration, String> {
+        let stdin = self.add_stdin(pod, Some(BackendKind::Nftables), &istio_annotations());
+        let rt = self.runtime_conf(pod);
+        let t = Instant::now();
+        let out = exec::exec_plugin(
+            &self.true_bin,
+            exec::Command::Add,
+            &rt,
+            &self.bin_dirs,
+            &stdin,
+        );
+        let elapsed = t.elapsed();
+        out.map_err(|e| format!("{} failed: {e}", self.true_bin.display()))?;
         Ok(elapsed)
     }
 

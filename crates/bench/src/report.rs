@@ -29,7 +29,7 @@ pub const RESTORE_RATIO_MIN: f64 = 5.0;
 pub const PER_RULE_RATIO_MIN: f64 = 20.0;
 
 /// Every top-level key of the document.
-pub const TOP_LEVEL_KEYS: [&str; 17] = [
+pub const TOP_LEVEL_KEYS: [&str; 18] = [
     "tool",
     "version",
     "unit",
@@ -45,6 +45,7 @@ pub const TOP_LEVEL_KEYS: [&str; 17] = [
     "results",
     "ratios",
     "budgets",
+    "derived",
     "notes",
     "duration_s",
 ];
@@ -229,6 +230,39 @@ pub fn report(bench: &Bench, plan: &Plan, c: &Collected, loadavg_start: &str) ->
         },
     });
 
+    // Derived numbers that help reading the budgets.
+    let floor = median_of(c, Scenario::SpawnFloor);
+    let unmeshed_med = median_of(c, Scenario::AddUnmeshed);
+    let engine_nft = median_of(c, Scenario::Engine(BackendKind::Nftables));
+    let mut derived = Map::new();
+    if let (Some(u), Some(f)) = (unmeshed_med, floor) {
+        derived.insert(
+            "add_unmeshed_minus_spawn_floor_us".into(),
+            round2(u - f).into(),
+        );
+    }
+    if !valid(c, PRIMARY_SUBJECT) {
+        if let (Some(u), Some(e)) = (unmeshed_med, engine_nft) {
+            // What a wired meshed ADD would cost: the binary's fixed cost plus the engine.
+            let est = u + e;
+            let mut o = Map::new();
+            o.insert("median_us".into(), round2(est).into());
+            o.insert(
+                "how".into(),
+                "add_unmeshed median + engine_protect_nftables median (the plugin ADD does not apply rules yet)".into(),
+            );
+            for base in [restore_base, per_rule_base] {
+                if let Some(b) = median_of(c, base) {
+                    o.insert(format!("ratio_{}", base.key()), round2(b / est).into());
+                }
+            }
+            derived.insert(
+                "estimated_wired_add_meshed_nftables".into(),
+                Value::Object(o),
+            );
+        }
+    }
+
     let wired_by: Map<String, Value> = BackendKind::ALL
         .into_iter()
         .filter(|k| c.wiring_of(*k).checked > 0)
@@ -264,6 +298,7 @@ pub fn report(bench: &Bench, plan: &Plan, c: &Collected, loadavg_start: &str) ->
         "results": results,
         "ratios": ratios,
         "budgets": budgets,
+        "derived": derived,
         "notes": dedup(&c.notes),
         "duration_s": round2(c.elapsed.as_secs_f64()),
     })

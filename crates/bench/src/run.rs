@@ -144,6 +144,7 @@ fn after_check(
                 ));
             }
         }
+        Scenario::SpawnFloor => {}
         Scenario::AddUnmeshed => {
             if let Some(k) = BackendKind::ALL
                 .into_iter()

@@ -134,6 +134,20 @@ fn quick_run_prints_every_key_with_positive_numbers() {
         &budgets["unmeshed_add_median_le_0_5ms"]["median_us"],
         "unmeshed median",
     );
+
+    let derived = &doc["derived"];
+    assert!(
+        derived["add_unmeshed_minus_spawn_floor_us"].is_number(),
+        "{derived}"
+    );
+    if !budgets["subject_wired"].as_bool().unwrap() {
+        let est = &derived["estimated_wired_add_meshed_nftables"];
+        positive(&est["median_us"], "estimated wired ADD");
+        positive(
+            &est["ratio_iptables_restore_per_family_nft"],
+            "estimated restore ratio",
+        );
+    }
 }
 
 #[test]
