@@ -455,8 +455,8 @@ impl Guard {
             reason,
             effective,
         };
-        self.shared.set_readiness(r.clone());
-        // Log and mark only real changes (a transient "repairing" state is neither).
+        // Log and mark only real changes (a transient "repairing" state is neither). The
+        // marker goes first, so STATUS never lags behind /readyz.
         if self.published.as_ref() != Some(&r) {
             let was = self.published.take().unwrap_or_default();
             if was.ready != r.ready || was.reason != r.reason {
@@ -469,14 +469,18 @@ impl Guard {
                     warn!("not ready: {}", r.reason);
                 }
             }
-            self.published = Some(r);
+            self.published = Some(r.clone());
             self.write_marker();
         }
+        self.shared.set_readiness(r);
     }
 
-    /// Writes the STATUS marker from the current readiness.
+    /// Writes the STATUS marker from the published readiness.
     pub fn write_marker(&mut self) {
-        let r = self.shared.readiness();
+        let r = self
+            .published
+            .clone()
+            .unwrap_or_else(|| self.shared.readiness());
         let m = Marker {
             ready: r.ready,
             reason: r.reason,
