@@ -582,3 +582,40 @@ fn conf_dir_removed_and_recreated_is_watched_again() {
     );
     assert!(a.log_text().contains("watching"), "{}", a.log_text());
 }
+
+#[test]
+fn crio_rules_skip_unusable_files_and_own_writes_do_not_loop() {
+    let d = Dirs::new();
+    // CRI-O skips a list whose plugin binary is missing (containerd would fail on it).
+    let nobin = r#"{"cniVersion":"0.4.0","name":"ghost","plugins":[{"type":"ilghost"}]}"#;
+    d.write("00-aaa.conflist", nobin);
+    d.write("10-calico.conflist", CALICO);
+    let a = d.agent(&["--runtime", "crio"]);
+    wait_until(
+        Duration::from_secs(5),
+        || a.ready() == Some(true),
+        || a.log_text(),
+    );
+    let eff = interlock_protocol::confdir::load(
+        &d.conf,
+        interlock_protocol::confdir::Runtime::Crio,
+        std::slice::from_ref(&d.bin),
+    )
+    .unwrap();
+    let chosen = eff.chosen.unwrap();
+    assert_eq!(chosen.path.file_name().unwrap(), "0-interlock.conflist");
+    assert_owned_copy_of(&d, "0-interlock.conflist", "10-calico.conflist");
+    assert_eq!(d.read("00-aaa.conflist").unwrap(), nobin.as_bytes());
+    // Converged: our own writes do not wake a repair loop.
+    let (w0, r0) = (
+        a.metric("interlock_config_writes_total").unwrap(),
+        a.metric("interlock_config_reconciles_total").unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let (w1, r1) = (
+        a.metric("interlock_config_writes_total").unwrap(),
+        a.metric("interlock_config_reconciles_total").unwrap(),
+    );
+    assert_eq!(w0, w1, "writes kept happening");
+    assert!(r1 - r0 <= 2.0, "reconciles kept happening: {r0} -> {r1}");
+}
