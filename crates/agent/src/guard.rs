@@ -682,3 +682,69 @@ pub fn spawn_watcher(
         })?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_temps_are_those_of_dead_writers() {
+        // PIDs above pid_max never run.
+        assert!(is_stale_temp(".00-interlock.conflist.99999999.3.tmp"));
+        let mine = format!(".00-interlock.conflist.{}.0.tmp", std::process::id());
+        assert!(!is_stale_temp(&mine), "our own temp file is not stale");
+        assert!(
+            !is_stale_temp(".00-interlock.conflist.1.0.tmp"),
+            "pid 1 is alive"
+        );
+        for other in [
+            "00-interlock.conflist",
+            ".x.tmp",
+            ".a.b.tmp",
+            ".a.pid.3.tmp",
+            "a.1.2.tmp",
+        ] {
+            assert!(!is_stale_temp(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn apply_runs_each_action_kind() {
+        let d = tempfile::tempdir().unwrap();
+        apply(
+            d.path(),
+            &Action::Write {
+                name: "a.conflist".into(),
+                bytes: b"x".to_vec(),
+                mode: 0o600,
+            },
+        )
+        .unwrap();
+        assert_eq!(std::fs::read(d.path().join("a.conflist")).unwrap(), b"x");
+        apply(
+            d.path(),
+            &Action::Rename {
+                from: "a.conflist".into(),
+                to: "b.conflist".into(),
+            },
+        )
+        .unwrap();
+        assert!(d.path().join("b.conflist").exists() && !d.path().join("a.conflist").exists());
+        apply(
+            d.path(),
+            &Action::Remove {
+                name: "b.conflist".into(),
+            },
+        )
+        .unwrap();
+        apply(
+            d.path(),
+            &Action::Remove {
+                name: "b.conflist".into(),
+            },
+        )
+        .unwrap();
+        let s = snapshot(d.path()).unwrap();
+        assert!(s.entries.is_empty());
+    }
+}
