@@ -27,7 +27,7 @@ test: deps lint
 ## demo: a throwaway node in network namespaces, two pods through a real chain
 demo: deps
 	$(CARGO) build --release -p interlock-cni -p interlock -p interlock-demo
-	./target/release/interlock-demo --plugin-dir ./target/release
+	./target/release/interlock-demo --bin-dir ./target/release
 
 ## bench: criterion benchmarks and the JSON summary
 bench: deps
