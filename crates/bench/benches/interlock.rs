@@ -6,7 +6,7 @@
 //! with a pool per batch). Needs root: skips with a message otherwise. The plugin is
 //! `interlock-cni` next to the bench executable's target directory (built with cargo if
 //! missing; override with `INTERLOCK_BENCH_PLUGIN`). The JSON summary with ratios and
-//! budget verdicts is `interlock-bench` (see the crate's README section in its lib docs).
+//! budget verdicts is the `interlock-bench` binary of this crate.
 
 use std::path::PathBuf;
 use std::time::Duration;

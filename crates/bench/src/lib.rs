@@ -139,6 +139,32 @@ impl Scenario {
         }
     }
 
+    /// What the scenario measures, in one line (printed in the JSON).
+    pub fn describe(&self) -> String {
+        match self {
+            Scenario::AddMeshed(k) => format!(
+                "interlock-cni binary, CNI ADD of an istio-meshed pod (conflist entry + prevResult + runtimeConfig annotations), backend {k}; spawn to exit"
+            ),
+            Scenario::Engine(k) => format!(
+                "in-process interlock_redirect::protect with {k}: enter netns, apply, verify, probe"
+            ),
+            Scenario::AddUnmeshed => {
+                "interlock-cni binary, CNI ADD of a pod without mesh annotations; spawn to exit".into()
+            }
+            Scenario::SpawnFloor => {
+                "/bin/true through the same exec path as the plugin: the floor of any exec'd plugin".into()
+            }
+            Scenario::RestorePerFamily(f) => format!(
+                "baseline: iptables-{0}-restore --noflush + ip6tables-{0}-restore --noflush with the same rules",
+                flavour_key(*f)
+            ),
+            Scenario::PerRule(f) => format!(
+                "baseline: one iptables-{0} / ip6tables-{0} process per chain, rule and jump (same rules)",
+                flavour_key(*f)
+            ),
+        }
+    }
+
     /// The scenario with this key.
     pub fn from_key(key: &str) -> Option<Scenario> {
         Scenario::all().into_iter().find(|s| s.key() == key)

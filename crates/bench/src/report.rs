@@ -29,7 +29,7 @@ pub const RESTORE_RATIO_MIN: f64 = 5.0;
 pub const PER_RULE_RATIO_MIN: f64 = 20.0;
 
 /// Every top-level key of the document.
-pub const TOP_LEVEL_KEYS: [&str; 18] = [
+pub const TOP_LEVEL_KEYS: [&str; 19] = [
     "tool",
     "version",
     "unit",
@@ -40,6 +40,7 @@ pub const TOP_LEVEL_KEYS: [&str; 18] = [
     "loadavg_start",
     "rule_set",
     "plan",
+    "scenarios",
     "wired",
     "wired_by_backend",
     "results",
@@ -293,6 +294,7 @@ pub fn report(bench: &Bench, plan: &Plan, c: &Collected, loadavg_start: &str) ->
             "rounds": plan.rounds,
             "warmup": plan.warmup,
         },
+        "scenarios": c.samples.iter().map(|(s, _)| (s.key(), Value::from(s.describe()))).collect::<Map<String, Value>>(),
         "wired": wired,
         "wired_by_backend": wired_by,
         "results": results,
