@@ -4,23 +4,68 @@
 //! verbs, plugin config, per-attachment state, the pod decision — lives here so the
 //! agent and the benchmarks can use it in-process.
 //!
-//! Verbs: VERSION (0.3.0 to 1.1.0), ADD (chained: requires `prevResult`, returns it in the
-//! config's version after [`decide::decide`] and [`decide::protect`]), DEL (idempotent,
-//! works without netns or `prevResult`), CHECK, GC (removes state of attachments not in
-//! `cni.dev/valid-attachments`) and STATUS (the agent's readiness marker). Errors are
-//! the spec's JSON on stdout: 6 for undecodable input, 1 for an unsupported version (with
-//! the supported list), 7 for a bad field (named), 4 for missing environment; nothing but
-//! the protocol ever goes to stdout.
+//! # Verbs
+//!
+//! - **ADD** (chained: requires `prevResult`, returns it converted to the config's
+//!   version). Decides whether the pod is meshed ([`decide::decide_with_lookup`]: the
+//!   annotations from `runtimeConfig`, or — only when the runtime passed none — from the
+//!   agent socket and then the Kubernetes API, see [`lookup`]). For a meshed pod it
+//!   narrows the profile's spec to the address families the pod has on `CNI_IFNAME`,
+//!   applies it in `CNI_NETNS` with the configured backend (`auto` detects the host's),
+//!   verifies the rules read back are exactly the expected ones, and proves the outbound
+//!   capture with a probe towards the pod's gateways ([`decide::protect`]). Only then is
+//!   the attachment's state written (profile, backend, installed spec as canonical JSON
+//!   and its hash, netns, pod, timings) and the result returned. Any failure for a meshed
+//!   pod fails the ADD naming the pod, the step and the cause; the netns is left without
+//!   interlock rules. With `failurePolicy: open` the ADD succeeds instead, the failure is
+//!   logged at error level and the state records the attachment as `unprotected`.
+//! - **CHECK** re-reads the recorded spec's rules in the netns and fails with every
+//!   difference when they are not exactly the expected ones (it never re-applies or
+//!   probes: the proxy owns its port by then). Succeeds for pods that needed nothing;
+//!   fails for a meshed pod recorded as `unprotected`.
+//! - **DEL** removes the rules with the recorded backend (every backend's rules when there
+//!   is no state) and the state. An empty `CNI_NETNS` or a netns that is gone is success.
+//! - **GC** removes the state (and any leftover rules) of attachments not in
+//!   `cni.dev/valid-attachments`. **STATUS** reports the agent's readiness marker.
+//!   **VERSION**: 0.3.0 to 1.1.0.
+//!
+//! Nothing but the protocol ever goes to stdout; one line per verb is logged at info
+//! level (pod, decision, backend, timings) and every failure at error level.
+//!
+//! # Error codes
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 1 | incompatible CNI version (the message lists the supported ones) |
+//! | 3 | CHECK for an attachment interlock-cni never added |
+//! | 4 | missing or invalid `CNI_*` environment |
+//! | 5 | I/O failure on interlock's own state under `stateDir` (step `state`) |
+//! | 6 | stdin is not a JSON object |
+//! | 7 | invalid network config: a bad field of the interlock-cni entry (named), a missing or invalid `prevResult`, malformed `runtimeConfig` annotations |
+//! | 11 | try again later (step `lookup`): the pod's mesh status cannot be decided — the runtime passed no annotations and neither the agent nor the Kubernetes API answered; the message lists each source tried and why it failed |
+//! | 50 | STATUS: the agent has not reported readiness, is gone, or is not ready |
+//! | 100 | internal error (a bug) |
+//! | 101 | step `spec`: the pod's mesh annotations cannot be turned into rules (names the annotation and its value) |
+//! | 102 | step `apply` (or `open`): applying the redirect rules failed, or the backend cannot be used |
+//! | 103 | step `verify`: the rules read back are not exactly the expected ones (ADD, CHECK: every difference is listed), or cannot be read; CHECK of a meshed pod left unprotected |
+//! | 104 | step `probe`: the probe did not prove the outbound redirection |
+//! | 105 | step `netns`: the pod's network namespace cannot be entered |
+//! | 106 | step `remove`: DEL could not remove the redirect rules (the state is kept for the retry) |
+//!
+//! Every failure message about a pod starts with `pod <namespace>/<name>: step <step>
+//! failed:` followed by the cause.
 
 pub mod config;
 pub mod decide;
 pub mod identity;
 pub mod log;
+pub mod lookup;
 pub mod state;
 pub mod status;
 
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
 
 use interlock_protocol::error::{self as codes, CniError};
 use interlock_protocol::exec::Command;
@@ -28,7 +73,7 @@ use interlock_protocol::{CniResult, CniVersion};
 use serde_json::{Map, Value};
 
 use crate::config::{FailurePolicy, PluginConfig};
-use crate::decide::{Decision, Protection};
+use crate::decide::{micros, Decision, Failure, Protection, Undone};
 use crate::identity::PodIdentity;
 use crate::log::Logger;
 use crate::state::{AttachmentKey, AttachmentState, StateStore};
@@ -37,6 +82,16 @@ use crate::state::{AttachmentKey, AttachmentState, StateStore};
 pub const ERR_INTERNAL: u32 = 100;
 /// interlock's own error code: the pod's mesh annotations cannot be turned into rules.
 pub const ERR_INVALID_POD_ANNOTATIONS: u32 = 101;
+/// interlock's own error code: applying the redirect rules failed (or the backend is unusable).
+pub const ERR_APPLY: u32 = 102;
+/// interlock's own error code: the rules in the netns are not exactly the expected ones.
+pub const ERR_VERIFY: u32 = 103;
+/// interlock's own error code: the probe did not prove the outbound redirection.
+pub const ERR_PROBE: u32 = 104;
+/// interlock's own error code: the pod's network namespace cannot be entered.
+pub const ERR_NETNS: u32 = 105;
+/// interlock's own error code: DEL could not remove the redirect rules.
+pub const ERR_REMOVE: u32 = 106;
 
 /// The `CNI_*` environment of one invocation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -315,77 +370,110 @@ fn short(s: &str) -> String {
     }
 }
 
+fn ms(us: u64) -> String {
+    format!("{:.2} ms", us as f64 / 1000.0)
+}
+
 fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
+    let start = Instant::now();
     let prev = call.prev_result("ADD")?;
-    let pod = PodIdentity::from_cni(call.env.args.as_deref().unwrap_or(""), &call.conf)
+    let mut pod = PodIdentity::from_cni(call.env.args.as_deref().unwrap_or(""), &call.conf)
         .map_err(|e| call.err(codes::INVALID_NETWORK_CONFIG, e.to_string()))?;
     call.log.debug(&format!("decision input: {pod:?}"));
-    let decision = decide::decide(&call.config, &pod);
+    let (decision, source) = decide::decide_with_lookup(&call.config, &mut pod);
+    let decide_us = micros(start.elapsed());
+    let name = pod.display_name();
+    let netns = call.env.netns.as_deref().unwrap_or("");
+    let ifname = call.env.ifname.as_deref().unwrap_or("");
     let open = call.config.failure_policy == FailurePolicy::Open;
-    let protection = match &decision {
-        Decision::Invalid { reason } if !open => {
-            return Err(call.err(
-                ERR_INVALID_POD_ANNOTATIONS,
-                format!("pod {}: {reason}", pod.display_name()),
-            ))
+
+    let outcome = match &decision {
+        Decision::Invalid { reason } => Err(Failure {
+            step: "spec",
+            code: ERR_INVALID_POD_ANNOTATIONS,
+            message: reason.clone(),
+        }),
+        Decision::Undecided { reason } => Err(Failure {
+            step: "lookup",
+            code: codes::TRY_AGAIN_LATER,
+            message: format!("cannot decide whether the pod is meshed: {reason}"),
+        }),
+        _ => decide::protect(&call.config, netns, &decision, &prev, ifname),
+    };
+    let protection = match outcome {
+        Ok(p) => p,
+        Err(f) if !open => {
+            return Err(call
+                .err(
+                    f.code,
+                    format!("pod {name}: step {} failed: {}", f.step, f.message),
+                )
+                .with_details(
+                    "failurePolicy is closed: the pod does not start until its traffic \
+                     redirection is in place and proven (the runtime retries the ADD); \
+                     no interlock rules were left in its network namespace",
+                ))
         }
-        Decision::Undecided { reason } if !open => return Err(call
-            .err(
-                codes::TRY_AGAIN_LATER,
-                format!(
-                    "cannot decide whether pod {} is meshed: {reason}",
-                    pod.display_name()
-                ),
-            )
-            .with_details(
-                "failurePolicy is closed: the pod is not started until its mesh status is known",
-            )),
-        Decision::Invalid { reason } | Decision::Undecided { reason } => {
-            call.log.warn(&format!(
-                "pod {} passed through WITHOUT protection (failurePolicy open): {reason}",
-                pod.display_name()
+        Err(f) => {
+            call.log.error(&format!(
+                "pod {name} runs WITHOUT traffic redirection (failurePolicy open): step {} \
+                 failed: {}",
+                f.step, f.message
             ));
-            Protection::PassedThrough {
-                reason: format!("failurePolicy open: {reason}"),
+            Protection::Unprotected {
+                step: f.step.to_string(),
+                reason: f.message,
             }
         }
-        _ => decide::protect(
-            &call.config,
-            &pod,
-            call.env.netns.as_deref().unwrap_or(""),
-            &decision,
-        ),
     };
-    let state = AttachmentState {
+    let mut state = AttachmentState {
         key: call.key(),
-        netns: call.env.netns.clone().unwrap_or_default(),
+        netns: netns.to_string(),
         network: call.network(),
         cni_version: call.version.to_string(),
         pod: pod.clone(),
+        annotations_source: source,
         decision: decision.clone(),
         protection: protection.clone(),
         added_at_ms: status::now_ms(),
+        add_us: 0,
     };
+    state.add_us = micros(start.elapsed());
     let store = StateStore::new(&call.config.state_dir);
     if let Err(e) = store.save(&state) {
         if !open {
-            return Err(call.err(codes::IO_FAILURE, format!("writing attachment state: {e}")));
+            return Err(call.err(
+                codes::IO_FAILURE,
+                format!("pod {name}: step state failed: writing attachment state: {e}"),
+            ));
         }
-        call.log.warn(&format!(
-            "writing attachment state failed (failurePolicy open): {e}"
+        call.log.error(&format!(
+            "pod {name}: writing attachment state failed (failurePolicy open, ADD continues): {e}"
         ));
     }
-    let detail = match &protection {
-        Protection::PassedThrough { reason } => reason.clone(),
-        Protection::NotNeeded => match &decision {
-            Decision::Skip { reason } | Decision::NotMeshed { reason } => reason.clone(),
-            _ => String::new(),
-        },
+    let total = micros(start.elapsed());
+    let what = match (&decision, &protection) {
+        (Decision::Meshed { profile, .. }, Protection::Protected(p)) => format!(
+            "meshed ({profile}), protected with {} ({}), spec {}, probe {}; decide {}, rules {}, probe {}",
+            p.backend,
+            p.backend_reason,
+            &p.spec_hash[..12.min(p.spec_hash.len())],
+            p.probe.len(),
+            ms(decide_us),
+            ms(p.timings.rules_us),
+            ms(p.timings.probe_us),
+        ),
+        (_, Protection::Unprotected { step, .. }) => {
+            format!("{}, UNPROTECTED (step {step} failed, failurePolicy open)", decision.label())
+        }
+        (Decision::Skip { reason } | Decision::NotMeshed { reason }, _) => {
+            format!("{} ({reason})", decision.label())
+        }
+        _ => decision.label().to_string(),
     };
     call.log.info(&format!(
-        "pod {}: {} ({detail})",
-        pod.display_name(),
-        decision.label()
+        "pod {name}: {what}; annotations from {source}; total {}",
+        ms(total)
     ));
     let mut out = prev.convert(call.version).to_json().into_bytes();
     out.push(b'\n');
@@ -393,35 +481,59 @@ fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
 }
 
 fn cmd_del(call: &Call) -> Result<Vec<u8>, CniError> {
+    let start = Instant::now();
     let store = StateStore::new(&call.config.state_dir);
     let key = call.key();
     let state = match store.load(&key) {
         Ok(s) => s,
         Err(e) => {
-            call.log.warn(&format!(
-                "attachment state unreadable, deleting anyway: {e}"
+            call.log.error(&format!(
+                "attachment state unreadable, removing every backend's rules: {e}"
             ));
             None
         }
     };
-    decide::unprotect(
-        &call.config,
-        state.as_ref(),
-        call.env.netns.as_deref().unwrap_or(""),
-    )
-    .map_err(|e| call.err(codes::IO_FAILURE, format!("removing redirection: {e}")))?;
-    let existed = store
-        .remove(&key)
-        .map_err(|e| call.err(codes::IO_FAILURE, format!("removing attachment state: {e}")))?;
-    call.log.info(if existed {
-        "attachment state removed"
-    } else {
-        "no attachment state (already deleted or never added): nothing to do"
-    });
+    let name = state
+        .as_ref()
+        .map(|s| s.pod.display_name())
+        .unwrap_or_else(|| "(unknown pod: no state)".to_string());
+    let netns = call.env.netns.as_deref().unwrap_or("");
+    let undone = decide::unprotect(state.as_ref(), netns).map_err(|f| {
+        call.err(
+            f.code,
+            format!(
+                "pod {name}: step {} failed: removing redirect rules: {}",
+                f.step, f.message
+            ),
+        )
+    })?;
+    let existed = store.remove(&key).map_err(|e| {
+        call.err(
+            codes::IO_FAILURE,
+            format!("pod {name}: step state failed: removing attachment state: {e}"),
+        )
+    })?;
+    let rules = match undone {
+        Undone::Nothing if netns.is_empty() => "no netns given, no rules to remove".to_string(),
+        Undone::Nothing => "no rules to remove".to_string(),
+        Undone::Removed(Some(kind)) => format!("rules removed ({kind})"),
+        Undone::Removed(None) => "rules of every backend removed".to_string(),
+        Undone::NetnsGone => "netns already gone".to_string(),
+    };
+    call.log.info(&format!(
+        "pod {name}: {rules}; {}; total {}",
+        if existed {
+            "state removed"
+        } else {
+            "no state (already deleted or never added)"
+        },
+        ms(micros(start.elapsed()))
+    ));
     Ok(Vec::new())
 }
 
 fn cmd_check(call: &Call) -> Result<Vec<u8>, CniError> {
+    let start = Instant::now();
     if !call.version.supports_check() {
         return Err(call.err(
             codes::INCOMPATIBLE_VERSION,
@@ -433,12 +545,9 @@ fn cmd_check(call: &Call) -> Result<Vec<u8>, CniError> {
     }
     call.prev_result("CHECK")?;
     let store = StateStore::new(&call.config.state_dir);
-    match store.load(&call.key()) {
-        Ok(Some(state)) => {
-            call.log.info(&format!("attachment known: {}", state.decision.label()));
-            Ok(Vec::new())
-        }
-        Ok(None) => Err(call.err(
+    let state = match store.load(&call.key()) {
+        Ok(Some(state)) => state,
+        Ok(None) => return Err(call.err(
             codes::UNKNOWN_CONTAINER,
             format!(
                 "interlock-cni has no state for container {} interface {}: it was never added through interlock-cni",
@@ -446,11 +555,41 @@ fn cmd_check(call: &Call) -> Result<Vec<u8>, CniError> {
                 call.key().ifname
             ),
         )),
-        Err(e) => Err(call.err(codes::IO_FAILURE, format!("reading attachment state: {e}"))),
-    }
+        Err(e) => return Err(call.err(codes::IO_FAILURE, format!("reading attachment state: {e}"))),
+    };
+    let name = state.pod.display_name();
+    let netns = call.env.netns.as_deref().unwrap_or("");
+    let verdict = match &state.protection {
+        Protection::NotNeeded => format!("{}: nothing to verify", state.decision.label()),
+        Protection::Protected(p) => {
+            decide::check(p, netns).map_err(|f| {
+                call.err(
+                    f.code,
+                    format!("pod {name}: step {} failed: {}", f.step, f.message),
+                )
+                .with_details("re-run ADD (or let the agent repair the pod) to re-apply the rules")
+            })?;
+            format!("rules verified exact ({})", p.backend)
+        }
+        Protection::Unprotected { step, reason } => {
+            return Err(call.err(
+                ERR_VERIFY,
+                format!(
+                    "pod {name}: is meshed but was left WITHOUT redirection at ADD \
+                     (failurePolicy open; step {step} failed: {reason})"
+                ),
+            ))
+        }
+    };
+    call.log.info(&format!(
+        "pod {name}: {verdict}; total {}",
+        ms(micros(start.elapsed()))
+    ));
+    Ok(Vec::new())
 }
 
 fn cmd_gc(call: &Call) -> Result<Vec<u8>, CniError> {
+    let start = Instant::now();
     if !call.version.supports_gc_and_status() {
         return Err(call.err(
             codes::INCOMPATIBLE_VERSION,
@@ -475,13 +614,33 @@ fn cmd_gc(call: &Call) -> Result<Vec<u8>, CniError> {
         .map_err(|e| call.err(codes::INVALID_NETWORK_CONFIG, format!("{field}: {e}")))?;
     let valid: BTreeSet<AttachmentKey> = valid.into_iter().collect();
     let store = StateStore::new(&call.config.state_dir);
+    // Leftover rules of stale attachments whose netns still exists are removed first
+    // (best effort: a failure is logged, the state goes anyway).
+    let keys = store
+        .keys()
+        .map_err(|e| call.err(codes::IO_FAILURE, format!("GC of attachment state: {e}")))?;
+    for key in keys.iter().filter(|k| !valid.contains(k)) {
+        if let Ok(Some(state)) = store.load(key) {
+            if let Protection::Protected(_) = state.protection {
+                if let Err(f) = decide::unprotect(Some(&state), &state.netns) {
+                    call.log.error(&format!(
+                        "GC: pod {}: removing leftover rules in {} failed: {}",
+                        state.pod.display_name(),
+                        state.netns,
+                        f.message
+                    ));
+                }
+            }
+        }
+    }
     let removed = store
         .retain(&valid)
         .map_err(|e| call.err(codes::IO_FAILURE, format!("GC of attachment state: {e}")))?;
     call.log.info(&format!(
-        "GC kept {} valid attachment(s), removed state of {}",
+        "GC kept {} valid attachment(s), removed state of {}; total {}",
         valid.len(),
-        removed.len()
+        removed.len(),
+        ms(micros(start.elapsed()))
     ));
     Ok(Vec::new())
 }

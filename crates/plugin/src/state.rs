@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::decide::{Decision, Protection};
 use crate::identity::PodIdentity;
+use crate::lookup::Source;
 
 /// Identifies one attachment (what GC's `cni.dev/valid-attachments` lists).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -41,12 +42,22 @@ pub struct AttachmentState {
     pub cni_version: String,
     /// The pod, as the runtime described it.
     pub pod: PodIdentity,
+    /// Where the annotations behind the decision came from.
+    #[serde(default = "default_source")]
+    pub annotations_source: Source,
     /// The decision taken.
     pub decision: Decision,
     /// What was done about it.
     pub protection: Protection,
     /// When the ADD happened (Unix ms).
     pub added_at_ms: u64,
+    /// How long the whole ADD took until the state was written (µs).
+    #[serde(default)]
+    pub add_us: u64,
+}
+
+fn default_source() -> Source {
+    Source::RuntimeConfig
 }
 
 /// The directory of attachment state files.
@@ -207,11 +218,13 @@ mod tests {
             network: "net".into(),
             cni_version: "1.0.0".into(),
             pod: PodIdentity::default(),
+            annotations_source: Source::RuntimeConfig,
             decision: Decision::Skip {
                 reason: "test".into(),
             },
             protection: Protection::NotNeeded,
             added_at_ms: 1,
+            add_us: 2,
         }
     }
 

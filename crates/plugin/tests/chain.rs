@@ -141,6 +141,12 @@ fn run_chain(version: CniVersion, annotations: Value, expect_decision: &str) {
     assert_eq!(state["pod"]["name"], "cart-0");
     assert_eq!(state["pod"]["uid"], "5f1c");
     assert_eq!(state["decision"]["decision"], expect_decision, "{state}");
+    let protection = if expect_decision == "meshed" {
+        "protected"
+    } else {
+        "not-needed"
+    };
+    assert_eq!(state["protection"]["protection"], protection, "{state}");
     assert_eq!(state["cniVersion"], version.as_str());
 
     if version.supports_check() {
@@ -182,7 +188,7 @@ fn chain_0_4_0() {
 }
 
 #[test]
-fn chain_1_0_0_meshed_pod_passes_through_for_now() {
+fn chain_1_0_0_meshed_pod_is_protected() {
     require_root!();
     run_chain(
         CniVersion::V1_0_0,

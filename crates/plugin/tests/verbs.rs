@@ -260,13 +260,25 @@ fn add_converts_prev_result_del_is_idempotent_check_knows_the_attachment() {
 fn decision_input_and_failure_policy() {
     let t = tempfile::tempdir().unwrap();
     let env = attach_env("c-mesh", "/var/run/netns/p", POD_ARGS);
-    // Meshed (istio) pod: passed through at this stage, and recorded as meshed.
+    // Meshed (istio) pod whose netns does not exist: fail closed naming pod, step, cause.
     let meshed = conf(
         "1.0.0",
         t.path(),
         json!({"runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"sidecar.istio.io/status": "{}"}}}),
     );
     let r = run("ADD", &env, &bytes(&meshed));
+    let v = r.json();
+    assert_eq!(v["code"], 105, "{v}");
+    let msg = v["msg"].as_str().unwrap();
+    assert!(
+        msg.starts_with("pod shop/cart-0: step netns failed:") && msg.contains("/var/run/netns/p"),
+        "{v}"
+    );
+    assert!(!t.path().join("attachments/c-mesh+eth0.json").exists());
+    // failurePolicy open: ADD succeeds, the state says unprotected, the log shouts.
+    let mut meshed_open = meshed.clone();
+    meshed_open["failurePolicy"] = json!("open");
+    let r = run("ADD", &env, &bytes(&meshed_open));
     assert_eq!(r.code, 0, "{}", r.stdout);
     let state: Value = serde_json::from_slice(
         &std::fs::read(t.path().join("attachments/c-mesh+eth0.json")).unwrap(),
@@ -274,11 +286,35 @@ fn decision_input_and_failure_policy() {
     .unwrap();
     assert_eq!(state["decision"]["decision"], "meshed");
     assert_eq!(state["decision"]["profile"], "istio");
-    assert_eq!(state["protection"]["protection"], "passed-through");
+    assert_eq!(state["protection"]["protection"], "unprotected");
+    assert_eq!(state["protection"]["step"], "netns");
+    let log = std::fs::read_to_string(t.path().join("plugin.log")).unwrap();
+    assert!(
+        log.lines().any(|l| l.contains(" ERROR ")
+            && l.contains("pod shop/cart-0 runs WITHOUT traffic redirection")
+            && l.contains("/var/run/netns/p")),
+        "{log}"
+    );
+    // CHECK of the unprotected attachment fails (103) saying so.
+    let r = run("CHECK", &env, &bytes(&meshed_open));
+    let v = r.json();
+    assert_eq!(v["code"], 103, "{v}");
+    assert!(
+        v["msg"].as_str().unwrap().contains("WITHOUT redirection"),
+        "{v}"
+    );
     // Annotations not passed: closed policy refuses (11), open passes with a warning.
     let unknown = conf("1.0.0", t.path(), json!({"runtimeConfig": null}));
     let r = run("ADD", &attach_env("c-u", "/x", POD_ARGS), &bytes(&unknown));
-    assert_eq!(r.json()["code"], 11);
+    let v = r.json();
+    assert_eq!(v["code"], 11);
+    let msg = v["msg"].as_str().unwrap();
+    assert!(
+        msg.starts_with("pod shop/cart-0: step lookup failed:")
+            && msg.contains("agentSocket not configured")
+            && msg.contains("kubeconfig not configured"),
+        "{v}"
+    );
     let mut open = unknown.clone();
     open["failurePolicy"] = json!("open");
     let r = run("ADD", &attach_env("c-u", "/x", POD_ARGS), &bytes(&open));
