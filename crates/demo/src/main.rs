@@ -173,7 +173,27 @@ fn run() -> Result<()> {
     );
     wait_ready(health, Duration::from_secs(10))?;
     println!("    /readyz 200 after {} ms", started.elapsed().as_millis());
-    explain(&conf_dir, &bin_dir)?;
+    println!("    $ interlock check");
+    let check = Process::new(&interlock)
+        .arg("check")
+        .arg("--cni-conf-dir")
+        .arg(&conf_dir)
+        .arg("--cni-bin-dir")
+        .arg(&bin_dir)
+        .arg("--state-dir")
+        .arg(&state_dir)
+        .arg("--health-addr")
+        .arg(health.to_string())
+        .output()?;
+    for line in String::from_utf8_lossy(&check.stdout).lines() {
+        println!("    | {line}");
+    }
+    if !check.status.success() {
+        bail!(
+            "interlock check says the node is not protected (exit {:?})",
+            check.status.code()
+        );
+    }
 
     step(
         3,
