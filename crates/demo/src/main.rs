@@ -448,10 +448,10 @@ fn status(plugin: &Path, state_dir: &Path, bin_dir: &Path) -> String {
         conf.to_string().as_bytes(),
     ) {
         Ok(_) => "STATUS ok (code 0): the runtime may start pods".into(),
-        Err(e) => match e.cni_code() {
-            Some(code) => format!("STATUS code {code}: {e}"),
-            None => format!("STATUS failed: {e}"),
-        },
+        Err(interlock_protocol::exec::ExecError::Failed { error, .. }) => {
+            format!("STATUS code {}: {}", error.code, error.msg)
+        }
+        Err(e) => format!("STATUS failed: {e}"),
     }
 }
 
