@@ -493,10 +493,12 @@ fn cmd_del(call: &Call) -> Result<Vec<u8>, CniError> {
             None
         }
     };
-    let name = state
-        .as_ref()
-        .map(|s| s.pod.display_name())
-        .unwrap_or_else(|| "(unknown pod: no state)".to_string());
+    let name = match &state {
+        Some(s) => s.pod.display_name(),
+        None => PodIdentity::from_cni(call.env.args.as_deref().unwrap_or(""), &Map::new())
+            .map(|p| p.display_name())
+            .unwrap_or_default(),
+    };
     let netns = call.env.netns.as_deref().unwrap_or("");
     let undone = decide::unprotect(state.as_ref(), netns).map_err(|f| {
         call.err(

@@ -1,0 +1,435 @@
+//! A test-owned node: a "node" netns in which the chain `bridge` (+ `host-local`) →
+//! `interlock-cni` runs, creating its bridge there, and one netns per pod given as
+//! `CNI_NETNS`. Listeners and connections inside those namespaces. Everything is torn
+//! down on drop (pods first, then the node with its bridge).
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::symlink;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use interlock_protocol::exec::{exec_plugin, Chain, Command as Verb, ExecError, RuntimeConf};
+use interlock_protocol::{parse_conflist, CniResult};
+use interlock_redirect::netns::in_netns;
+use interlock_testkit::{cni_plugins_dir, tempdir, unique, Netns, TempDir};
+use serde_json::{json, Value};
+
+pub const WAIT: Duration = Duration::from_secs(2);
+pub const SUBNET4: &str = "10.99.7.0/24";
+pub const SUBNET6: &str = "fd99:7::/64";
+
+/// A mesh profile's conventions, as the tests check them with traffic.
+pub struct Mesh {
+    pub annotations: &'static [(&'static str, &'static str)],
+    pub profile: &'static str,
+    pub outbound: u16,
+    pub inbound: u16,
+    pub uid: u32,
+}
+
+pub const ISTIO: Mesh = Mesh {
+    annotations: &[(
+        "sidecar.istio.io/status",
+        "{\"containers\":[\"istio-proxy\"]}",
+    )],
+    profile: "istio",
+    outbound: 15001,
+    inbound: 15006,
+    uid: 1337,
+};
+
+pub const LINKERD: Mesh = Mesh {
+    annotations: &[("linkerd.io/proxy-version", "stable-2.14.10")],
+    profile: "linkerd",
+    outbound: 4140,
+    inbound: 4143,
+    uid: 2102,
+};
+
+impl Mesh {
+    pub fn annotations(&self) -> Value {
+        Value::Object(
+            self.annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+                .collect(),
+        )
+    }
+}
+
+/// The node: its netns, plugin dir, host-local data dir, interlock state dir.
+pub struct Node {
+    pub state: TempDir,
+    pub bins: TempDir,
+    pub data: TempDir,
+    pub bridge: String,
+    pub dual: bool,
+    pub node: Netns,
+}
+
+/// One pod attached through the chain.
+pub struct Pod {
+    pub name: String,
+    pub rt: RuntimeConf,
+    pub result: CniResult,
+    pub ns: Netns,
+}
+
+impl Pod {
+    /// The pod's address of one family from the chain's result.
+    pub fn ip(&self, v6: bool) -> IpAddr {
+        self.result
+            .ips_on("eth0")
+            .iter()
+            .filter_map(|c| c.ip())
+            .find(|ip| ip.is_ipv6() == v6)
+            .unwrap_or_else(|| panic!("pod {} has no v6={v6} address", self.name))
+    }
+
+    pub fn families(&self) -> Vec<bool> {
+        let mut out = vec![false];
+        if self
+            .result
+            .ips_on("eth0")
+            .iter()
+            .any(|c| c.ip().is_some_and(|i| i.is_ipv6()))
+        {
+            out.push(true);
+        }
+        out
+    }
+}
+
+impl Node {
+    pub fn new(dual: bool) -> Node {
+        let node = Netns::new("node").unwrap();
+        let bins = tempdir().unwrap();
+        fs::copy(
+            env!("CARGO_BIN_EXE_interlock-cni"),
+            bins.path().join("interlock-cni"),
+        )
+        .unwrap();
+        for p in ["bridge", "host-local", "loopback"] {
+            symlink(cni_plugins_dir().join(p), bins.path().join(p)).unwrap();
+        }
+        Node {
+            state: tempdir().unwrap(),
+            bins,
+            data: tempdir().unwrap(),
+            bridge: unique("br"),
+            dual,
+            node,
+        }
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.state.path().join("plugin.log")
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The interlock-cni entry: defaults for the tests, overridden by `extra` (a `null`
+    /// value removes the field).
+    pub fn interlock_entry(&self, extra: Value) -> Value {
+        let mut e = json!({
+            "type": "interlock-cni",
+            "stateDir": self.state.path(),
+            "logFile": self.log_path(),
+            "logLevel": "debug",
+            "capabilities": {"io.kubernetes.cri.pod-annotations": true},
+            "excludeNamespaces": ["kube-system"],
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            if v.is_null() {
+                e.as_object_mut().unwrap().remove(k);
+            } else {
+                e[k] = v.clone();
+            }
+        }
+        e
+    }
+
+    /// `bridge` (+ host-local, v4 and optionally v6) → `interlock-cni`.
+    pub fn chain(&self, interlock: Value) -> Chain {
+        let mut ranges = vec![json!([{ "subnet": SUBNET4 }])];
+        if self.dual {
+            ranges.push(json!([{ "subnet": SUBNET6 }]));
+        }
+        let doc = json!({
+            "cniVersion": "1.0.0",
+            "name": "ilnet",
+            "plugins": [
+                {
+                    "type": "bridge", "bridge": self.bridge, "isGateway": true, "ipMasq": false,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": ranges,
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": self.data.path()
+                    }
+                },
+                self.interlock_entry(interlock),
+            ]
+        });
+        let list = parse_conflist(doc.to_string().as_bytes()).unwrap();
+        Chain::new(list, vec![self.bins.path().to_path_buf()]).unwrap()
+    }
+
+    /// The same chain reduced to interlock-cni alone (for CHECK and re-ADD).
+    pub fn only_interlock(&self, chain: &Chain) -> Chain {
+        let mut only = chain.list().clone();
+        only.plugins_mut().drain(0..1);
+        Chain::new(only, vec![self.bins.path().to_path_buf()]).unwrap()
+    }
+
+    pub fn runtime_conf(&self, ns: &Netns, name: &str, annotations: Option<Value>) -> RuntimeConf {
+        let cid = unique("sbx");
+        let rt = RuntimeConf::new(&cid, &ns.path().display().to_string(), "eth0")
+            .with_arg("IgnoreUnknown", "1")
+            .with_arg("K8S_POD_NAMESPACE", "shop")
+            .with_arg("K8S_POD_NAME", name)
+            .with_arg("K8S_POD_INFRA_CONTAINER_ID", &cid)
+            .with_arg("K8S_POD_UID", &format!("uid-{name}"));
+        match annotations {
+            Some(a) => rt.with_capability("io.kubernetes.cri.pod-annotations", a),
+            None => rt,
+        }
+    }
+
+    /// Creates a pod netns and runs the chain's ADD for it (inside the node netns).
+    pub fn try_add(
+        &self,
+        chain: &Chain,
+        name: &str,
+        annotations: Option<Value>,
+    ) -> (Netns, RuntimeConf, Result<CniResult, ExecError>) {
+        let ns = Netns::new("pod").unwrap();
+        let rt = self.runtime_conf(&ns, name, annotations);
+        let r = self.node.run(|| chain.add(&rt));
+        (ns, rt, r)
+    }
+
+    pub fn add(&self, chain: &Chain, name: &str, annotations: Option<Value>) -> Pod {
+        let (ns, rt, r) = self.try_add(chain, name, annotations);
+        let result = r.unwrap_or_else(|e| panic!("ADD {name}: {e}\nlog:\n{}", self.log()));
+        Pod {
+            name: name.to_string(),
+            rt,
+            result,
+            ns,
+        }
+    }
+
+    /// ADD of interlock-cni alone with the pod's chain result as `prevResult` (what a
+    /// runtime's retry of the last plugin looks like; re-applies the rules).
+    pub fn readd(&self, only: &Chain, pod: &Pod) -> Result<CniResult, ExecError> {
+        let conf = only.plugin_config(0, Some(&pod.result), &pod.rt);
+        let stdin = serde_json::to_vec(&conf).unwrap();
+        let path = self.bins.path().join("interlock-cni");
+        let out = self.node.run(|| {
+            exec_plugin(
+                &path,
+                Verb::Add,
+                &pod.rt,
+                &[self.bins.path().into()],
+                &stdin,
+            )
+        })?;
+        Ok(CniResult::parse(&out, None).unwrap())
+    }
+
+    pub fn check(&self, only: &Chain, pod: &Pod) -> Result<(), ExecError> {
+        self.node.run(|| only.check(&pod.rt, &pod.result))
+    }
+
+    pub fn del(&self, chain: &Chain, pod: &Pod) -> Result<(), ExecError> {
+        self.node.run(|| chain.del(&pod.rt, Some(&pod.result)))
+    }
+
+    pub fn state_of(&self, rt: &RuntimeConf) -> Option<Value> {
+        let p = self
+            .state
+            .path()
+            .join(format!("attachments/{}+eth0.json", rt.container_id));
+        fs::read(p)
+            .ok()
+            .map(|b| serde_json::from_slice(&b).unwrap())
+    }
+}
+
+/// The CNI error code and message of a failed chain call.
+pub fn cni_error(e: &ExecError) -> (u32, String) {
+    match e {
+        ExecError::Failed { error, .. } => (error.code, error.msg.clone()),
+        other => panic!("not a plugin failure: {other}"),
+    }
+}
+
+pub fn loopback(v6: bool, port: u16) -> SocketAddr {
+    let ip: IpAddr = if v6 {
+        "::1".parse().unwrap()
+    } else {
+        "127.0.0.1".parse().unwrap()
+    };
+    SocketAddr::new(ip, port)
+}
+
+pub fn any(v6: bool, port: u16) -> SocketAddr {
+    let ip: IpAddr = if v6 {
+        "::".parse().unwrap()
+    } else {
+        "0.0.0.0".parse().unwrap()
+    };
+    SocketAddr::new(ip, port)
+}
+
+pub fn family(v6: bool) -> interlock_redirect::spec::Family {
+    if v6 {
+        interlock_redirect::spec::Family::V6
+    } else {
+        interlock_redirect::spec::Family::V4
+    }
+}
+
+/// A non-blocking listener bound inside `ns`.
+pub fn listen(ns: &Netns, addr: SocketAddr) -> TcpListener {
+    let l = in_netns(&ns.path(), || TcpListener::bind(addr))
+        .unwrap()
+        .unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", ns.name()));
+    l.set_nonblocking(true).unwrap();
+    l
+}
+
+/// Waits up to `within` for a connection on `l`.
+pub fn accept_within(l: &TcpListener, within: Duration) -> Option<(TcpStream, SocketAddr)> {
+    let deadline = Instant::now() + within;
+    loop {
+        match l.accept() {
+            Ok(c) => return Some(c),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
+/// Connects from inside `ns` as root (this process); returns the connection's local address.
+pub fn connect_as_root(ns: &Netns, to: SocketAddr) -> SocketAddr {
+    in_netns(&ns.path(), || {
+        let s = TcpStream::connect_timeout(&to, WAIT)
+            .unwrap_or_else(|e| panic!("connect {to} from {}: {e}", ns.name()));
+        let local = s.local_addr().unwrap();
+        // Keep the socket open until the peer accepted.
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            drop(s);
+        });
+        local
+    })
+    .unwrap()
+}
+
+/// Connects from inside `ns` in a child process running as `uid`/`gid`; true when the
+/// connection was established.
+pub fn connect_as(ns: &Netns, uid: u32, gid: u32, to: SocketAddr) -> bool {
+    let target = format!("/dev/tcp/{}/{}", to.ip(), to.port());
+    in_netns(&ns.path(), || {
+        Command::new("bash")
+            .arg("-c")
+            .arg(format!("exec 3<>{target} && sleep 0.3"))
+            .uid(uid)
+            .gid(gid)
+            .output()
+            .unwrap()
+            .status
+            .success()
+    })
+    .unwrap()
+}
+
+/// Every netfilter rule in `ns`: `iptables-save -t nat` of both families and flavours plus
+/// `nft list ruleset`.
+pub fn all_rules(ns: &Netns) -> String {
+    let mut s = String::new();
+    for tool in [
+        "iptables-nft-save",
+        "ip6tables-nft-save",
+        "iptables-legacy-save",
+        "ip6tables-legacy-save",
+    ] {
+        s.push_str(&ns.exec_ok(&[tool, "-t", "nat"]));
+    }
+    s.push_str(&ns.exec_ok(&["nft", "list", "ruleset"]));
+    s
+}
+
+/// Asserts that `ns` holds none of interlock's rules (no `interlock` nft table, no `IL_`
+/// iptables chain, in any family or flavour).
+pub fn assert_no_interlock_rules(ns: &Netns) {
+    let tables = ns.exec_ok(&["nft", "list", "tables"]);
+    assert!(!tables.contains("interlock"), "nft tables: {tables}");
+    let rules = all_rules(ns);
+    assert!(
+        !rules.contains("IL_") && !rules.contains("interlock"),
+        "{rules}"
+    );
+}
+
+/// Deletes one rule (the proxy-UID exemption) from the pod's netns behind interlock's back.
+pub fn delete_uid_rule(ns: &Netns, backend: &str, uid: u32) {
+    let uid = uid.to_string();
+    match backend {
+        "iptables-nft" | "iptables-legacy" => {
+            let tool = format!("iptables-{}", backend.trim_start_matches("iptables-"));
+            ns.exec_ok(&[
+                &tool,
+                "-t",
+                "nat",
+                "-D",
+                "IL_OUTPUT",
+                "-m",
+                "owner",
+                "--uid-owner",
+                &uid,
+                "-j",
+                "RETURN",
+            ]);
+        }
+        "nftables" => {
+            let listing = ns.exec_ok(&["nft", "-a", "list", "table", "inet", "interlock"]);
+            let mut chain = String::new();
+            for line in listing.lines() {
+                let t = line.trim();
+                if let Some(rest) = t.strip_prefix("chain ") {
+                    chain = rest.split_whitespace().next().unwrap().to_string();
+                } else if t.contains("skuid") && t.contains(&uid) {
+                    let handle = t.rsplit("# handle ").next().unwrap().trim().to_string();
+                    ns.exec_ok(&[
+                        "nft",
+                        "delete",
+                        "rule",
+                        "inet",
+                        "interlock",
+                        &chain,
+                        "handle",
+                        &handle,
+                    ]);
+                    return;
+                }
+            }
+            panic!("no skuid {uid} rule in:\n{listing}");
+        }
+        other => panic!("unknown backend {other}"),
+    }
+}

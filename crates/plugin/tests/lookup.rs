@@ -1,0 +1,314 @@
+//! Pods whose annotations the runtime did not pass (the interlock-cni entry declares no
+//! `io.kubernetes.cri.pod-annotations` capability): interlock-cni asks the agent socket,
+//! then the Kubernetes API, and fails closed (11) naming every source when neither answers.
+//! The agent is a Unix socket served by a test thread; the API a tiny HTTP server on the
+//! node netns's loopback (where the plugin runs).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::Arc;
+
+use common::*;
+use interlock_podinfo::agent::{answer_line, Response};
+use interlock_podinfo::PodRef;
+use interlock_redirect::netns::in_netns;
+use interlock_redirect::probe::original_dst;
+use interlock_testkit::require_root;
+use serde_json::{json, Value};
+
+/// A fake agent on a Unix socket; counts the connections it gets.
+fn fake_agent(
+    dir: &Path,
+    reply: impl Fn(&PodRef) -> Response + Send + Sync + 'static,
+) -> (PathBuf, Arc<AtomicUsize>) {
+    let sock = dir.join("agent.sock");
+    let l = UnixListener::bind(&sock).unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let count = seen.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            let mut line = String::new();
+            if BufReader::new(&s).read_line(&mut line).is_ok() {
+                let _ = s.write_all(answer_line(&line, &reply).as_bytes());
+            }
+        }
+    });
+    (sock, seen)
+}
+
+fn found(annotations: &[(&str, &str)], uid: &str) -> Response {
+    Response::Found {
+        v: 1,
+        uid: Some(uid.into()),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+/// A fake Kubernetes API on 127.0.0.1 inside `ns`: `pods` by name (namespace shop) with
+/// UID `uid-<name>`, 404 for others; every other status when `status` is set. Reports each
+/// request line + Authorization header.
+fn fake_api(
+    ns: &interlock_testkit::Netns,
+    pods: BTreeMap<&'static str, Value>,
+    status: Option<&'static str>,
+) -> (String, Receiver<String>) {
+    let l = in_netns(&ns.path(), || TcpListener::bind("127.0.0.1:0"))
+        .unwrap()
+        .unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut first = String::new();
+            r.read_line(&mut first).unwrap();
+            let mut auth = String::new();
+            loop {
+                let mut h = String::new();
+                r.read_line(&mut h).unwrap();
+                if h.trim().is_empty() {
+                    break;
+                }
+                if h.to_ascii_lowercase().starts_with("authorization:") {
+                    auth = h.trim().to_string();
+                }
+            }
+            let _ = tx.send(format!("{} {}", first.trim(), auth));
+            let name = first
+                .split_whitespace()
+                .nth(1)
+                .and_then(|p| p.strip_prefix("/api/v1/namespaces/shop/pods/"))
+                .unwrap_or("");
+            let (status, body) = match (status, pods.get(name)) {
+                (Some(st), _) => (st.to_string(), r#"{"kind":"Status"}"#.to_string()),
+                (None, Some(ann)) => (
+                    "200 OK".to_string(),
+                    json!({"kind": "Pod", "metadata": {"name": name, "uid": format!("uid-{name}"), "annotations": ann}})
+                        .to_string(),
+                ),
+                (None, None) => (
+                    "404 Not Found".to_string(),
+                    r#"{"kind":"Status","code":404}"#.to_string(),
+                ),
+            };
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (format!("http://{addr}"), rx)
+}
+
+fn kubeconfig(dir: &Path, server: &str) -> PathBuf {
+    let p = dir.join("kubeconfig");
+    std::fs::write(dir.join("token"), "s3cret\n").unwrap();
+    std::fs::write(
+        &p,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: node\nclusters:\n- name: c\n  cluster:\n    server: {server}\n\
+             users:\n- name: u\n  user:\n    tokenFile: token\ncontexts:\n- name: node\n  context:\n    cluster: c\n    user: u\n"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// The entry without the annotations capability: the runtime passes none.
+fn no_capability(extra: Value) -> Value {
+    let mut e = json!({"capabilities": null, "backend": "nftables"});
+    for (k, v) in extra.as_object().unwrap() {
+        e[k] = v.clone();
+    }
+    e
+}
+
+/// A → B:8080 from A lands on A's outbound port `port` with B:8080 as original destination.
+fn assert_outbound_captured(a: &Pod, b: &Pod, port: u16) {
+    let out_l = listen(&a.ns, loopback(false, port));
+    let b8080 = SocketAddr::new(b.ip(false), 8080);
+    let local = connect_as_root(&a.ns, b8080);
+    let (c, peer) = accept_within(&out_l, WAIT).expect("captured at the outbound port");
+    assert_eq!(peer, local);
+    assert_eq!(original_dst(&c, family(false)).unwrap(), b8080);
+}
+
+#[test]
+fn agent_answers_when_the_runtime_passed_no_annotations() {
+    require_root!();
+    let n = Node::new(false);
+    let dir = interlock_testkit::tempdir().unwrap();
+    let (sock, calls) = fake_agent(dir.path(), |p| match p.name.as_str() {
+        "a" => found(ISTIO.annotations, "uid-a"),
+        _ => found(&[("team", "shop")], &format!("uid-{}", p.name)),
+    });
+    let chain = n.chain(no_capability(json!({ "agentSocket": sock })));
+    let b = n.add(&chain, "b", Some(json!({"ignored": "not passed"})));
+    let a = n.add(&chain, "a", None);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    let sa = n.state_of(&a.rt).unwrap();
+    assert_eq!(sa["annotationsSource"], "agent", "{sa}");
+    assert_eq!(sa["decision"]["profile"], "istio");
+    assert_eq!(sa["protection"]["protection"], "protected", "{sa}");
+    assert!(sa["pod"]["annotations"]["sidecar.istio.io/status"].is_string());
+    let sb = n.state_of(&b.rt).unwrap();
+    assert_eq!(sb["annotationsSource"], "agent");
+    assert_eq!(sb["decision"]["decision"], "not-meshed", "{sb}");
+    assert_outbound_captured(&a, &b, ISTIO.outbound);
+
+    // When the runtime passes annotations, nobody is asked: no network call at all.
+    let with_cap = n.chain(json!({ "agentSocket": sock, "backend": "nftables" }));
+    let c = n.add(&with_cap, "c", Some(Value::Null));
+    let d = n.add(&with_cap, "d", Some(LINKERD.annotations()));
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "the agent was asked");
+    assert_eq!(
+        n.state_of(&c.rt).unwrap()["annotationsSource"],
+        "runtime-config"
+    );
+    assert_eq!(
+        n.state_of(&d.rt).unwrap()["protection"]["protection"],
+        "protected"
+    );
+    for p in [&a, &b, &c, &d] {
+        n.del(&chain, p).unwrap();
+    }
+}
+
+#[test]
+fn api_answers_when_the_agent_cannot() {
+    require_root!();
+    let n = Node::new(false);
+    let dir = interlock_testkit::tempdir().unwrap();
+    // The agent's notFound is not authoritative: the plugin moves on to the API.
+    let (sock, calls) = fake_agent(dir.path(), |_| Response::NotFound { v: 1 });
+    let (server, seen) = fake_api(
+        &n.node,
+        BTreeMap::from([("a", LINKERD.annotations()), ("b", json!({"team": "shop"}))]),
+        None,
+    );
+    let kc = kubeconfig(dir.path(), &server);
+    let chain = n.chain(no_capability(
+        json!({ "agentSocket": sock, "kubeconfig": kc }),
+    ));
+    let b = n.add(&chain, "b", None);
+    let a = n.add(&chain, "a", None);
+    let sa = n.state_of(&a.rt).unwrap();
+    assert_eq!(sa["annotationsSource"], "kubernetes-api", "{sa}");
+    assert_eq!(sa["decision"]["profile"], "linkerd");
+    assert_eq!(sa["protection"]["protection"], "protected", "{sa}");
+    assert_eq!(
+        n.state_of(&b.rt).unwrap()["decision"]["decision"],
+        "not-meshed"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let reqs: Vec<String> = seen.try_iter().collect();
+    assert!(
+        reqs.iter()
+            .any(|r| r.starts_with("GET /api/v1/namespaces/shop/pods/a ")
+                && r.ends_with("Bearer s3cret")),
+        "{reqs:?}"
+    );
+    assert_outbound_captured(&a, &b, LINKERD.outbound);
+
+    // The API's 404 is authoritative: the pod does not exist, so it is not meshed.
+    let gone = n.add(&chain, "gone", None);
+    let s = n.state_of(&gone.rt).unwrap();
+    assert_eq!(s["decision"]["decision"], "not-meshed", "{s}");
+    assert!(
+        s["decision"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the Kubernetes API says the pod does not exist"),
+        "{s}"
+    );
+    assert_no_interlock_rules(&gone.ns);
+    for p in [&a, &b, &gone] {
+        n.del(&chain, p).unwrap();
+    }
+}
+
+#[test]
+fn undecidable_pod_fails_closed_naming_every_source() {
+    require_root!();
+    let n = Node::new(false);
+    let dir = interlock_testkit::tempdir().unwrap();
+
+    // Nothing there: no socket, nothing listening on the API port (node-local loopback).
+    let missing_sock = dir.path().join("nope.sock");
+    let kc_dir = interlock_testkit::tempdir().unwrap();
+    let kc = kubeconfig(kc_dir.path(), "http://127.0.0.1:1");
+    let chain = n.chain(no_capability(
+        json!({ "agentSocket": missing_sock, "kubeconfig": kc }),
+    ));
+    let (ns, rt, r) = n.try_add(&chain, "a", None);
+    let e = r.unwrap_err();
+    let (code, msg) = cni_error(&e);
+    assert_eq!(code, 11, "{e}");
+    assert!(
+        msg.starts_with("pod shop/a: step lookup failed:")
+            && msg.contains(&missing_sock.display().to_string())
+            && msg.contains("Kubernetes API")
+            && msg.contains("127.0.0.1:1"),
+        "{msg}"
+    );
+    assert!(n.state_of(&rt).is_none());
+    assert_no_interlock_rules(&ns);
+    n.node.run(|| chain.del(&rt, None)).unwrap();
+
+    // Both answer, neither with authority: agent undecided, API 500.
+    let (sock, _) = fake_agent(dir.path(), |_| Response::Undecided {
+        v: 1,
+        reason: "pod cache not synced".into(),
+    });
+    let (server, _seen) = fake_api(&n.node, BTreeMap::new(), Some("500 Internal Server Error"));
+    let kc2 = kubeconfig(dir.path(), &server);
+    let chain = n.chain(no_capability(
+        json!({ "agentSocket": sock, "kubeconfig": kc2 }),
+    ));
+    let (_ns, rt, r) = n.try_add(&chain, "a", None);
+    let e = r.unwrap_err();
+    let (code, msg) = cni_error(&e);
+    assert_eq!(code, 11, "{e}");
+    assert!(
+        msg.contains("pod cache not synced") && msg.contains("HTTP 500"),
+        "{msg}"
+    );
+    n.node.run(|| chain.del(&rt, None)).unwrap();
+
+    // failurePolicy open: the pod starts, recorded unprotected, logged at error level.
+    let open = n.chain(no_capability(
+        json!({ "agentSocket": sock, "kubeconfig": kc2, "failurePolicy": "open" }),
+    ));
+    let p = n.add(&open, "a", None);
+    let s = n.state_of(&p.rt).unwrap();
+    assert_eq!(s["protection"]["protection"], "unprotected", "{s}");
+    assert_eq!(s["protection"]["step"], "lookup", "{s}");
+    let log = n.log();
+    assert!(
+        log.lines().any(|l| l.contains(" ERROR ")
+            && l.contains("pod shop/a runs WITHOUT traffic redirection")
+            && l.contains("pod cache not synced")),
+        "{log}"
+    );
+    // Excluded namespaces are never looked up.
+    let excluded = n.chain(no_capability(
+        json!({ "agentSocket": missing_sock, "excludeNamespaces": ["shop"] }),
+    ));
+    let x = n.add(&excluded, "x", None);
+    assert_eq!(n.state_of(&x.rt).unwrap()["decision"]["decision"], "skip");
+}

@@ -1,0 +1,281 @@
+//! interlock-cni chained after the reference `bridge` plugin, in test-owned namespaces,
+//! proven with real traffic: pod A (meshed, annotations in `runtimeConfig`) and pod B
+//! (not meshed) on the bridge. A's outbound connections land on its proxy's outbound
+//! port with the original destination intact, the proxy's UID reaches B directly, B's
+//! connections to A land on the inbound port. CHECK, re-ADD, DEL; fail-closed paths.
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
+
+use common::*;
+use interlock_redirect::netns::in_netns;
+use interlock_redirect::probe::original_dst;
+use interlock_testkit::require_root;
+use serde_json::{json, Value};
+
+/// The whole life of a meshed pod with `mesh`'s profile and `backend`.
+fn scenario(mesh: &Mesh, backend: &str, dual: bool) {
+    let n = Node::new(dual);
+    let chain = n.chain(json!({ "backend": backend }));
+    let only = n.only_interlock(&chain);
+    let b = n.add(&chain, "b", Some(json!({"team": "shop"})));
+    let a = n.add(&chain, "a", Some(mesh.annotations()));
+
+    // B needed nothing; A is protected with the configured backend and recorded so.
+    let sb = n.state_of(&b.rt).unwrap();
+    assert_eq!(sb["decision"]["decision"], "not-meshed", "{sb}");
+    assert_eq!(sb["protection"]["protection"], "not-needed", "{sb}");
+    let sa = n.state_of(&a.rt).unwrap();
+    assert_eq!(sa["decision"]["decision"], "meshed", "{sa}");
+    assert_eq!(sa["decision"]["profile"], mesh.profile);
+    let p = &sa["protection"];
+    assert_eq!(p["protection"], "protected", "{sa}");
+    assert_eq!(p["backend"], backend);
+    assert_eq!(p["profile"], mesh.profile);
+    assert_eq!(sa["netns"], a.ns.path().display().to_string());
+    assert_eq!(sa["ifname"], "eth0");
+    assert_eq!(sa["pod"]["name"], "a");
+    assert_eq!(sa["annotationsSource"], "runtime-config");
+    let spec: Value = serde_json::from_str(p["spec"].as_str().unwrap()).unwrap();
+    assert_eq!(spec["proxyUid"], mesh.uid);
+    assert_eq!(spec["outbound"]["proxyPort"], mesh.outbound);
+    assert_eq!(spec["inbound"]["proxyPort"], mesh.inbound);
+    assert_eq!(spec["ipv4"], true);
+    assert_eq!(
+        spec["ipv6"], dual,
+        "spec narrowed to the pod's families: {spec}"
+    );
+    assert_eq!(p["specHash"].as_str().unwrap().len(), 64);
+    let probes = p["probe"].as_array().unwrap();
+    assert_eq!(
+        probes
+            .iter()
+            .filter(|l| l.as_str().unwrap().contains("landed on"))
+            .count(),
+        if dual { 2 } else { 1 },
+        "{p}"
+    );
+    eprintln!(
+        "TIMINGS {} {backend} dual={dual}: add {} us, protect {} us (rules {} us, probe {} us)",
+        mesh.profile,
+        sa["addUs"],
+        p["timings"]["protectUs"],
+        p["timings"]["rulesUs"],
+        p["timings"]["probeUs"]
+    );
+    let log = n.log();
+    assert!(
+        log.lines().any(|l| l.contains(" INFO ")
+            && l.contains("pod shop/a: meshed")
+            && l.contains(&format!("protected with {backend}"))
+            && l.contains("total ")),
+        "{log}"
+    );
+
+    for v6 in a.families() {
+        assert!(b.families().contains(&v6));
+        let out_l = listen(&a.ns, loopback(v6, mesh.outbound));
+        let in_l = listen(&a.ns, any(v6, mesh.inbound));
+        let b_l = listen(&b.ns, any(v6, 8080));
+        let b8080 = SocketAddr::new(b.ip(v6), 8080);
+        let a8080 = SocketAddr::new(a.ip(v6), 8080);
+
+        // A process in A (root, not the proxy) → B:8080 lands on A's outbound port.
+        let local = connect_as_root(&a.ns, b8080);
+        let (c, peer) = accept_within(&out_l, WAIT).expect("captured at the outbound port");
+        assert_eq!(peer, local);
+        assert_eq!(original_dst(&c, family(v6)).unwrap(), b8080);
+        assert!(accept_within(&b_l, Duration::ZERO).is_none(), "B saw it");
+        // Another unprivileged UID too.
+        assert!(connect_as(&a.ns, 4321, 4321, b8080));
+        let (c, _) = accept_within(&out_l, WAIT).expect("UID 4321 captured");
+        assert_eq!(original_dst(&c, family(v6)).unwrap(), b8080);
+        assert!(accept_within(&b_l, Duration::ZERO).is_none());
+
+        // The proxy's UID reaches B's own listener.
+        assert!(connect_as(&a.ns, mesh.uid, mesh.uid, b8080));
+        assert!(accept_within(&b_l, WAIT).is_some(), "proxy UID reaches B");
+        assert!(accept_within(&out_l, Duration::ZERO).is_none());
+
+        // B → A:8080 lands on A's inbound port.
+        connect_as_root(&b.ns, a8080);
+        let (c, _) = accept_within(&in_l, WAIT).expect("captured at the inbound port");
+        assert_eq!(original_dst(&c, family(v6)).unwrap(), a8080);
+
+        // B has no rules of its own: its connection reached A (above) instead of B's
+        // loopback, and A's proxy UID reaches a port B serves.
+        assert_no_interlock_rules(&b.ns);
+    }
+
+    // CHECK: exact; one rule deleted → 103 with the difference; re-ADD repairs it.
+    n.check(&only, &a).unwrap();
+    n.check(&only, &b).unwrap();
+    delete_uid_rule(&a.ns, backend, mesh.uid);
+    let e = n.check(&only, &a).unwrap_err();
+    let (code, msg) = cni_error(&e);
+    assert_eq!(code, 103, "{e}");
+    assert!(
+        msg.starts_with("pod shop/a: step verify failed:") && msg.contains(backend),
+        "{msg}"
+    );
+    let readd = n.readd(&only, &a).unwrap();
+    assert_eq!(readd, a.result, "re-ADD returns prevResult");
+    n.check(&only, &a).unwrap();
+
+    // DEL: rules and state gone; again without netns (containerd's late DEL): success.
+    n.del(&chain, &a).unwrap();
+    assert!(n.state_of(&a.rt).is_none());
+    assert_no_interlock_rules(&a.ns);
+    let late = interlock_protocol::exec::RuntimeConf::new(&a.rt.container_id, "", "eth0");
+    n.node.run(|| chain.del(&late, None)).unwrap();
+    n.del(&chain, &b).unwrap();
+    let log = n.log();
+    if std::env::var_os("IL_SHOW_LOG").is_some() {
+        eprintln!("{log}");
+    }
+    assert!(
+        log.lines()
+            .any(|l| l.contains("DEL ") && l.contains("pod shop/a: rules removed")),
+        "{log}"
+    );
+}
+
+#[test]
+fn istio_nftables_dual_stack() {
+    require_root!();
+    scenario(&ISTIO, "nftables", true);
+}
+
+#[test]
+fn istio_iptables_nft_dual_stack() {
+    require_root!();
+    scenario(&ISTIO, "iptables-nft", true);
+}
+
+#[test]
+fn linkerd_nftables_dual_stack() {
+    require_root!();
+    scenario(&LINKERD, "nftables", true);
+}
+
+#[test]
+fn linkerd_iptables_nft_dual_stack() {
+    require_root!();
+    scenario(&LINKERD, "iptables-nft", true);
+}
+
+#[test]
+fn istio_nftables_ipv4_only() {
+    require_root!();
+    scenario(&ISTIO, "nftables", false);
+}
+
+#[test]
+fn linkerd_iptables_legacy_ipv4_only() {
+    require_root!();
+    scenario(&LINKERD, "iptables-legacy", false);
+}
+
+/// A garbage annotation value: ADD fails (101) naming the annotation, nothing is applied.
+#[test]
+fn garbage_annotation_fails_add_and_leaves_no_rules() {
+    require_root!();
+    let n = Node::new(true);
+    for backend in ["nftables", "iptables-nft"] {
+        let chain = n.chain(json!({ "backend": backend }));
+        let mut ann = ISTIO.annotations();
+        ann["traffic.sidecar.istio.io/excludeOutboundPorts"] = json!("70000");
+        let (ns, rt, r) = n.try_add(&chain, "a", Some(ann));
+        let e = r.unwrap_err();
+        let (code, msg) = cni_error(&e);
+        assert_eq!(code, 101, "{e}");
+        assert!(
+            msg.starts_with("pod shop/a: step spec failed:")
+                && msg.contains("traffic.sidecar.istio.io/excludeOutboundPorts")
+                && msg.contains("70000"),
+            "{msg}"
+        );
+        assert_no_interlock_rules(&ns);
+        assert!(n.state_of(&rt).is_none());
+        // The runtime's DEL after the failed ADD succeeds.
+        n.node.run(|| chain.del(&rt, None)).unwrap();
+    }
+    assert!(
+        n.log()
+            .lines()
+            .any(|l| l.contains(" ERROR ") && l.contains("excludeOutboundPorts")),
+        "{}",
+        n.log()
+    );
+}
+
+/// A real failure after the rules were applied: the outbound proxy port is already taken
+/// in the pod's netns, so the probe cannot listen. Closed: ADD fails (104) and the rules
+/// are removed again. Open: ADD succeeds, the pod is recorded unprotected, the log shouts.
+#[test]
+fn probe_failure_fails_closed_or_logs_loudly_when_open() {
+    require_root!();
+    let n = Node::new(false);
+    for policy in ["closed", "open"] {
+        let chain = n.chain(json!({ "backend": "nftables", "failurePolicy": policy }));
+        let ns = interlock_testkit::Netns::new("pod").unwrap();
+        let squatter: TcpListener = in_netns(&ns.path(), || {
+            TcpListener::bind(loopback(false, ISTIO.outbound))
+        })
+        .unwrap()
+        .unwrap();
+        let rt = n.runtime_conf(&ns, "a", Some(ISTIO.annotations()));
+        let r = n.node.run(|| chain.add(&rt));
+        match policy {
+            "closed" => {
+                let e = r.unwrap_err();
+                let (code, msg) = cni_error(&e);
+                assert_eq!(code, 104, "{e}");
+                assert!(
+                    msg.starts_with("pod shop/a: step probe failed:") && msg.contains("15001"),
+                    "{msg}"
+                );
+                assert!(n.state_of(&rt).is_none());
+            }
+            _ => {
+                let result = r.unwrap_or_else(|e| panic!("open policy: {e}"));
+                assert_eq!(result.ips_on("eth0").len(), 1);
+                let s = n.state_of(&rt).unwrap();
+                assert_eq!(s["protection"]["protection"], "unprotected", "{s}");
+                assert_eq!(s["protection"]["step"], "probe", "{s}");
+                let log = n.log();
+                assert!(
+                    log.lines().any(|l| l.contains(" ERROR ")
+                        && l.contains("pod shop/a runs WITHOUT traffic redirection")
+                        && l.contains("step probe failed")),
+                    "{log}"
+                );
+                // CHECK says it is not protected; DEL cleans up.
+                let only = n.only_interlock(&chain);
+                let e = n.node.run(|| only.check(&rt, &result)).unwrap_err();
+                assert_eq!(cni_error(&e).0, 103, "{e}");
+                n.node.run(|| chain.del(&rt, Some(&result))).unwrap();
+                assert!(n.state_of(&rt).is_none());
+            }
+        }
+        // Either way the engine removed its rules again: all or nothing.
+        assert_no_interlock_rules(&ns);
+        drop(squatter);
+        n.node.run(|| chain.del(&rt, None)).unwrap();
+    }
+}
+
+/// Excluded namespaces are never touched, even with mesh annotations.
+#[test]
+fn excluded_namespace_is_skipped() {
+    require_root!();
+    let n = Node::new(false);
+    let chain = n.chain(json!({ "excludeNamespaces": ["shop"] }));
+    let a = n.add(&chain, "a", Some(ISTIO.annotations()));
+    let s = n.state_of(&a.rt).unwrap();
+    assert_eq!(s["decision"]["decision"], "skip", "{s}");
+    assert_no_interlock_rules(&a.ns);
+    n.del(&chain, &a).unwrap();
+}
