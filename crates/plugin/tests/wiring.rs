@@ -279,3 +279,147 @@ fn excluded_namespace_is_skipped() {
     assert_no_interlock_rules(&a.ns);
     n.del(&chain, &a).unwrap();
 }
+
+/// `backend: auto` detects from the plugin's own (node) netns; `profiles` limits which
+/// meshes are recognised.
+#[test]
+fn auto_backend_and_enabled_profiles() {
+    require_root!();
+    let n = Node::new(false);
+    let chain = n.chain(json!({ "backend": "auto", "profiles": ["istio", "generic"] }));
+    let a = n.add(&chain, "a", Some(ISTIO.annotations()));
+    let s = n.state_of(&a.rt).unwrap();
+    let expected =
+        interlock_testkit::Netns::run(&n.node, || interlock_redirect::backend::detect().kind);
+    assert_eq!(s["protection"]["backend"], expected.as_str(), "{s}");
+    assert!(
+        s["protection"]["backendReason"]
+            .as_str()
+            .unwrap()
+            .starts_with("auto: "),
+        "{s}"
+    );
+    // linkerd is not enabled: a linkerd pod passes through untouched.
+    let l = n.add(&chain, "l", Some(LINKERD.annotations()));
+    let s = n.state_of(&l.rt).unwrap();
+    assert_eq!(s["decision"]["decision"], "not-meshed", "{s}");
+    assert_no_interlock_rules(&l.ns);
+    n.del(&chain, &a).unwrap();
+    n.del(&chain, &l).unwrap();
+}
+
+/// DEL without state (lost state file) removes every backend's rules; DEL after the
+/// netns is gone succeeds and removes the state.
+#[test]
+fn del_without_state_and_after_the_netns_is_gone() {
+    require_root!();
+    let n = Node::new(false);
+    let chain = n.chain(json!({ "backend": "iptables-nft" }));
+    let a = n.add(&chain, "a", Some(ISTIO.annotations()));
+    assert!(a
+        .ns
+        .exec_ok(&["iptables-nft-save", "-t", "nat"])
+        .contains("IL_"));
+    std::fs::remove_file(
+        n.state
+            .path()
+            .join(format!("attachments/{}+eth0.json", a.rt.container_id)),
+    )
+    .unwrap();
+    n.del(&chain, &a).unwrap();
+    assert_no_interlock_rules(&a.ns);
+    assert!(n
+        .log()
+        .lines()
+        .any(|l| l.contains("pod shop/a: rules of every backend removed")));
+
+    let b = n.add(&chain, "b", Some(ISTIO.annotations()));
+    let Pod { ns, rt, result, .. } = b;
+    drop(ns);
+    let only = n.only_interlock(&chain);
+    n.node.run(|| only.del(&rt, Some(&result))).unwrap();
+    assert!(n.state_of(&rt).is_none());
+    assert!(n
+        .log()
+        .lines()
+        .any(|l| l.contains("pod shop/b: netns already gone")));
+}
+
+/// GC (1.1.0, interlock-cni alone since the reference plugins stop at 1.0.0) removes the
+/// state of attachments not in the valid list, and their leftover rules.
+#[test]
+fn gc_removes_stale_state_and_rules() {
+    require_root!();
+    let n = Node::new(false);
+    let chain = n.chain(json!({ "backend": "nftables" }));
+    let keep = n.add(&chain, "keep", Some(ISTIO.annotations()));
+    let stale = n.add(&chain, "stale", Some(ISTIO.annotations()));
+    assert!(stale
+        .ns
+        .exec_ok(&["nft", "list", "tables"])
+        .contains("interlock"));
+    let doc = json!({
+        "cniVersion": "1.1.0", "name": "ilnet",
+        "plugins": [n.interlock_entry(json!({}))],
+    });
+    let list = interlock_protocol::parse_conflist(doc.to_string().as_bytes()).unwrap();
+    let gc = interlock_protocol::exec::Chain::new(list, vec![n.bins.path().into()]).unwrap();
+    n.node
+        .run(|| {
+            gc.gc(&[interlock_protocol::exec::Attachment {
+                container_id: keep.rt.container_id.clone(),
+                ifname: "eth0".into(),
+            }])
+        })
+        .unwrap();
+    assert!(n.state_of(&keep.rt).is_some());
+    assert!(n.state_of(&stale.rt).is_none());
+    assert_no_interlock_rules(&stale.ns);
+    let only = n.only_interlock(&chain);
+    n.check(&only, &keep).unwrap();
+    n.del(&chain, &keep).unwrap();
+    n.del(&chain, &stale).unwrap();
+}
+
+/// Exclusions from the pod's annotations hold for real traffic through the plugin: an
+/// excluded port and an excluded destination reach B directly; others are captured.
+#[test]
+fn annotation_exclusions_hold_for_real_traffic() {
+    require_root!();
+    let n = Node::new(true);
+    let chain = n.chain(json!({ "backend": "nftables" }));
+    let b = n.add(&chain, "b", Some(Value::Null));
+    let b6 = b.ip(true);
+    let mut ann = ISTIO.annotations();
+    ann["traffic.sidecar.istio.io/excludeOutboundPorts"] = json!("5432");
+    ann["traffic.sidecar.istio.io/excludeOutboundIPRanges"] = json!(format!("{b6}/128"));
+    let a = n.add(&chain, "a", Some(ann));
+    let out4 = listen(&a.ns, loopback(false, 15001));
+    let out6 = listen(&a.ns, loopback(true, 15001));
+    let b5432 = listen(&b.ns, any(false, 5432));
+    let b8080 = listen(&b.ns, any(true, 8080));
+    let b8080_4 = listen(&b.ns, any(false, 8081));
+    // Excluded port (v4): reaches B.
+    connect_as_root(&a.ns, SocketAddr::new(b.ip(false), 5432));
+    assert!(
+        accept_within(&b5432, WAIT).is_some(),
+        "excluded port reaches B"
+    );
+    // Excluded destination (B's v6 address): reaches B on any port.
+    connect_as_root(&a.ns, SocketAddr::new(b6, 8080));
+    assert!(
+        accept_within(&b8080, WAIT).is_some(),
+        "excluded CIDR reaches B"
+    );
+    assert!(accept_within(&out4, Duration::ZERO).is_none());
+    assert!(accept_within(&out6, Duration::ZERO).is_none());
+    // Anything else is captured.
+    let dst = SocketAddr::new(b.ip(false), 8081);
+    connect_as_root(&a.ns, dst);
+    let (c, _) = accept_within(&out4, WAIT).expect("captured");
+    assert_eq!(original_dst(&c, family(false)).unwrap(), dst);
+    assert!(accept_within(&b8080_4, Duration::ZERO).is_none());
+    drop((out4, out6));
+    n.del(&chain, &a).unwrap();
+    n.del(&chain, &b).unwrap();
+}

@@ -299,12 +299,26 @@ pub fn family(v6: bool) -> interlock_redirect::spec::Family {
 }
 
 /// A non-blocking listener bound inside `ns`.
+/// A port still held by a closing socket of an earlier step is retried for a while; a
+/// persistent failure shows the netns's sockets.
 pub fn listen(ns: &Netns, addr: SocketAddr) -> TcpListener {
-    let l = in_netns(&ns.path(), || TcpListener::bind(addr))
-        .unwrap()
-        .unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", ns.name()));
-    l.set_nonblocking(true).unwrap();
-    l
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match in_netns(&ns.path(), || TcpListener::bind(addr)).unwrap() {
+            Ok(l) => {
+                l.set_nonblocking(true).unwrap();
+                return l;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!(
+                "bind {addr} in {}: {e}\nsockets:\n{}",
+                ns.name(),
+                String::from_utf8_lossy(&ns.exec(&["ss", "-tanpe"]).stdout)
+            ),
+        }
+    }
 }
 
 /// Waits up to `within` for a connection on `l`.
