@@ -186,24 +186,38 @@ impl Scenario {
 }
 
 /// One measurement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sample {
     /// Wall time of the measured operation.
     pub total: Duration,
-    /// For the engine: time applying and verifying the rules.
+    /// Time applying and verifying the rules (engine: measured by the engine; plugin ADD:
+    /// as the plugin recorded it in its attachment state).
     pub rules: Option<Duration>,
-    /// For the engine: time proving them with the probe.
+    /// Time proving the rules with the probe (same sources as `rules`).
     pub probe: Option<Duration>,
+    /// Plugin ADD only: the plugin's whole `protect` step, as it recorded it.
+    pub protect: Option<Duration>,
+    /// Plugin ADD only: the ADD inside the plugin process until its state was written, as
+    /// it recorded it (the rest of `total` is process start, exit and pipes).
+    pub inside: Option<Duration>,
 }
 
 impl Sample {
     fn plain(total: Duration) -> Sample {
         Sample {
             total,
-            rules: None,
-            probe: None,
+            ..Sample::default()
         }
     }
+}
+
+/// A timed plugin ADD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginAdd {
+    /// Spawn to exit.
+    pub elapsed: Duration,
+    /// The attachment (`CNI_CONTAINERID`, `CNI_IFNAME`), to find the plugin's state.
+    pub key: interlock_cni::state::AttachmentKey,
 }
 
 /// The pod annotations istio's injector writes on a sidecar-injected pod (only
@@ -468,12 +482,12 @@ impl Bench {
         };
         match scenario {
             Scenario::AddMeshed(kind) => self
-                .plugin_add(pod, Some(kind), &istio_annotations())
-                .map(Sample::plain)
+                .plugin_add_timed(pod, Some(kind), &istio_annotations())
+                .map(|a| self.with_plugin_timings(&a))
                 .map_err(fail),
             Scenario::AddUnmeshed => self
-                .plugin_add(pod, None, &plain_annotations())
-                .map(Sample::plain)
+                .plugin_add_timed(pod, None, &plain_annotations())
+                .map(|a| self.with_plugin_timings(&a))
                 .map_err(fail),
             Scenario::SpawnFloor => self.spawn_floor(pod).map(Sample::plain).map_err(fail),
             Scenario::Engine(kind) => self.engine_protect(pod, kind).map_err(fail),
@@ -554,6 +568,25 @@ impl Bench {
         serde_json::to_vec(&Value::Object(conf)).expect("JSON")
     }
 
+    /// The sample of a plugin ADD, with the timings the plugin recorded in its
+    /// attachment state (read after the measurement; absent fields stay `None`).
+    pub fn with_plugin_timings(&self, add: &PluginAdd) -> Sample {
+        let mut s = Sample::plain(add.elapsed);
+        let store = interlock_cni::state::StateStore::new(self.state.path());
+        if let Ok(Some(state)) = store.load(&add.key) {
+            let us = Duration::from_micros;
+            if state.add_us > 0 {
+                s.inside = Some(us(state.add_us));
+            }
+            if let interlock_cni::decide::Protection::Protected(p) = &state.protection {
+                s.rules = Some(us(p.timings.rules_us));
+                s.probe = Some(us(p.timings.probe_us));
+                s.protect = Some(us(p.timings.protect_us));
+            }
+        }
+        s
+    }
+
     fn runtime_conf(&self, pod: &Pod) -> RuntimeConf {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let id = format!("ilbench{:08x}{n:08x}", std::process::id());
@@ -573,6 +606,17 @@ impl Bench {
         backend: Option<BackendKind>,
         annotations: &BTreeMap<String, String>,
     ) -> Result<Duration, String> {
+        self.plugin_add_timed(pod, backend, annotations)
+            .map(|a| a.elapsed)
+    }
+
+    /// [`Bench::plugin_add`], also returning the attachment key.
+    pub fn plugin_add_timed(
+        &self,
+        pod: &Pod,
+        backend: Option<BackendKind>,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<PluginAdd, String> {
         let stdin = self.add_stdin(pod, backend, annotations);
         let rt = self.runtime_conf(pod);
         let t = Instant::now();
@@ -594,7 +638,13 @@ impl Bench {
         if v.get("ips").is_none() {
             return Err(format!("plugin ADD result has no ips: {v}"));
         }
-        Ok(elapsed)
+        Ok(PluginAdd {
+            elapsed,
+            key: interlock_cni::state::AttachmentKey {
+                container_id: rt.container_id.clone(),
+                ifname: rt.ifname.clone(),
+            },
+        })
     }
 
     /// `/bin/true` run through the same exec path as [`Bench::plugin_add`] (environment,
@@ -635,6 +685,7 @@ impl Bench {
             total,
             rules: Some(p.rules_time),
             probe: Some(p.probe_time),
+            ..Sample::default()
         })
     }
 

@@ -155,6 +155,16 @@ pub fn report(bench: &Bench, plan: &Plan, c: &Collected, loadavg_start: &str) ->
         let Some(sum) = summary(c, *s) else { continue };
         let mut v = sum.to_json();
         let obj = v.as_object_mut().expect("object");
+        let med = |f: fn(&crate::Sample) -> Option<Duration>| {
+            let v: Vec<Duration> = samples.iter().filter_map(f).collect();
+            Summary::of(&v).map(|x| (x.median_us * 10.0).round() / 10.0)
+        };
+        // Plugin ADD: the part outside the plugin's own clock (exec, loading, exit, pipes).
+        let outside: Vec<Duration> = samples
+            .iter()
+            .filter_map(|x| x.inside.map(|i| x.total.saturating_sub(i)))
+            .collect();
+        let outside = Summary::of(&outside).map(|x| (x.median_us * 10.0).round() / 10.0);
         match s {
             Scenario::AddMeshed(k) => {
                 let w = c.wiring_of(*k);
@@ -162,12 +172,32 @@ pub fn report(bench: &Bench, plan: &Plan, c: &Collected, loadavg_start: &str) ->
                 obj.insert("wiring_checks".into(), w.checked.into());
                 obj.insert("rules_visible_after".into(), w.visible.into());
                 obj.insert("rules_exact_after".into(), w.exact.into());
+                obj.insert(
+                    "plugin_reported_add_median_us".into(),
+                    med(|x| x.inside).into(),
+                );
+                obj.insert(
+                    "plugin_reported_protect_median_us".into(),
+                    med(|x| x.protect).into(),
+                );
+                obj.insert(
+                    "plugin_reported_apply_verify_median_us".into(),
+                    med(|x| x.rules).into(),
+                );
+                obj.insert(
+                    "plugin_reported_probe_median_us".into(),
+                    med(|x| x.probe).into(),
+                );
+                obj.insert("outside_plugin_clock_median_us".into(), outside.into());
+            }
+            Scenario::AddUnmeshed => {
+                obj.insert(
+                    "plugin_reported_add_median_us".into(),
+                    med(|x| x.inside).into(),
+                );
+                obj.insert("outside_plugin_clock_median_us".into(), outside.into());
             }
             Scenario::Engine(_) => {
-                let med = |f: fn(&crate::Sample) -> Option<Duration>| {
-                    let v: Vec<Duration> = samples.iter().filter_map(f).collect();
-                    Summary::of(&v).map(|x| (x.median_us * 10.0).round() / 10.0)
-                };
                 obj.insert("apply_verify_median_us".into(), med(|x| x.rules).into());
                 obj.insert("probe_median_us".into(), med(|x| x.probe).into());
             }

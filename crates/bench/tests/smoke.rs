@@ -79,6 +79,23 @@ fn quick_run_prints_every_key_with_positive_numbers() {
             Scenario::AddMeshed(_) => {
                 assert!(r["wired"].is_boolean(), "{}: {r}", s.key());
                 assert!(r["wiring_checks"].as_u64().unwrap_or(0) > 0, "{r}");
+                if r["wired"].as_bool().unwrap() {
+                    // The plugin's own account of the ADD, read from its state.
+                    for k in [
+                        "plugin_reported_add_median_us",
+                        "plugin_reported_protect_median_us",
+                        "plugin_reported_apply_verify_median_us",
+                        "plugin_reported_probe_median_us",
+                    ] {
+                        positive(&r[k], &format!("{}.{k}", s.key()));
+                    }
+                    assert_eq!(
+                        r["rules_exact_after"],
+                        r["wiring_checks"],
+                        "{}: the plugin's rules are not the bench rule set: {doc}",
+                        s.key()
+                    );
+                }
             }
             Scenario::Engine(_) => {
                 positive(&r["apply_verify_median_us"], "apply_verify_median_us");
