@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+pub mod traffic;
+
 pub use tempfile::{tempdir, TempDir};
 
 /// True when the process runs as root (effective UID 0).

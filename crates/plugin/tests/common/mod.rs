@@ -6,20 +6,16 @@
 #![allow(dead_code)]
 
 use std::fs;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::symlink;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Command;
-use std::time::{Duration, Instant};
 
 use interlock_protocol::exec::{exec_plugin, Chain, Command as Verb, ExecError, RuntimeConf};
 use interlock_protocol::{parse_conflist, CniResult};
-use interlock_redirect::netns::in_netns;
+pub use interlock_testkit::traffic::*;
 use interlock_testkit::{cni_plugins_dir, tempdir, unique, Netns, TempDir};
 use serde_json::{json, Value};
 
-pub const WAIT: Duration = Duration::from_secs(2);
 pub const SUBNET4: &str = "10.99.7.0/24";
 pub const SUBNET6: &str = "fd99:7::/64";
 
@@ -296,108 +292,6 @@ pub fn family(v6: bool) -> interlock_redirect::spec::Family {
     } else {
         interlock_redirect::spec::Family::V4
     }
-}
-
-/// A non-blocking listener bound inside `ns`.
-/// A port still held by a closing socket of an earlier step is retried for a while; a
-/// persistent failure shows the netns's sockets.
-pub fn listen(ns: &Netns, addr: SocketAddr) -> TcpListener {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        match in_netns(&ns.path(), || TcpListener::bind(addr)).unwrap() {
-            Ok(l) => {
-                l.set_nonblocking(true).unwrap();
-                return l;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => panic!(
-                "bind {addr} in {}: {e}\nsockets:\n{}",
-                ns.name(),
-                String::from_utf8_lossy(&ns.exec(&["ss", "-tanpe"]).stdout)
-            ),
-        }
-    }
-}
-
-/// Waits up to `within` for a connection on `l`.
-pub fn accept_within(l: &TcpListener, within: Duration) -> Option<(TcpStream, SocketAddr)> {
-    let deadline = Instant::now() + within;
-    loop {
-        match l.accept() {
-            Ok(c) => return Some(c),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return None;
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    }
-}
-
-/// Connects from inside `ns` as root (this process); returns the connection's local address.
-pub fn connect_as_root(ns: &Netns, to: SocketAddr) -> SocketAddr {
-    in_netns(&ns.path(), || {
-        let s = TcpStream::connect_timeout(&to, WAIT)
-            .unwrap_or_else(|e| panic!("connect {to} from {}: {e}", ns.name()));
-        let local = s.local_addr().unwrap();
-        // Keep the socket open until the peer accepted.
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(500));
-            drop(s);
-        });
-        local
-    })
-    .unwrap()
-}
-
-/// Connects from inside `ns` in a child process running as `uid`/`gid`; true when the
-/// connection was established.
-pub fn connect_as(ns: &Netns, uid: u32, gid: u32, to: SocketAddr) -> bool {
-    let target = format!("/dev/tcp/{}/{}", to.ip(), to.port());
-    in_netns(&ns.path(), || {
-        Command::new("bash")
-            .arg("-c")
-            .arg(format!("exec 3<>{target} && sleep 0.3"))
-            .uid(uid)
-            .gid(gid)
-            .output()
-            .unwrap()
-            .status
-            .success()
-    })
-    .unwrap()
-}
-
-/// Every netfilter rule in `ns`: `iptables-save -t nat` of both families and flavours plus
-/// `nft list ruleset`.
-pub fn all_rules(ns: &Netns) -> String {
-    let mut s = String::new();
-    for tool in [
-        "iptables-nft-save",
-        "ip6tables-nft-save",
-        "iptables-legacy-save",
-        "ip6tables-legacy-save",
-    ] {
-        s.push_str(&ns.exec_ok(&[tool, "-t", "nat"]));
-    }
-    s.push_str(&ns.exec_ok(&["nft", "list", "ruleset"]));
-    s
-}
-
-/// Asserts that `ns` holds none of interlock's rules (no `interlock` nft table, no `IL_`
-/// iptables chain, in any family or flavour).
-pub fn assert_no_interlock_rules(ns: &Netns) {
-    let tables = ns.exec_ok(&["nft", "list", "tables"]);
-    assert!(!tables.contains("interlock"), "nft tables: {tables}");
-    let rules = all_rules(ns);
-    assert!(
-        !rules.contains("IL_") && !rules.contains("interlock"),
-        "{rules}"
-    );
 }
 
 /// Deletes one rule (the proxy-UID exemption) from the pod's netns behind interlock's back.

@@ -4,12 +4,10 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
+use std::net::IpAddr;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use interlock_redirect::netns::in_netns;
+pub use interlock_testkit::traffic::*;
 use interlock_testkit::Netns;
 
 /// One pod: its netns and addresses.
@@ -124,81 +122,6 @@ impl Topology {
     pub fn gateways(&self) -> Vec<IpAddr> {
         vec![self.gw4, self.gw6]
     }
-}
-
-/// A non-blocking listener bound inside `ns`.
-pub fn listen(ns: &Netns, addr: SocketAddr) -> TcpListener {
-    let l = in_netns(&ns.path(), || TcpListener::bind(addr))
-        .unwrap()
-        .unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", ns.name()));
-    l.set_nonblocking(true).unwrap();
-    l
-}
-
-/// Waits up to `within` for a connection on `l`.
-pub fn accept_within(l: &TcpListener, within: Duration) -> Option<(TcpStream, SocketAddr)> {
-    let deadline = Instant::now() + within;
-    loop {
-        match l.accept() {
-            Ok(c) => return Some(c),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return None;
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    }
-}
-
-/// Connects from inside `ns` as root; returns the connection's local address.
-pub fn connect_as_root(ns: &Netns, to: SocketAddr) -> SocketAddr {
-    in_netns(&ns.path(), || {
-        let s = TcpStream::connect_timeout(&to, Duration::from_secs(2))
-            .unwrap_or_else(|e| panic!("connect {to} from {}: {e}", ns.name()));
-        let local = s.local_addr().unwrap();
-        // Keep the socket open until the peer accepted: leak it into a short-lived thread.
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(500));
-            drop(s);
-        });
-        local
-    })
-    .unwrap()
-}
-
-/// Connects from inside `ns` in a child process running as `uid`/`gid`; true when the
-/// connection was established.
-pub fn connect_as(ns: &Netns, uid: u32, gid: u32, to: SocketAddr) -> bool {
-    let target = format!("/dev/tcp/{}/{}", to.ip(), to.port());
-    in_netns(&ns.path(), || {
-        Command::new("bash")
-            .arg("-c")
-            .arg(format!("exec 3<>{target} && sleep 0.3"))
-            .uid(uid)
-            .gid(gid)
-            .output()
-            .unwrap()
-            .status
-            .success()
-    })
-    .unwrap()
-}
-
-/// `iptables-save -t nat` of both families and flavours plus `nft list ruleset`, inside `ns`.
-pub fn all_rules(ns: &Netns) -> String {
-    let mut s = String::new();
-    for tool in [
-        "iptables-nft-save",
-        "ip6tables-nft-save",
-        "iptables-legacy-save",
-        "ip6tables-legacy-save",
-    ] {
-        s.push_str(&ns.exec_ok(&[tool, "-t", "nat"]));
-    }
-    s.push_str(&ns.exec_ok(&["nft", "list", "ruleset"]));
-    s
 }
 
 pub fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -1,0 +1,124 @@
+//! Test traffic between a test's own namespaces: listeners, connections as a given UID,
+//! and what netfilter holds. Nothing here ever addresses a host the test did not create.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::Netns;
+
+/// How long a test waits for a connection that should arrive.
+pub const WAIT: Duration = Duration::from_secs(2);
+
+/// A non-blocking listener bound inside `ns`.
+///
+/// A rare `EADDRINUSE` right after the probe released the port was seen once in CI and
+/// could not be reproduced (60 probe-then-bind rounds were clean): retry for up to two
+/// seconds, print the netns's sockets when a retry was needed so the cause shows up in
+/// the log, and fail with them if the port stays taken.
+pub fn listen(ns: &Netns, addr: SocketAddr) -> TcpListener {
+    let deadline = Instant::now() + WAIT;
+    let mut retried = false;
+    loop {
+        match ns.run(|| TcpListener::bind(addr)) {
+            Ok(l) => {
+                l.set_nonblocking(true).expect("set_nonblocking");
+                return l;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                if !retried {
+                    retried = true;
+                    eprintln!(
+                        "bind {addr} in {}: {e}; retrying. sockets:\n{}",
+                        ns.name(),
+                        String::from_utf8_lossy(&ns.exec(&["ss", "-tanpe"]).stdout)
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!(
+                "bind {addr} in {}: {e}\nsockets:\n{}",
+                ns.name(),
+                String::from_utf8_lossy(&ns.exec(&["ss", "-tanpe"]).stdout)
+            ),
+        }
+    }
+}
+
+/// Waits up to `within` for a connection on a non-blocking `l`.
+pub fn accept_within(l: &TcpListener, within: Duration) -> Option<(TcpStream, SocketAddr)> {
+    let deadline = Instant::now() + within;
+    loop {
+        match l.accept() {
+            Ok(c) => return Some(c),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
+/// Connects from inside `ns` as root (this process); returns the connection's local
+/// address. The socket stays open for half a second so the peer can accept it.
+pub fn connect_as_root(ns: &Netns, to: SocketAddr) -> SocketAddr {
+    ns.run(|| {
+        let s = TcpStream::connect_timeout(&to, WAIT)
+            .unwrap_or_else(|e| panic!("connect {to} from {}: {e}", ns.name()));
+        let local = s.local_addr().expect("local_addr");
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            drop(s);
+        });
+        local
+    })
+}
+
+/// Connects from inside `ns` in a child process running as `uid`/`gid`; true when the
+/// connection was established.
+pub fn connect_as(ns: &Netns, uid: u32, gid: u32, to: SocketAddr) -> bool {
+    let target = format!("/dev/tcp/{}/{}", to.ip(), to.port());
+    ns.run(|| {
+        Command::new("bash")
+            .arg("-c")
+            .arg(format!("exec 3<>{target} && sleep 0.3"))
+            .uid(uid)
+            .gid(gid)
+            .output()
+            .expect("bash")
+            .status
+            .success()
+    })
+}
+
+/// Every NAT rule in `ns`: `iptables-save -t nat` of both families and flavours plus
+/// `nft list ruleset`.
+pub fn all_rules(ns: &Netns) -> String {
+    let mut s = String::new();
+    for tool in [
+        "iptables-nft-save",
+        "ip6tables-nft-save",
+        "iptables-legacy-save",
+        "ip6tables-legacy-save",
+    ] {
+        s.push_str(&ns.exec_ok(&[tool, "-t", "nat"]));
+    }
+    s.push_str(&ns.exec_ok(&["nft", "list", "ruleset"]));
+    s
+}
+
+/// Asserts that `ns` holds none of interlock's rules (no `interlock` nft table, no `IL_`
+/// iptables chain, in any family or flavour).
+pub fn assert_no_interlock_rules(ns: &Netns) {
+    let tables = ns.exec_ok(&["nft", "list", "tables"]);
+    assert!(!tables.contains("interlock"), "nft tables: {tables}");
+    let rules = all_rules(ns);
+    assert!(
+        !rules.contains("IL_") && !rules.contains("interlock"),
+        "{rules}"
+    );
+}
