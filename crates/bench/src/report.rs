@@ -140,8 +140,15 @@ fn host_info() -> Value {
             .map(|s| s.trim().to_string())
             .unwrap_or_default()
     };
+    // Field 19 of /proc/self/stat (after the parenthesised command name) is the niceness.
+    let stat = read("/proc/self/stat");
+    let nice = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(16))
+        .and_then(|n| n.parse::<i64>().ok());
     json!({
         "kernel": read("/proc/sys/kernel/osrelease"),
+        "nice": nice,
         "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "loadavg": read("/proc/loadavg"),
     })
