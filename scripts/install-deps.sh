@@ -4,6 +4,8 @@
 set -euo pipefail
 
 packages=(
+    gcc                         # rustc links with cc; ring compiles C
+    libc6-dev
     iproute2                    # ip netns, veth, bridges
     iptables                    # iptables-restore (nft and legacy flavours)
     nftables                    # nft, used by tests to cross-check what the kernel holds
@@ -21,8 +23,28 @@ for p in "${packages[@]}"; do
     fi
 done
 
+check_toolchain() {
+    # The Rust toolchain comes from rustup (no Debian package is new enough); say so
+    # plainly instead of failing later with "command not found".
+    local cargo_bin="${CARGO:-cargo}"
+    if ! command -v "$cargo_bin" >/dev/null 2>&1 && [[ -x "$HOME/.cargo/bin/cargo" ]]; then
+        cargo_bin="$HOME/.cargo/bin/cargo"
+    fi
+    if ! command -v "$cargo_bin" >/dev/null 2>&1; then
+        echo "install-deps: no Rust toolchain found: install one with rustup (stable, with rustfmt and clippy)" >&2
+        return 1
+    fi
+    for sub in fmt clippy; do
+        if ! "$cargo_bin" "$sub" --version >/dev/null 2>&1; then
+            echo "install-deps: cargo $sub is missing: rustup component add $( [[ $sub == fmt ]] && echo rustfmt || echo clippy )" >&2
+            return 1
+        fi
+    done
+}
+
 if ((${#missing[@]} == 0)); then
-    exit 0
+    check_toolchain
+    exit $?
 fi
 
 if [[ $(id -u) -ne 0 ]]; then
@@ -34,3 +56,4 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
+check_toolchain
