@@ -236,6 +236,16 @@ pub fn judge(o: &Observed<'_>) -> (bool, String, Vec<Finding>) {
     let mut agent_ok = false;
     match &o.marker {
         Err(e) => push("agent", Status::Fail, format!("no readiness from the agent: {e}")),
+        Ok(m) if !m.ready => push(
+            "agent",
+            Status::Fail,
+            format!(
+                "the agent (pid {}) reports not ready: {} (marker {:.1} s old)",
+                m.pid,
+                m.reason,
+                o.now_ms.saturating_sub(m.updated_at_ms) as f64 / 1e3
+            ),
+        ),
         Ok(m) if !m.is_fresh(o.now_ms) => push(
             "agent",
             Status::Fail,
@@ -246,7 +256,6 @@ pub fn judge(o: &Observed<'_>) -> (bool, String, Vec<Finding>) {
                 m.pid
             ),
         ),
-        Ok(m) if !m.ready => push("agent", Status::Fail, format!("the agent (pid {}) reports not ready: {}", m.pid, m.reason)),
         Ok(m) => {
             agent_ok = true;
             push(
@@ -320,12 +329,16 @@ pub fn run(a: CheckArgs) -> anyhow::Result<std::process::ExitCode> {
         readyz,
     };
     let mut out = std::io::stdout().lock();
-    match a.output {
-        Output::Json => {
-            serde_json::to_writer_pretty(&mut out, &report)?;
-            writeln!(out)?;
-        }
-        Output::Text => render(&mut out, &report, &a.cni_conf_dir)?,
+    let written = match a.output {
+        Output::Json => serde_json::to_writer_pretty(&mut out, &report)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(out)),
+        Output::Text => render(&mut out, &report, &a.cni_conf_dir),
+    };
+    // A reader that stops early (`| head`) is not an error of ours.
+    match written {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+        _ => {}
     }
     Ok(if report.protected {
         std::process::ExitCode::SUCCESS
