@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::backend::{self, BackendError, BackendKind, Verification};
+use crate::backend::{self, BackendError, BackendKind, ToolLookup, Verification};
 use crate::netns::{in_netns, NetnsError};
 use crate::probe::{self, ProbeError, ProbeReport};
 use crate::spec::{RedirectSpec, SpecError};
@@ -130,6 +130,24 @@ pub enum ProtectError {
         /// Why.
         source: BackendError,
     },
+    /// Removing the rules of every backend ([`unprotect_all`]) failed for more than one
+    /// backend; every failure is listed (the other backends were still tried).
+    #[error("removing redirect rules in {netns} failed for {} backends: {}", .failures.len(), join_failures(.failures))]
+    RemoveAll {
+        /// Netns file.
+        netns: PathBuf,
+        /// Each backend's failure, in the order tried.
+        failures: Vec<ProtectError>,
+    },
+}
+
+fn join_failures(failures: &[ProtectError]) -> String {
+    failures
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("({}) {e}", i + 1))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn cleanup_note(cleanup: &Option<String>) -> String {
@@ -149,7 +167,33 @@ impl ProtectError {
             ProtectError::Apply { .. } => "apply",
             ProtectError::Verify { .. } | ProtectError::Mismatch { .. } => "verify",
             ProtectError::Probe { .. } => "probe",
-            ProtectError::Remove { .. } => "remove",
+            ProtectError::Remove { .. } | ProtectError::RemoveAll { .. } => "remove",
+        }
+    }
+
+    /// For a failure after rules were (partly) applied: `Some(why)` when removing them
+    /// again failed too, so interlock's rules may remain in the netns; `None` when the
+    /// netns was left without interlock rules (or nothing was applied).
+    pub fn cleanup_failure(&self) -> Option<&str> {
+        match self {
+            ProtectError::Apply { cleanup, .. }
+            | ProtectError::Verify { cleanup, .. }
+            | ProtectError::Mismatch { cleanup, .. }
+            | ProtectError::Probe { cleanup, .. } => cleanup.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The backend involved, when the failure is about one backend.
+    pub fn backend(&self) -> Option<BackendKind> {
+        match self {
+            ProtectError::Open { backend, .. }
+            | ProtectError::Apply { backend, .. }
+            | ProtectError::Verify { backend, .. }
+            | ProtectError::Mismatch { backend, .. }
+            | ProtectError::Probe { backend, .. }
+            | ProtectError::Remove { backend, .. } => Some(*backend),
+            _ => None,
         }
     }
 }
@@ -269,9 +313,18 @@ pub fn check(
 /// Removes interlock's rules from `netns`. A netns that no longer exists is
 /// [`Unprotected::NetnsGone`], not an error (CNI DEL must succeed then).
 pub fn unprotect(netns: &Path, kind: BackendKind) -> Result<Unprotected, ProtectError> {
+    unprotect_with(netns, kind, &ToolLookup::System)
+}
+
+/// [`unprotect`], the iptables backends finding their programs with `tools`.
+pub fn unprotect_with(
+    netns: &Path,
+    kind: BackendKind,
+    tools: &ToolLookup,
+) -> Result<Unprotected, ProtectError> {
     let path = netns.to_path_buf();
     let result = in_netns(netns, || {
-        let backend = backend::open(kind).map_err(|source| ProtectError::Open {
+        let backend = backend::open_with(kind, tools).map_err(|source| ProtectError::Open {
             netns: path.clone(),
             backend: kind,
             source,
@@ -291,21 +344,163 @@ pub fn unprotect(netns: &Path, kind: BackendKind) -> Result<Unprotected, Protect
 }
 
 /// Removes interlock's rules of every backend from `netns` (for a DEL without recorded
-/// state, and for uninstall). Tries all backends even when one fails; the first error is
-/// returned after the others ran. A vanished netns is [`Unprotected::NetnsGone`].
+/// state, and for uninstall). Every backend is tried even when one fails; one error then
+/// lists every failure. A backend whose tools are not installed has none of its rules
+/// there and counts as removed. A vanished netns is [`Unprotected::NetnsGone`].
 pub fn unprotect_all(netns: &Path) -> Result<Unprotected, ProtectError> {
-    let mut first_error = None;
-    for kind in BackendKind::ALL {
-        match unprotect(netns, kind) {
+    unprotect_all_with(netns, &ToolLookup::System)
+}
+
+/// [`unprotect_all`], the iptables backends finding their programs with `tools`.
+pub fn unprotect_all_with(netns: &Path, tools: &ToolLookup) -> Result<Unprotected, ProtectError> {
+    collect_removals(
+        netns,
+        BackendKind::ALL
+            .into_iter()
+            .map(|kind| unprotect_with(netns, kind, tools)),
+    )
+}
+
+/// Folds the per-backend outcomes of [`unprotect_all`] (consumed lazily, in order): the
+/// first [`Unprotected::NetnsGone`] ends it; a netns that cannot be entered ends it with
+/// that error (every backend would fail the same way); otherwise every outcome is
+/// collected — no failure is `Removed`, one is returned as is, several become
+/// [`ProtectError::RemoveAll`] listing each.
+fn collect_removals(
+    netns: &Path,
+    outcomes: impl IntoIterator<Item = Result<Unprotected, ProtectError>>,
+) -> Result<Unprotected, ProtectError> {
+    let mut failures = Vec::new();
+    for outcome in outcomes {
+        match outcome {
             Ok(Unprotected::NetnsGone) => return Ok(Unprotected::NetnsGone),
             Ok(Unprotected::Removed) => {}
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
+            Err(e @ ProtectError::Netns(_)) => return Err(e),
+            Err(e) => failures.push(e),
         }
     }
-    match first_error {
-        None => Ok(Unprotected::Removed),
-        Some(e) => Err(e),
+    match failures.len() {
+        0 => Ok(Unprotected::Removed),
+        1 => Err(failures.remove(0)),
+        _ => Err(ProtectError::RemoveAll {
+            netns: netns.to_path_buf(),
+            failures,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remove_failure(kind: BackendKind, msg: &str) -> ProtectError {
+        ProtectError::Remove {
+            netns: PathBuf::from("/run/netns/ilpod"),
+            backend: kind,
+            source: BackendError::Failed {
+                backend: kind,
+                op: "remove",
+                msg: msg.to_string(),
+            },
+        }
+    }
+
+    #[test]
+    fn removal_failures_are_all_collected() {
+        let ns = Path::new("/run/netns/ilpod");
+        assert_eq!(
+            collect_removals(ns, [Ok(Unprotected::Removed), Ok(Unprotected::Removed)]).unwrap(),
+            Unprotected::Removed
+        );
+        // One failure: returned as is, the later backends were still tried.
+        let mut tried = Vec::new();
+        let one = collect_removals(
+            ns,
+            BackendKind::ALL.into_iter().map(|k| {
+                tried.push(k);
+                if k == BackendKind::Nftables {
+                    Err(remove_failure(k, "netlink: EPERM"))
+                } else {
+                    Ok(Unprotected::Removed)
+                }
+            }),
+        )
+        .unwrap_err();
+        assert_eq!(tried, BackendKind::ALL);
+        assert!(matches!(
+            one,
+            ProtectError::Remove {
+                backend: BackendKind::Nftables,
+                ..
+            }
+        ));
+        assert_eq!(one.step(), "remove");
+        // Several: one error naming every backend and cause, in order.
+        let all = collect_removals(
+            ns,
+            [
+                Err(remove_failure(BackendKind::Nftables, "netlink: EPERM")),
+                Ok(Unprotected::Removed),
+                Err(remove_failure(
+                    BackendKind::IptablesLegacy,
+                    "restore: exit 4",
+                )),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(all.step(), "remove");
+        let text = all.to_string();
+        assert!(
+            text.starts_with(
+                "removing redirect rules in /run/netns/ilpod failed for 2 backends: (1) "
+            ) && text.contains("nftables failed: Nftables remove: netlink: EPERM")
+                && text.contains(
+                    "(2) removing redirect rules in /run/netns/ilpod with iptables-legacy"
+                )
+                && text.contains("restore: exit 4"),
+            "{text}"
+        );
+        // A vanished netns ends it early, even after a failure.
+        let mut calls = 0;
+        let gone = collect_removals(
+            ns,
+            [
+                Err(remove_failure(BackendKind::Nftables, "x")),
+                Ok(Unprotected::NetnsGone),
+                Err(remove_failure(BackendKind::IptablesLegacy, "y")),
+            ]
+            .into_iter()
+            .inspect(|_| calls += 1),
+        );
+        assert_eq!(gone.unwrap(), Unprotected::NetnsGone);
+        assert_eq!(calls, 2);
+    }
+
+    #[test]
+    fn cleanup_failure_is_reported() {
+        let kind = BackendKind::IptablesNft;
+        let source = || BackendError::Failed {
+            backend: kind,
+            op: "apply",
+            msg: "boom".into(),
+        };
+        let clean = ProtectError::Apply {
+            netns: "/x".into(),
+            backend: kind,
+            source: source(),
+            cleanup: None,
+        };
+        assert_eq!(clean.cleanup_failure(), None);
+        let dirty = ProtectError::Apply {
+            netns: "/x".into(),
+            backend: kind,
+            source: source(),
+            cleanup: Some("restore failed".into()),
+        };
+        assert_eq!(dirty.cleanup_failure(), Some("restore failed"));
+        assert_eq!(dirty.backend(), Some(kind));
+        assert!(dirty
+            .to_string()
+            .contains("removing the partial rules also failed: restore failed"));
     }
 }

@@ -15,8 +15,8 @@ pub mod spec;
 
 pub use backend::{BackendKind, BackendSelection, Verification};
 pub use engine::{
-    check, protect, protect_with, unprotect, unprotect_all, ProtectError, ProtectOptions,
-    Protection, Unprotected,
+    check, protect, protect_with, unprotect, unprotect_all, unprotect_all_with, unprotect_with,
+    ProtectError, ProtectOptions, Protection, Unprotected,
 };
 pub use profile::{decide, ProfileName};
 pub use spec::{RedirectSpec, SpecError};

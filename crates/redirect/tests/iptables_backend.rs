@@ -184,3 +184,48 @@ fn baseline_restore_text_loads_in_a_fresh_netns() {
     let v = in_netns(&ns.path(), || backend.verify(&spec).unwrap()).unwrap();
     assert_eq!(v, Verification::Exact);
 }
+
+/// On a host without the iptables tools (an nftables-only node), removal finds none of
+/// their rules and succeeds, so a DEL without state does not fail forever; applying says
+/// which program is missing and where it was looked for.
+#[test]
+fn missing_tools_count_as_no_rules_on_removal() {
+    require_root!();
+    use interlock_redirect::backend::{open, BackendKind, ToolLookup};
+    let ns = Netns::new("iptno").unwrap();
+    let empty = interlock_testkit::tempdir().unwrap();
+    let tools = ToolLookup::Dirs(vec![empty.path().to_path_buf()]);
+    let spec = istio_spec();
+    in_netns(&ns.path(), || {
+        for flavour in [Flavour::Nft, Flavour::Legacy] {
+            let backend = IptablesBackend::with_tools(flavour, tools.clone());
+            backend.remove().unwrap();
+            let e = backend.apply(&spec).unwrap_err().to_string();
+            // The legacy flavour skips the save when no legacy nat table exists.
+            let missing = [Tool::Save, Tool::Restore]
+                .map(|t| format!("cannot run {}: not found", flavour.tool(Family::V4, t)));
+            assert!(
+                missing.iter().any(|m| e.contains(m))
+                    && e.contains(&empty.path().display().to_string()),
+                "{e}"
+            );
+        }
+        // Rules of the backend that is there, to be removed by unprotect_all below.
+        open(BackendKind::Nftables).unwrap().apply(&spec).unwrap();
+    })
+    .unwrap();
+    assert!(ns
+        .exec_ok(&["nft", "list", "ruleset"])
+        .contains("interlock"));
+    assert_eq!(
+        interlock_redirect::unprotect_all_with(&ns.path(), &tools).unwrap(),
+        interlock_redirect::Unprotected::Removed
+    );
+    let rules = ns.exec_ok(&["nft", "list", "ruleset"]);
+    assert!(!rules.contains("interlock"), "{rules}");
+    // Same with the real tools: still nothing left, still success.
+    assert_eq!(
+        interlock_redirect::unprotect_all(&ns.path()).unwrap(),
+        interlock_redirect::Unprotected::Removed
+    );
+}

@@ -12,7 +12,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use crate::backend::{find_tool, Backend, BackendError, BackendKind, Verification};
+use crate::backend::{Backend, BackendError, BackendKind, ToolLookup, Verification};
 use crate::spec::{port_runs, Family, PortSelection, RedirectSpec};
 
 /// Chain for inbound capture, jumped to from `PREROUTING`.
@@ -371,15 +371,41 @@ fn compare(family: Family, expected: &[ChainRule], obs: &Observed) -> Vec<String
 }
 
 /// The iptables backend.
+///
+/// Removal treats a missing `*-save` program as "none of this backend's rules here":
+/// interlock only ever installs them with these very tools, so on a host without them
+/// (an nftables-only node has no `iptables-nft-save`) there is nothing of this backend to
+/// remove, and a CNI DEL without state (which removes every backend's rules) must not
+/// fail forever because of it.
 #[derive(Debug, Clone)]
 pub struct IptablesBackend {
     flavour: Flavour,
+    tools: ToolLookup,
 }
 
 impl IptablesBackend {
-    /// A backend driving the tools of `flavour`.
+    /// A backend driving the tools of `flavour`, found with [`ToolLookup::System`].
     pub fn new(flavour: Flavour) -> IptablesBackend {
-        IptablesBackend { flavour }
+        IptablesBackend::with_tools(flavour, ToolLookup::System)
+    }
+
+    /// A backend driving the tools of `flavour`, found with `tools`.
+    pub fn with_tools(flavour: Flavour, tools: ToolLookup) -> IptablesBackend {
+        IptablesBackend { flavour, tools }
+    }
+
+    /// The program `tool`, or an error naming it and where it was looked for.
+    fn program(&self, tool: &str, op: &'static str) -> Result<std::path::PathBuf, BackendError> {
+        self.tools.find(tool).ok_or_else(|| {
+            self.fail(
+                op,
+                format!(
+                    "cannot run {tool}: not found (searched {}); install the {} tools or choose another backend",
+                    self.tools.describe(),
+                    self.flavour.kind()
+                ),
+            )
+        })
     }
 
     /// The flavour this backend drives.
@@ -402,11 +428,25 @@ impl IptablesBackend {
             return Ok(Observed::default());
         }
         let tool = self.flavour.tool(family, Tool::Save);
-        let out = Command::new(find_tool(&tool))
+        // Removal: without the tool, none of this backend's rules can be here (see the
+        // type's docs).
+        let removing = op == "remove";
+        let program = match self.program(&tool, op) {
+            Ok(p) => p,
+            Err(_) if removing => return Ok(Observed::default()),
+            Err(e) => return Err(e),
+        };
+        let out = match Command::new(&program)
             .args(["-t", "nat"])
             .stdin(Stdio::null())
             .output()
-            .map_err(|e| self.fail(op, format!("cannot run {tool}: {e}")))?;
+        {
+            Ok(out) => out,
+            Err(e) if removing && e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Observed::default())
+            }
+            Err(e) => return Err(self.fail(op, format!("cannot run {}: {e}", program.display()))),
+        };
         if !out.status.success() {
             return Err(self.fail(
                 op,
@@ -422,7 +462,7 @@ impl IptablesBackend {
 
     fn restore(&self, family: Family, op: &'static str, text: &str) -> Result<(), BackendError> {
         let tool = self.flavour.tool(family, Tool::Restore);
-        let mut child = Command::new(find_tool(&tool))
+        let mut child = Command::new(self.program(&tool, op)?)
             .args(["--noflush", "-w", "5"])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

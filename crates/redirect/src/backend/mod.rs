@@ -176,14 +176,52 @@ pub fn detect() -> Detection {
     }
 }
 
+/// Where the iptables backends look for their programs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ToolLookup {
+    /// `PATH`, then the sbin directories a CNI plugin's minimal environment may lack
+    /// (`/usr/sbin`, `/sbin`, `/usr/bin`, `/bin`).
+    #[default]
+    System,
+    /// Only these directories (tests; hosts with tools in unusual places).
+    Dirs(Vec<PathBuf>),
+}
+
+impl ToolLookup {
+    /// The executable `name`, or `None` when it is in none of the searched directories.
+    pub fn find(&self, name: &str) -> Option<PathBuf> {
+        let dirs: Vec<PathBuf> = match self {
+            ToolLookup::System => {
+                let path = std::env::var_os("PATH").unwrap_or_default();
+                std::env::split_paths(&path)
+                    .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+                    .collect()
+            }
+            ToolLookup::Dirs(dirs) => dirs.clone(),
+        };
+        dirs.into_iter()
+            .map(|d| d.join(name))
+            .find(|p| is_executable(p))
+    }
+
+    /// Where [`ToolLookup::find`] searches, in words (for error messages).
+    pub fn describe(&self) -> String {
+        match self {
+            ToolLookup::System => "PATH, /usr/sbin, /sbin, /usr/bin, /bin".to_string(),
+            ToolLookup::Dirs(dirs) => dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+}
+
 /// Finds an executable by name on `PATH`, then in the sbin directories a CNI plugin's
 /// minimal environment may lack; the bare name if nowhere (the spawn error then says so).
 pub(crate) fn find_tool(name: &str) -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
-        .map(|d| d.join(name))
-        .find(|p| is_executable(p))
+    ToolLookup::System
+        .find(name)
         .unwrap_or_else(|| PathBuf::from(name))
 }
 
@@ -192,16 +230,26 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// The backend for `kind`.
+/// The backend for `kind` (iptables tools found with [`ToolLookup::System`]).
 pub fn open(kind: BackendKind) -> Result<Box<dyn Backend + Send + Sync>, BackendError> {
+    open_with(kind, &ToolLookup::System)
+}
+
+/// The backend for `kind`, the iptables flavours finding their programs with `tools`.
+pub fn open_with(
+    kind: BackendKind,
+    tools: &ToolLookup,
+) -> Result<Box<dyn Backend + Send + Sync>, BackendError> {
+    let iptables = |flavour| {
+        Box::new(iptables::IptablesBackend::with_tools(
+            flavour,
+            tools.clone(),
+        ))
+    };
     Ok(match kind {
         BackendKind::Nftables => open_nftables()?,
-        BackendKind::IptablesNft => {
-            Box::new(iptables::IptablesBackend::new(iptables::Flavour::Nft))
-        }
-        BackendKind::IptablesLegacy => {
-            Box::new(iptables::IptablesBackend::new(iptables::Flavour::Legacy))
-        }
+        BackendKind::IptablesNft => iptables(iptables::Flavour::Nft),
+        BackendKind::IptablesLegacy => iptables(iptables::Flavour::Legacy),
     })
 }
 
