@@ -101,6 +101,29 @@ pub fn effective_with_entry(
         })
         .is_some_and(|p| p.contains(&want));
     if chosen.list.plugins().contains(&want) || in_delegate {
+        // interlock-cni refuses a cniVersion it does not know (no version: 0.1.0).
+        let version = if chosen.list.plugins().contains(&want) {
+            chosen.list.cni_version_raw().unwrap_or("").to_string()
+        } else {
+            let meta = chosen.list.plugins().first();
+            meta.and_then(|m| m.get("delegates")?.as_array()?.first()?.get("cniVersion"))
+                .or_else(|| meta.and_then(|m| m.get("cniVersion")))
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        if version.parse::<interlock_protocol::CniVersion>().is_err() {
+            return Err(format!(
+                "the effective config {name} runs interlock-cni with cniVersion {}, which it \
+                 refuses (it accepts {})",
+                if version.is_empty() {
+                    "none (meaning 0.1.0)"
+                } else {
+                    &version
+                },
+                interlock_protocol::CniVersion::all_strings().join(", ")
+            ));
+        }
         Ok(name)
     } else if chosen.list.plugin_types().contains(&plan::PLUGIN_TYPE) {
         Err(format!(
@@ -413,6 +436,11 @@ impl Guard {
                     None => e.clone(),
                 },
                 None,
+            ),
+            (Ok(_), _, _) if plan.blocks_ready => (
+                false,
+                plan.problem.clone().unwrap_or_default(),
+                verdict.as_ref().ok().cloned(),
             ),
             (Ok(_), Some(b), _) => (
                 false,

@@ -265,7 +265,12 @@ pub fn uninstall(
     let mut errors = vec![];
     match guard::snapshot(conf_dir) {
         Ok(snap) => {
-            for a in plan::plan_uninstall(&snap) {
+            let up = plan::plan_uninstall_explained(&snap);
+            for n in &up.notes {
+                warn!("{n}");
+                done.push(format!("note: {n}"));
+            }
+            for a in up.actions {
                 match guard::apply(conf_dir, &a) {
                     Ok(()) => {
                         done.push(format!("{} in {}", guard::describe(&a), conf_dir.display()))

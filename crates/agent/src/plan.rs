@@ -114,6 +114,10 @@ pub struct Plan {
     pub target: Option<String>,
     /// Why interlock cannot be put in effect (then the agent stays not-ready).
     pub problem: Option<String>,
+    /// The problem makes the agent not-ready even if the effective config carries our
+    /// entry (e.g. the primary moved to a `cniVersion` interlock-cni refuses, so the copy
+    /// we keep can no longer follow it).
+    pub blocks_ready: bool,
 }
 
 /// True for names of the owned file (`[0-9-]*interlock.conflist`).
@@ -200,6 +204,24 @@ pub fn contains_entry(parsed: &crate::view::ParsedConf, entry: &Map<String, Valu
         || delegate_plugins(&parsed.original).is_some_and(|d| d.contains(&want))
 }
 
+/// The `cniVersion` our entry runs with in `parsed`: the list's, or for a thin Multus
+/// config the first delegate's (falling back to the meta config's).
+pub fn running_version(parsed: &crate::view::ParsedConf) -> String {
+    if parsed.plugins().iter().any(is_entry) {
+        return parsed.cni_version().to_string();
+    }
+    parsed
+        .original
+        .get("delegates")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(|d| d.get("cniVersion"))
+        .or_else(|| parsed.original.get("cniVersion"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
+}
+
 /// True when `parsed` has an interlock entry anywhere we put one.
 pub fn has_any_entry(parsed: &crate::view::ParsedConf) -> bool {
     parsed.plugins().iter().any(is_entry)
@@ -236,13 +258,116 @@ fn is_meta(c: &Candidate, settings: &Settings) -> bool {
     }
 }
 
-/// Plans how to chain `entry` into candidate `c` in place. Returns the actions and the
-/// name that carries our entry afterwards.
+/// The versions interlock-cni accepts: its VERSION answer, or every known version when
+/// the binary has not answered (yet).
+fn interlock_versions(facts: &Facts) -> Vec<String> {
+    facts
+        .versions
+        .get(PLUGIN_TYPE)
+        .filter(|v| !v.is_empty())
+        .cloned()
+        .unwrap_or_else(|| KNOWN_CNI_VERSIONS.iter().map(|v| v.to_string()).collect())
+}
+
+/// True when interlock-cni accepts a list whose `cniVersion` is `version`.
+pub fn version_accepted(version: &str, facts: &Facts) -> bool {
+    interlock_versions(facts).iter().any(|v| v == version)
+}
+
+fn shown_version(v: &str) -> String {
+    if v.is_empty() {
+        "none (meaning 0.1.0)".into()
+    } else {
+        v.to_string()
+    }
+}
+
+/// Makes `list`'s `cniVersion` one interlock-cni accepts: kept when it already is, else
+/// raised to the version [`choose_cni_version`] picks when every plugin in the list said
+/// (VERSION) that it supports it. Otherwise why not, naming `file` and the version.
+fn fit_version(
+    list: &mut Map<String, Value>,
+    file: &str,
+    settings: &Settings,
+    facts: &Facts,
+) -> Result<(), String> {
+    let current = list
+        .get("cniVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if version_accepted(&current, facts) {
+        return Ok(());
+    }
+    let types: Vec<String> = list
+        .get("plugins")
+        .and_then(Value::as_array)
+        .map(|ps| {
+            ps.iter()
+                .filter_map(|p| p.get("type").and_then(Value::as_str).map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let chosen = choose_cni_version(
+        &current,
+        &types,
+        &facts.versions,
+        settings.max_cni_version.as_deref(),
+    );
+    if version_accepted(&chosen, facts) {
+        list.insert("cniVersion".into(), Value::String(chosen));
+        return Ok(());
+    }
+    let silent: Vec<&str> = types
+        .iter()
+        .filter(|t| !facts.versions.contains_key(t.as_str()))
+        .map(String::as_str)
+        .collect();
+    Err(format!(
+        "{file} has cniVersion {}, which interlock-cni does not accept (it accepts {}), and it \
+         cannot be raised: {}; set a cniVersion of 0.3.0 or newer in {file}",
+        shown_version(&current),
+        interlock_versions(facts).join(", "),
+        if silent.is_empty() {
+            format!(
+                "its plugins ({}) share no version interlock-cni accepts",
+                types.join(", ")
+            )
+        } else {
+            format!(
+                "{} did not answer VERSION (binary missing from the bin dirs?)",
+                silent.join(", ")
+            )
+        }
+    ))
+}
+
+/// `list` without interlock entries and without `cniVersion` (which the guard may raise).
+fn foreign_part(list: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = list.clone();
+    out.remove("cniVersion");
+    if let Some(Value::Array(ps)) = out.get_mut("plugins") {
+        ps.retain(|p| !is_entry(p));
+    }
+    out
+}
+
+/// True when `conflist` (a `.conflist`'s top-level object) is what wrapping the `.conf`
+/// `conf` produces: the lifted `.conf` plus interlock entries, perhaps with a raised
+/// `cniVersion`. Nothing foreign would be lost by replacing or removing it.
+pub fn is_wrap_of(conflist: &Map<String, Value>, conf: &Map<String, Value>) -> bool {
+    foreign_part(conflist) == foreign_part(&lift_conf(conf))
+}
+
+/// Plans how to chain `settings.entry` into candidate `c` in place. Returns the actions
+/// and the name that carries our entry afterwards.
 fn chain_into(
     c: &Candidate,
     snap: &DirSnapshot,
-    entry: &Map<String, Value>,
+    settings: &Settings,
+    facts: &Facts,
 ) -> Result<(Vec<Action>, String), String> {
+    let entry = &settings.entry;
     let parsed = c
         .parsed
         .as_ref()
@@ -254,6 +379,8 @@ fn chain_into(
                 "plugins".into(),
                 Value::Array(chain_plugins(parsed.plugins(), entry)),
             );
+            fit_version(&mut list, &c.name, settings, facts)
+                .map_err(|e| format!("cannot chain into {}: {e}", c.name))?;
             let actions = if list == parsed.original && ordered_eq(&list, &parsed.original) {
                 vec![]
             } else {
@@ -268,9 +395,6 @@ fn chain_into(
         FileFormat::Conf => {
             if let Some(delegates) = delegate_plugins(&parsed.original) {
                 let new = chain_plugins(delegates, entry);
-                if ordered_eq_values(&new, delegates) {
-                    return Ok((vec![], c.name.clone()));
-                }
                 let mut conf = parsed.original.clone();
                 if let Some(Value::Object(d0)) = conf
                     .get_mut("delegates")
@@ -278,6 +402,28 @@ fn chain_into(
                     .and_then(|a| a.first_mut())
                 {
                     d0.insert("plugins".into(), Value::Array(new));
+                    // The delegate runs with its own cniVersion (or, without one, the
+                    // meta plugin's).
+                    if !d0.contains_key("cniVersion") {
+                        if let Some(v) = parsed.original.get("cniVersion") {
+                            d0.insert("cniVersion".into(), v.clone());
+                        }
+                    }
+                    let had = d0.clone();
+                    fit_version(
+                        d0,
+                        &format!("the first delegate of {}", c.name),
+                        settings,
+                        facts,
+                    )
+                    .map_err(|e| format!("cannot chain into {}: {e}", c.name))?;
+                    if had == *d0 && !delegate_has_version(&parsed.original) {
+                        // Only added for the check: leave the file as it was.
+                        d0.remove("cniVersion");
+                    }
+                }
+                if ordered_eq(&conf, &parsed.original) {
+                    return Ok((vec![], c.name.clone()));
                 }
                 return Ok((
                     vec![Action::Write {
@@ -290,34 +436,56 @@ fn chain_into(
             }
             let wrapped = wrapped_name(&c.name);
             let backup = backup_name(&c.name);
-            if snap.get(&wrapped).is_some() && snap.get(&backup).is_none() {
-                return Err(format!(
-                    "cannot wrap {} into {wrapped}: {wrapped} already exists and is not ours; \
-                     remove one of them or set --chain-target",
-                    c.name
-                ));
+            let existing = snap.get(&wrapped);
+            if existing.is_some() && snap.get(&backup).is_none() {
+                // Either someone else's file, or our own wrap interrupted between writing
+                // the .conflist and moving the .conf away (agent killed): finish that.
+                let ours = existing
+                    .and_then(|e| e.content.as_deref())
+                    .and_then(|b| crate::view::parse_candidate(&wrapped, b).ok())
+                    .is_some_and(|w| {
+                        has_any_entry(&w) && is_wrap_of(&w.original, &parsed.original)
+                    });
+                if !ours {
+                    return Err(format!(
+                        "cannot wrap {} into {wrapped}: {wrapped} already exists and is not ours; \
+                         remove one of them or set --chain-target",
+                        c.name
+                    ));
+                }
             }
             let mut list = lift_conf(&parsed.original);
             list.insert(
                 "plugins".into(),
                 Value::Array(chain_plugins(parsed.plugins(), entry)),
             );
-            Ok((
-                vec![
-                    Action::Write {
-                        name: wrapped.clone(),
-                        bytes: render(&list),
-                        mode: c.mode,
-                    },
-                    Action::Rename {
-                        from: c.name.clone(),
-                        to: backup,
-                    },
-                ],
-                wrapped,
-            ))
+            fit_version(&mut list, &c.name, settings, facts)
+                .map_err(|e| format!("cannot wrap {} into {wrapped}: {e}", c.name))?;
+            let bytes = render(&list);
+            let mut actions = vec![];
+            if existing.and_then(|e| e.content.as_deref()) != Some(bytes.as_slice())
+                || existing.is_some_and(|e| e.mode != c.mode)
+            {
+                actions.push(Action::Write {
+                    name: wrapped.clone(),
+                    bytes,
+                    mode: c.mode,
+                });
+            }
+            actions.push(Action::Rename {
+                from: c.name.clone(),
+                to: backup,
+            });
+            Ok((actions, wrapped))
         }
     }
+}
+
+fn delegate_has_version(conf: &Map<String, Value>) -> bool {
+    conf.get("delegates")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .is_some_and(|d| d.get("cniVersion").is_some())
 }
 
 /// Map equality that also compares key order (serde_json's `==` ignores it).
@@ -368,6 +536,7 @@ fn plan_owned(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
             problem: Some(
                 "no CNI config from the primary plugin in the conf dir yet: waiting for it".into(),
             ),
+            blocks_ready: false,
         };
     };
     let Some(primary) = foreign
@@ -383,22 +552,25 @@ fn plan_owned(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
             actions: vec![],
             target: None,
             problem: Some(format!("no valid primary CNI config to copy ({why})")),
+            blocks_ready: false,
         };
     };
     if is_meta(primary, settings) {
-        return match chain_into(primary, snap, &settings.entry) {
+        return match chain_into(primary, snap, settings, facts) {
             Ok((mut actions, target)) => {
                 actions.extend(remove_owned(&cands, None));
                 Plan {
                     actions,
                     target: Some(target),
                     problem: None,
+                    blocks_ready: false,
                 }
             }
             Err(e) => Plan {
                 actions: vec![],
                 target: None,
                 problem: Some(e),
+                blocks_ready: true,
             },
         };
     }
@@ -415,6 +587,7 @@ fn plan_owned(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
                  in --allow-ahead",
                 first_foreign.name
             )),
+            blocks_ready: false,
         };
     };
     let parsed = primary.parsed.as_ref().expect("loadable implies parsed");
@@ -432,6 +605,16 @@ fn plan_owned(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
     );
     list.insert("cniVersion".into(), Value::String(version));
     list.insert("plugins".into(), Value::Array(plugins));
+    if let Err(e) = fit_version(&mut list, &primary.name, settings, facts) {
+        // Writing it would make interlock-cni refuse every ADD. Keep what we wrote (the
+        // runtime keeps working with it) but stay not-ready: the copy cannot follow.
+        return Plan {
+            actions: vec![],
+            target: None,
+            problem: Some(format!("cannot copy {}: {e}", primary.name)),
+            blocks_ready: true,
+        };
+    }
     let bytes = render(&list);
     let mut actions = vec![];
     let current = snap.get(&name);
@@ -449,6 +632,7 @@ fn plan_owned(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
         actions,
         target: Some(name),
         problem: None,
+        blocks_ready: false,
     }
 }
 
@@ -476,28 +660,49 @@ fn plan_chain(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
         None => effective(&foreign, settings.runtime, &facts.present_types)
             .map_err(|e| format!("no config to chain into: {e}")),
     };
-    match target.and_then(|c| chain_into(c, snap, &settings.entry)) {
+    match target.and_then(|c| chain_into(c, snap, settings, facts)) {
         Ok((more, target)) => {
             actions.extend(more);
             Plan {
                 actions,
                 target: Some(target),
                 problem: None,
+                blocks_ready: false,
             }
         }
         Err(problem) => Plan {
             actions,
             target: None,
             problem: Some(problem),
+            blocks_ready: true,
         },
     }
+}
+
+/// What uninstall will do, with notes on what it deliberately leaves in place.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UninstallPlan {
+    /// Steps, in order.
+    pub actions: Vec<Action>,
+    /// Things left in place on purpose, and why (for the log and the command's output).
+    pub notes: Vec<String>,
 }
 
 /// Decides how to remove exactly what interlock added: owned files, our entries in
 /// foreign files, and wrapped `.conf`s (the original is renamed back, byte for byte).
 pub fn plan_uninstall(snap: &DirSnapshot) -> Vec<Action> {
+    plan_uninstall_explained(snap).actions
+}
+
+/// [`plan_uninstall`] with notes. A `<stem>.conflist` next to a backup is only removed
+/// when it is still our wrap of that backup (its content minus our entry equals the
+/// lifted original); if the primary has written its own `<stem>.conflist` since, only our
+/// entry is stripped from it and the backup is kept (never deleted, never restored over
+/// the primary's newer config).
+pub fn plan_uninstall_explained(snap: &DirSnapshot) -> UninstallPlan {
     let cands = snap.candidates();
     let mut actions = vec![];
+    let mut notes = vec![];
     let mut restored = HashSet::new();
     for c in &cands {
         if is_owned_name(&c.name) {
@@ -515,22 +720,40 @@ pub fn plan_uninstall(snap: &DirSnapshot) -> Vec<Action> {
                 .find(|o| snap.get(&backup_name(o)).is_some())
         });
         if let Some(orig) = orig {
-            if snap.get(&orig).is_none() {
-                actions.push(Action::Rename {
-                    from: backup_name(&orig),
-                    to: orig.clone(),
-                });
-            } else {
-                // The primary wrote a newer original since: it wins, the backup is stale.
+            let backup = backup_name(&orig);
+            let backup_conf = snap
+                .get(&backup)
+                .and_then(|e| e.content.as_deref())
+                .and_then(|b| crate::view::parse_candidate(&orig, b).ok());
+            let ours = match (&c.parsed, &backup_conf) {
+                (Ok(w), Some(b)) => is_wrap_of(&w.original, &b.original),
+                _ => false,
+            };
+            restored.insert(orig.clone());
+            if ours {
+                if snap.get(&orig).is_none() {
+                    actions.push(Action::Rename {
+                        from: backup.clone(),
+                        to: orig.clone(),
+                    });
+                } else {
+                    // The primary wrote a newer original since: it wins, the backup is stale.
+                    actions.push(Action::Remove {
+                        name: backup.clone(),
+                    });
+                }
                 actions.push(Action::Remove {
-                    name: backup_name(&orig),
+                    name: c.name.clone(),
                 });
+                continue;
             }
-            restored.insert(orig);
-            actions.push(Action::Remove {
-                name: c.name.clone(),
-            });
-            continue;
+            notes.push(format!(
+                "kept {backup}: {} is no longer interlock's wrap of {orig} (someone rewrote it \
+                 since), so only interlock's entry is removed from it and the original \
+                 {orig} stays saved under {backup}; delete that file by hand if the primary \
+                 no longer needs it",
+                c.name
+            ));
         }
         let Ok(parsed) = &c.parsed else { continue };
         if !has_any_entry(parsed) {
@@ -576,7 +799,7 @@ pub fn plan_uninstall(snap: &DirSnapshot) -> Vec<Action> {
             }
         }
     }
-    actions
+    UninstallPlan { actions, notes }
 }
 
 /// Whether the runtime's effective config carries our entry. `Ok(name)` of the effective
@@ -590,6 +813,14 @@ pub fn check_effective(
     let c = effective(&cands, settings.runtime, &facts.present_types)?;
     let parsed = c.parsed.as_ref().map_err(Clone::clone)?;
     if contains_entry(parsed, &settings.entry) {
+        let version = running_version(parsed);
+        if !version_accepted(&version, facts) {
+            return Err(format!(
+                "the effective config {} runs interlock-cni with cniVersion {}, which it refuses",
+                c.name,
+                shown_version(&version)
+            ));
+        }
         Ok(c.name.clone())
     } else if has_any_entry(parsed) {
         Err(format!(

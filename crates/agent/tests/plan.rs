@@ -695,3 +695,190 @@ fn our_entry_is_a_valid_plugin_config() {
         Some(&true)
     );
 }
+
+/// An agent killed between writing `<stem>.conflist` and moving the `.conf` away leaves
+/// the wrap half done: the next plan recognises the `.conflist` as ours and finishes it.
+#[test]
+fn chain_finishes_a_wrap_interrupted_before_the_rename() {
+    let st = settings(ConfigMode::Chain);
+    let conf = r#"{"cniVersion":"0.3.1","name":"aws-cni","type":"aws-cni","vethPrefix":"eni"}"#;
+    let full = plan(&snap(&[("10-aws.conf", conf)]), &st, &facts());
+    let Action::Write { bytes, .. } = &full.actions[0] else {
+        panic!("first step writes the conflist: {:?}", full.actions)
+    };
+    // The crash: the conflist is written, the .conf is still there, no backup.
+    let crashed = snap(&[
+        ("10-aws.conf", conf),
+        ("10-aws.conflist", std::str::from_utf8(bytes).unwrap()),
+    ]);
+    let p = plan(&crashed, &st, &facts());
+    assert!(p.problem.is_none(), "refused: {:?}", p.problem);
+    assert_eq!(
+        p.actions,
+        vec![Action::Rename {
+            from: "10-aws.conf".into(),
+            to: "10-aws.conf.interlock-orig".into()
+        }],
+        "only the rename is left to do"
+    );
+    let (after, _) = converge(&crashed, &st, &facts());
+    assert_eq!(
+        check_effective(&after, &st, &facts()).unwrap(),
+        "10-aws.conflist"
+    );
+    // Uninstall still restores the .conf byte for byte.
+    let un = apply_in_memory(&after, &plan_uninstall(&after));
+    assert_eq!(
+        un.get("10-aws.conf").unwrap().content.as_deref(),
+        Some(conf.as_bytes())
+    );
+    assert!(un.get("10-aws.conflist").is_none());
+    // Our wrap of an older version of the .conf (stale entry dir too) is still ours.
+    let stale = std::str::from_utf8(bytes)
+        .unwrap()
+        .replace("/var/run/interlock", "/old/state");
+    let p = plan(
+        &snap(&[("10-aws.conf", conf), ("10-aws.conflist", &stale)]),
+        &st,
+        &facts(),
+    );
+    assert!(p.problem.is_none(), "{:?}", p.problem);
+    assert_eq!(p.actions.len(), 2, "rewrite with our entry, then rename");
+    // A conflist whose foreign part differs is not ours: still refused.
+    let other = std::str::from_utf8(bytes).unwrap().replace("eni", "xyz");
+    let p = plan(
+        &snap(&[("10-aws.conf", conf), ("10-aws.conflist", &other)]),
+        &st,
+        &facts(),
+    );
+    assert!(p.actions.is_empty());
+    assert!(p.problem.unwrap().contains("not ours"));
+}
+
+/// After a wrap, the primary replaces `<stem>.conflist` with its own. Uninstall must not
+/// delete it: it strips only our entry and keeps the backup, saying so.
+#[test]
+fn uninstall_keeps_a_conflist_the_primary_rewrote_after_the_wrap() {
+    let st = settings(ConfigMode::Chain);
+    let conf = r#"{"cniVersion":"0.3.1","name":"aws-cni","type":"aws-cni","vethPrefix":"eni"}"#;
+    let (after, _) = converge(&snap(&[("10-aws.conf", conf)]), &st, &facts());
+    // The primary writes its own 10-aws.conflist (new parameters, no interlock).
+    let mut theirs: Value = serde_json::from_str(CALICO).unwrap();
+    theirs["name"] = json!("aws-cni");
+    let mut s = after.clone();
+    s.entries.retain(|e| e.name != "10-aws.conflist");
+    s.entries.push(DirEntry {
+        name: "10-aws.conflist".into(),
+        content: Some(theirs.to_string().into_bytes()),
+        mode: 0o644,
+    });
+    // The agent chains into it again (it is the effective conflist now).
+    let (s, _) = converge(&s, &st, &facts());
+    assert!(s.get("10-aws.conf.interlock-orig").is_some());
+    let up = interlock_agent::plan::plan_uninstall_explained(&s);
+    let un = apply_in_memory(&s, &up.actions);
+    assert_eq!(
+        content(&un, "10-aws.conflist"),
+        theirs,
+        "the primary's conflist survives uninstall minus our entry"
+    );
+    assert_eq!(
+        un.get("10-aws.conf.interlock-orig")
+            .and_then(|e| e.content.as_deref()),
+        Some(conf.as_bytes()),
+        "the backup is kept, not deleted"
+    );
+    assert!(
+        un.get("10-aws.conf").is_none(),
+        "the old .conf is not put back in front of the primary's new conflist"
+    );
+    assert_eq!(up.notes.len(), 1, "{:?}", up.notes);
+    assert!(up.notes[0].contains("10-aws.conf.interlock-orig"));
+    // Our own wrap is still removed and the .conf restored.
+    let un2 = apply_in_memory(&after, &plan_uninstall(&after));
+    assert!(un2.get("10-aws.conflist").is_none());
+    assert_eq!(
+        un2.get("10-aws.conf").unwrap().content.as_deref(),
+        Some(conf.as_bytes())
+    );
+}
+
+/// interlock-cni accepts 0.3.0..1.1.0. Chain mode raises an older target when every
+/// plugin supports a version it accepts, and otherwise reports the file and version.
+#[test]
+fn chain_raises_unsupported_cni_version_or_reports_it() {
+    let st = settings(ConfigMode::Chain);
+    for (conf, was) in [
+        (r#"{"name":"aws-cni","type":"aws-cni"}"#, "none"),
+        (
+            r#"{"cniVersion":"0.2.0","name":"aws-cni","type":"aws-cni"}"#,
+            "0.2.0",
+        ),
+    ] {
+        let (after, _) = converge(&snap(&[("10-aws.conf", conf)]), &st, &facts());
+        let w = content(&after, "10-aws.conflist");
+        assert_eq!(w["cniVersion"], "1.0.0", "raised from {was}");
+        // The backup stays byte for byte.
+        assert_eq!(
+            after
+                .get("10-aws.conf.interlock-orig")
+                .unwrap()
+                .content
+                .as_deref(),
+            Some(conf.as_bytes())
+        );
+        // A plugin that supports nothing interlock-cni accepts: a problem naming the file
+        // and the version, nothing written.
+        let mut f = facts();
+        f.versions
+            .insert("aws-cni".into(), vec!["0.1.0".into(), "0.2.0".into()]);
+        let p = plan(&snap(&[("10-aws.conf", conf)]), &st, &f);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert!(p.blocks_ready);
+        let msg = p.problem.unwrap();
+        assert!(msg.contains("10-aws.conf") && msg.contains(was), "{msg}");
+    }
+    // A conflist at 0.2.0 is raised in place.
+    let old = CALICO.replace("0.3.1", "0.2.0");
+    let (after, _) = converge(&snap(&[("10-calico.conflist", &old)]), &st, &facts());
+    assert_eq!(content(&after, "10-calico.conflist")["cniVersion"], "1.0.0");
+    // A plugin that did not answer VERSION: cannot raise, reported.
+    let mut f = facts();
+    f.versions.remove("calico");
+    let p = plan(&snap(&[("10-calico.conflist", &old)]), &st, &f);
+    let msg = p.problem.unwrap();
+    assert!(
+        msg.contains("10-calico.conflist") && msg.contains("0.2.0") && msg.contains("calico"),
+        "{msg}"
+    );
+    // A file wrapped earlier at 0.2.0 (by an older agent) is not what interlock-cni runs.
+    let mut v: Value = serde_json::from_str(&old).unwrap();
+    v["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .push(Value::Object(plugin_entry(Path::new("/var/run/interlock"))));
+    let s = snap(&[("10-calico.conflist", &v.to_string())]);
+    assert!(check_effective(&s, &st, &f).unwrap_err().contains("0.2.0"));
+}
+
+/// Owned mode gives the same guarantee: never a copy interlock-cni would refuse.
+#[test]
+fn owned_never_writes_a_cni_version_interlock_refuses() {
+    let st = settings(ConfigMode::Owned);
+    let old = CALICO.replace("0.3.1", "0.2.0");
+    let (after, _) = converge(&snap(&[("10-calico.conflist", &old)]), &st, &facts());
+    assert_eq!(
+        content(&after, "00-interlock.conflist")["cniVersion"],
+        "1.0.0"
+    );
+    let mut f = facts();
+    f.versions.remove("calico");
+    let p = plan(&snap(&[("10-calico.conflist", &old)]), &st, &f);
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert!(p.blocks_ready);
+    let msg = p.problem.unwrap();
+    assert!(
+        msg.contains("10-calico.conflist") && msg.contains("0.2.0"),
+        "{msg}"
+    );
+}

@@ -619,3 +619,140 @@ fn crio_rules_skip_unusable_files_and_own_writes_do_not_loop() {
     assert_eq!(w0, w1, "writes kept happening");
     assert!(r1 - r0 <= 2.0, "reconciles kept happening: {r0} -> {r1}");
 }
+
+const AWS_CONF: &str = "{ \"cniVersion\": \"0.3.1\", \"name\": \"ilaws\",\n  \"type\": \"bridge\", \"bridge\": \"ilaws0\",\n  \"ipam\": {\"type\": \"host-local\", \"subnet\": \"10.99.20.0/24\"} }\n";
+
+fn uninstall(d: &Dirs) -> std::process::Output {
+    let out = std::process::Command::new(interlock())
+        .args(["uninstall"])
+        .arg("--cni-conf-dir")
+        .arg(&d.conf)
+        .arg("--cni-bin-dir")
+        .arg(&d.bin)
+        .arg("--state-dir")
+        .arg(&d.state)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// An agent killed between writing `10-aws.conflist` and moving `10-aws.conf` away leaves
+/// both in place without a backup. The next agent must finish the wrap and become ready.
+#[test]
+fn chain_mode_wrap_interrupted_by_a_crash_is_finished_by_the_next_agent() {
+    let d = Dirs::new();
+    d.write("10-aws.conf", AWS_CONF);
+    let a = d.agent(&["--config-mode", "chain"]);
+    assert_eq!(wait_protected(&d, &a), "10-aws.conflist");
+    a.kill9();
+    // Put the directory back into the state between the two steps of the wrap.
+    std::fs::rename(
+        d.conf.join("10-aws.conf.interlock-orig"),
+        d.conf.join("10-aws.conf"),
+    )
+    .unwrap();
+    let wrapped = d.read("10-aws.conflist").unwrap();
+    assert_eq!(d.names(), ["10-aws.conf", "10-aws.conflist"]);
+    let b = d.agent(&["--config-mode", "chain"]);
+    assert_eq!(wait_protected(&d, &b), "10-aws.conflist");
+    assert_eq!(d.names(), ["10-aws.conf.interlock-orig", "10-aws.conflist"]);
+    assert_eq!(d.read("10-aws.conflist").unwrap(), wrapped);
+    assert_eq!(
+        d.read("10-aws.conf.interlock-orig").unwrap(),
+        AWS_CONF.as_bytes()
+    );
+    assert!(b.terminate().success());
+    uninstall(&d);
+    assert_eq!(d.names(), ["10-aws.conf"]);
+    assert_eq!(d.read("10-aws.conf").unwrap(), AWS_CONF.as_bytes());
+}
+
+/// After a wrap, the primary writes its own `10-aws.conflist`. `interlock uninstall` must
+/// keep it (minus our entry), keep the backup, and say so.
+#[test]
+fn uninstall_keeps_a_conflist_the_primary_wrote_after_the_wrap() {
+    let d = Dirs::new();
+    d.write("10-aws.conf", AWS_CONF);
+    let a = d.agent(&["--config-mode", "chain"]);
+    assert_eq!(wait_protected(&d, &a), "10-aws.conflist");
+    assert!(a.terminate().success());
+    let theirs = CALICO.replace("k8s-pod-network", "ilaws");
+    d.rename_in("10-aws.conflist", &theirs);
+    let b = d.agent(&["--config-mode", "chain"]);
+    assert_eq!(wait_protected(&d, &b), "10-aws.conflist");
+    assert!(b.terminate().success());
+    let out = uninstall(&d);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        d.names(),
+        ["10-aws.conf.interlock-orig", "10-aws.conflist"],
+        "{said}"
+    );
+    let expect: Value = serde_json::from_str(&theirs).unwrap();
+    assert_eq!(d.json("10-aws.conflist"), expect, "{said}");
+    assert_eq!(
+        d.read("10-aws.conf.interlock-orig").unwrap(),
+        AWS_CONF.as_bytes()
+    );
+    assert!(
+        said.contains("kept 10-aws.conf.interlock-orig"),
+        "uninstall does not say what happened to the backup: {said}"
+    );
+}
+
+/// A `.conf` without cniVersion (libcni: 0.1.0) or at 0.2.0 would make interlock-cni refuse
+/// every ADD. Chain mode raises it when every plugin supports a version interlock-cni
+/// accepts; otherwise the agent stays not-ready and names the file and the version.
+#[test]
+fn chain_mode_old_cni_version_is_raised_or_reported() {
+    let d = Dirs::new();
+    let conf = AWS_CONF.replace("\"cniVersion\": \"0.3.1\", ", "");
+    d.write("10-aws.conf", &conf);
+    let a = d.agent(&["--config-mode", "chain"]);
+    assert_eq!(wait_protected(&d, &a), "10-aws.conflist");
+    let w = d.json("10-aws.conflist");
+    let v = w["cniVersion"].as_str().unwrap().to_string();
+    assert!(
+        v.parse::<interlock_protocol::CniVersion>().is_ok(),
+        "wrapped at {v}"
+    );
+    assert!(a.terminate().success());
+    uninstall(&d);
+    assert_eq!(d.read("10-aws.conf").unwrap(), conf.as_bytes());
+
+    // A primary plugin that only speaks 0.1.0/0.2.0: nothing to raise to.
+    let old = d.bin.join("ilold");
+    std::fs::write(
+        &old,
+        "#!/bin/sh\necho '{\"cniVersion\":\"0.2.0\",\"supportedVersions\":[\"0.1.0\",\"0.2.0\"]}'\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let conf = r#"{"cniVersion":"0.2.0","name":"ilold","type":"ilold"}"#;
+    std::fs::remove_file(d.conf.join("10-aws.conf")).unwrap();
+    d.write("10-old.conf", conf);
+    let b = d.agent(&["--config-mode", "chain"]);
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            b.get("/readyz").is_some_and(|(c, body)| {
+                c == 503 && body.contains("10-old.conf") && body.contains("0.2.0")
+            })
+        },
+        || format!("{:?}\nlog:\n{}", b.get("/readyz"), b.log_text()),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(b.ready(), Some(false));
+    assert_eq!(d.names(), ["10-old.conf"], "nothing wrapped");
+    assert_eq!(d.read("10-old.conf").unwrap(), conf.as_bytes());
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(d.state.join("agent-ready.json")).unwrap()).unwrap();
+    assert_eq!(m["ready"], false);
+    assert!(m["reason"].as_str().unwrap().contains("10-old.conf"), "{m}");
+}
