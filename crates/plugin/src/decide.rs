@@ -243,6 +243,21 @@ pub struct Failure {
     pub code: u32,
     /// The full explanation.
     pub message: String,
+    /// `Some(why)` when rules were applied and removing them again failed too, so
+    /// interlock's rules may remain in the netns; `None` when none were left.
+    pub leftover_rules: Option<String>,
+}
+
+impl Failure {
+    /// A failure that left no interlock rules behind (nothing applied, or cleaned up).
+    pub fn clean(step: &'static str, code: u32, message: impl Into<String>) -> Failure {
+        Failure {
+            step,
+            code,
+            message: message.into(),
+            leftover_rules: None,
+        }
+    }
 }
 
 /// The CNI error code for a failed engine step (see the table in the crate docs).
@@ -262,10 +277,15 @@ pub fn code_for_step(step: &str) -> u32 {
 impl From<ProtectError> for Failure {
     fn from(e: ProtectError) -> Failure {
         let step = e.step();
+        let leftover_rules = e.cleanup_failure().map(|why| {
+            let backend = e.backend().map(|b| format!("{b} ")).unwrap_or_default();
+            format!("interlock's {backend}rules may remain (removing them failed: {why})")
+        });
         Failure {
             step,
             code: code_for_step(step),
             message: e.to_string(),
+            leftover_rules,
         }
     }
 }
@@ -360,22 +380,20 @@ pub fn micros(d: Duration) -> u64 {
 /// Re-verifies a protected attachment's recorded spec in `netns` (reads rules back; never
 /// applies, never probes: the proxy may own its port by now).
 pub fn check(protected: &Protected, netns: &str) -> Result<(), Failure> {
-    let spec = protected.installed_spec().map_err(|message| Failure {
-        step: "state",
-        code: interlock_protocol::error::IO_FAILURE,
-        message,
+    let spec = protected.installed_spec().map_err(|message| {
+        Failure::clean("state", interlock_protocol::error::IO_FAILURE, message)
     })?;
     match engine::check(Path::new(netns), &spec, protected.backend)? {
         Verification::Exact => Ok(()),
-        Verification::Mismatch(diffs) => Err(Failure {
-            step: "verify",
-            code: crate::ERR_VERIFY,
-            message: format!(
+        Verification::Mismatch(diffs) => Err(Failure::clean(
+            "verify",
+            crate::ERR_VERIFY,
+            format!(
                 "redirect rules in {netns} ({}) are not the recorded ones: {}",
                 protected.backend,
                 diffs.join("; ")
             ),
-        }),
+        )),
     }
 }
 

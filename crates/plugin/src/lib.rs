@@ -388,16 +388,16 @@ fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
     let open = call.config.failure_policy == FailurePolicy::Open;
 
     let outcome = match &decision {
-        Decision::Invalid { reason } => Err(Failure {
-            step: "spec",
-            code: ERR_INVALID_POD_ANNOTATIONS,
-            message: reason.clone(),
-        }),
-        Decision::Undecided { reason } => Err(Failure {
-            step: "lookup",
-            code: codes::TRY_AGAIN_LATER,
-            message: format!("cannot decide whether the pod is meshed: {reason}"),
-        }),
+        Decision::Invalid { reason } => Err(Failure::clean(
+            "spec",
+            ERR_INVALID_POD_ANNOTATIONS,
+            reason.clone(),
+        )),
+        Decision::Undecided { reason } => Err(Failure::clean(
+            "lookup",
+            codes::TRY_AGAIN_LATER,
+            format!("cannot decide whether the pod is meshed: {reason}"),
+        )),
         _ => decide::protect(&call.config, netns, &decision, &prev, ifname),
     };
     let protection = match outcome {
@@ -408,11 +408,7 @@ fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
                     f.code,
                     format!("pod {name}: step {} failed: {}", f.step, f.message),
                 )
-                .with_details(
-                    "failurePolicy is closed: the pod does not start until its traffic \
-                     redirection is in place and proven (the runtime retries the ADD); \
-                     no interlock rules were left in its network namespace",
-                ))
+                .with_details(add_failure_details(&f, netns)))
         }
         Err(f) => {
             call.log.error(&format!(
@@ -478,6 +474,20 @@ fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
     let mut out = prev.convert(call.version).to_json().into_bytes();
     out.push(b'\n');
     Ok(out)
+}
+
+/// The `details` of a failed ADD (failurePolicy closed): what happens next, and whether
+/// interlock's rules were left in the netns.
+fn add_failure_details(f: &Failure, netns: &str) -> String {
+    let closed = "failurePolicy is closed: the pod does not start until its traffic \
+                  redirection is in place and proven (the runtime retries the ADD)";
+    match &f.leftover_rules {
+        None => format!("{closed}; no interlock rules were left in its network namespace"),
+        Some(leftover) => format!(
+            "{closed}; {leftover} in its network namespace {netns}: the CNI DEL that \
+             follows a failed ADD retries removing them (every backend's rules)"
+        ),
+    }
 }
 
 fn cmd_del(call: &Call) -> Result<Vec<u8>, CniError> {
@@ -669,6 +679,43 @@ fn cmd_status(call: &Call) -> Result<Vec<u8>, CniError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn add_failure_details_say_whether_rules_remain() {
+        use interlock_redirect::backend::{BackendError, BackendKind};
+        use interlock_redirect::ProtectError;
+        let kind = BackendKind::IptablesNft;
+        let apply = |cleanup: Option<&str>| ProtectError::Apply {
+            netns: "/run/netns/ilpod".into(),
+            backend: kind,
+            source: BackendError::Failed {
+                backend: kind,
+                op: "apply",
+                msg: "iptables-nft-restore failed".into(),
+            },
+            cleanup: cleanup.map(String::from),
+        };
+        let clean = add_failure_details(&Failure::from(apply(None)), "/run/netns/ilpod");
+        assert!(
+            clean.contains("no interlock rules were left") && !clean.contains("may remain"),
+            "{clean}"
+        );
+        let f = Failure::from(apply(Some("iptables-nft-restore: exit 4")));
+        assert_eq!((f.step, f.code), ("apply", ERR_APPLY));
+        let dirty = add_failure_details(&f, "/run/netns/ilpod");
+        assert!(
+            !dirty.contains("no interlock rules were left")
+                && dirty.contains("interlock's iptables-nft rules may remain")
+                && dirty.contains("iptables-nft-restore: exit 4")
+                && dirty.contains("/run/netns/ilpod")
+                && dirty.contains("DEL")
+                && dirty.contains("retries removing them"),
+            "{dirty}"
+        );
+        // Failures before anything was applied leave nothing.
+        let lookup = Failure::clean("lookup", codes::TRY_AGAIN_LATER, "no agent");
+        assert!(add_failure_details(&lookup, "/x").contains("no interlock rules were left"));
+    }
 
     fn env(command: &str) -> CniEnv {
         CniEnv {
