@@ -31,6 +31,14 @@ pub enum AgentError {
         /// What went wrong.
         reason: String,
     },
+    /// The `--plugin-config` file cannot be read or is not a valid interlock-cni config.
+    #[error("plugin config {path}: {reason}; fix the file given with --plugin-config (INTERLOCK_PLUGIN_CONFIG)")]
+    PluginConfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the field.
+        reason: String,
+    },
     /// Some uninstall steps failed (all were attempted).
     #[error("uninstall incomplete: {}", .0.join("; "))]
     Uninstall(Vec<String>),

@@ -72,6 +72,10 @@ pub struct AgentConfig {
     pub resync_interval: Duration,
     /// Marker staleness limit written into the marker (refreshed every third of it).
     pub marker_stale_after: Duration,
+    /// Operator settings merged into our plugin entry (`--plugin-config`), already
+    /// validated by [`load_plugin_config`]. `type`, `stateDir` and the pod-annotations
+    /// capability are always the agent's.
+    pub plugin_config: Map<String, Value>,
     /// Undos of one file within `conflict_window` that trigger a back-off (0: never).
     pub conflict_threshold: u32,
     /// Window for counting undos.
@@ -94,6 +98,7 @@ impl AgentConfig {
             uninstall_on_exit: false,
             allow_ahead: vec![],
             max_cni_version: None,
+            plugin_config: Map::new(),
             resync_interval: Duration::from_secs(10),
             marker_stale_after: Duration::from_secs(3),
             conflict_threshold: 20,
@@ -103,7 +108,7 @@ impl AgentConfig {
 
     /// Our plugin entry, exactly as it must appear in the effective config.
     pub fn entry(&self) -> Map<String, Value> {
-        plugin_entry(&self.state_dir)
+        plugin_entry_with(&self.state_dir, &self.plugin_config)
     }
 
     /// The planner's view of this config.
@@ -146,6 +151,96 @@ pub fn plugin_entry(state_dir: &Path) -> Map<String, Value> {
     }
 }
 
+/// Fields an operator may set with `--plugin-config` (interlock-cni's own settings).
+pub const PLUGIN_CONFIG_FIELDS: [&str; 9] = [
+    "logFile",
+    "logLevel",
+    "excludeNamespaces",
+    "failurePolicy",
+    "agentSocket",
+    "kubeconfig",
+    "backend",
+    "profiles",
+    "capabilities",
+];
+
+/// Our entry with the operator's `extra` settings merged in: `type` and `stateDir` first,
+/// then `extra` in its order, and `capabilities` always declaring the pod annotations.
+pub fn plugin_entry_with(state_dir: &Path, extra: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = plugin_entry(state_dir);
+    let caps = out.remove("capabilities");
+    for (k, v) in extra {
+        if k != "type" && k != "stateDir" && k != "capabilities" {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    let mut caps = match caps {
+        Some(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    if let Some(Value::Object(theirs)) = extra.get("capabilities") {
+        for (k, v) in theirs {
+            caps.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    caps.insert(
+        interlock_cni::config::POD_ANNOTATIONS_CAPABILITY.into(),
+        Value::Bool(true),
+    );
+    out.insert("capabilities".into(), Value::Object(caps));
+    out
+}
+
+/// Reads and validates a `--plugin-config` file: a JSON object of interlock-cni settings
+/// ([`PLUGIN_CONFIG_FIELDS`]). The error names the file and the bad field.
+pub fn load_plugin_config(path: &Path) -> Result<Map<String, Value>, AgentError> {
+    let bad = |reason: String| AgentError::PluginConfig {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+    let map = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(m)) => m,
+        Ok(other) => {
+            return Err(bad(format!(
+                "must be a JSON object of interlock-cni settings, found {}",
+                match other {
+                    Value::Array(_) => "an array",
+                    Value::String(_) => "a string",
+                    Value::Number(_) => "a number",
+                    Value::Bool(_) => "a boolean",
+                    _ => "null",
+                }
+            )))
+        }
+        Err(e) => return Err(bad(format!("not valid JSON: {e}"))),
+    };
+    for k in map.keys() {
+        match k.as_str() {
+            "type" => {
+                return Err(bad(
+                    "field type: set by the agent (always interlock-cni); remove it".into(),
+                ))
+            }
+            "stateDir" => {
+                return Err(bad(
+                    "field stateDir: set by the agent; use --state-dir instead".into(),
+                ))
+            }
+            f if PLUGIN_CONFIG_FIELDS.contains(&f) => {}
+            f => {
+                return Err(bad(format!(
+                    "field {f}: not an interlock-cni setting (known: {})",
+                    PLUGIN_CONFIG_FIELDS.join(", ")
+                )))
+            }
+        }
+    }
+    let merged = plugin_entry_with(Path::new(interlock_cni::config::DEFAULT_STATE_DIR), &map);
+    interlock_cni::config::PluginConfig::from_map(&merged).map_err(|e| bad(e.to_string()))?;
+    Ok(map)
+}
+
 fn mkdir(p: &Path) -> Result<(), AgentError> {
     std::fs::create_dir_all(p).map_err(|e| AgentError::Dir {
         path: p.to_path_buf(),
@@ -180,6 +275,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         installer.len(),
         installer.versions()
     );
+    info!("plugin entry: {}", Value::Object(cfg.entry()));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -92,6 +92,11 @@ pub struct AgentArgs {
     /// Highest cniVersion to write into the owned config (default: the highest every plugin supports).
     #[arg(long, env = "INTERLOCK_MAX_CNI_VERSION")]
     pub max_cni_version: Option<String>,
+    /// JSON object of interlock-cni settings merged into the plugin entry the agent writes
+    /// (failurePolicy, excludeNamespaces, logFile, logLevel, agentSocket, kubeconfig,
+    /// backend, profiles, capabilities). Read and validated once at startup.
+    #[arg(long, env = "INTERLOCK_PLUGIN_CONFIG")]
+    pub plugin_config: Option<PathBuf>,
     /// Seconds between full resyncs.
     #[arg(
         long,
@@ -155,6 +160,9 @@ pub fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     cfg.uninstall_on_exit = a.uninstall_on_exit;
     cfg.allow_ahead = a.allow_ahead;
     cfg.max_cni_version = a.max_cni_version;
+    if let Some(p) = &a.plugin_config {
+        cfg.plugin_config = interlock_agent::load_plugin_config(p)?;
+    }
     cfg.resync_interval = Duration::from_secs(a.resync_seconds.max(1));
     cfg.marker_stale_after = Duration::from_millis(a.marker_stale_ms.max(30));
     cfg.conflict_threshold = a.conflict_threshold;

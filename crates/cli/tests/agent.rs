@@ -756,3 +756,126 @@ fn chain_mode_old_cni_version_is_raised_or_reported() {
     assert_eq!(m["ready"], false);
     assert!(m["reason"].as_str().unwrap().contains("10-old.conf"), "{m}");
 }
+
+/// `--plugin-config` settings are merged into the entry the agent writes, and that merged
+/// entry is what counts as "ours" (not reverted as differing).
+#[test]
+fn plugin_config_is_merged_into_our_entry() {
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let pc = d.tmp.path().join("plugin.json");
+    std::fs::write(
+        &pc,
+        r#"{"excludeNamespaces": ["kube-system", "ilns"], "failurePolicy": "open", "logLevel": "debug"}"#,
+    )
+    .unwrap();
+    let a = d.agent(&["--plugin-config", pc.to_str().unwrap()]);
+    let want = |v: &Value| {
+        let e = v["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["type"] == "interlock-cni")
+            .cloned();
+        e.filter(|e| {
+            e["excludeNamespaces"] == json!(["kube-system", "ilns"])
+                && e["failurePolicy"] == "open"
+                && e["logLevel"] == "debug"
+                && e["stateDir"] == d.state.display().to_string()
+                && e["capabilities"]["io.kubernetes.cri.pod-annotations"] == true
+        })
+    };
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            a.ready() == Some(true)
+                && d.effective()
+                    .chosen
+                    .is_some_and(|c| want(&Value::Object(c.list.raw().clone())).is_some())
+        },
+        || format!("{:?}\nlog:\n{}", d.names(), a.log_text()),
+    );
+    let chosen = d.effective().chosen.unwrap();
+    assert_eq!(
+        chosen.path.file_name().unwrap().to_str().unwrap(),
+        "00-interlock.conflist"
+    );
+    // The plugin itself accepts the merged entry.
+    let entry = want(&Value::Object(chosen.list.raw().clone())).unwrap();
+    let c = interlock_cni::config::PluginConfig::from_map(entry.as_object().unwrap()).unwrap();
+    assert!(c.is_excluded("ilns"));
+    // Stable: the merged entry is ours, so nothing is rewritten.
+    let writes = a.metric("interlock_config_writes_total").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(a.metric("interlock_config_writes_total").unwrap(), writes);
+    // A plain entry written by someone else is repaired back to the merged one.
+    let mut v = d.json("00-interlock.conflist");
+    let plain = Value::Object(interlock_agent::plugin_entry(&d.state));
+    *v["plugins"].as_array_mut().unwrap().last_mut().unwrap() = plain;
+    d.rename_in("00-interlock.conflist", &v.to_string());
+    wait_until(
+        Duration::from_secs(5),
+        || want(&d.json("00-interlock.conflist")).is_some() && a.ready() == Some(true),
+        || a.log_text(),
+    );
+}
+
+/// An invalid `--plugin-config` stops the agent at startup with the file and field named.
+#[test]
+fn invalid_plugin_config_exits_naming_file_and_field() {
+    let d = Dirs::new();
+    for (body, field) in [
+        (r#"{"failurePolicy": "sometimes"}"#, "failurePolicy"),
+        (
+            r#"{"excludeNamespaces": "kube-system"}"#,
+            "excludeNamespaces",
+        ),
+        (
+            r#"{"excludeNamespace": ["kube-system"]}"#,
+            "excludeNamespace",
+        ),
+        (r#"{"stateDir": "/elsewhere"}"#, "stateDir"),
+        ("[1]", "JSON object"),
+        ("{", "not valid JSON"),
+    ] {
+        let pc = d.tmp.path().join("bad-plugin.json");
+        std::fs::write(&pc, body).unwrap();
+        let mut out = std::process::Command::new(interlock())
+            .args(["agent", "--kube=none"])
+            .arg("--cni-conf-dir")
+            .arg(&d.conf)
+            .arg("--cni-bin-dir")
+            .arg(&d.bin)
+            .arg("--state-dir")
+            .arg(&d.state)
+            .arg("--plugin-source")
+            .arg(plugin())
+            .arg("--health-addr")
+            .arg("127.0.0.1:0")
+            .arg("--plugin-config")
+            .arg(&pc)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(d.tmp.path().join("bad.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = out.try_wait().unwrap() {
+                break s;
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                let _ = out.kill();
+                let _ = out.wait();
+                panic!("{body}: the agent kept running with an invalid --plugin-config");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let err = std::fs::read_to_string(d.tmp.path().join("bad.log")).unwrap();
+        assert!(!status.success(), "{body}: agent succeeded: {err}");
+        assert!(
+            err.contains(pc.to_str().unwrap()) && err.contains(field),
+            "{body}: error does not name the file and {field}: {err}"
+        );
+    }
+    assert!(d.names().is_empty(), "nothing written: {:?}", d.names());
+}
