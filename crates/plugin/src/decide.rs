@@ -291,16 +291,16 @@ impl From<ProtectError> for Failure {
 }
 
 /// The backend to use for `choice`, and why. `auto` runs the host detection (in the
-/// plugin's own netns, which is the host's).
-pub fn resolve_backend(choice: BackendChoice) -> (BackendKind, String) {
+/// plugin's own netns, which is the host's), or reuses a recent one cached under
+/// `state_dir` ([`crate::backend_cache`]).
+pub fn resolve_backend(choice: BackendChoice, state_dir: &Path) -> (BackendKind, String) {
     let fixed = |k: BackendKind| (k, format!("configured backend {k}"));
     match choice {
         BackendChoice::Nftables => fixed(BackendKind::Nftables),
         BackendChoice::IptablesNft => fixed(BackendKind::IptablesNft),
         BackendChoice::IptablesLegacy => fixed(BackendKind::IptablesLegacy),
         BackendChoice::Auto => {
-            let d = backend::detect();
-            (d.kind, format!("auto: {}", d.reason))
+            crate::backend_cache::resolve_auto(state_dir, crate::status::now_ms(), backend::detect)
         }
     }
 }
@@ -338,7 +338,7 @@ pub fn protect(
     let start = Instant::now();
     let (addrs, gateways) = pod_addresses(prev, ifname);
     let spec = spec.as_ref().clone().for_addresses(&addrs);
-    let (kind, backend_reason) = resolve_backend(config.backend);
+    let (kind, backend_reason) = resolve_backend(config.backend, &config.state_dir);
     let done = engine::protect(Path::new(netns), &spec, kind, &gateways)?;
     let probe = done
         .probe

@@ -11,7 +11,9 @@
 //!   annotations from `runtimeConfig`, or — only when the runtime passed none — from the
 //!   agent socket and then the Kubernetes API, see [`lookup`]). For a meshed pod it
 //!   narrows the profile's spec to the address families the pod has on `CNI_IFNAME`,
-//!   applies it in `CNI_NETNS` with the configured backend (`auto` detects the host's),
+//!   applies it in `CNI_NETNS` with the configured backend (`auto` detects the host's,
+//!   reusing a detection up to a minute old from `<stateDir>/backend-detected.json`, see
+//!   [`backend_cache`]),
 //!   verifies the rules read back are exactly the expected ones, and proves the outbound
 //!   capture with a probe towards the pod's gateways ([`decide::protect`]). Only then is
 //!   the attachment's state written (profile, backend, installed spec as canonical JSON
@@ -55,6 +57,7 @@
 //! Every failure message about a pod starts with `pod <namespace>/<name>: step <step>
 //! failed:` followed by the cause.
 
+pub mod backend_cache;
 pub mod config;
 pub mod decide;
 pub mod identity;

@@ -308,6 +308,71 @@ fn auto_backend_and_enabled_profiles() {
     n.del(&chain, &l).unwrap();
 }
 
+/// `backend: auto` reuses a fresh detection cached in `<stateDir>/backend-detected.json`
+/// and replaces a corrupt or stale one with a new detection.
+#[test]
+fn auto_backend_detection_is_cached() {
+    require_root!();
+    use interlock_cni::backend_cache::{CachedDetection, FILE_NAME};
+    use interlock_redirect::BackendKind;
+    let n = Node::new(false);
+    let chain = n.chain(json!({ "backend": "auto" }));
+    let cache = n.state.path().join(FILE_NAME);
+    let detected =
+        interlock_testkit::Netns::run(&n.node, || interlock_redirect::backend::detect().kind);
+    // A backend detection would not choose, so its use proves the cache was read.
+    let planted = if detected == BackendKind::IptablesNft {
+        BackendKind::IptablesLegacy
+    } else {
+        BackendKind::IptablesNft
+    };
+    let now = interlock_cni::status::now_ms();
+    let plant = |at: u64| {
+        let c = CachedDetection {
+            backend: planted,
+            reason: "planted by the test".into(),
+            detected_at_ms: at,
+        };
+        std::fs::write(&cache, serde_json::to_vec(&c).unwrap()).unwrap();
+    };
+    let read_cache = || CachedDetection::parse(&std::fs::read(&cache).unwrap()).unwrap();
+
+    plant(now);
+    let a = n.add(&chain, "a", Some(ISTIO.annotations()));
+    let p = n.state_of(&a.rt).unwrap()["protection"].clone();
+    assert_eq!(p["backend"], planted.as_str(), "{p}");
+    let reason = p["backendReason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("auto: planted by the test (detected ") && reason.contains(FILE_NAME),
+        "{reason}"
+    );
+
+    // Corrupt: ignored, detection runs, the file is rewritten.
+    std::fs::write(&cache, b"{\"backend\": \"nft").unwrap();
+    let b = n.add(&chain, "b", Some(ISTIO.annotations()));
+    let p = n.state_of(&b.rt).unwrap()["protection"].clone();
+    assert_eq!(p["backend"], detected.as_str(), "{p}");
+    assert!(
+        !p["backendReason"].as_str().unwrap().contains("cached"),
+        "{p}"
+    );
+    let c = read_cache();
+    assert_eq!(c.backend, detected);
+    assert!(c.detected_at_ms >= now, "{c:?}");
+
+    // Stale (two minutes old): detection runs again.
+    plant(now - 120_000);
+    let d = n.add(&chain, "d", Some(ISTIO.annotations()));
+    let p = n.state_of(&d.rt).unwrap()["protection"].clone();
+    assert_eq!(p["backend"], detected.as_str(), "{p}");
+    assert_eq!(read_cache().backend, detected);
+
+    for pod in [&a, &b, &d] {
+        n.del(&chain, pod).unwrap();
+        assert_no_interlock_rules(&pod.ns);
+    }
+}
+
 /// DEL without state (lost state file) removes every backend's rules; DEL after the
 /// netns is gone succeeds and removes the state.
 #[test]
