@@ -879,3 +879,82 @@ fn invalid_plugin_config_exits_naming_file_and_field() {
     }
     assert!(d.names().is_empty(), "nothing written: {:?}", d.names());
 }
+
+/// Two agents with different flags on one conf dir: A in owned mode, B in chain mode.
+///
+/// Designed behaviour: B (chain) removes owned files as part of its plan, A (owned)
+/// writes `00-interlock.conflist` back. A counts each removal as an undo of its file and,
+/// past the conflict threshold, backs off (1 s, then doubling), stays not-ready and
+/// names `00-interlock.conflist` (log, `/readyz`, `interlock_config_backoff`). B does not
+/// count A's file as a fight (it carries the same entry), keeps its entry in the
+/// primary's file and stays ready. So the writes are bounded (no spinning), and the
+/// effective config carries interlock-cni the whole time: either A's copy or B's chained
+/// primary.
+#[test]
+fn owned_and_chain_agents_on_one_dir_back_off_and_keep_interlock_effective() {
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let a = d.agent(&[]);
+    assert_eq!(wait_protected(&d, &a), "00-interlock.conflist");
+    let b = d.agent(&["--config-mode", "chain"]);
+    // A notices the fight and backs off, naming the file.
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            a.get("/readyz").is_some_and(|(c, body)| {
+                c == 503 && body.contains("backing off") && body.contains("00-interlock.conflist")
+            })
+        },
+        || {
+            format!(
+                "owned agent did not back off: {:?}\nA log:\n{}\nB log:\n{}",
+                a.get("/readyz"),
+                a.log_text(),
+                b.log_text()
+            )
+        },
+    );
+    assert!(a
+        .get("/metrics")
+        .unwrap()
+        .1
+        .contains("interlock_config_backoff{file=\"00-interlock.conflist\"} 1"));
+    // Over the next seconds: interlock stays effective at every sample, and the number
+    // of writes stays bounded (an unchecked fight would be thousands per second).
+    let writes = |x: &Agent| x.metric("interlock_config_writes_total").unwrap();
+    let w0 = writes(&a) + writes(&b);
+    let start = Instant::now();
+    let mut samples = 0;
+    while start.elapsed() < Duration::from_secs(3) {
+        let e = d.effective();
+        let chosen = e.chosen.as_ref().map(|c| c.path.clone());
+        assert!(
+            d.effective_with_us().is_some(),
+            "effective config {chosen:?} lacks interlock: {}\n{:?}",
+            e.summary,
+            d.names()
+        );
+        samples += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let w1 = writes(&a) + writes(&b);
+    eprintln!(
+        "{} writes by both agents in 3 s ({samples} samples)",
+        w1 - w0
+    );
+    assert!(
+        w1 - w0 <= 150.0,
+        "flapping: {} writes in 3 s\nA log:\n{}",
+        w1 - w0,
+        a.log_text()
+    );
+    // B holds the primary with our entry and is ready; the primary's data is intact.
+    assert_eq!(b.ready(), Some(true), "B: {:?}", b.get("/readyz"));
+    let c = d.json("10-calico.conflist");
+    assert_eq!(plugin_types(&c), ["bridge", "portmap", "interlock-cni"]);
+    let orig: Value = serde_json::from_str(CALICO).unwrap();
+    assert_eq!(without_us(&c), orig, "foreign data lost");
+    assert!(a
+        .log_text()
+        .contains("keeps being rewritten by another writer"));
+}
