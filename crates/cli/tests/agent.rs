@@ -709,7 +709,7 @@ fn uninstall_keeps_a_conflist_the_primary_wrote_after_the_wrap() {
 /// every ADD. Chain mode raises it when every plugin supports a version interlock-cni
 /// accepts; otherwise the agent stays not-ready and names the file and the version.
 #[test]
-fn chain_mode_old_cni_version_is_raised_or_reported() {
+fn old_cni_version_is_raised_or_reported_in_chain_and_owned_mode() {
     let d = Dirs::new();
     let conf = AWS_CONF.replace("\"cniVersion\": \"0.3.1\", ", "");
     d.write("10-aws.conf", &conf);
@@ -755,6 +755,21 @@ fn chain_mode_old_cni_version_is_raised_or_reported() {
         serde_json::from_slice(&std::fs::read(d.state.join("agent-ready.json")).unwrap()).unwrap();
     assert_eq!(m["ready"], false);
     assert!(m["reason"].as_str().unwrap().contains("10-old.conf"), "{m}");
+    // Owned mode gives the same guarantee: no copy at a version interlock-cni refuses.
+    assert!(b.terminate().success());
+    let c = d.agent(&[]);
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            c.get("/readyz").is_some_and(|(code, body)| {
+                code == 503 && body.contains("10-old.conf") && body.contains("0.2.0")
+            })
+        },
+        || format!("{:?}\nlog:\n{}", c.get("/readyz"), c.log_text()),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(c.ready(), Some(false));
+    assert_eq!(d.names(), ["10-old.conf"], "no owned copy written");
 }
 
 /// `--plugin-config` settings are merged into the entry the agent writes, and that merged
