@@ -186,6 +186,14 @@ pub fn judge(o: &Observed<'_>) -> (bool, String, Vec<Finding>) {
                     Status::Fail,
                     format!("{rt} loads {name} where interlock-cni runs first: it must be chained after the primary plugin"),
                 ),
+                [i] if c.list.cni_version().is_err() => push(
+                    "config",
+                    Status::Fail,
+                    format!(
+                        "{rt} loads {name} with cniVersion {:?}, which interlock-cni refuses (it speaks 0.3.0 to 1.1.0): every ADD would fail",
+                        c.list.effective_version()
+                    ),
+                ),
                 [i] => {
                     config_ok = true;
                     push("config", Status::Ok, format!("{rt} loads {name}: {chain}"));
@@ -543,6 +551,22 @@ mod tests {
         });
         assert!(!ok);
         assert!(f[0].message.contains("chained after"), "{}", f[0].message);
+
+        let old = r#"{"cniVersion":"0.2.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}"#;
+        let (_d, e) = effective(&[("00-x.conflist", old)]);
+        let (ok, _, f) = judge(&Observed {
+            effective: &e,
+            binary: Some(&b),
+            marker: Ok(&m),
+            now_ms: now,
+            readyz: None,
+        });
+        assert!(!ok);
+        assert!(
+            f[0].message.contains("\"0.2.0\"") && f[0].message.contains("refuses"),
+            "{}",
+            f[0].message
+        );
 
         let nocap = r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}"#;
         let (_d, e) = effective(&[("00-x.conflist", nocap)]);
