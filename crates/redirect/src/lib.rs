@@ -11,6 +11,7 @@ pub mod engine;
 pub mod netns;
 pub mod probe;
 pub mod profile;
+pub mod route;
 pub mod spec;
 
 pub use backend::{BackendKind, BackendSelection, Verification};

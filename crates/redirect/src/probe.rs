@@ -20,6 +20,20 @@
 //!
 //! Must run on a thread inside the pod's netns ([`crate::netns::in_netns`]); the outbound
 //! proxy port must be free there (true during CNI ADD, before any container starts).
+//!
+//! # Limit: the first hop must be the node
+//!
+//! "One hop" means "stays on the node" only when the pod's first hop is the node: a veth
+//! pair of the `bridge`, `ptp` or similar primary plugins, whose other end is in the node's
+//! netns. With a macvlan or ipvlan primary the pod's interface talks to the physical
+//! network directly, and the TTL-1 SYN reaches the external router before it dies; the
+//! same holds for a physical device (SR-IOV VF) moved into the pod, and for a tunnel
+//! device inside the pod (its outer packet gets a fresh TTL). Before sending anything,
+//! [`probe_one`] therefore looks up (rtnetlink, in the pod's netns) the interface the
+//! target is routed through and refuses, failing closed with
+//! [`ProbeError::LeavesNode`], when it is a macvlan, macvtap, ipvlan or ipvtap link
+//! ([`crate::route::BYPASSING_KINDS`]). Physical devices and tunnels are not detected:
+//! do not mesh pods whose primary interface is one.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener};
@@ -82,6 +96,16 @@ pub enum ProbeError {
         addr: SocketAddr,
         /// Why.
         source: io::Error,
+    },
+    /// The target is routed through an interface whose traffic bypasses the node
+    /// (macvlan/ipvlan): an unredirected probe packet could leave the node, so the probe
+    /// refuses to send it.
+    #[error("refusing to probe {target}: it is routed through {}, a {} link whose packets go straight to the external network (the probe's one-hop limit keeps it on the node only when the pod's first hop is the node, e.g. a veth of the bridge or ptp plugin); interlock cannot prove the redirection of pods with a {} primary interface", .via.name, .via.kind, .via.kind)]
+    LeavesNode {
+        /// Destination that would have been probed.
+        target: SocketAddr,
+        /// The egress interface in the pod's netns and its link kind.
+        via: Box<crate::route::Egress>,
     },
     /// A socket operation failed.
     #[error("probe {step} for {target}: {source}")]
@@ -274,14 +298,32 @@ pub fn probe(
     Ok(report)
 }
 
-/// Probes one destination: listen on loopback at `proxy_port`, connect to `target` with a
-/// hop limit of 1, accept, compare `SO_ORIGINAL_DST`.
+/// Probes one destination: refuse a target routed through a macvlan/ipvlan link, listen on
+/// loopback at `proxy_port`, connect to `target` with a hop limit of 1, accept, compare
+/// `SO_ORIGINAL_DST`.
 pub fn probe_one(
     proxy_port: u16,
     target: SocketAddr,
     timeout: Duration,
 ) -> Result<ProbeResult, ProbeError> {
     let start = Instant::now();
+    // Never send a packet that could leave the node (see "Limit" in the module docs).
+    match crate::route::egress(target.ip()) {
+        Ok(Some(e)) if e.bypasses_node() => {
+            return Err(ProbeError::LeavesNode {
+                target,
+                via: Box::new(e),
+            })
+        }
+        Ok(_) => {}
+        Err(source) => {
+            return Err(ProbeError::Socket {
+                step: "route lookup",
+                target,
+                source,
+            })
+        }
+    }
     let family = Family::of(&target.ip());
     let listen_addr = match family {
         Family::V4 => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), proxy_port),

@@ -1,0 +1,236 @@
+//! Which interface a destination is routed through, and what kind of link that is, in the
+//! calling thread's network namespace (rtnetlink `RTM_GETROUTE` + `RTM_GETLINK`).
+//!
+//! The probe uses it to refuse destinations whose first hop is not the node (see
+//! [`crate::probe`]): a pod whose route leaves through a macvlan or ipvlan interface
+//! talks to the physical network directly, so a TTL-1 packet reaches the external router.
+//! `/sys/class/net` cannot answer this: it shows the netns sysfs was mounted in, not the
+//! thread's.
+
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use nix::sys::socket::{
+    bind, recv, send, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr, SockFlag,
+    SockProtocol, SockType,
+};
+use nix::sys::time::{TimeVal, TimeValLike};
+
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const RTM_NEWLINK: u16 = 16;
+const RTM_GETLINK: u16 = 18;
+const RTM_NEWROUTE: u16 = 24;
+const RTM_GETROUTE: u16 = 26;
+const NLM_F_REQUEST: u16 = 1;
+const RTA_DST: u16 = 1;
+const RTA_OIF: u16 = 4;
+const IFLA_IFNAME: u16 = 3;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_INFO_KIND: u16 = 1;
+const NLA_TYPE_MASK: u16 = 0x3fff;
+const NLMSG_HDRLEN: usize = 16;
+
+/// Link kinds (`IFLA_INFO_KIND`) whose traffic goes straight to the parent's physical
+/// network instead of through the node's stack.
+pub const BYPASSING_KINDS: [&str; 4] = ["macvlan", "macvtap", "ipvlan", "ipvtap"];
+
+/// The interface a destination is routed through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Egress {
+    /// Interface index.
+    pub index: u32,
+    /// Interface name.
+    pub name: String,
+    /// Link kind (`veth`, `macvlan`, …); empty for a device without one (a physical NIC).
+    pub kind: String,
+}
+
+impl Egress {
+    /// True when the link's traffic bypasses the node ([`BYPASSING_KINDS`]).
+    pub fn bypasses_node(&self) -> bool {
+        BYPASSING_KINDS.contains(&self.kind.as_str())
+    }
+}
+
+/// The egress interface the current netns routes `dst` through. `Ok(None)` when there is
+/// no route (nothing could be sent there at all).
+pub fn egress(dst: IpAddr) -> io::Result<Option<Egress>> {
+    let fd = open()?;
+    let (family, addr) = match dst {
+        IpAddr::V4(a) => (libc::AF_INET as u8, a.octets().to_vec()),
+        IpAddr::V6(a) => (libc::AF_INET6 as u8, a.octets().to_vec()),
+    };
+    // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags(u32)
+    let mut body = vec![family, (addr.len() * 8) as u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    put_attr(&mut body, RTA_DST, &addr);
+    let reply = match request(&fd, RTM_GETROUTE, 1, &body, RTM_NEWROUTE) {
+        Ok(r) => r,
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ESRCH)
+            ) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
+    let Some(index) = attrs(reply.get(12..).unwrap_or(&[]))
+        .find(|(t, _)| *t == RTA_OIF)
+        .and_then(|(_, v)| {
+            v.get(..4)
+                .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        })
+    else {
+        return Ok(None);
+    };
+    // struct ifinfomsg: family, pad, type(u16), index(i32), flags(u32), change(u32)
+    let mut body = vec![0u8; 16];
+    body[4..8].copy_from_slice(&index.to_ne_bytes());
+    let reply = request(&fd, RTM_GETLINK, 2, &body, RTM_NEWLINK)?;
+    let (mut name, mut kind) = (String::new(), String::new());
+    for (t, v) in attrs(reply.get(16..).unwrap_or(&[])) {
+        match t {
+            IFLA_IFNAME => name = c_string(v),
+            IFLA_LINKINFO => {
+                if let Some((_, k)) = attrs(v).find(|(t, _)| *t == IFLA_INFO_KIND) {
+                    kind = c_string(k);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(Some(Egress { index, name, kind }))
+}
+
+fn open() -> io::Result<OwnedFd> {
+    let fd = socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkRoute,
+    )?;
+    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))?;
+    setsockopt(&fd, sockopt::ReceiveTimeout, &TimeVal::milliseconds(1000))?;
+    Ok(fd)
+}
+
+/// Sends one request and returns the payload (after the netlink header) of the reply of
+/// type `want`; a kernel error becomes an `io::Error` with its errno.
+fn request(fd: &OwnedFd, kind: u16, seq: u32, body: &[u8], want: u16) -> io::Result<Vec<u8>> {
+    let mut msg = Vec::with_capacity(NLMSG_HDRLEN + body.len());
+    msg.extend_from_slice(&((NLMSG_HDRLEN + body.len()) as u32).to_ne_bytes());
+    msg.extend_from_slice(&kind.to_ne_bytes());
+    msg.extend_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+    msg.extend_from_slice(&seq.to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes());
+    msg.extend_from_slice(body);
+    send(fd.as_raw_fd(), &msg, MsgFlags::empty())?;
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
+        let mut rest = &buf[..n];
+        while rest.len() >= NLMSG_HDRLEN {
+            let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+            if len < NLMSG_HDRLEN || len > rest.len() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "malformed rtnetlink reply",
+                ));
+            }
+            let t = u16::from_ne_bytes([rest[4], rest[5]]);
+            let s = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
+            let payload = &rest[NLMSG_HDRLEN..len];
+            if s == seq {
+                match t {
+                    NLMSG_ERROR => {
+                        let errno = payload
+                            .get(..4)
+                            .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                            .unwrap_or(-libc::EIO);
+                        return Err(io::Error::from_raw_os_error(-errno));
+                    }
+                    NLMSG_DONE => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::NotFound,
+                            "empty rtnetlink reply",
+                        ))
+                    }
+                    t if t == want => return Ok(payload.to_vec()),
+                    _ => {}
+                }
+            }
+            rest = &rest[align(len).min(rest.len())..];
+        }
+    }
+}
+
+fn align(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+fn put_attr(buf: &mut Vec<u8>, t: u16, value: &[u8]) {
+    buf.extend_from_slice(&((4 + value.len()) as u16).to_ne_bytes());
+    buf.extend_from_slice(&t.to_ne_bytes());
+    buf.extend_from_slice(value);
+    buf.resize(align(buf.len()), 0);
+}
+
+/// The (type, value) netlink attributes in `data`.
+fn attrs(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if data.len() < 4 {
+            return None;
+        }
+        let len = u16::from_ne_bytes([data[0], data[1]]) as usize;
+        let t = u16::from_ne_bytes([data[2], data[3]]) & NLA_TYPE_MASK;
+        if len < 4 || len > data.len() {
+            return None;
+        }
+        let value = &data[4..len];
+        data = &data[align(len).min(data.len())..];
+        Some((t, value))
+    })
+}
+
+fn c_string(v: &[u8]) -> String {
+    let end = v.iter().position(|b| *b == 0).unwrap_or(v.len());
+    String::from_utf8_lossy(&v[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attributes_round_trip() {
+        let mut b = Vec::new();
+        put_attr(&mut b, IFLA_IFNAME, b"eth0\0");
+        let mut nested = Vec::new();
+        put_attr(&mut nested, IFLA_INFO_KIND, b"macvlan\0");
+        put_attr(&mut b, IFLA_LINKINFO | 0x8000, &nested);
+        put_attr(&mut b, RTA_OIF, &7u32.to_ne_bytes());
+        let got: Vec<(u16, Vec<u8>)> = attrs(&b).map(|(t, v)| (t, v.to_vec())).collect();
+        assert_eq!(got.len(), 3);
+        assert_eq!(c_string(&got[0].1), "eth0");
+        assert_eq!(got[1].0, IFLA_LINKINFO, "NLA_F_NESTED is masked");
+        let kind = attrs(&got[1].1).next().unwrap();
+        assert_eq!(
+            (kind.0, c_string(kind.1)),
+            (IFLA_INFO_KIND, "macvlan".into())
+        );
+        assert_eq!(got[2].1, 7u32.to_ne_bytes());
+        // Truncated input ends the iteration instead of panicking.
+        assert_eq!(attrs(&b[..b.len() - 2]).count(), 2);
+    }
+
+    #[test]
+    fn loopback_route_is_found() {
+        // Every netns has lo; 127.0.0.1 is routed through it (the local table).
+        let e = egress("127.0.0.1".parse().unwrap()).unwrap().unwrap();
+        assert_eq!(e.name, "lo");
+        assert!(!e.bypasses_node());
+    }
+}
