@@ -496,6 +496,15 @@ impl Backend for NftablesBackend {
         verify_with(&mut nft, &ruleset, "verify")
     }
 
+    /// Deletes the table. The commit itself takes ~20 µs; closing the socket afterwards
+    /// waits for the kernel's deferred destruction of what was deleted (the
+    /// `NETLINK_URELEASE` handler flushes nf_tables' destroy work, an RCU grace period):
+    /// measured on kernel 6.18 (HZ 250) at 5–28 ms, median ~12 ms. The wait is per netns
+    /// (a socket closed in another netns meanwhile does not wait), moves to process exit
+    /// when the socket is not closed (same total), and vanishes only if the close comes
+    /// ~20 ms after the commit. Flushing the table instead of deleting it waits the same;
+    /// marking it dormant does not wait but leaves the table behind, so removal keeps the
+    /// honest delete.
     fn remove(&self) -> Result<(), BackendError> {
         open("remove")?
             .delete_table(NfFamily::Inet, TABLE)
