@@ -225,7 +225,7 @@ impl PluginInstaller {
             }
             self.verified.remove(dir);
             // Byte-for-byte equal to the source: stronger than the checksum, and cheap.
-            let matches = std::fs::read(&dest).is_ok_and(|d| d == *self.data)
+            let matches = same_content(&dest, &self.data)
                 && std::fs::metadata(&dest).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
             if !matches {
                 std::fs::create_dir_all(dir)
@@ -257,5 +257,54 @@ impl PluginInstaller {
     pub fn is_verified(&self, dir: &Path) -> bool {
         let id = FileIdentity::of(&dir.join(PLUGIN_FILE));
         id.is_some() && self.verified.get(dir) == id.as_ref()
+    }
+}
+
+/// True when `path` holds exactly `data`, read in small chunks: the periodic resync must not
+/// allocate a second copy of the plugin (it would double the agent's peak memory).
+fn same_content(path: &Path, data: &[u8]) -> bool {
+    use std::io::Read;
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false;
+    };
+    if f.metadata()
+        .map(|m| m.len() != data.len() as u64)
+        .unwrap_or(true)
+    {
+        return false;
+    }
+    let mut buf = [0u8; 64 * 1024];
+    let mut offset = 0;
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => return offset == data.len(),
+            Ok(n) => {
+                if offset + n > data.len() || buf[..n] != data[offset..offset + n] {
+                    return false;
+                }
+                offset += n;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod same_content_tests {
+    use super::same_content;
+
+    #[test]
+    fn compares_whole_files_in_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        assert!(same_content(&p, &data));
+        let mut other = data.clone();
+        other[150_000] ^= 1;
+        assert!(!same_content(&p, &other));
+        assert!(!same_content(&p, &data[..199_999]));
+        assert!(!same_content(&dir.path().join("missing"), &data));
     }
 }
