@@ -38,7 +38,7 @@ demo: deps
 
 ## plugin-static: the interlock-cni binary to ship ($(STATIC_PLUGIN))
 plugin-static:
-	RUSTFLAGS="$(STATIC_RUSTFLAGS)" $(CARGO) build --release -p interlock-cni --target $(HOST_TRIPLE) --target-dir target/static
+	@RUSTFLAGS="$(STATIC_RUSTFLAGS)" $(CARGO) build --release -p interlock-cni --target $(HOST_TRIPLE) --target-dir target/static
 
 ## bench: criterion benchmarks (root for the netns ones)
 bench: deps
@@ -46,8 +46,8 @@ bench: deps
 
 ## bench-json: the budget summary as one JSON document, for the shipped (static) plugin
 bench-json: deps plugin-static
-	$(CARGO) build --release -p interlock-bench
-	nice -n -15 ./target/release/interlock-bench --pretty --plugin $(STATIC_PLUGIN)
+	@$(CARGO) build --release -p interlock-bench
+	@nice -n -15 ./target/release/interlock-bench --pretty --plugin $(STATIC_PLUGIN)
 
 clean:
 	$(CARGO) clean
