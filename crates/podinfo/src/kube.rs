@@ -461,3 +461,137 @@ mod tests {
         assert_eq!(path_segment("a/../b"), "a%2F..%2Fb");
     }
 }
+
+/// The path real clusters use: HTTPS verified against the kubeconfig's CA.
+#[cfg(test)]
+mod tls_tests {
+    use super::*;
+    use base64::Engine as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    struct Pki {
+        ca_pem: String,
+        server_cert: CertificateDer<'static>,
+        server_key: Vec<u8>,
+    }
+
+    fn pki() -> Pki {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        let cert = params.signed_by(&key, &ca_cert, &ca_key).unwrap();
+        Pki {
+            ca_pem: ca_cert.pem(),
+            server_cert: cert.der().clone(),
+            server_key: key.serialize_der(),
+        }
+    }
+
+    /// A TLS API server on loopback answering every request with one pod.
+    fn tls_api(p: &Pki) -> String {
+        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![p.server_cert.clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(p.server_key.clone())),
+        )
+        .unwrap();
+        let cfg = Arc::new(cfg);
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(tcp) = s else { continue };
+                let conn = rustls::ServerConnection::new(cfg.clone()).unwrap();
+                let mut tls = rustls::StreamOwned::new(conn, tcp);
+                let mut req = Vec::new();
+                let mut buf = [0u8; 1024];
+                // A client that rejects our certificate closes the handshake: move on.
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if req.is_empty() {
+                    continue;
+                }
+                let body =
+                    r#"{"metadata":{"uid":"u-7","annotations":{"sidecar.istio.io/status":"{}"}}}"#;
+                let _ = write!(
+                    tls,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+            }
+        });
+        format!("https://{addr}")
+    }
+
+    fn kubeconfig(dir: &Path, server: &str, ca_pem: &str) -> PathBuf {
+        let p = dir.join("kubeconfig");
+        let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+        std::fs::write(
+            &p,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: node\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+                 users:\n- name: u\n  user:\n    token: t0k\ncontexts:\n- name: node\n  context:\n    cluster: c\n    user: u\n"
+            ),
+        )
+        .unwrap();
+        p
+    }
+
+    #[test]
+    fn https_with_the_clusters_ca_is_trusted() {
+        let p = pki();
+        let server = tls_api(&p);
+        let dir = tempfile::tempdir().unwrap();
+        let kc = Kubeconfig::load(&kubeconfig(dir.path(), &server, &p.ca_pem)).unwrap();
+        let pod = PodRef {
+            namespace: "shop".into(),
+            name: "cart-0".into(),
+            uid: Some("u-7".into()),
+        };
+        match kc.fetch_pod(&pod, Duration::from_secs(5)).unwrap() {
+            PodLookup::Found { uid, annotations } => {
+                assert_eq!(uid.as_deref(), Some("u-7"));
+                assert!(annotations.contains_key("sidecar.istio.io/status"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn https_with_another_ca_is_refused() {
+        let p = pki();
+        let server = tls_api(&p);
+        let other = pki();
+        let dir = tempfile::tempdir().unwrap();
+        let kc = Kubeconfig::load(&kubeconfig(dir.path(), &server, &other.ca_pem)).unwrap();
+        let pod = PodRef {
+            namespace: "shop".into(),
+            name: "cart-0".into(),
+            uid: None,
+        };
+        let e = kc
+            .fetch_pod(&pod, Duration::from_secs(5))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&server) && e.to_lowercase().contains("certificate"),
+            "{e}"
+        );
+    }
+}
