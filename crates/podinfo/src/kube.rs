@@ -466,7 +466,6 @@ mod tests {
 #[cfg(test)]
 mod tls_tests {
     use super::*;
-    use base64::Engine as _;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
     use std::io::{Read, Write};
     use std::net::TcpListener;
