@@ -273,8 +273,15 @@ fn run() -> Result<()> {
         "    agent running: {}",
         status(&plugin, &state_dir, &bin_dir)
     );
-    drop(agent);
-    println!("    agent stopped (config left in place, by design):");
+    // SIGTERM, as the kubelet sends it: the agent marks itself not ready on the way out
+    // and leaves the config in place so a restart opens no window.
+    let mut agent = agent;
+    Process::new("kill")
+        .args(["-TERM", &agent.0.id().to_string()])
+        .status()
+        .context("kill -TERM the agent")?;
+    agent.0.wait()?;
+    println!("    agent stopped with SIGTERM (config left in place, by design):");
     let gone = wait_for(Duration::from_secs(10), || {
         let s = status(&plugin, &state_dir, &bin_dir);
         s.contains("code 50").then_some(s)
