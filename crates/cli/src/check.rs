@@ -403,6 +403,22 @@ fn readyz(addr: &str) -> Option<u16> {
 mod tests {
     use super::*;
 
+    fn judge_at(
+        effective: &Effective,
+        binary: Option<&BinaryFacts>,
+        marker: Result<&ReadinessMarker, String>,
+        now_ms: u64,
+        readyz: Option<u16>,
+    ) -> (bool, String, Vec<Finding>) {
+        judge(&Observed {
+            effective,
+            binary,
+            marker,
+            now_ms,
+            readyz,
+        })
+    }
+
     fn effective(files: &[(&str, &str)]) -> (tempfile::TempDir, Effective) {
         let d = tempfile::tempdir().unwrap();
         for (n, c) in files {
@@ -446,13 +462,7 @@ mod tests {
         ]);
         let m = marker(true, 500, now);
         let b = bin();
-        let (ok, verdict, f) = judge(&Observed {
-            effective: &e,
-            binary: Some(&b),
-            marker: Ok(&m),
-            now_ms: now,
-            readyz: Some(200),
-        });
+        let (ok, verdict, f) = judge_at(&e, Some(&b), Ok(&m), now, Some(200));
         assert!(ok, "{f:?}");
         assert!(verdict.starts_with("PROTECTED"));
         assert!(f.iter().all(|x| x.status == Status::Ok), "{f:?}");
@@ -462,13 +472,7 @@ mod tests {
             ("00-calico.conflist", PRIMARY),
             ("01-interlock.conflist", OURS),
         ]);
-        let (ok, verdict, f) = judge(&Observed {
-            effective: &e2,
-            binary: Some(&b),
-            marker: Ok(&m),
-            now_ms: now,
-            readyz: Some(200),
-        });
+        let (ok, verdict, f) = judge_at(&e2, Some(&b), Ok(&m), now, Some(200));
         assert!(!ok);
         assert!(verdict.starts_with("NOT PROTECTED"));
         assert_eq!(f[0].status, Status::Fail);
@@ -480,13 +484,7 @@ mod tests {
 
         // Stale marker: agent gone.
         let stale = marker(true, 10_000, now);
-        let (ok, _, f) = judge(&Observed {
-            effective: &e,
-            binary: Some(&b),
-            marker: Ok(&stale),
-            now_ms: now,
-            readyz: None,
-        });
+        let (ok, _, f) = judge_at(&e, Some(&b), Ok(&stale), now, None);
         assert!(!ok);
         assert!(
             f[0].message.contains("gone or hung") && f[0].message.contains("pid 42"),
@@ -496,13 +494,7 @@ mod tests {
 
         // Not ready, with the agent's reason.
         let nr = marker(false, 100, now);
-        let (ok, _, f) = judge(&Observed {
-            effective: &e,
-            binary: Some(&b),
-            marker: Ok(&nr),
-            now_ms: now,
-            readyz: Some(503),
-        });
+        let (ok, _, f) = judge_at(&e, Some(&b), Ok(&nr), now, Some(503));
         assert!(!ok);
         assert!(f
             .iter()
@@ -510,13 +502,7 @@ mod tests {
         assert!(f.iter().any(|x| x.message.contains("/readyz answers 503")));
 
         // Missing binary.
-        let (ok, _, f) = judge(&Observed {
-            effective: &e,
-            binary: None,
-            marker: Ok(&m),
-            now_ms: now,
-            readyz: None,
-        });
+        let (ok, _, f) = judge_at(&e, None, Ok(&m), now, None);
         assert!(!ok);
         assert!(f[0].message.contains("none of the bin dirs"));
     }
@@ -530,37 +516,19 @@ mod tests {
             ("00-broken.conflist", "{\"cniVersion\":"),
             ("10-x.conflist", OURS),
         ]);
-        let (ok, _, f) = judge(&Observed {
-            effective: &e,
-            binary: Some(&b),
-            marker: Ok(&m),
-            now_ms: now,
-            readyz: None,
-        });
+        let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
         assert!(!ok);
         assert!(f[0].message.contains("has no network"), "{}", f[0].message);
 
         let first = r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"interlock-cni"},{"type":"bridge"}]}"#;
         let (_d, e) = effective(&[("00-x.conflist", first)]);
-        let (ok, _, f) = judge(&Observed {
-            effective: &e,
-            binary: Some(&b),
-            marker: Ok(&m),
-            now_ms: now,
-            readyz: None,
-        });
+        let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
         assert!(!ok);
         assert!(f[0].message.contains("chained after"), "{}", f[0].message);
 
         let old = r#"{"cniVersion":"0.2.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}"#;
         let (_d, e) = effective(&[("00-x.conflist", old)]);
-        let (ok, _, f) = judge(&Observed {
-            effective: &e,
-            binary: Some(&b),
-            marker: Ok(&m),
-            now_ms: now,
-            readyz: None,
-        });
+        let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
         assert!(!ok);
         assert!(
             f[0].message.contains("\"0.2.0\"") && f[0].message.contains("refuses"),
@@ -570,13 +538,7 @@ mod tests {
 
         let nocap = r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}"#;
         let (_d, e) = effective(&[("00-x.conflist", nocap)]);
-        let (ok, _, f) = judge(&Observed {
-            effective: &e,
-            binary: Some(&b),
-            marker: Ok(&m),
-            now_ms: now,
-            readyz: None,
-        });
+        let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
         assert!(ok);
         assert!(f
             .iter()
