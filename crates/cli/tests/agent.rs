@@ -214,21 +214,7 @@ fn chain_mode_wraps_conf_and_uninstall_restores_bytes() {
         serde_json::from_slice(&std::fs::read(d.state.join("agent-ready.json")).unwrap()).unwrap();
     assert_eq!(m["ready"], false);
     // interlock uninstall restores the .conf byte for byte and removes only our things.
-    let out = std::process::Command::new(interlock())
-        .args(["uninstall"])
-        .arg("--cni-conf-dir")
-        .arg(&d.conf)
-        .arg("--cni-bin-dir")
-        .arg(&d.bin)
-        .arg("--state-dir")
-        .arg(&d.state)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    d.uninstall();
     assert_eq!(d.names(), ["10-aws.conf", "99-other.conflist"]);
     assert_eq!(d.read("10-aws.conf").unwrap(), conf.as_bytes());
     assert_eq!(
@@ -316,17 +302,7 @@ fn new_config_sorting_ahead_is_overtaken_and_multus_is_chained() {
         assert_eq!(d.read(n).unwrap(), body.as_bytes(), "{n} changed");
     }
     drop(a);
-    let out = std::process::Command::new(interlock())
-        .arg("uninstall")
-        .arg("--cni-conf-dir")
-        .arg(&d.conf)
-        .arg("--cni-bin-dir")
-        .arg(&d.bin)
-        .arg("--state-dir")
-        .arg(&d.state)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    d.uninstall();
     assert_eq!(d.read("00-multus.conf").unwrap(), multus.as_bytes());
 }
 
@@ -622,25 +598,6 @@ fn crio_rules_skip_unusable_files_and_own_writes_do_not_loop() {
 
 const AWS_CONF: &str = "{ \"cniVersion\": \"0.3.1\", \"name\": \"ilaws\",\n  \"type\": \"bridge\", \"bridge\": \"ilaws0\",\n  \"ipam\": {\"type\": \"host-local\", \"subnet\": \"10.99.20.0/24\"} }\n";
 
-fn uninstall(d: &Dirs) -> std::process::Output {
-    let out = std::process::Command::new(interlock())
-        .args(["uninstall"])
-        .arg("--cni-conf-dir")
-        .arg(&d.conf)
-        .arg("--cni-bin-dir")
-        .arg(&d.bin)
-        .arg("--state-dir")
-        .arg(&d.state)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 /// An agent killed between writing `10-aws.conflist` and moving `10-aws.conf` away leaves
 /// both in place without a backup. The next agent must finish the wrap and become ready.
 #[test]
@@ -667,7 +624,7 @@ fn chain_mode_wrap_interrupted_by_a_crash_is_finished_by_the_next_agent() {
         AWS_CONF.as_bytes()
     );
     assert!(b.terminate().success());
-    uninstall(&d);
+    d.uninstall();
     assert_eq!(d.names(), ["10-aws.conf"]);
     assert_eq!(d.read("10-aws.conf").unwrap(), AWS_CONF.as_bytes());
 }
@@ -686,7 +643,7 @@ fn uninstall_keeps_a_conflist_the_primary_wrote_after_the_wrap() {
     let b = d.agent(&["--config-mode", "chain"]);
     assert_eq!(wait_protected(&d, &b), "10-aws.conflist");
     assert!(b.terminate().success());
-    let out = uninstall(&d);
+    let out = d.uninstall();
     let said = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         d.names(),
@@ -722,7 +679,7 @@ fn old_cni_version_is_raised_or_reported_in_chain_and_owned_mode() {
         "wrapped at {v}"
     );
     assert!(a.terminate().success());
-    uninstall(&d);
+    d.uninstall();
     assert_eq!(d.read("10-aws.conf").unwrap(), conf.as_bytes());
 
     // A primary plugin that only speaks 0.1.0/0.2.0: nothing to raise to.
@@ -855,14 +812,9 @@ fn invalid_plugin_config_exits_naming_file_and_field() {
     ] {
         let pc = d.tmp.path().join("bad-plugin.json");
         std::fs::write(&pc, body).unwrap();
-        let mut out = std::process::Command::new(interlock())
-            .args(["agent", "--kube=none"])
-            .arg("--cni-conf-dir")
-            .arg(&d.conf)
-            .arg("--cni-bin-dir")
-            .arg(&d.bin)
-            .arg("--state-dir")
-            .arg(&d.state)
+        let mut out = d
+            .interlock("agent")
+            .arg("--kube=none")
             .arg("--plugin-source")
             .arg(plugin())
             .arg("--health-addr")

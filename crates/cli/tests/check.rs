@@ -11,16 +11,8 @@ fn check(d: &Dirs, a: Option<&Agent>, json: bool) -> (i32, String) {
     let health = a
         .map(|a| format!("127.0.0.1:{}", a.port))
         .unwrap_or_else(|| "none".into());
-    let mut cmd = Command::new(interlock());
-    cmd.arg("check")
-        .arg("--cni-conf-dir")
-        .arg(&d.conf)
-        .arg("--cni-bin-dir")
-        .arg(&d.bin)
-        .arg("--state-dir")
-        .arg(&d.state)
-        .arg("--health-addr")
-        .arg(health);
+    let mut cmd = d.interlock("check");
+    cmd.arg("--health-addr").arg(health);
     if json {
         cmd.args(["-o", "json"]);
     }

@@ -104,6 +104,30 @@ impl Dirs {
         }
     }
 
+    /// `interlock <sub>` pointed at these conf, bin and state dirs.
+    pub fn interlock(&self, sub: &str) -> Command {
+        let mut cmd = Command::new(interlock());
+        cmd.arg(sub)
+            .arg("--cni-conf-dir")
+            .arg(&self.conf)
+            .arg("--cni-bin-dir")
+            .arg(&self.bin)
+            .arg("--state-dir")
+            .arg(&self.state);
+        cmd
+    }
+
+    /// Runs `interlock uninstall` on these dirs and asserts it succeeded.
+    pub fn uninstall(&self) -> std::process::Output {
+        let out = self.interlock("uninstall").output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
     pub fn write(&self, name: &str, data: &str) {
         std::fs::write(self.conf.join(name), data).unwrap();
     }
@@ -172,14 +196,9 @@ impl Agent {
             .unwrap()
             .port();
         let log = d.tmp.path().join(format!("agent-{port}.log"));
-        let child = Command::new(interlock())
-            .args(["agent", "--kube=none"])
-            .arg("--cni-conf-dir")
-            .arg(&d.conf)
-            .arg("--cni-bin-dir")
-            .arg(&d.bin)
-            .arg("--state-dir")
-            .arg(&d.state)
+        let child = d
+            .interlock("agent")
+            .arg("--kube=none")
             .arg("--plugin-source")
             .arg(plugin())
             .arg("--health-addr")
