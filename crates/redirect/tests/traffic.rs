@@ -13,7 +13,7 @@ use interlock_redirect::{
     check, decide, protect, unprotect, BackendKind, ProfileName, RedirectSpec, Unprotected,
     Verification,
 };
-use interlock_testkit::{require_root, Netns};
+use interlock_testkit::require_root;
 
 const WAIT: Duration = Duration::from_secs(2);
 
@@ -95,58 +95,6 @@ fn spec_for(pairs: &[(&str, &str)]) -> RedirectSpec {
         .1
 }
 
-/// Deletes the proxy-UID exemption rule from the pod's netns behind the backend's back.
-fn delete_uid_rule(ns: &Netns, kind: BackendKind, uid: u32) {
-    let uid = uid.to_string();
-    match kind {
-        BackendKind::IptablesNft | BackendKind::IptablesLegacy => {
-            let flavour = if kind == BackendKind::IptablesNft {
-                "nft"
-            } else {
-                "legacy"
-            };
-            for family in ["iptables", "ip6tables"] {
-                let tool = format!("{family}-{flavour}");
-                ns.exec_ok(&[
-                    &tool,
-                    "-t",
-                    "nat",
-                    "-D",
-                    "IL_OUTPUT",
-                    "-m",
-                    "owner",
-                    "--uid-owner",
-                    &uid,
-                    "-j",
-                    "RETURN",
-                ]);
-            }
-        }
-        BackendKind::Nftables => {
-            // Find the rule matching the proxy UID by handle and delete it.
-            let listing = ns.exec_ok(&["nft", "-a", "list", "ruleset"]);
-            let (mut table, mut chain) = (String::new(), String::new());
-            let mut deleted = 0;
-            for line in listing.lines() {
-                let t = line.trim();
-                if let Some(rest) = t.strip_prefix("table ") {
-                    table = rest.split('{').next().unwrap().trim().to_string();
-                } else if let Some(rest) = t.strip_prefix("chain ") {
-                    chain = rest.split_whitespace().next().unwrap().to_string();
-                } else if t.contains("skuid") && t.contains(&uid) {
-                    let handle = t.rsplit("# handle ").next().unwrap().trim().to_string();
-                    let mut args = vec!["nft", "delete", "rule"];
-                    args.extend(table.split_whitespace());
-                    args.extend([chain.as_str(), "handle", handle.as_str()]);
-                    ns.exec_ok(&args);
-                    deleted += 1;
-                }
-            }
-            assert!(deleted > 0, "no skuid {uid} rule found in:\n{listing}");
-        }
-    }
-}
-
 fn mesh_scenario(kind: BackendKind, mesh: &Mesh, v6: bool) {
     let topo = Topology::new();
     let (a, b) = (&topo.a, &topo.b);
@@ -218,7 +166,7 @@ fn mesh_scenario(kind: BackendKind, mesh: &Mesh, v6: bool) {
         check(&a.ns.path(), &spec, kind).unwrap(),
         Verification::Exact
     );
-    delete_uid_rule(&a.ns, kind, mesh.uid);
+    delete_uid_rule(&a.ns, kind.as_str(), mesh.uid);
     let Verification::Mismatch(diffs) = check(&a.ns.path(), &spec, kind).unwrap() else {
         panic!("deleted rule not detected")
     };

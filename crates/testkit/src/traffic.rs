@@ -122,3 +122,64 @@ pub fn assert_no_interlock_rules(ns: &Netns) {
         "{rules}"
     );
 }
+
+/// Deletes the proxy-UID exemption rule(s) from `ns` behind interlock's back, as a test of
+/// tamper detection. `backend` is `nftables`, `iptables-nft` or `iptables-legacy`; for
+/// iptables every address family holding the rule loses it. Panics when nothing matched.
+pub fn delete_uid_rule(ns: &Netns, backend: &str, uid: u32) {
+    let uid = uid.to_string();
+    let mut deleted = 0;
+    match backend {
+        "iptables-nft" | "iptables-legacy" => {
+            let flavour = backend.trim_start_matches("iptables-");
+            for family in ["iptables", "ip6tables"] {
+                let tool = format!("{family}-{flavour}");
+                let out = ns.exec(&[
+                    &tool,
+                    "-t",
+                    "nat",
+                    "-D",
+                    "IL_OUTPUT",
+                    "-m",
+                    "owner",
+                    "--uid-owner",
+                    &uid,
+                    "-j",
+                    "RETURN",
+                ]);
+                deleted += usize::from(out.status.success());
+            }
+            assert!(
+                deleted > 0,
+                "no --uid-owner {uid} rule in IL_OUTPUT of {}",
+                ns.name()
+            );
+        }
+        "nftables" => {
+            let listing = ns.exec_ok(&["nft", "-a", "list", "ruleset"]);
+            let (mut table, mut chain) = (String::new(), String::new());
+            for line in listing.lines() {
+                let t = line.trim();
+                if let Some(rest) = t.strip_prefix("table ") {
+                    table = rest.split('{').next().unwrap_or("").trim().to_string();
+                } else if let Some(rest) = t.strip_prefix("chain ") {
+                    chain = rest.split_whitespace().next().unwrap_or("").to_string();
+                } else if t.contains("skuid") && t.contains(&uid) {
+                    let handle = t
+                        .rsplit("# handle ")
+                        .next()
+                        .unwrap_or("")
+                        .trim()
+                        .to_string();
+                    let mut args = vec!["nft", "delete", "rule"];
+                    args.extend(table.split_whitespace());
+                    args.extend([chain.as_str(), "handle", handle.as_str()]);
+                    ns.exec_ok(&args);
+                    deleted += 1;
+                }
+            }
+            assert!(deleted > 0, "no skuid {uid} rule in:\n{listing}");
+        }
+        other => panic!("unknown backend {other}"),
+    }
+}
