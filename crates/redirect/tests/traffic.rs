@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use common::*;
@@ -14,24 +14,6 @@ use interlock_redirect::{
     Verification,
 };
 use interlock_testkit::require_root;
-
-const WAIT: Duration = Duration::from_secs(2);
-
-fn loopback(v6: bool, port: u16) -> SocketAddr {
-    if v6 {
-        SocketAddr::new(Ipv6Addr::LOCALHOST.into(), port)
-    } else {
-        SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port)
-    }
-}
-
-fn any(v6: bool, port: u16) -> SocketAddr {
-    if v6 {
-        SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port)
-    } else {
-        SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port)
-    }
-}
 
 fn family(v6: bool) -> Family {
     if v6 {

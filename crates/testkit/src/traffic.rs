@@ -1,7 +1,7 @@
 //! Test traffic between a test's own namespaces: listeners, connections as a given UID,
 //! and what netfilter holds. Nothing here ever addresses a host the test did not create.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -10,6 +10,26 @@ use crate::Netns;
 
 /// How long a test waits for a connection that should arrive.
 pub const WAIT: Duration = Duration::from_secs(2);
+
+/// The loopback address of a family (`::1` for IPv6) at `port`.
+pub fn loopback(v6: bool, port: u16) -> SocketAddr {
+    let ip: IpAddr = if v6 {
+        Ipv6Addr::LOCALHOST.into()
+    } else {
+        Ipv4Addr::LOCALHOST.into()
+    };
+    SocketAddr::new(ip, port)
+}
+
+/// The wildcard address of a family (`::` for IPv6) at `port`.
+pub fn any(v6: bool, port: u16) -> SocketAddr {
+    let ip: IpAddr = if v6 {
+        Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        Ipv4Addr::UNSPECIFIED.into()
+    };
+    SocketAddr::new(ip, port)
+}
 
 /// A non-blocking listener bound inside `ns`.
 ///

@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use std::fs;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 
@@ -266,24 +266,6 @@ pub fn cni_error(e: &ExecError) -> (u32, String) {
         ExecError::Failed { error, .. } => (error.code, error.msg.clone()),
         other => panic!("not a plugin failure: {other}"),
     }
-}
-
-pub fn loopback(v6: bool, port: u16) -> SocketAddr {
-    let ip: IpAddr = if v6 {
-        "::1".parse().unwrap()
-    } else {
-        "127.0.0.1".parse().unwrap()
-    };
-    SocketAddr::new(ip, port)
-}
-
-pub fn any(v6: bool, port: u16) -> SocketAddr {
-    let ip: IpAddr = if v6 {
-        "::".parse().unwrap()
-    } else {
-        "0.0.0.0".parse().unwrap()
-    };
-    SocketAddr::new(ip, port)
 }
 
 pub fn family(v6: bool) -> interlock_redirect::spec::Family {
