@@ -158,6 +158,21 @@ pub struct Candidate {
 }
 
 impl DirSnapshot {
+    /// A snapshot of `(name, content)` files, all with permission bits `mode` (for tests
+    /// and tools that model a directory without touching the disk).
+    pub fn from_files(files: &[(&str, &str)], mode: u32) -> DirSnapshot {
+        DirSnapshot {
+            entries: files
+                .iter()
+                .map(|(n, c)| DirEntry {
+                    name: n.to_string(),
+                    content: Some(c.as_bytes().to_vec()),
+                    mode,
+                })
+                .collect(),
+        }
+    }
+
     /// The candidate files sorted by name (bytewise, like Go's `sort.Strings`).
     pub fn candidates(&self) -> Vec<Candidate> {
         let mut out: Vec<Candidate> = self
@@ -222,16 +237,7 @@ mod tests {
     use super::*;
 
     fn snap(files: &[(&str, &str)]) -> DirSnapshot {
-        DirSnapshot {
-            entries: files
-                .iter()
-                .map(|(n, c)| DirEntry {
-                    name: n.to_string(),
-                    content: Some(c.as_bytes().to_vec()),
-                    mode: 0o644,
-                })
-                .collect(),
-        }
+        DirSnapshot::from_files(files, 0o644)
     }
 
     const LIST: &str = r#"{"cniVersion":"0.4.0","name":"n","zz":1,"plugins":[{"type":"bridge"}]}"#;

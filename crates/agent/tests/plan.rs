@@ -22,16 +22,7 @@ const CALICO: &str = r#"{
 }"#;
 
 fn snap(files: &[(&str, &str)]) -> DirSnapshot {
-    DirSnapshot {
-        entries: files
-            .iter()
-            .map(|(n, c)| DirEntry {
-                name: n.to_string(),
-                content: Some(c.as_bytes().to_vec()),
-                mode: 0o640,
-            })
-            .collect(),
-    }
+    DirSnapshot::from_files(files, 0o640)
 }
 
 fn settings(mode: ConfigMode) -> Settings {
