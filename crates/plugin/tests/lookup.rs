@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
 use common::*;
@@ -68,47 +68,21 @@ fn fake_api(
         .unwrap()
         .unwrap();
     let addr = l.local_addr().unwrap();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { return };
-            let mut r = BufReader::new(s.try_clone().unwrap());
-            let mut first = String::new();
-            r.read_line(&mut first).unwrap();
-            let mut auth = String::new();
-            loop {
-                let mut h = String::new();
-                r.read_line(&mut h).unwrap();
-                if h.trim().is_empty() {
-                    break;
-                }
-                if h.to_ascii_lowercase().starts_with("authorization:") {
-                    auth = h.trim().to_string();
-                }
-            }
-            let _ = tx.send(format!("{} {}", first.trim(), auth));
-            let name = first
-                .split_whitespace()
-                .nth(1)
-                .and_then(|p| p.strip_prefix("/api/v1/namespaces/shop/pods/"))
-                .unwrap_or("");
-            let (status, body) = match (status, pods.get(name)) {
-                (Some(st), _) => (st.to_string(), r#"{"kind":"Status"}"#.to_string()),
-                (None, Some(ann)) => (
-                    "200 OK".to_string(),
-                    json!({"kind": "Pod", "metadata": {"name": name, "uid": format!("uid-{name}"), "annotations": ann}})
-                        .to_string(),
-                ),
-                (None, None) => (
-                    "404 Not Found".to_string(),
-                    r#"{"kind":"Status","code":404}"#.to_string(),
-                ),
-            };
-            let _ = write!(
-                s,
-                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
+    let rx = interlock_testkit::http::serve_json(l, move |path| {
+        let name = path
+            .strip_prefix("/api/v1/namespaces/shop/pods/")
+            .unwrap_or("");
+        match (status, pods.get(name)) {
+            (Some(st), _) => (st.to_string(), r#"{"kind":"Status"}"#.to_string()),
+            (None, Some(ann)) => (
+                "200 OK".to_string(),
+                json!({"kind": "Pod", "metadata": {"name": name, "uid": format!("uid-{name}"), "annotations": ann}})
+                    .to_string(),
+            ),
+            (None, None) => (
+                "404 Not Found".to_string(),
+                r#"{"kind":"Status","code":404}"#.to_string(),
+            ),
         }
     });
     (format!("http://{addr}"), rx)

@@ -317,45 +317,20 @@ fn path_segment(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{BufRead, BufReader, Write};
     use std::net::TcpListener;
 
     /// A fake API server on loopback answering one pod; records the Authorization header.
     fn fake_api() -> (String, std::sync::mpsc::Receiver<String>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for s in l.incoming() {
-                let mut s = s.unwrap();
-                let mut r = BufReader::new(s.try_clone().unwrap());
-                let mut first = String::new();
-                r.read_line(&mut first).unwrap();
-                let mut auth = String::new();
-                loop {
-                    let mut h = String::new();
-                    r.read_line(&mut h).unwrap();
-                    if h.trim().is_empty() {
-                        break;
-                    }
-                    if h.to_ascii_lowercase().starts_with("authorization:") {
-                        auth = h.trim().to_string();
-                    }
-                }
-                tx.send(format!("{} {}", first.trim(), auth)).unwrap();
-                let (status, body) = if first.contains("/namespaces/shop/pods/cart-0 ") {
-                    (
-                        "200 OK",
-                        r#"{"kind":"Pod","metadata":{"name":"cart-0","uid":"u-1","annotations":{"linkerd.io/proxy-version":"stable"}}}"#,
-                    )
-                } else {
-                    ("404 Not Found", r#"{"kind":"Status","code":404}"#)
-                };
-                let _ = write!(
-                    s,
-                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
+        let rx = interlock_testkit::http::serve_json(l, |path| {
+            if path == "/api/v1/namespaces/shop/pods/cart-0" {
+                ("200 OK".into(), r#"{"kind":"Pod","metadata":{"name":"cart-0","uid":"u-1","annotations":{"linkerd.io/proxy-version":"stable"}}}"#.into())
+            } else {
+                (
+                    "404 Not Found".into(),
+                    r#"{"kind":"Status","code":404}"#.into(),
+                )
             }
         });
         (format!("http://{addr}"), rx)
