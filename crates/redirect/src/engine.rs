@@ -217,6 +217,18 @@ pub fn protect(
     )
 }
 
+/// Opens `kind` on the calling thread (already inside the netns at `netns`).
+fn open_backend(
+    kind: BackendKind,
+    netns: &Path,
+) -> Result<Box<dyn backend::Backend + Send + Sync>, ProtectError> {
+    backend::open(kind).map_err(|source| ProtectError::Open {
+        netns: netns.to_path_buf(),
+        backend: kind,
+        source,
+    })
+}
+
 /// [`protect`] with explicit options.
 pub fn protect_with(
     netns: &Path,
@@ -228,11 +240,7 @@ pub fn protect_with(
     spec.validate()?;
     let path = netns.to_path_buf();
     in_netns(netns, || {
-        let backend = backend::open(kind).map_err(|source| ProtectError::Open {
-            netns: path.clone(),
-            backend: kind,
-            source,
-        })?;
+        let backend = open_backend(kind, &path)?;
         let cleanup = || backend.remove().err().map(|e| e.to_string());
 
         let t = Instant::now();
@@ -296,11 +304,7 @@ pub fn check(
     spec.validate()?;
     let path = netns.to_path_buf();
     in_netns(netns, || {
-        let backend = backend::open(kind).map_err(|source| ProtectError::Open {
-            netns: path.clone(),
-            backend: kind,
-            source,
-        })?;
+        let backend = open_backend(kind, &path)?;
         backend.verify(spec).map_err(|source| ProtectError::Verify {
             netns: path.clone(),
             backend: kind,

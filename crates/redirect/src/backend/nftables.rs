@@ -516,33 +516,19 @@ impl Backend for NftablesBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{InboundCapture, OutboundCapture};
     use interlock_testkit::{require_root, Netns};
     use std::time::{Duration, Instant};
 
+    /// The istio-like fixture with an outbound port, two networks and an interface excluded.
     fn spec() -> RedirectSpec {
-        RedirectSpec {
-            proxy_uid: 1337,
-            proxy_gid: Some(1337),
-            inbound: InboundCapture {
-                proxy_port: 15006,
-                include_ports: PortSelection::All,
-                exclude_ports: vec![15090, 15020, 15021],
-            },
-            outbound: OutboundCapture {
-                proxy_port: 15001,
-                include_ports: PortSelection::All,
-                exclude_ports: vec![9999],
-                include_cidrs: vec![],
-                exclude_cidrs: vec![
-                    "10.99.201.0/24".parse().unwrap(),
-                    "fd99:201::/64".parse().unwrap(),
-                ],
-            },
-            exclude_interfaces: vec!["ilexcl0".into()],
-            ipv4: true,
-            ipv6: true,
-        }
+        let mut s = crate::spec::tests::istio_like();
+        s.outbound.exclude_ports = vec![9999];
+        s.outbound.exclude_cidrs = vec![
+            "10.99.201.0/24".parse().unwrap(),
+            "fd99:201::/64".parse().unwrap(),
+        ];
+        s.exclude_interfaces = vec!["ilexcl0".into()];
+        s
     }
 
     fn chain_rules<'a>(rs: &'a Ruleset, chain: &str) -> Vec<&'a Rule> {
