@@ -10,7 +10,7 @@ HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 STATIC_RUSTFLAGS := -C target-feature=+crt-static -C relocation-model=static
 STATIC_PLUGIN := target/static/$(HOST_TRIPLE)/release/interlock-cni
 
-.PHONY: all deps build lint test demo bench bench-json plugin-static clean
+.PHONY: all deps build lint test demo bench bench-json bench-repair plugin-static clean
 
 all: build
 
@@ -48,6 +48,15 @@ bench: deps
 bench-json: deps plugin-static
 	@$(CARGO) build --release -p interlock-bench
 	@nice -n -15 ./target/release/interlock-bench --pretty --plugin $(STATIC_PLUGIN)
+
+## bench-repair: the agent's repair, follow and /readyz latencies, one JSON line each
+## (in the system temp dir: on disk, with fsync, like /etc/cni/net.d on a node)
+bench-repair: deps
+	@$(CARGO) build --release -p interlock -p interlock-cni
+	@for run in "clobber chain" "clobber owned" "follow chain" "follow owned" "readyz owned"; do \
+		set -- $$run; \
+		./target/release/interlock bench-repair --clobbers 1000 --scenario $$1 --mode $$2 || exit 1; \
+	done
 
 clean:
 	$(CARGO) clean

@@ -2,6 +2,10 @@
 //! config again and again the way a primary CNI's installer would (write a temp file,
 //! rename it over the file), and measures the time from each clobber until the runtime's
 //! effective config (by `interlock_protocol::confdir::load`) carries interlock again.
+//! With `--scenario follow` it changes the primary's subnet instead and measures until
+//! the effective config carries the new subnet and interlock; with `--scenario readyz` it
+//! renames in a foreign file that sorts first and measures until `/readyz` answers 503,
+//! then removes it and measures until 200 again.
 //! Prints `{"p50_ms", "p99_ms", "max_ms", "mean_ms", "n", "idle_rss_kib", ...}`.
 
 use anyhow::{bail, Context};
@@ -29,6 +33,10 @@ pub struct BenchArgs {
     /// Where to create the throwaway directories (default: the system temp dir).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// clobber: a foreign writer replaces the file; follow: the primary changes its
+    /// subnet; readyz: a foreign file takes first place and goes away again.
+    #[arg(long, default_value = "clobber", value_parser = ["clobber", "follow", "readyz"])]
+    pub scenario: String,
 }
 
 const PRIMARY: &str = r#"{
@@ -87,6 +95,7 @@ pub struct Session {
     mode: String,
     events: mpsc::Receiver<()>,
     count: u64,
+    health: std::net::SocketAddr,
 }
 
 impl Session {
@@ -103,9 +112,7 @@ impl Session {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
         }
         std::fs::write(conf.join("10-primary.conflist"), PRIMARY)?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        let health = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let child = Command::new(exe)
             .args([
                 "agent",
@@ -124,7 +131,7 @@ impl Session {
             .arg("--plugin-source")
             .arg(plugin)
             .arg("--health-addr")
-            .arg(format!("127.0.0.1:{port}"))
+            .arg(health.to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -161,6 +168,7 @@ impl Session {
             mode: mode.to_string(),
             events,
             count: 0,
+            health,
         })
     }
 
@@ -195,6 +203,72 @@ impl Session {
     }
 }
 
+impl Session {
+    /// The primary changes a parameter (its subnet), and the time until the effective
+    /// config carries the new subnet with interlock in it.
+    pub fn follow(&mut self) -> anyhow::Result<Duration> {
+        self.count += 1;
+        let subnet = format!("10.99.{}.0/24", self.count % 200);
+        let body = PRIMARY.replace("10.99.250.0/24", &subnet);
+        while self.events.try_recv().is_ok() {}
+        let t0 = Instant::now();
+        rename_in(&self.conf, "10-primary.conflist", body.as_bytes())?;
+        loop {
+            let followed = confdir::load(&self.conf, Runtime::Containerd, &[])
+                .ok()
+                .and_then(|e| e.chosen)
+                .is_some_and(|c| {
+                    c.list.plugin_types().contains(&"interlock-cni")
+                        && c.list.plugins()[0]["ipam"]["subnet"] == subnet.as_str()
+                });
+            if followed {
+                return Ok(t0.elapsed());
+            }
+            if t0.elapsed() > Duration::from_secs(5) {
+                bail!("subnet change {}: not followed within 5 s", self.count);
+            }
+            let _ = self.events.recv_timeout(Duration::from_millis(20));
+        }
+    }
+
+    /// The HTTP status `/readyz` answers now.
+    fn readyz(&self) -> anyhow::Result<u16> {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect_timeout(&self.health, Duration::from_secs(1))?;
+        c.set_read_timeout(Some(Duration::from_secs(1)))?;
+        c.write_all(b"GET /readyz HTTP/1.0\r\nHost: bench\r\n\r\n")?;
+        let mut head = [0u8; 12];
+        c.read_exact(&mut head)?;
+        std::str::from_utf8(&head[9..12])?
+            .parse()
+            .context("reading /readyz status")
+    }
+
+    fn wait_readyz(&self, want: u16, t0: Instant) -> anyhow::Result<Duration> {
+        loop {
+            if self.readyz()? == want {
+                return Ok(t0.elapsed());
+            }
+            if t0.elapsed() > Duration::from_secs(5) {
+                bail!("/readyz did not answer {want} within 5 s");
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// A foreign file that sorts ahead of anything interlock can name appears, and the
+    /// time until `/readyz` says 503; then it goes away, and the time until 200 again.
+    pub fn readyz_flip(&mut self) -> anyhow::Result<(Duration, Duration)> {
+        let t0 = Instant::now();
+        rename_in(&self.conf, "!first.conflist", PRIMARY.as_bytes())?;
+        let down = self.wait_readyz(503, t0)?;
+        let t1 = Instant::now();
+        std::fs::remove_file(self.conf.join("!first.conflist"))?;
+        let up = self.wait_readyz(200, t1)?;
+        Ok((down, up))
+    }
+}
+
 impl Drop for Session {
     fn drop(&mut self) {
         let _ = self.agent.0.kill();
@@ -225,16 +299,34 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let plugin = a
         .plugin_source
         .unwrap_or_else(|| exe.with_file_name("interlock-cni"));
+    if a.scenario == "readyz" && a.mode != "owned" {
+        // In chain mode the agent chains into whatever file is first, so a new first
+        // file does not make it unready.
+        bail!("--scenario readyz needs --mode owned (chain mode joins the new first file)");
+    }
     let base = a.dir.unwrap_or_else(std::env::temp_dir);
     let mut s = Session::start(&exe, &plugin, &a.mode, &base)?;
     std::thread::sleep(Duration::from_millis(1500));
     let idle_rss = s.rss_kib();
-    let mut samples = Vec::with_capacity(a.clobbers);
+    let (mut samples, mut ups) = (Vec::with_capacity(a.clobbers), vec![]);
     for _ in 0..a.clobbers {
-        samples.push(s.clobber()?);
+        match a.scenario.as_str() {
+            "follow" => samples.push(s.follow()?),
+            "readyz" => {
+                let (down, up) = s.readyz_flip()?;
+                samples.push(down);
+                ups.push(up);
+            }
+            _ => samples.push(s.clobber()?),
+        }
         std::thread::sleep(Duration::from_millis(a.interval_ms));
     }
     let mut out = summary(&samples);
+    if a.scenario == "readyz" {
+        // samples: until 503; ready_again: until 200 after the foreign file left.
+        out["ready_again"] = summary(&ups);
+    }
+    out["scenario"] = a.scenario.clone().into();
     out["mode"] = a.mode.clone().into();
     out["idle_rss_kib"] = idle_rss.into();
     out["rss_after_kib"] = s.rss_kib().into();

@@ -214,8 +214,11 @@ fn kill_9_during_repairs_never_exposes_a_partial_or_invalid_file() {
         "poller rarely parsed more than one file: {multi} of {passes} passes"
     );
     // The agents really worked: writes across the kills, and repairs the poller saw.
+    // (How many writes fit in one agent's 5–35 ms life depends on how fast the
+    // adversary's clobbers arrive on a loaded machine: CI once saw 76 over 40 kills, so
+    // the floor is one per kill on average, not two.)
     assert!(
-        writes_logged >= 2 * kills as usize,
+        writes_logged >= kills as usize,
         "killed agents logged only {writes_logged} writes over {kills} kills"
     );
     assert!(

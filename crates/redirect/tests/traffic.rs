@@ -445,10 +445,11 @@ fn exclusions_v4_iptables_legacy() {
     exclusions_scenario(BackendKind::IptablesLegacy, false);
 }
 
-/// Prints how long each step takes (the plugin's ADD budget is 2 ms with nftables); only
-/// asserts generous bounds so a loaded machine does not fail it.
+/// Protect and unprotect, five rounds per backend in one netns: every round is exact after
+/// protect and leaves nothing after unprotect. Prints how long each step took; speed is
+/// measured by `interlock-bench`, not asserted here.
 #[test]
-fn protect_timings() {
+fn protect_unprotect_rounds_leave_exact_rules_then_none() {
     require_root!();
     let topo = Topology::new();
     let spec = spec_for(ISTIO.annotations);
@@ -459,22 +460,27 @@ fn protect_timings() {
     ] {
         let mut probe_times = Vec::new();
         let mut totals = Vec::new();
-        for _ in 0..5 {
+        for round in 0..5 {
             let t = std::time::Instant::now();
             let p = protect(&topo.a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
             totals.push(t.elapsed());
             probe_times.push(p.probe_time);
+            assert_eq!(
+                check(&topo.a.ns.path(), &spec, kind).unwrap(),
+                Verification::Exact,
+                "{kind} round {round}: not exact after protect"
+            );
             unprotect(&topo.a.ns.path(), kind).unwrap();
+            assert!(
+                !check(&topo.a.ns.path(), &spec, kind).unwrap().is_exact(),
+                "{kind} round {round}: rules left after unprotect"
+            );
         }
         probe_times.sort();
         totals.sort();
         eprintln!(
             "{kind}: protect median {:?}, probe median {:?}",
             totals[2], probe_times[2]
-        );
-        assert!(
-            probe_times[2] < Duration::from_millis(50),
-            "{kind}: probe {probe_times:?}"
         );
     }
 }
