@@ -377,6 +377,42 @@ fn ms(us: u64) -> String {
     format!("{:.2} ms", us as f64 / 1000.0)
 }
 
+/// A repeated ADD of one attachment whose earlier ADD protected it with another backend
+/// (the configured or detected backend changed in between) would leave that backend's
+/// rules in the netns beside the new ones, recorded nowhere once the new state replaces
+/// the old: remove them. Same backend: the engine's apply already replaced them.
+fn retire_previous_backend(
+    call: &Call,
+    store: &StateStore,
+    netns: &str,
+    protection: &Protection,
+    name: &str,
+) {
+    let Ok(Some(old)) = store.load(&call.key()) else {
+        return;
+    };
+    let Protection::Protected(before) = &old.protection else {
+        return;
+    };
+    if netns.is_empty() || old.netns != netns {
+        return;
+    }
+    if matches!(protection, Protection::Protected(now) if now.backend == before.backend) {
+        return;
+    }
+    match interlock_redirect::engine::unprotect(std::path::Path::new(netns), before.backend) {
+        Ok(_) => call.log.info(&format!(
+            "pod {name}: removed the {} rules of this attachment's previous ADD",
+            before.backend
+        )),
+        Err(e) => call.log.error(&format!(
+            "pod {name}: the {} rules of this attachment's previous ADD may remain \
+             (removing them failed: {e})",
+            before.backend
+        )),
+    }
+}
+
 fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
     let start = Instant::now();
     let prev = call.prev_result("ADD")?;
@@ -437,8 +473,9 @@ fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
         added_at_ms: status::now_ms(),
         add_us: 0,
     };
-    state.add_us = micros(start.elapsed());
     let store = StateStore::new(&call.config.state_dir);
+    retire_previous_backend(call, &store, netns, &protection, &name);
+    state.add_us = micros(start.elapsed());
     if let Err(e) = store.save(&state) {
         if !open {
             return Err(call.err(

@@ -488,3 +488,35 @@ fn annotation_exclusions_hold_for_real_traffic() {
     n.del(&chain, &a).unwrap();
     n.del(&chain, &b).unwrap();
 }
+
+/// The backend changes between two ADDs of one attachment (the operator switched it, or
+/// detection changed): the second ADD removes the first backend's rules, so the netns
+/// holds only what the state records, and DEL leaves nothing.
+#[test]
+fn readd_with_another_backend_retires_the_first_backends_rules() {
+    require_root!();
+    let n = Node::new(false);
+    let first = n.chain(json!({ "backend": "iptables-nft" }));
+    let a = n.add(&first, "a", Some(ISTIO.annotations()));
+    assert!(a
+        .ns
+        .exec_ok(&["iptables-nft-save", "-t", "nat"])
+        .contains("IL_"));
+
+    let second = n.only_interlock(&n.chain(json!({ "backend": "nftables" })));
+    n.readd(&second, &a).unwrap();
+    let nat = a.ns.exec_ok(&["iptables-nft-save", "-t", "nat"]);
+    assert!(!nat.contains("IL_"), "iptables-nft rules left: {nat}");
+    let ruleset = a.ns.exec_ok(&["nft", "list", "table", "inet", "interlock"]);
+    assert!(ruleset.contains("redirect to :15001"), "{ruleset}");
+    assert_eq!(
+        n.state_of(&a.rt).unwrap()["protection"]["backend"],
+        "nftables"
+    );
+    assert!(n.log().lines().any(|l| l
+        .contains("pod shop/a: removed the iptables-nft rules of this attachment's previous ADD")));
+    n.check(&second, &a).unwrap();
+
+    n.del(&first, &a).unwrap();
+    assert_no_interlock_rules(&a.ns);
+}
