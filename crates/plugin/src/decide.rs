@@ -322,7 +322,8 @@ pub fn pod_addresses(prev: &CniResult, ifname: &str) -> (Vec<IpAddr>, Vec<IpAddr
 }
 
 /// Makes a meshed pod's redirection real: narrows the profile's spec to the families the
-/// pod has addresses of (from `prev` on `ifname`), applies it in `netns` with the
+/// pod has addresses of (from `prev` on `ifname`, or, when `prev` has none, the families
+/// its netns has a default route in), applies it in `netns` with the
 /// configured backend, verifies it, proves it with a probe towards the pod's gateways.
 /// Non-meshed decisions need nothing. On failure the engine has already removed its rules.
 pub fn protect(
@@ -336,7 +337,20 @@ pub fn protect(
         return Ok(Protection::NotNeeded);
     };
     let start = Instant::now();
-    let (addrs, gateways) = pod_addresses(prev, ifname);
+    let (mut addrs, mut gateways) = pod_addresses(prev, ifname);
+    if addrs.is_empty() {
+        // The primary reported no address for the interface (some do not fill `ips`):
+        // narrow to the families the pod's netns has a default route in; their gateways
+        // are the probe's targets. None found: both families stay, and the probe fails
+        // closed for a family it cannot aim at.
+        let routed = interlock_redirect::netns::in_netns(
+            Path::new(netns),
+            interlock_redirect::probe::default_gateways,
+        )
+        .unwrap_or_default();
+        addrs.clone_from(&routed);
+        gateways = routed;
+    }
     let spec = spec.as_ref().clone().for_addresses(&addrs);
     let (kind, backend_reason) = resolve_backend(config.backend, &config.state_dir);
     let done = engine::protect(Path::new(netns), &spec, kind, &gateways)?;

@@ -520,3 +520,39 @@ fn readd_with_another_backend_retires_the_first_backends_rules() {
     n.del(&first, &a).unwrap();
     assert_no_interlock_rules(&a.ns);
 }
+
+/// A primary whose result lists no addresses: the families come from the pod's default
+/// routes (IPv4 only here), so the pod is protected and proven for IPv4 instead of
+/// failing on an IPv6 probe it has no route for.
+#[test]
+fn result_without_addresses_narrows_to_the_routed_families() {
+    require_root!();
+    let n = Node::new(false);
+    let chain = n.chain(json!({ "backend": "nftables" }));
+    let mut a = n.add(&chain, "a", Some(json!({})));
+    a.result.ips.clear();
+    a.rt =
+        a.rt.clone()
+            .with_capability("io.kubernetes.cri.pod-annotations", ISTIO.annotations());
+    let only = n.only_interlock(&chain);
+    n.readd(&only, &a)
+        .unwrap_or_else(|e| panic!("{e}\nlog:\n{}", n.log()));
+    let state = n.state_of(&a.rt).unwrap();
+    let spec: Value = serde_json::from_str(state["protection"]["spec"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (spec["ipv4"].as_bool(), spec["ipv6"].as_bool()),
+        (Some(true), Some(false)),
+        "{spec}"
+    );
+    let probe = state["protection"]["probe"].as_array().unwrap();
+    assert_eq!(probe.len(), 1, "{probe:?}");
+    assert!(
+        probe[0]
+            .as_str()
+            .unwrap()
+            .starts_with("IPv4: connection to "),
+        "{probe:?}"
+    );
+    n.del(&chain, &a).unwrap();
+    assert_no_interlock_rules(&a.ns);
+}
