@@ -10,14 +10,17 @@
 //!   version). Decides whether the pod is meshed ([`decide::decide_with_lookup`]: the
 //!   annotations from `runtimeConfig`, or — only when the runtime passed none — from the
 //!   agent socket and then the Kubernetes API, see [`lookup`]). For a meshed pod it
-//!   narrows the profile's spec to the address families the pod has on `CNI_IFNAME`,
+//!   narrows the profile's spec to the address families the pod has on `CNI_IFNAME`
+//!   (or, when `prevResult` lists no address, those its netns has a default route in),
 //!   applies it in `CNI_NETNS` with the configured backend (`auto` detects the host's,
 //!   reusing a detection up to a minute old from `<stateDir>/backend-detected.json`, see
 //!   [`backend_cache`]),
 //!   verifies the rules read back are exactly the expected ones, and proves the outbound
 //!   capture with a probe towards the pod's gateways ([`decide::protect`]). Only then is
 //!   the attachment's state written (profile, backend, installed spec as canonical JSON
-//!   and its hash, netns, pod, timings) and the result returned. Any failure for a meshed
+//!   and its hash, netns, pod, timings) and the result returned. A repeated ADD of an
+//!   attachment that an earlier ADD protected with another backend removes that
+//!   backend's rules first, so the netns holds only what the state records. Any failure for a meshed
 //!   pod fails the ADD naming the pod, the step and the cause; the netns is left without
 //!   interlock rules. With `failurePolicy: open` the ADD succeeds instead, the failure is
 //!   logged at error level and the state records the attachment as `unprotected`.
