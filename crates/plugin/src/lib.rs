@@ -19,8 +19,8 @@
 //!   capture with a probe towards the pod's gateways ([`decide::protect`]). Only then is
 //!   the attachment's state written (profile, backend, installed spec as canonical JSON
 //!   and its hash, netns, pod, timings) and the result returned. A repeated ADD of an
-//!   attachment that an earlier ADD protected with another backend removes that
-//!   backend's rules first, so the netns holds only what the state records. Any failure for a meshed
+//!   attachment that an earlier ADD protected with another backend then removes that
+//!   backend's rules, so the netns holds only what the state records. Any failure for a meshed
 //!   pod fails the ADD naming the pod, the step and the cause; the netns is left without
 //!   interlock rules. With `failurePolicy: open` the ADD succeeds instead, the failure is
 //!   logged at error level and the state records the attachment as `unprotected`.
