@@ -8,7 +8,7 @@ CARGO ?= cargo
 # Performance). --target keeps these flags away from proc-macros and build scripts.
 HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 STATIC_RUSTFLAGS := -C target-feature=+crt-static -C relocation-model=static
-STATIC_PLUGIN := target/static/$(HOST_TRIPLE)/release/interlock-cni
+STATIC_PLUGIN := target/static/$(HOST_TRIPLE)/plugin/interlock-cni
 
 .PHONY: all deps build lint test demo bench bench-json bench-repair plugin-static clean
 
@@ -38,7 +38,7 @@ demo: deps
 
 ## plugin-static: the interlock-cni binary to ship ($(STATIC_PLUGIN))
 plugin-static:
-	@RUSTFLAGS="$(STATIC_RUSTFLAGS)" $(CARGO) build --release -p interlock-cni --target $(HOST_TRIPLE) --target-dir target/static
+	@RUSTFLAGS="$(STATIC_RUSTFLAGS)" $(CARGO) build --profile plugin -p interlock-cni --target $(HOST_TRIPLE) --target-dir target/static
 
 ## bench: criterion benchmarks (root for the netns ones)
 bench: deps

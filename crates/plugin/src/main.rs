@@ -1,9 +1,27 @@
 //! `interlock-cni`: reads the CNI environment and stdin, runs the verb, prints the result.
+//!
+//! The runtime starts this binary once per pod, so its start-up is on every pod's path.
+//! It skips the Rust runtime's `main` wrapper (`#![no_main]`): that wrapper reads
+//! `/proc/self/maps` to place a stack guard, installs signal handlers for stack-overflow
+//! messages and polls the standard descriptors, which together cost more than the whole
+//! decision for a pod that is not meshed. What of it matters is done here by hand: the
+//! standard descriptors must be open (else a file the plugin opens could take fd 1 and
+//! receive the protocol answer), and SIGPIPE is blocked so a runtime that stops reading
+//! yields an error instead of a killed process (children started through
+//! `std::process::Command` get an empty signal mask back).
+#![no_main]
 
 use std::io::{Read, Write};
-use std::process::ExitCode;
 
-fn main() -> ExitCode {
+/// The C entry point (see the module docs for why not Rust's `main`).
+// `no_mangle` is the only way to provide the C `main` symbol; nothing else is unsafe here.
+#[allow(unsafe_code)]
+#[no_mangle]
+pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
+    guard_standard_fds();
+    let mut pipe = nix::sys::signal::SigSet::empty();
+    pipe.add(nix::sys::signal::Signal::SIGPIPE);
+    let _ = pipe.thread_block();
     // Even a bug must answer in the protocol: an error object on stdout, details on stderr.
     std::panic::set_hook(Box::new(|info| {
         let _ = writeln!(std::io::stderr(), "interlock-cni: {info}");
@@ -15,11 +33,27 @@ fn main() -> ExitCode {
         }
     }));
     let env = interlock_cni::CniEnv::from_process();
-    let mut stdin = Vec::new();
+    // Configs are small: one read usually takes all of it.
+    let mut stdin = Vec::with_capacity(16 * 1024);
     let _ = std::io::stdin().read_to_end(&mut stdin);
     let outcome = interlock_cni::run(&env, &stdin);
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(&outcome.stdout);
     let _ = out.flush();
-    ExitCode::from(u8::try_from(outcome.exit_code).unwrap_or(1))
+    libc::c_int::from(u8::try_from(outcome.exit_code).unwrap_or(1))
+}
+
+/// Opens /dev/null on any of fds 0–2 that is closed, as the Rust runtime would have.
+fn guard_standard_fds() {
+    use nix::fcntl::{fcntl, FcntlArg};
+    for fd in 0..3 {
+        if fcntl(fd, FcntlArg::F_GETFD).is_err() {
+            // The lowest free descriptor is `fd` itself, since the lower ones are open.
+            let _ = nix::fcntl::open(
+                "/dev/null",
+                nix::fcntl::OFlag::O_RDWR,
+                nix::sys::stat::Mode::empty(),
+            );
+        }
+    }
 }

@@ -467,3 +467,58 @@ fn many_concurrent_adds_keep_state_consistent() {
         );
     }
 }
+
+/// The plugin starts without Rust's runtime wrapper (main.rs), so it guards the standard
+/// descriptors itself: started with fds 0–2 closed, the files it opens (state, log) must
+/// not take fd 1 and swallow the protocol answer, and the ADD still succeeds. A runtime
+/// that closed its end of stdout gets an exit status, not a process killed by SIGPIPE.
+#[test]
+fn closed_standard_fds_and_a_closed_stdout_pipe() {
+    let t = tempfile::tempdir().unwrap();
+    let conf_file = t.path().join("conf.json");
+    std::fs::write(&conf_file, bytes(&conf("1.0.0", t.path(), json!({})))).unwrap();
+    let env = attach_env("c-fds", "/var/run/netns/p", POD_ARGS);
+    // stdin from the file, then every standard fd closed except stdin's copy on 3...
+    // simplest with a shell: fd 0 is the config, fds 1 and 2 are closed.
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(r#"exec "$0" < "$1" >&- 2>&-"#)
+        .arg(BIN)
+        .arg(&conf_file)
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .envs(env.iter().copied())
+        .status()
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let state_file = t.path().join("attachments/c-fds+eth0.json");
+    let state: Value = serde_json::from_slice(&std::fs::read(&state_file).unwrap())
+        .expect("the state file holds exactly the state, not the protocol answer");
+    assert_eq!(state["decision"]["decision"], "not-meshed");
+    let log = std::fs::read_to_string(t.path().join("plugin.log")).unwrap();
+    assert!(
+        !log.contains("\"cniVersion\""),
+        "answer went to the log: {log}"
+    );
+
+    // stdout is a pipe nobody reads any more: the write fails, the plugin exits.
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .envs(attach_env("c-pipe", "/var/run/netns/p", POD_ARGS))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(&bytes(&conf("1.0.0", t.path(), json!({}))))
+        .unwrap();
+    drop(stdin);
+    let status = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), None, "killed by a signal: {status}");
+}
