@@ -19,6 +19,8 @@ use std::io::{Read, Write};
 #[no_mangle]
 pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
     guard_standard_fds();
+    // Single-threaded: enter pod namespaces on this thread rather than starting one.
+    interlock_redirect::netns::enter_on_calling_thread();
     let mut pipe = nix::sys::signal::SigSet::empty();
     pipe.add(nix::sys::signal::Signal::SIGPIPE);
     let _ = pipe.thread_block();
