@@ -3,7 +3,8 @@
 //!
 //! interlock owns three chains in the `nat` table of the pod's netns — [`CHAIN_INBOUND`],
 //! [`CHAIN_OUTPUT`] and [`CHAIN_OUT_PORTS`] — jumped to by the first rule of `PREROUTING`
-//! and `OUTPUT` (TCP only). Apply reads the table (`iptables-save -t nat`), does nothing
+//! and `OUTPUT` (TCP only). Apply reads the table (`iptables-save -t nat`; skipped when
+//! the netns has no nat table of the flavour, as a fresh pod's has not), does nothing
 //! when exactly the expected rules are there, and otherwise replaces interlock's chains
 //! and jumps in one restore transaction per family (declaring a chain in `--noflush` mode
 //! flushes it; stale jumps are deleted by their saved text). Rules are written exactly as
@@ -422,9 +423,14 @@ impl IptablesBackend {
     }
 
     fn save(&self, family: Family, op: &'static str) -> Result<Observed, BackendError> {
-        if self.flavour == Flavour::Legacy && !legacy_nat_exists(family) {
-            // No legacy nat table in this netns: nothing of ours, and no need to start a
-            // process (which would also instantiate the table).
+        let nat_exists = match self.flavour {
+            Flavour::Legacy => legacy_nat_exists(family),
+            Flavour::Nft => nft_nat_exists(family),
+        };
+        if !nat_exists {
+            // No nat table of this flavour in this netns (a fresh pod's, for one): nothing
+            // of ours, and no need to start a process (which, for legacy, would also
+            // instantiate the table).
             return Ok(Observed::default());
         }
         let tool = self.flavour.tool(family, Tool::Save);
@@ -530,6 +536,21 @@ fn legacy_nat_exists(family: Family) -> bool {
     };
     match std::fs::read_to_string(file) {
         Ok(names) => names.lines().any(|l| l.trim() == "nat"),
+        Err(_) => true,
+    }
+}
+
+/// Whether the nf_tables `nat` table that iptables-nft uses for `family` exists in the
+/// calling thread's netns, asked in-process over netlink (tens of µs, against a few ms for
+/// `iptables-nft-save`). `true` when that cannot be asked, so the caller falls back to
+/// the tool.
+fn nft_nat_exists(family: Family) -> bool {
+    let nft_family = match family {
+        Family::V4 => interlock_nft::Family::Ip,
+        Family::V6 => interlock_nft::Family::Ip6,
+    };
+    match interlock_nft::Nft::open().and_then(|mut nft| nft.table(nft_family, "nat")) {
+        Ok(table) => table.is_some(),
         Err(_) => true,
     }
 }
