@@ -358,9 +358,23 @@ fn two_agents_racing_converge_without_flapping() {
         std::thread::sleep(Duration::from_millis(15));
     }
     d.rename_in("00-aaa.conflist", CALICO);
-    std::thread::sleep(Duration::from_millis(300));
+    // Settle: the first 300 ms in which neither agent writes (a loaded machine may need
+    // longer than an idle one), then no write at all may follow for a whole second.
     let writes = |x: &Agent| x.metric("interlock_config_writes_total").unwrap();
-    let (wa, wb) = (writes(&a), writes(&b));
+    let settle = Instant::now();
+    let (mut wa, mut wb) = (writes(&a), writes(&b));
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = (writes(&a), writes(&b));
+        if now == (wa, wb) {
+            break;
+        }
+        (wa, wb) = now;
+        assert!(
+            settle.elapsed() < Duration::from_secs(10),
+            "agents still writing after 10 s: flapping"
+        );
+    }
     std::thread::sleep(Duration::from_millis(1000));
     assert_eq!(
         (writes(&a), writes(&b)),
