@@ -10,6 +10,34 @@ use tokio::net::{TcpListener, TcpStream};
 /// The guard loop counts as hung when it has not ticked for this long.
 pub const HUNG_AFTER: Duration = Duration::from_secs(30);
 
+/// Asks the health server at `addr` for `/readyz` and returns the HTTP status code: the
+/// client side of this module, for `interlock check` and the repair benchmark. `timeout`
+/// bounds the connect and the read each.
+pub fn readyz_status(addr: std::net::SocketAddr, timeout: Duration) -> std::io::Result<u16> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    c.set_read_timeout(Some(timeout))?;
+    write!(
+        c,
+        "GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    // "HTTP/1.1 200": the status line's first 12 bytes are all that is needed.
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head)?;
+    std::str::from_utf8(&head[9..])
+        .ok()
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "not an HTTP status line: {:?}",
+                    String::from_utf8_lossy(&head)
+                ),
+            )
+        })
+}
+
 /// Status code, content type and body for a request line's method and path.
 pub fn respond(shared: &Shared, method: &str, path: &str) -> (u16, &'static str, String) {
     let path = path.split('?').next().unwrap_or(path);

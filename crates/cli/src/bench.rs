@@ -231,22 +231,10 @@ impl Session {
         }
     }
 
-    /// The HTTP status `/readyz` answers now.
-    fn readyz(&self) -> anyhow::Result<u16> {
-        use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect_timeout(&self.health, Duration::from_secs(1))?;
-        c.set_read_timeout(Some(Duration::from_secs(1)))?;
-        c.write_all(b"GET /readyz HTTP/1.0\r\nHost: bench\r\n\r\n")?;
-        let mut head = [0u8; 12];
-        c.read_exact(&mut head)?;
-        std::str::from_utf8(&head[9..12])?
-            .parse()
-            .context("reading /readyz status")
-    }
-
     fn wait_readyz(&self, want: u16, t0: Instant) -> anyhow::Result<Duration> {
         loop {
-            if self.readyz()? == want {
+            if interlock_agent::health::readyz_status(self.health, Duration::from_secs(1))? == want
+            {
                 return Ok(t0.elapsed());
             }
             if t0.elapsed() > Duration::from_secs(5) {

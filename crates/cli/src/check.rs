@@ -4,8 +4,8 @@
 //! Gathering (files, the plugin binary, the agent's marker and `/readyz`) is kept apart
 //! from judging ([`judge`], pure), so every verdict is unit-tested without root.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -387,16 +387,7 @@ fn render(out: &mut impl Write, r: &NodeReport, dir: &Path) -> std::io::Result<(
 
 fn readyz(addr: &str) -> Option<u16> {
     let addr: SocketAddr = addr.parse().ok()?;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()?;
-    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
-    write!(
-        s,
-        "GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    buf.split_whitespace().nth(1)?.parse().ok()
+    interlock_agent::health::readyz_status(addr, Duration::from_millis(500)).ok()
 }
 
 #[cfg(test)]
