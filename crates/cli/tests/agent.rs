@@ -700,18 +700,22 @@ fn old_cni_version_is_raised_or_reported_in_chain_and_owned_mode() {
     let conf = r#"{"cniVersion":"0.2.0","name":"ilold","type":"ilold"}"#;
     std::fs::remove_file(d.conf.join("10-aws.conf")).unwrap();
     d.write("10-old.conf", conf);
+    // Each agent reports the old file and its version, and stays unready.
+    let refuses_old = |x: &Agent| {
+        wait_until(
+            Duration::from_secs(5),
+            || {
+                x.get("/readyz").is_some_and(|(code, body)| {
+                    code == 503 && body.contains("10-old.conf") && body.contains("0.2.0")
+                })
+            },
+            || format!("{:?}\nlog:\n{}", x.get("/readyz"), x.log_text()),
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(x.ready(), Some(false));
+    };
     let b = d.agent(&["--config-mode", "chain"]);
-    wait_until(
-        Duration::from_secs(5),
-        || {
-            b.get("/readyz").is_some_and(|(c, body)| {
-                c == 503 && body.contains("10-old.conf") && body.contains("0.2.0")
-            })
-        },
-        || format!("{:?}\nlog:\n{}", b.get("/readyz"), b.log_text()),
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(b.ready(), Some(false));
+    refuses_old(&b);
     assert_eq!(d.names(), ["10-old.conf"], "nothing wrapped");
     assert_eq!(d.read("10-old.conf").unwrap(), conf.as_bytes());
     let m: Value =
@@ -721,17 +725,7 @@ fn old_cni_version_is_raised_or_reported_in_chain_and_owned_mode() {
     // Owned mode gives the same guarantee: no copy at a version interlock-cni refuses.
     assert!(b.terminate().success());
     let c = d.agent(&[]);
-    wait_until(
-        Duration::from_secs(5),
-        || {
-            c.get("/readyz").is_some_and(|(code, body)| {
-                code == 503 && body.contains("10-old.conf") && body.contains("0.2.0")
-            })
-        },
-        || format!("{:?}\nlog:\n{}", c.get("/readyz"), c.log_text()),
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(c.ready(), Some(false));
+    refuses_old(&c);
     assert_eq!(d.names(), ["10-old.conf"], "no owned copy written");
 }
 
