@@ -18,15 +18,38 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// Skips the calling test with a message when not running as root.
+/// True when the tests run under CI (`CI` set to anything but empty, `0` or `false`).
+///
+/// CI sets `CI=true`; there a test that needs root must run, so a green run means it ran.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
+/// Whether a test that needs root can run here.
+///
+/// Returns `true` as root. Otherwise prints a skip message naming `test` and returns
+/// `false` for a contributor without root, but panics under CI ([`in_ci`]): a skipped
+/// root test there would make a green CI claim something that never ran.
+pub fn can_run_root_test(test: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    if in_ci() {
+        panic!(
+            "{test}: needs root (network namespaces, netfilter) and CI is set: run CI as root; \
+             a root test is never skipped under CI"
+        );
+    }
+    eprintln!("SKIP {test}: needs root (network namespaces, netfilter); run the tests as root to include it");
+    false
+}
+
+/// Skips the calling test with a message when not running as root; fails it under CI
+/// instead (see [`can_run_root_test`]).
 #[macro_export]
 macro_rules! require_root {
     () => {
-        if !$crate::is_root() {
-            eprintln!(
-                "SKIP {}: needs root (network namespaces, netfilter); run the tests as root to include it",
-                module_path!()
-            );
+        if !$crate::can_run_root_test(module_path!()) {
             return;
         }
     };
@@ -150,6 +173,54 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.len() <= 15, "{a}");
         assert!(a.starts_with("ilbridg"));
+    }
+
+    #[test]
+    fn root_tests_refuse_to_skip_under_ci() {
+        // Run the check in a child process with a non-root UID when we are root, so the
+        // non-root branch is exercised for real; without root, call it directly.
+        if is_root() {
+            // A copy in a world-readable temp dir: the checkout may sit under a directory
+            // (e.g. /root) that the unprivileged child cannot traverse.
+            use std::os::unix::fs::PermissionsExt;
+            let dir = tempdir().unwrap();
+            let exe = dir.path().join("testkit-child");
+            std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+            for (ci, expect_ok) in [("true", false), ("", true)] {
+                let out = Command::new("setpriv")
+                    .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                    .arg(&exe)
+                    .args(["--exact", "tests::child_checks_root_test", "--nocapture"])
+                    .env("CI", ci)
+                    .env("INTERLOCK_TESTKIT_CHILD", "1")
+                    .output()
+                    .unwrap();
+                let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                    + &String::from_utf8_lossy(&out.stderr);
+                assert_eq!(out.status.success(), expect_ok, "CI={ci:?}: {text}");
+                if expect_ok {
+                    assert!(text.contains("SKIP"), "CI={ci:?}: {text}");
+                } else {
+                    assert!(text.contains("never skipped under CI"), "CI={ci:?}: {text}");
+                }
+            }
+        } else if in_ci() {
+            assert!(std::panic::catch_unwind(|| can_run_root_test("x")).is_err());
+        } else {
+            assert!(!can_run_root_test("x"));
+        }
+    }
+
+    /// Helper for `root_tests_refuse_to_skip_under_ci`: only does anything in the child.
+    #[test]
+    fn child_checks_root_test() {
+        if std::env::var_os("INTERLOCK_TESTKIT_CHILD").is_none() {
+            return;
+        }
+        assert!(!is_root(), "the child must run without root");
+        assert!(!can_run_root_test("child"));
     }
 
     #[test]
