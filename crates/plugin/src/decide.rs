@@ -41,7 +41,7 @@ pub enum Decision {
     Meshed {
         /// The profile that claimed it.
         profile: ProfileName,
-        /// The rules it needs (from the profile, before narrowing to the pod's families).
+        /// The rules it needs (from the profile).
         spec: Box<RedirectSpec>,
     },
     /// The pod's mesh status cannot be known.
@@ -179,12 +179,12 @@ pub struct Protected {
     pub backend: BackendKind,
     /// Why that backend (configured, or what `auto` detected).
     pub backend_reason: String,
-    /// The installed spec, as [`RedirectSpec::canonical_json`] (narrowed to the pod's
-    /// address families).
+    /// The installed spec, as [`RedirectSpec::canonical_json`] (both address families).
     pub spec: String,
     /// [`RedirectSpec::hash`] of the installed spec.
     pub spec_hash: String,
-    /// What the probe proved, one line per family.
+    /// What the probe proved, one line per family (landed on the proxy, sealed without a
+    /// route, or nothing captured and why).
     pub probe: Vec<String>,
     /// How long it took.
     pub timings: Timings,
@@ -321,11 +321,13 @@ pub fn pod_addresses(prev: &CniResult, ifname: &str) -> (Vec<IpAddr>, Vec<IpAddr
     (addrs, gateways)
 }
 
-/// Makes a meshed pod's redirection real: narrows the profile's spec to the families the
-/// pod has addresses of (from `prev` on `ifname`, or, when `prev` has none, the families
-/// its netns has a default route in), applies it in `netns` with the
-/// configured backend, verifies it, proves it with a probe towards the pod's gateways.
-/// Non-meshed decisions need nothing. On failure the engine has already removed its rules.
+/// Makes a meshed pod's redirection real: applies the profile's spec, for **both**
+/// address families whatever `prev` lists (a veth always has an IPv6 link-local address,
+/// and a primary may not list every address the pod gets), in `netns` with the
+/// configured backend, verifies it, and proves every family the pod can route with the
+/// probe (see `interlock_redirect::probe`), trying the pod's gateways from `prev` on
+/// `ifname` first. Non-meshed decisions need nothing. On failure the engine has already
+/// removed its rules.
 pub fn protect(
     config: &PluginConfig,
     netns: &str,
@@ -337,47 +339,19 @@ pub fn protect(
         return Ok(Protection::NotNeeded);
     };
     let start = Instant::now();
-    let (mut addrs, mut gateways) = pod_addresses(prev, ifname);
-    if addrs.is_empty() {
-        // The primary reported no address for the interface (some do not fill `ips`):
-        // narrow to the families the pod's netns has a default route in; their gateways
-        // are the probe's targets. None found: both families stay, and the probe fails
-        // closed for a family it cannot aim at.
-        let routed = interlock_redirect::netns::in_netns(
-            Path::new(netns),
-            interlock_redirect::probe::default_gateways,
-        )
-        .unwrap_or_default();
-        addrs.clone_from(&routed);
-        gateways = routed;
-    }
-    let spec = spec.as_ref().clone().for_addresses(&addrs);
+    let (_, gateways) = pod_addresses(prev, ifname);
+    let mut spec = spec.as_ref().clone();
+    spec.ipv4 = true;
+    spec.ipv6 = true;
     let (kind, backend_reason) = resolve_backend(config.backend, &config.state_dir);
     let done = engine::protect(Path::new(netns), &spec, kind, &gateways)?;
-    let probe = done
-        .probe
-        .proven
-        .iter()
-        .map(|r| {
-            format!(
-                "{}: connection to {} landed on {} with original destination {}",
-                r.family, r.target, r.landed_on, r.original_dst
-            )
-        })
-        .chain(
-            done.probe
-                .skipped
-                .iter()
-                .map(|(f, why)| format!("{f}: not probed: {why}")),
-        )
-        .collect();
     Ok(Protection::Protected(Box::new(Protected {
         profile: *profile,
         backend: done.backend,
         backend_reason,
         spec: spec.canonical_json(),
         spec_hash: done.spec_hash,
-        probe,
+        probe: done.probe.lines(),
         timings: Timings {
             rules_us: micros(done.rules_time),
             probe_us: micros(done.probe_time),

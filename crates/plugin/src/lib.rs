@@ -10,13 +10,13 @@
 //!   version). Decides whether the pod is meshed ([`decide::decide_with_lookup`]: the
 //!   annotations from `runtimeConfig`, or — only when the runtime passed none — from the
 //!   agent socket and then the Kubernetes API, see [`lookup`]). For a meshed pod it
-//!   narrows the profile's spec to the address families the pod has on `CNI_IFNAME`
-//!   (or, when `prevResult` lists no address, those its netns has a default route in),
-//!   applies it in `CNI_NETNS` with the configured backend (`auto` detects the host's,
+//!   applies the profile's spec for **both** address families (whatever `prevResult`
+//!   lists: every veth has an IPv6 link-local address, and a primary may not list every
+//!   address) in `CNI_NETNS` with the configured backend (`auto` detects the host's,
 //!   reusing a detection up to a minute old from `<stateDir>/backend-detected.json`, see
-//!   [`backend_cache`]),
-//!   verifies the rules read back are exactly the expected ones, and proves the outbound
-//!   capture with a probe towards the pod's gateways ([`decide::protect`]). Only then is
+//!   [`backend_cache`]), verifies the rules read back are exactly the expected ones, and
+//!   proves every family the pod can route with the probe, trying the pod's gateways
+//!   first ([`decide::protect`], `interlock_redirect::probe`). Only then is
 //!   the attachment's state written (profile, backend, installed spec as canonical JSON
 //!   and its hash, netns, pod, timings) and the result returned. A repeated ADD of an
 //!   attachment that an earlier ADD protected with another backend then removes that

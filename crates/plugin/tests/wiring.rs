@@ -42,13 +42,16 @@ fn scenario(mesh: &Mesh, backend: &str, dual: bool) {
     assert_eq!(spec["proxyUid"], mesh.uid);
     assert_eq!(spec["outbound"]["proxyPort"], mesh.outbound);
     assert_eq!(spec["inbound"]["proxyPort"], mesh.inbound);
-    assert_eq!(spec["ipv4"], true);
+    // Both families are programmed whatever the result lists (an IPv4-only pod still has
+    // an IPv6 link-local address).
     assert_eq!(
-        spec["ipv6"], dual,
-        "spec narrowed to the pod's families: {spec}"
+        (&spec["ipv4"], &spec["ipv6"]),
+        (&json!(true), &json!(true)),
+        "{spec}"
     );
     assert_eq!(p["specHash"].as_str().unwrap().len(), 64);
     let probes = p["probe"].as_array().unwrap();
+    assert_eq!(probes.len(), 2, "one line per family: {p}");
     assert_eq!(
         probes
             .iter()
@@ -57,6 +60,15 @@ fn scenario(mesh: &Mesh, backend: &str, dual: bool) {
         if dual { 2 } else { 1 },
         "{p}"
     );
+    if !dual {
+        assert!(
+            probes[1]
+                .as_str()
+                .unwrap()
+                .starts_with("IPv6: routed only link-locally (via eth0)"),
+            "{p}"
+        );
+    }
     eprintln!(
         "TIMINGS {} {backend} dual={dual}: add {} us, protect {} us (rules {} us, probe {} us)",
         mesh.profile,
@@ -521,11 +533,11 @@ fn readd_with_another_backend_retires_the_first_backends_rules() {
     assert_no_interlock_rules(&a.ns);
 }
 
-/// A primary whose result lists no addresses: the families come from the pod's default
-/// routes (IPv4 only here), so the pod is protected and proven for IPv4 instead of
-/// failing on an IPv6 probe it has no route for.
+/// A primary whose result lists no addresses: both families are still programmed, and
+/// the probe finds its targets in the pod's routes (IPv4 through the default route; IPv6,
+/// routed only link-locally here, sealed).
 #[test]
-fn result_without_addresses_narrows_to_the_routed_families() {
+fn result_without_addresses_still_protects_every_family() {
     require_root!();
     let n = Node::new(false);
     let chain = n.chain(json!({ "backend": "nftables" }));
@@ -541,16 +553,23 @@ fn result_without_addresses_narrows_to_the_routed_families() {
     let spec: Value = serde_json::from_str(state["protection"]["spec"].as_str().unwrap()).unwrap();
     assert_eq!(
         (spec["ipv4"].as_bool(), spec["ipv6"].as_bool()),
-        (Some(true), Some(false)),
+        (Some(true), Some(true)),
         "{spec}"
     );
     let probe = state["protection"]["probe"].as_array().unwrap();
-    assert_eq!(probe.len(), 1, "{probe:?}");
+    assert_eq!(probe.len(), 2, "{probe:?}");
     assert!(
         probe[0]
             .as_str()
             .unwrap()
-            .starts_with("IPv4: connection to "),
+            .starts_with("IPv4: connection to 10.99.7.1:9 landed"),
+        "{probe:?}"
+    );
+    assert!(
+        probe[1]
+            .as_str()
+            .unwrap()
+            .starts_with("IPv6: routed only link-locally"),
         "{probe:?}"
     );
     n.del(&chain, &a).unwrap();

@@ -1,22 +1,60 @@
-//! Proof by traffic: inside the pod's netns, show that outbound connections really land
-//! on the proxy's outbound port with the original destination intact.
+//! Proof by traffic: inside the pod's netns, show for **each address family** that no
+//! outbound TCP connection of that family can leave the pod without passing the proxy.
 //!
-//! For each enabled family that has outbound capture, [`probe`] listens on the loopback
-//! address at the outbound proxy port (where `REDIRECT` delivers locally generated
-//! connections), opens a TCP connection as root (UID 0, which every profile captures) to a
-//! destination the spec captures, accepts it, and reads `SO_ORIGINAL_DST`
-//! (`IP6T_SO_ORIGINAL_DST` for IPv6), which must equal that destination. Both sockets are
-//! closed with an RST (`SO_LINGER` 0) and the listener is dropped before returning, so the
-//! port is free for the proxy.
+//! # What is proven, per family
+//!
+//! The rules are always programmed for both families (one nf_tables transaction, or one
+//! `iptables-restore` and one `ip6tables-restore`) and read back before the probe runs.
+//! The probe then looks at the pod's routes ([`crate::route::routes`], every table) and
+//! decides, purely ([`plan`]), what a real connection must show:
+//!
+//! 1. **The family reaches something beyond link-local** (a default route, or an on-link
+//!    prefix): [`Plan::Connect`]. It listens on the loopback address at the outbound proxy
+//!    port (where `REDIRECT` delivers locally generated connections), opens a TCP
+//!    connection as root (UID 0, which every profile captures) to a destination the spec
+//!    captures, accepts it, and reads `SO_ORIGINAL_DST` (`IP6T_SO_ORIGINAL_DST`), which
+//!    must equal that destination. Destinations, in order: the pod's gateways from the CNI
+//!    result, the gateways of its default routes, the first host of its on-link prefixes,
+//!    the first host of the spec's include networks, and a documentation address
+//!    (192.0.2.1, 2001:db8::1) when a default route exists. A destination whose route
+//!    leaves through an excluded interface is passed over.
+//! 2. **IPv6 whose only routes are link-local** (`fe80::/64` on the pod's interfaces, as on
+//!    every veth of an IPv4-only primary): [`Plan::LinkLocal`]. A redirected link-local
+//!    connection can never reach the proxy: its socket is bound to the interface by the
+//!    scope id, and `::1` cannot be routed through that interface, so the kernel drops the
+//!    redirected SYN inside the netns (counted as `Ip6OutNoRoutes`). The probe sends one
+//!    such connection and requires exactly that: `connect` accepted (a route exists) and
+//!    `Ip6OutNoRoutes` grew. Without the rules the SYN is handed to the interface instead
+//!    and the counter does not move, so the probe fails closed. Apps in a meshed pod thus
+//!    cannot open TCP connections to link-local addresses (as with Istio's sidecar);
+//!    inbound link-local connections are redirected to the inbound port normally.
+//! 3. **The family has no route at all** (no address, IPv6 disabled): [`Plan::NoRoute`].
+//!    Every TCP connection needs a route — `connect` fails with "network unreachable"
+//!    before any packet is built, and an incoming SYN cannot be answered. The probe makes
+//!    one real attempt to a documentation address and requires exactly that failure. The
+//!    rules are installed for the family anyway, so an address added later is captured.
+//! 4. **Nothing of the family is captured**, by the spec (`excludeOutboundIPRanges:
+//!    0.0.0.0/0`, every port excluded, an include list without that family) or because
+//!    every route of the family leaves through an excluded interface
+//!    (`excludeInterfaces: eth0`): [`Plan::NotCaptured`], nothing to prove; the report
+//!    says why.
+//!
+//! A family the pod can route but the spec does not program is an error
+//! ([`ProbeError::NotProgrammed`]): that family would bypass the proxy.
+//!
+//! IPv6 probe connections are sent from `::1`. The rules never match on the source
+//! address, so this proves the same capture an app's socket gets; it works while the
+//! pod's own addresses are still in duplicate address detection (the primary plugin often
+//! returns before it ends), and a SYN with a loopback source that escaped anyway is dropped
+//! by every receiver (RFC 4291 §2.5.3).
+//!
+//! Both sockets are closed with an RST (`SO_LINGER` 0) and the listener is dropped before
+//! returning, so the port is free for the proxy.
 //!
 //! Traffic safety: the probe socket sends with `IP_TTL` / `IPV6_UNICAST_HOPS` 1, so if the
 //! rules are missing or wrong, the SYN can reach the first hop (the node, i.e. the pod's
-//! gateway) and no further. Callers pass the pod's gateway addresses as candidates; the
-//! probe uses a port the spec captures, preferring the discard port 9 that nothing serves.
-//! Only when no candidate is captured does it derive a destination from the spec's include
-//! networks or, when every destination is captured but the gateways are excluded, use a
-//! documentation address (192.0.2.1, 2001:db8::1); either is still limited to one hop by
-//! the TTL.
+//! gateway) and no further; the probe uses a port the spec captures, preferring the
+//! discard port 9 that nothing serves.
 //!
 //! Must run on a thread inside the pod's netns ([`crate::netns::in_netns`]); the outbound
 //! proxy port must be free there (true during CNI ADD, before any container starts).
@@ -35,17 +73,20 @@
 //! ([`crate::route::BYPASSING_KINDS`]). Physical devices and tunnels are not detected:
 //! do not mesh pods whose primary interface is one.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use ipnet::IpNet;
 use nix::sys::socket::{
-    connect, getsockname, getsockopt, setsockopt, socket, sockopt, AddressFamily, SockFlag,
+    bind, connect, getsockname, getsockopt, setsockopt, socket, sockopt, AddressFamily, SockFlag,
     SockType, SockaddrIn, SockaddrIn6, SockaddrStorage,
 };
 use nix::sys::time::{TimeVal, TimeValLike};
 
+use crate::route::{Link, Route};
 use crate::spec::{Family, PortSelection, RedirectSpec};
 
 /// Default time a probe waits for its connection to arrive.
@@ -54,7 +95,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(500);
 /// Ports tried first as probe destination ports: services nobody runs (discard, tcpmux, echo).
 const PREFERRED_PORTS: [u16; 3] = [9, 1, 7];
 
-/// What the probe proved for one family.
+/// What the probe proved for one family by a connection that landed on the proxy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeResult {
     /// Family probed.
@@ -69,13 +110,43 @@ pub struct ProbeResult {
     pub elapsed: Duration,
 }
 
-/// The probe's outcome for every enabled family.
+/// The probe's outcome for both families.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProbeReport {
-    /// Families proven redirected.
+    /// Families whose connections were proven to land on the proxy ([`Plan::Connect`]).
     pub proven: Vec<ProbeResult>,
-    /// Families not probed because the spec captures nothing outbound for them, with why.
+    /// Families proven to have no unredirected path another way ([`Plan::LinkLocal`],
+    /// [`Plan::NoRoute`]), with what the attempt showed.
+    pub sealed: Vec<(Family, String)>,
+    /// Families with nothing captured outbound ([`Plan::NotCaptured`]), with why.
     pub skipped: Vec<(Family, String)>,
+}
+
+impl ProbeReport {
+    /// One line per family, for logs and state.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out: Vec<(Family, String)> = self
+            .proven
+            .iter()
+            .map(|r| {
+                (
+                    r.family,
+                    format!(
+                        "connection to {} landed on {} with original destination {}",
+                        r.target, r.landed_on, r.original_dst
+                    ),
+                )
+            })
+            .chain(self.sealed.iter().cloned())
+            .chain(
+                self.skipped
+                    .iter()
+                    .map(|(f, why)| (*f, format!("not probed: {why}"))),
+            )
+            .collect();
+        out.sort_by_key(|(f, _)| *f);
+        out.into_iter().map(|(f, l)| format!("{f}: {l}")).collect()
+    }
 }
 
 /// Why the proof failed.
@@ -88,6 +159,21 @@ pub enum ProbeError {
         family: Family,
         /// Why none of the candidates fits.
         reason: String,
+    },
+    /// The pod can route `family` but the spec does not program it: that family's
+    /// traffic would bypass the proxy.
+    #[error("the pod's network namespace routes {family} ({routes}) but the redirect spec does not program {family}: its {family} traffic would bypass the proxy")]
+    NotProgrammed {
+        /// Family.
+        family: Family,
+        /// The routes, for the message.
+        routes: String,
+    },
+    /// The routes or links of the pod's netns cannot be read.
+    #[error("reading the routes of the pod's network namespace: {source}")]
+    Routes {
+        /// Why.
+        source: io::Error,
     },
     /// The proxy's outbound port cannot be bound (already in use in the pod's netns?).
     #[error("cannot listen on {addr} for the probe (is the proxy port already in use in the pod's netns?): {source}")]
@@ -135,67 +221,224 @@ pub enum ProbeError {
         /// What `SO_ORIGINAL_DST` said.
         got: SocketAddr,
     },
+    /// A family the routes said was unreachable was routed after all.
+    #[error("{family} has no route in the pod's network namespace, yet a connection to {target} was accepted by the kernel (did a route appear during the probe?)")]
+    UnexpectedRoute {
+        /// Family.
+        family: Family,
+        /// Destination tried.
+        target: SocketAddr,
+    },
 }
 
-/// Picks the destination for `family`: a captured (candidate, port), else a destination
-/// derived from the include networks. `Ok(None)` when the family has no outbound capture.
-pub fn choose_target(
+/// What the probe must show for one family (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Connect to the first of these destinations whose route does not leave through an
+    /// excluded interface; the connection must land on the proxy's outbound port.
+    Connect(Vec<SocketAddr>),
+    /// IPv6 routed only link-locally: a connection to `target` (scope id = the interface)
+    /// must be captured and dropped inside the netns.
+    LinkLocal {
+        /// Destination, on the interface of the pod's first link-local route.
+        target: SocketAddrV6,
+        /// That interface.
+        via: crate::route::Egress,
+    },
+    /// No route of the family: a connection attempt to `target` must fail with "network
+    /// unreachable" before any packet exists.
+    NoRoute {
+        /// A documentation address of the family.
+        target: SocketAddr,
+    },
+    /// Nothing of the family is captured outbound; why.
+    NotCaptured(String),
+}
+
+fn documentation_addresses(family: Family) -> &'static [IpAddr] {
+    const V4: [IpAddr; 3] = [
+        IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
+        IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1)),
+        IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1)),
+    ];
+    const V6: [IpAddr; 1] = [IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1))];
+    match family {
+        Family::V4 => &V4,
+        Family::V6 => &V6,
+    }
+}
+
+fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
+        IpAddr::V4(_) => false,
+    }
+}
+
+fn family_of_net(net: &IpNet) -> Family {
+    Family::of_net(net)
+}
+
+/// The first address after the network address (never IPv6's subnet-router anycast
+/// address `prefix::`, which a router answers); the address itself for a host route.
+fn first_host(net: &IpNet) -> IpAddr {
+    let n = net.trunc();
+    match n {
+        IpNet::V4(v) if v.prefix_len() < 32 => {
+            IpAddr::V4(Ipv4Addr::from(u32::from(v.network()).saturating_add(1)))
+        }
+        IpNet::V6(v) if v.prefix_len() < 128 => {
+            IpAddr::V6(Ipv6Addr::from(u128::from(v.network()).saturating_add(1)))
+        }
+        other => other.addr(),
+    }
+}
+
+/// Decides what the probe must show for `family` (pure; see the module docs).
+/// `gateways` are the pod's gateways from the CNI result; `routes` and `links` are what
+/// the pod's netns has ([`crate::route::routes`], [`crate::route::links`]).
+pub fn plan(
     spec: &RedirectSpec,
     family: Family,
-    candidates: &[IpAddr],
-) -> Result<Option<SocketAddr>, ProbeError> {
-    let ports = candidate_ports(spec);
-    let include = spec.include_cidrs(family);
-    let captures_nothing =
-        ports.is_empty() || (!spec.outbound.include_cidrs.is_empty() && include.is_empty());
-    if !spec.families().contains(&family) || captures_nothing {
-        return Ok(None);
+    gateways: &[IpAddr],
+    routes: &[Route],
+    links: &[Link],
+) -> Result<Plan, ProbeError> {
+    let names: BTreeMap<u32, &str> = links.iter().map(|l| (l.index, l.name.as_str())).collect();
+    let name_of = |r: &Route| names.get(&r.oif).copied().unwrap_or("");
+    let usable: Vec<&Route> = routes
+        .iter()
+        .filter(|r| r.is_unicast() && family_of_net(&r.dst) == family && name_of(r) != "lo")
+        .collect();
+    let describe = |rs: &[&Route]| {
+        rs.iter()
+            .map(|r| {
+                let via = r.gateway.map(|g| format!(" via {g}")).unwrap_or_default();
+                format!("{}{via} dev {}", r.dst, name_of(r))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !spec.families().contains(&family) {
+        if usable.is_empty() {
+            return Ok(Plan::NoRoute {
+                target: SocketAddr::new(documentation_addresses(family)[0], PREFERRED_PORTS[0]),
+            });
+        }
+        return Err(ProbeError::NotProgrammed {
+            family,
+            routes: describe(&usable),
+        });
     }
+    if let Some(why) = spec.outbound_capture_gap(family) {
+        return Ok(Plan::NotCaptured(why));
+    }
+    let excluded = |r: &&Route| spec.exclude_interfaces.iter().any(|i| i == name_of(r));
+    let (via_excluded, routed): (Vec<&Route>, Vec<&Route>) =
+        usable.iter().copied().partition(excluded);
+    let ports = candidate_ports(spec);
     let captured = |ip: IpAddr| {
         ports
             .iter()
             .find(|&&p| spec.captures_outbound(0, 0, "", ip, p))
             .map(|&p| SocketAddr::new(ip, p))
     };
-    if let Some(t) = candidates
+    if routed.is_empty() {
+        if !via_excluded.is_empty() {
+            return Ok(Plan::NotCaptured(format!(
+                "every {family} route leaves through an excluded interface ({})",
+                describe(&via_excluded)
+            )));
+        }
+        let target = documentation_addresses(family)
+            .iter()
+            .find_map(|&ip| captured(ip))
+            .unwrap_or_else(|| SocketAddr::new(documentation_addresses(family)[0], 9));
+        return Ok(Plan::NoRoute { target });
+    }
+    let beyond_link: Vec<&Route> = routed
         .iter()
-        .filter(|ip| Family::of(ip) == family)
-        .find_map(|&ip| captured(ip))
-    {
-        return Ok(Some(t));
-    }
-    // Derive one from the include networks: the first address after the network address.
-    for net in &include {
-        let ip = match net.hosts().next() {
-            Some(ip) => ip,
-            None => net.network(),
+        .copied()
+        .filter(|r| !is_link_local(r.dst.addr()))
+        .collect();
+    if beyond_link.is_empty() {
+        // Only link-local IPv6 routes (IPv4 link-local 169.254/16 needs no scope and is
+        // probed like any destination).
+        let r = routed[0];
+        let local: Vec<IpAddr> = routes
+            .iter()
+            .filter(|r| r.is_local())
+            .map(|r| r.dst.addr())
+            .collect();
+        let Some(ip) = (1..=0xffffu16)
+            .map(|n| IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, n)))
+            .find(|ip| !local.contains(ip))
+        else {
+            return Err(ProbeError::NoTarget {
+                family,
+                reason: "every fe80::N address is the pod's own".into(),
+            });
         };
-        if let Some(t) = captured(ip) {
-            return Ok(Some(t));
+        let Some(SocketAddr::V6(t)) = captured(ip) else {
+            return Ok(Plan::NotCaptured(format!(
+                "the pod routes {family} only link-locally ({}) and the spec excludes link-local destinations",
+                describe(&routed)
+            )));
+        };
+        let link = links.iter().find(|l| l.index == r.oif);
+        return Ok(Plan::LinkLocal {
+            target: SocketAddrV6::new(*t.ip(), t.port(), 0, r.oif),
+            via: crate::route::Egress {
+                index: r.oif,
+                name: name_of(r).to_string(),
+                kind: link.map(|l| l.kind.clone()).unwrap_or_default(),
+            },
+        });
+    }
+    let mut candidates: Vec<IpAddr> = Vec::new();
+    let mut push = |ip: IpAddr| {
+        if Family::of(&ip) == family && !is_link_local(ip) && !candidates.contains(&ip) {
+            candidates.push(ip);
+        }
+    };
+    gateways.iter().copied().for_each(&mut push);
+    for r in &beyond_link {
+        if r.dst.prefix_len() == 0 {
+            if let Some(g) = r.gateway {
+                push(g);
+            }
         }
     }
-    // Every destination is selected but the gateways are excluded: use a documentation
-    // address (RFC 5737 / RFC 3849), routed by the default route, never served by anyone,
-    // and still stopped at the first hop by the TTL if the rules do not catch it.
-    if spec.outbound.include_cidrs.is_empty() {
-        let docs: &[IpAddr] = match family {
-            Family::V4 => &[
-                IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
-                IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1)),
-                IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1)),
-            ],
-            Family::V6 => &[IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1))],
-        };
-        if let Some(t) = docs.iter().find_map(|&ip| captured(ip)) {
-            return Ok(Some(t));
+    for r in &beyond_link {
+        if r.gateway.is_none() && r.dst.prefix_len() > 0 {
+            push(first_host(&r.dst));
         }
     }
-    Err(ProbeError::NoTarget {
-        family,
-        reason: format!(
-            "none of the candidates {candidates:?} (the pod's gateways) is captured by the spec, and no include network yields one; pass a captured address"
-        ),
-    })
+    for net in spec.include_cidrs(family) {
+        push(first_host(&net));
+    }
+    if beyond_link.iter().any(|r| r.dst.prefix_len() == 0) {
+        documentation_addresses(family)
+            .iter()
+            .copied()
+            .for_each(&mut push);
+    }
+    let targets: Vec<SocketAddr> = candidates.iter().filter_map(|&ip| captured(ip)).collect();
+    if targets.is_empty() {
+        return Err(ProbeError::NoTarget {
+            family,
+            reason: format!(
+                "the pod routes {family} ({}) but none of the destinations derived from its gateways, routes and the spec's include networks ({}) is captured by the spec",
+                describe(&beyond_link),
+                candidates
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    }
+    Ok(Plan::Connect(targets))
 }
 
 /// Destination ports the spec captures, in preference order (at most a handful).
@@ -213,117 +456,201 @@ fn candidate_ports(spec: &RedirectSpec) -> Vec<u16> {
     }
 }
 
-/// The gateways of the default routes of the calling thread's netns (IPv4 from
-/// `/proc/thread-self/net/route`, IPv6 from `.../ipv6_route`), i.e. the node as seen from
-/// the pod. Empty when there is none or the files cannot be read.
-pub fn default_gateways() -> Vec<IpAddr> {
-    let mut out = Vec::new();
-    if let Ok(text) = std::fs::read_to_string("/proc/thread-self/net/route") {
-        out.extend(parse_route_v4(&text));
-    }
-    if let Ok(text) = std::fs::read_to_string("/proc/thread-self/net/ipv6_route") {
-        out.extend(parse_route_v6(&text));
-    }
-    out
-}
-
-fn parse_route_v4(text: &str) -> Vec<IpAddr> {
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // Iface Destination Gateway Flags RefCnt Use Metric Mask ...
-            if f.len() < 8 || f[1] != "00000000" || f[7] != "00000000" {
-                return None;
-            }
-            let gw = u32::from_str_radix(f[2], 16).ok().filter(|g| *g != 0)?;
-            // The kernel prints the network-order word in host order.
-            Some(IpAddr::V4(Ipv4Addr::from(gw.to_ne_bytes())))
-        })
-        .collect()
-}
-
-fn parse_route_v6(text: &str) -> Vec<IpAddr> {
-    text.lines()
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // dest plen src plen nexthop metric refcnt use flags iface
-            if f.len() < 10 || f[1] != "00" || f[0].bytes().any(|b| b != b'0') {
-                return None;
-            }
-            let hop = u128::from_str_radix(f[4], 16).ok().filter(|h| *h != 0)?;
-            Some(IpAddr::V6(Ipv6Addr::from(hop)))
-        })
-        .collect()
-}
-
-/// Runs the probe for every family `spec` enables (see the module docs). Call inside the
-/// pod's netns. `candidates` (the pod's gateways from the CNI result) are tried first,
-/// then the gateways of the netns's default routes ([`default_gateways`]).
+/// Runs the probe for both families (see the module docs). Call inside the pod's netns.
+/// `gateways` (the pod's gateways from the CNI result) are tried first as destinations.
 pub fn probe(
     spec: &RedirectSpec,
-    candidates: &[IpAddr],
+    gateways: &[IpAddr],
     timeout: Duration,
 ) -> Result<ProbeReport, ProbeError> {
-    let mut candidates = candidates.to_vec();
-    // Reading /proc/thread-self/net/* from inside the pod's netns is not free: the proc
-    // dentries it creates make the plugin's exit measurably slower. Only look at the routes
-    // when the caller gave no candidate for a family.
-    let uncovered = spec
-        .families()
-        .iter()
-        .any(|f| !candidates.iter().any(|ip| Family::of(ip) == *f));
-    if uncovered {
-        for gw in default_gateways() {
-            if !candidates.contains(&gw) {
-                candidates.push(gw);
-            }
-        }
-    }
-    let candidates = &candidates[..];
+    let routes = crate::route::routes().map_err(|source| ProbeError::Routes { source })?;
+    let links = crate::route::links().map_err(|source| ProbeError::Routes { source })?;
     let mut report = ProbeReport::default();
-    for family in spec.families() {
-        match choose_target(spec, family, candidates)? {
-            None => report.skipped.push((
-                family,
-                "the spec captures no outbound traffic of this family".into(),
-            )),
-            Some(target) => {
-                report
-                    .proven
-                    .push(probe_one(spec.outbound.proxy_port, target, timeout)?)
+    for family in [Family::V4, Family::V6] {
+        match plan(spec, family, gateways, &routes, &links)? {
+            Plan::NotCaptured(why) => report.skipped.push((family, why)),
+            Plan::Connect(targets) => report
+                .proven
+                .push(connect_first(spec, family, &targets, timeout)?),
+            Plan::LinkLocal { target, via } => {
+                report.sealed.push((family, seal_link_local(target, via)?))
+            }
+            Plan::NoRoute { target } => {
+                report.sealed.push((family, seal_no_route(family, target)?))
             }
         }
     }
     Ok(report)
 }
 
-/// Probes one destination: refuse a target routed through a macvlan/ipvlan link, listen on
-/// loopback at `proxy_port`, connect to `target` with a hop limit of 1, accept, compare
-/// `SO_ORIGINAL_DST`.
+/// Probes the first target whose route does not leave through an excluded interface.
+fn connect_first(
+    spec: &RedirectSpec,
+    family: Family,
+    targets: &[SocketAddr],
+    timeout: Duration,
+) -> Result<ProbeResult, ProbeError> {
+    let mut passed_over = Vec::new();
+    for &target in targets {
+        match egress_checked(target)? {
+            None => passed_over.push(format!("{target}: no route")),
+            Some(e) if spec.exclude_interfaces.contains(&e.name) => {
+                passed_over.push(format!("{target}: routed through excluded {}", e.name))
+            }
+            Some(_) => return land(spec.outbound.proxy_port, target, timeout),
+        }
+    }
+    Err(ProbeError::NoTarget {
+        family,
+        reason: format!(
+            "every captured destination is unroutable or leaves through an excluded interface ({})",
+            passed_over.join("; ")
+        ),
+    })
+}
+
+/// The interface `target` leaves through, refusing links that bypass the node (see
+/// "Limit" in the module docs).
+fn egress_checked(target: SocketAddr) -> Result<Option<crate::route::Egress>, ProbeError> {
+    match crate::route::egress(target.ip()) {
+        Ok(Some(e)) if e.bypasses_node() => Err(ProbeError::LeavesNode {
+            target,
+            via: Box::new(e),
+        }),
+        Ok(e) => Ok(e),
+        Err(source) => Err(ProbeError::Socket {
+            step: "route lookup",
+            target,
+            source,
+        }),
+    }
+}
+
+/// `Ip6OutNoRoutes` of the calling thread's netns (IPv6 packets dropped for want of a
+/// route, including after a NAT rewrote their destination).
+fn ip6_out_no_routes() -> io::Result<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/net/snmp6")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Ip6OutNoRoutes"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no Ip6OutNoRoutes in snmp6"))
+}
+
+/// [`Plan::LinkLocal`]: one connection from `::1` to `target`; the redirect must have
+/// made the kernel drop it inside the netns (see the module docs).
+fn seal_link_local(target: SocketAddrV6, via: crate::route::Egress) -> Result<String, ProbeError> {
+    let t = SocketAddr::V6(target);
+    if via.bypasses_node() {
+        return Err(ProbeError::LeavesNode {
+            target: t,
+            via: Box::new(via),
+        });
+    }
+    let ifname = via.name.as_str();
+    let sock_err = |step: &'static str| {
+        move |source: io::Error| ProbeError::Socket {
+            step,
+            target: t,
+            source,
+        }
+    };
+    let before = ip6_out_no_routes().map_err(sock_err("read snmp6"))?;
+    let client = connect_hop_limited(t).map_err(sock_err("connect"))?;
+    let after = ip6_out_no_routes().map_err(sock_err("read snmp6"))?;
+    close_with_rst(&client);
+    drop(client);
+    if after > before {
+        Ok(format!(
+            "routed only link-locally (via {ifname}): a connection to [{}%{ifname}]:{} was captured and dropped inside the pod (a redirected link-local connection cannot reach the proxy: Ip6OutNoRoutes {before} -> {after}); no IPv6 connection can leave the pod unredirected",
+            target.ip(),
+            target.port()
+        ))
+    } else {
+        Err(ProbeError::NotRedirected {
+            target: t,
+            port: 0,
+            detail: format!(
+                "the link-local connection through {ifname} was handed to the interface instead of being captured (Ip6OutNoRoutes stayed at {after})"
+            ),
+        })
+    }
+}
+
+/// [`Plan::NoRoute`]: one connection attempt to `target` must fail for want of a route.
+fn seal_no_route(family: Family, target: SocketAddr) -> Result<String, ProbeError> {
+    let domain = match family {
+        Family::V4 => AddressFamily::Inet,
+        Family::V6 => AddressFamily::Inet6,
+    };
+    let fd = match socket(
+        domain,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    ) {
+        Ok(fd) => fd,
+        Err(nix::Error::EAFNOSUPPORT) => {
+            return Ok(format!(
+                "{family} is disabled in the kernel: no {family} connection can exist"
+            ))
+        }
+        Err(e) => {
+            return Err(ProbeError::Socket {
+                step: "socket",
+                target,
+                source: e.into(),
+            })
+        }
+    };
+    let result = match target {
+        SocketAddr::V4(a) => start_connect(&fd, &SockaddrIn::from(a)),
+        SocketAddr::V6(a) => start_connect(&fd, &SockaddrIn6::from(a)),
+    };
+    close_with_rst(&fd);
+    match result {
+        // No route, or (IPv6 disabled on every interface) no address to send from.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EADDRNOTAVAIL)
+            ) =>
+        {
+            Ok(format!(
+                "no route: a connection attempt to {target} failed with \"{e}\" before any packet was built; no {family} connection can be made or answered (the rules are installed for it anyway)"
+            ))
+        }
+        Err(source) => Err(ProbeError::Socket {
+            step: "connect",
+            target,
+            source,
+        }),
+        Ok(()) => Err(ProbeError::UnexpectedRoute { family, target }),
+    }
+}
+
+fn close_with_rst(fd: &impl AsFd) {
+    let rst = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let _ = setsockopt(fd, sockopt::Linger, &rst);
+}
+
+/// Probes one destination: refuse a target routed through a macvlan/ipvlan link, then
+/// [`land`].
 pub fn probe_one(
     proxy_port: u16,
     target: SocketAddr,
     timeout: Duration,
 ) -> Result<ProbeResult, ProbeError> {
+    egress_checked(target)?;
+    land(proxy_port, target, timeout)
+}
+
+/// Listens on loopback at `proxy_port`, connects to `target` with a hop limit of 1 (from
+/// `::1` for IPv6), accepts, compares `SO_ORIGINAL_DST`.
+fn land(proxy_port: u16, target: SocketAddr, timeout: Duration) -> Result<ProbeResult, ProbeError> {
     let start = Instant::now();
-    // Never send a packet that could leave the node (see "Limit" in the module docs).
-    match crate::route::egress(target.ip()) {
-        Ok(Some(e)) if e.bypasses_node() => {
-            return Err(ProbeError::LeavesNode {
-                target,
-                via: Box::new(e),
-            })
-        }
-        Ok(_) => {}
-        Err(source) => {
-            return Err(ProbeError::Socket {
-                step: "route lookup",
-                target,
-                source,
-            })
-        }
-    }
     let family = Family::of(&target.ip());
     let listen_addr = match family {
         Family::V4 => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), proxy_port),
@@ -404,12 +731,8 @@ pub fn probe_one(
     })?;
     let landed_on = accepted.local_addr().unwrap_or(listen_addr);
     // Close with RST on both ends: no TIME_WAIT left on the proxy's port.
-    let rst = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    let _ = setsockopt(&accepted, sockopt::Linger, &rst);
-    let _ = setsockopt(&client, sockopt::Linger, &rst);
+    close_with_rst(&accepted);
+    close_with_rst(&client);
     drop(accepted);
     drop(client);
     drop(listener);
@@ -428,7 +751,8 @@ pub fn probe_one(
     })
 }
 
-/// A non-blocking TCP socket with a hop limit of 1, connecting to `target`.
+/// A non-blocking TCP socket with a hop limit of 1, connecting to `target`; IPv6 from
+/// `[::1]` (see the module docs).
 fn connect_hop_limited(target: SocketAddr) -> io::Result<OwnedFd> {
     let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
     let fd = match target {
@@ -441,6 +765,10 @@ fn connect_hop_limited(target: SocketAddr) -> io::Result<OwnedFd> {
         SocketAddr::V6(a) => {
             let fd = socket(AddressFamily::Inet6, SockType::Stream, flags, None)?;
             setsockopt(&fd, sockopt::Ipv6Ttl, &1)?;
+            bind(
+                fd.as_raw_fd(),
+                &SockaddrIn6::from(SocketAddrV6::new(Ipv6Addr::LOCALHOST, 0, 0, 0)),
+            )?;
             start_connect(&fd, &SockaddrIn6::from(a))?;
             fd
         }
@@ -503,69 +831,251 @@ mod tests {
         s.parse().unwrap()
     }
 
-    #[test]
-    fn parses_default_routes() {
-        let v4 =
-            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
-eth0\t00000000\t0101630A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
-eth0\t0001630A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n";
-        if cfg!(target_endian = "little") {
-            assert_eq!(parse_route_v4(v4), vec![ip("10.99.1.1")]);
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    /// A route: `dst` (CIDR), optional gateway, interface index (1 lo, 2 eth0, 3 net1).
+    fn rt(dst: &str, gw: Option<&str>, oif: u32) -> Route {
+        Route {
+            dst: dst.parse().unwrap(),
+            gateway: gw.map(ip),
+            oif,
+            table: 254,
+            kind: 1,
         }
-        let v6 = "00000000000000000000000000000000 00 00000000000000000000000000000000 00 fd990001000000000000000000000001 00000400 00000001 00000000 00000003     eth0\n\
-fd990001000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n";
-        assert_eq!(parse_route_v6(v6), vec![ip("fd99:1::1")]);
+    }
+
+    fn local(addr: &str) -> Route {
+        Route {
+            dst: format!("{addr}/{}", if addr.contains(':') { 128 } else { 32 })
+                .parse()
+                .unwrap(),
+            gateway: None,
+            oif: 2,
+            table: 255,
+            kind: 2,
+        }
+    }
+
+    fn links() -> Vec<Link> {
+        ["lo", "eth0", "net1"]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Link {
+                index: i as u32 + 1,
+                name: n.to_string(),
+                kind: if *n == "lo" { "" } else { "veth" }.to_string(),
+            })
+            .collect()
+    }
+
+    /// What a bridge pod with an IPv4-only primary has: IPv4 routes, and IPv6 only the
+    /// link-local prefix of its veth (plus the kernel's local and multicast entries).
+    fn v4_only_pod() -> Vec<Route> {
+        vec![
+            rt("0.0.0.0/0", Some("10.99.0.1"), 2),
+            rt("10.99.0.0/24", None, 2),
+            local("10.99.0.2"),
+            local("fe80::1"),
+            rt("fe80::/64", None, 2),
+            Route {
+                kind: 5,
+                table: 255,
+                ..rt("ff00::/8", None, 2)
+            },
+            Route {
+                table: 255,
+                kind: 2,
+                ..rt("::1/128", None, 1)
+            },
+        ]
+    }
+
+    fn plan_of(spec: &RedirectSpec, f: Family, gws: &[&str], routes: &[Route]) -> Plan {
+        let gws: Vec<IpAddr> = gws.iter().map(|g| ip(g)).collect();
+        plan(spec, f, &gws, routes, &links()).unwrap()
     }
 
     #[test]
-    fn prefers_gateway_on_discard_port() {
+    fn every_family_the_pod_routes_is_planned() {
         let s = istio_like();
-        let t = choose_target(&s, Family::V4, &[ip("fd99::1"), ip("10.99.0.1")]).unwrap();
-        assert_eq!(t, Some("10.99.0.1:9".parse().unwrap()));
-        let t = choose_target(&s, Family::V6, &[ip("fd99::1"), ip("10.99.0.1")]).unwrap();
-        assert_eq!(t, Some("[fd99::1]:9".parse().unwrap()));
+        let routes = v4_only_pod();
+        // IPv4: the gateway from the CNI result, on the discard port, then the rest.
+        let Plan::Connect(t) = plan_of(&s, Family::V4, &["10.99.0.1"], &routes) else {
+            panic!()
+        };
+        assert_eq!(t[0], sa("10.99.0.1:9"));
+        assert!(t.contains(&sa("192.0.2.1:9")), "{t:?}");
+        // Without the CNI result's gateway, the default route's.
+        let Plan::Connect(t) = plan_of(&s, Family::V4, &[], &routes) else {
+            panic!()
+        };
+        assert_eq!(t[0], sa("10.99.0.1:9"));
+        // IPv6 routed only link-locally: sealed through eth0, avoiding the pod's own
+        // fe80::1.
+        match plan_of(&s, Family::V6, &["10.99.0.1"], &routes) {
+            Plan::LinkLocal { target, via } => {
+                assert_eq!(*target.ip(), "fe80::2".parse::<Ipv6Addr>().unwrap());
+                assert_eq!((target.port(), target.scope_id()), (9, 2));
+                assert_eq!(via.name, "eth0");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A global IPv6 default route the CNI result did not list is probed for real.
+        let mut dual = routes.clone();
+        dual.push(rt("::/0", Some("fd99::1"), 2));
+        let Plan::Connect(t) = plan_of(&s, Family::V6, &[], &dual) else {
+            panic!()
+        };
+        assert_eq!(t[0], sa("[fd99::1]:9"));
+        // A link-local default gateway (Calico) is no target; the default route still
+        // routes a documentation address.
+        let mut calico = routes.clone();
+        calico.push(rt("::/0", Some("fe80::ecee:eeff:feee:eeee"), 2));
+        let Plan::Connect(t) = plan_of(&s, Family::V6, &[], &calico) else {
+            panic!()
+        };
+        assert_eq!(t, vec![sa("[2001:db8::1]:9")]);
+        // An on-link global prefix without a default route: its first host.
+        let mut onlink = routes.clone();
+        onlink.push(rt("fd98::/64", None, 3));
+        let Plan::Connect(t) = plan_of(&s, Family::V6, &[], &onlink) else {
+            panic!()
+        };
+        assert_eq!(t, vec![sa("[fd98::1]:9")]);
+    }
+
+    #[test]
+    fn a_family_without_routes_is_sealed_by_a_failed_attempt() {
+        let s = istio_like();
+        let v6_only = vec![
+            rt("::/0", Some("fd99::1"), 2),
+            rt("fd99::/64", None, 2),
+            rt("fe80::/64", None, 2),
+            // lo's IPv4 routes are all in the local table.
+            Route {
+                table: 255,
+                kind: 2,
+                ..rt("127.0.0.0/8", None, 1)
+            },
+        ];
+        assert_eq!(
+            plan_of(&s, Family::V4, &["fd99::1"], &v6_only),
+            Plan::NoRoute {
+                target: sa("192.0.2.1:9")
+            }
+        );
+        // A family the spec does not program: fine without routes, an error with them.
+        let mut v4_spec = istio_like();
+        v4_spec.ipv6 = false;
+        assert!(matches!(
+            plan_of(&v4_spec, Family::V4, &[], &v6_only),
+            Plan::NoRoute { .. }
+        ));
+        let mut v6_off = istio_like();
+        v6_off.ipv6 = false;
+        let e = plan(&v6_off, Family::V6, &[], &v6_only, &links()).unwrap_err();
+        assert!(matches!(e, ProbeError::NotProgrammed { .. }), "{e}");
+        assert!(e.to_string().contains("::/0 via fd99::1 dev eth0"), "{e}");
+    }
+
+    #[test]
+    fn nothing_captured_means_nothing_to_prove() {
+        let routes = v4_only_pod();
+        // excludeOutboundIPRanges: 0.0.0.0/0 (and ::/0).
+        let mut s = istio_like();
+        s.outbound.exclude_cidrs = vec!["0.0.0.0/0".parse().unwrap()];
+        assert!(matches!(
+            plan_of(&s, Family::V4, &["10.99.0.1"], &routes),
+            Plan::NotCaptured(w) if w.contains("0.0.0.0/0")
+        ));
+        assert!(matches!(
+            plan_of(&s, Family::V6, &[], &routes),
+            Plan::LinkLocal { .. }
+        ));
+        // excludeInterfaces: eth0, the only interface: nothing leaves captured.
+        let mut s = istio_like();
+        s.exclude_interfaces = vec!["eth0".into()];
+        for f in [Family::V4, Family::V6] {
+            match plan_of(&s, f, &["10.99.0.1"], &routes) {
+                Plan::NotCaptured(w) => {
+                    assert!(
+                        w.contains("excluded interface") && w.contains("eth0"),
+                        "{w}"
+                    )
+                }
+                other => panic!("{f}: {other:?}"),
+            }
+        }
+        // Excluded there but routed on net1 too: probed through net1.
+        let mut two = routes.clone();
+        two.push(rt("10.98.0.0/24", None, 3));
+        let Plan::Connect(t) = plan_of(&s, Family::V4, &[], &two) else {
+            panic!()
+        };
+        assert_eq!(t[0], sa("10.98.0.1:9"));
+        // Link-local destinations excluded and nothing else routed.
+        let mut s = istio_like();
+        s.outbound.exclude_cidrs = vec!["fe80::/10".parse().unwrap()];
+        assert!(matches!(
+            plan_of(&s, Family::V6, &[], &routes),
+            Plan::NotCaptured(w) if w.contains("link-local")
+        ));
     }
 
     #[test]
     fn respects_port_and_cidr_selection() {
+        let routes = v4_only_pod();
         let mut s = istio_like();
         s.outbound.exclude_ports = vec![9, 1];
-        assert_eq!(
-            choose_target(&s, Family::V4, &[ip("10.99.0.1")]).unwrap(),
-            Some("10.99.0.1:7".parse().unwrap())
-        );
+        let first = |s: &RedirectSpec| match plan_of(s, Family::V4, &["10.99.0.1"], &routes) {
+            Plan::Connect(t) => t[0],
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(first(&s), sa("10.99.0.1:7"));
         s.outbound.include_ports = PortSelection::Only(vec![1, 443]);
-        assert_eq!(
-            choose_target(&s, Family::V4, &[ip("10.99.0.1")]).unwrap(),
-            Some("10.99.0.1:443".parse().unwrap())
-        );
-        // Gateway excluded: derive from the include network instead.
+        assert_eq!(first(&s), sa("10.99.0.1:443"));
+        // Gateway and its subnet excluded: the include network's first host.
         s.outbound.exclude_cidrs = vec!["10.99.0.0/24".parse().unwrap()];
         s.outbound.include_cidrs = vec!["10.96.0.0/12".parse().unwrap()];
-        assert_eq!(
-            choose_target(&s, Family::V4, &[ip("10.99.0.1")]).unwrap(),
-            Some("10.96.0.1:443".parse().unwrap())
-        );
+        assert_eq!(first(&s), sa("10.96.0.1:443"));
         // No IPv6 include network: IPv6 has no outbound capture, nothing to prove.
-        assert_eq!(
-            choose_target(&s, Family::V6, &[ip("fd99::1")]).unwrap(),
-            None
-        );
+        assert!(matches!(
+            plan_of(&s, Family::V6, &[], &routes),
+            Plan::NotCaptured(_)
+        ));
         // Gateway excluded, every destination selected: a documentation address.
         s.outbound.include_cidrs.clear();
-        assert_eq!(
-            choose_target(&s, Family::V4, &[ip("10.99.0.1")]).unwrap(),
-            Some("192.0.2.1:443".parse().unwrap())
+        assert_eq!(first(&s), sa("192.0.2.1:443"));
+        // Only on-link destinations, all excluded: no target, and the error says why.
+        let onlink = vec![rt("10.99.0.0/24", None, 2)];
+        let e = plan(&s, Family::V4, &[], &onlink, &links()).unwrap_err();
+        assert!(
+            matches!(e, ProbeError::NoTarget { .. }) && e.to_string().contains("10.99.0.1"),
+            "{e}"
         );
-        s.outbound.exclude_cidrs.push("0.0.0.0/0".parse().unwrap());
-        assert!(matches!(
-            choose_target(&s, Family::V4, &[ip("10.99.0.1")]),
-            Err(ProbeError::NoTarget { .. })
-        ));
-        s.outbound.include_ports = PortSelection::Only(vec![]);
+    }
+
+    #[test]
+    fn report_lines_name_each_family() {
+        let r = ProbeReport {
+            proven: vec![ProbeResult {
+                family: Family::V4,
+                target: sa("10.99.0.1:9"),
+                landed_on: sa("127.0.0.1:15001"),
+                original_dst: sa("10.99.0.1:9"),
+                elapsed: Duration::ZERO,
+            }],
+            sealed: vec![(Family::V6, "routed only link-locally".into())],
+            skipped: vec![],
+        };
         assert_eq!(
-            choose_target(&s, Family::V4, &[ip("10.99.0.1")]).unwrap(),
-            None
+            r.lines(),
+            [
+                "IPv4: connection to 10.99.0.1:9 landed on 127.0.0.1:15001 with original destination 10.99.0.1:9",
+                "IPv6: routed only link-locally"
+            ]
         );
     }
 }

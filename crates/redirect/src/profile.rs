@@ -85,8 +85,8 @@ impl FromStr for ProfileName {
 /// Decides whether a pod is meshed and builds its spec.
 ///
 /// Profiles are tried in the order of `enabled`; the first whose "is this pod meshed"
-/// test matches builds the spec (both families enabled; the caller narrows `ipv4`/`ipv6`
-/// to the pod's addresses). `Ok(None)` means no enabled profile claims the pod: it is not
+/// test matches builds the spec (both families enabled: a pod can always use both, if
+/// only through IPv6 link-local). `Ok(None)` means no enabled profile claims the pod: it is not
 /// meshed and passes through. An error means the pod is meshed but its annotations cannot
 /// be turned into rules (or an opt-in/out annotation is unreadable): fail closed.
 pub fn decide(

@@ -1,11 +1,14 @@
-//! Which interface a destination is routed through, and what kind of link that is, in the
-//! calling thread's network namespace (rtnetlink `RTM_GETROUTE` + `RTM_GETLINK`).
+//! Routes and links of the calling thread's network namespace, over rtnetlink
+//! (`RTM_GETROUTE`, `RTM_GETLINK`): which interface a destination is routed through and
+//! what kind of link that is ([`egress`]), and every route the namespace has ([`routes`]).
 //!
-//! The probe uses it to refuse destinations whose first hop is not the node (see
-//! [`crate::probe`]): a pod whose route leaves through a macvlan or ipvlan interface
-//! talks to the physical network directly, so a TTL-1 packet reaches the external router.
-//! `/sys/class/net` cannot answer this: it shows the netns sysfs was mounted in, not the
-//! thread's.
+//! The probe uses both (see [`crate::probe`]): [`routes`] tells which address families a
+//! pod can reach anything in, and through which interfaces; [`egress`] refuses
+//! destinations whose first hop is not the node (a pod whose route leaves through a
+//! macvlan or ipvlan interface talks to the physical network directly, so a TTL-1 packet
+//! reaches the external router) and names the interface a probe would leave through.
+//! `/sys/class/net` and `/proc/net/*route` cannot answer this cheaply: sysfs shows the
+//! netns it was mounted in, and the proc files cost dentries on every read.
 
 use std::io;
 use std::net::IpAddr;
@@ -24,8 +27,15 @@ const RTM_GETLINK: u16 = 18;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
 const NLM_F_REQUEST: u16 = 1;
+const NLM_F_DUMP: u16 = 0x300;
 const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
+const RTA_GATEWAY: u16 = 5;
+const RTA_TABLE: u16 = 15;
+const RTA_MULTIPATH: u16 = 9;
+const RT_TABLE_LOCAL: u32 = 255;
+const RTN_UNICAST: u8 = 1;
+const RTN_LOCAL: u8 = 2;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_INFO_KIND: u16 = 1;
@@ -52,6 +62,135 @@ impl Egress {
     pub fn bypasses_node(&self) -> bool {
         BYPASSING_KINDS.contains(&self.kind.as_str())
     }
+}
+
+/// One route of the calling thread's netns, as the kernel lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Destination network (`0.0.0.0/0`, `::/0` for a default route).
+    pub dst: ipnet::IpNet,
+    /// Next hop, when the route has one (`None`: on-link).
+    pub gateway: Option<IpAddr>,
+    /// Outgoing interface index (0 when the kernel gave none, e.g. a multipath route).
+    pub oif: u32,
+    /// Routing table id.
+    pub table: u32,
+    /// `RTN_*` route type: 1 unicast, 2 local, …
+    pub kind: u8,
+}
+
+impl Route {
+    /// A unicast route in any table but `local`: something can be sent along it.
+    pub fn is_unicast(&self) -> bool {
+        self.kind == RTN_UNICAST && self.table != RT_TABLE_LOCAL
+    }
+
+    /// A local route: `dst` is one of the namespace's own addresses.
+    pub fn is_local(&self) -> bool {
+        self.kind == RTN_LOCAL
+    }
+}
+
+/// One network interface of the calling thread's netns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    /// Interface index.
+    pub index: u32,
+    /// Interface name.
+    pub name: String,
+    /// Link kind (`veth`, `macvlan`, …); empty for a device without one.
+    pub kind: String,
+}
+
+/// Every route of both families in every table of the calling thread's netns.
+pub fn routes() -> io::Result<Vec<Route>> {
+    let fd = open()?;
+    let mut out = Vec::new();
+    for (seq, family) in [(11, libc::AF_INET as u8), (12, libc::AF_INET6 as u8)] {
+        let body = [family, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        for msg in dump(&fd, RTM_GETROUTE, seq, &body, RTM_NEWROUTE)? {
+            if let Some(r) = parse_route(&msg) {
+                out.push(r);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Every interface of the calling thread's netns.
+pub fn links() -> io::Result<Vec<Link>> {
+    let fd = open()?;
+    let body = [0u8; 16];
+    Ok(dump(&fd, RTM_GETLINK, 13, &body, RTM_NEWLINK)?
+        .iter()
+        .filter_map(|m| parse_link(m))
+        .collect())
+}
+
+fn parse_route(msg: &[u8]) -> Option<Route> {
+    let head = msg.get(..12)?;
+    let (family, dst_len, table8, kind) = (head[0], head[1], head[4], head[7]);
+    let addr = |v: &[u8]| -> Option<IpAddr> {
+        match (family as i32, v.len()) {
+            (libc::AF_INET, 4) => Some(IpAddr::from(<[u8; 4]>::try_from(v).ok()?)),
+            (libc::AF_INET6, 16) => Some(IpAddr::from(<[u8; 16]>::try_from(v).ok()?)),
+            _ => None,
+        }
+    };
+    let (mut dst, mut gateway, mut oif, mut table) = (None, None, 0u32, u32::from(table8));
+    for (t, v) in attrs(&msg[12..]) {
+        match t {
+            RTA_DST => dst = addr(v),
+            RTA_GATEWAY => gateway = addr(v),
+            RTA_OIF => oif = u32_of(v).unwrap_or(0),
+            RTA_TABLE => table = u32_of(v).unwrap_or(table),
+            // struct rtnexthop: len(u16) flags(u8) hops(u8) ifindex(i32), then attributes.
+            RTA_MULTIPATH => {
+                if let Some(hop) = v.get(..8) {
+                    oif = u32_of(&hop[4..8]).unwrap_or(0);
+                    let len = usize::from(u16::from_ne_bytes([hop[0], hop[1]]));
+                    if let Some(nested) = v.get(8..len.min(v.len())) {
+                        if let Some((_, g)) = attrs(nested).find(|(t, _)| *t == RTA_GATEWAY) {
+                            gateway = addr(g);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let dst = dst.unwrap_or(match family as i32 {
+        libc::AF_INET => IpAddr::from([0u8; 4]),
+        _ => IpAddr::from([0u8; 16]),
+    });
+    Some(Route {
+        dst: ipnet::IpNet::new(dst, dst_len).ok()?,
+        gateway,
+        oif,
+        table,
+        kind,
+    })
+}
+
+fn parse_link(msg: &[u8]) -> Option<Link> {
+    let index = u32_of(msg.get(4..8)?)?;
+    let (mut name, mut kind) = (String::new(), String::new());
+    for (t, v) in attrs(msg.get(16..)?) {
+        match t {
+            IFLA_IFNAME => name = c_string(v),
+            IFLA_LINKINFO => {
+                if let Some((_, k)) = attrs(v).find(|(t, _)| *t == IFLA_INFO_KIND) {
+                    kind = c_string(k);
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(Link { index, name, kind })
+}
+
+fn u32_of(v: &[u8]) -> Option<u32> {
+    Some(u32::from_ne_bytes(v.get(..4)?.try_into().ok()?))
 }
 
 /// The egress interface the current netns routes `dst` through. `Ok(None)` when there is
@@ -90,19 +229,16 @@ pub fn egress(dst: IpAddr) -> io::Result<Option<Egress>> {
     let mut body = vec![0u8; 16];
     body[4..8].copy_from_slice(&index.to_ne_bytes());
     let reply = request(&fd, RTM_GETLINK, 2, &body, RTM_NEWLINK)?;
-    let (mut name, mut kind) = (String::new(), String::new());
-    for (t, v) in attrs(reply.get(16..).unwrap_or(&[])) {
-        match t {
-            IFLA_IFNAME => name = c_string(v),
-            IFLA_LINKINFO => {
-                if let Some((_, k)) = attrs(v).find(|(t, _)| *t == IFLA_INFO_KIND) {
-                    kind = c_string(k);
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(Some(Egress { index, name, kind }))
+    let link = parse_link(&reply).unwrap_or(Link {
+        index,
+        name: String::new(),
+        kind: String::new(),
+    });
+    Ok(Some(Egress {
+        index,
+        name: link.name,
+        kind: link.kind,
+    }))
 }
 
 fn open() -> io::Result<OwnedFd> {
@@ -120,15 +256,38 @@ fn open() -> io::Result<OwnedFd> {
 /// Sends one request and returns the payload (after the netlink header) of the reply of
 /// type `want`; a kernel error becomes an `io::Error` with its errno.
 fn request(fd: &OwnedFd, kind: u16, seq: u32, body: &[u8], want: u16) -> io::Result<Vec<u8>> {
+    exchange(fd, kind, NLM_F_REQUEST, seq, body, want)?
+        .pop()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "empty rtnetlink reply"))
+}
+
+/// Sends one dump request and collects the payloads of every reply of type `want` until
+/// `NLMSG_DONE`; a kernel error becomes an `io::Error` with its errno.
+fn dump(fd: &OwnedFd, kind: u16, seq: u32, body: &[u8], want: u16) -> io::Result<Vec<Vec<u8>>> {
+    exchange(fd, kind, NLM_F_REQUEST | NLM_F_DUMP, seq, body, want)
+}
+
+/// One rtnetlink round: sends the request, reads replies of sequence `seq` until the
+/// first message of type `want` (a plain request) or `NLMSG_DONE` (a dump).
+fn exchange(
+    fd: &OwnedFd,
+    kind: u16,
+    flags: u16,
+    seq: u32,
+    body: &[u8],
+    want: u16,
+) -> io::Result<Vec<Vec<u8>>> {
+    let is_dump = flags & NLM_F_DUMP == NLM_F_DUMP;
     let mut msg = Vec::with_capacity(NLMSG_HDRLEN + body.len());
     msg.extend_from_slice(&((NLMSG_HDRLEN + body.len()) as u32).to_ne_bytes());
     msg.extend_from_slice(&kind.to_ne_bytes());
-    msg.extend_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+    msg.extend_from_slice(&flags.to_ne_bytes());
     msg.extend_from_slice(&seq.to_ne_bytes());
     msg.extend_from_slice(&0u32.to_ne_bytes());
     msg.extend_from_slice(body);
     send(fd.as_raw_fd(), &msg, MsgFlags::empty())?;
     let mut buf = vec![0u8; 32 * 1024];
+    let mut out = Vec::new();
     loop {
         let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
         let mut rest = &buf[..n];
@@ -152,13 +311,13 @@ fn request(fd: &OwnedFd, kind: u16, seq: u32, body: &[u8], want: u16) -> io::Res
                             .unwrap_or(-libc::EIO);
                         return Err(io::Error::from_raw_os_error(-errno));
                     }
-                    NLMSG_DONE => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::NotFound,
-                            "empty rtnetlink reply",
-                        ))
+                    NLMSG_DONE => return Ok(out),
+                    t if t == want => {
+                        out.push(payload.to_vec());
+                        if !is_dump {
+                            return Ok(out);
+                        }
                     }
-                    t if t == want => return Ok(payload.to_vec()),
                     _ => {}
                 }
             }

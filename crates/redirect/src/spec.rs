@@ -182,14 +182,45 @@ impl RedirectSpec {
         out
     }
 
-    /// The same spec programming only the families the pod has addresses of (from the CNI
-    /// result). With no addresses at all the spec is returned unchanged.
-    pub fn for_addresses(mut self, ips: &[IpAddr]) -> RedirectSpec {
-        if !ips.is_empty() {
-            self.ipv4 = ips.iter().any(|ip| ip.is_ipv4());
-            self.ipv6 = ips.iter().any(|ip| ip.is_ipv6());
+    /// Why no outbound connection of `family` is captured, whatever its interface, or
+    /// `None` when some destination and port are (the probe then has something to prove).
+    /// Covers the family not being programmed, every port excluded (or an empty include
+    /// list), and the excluded networks covering every destination (or every included
+    /// network), e.g. `excludeOutboundIPRanges: 0.0.0.0/0`.
+    pub fn outbound_capture_gap(&self, family: Family) -> Option<String> {
+        if !self.families().contains(&family) {
+            return Some(format!("the spec does not program {family}"));
         }
-        self
+        let excluded_ports: BTreeSet<u16> = self.outbound.exclude_ports.iter().copied().collect();
+        let any_port = match &self.outbound.include_ports {
+            PortSelection::All => (1..=u16::MAX).any(|p| !excluded_ports.contains(&p)),
+            PortSelection::Only(list) => list.iter().any(|p| !excluded_ports.contains(p)),
+        };
+        if !any_port {
+            return Some("every outbound port is excluded".to_string());
+        }
+        let excluded = IpNet::aggregate(&self.exclude_cidrs(family));
+        let covered = |net: &IpNet| excluded.iter().any(|x| x.contains(net));
+        if self.outbound.include_cidrs.is_empty() {
+            let all = match family {
+                Family::V4 => IpNet::from(ipnet::Ipv4Net::default()),
+                Family::V6 => IpNet::from(ipnet::Ipv6Net::default()),
+            };
+            if covered(&all) {
+                return Some(format!("every {family} destination is excluded ({all} is)"));
+            }
+        } else {
+            let include = self.include_cidrs(family);
+            if include.is_empty() {
+                return Some(format!(
+                    "the outbound include list has no {family} network, so no {family} destination is captured"
+                ));
+            }
+            if include.iter().all(covered) {
+                return Some(format!("every included {family} network is also excluded"));
+            }
+        }
+        None
     }
 
     /// Checks every field; the first problem found is returned.
@@ -480,13 +511,41 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn families_follow_the_pod_addresses() {
-        let s = istio_like().for_addresses(&["10.99.1.2".parse().unwrap()]);
-        assert!(s.ipv4 && !s.ipv6);
-        let s = istio_like().for_addresses(&["fd99::2".parse().unwrap()]);
-        assert!(!s.ipv4 && s.ipv6);
-        let s = istio_like().for_addresses(&[]);
-        assert!(s.ipv4 && s.ipv6);
+    fn outbound_capture_gaps() {
+        let v4 = Family::V4;
+        let v6 = Family::V6;
+        let mut s = istio_like();
+        assert_eq!(
+            (s.outbound_capture_gap(v4), s.outbound_capture_gap(v6)),
+            (None, None)
+        );
+        // Excluding everything of one family (istio excludeOutboundIPRanges 0.0.0.0/0).
+        s.outbound.exclude_cidrs = vec!["0.0.0.0/0".parse().unwrap()];
+        assert!(s.outbound_capture_gap(v4).unwrap().contains("0.0.0.0/0"));
+        assert_eq!(s.outbound_capture_gap(v6), None);
+        // Two halves cover everything too.
+        s.outbound.exclude_cidrs = vec!["::/1".parse().unwrap(), "8000::/1".parse().unwrap()];
+        assert!(s.outbound_capture_gap(v6).is_some());
+        assert_eq!(s.outbound_capture_gap(v4), None);
+        // Include lists: none of a family, or all of it excluded.
+        let mut s = istio_like();
+        s.outbound.include_cidrs = vec!["10.96.0.0/12".parse().unwrap()];
+        assert_eq!(s.outbound_capture_gap(v4), None);
+        assert!(s.outbound_capture_gap(v6).is_some());
+        s.outbound.exclude_cidrs = vec!["10.0.0.0/8".parse().unwrap()];
+        assert!(s.outbound_capture_gap(v4).is_some());
+        // Ports: all excluded, or an empty include list.
+        let mut s = istio_like();
+        s.outbound.exclude_ports = (1..=u16::MAX).collect();
+        assert!(s.outbound_capture_gap(v4).unwrap().contains("port"));
+        let mut s = istio_like();
+        s.outbound.include_ports = PortSelection::Only(vec![]);
+        assert!(s.outbound_capture_gap(v6).is_some());
+        s.ipv6 = false;
+        assert!(s
+            .outbound_capture_gap(v6)
+            .unwrap()
+            .contains("does not program"));
     }
 
     #[test]

@@ -489,11 +489,15 @@ fn protect_unprotect_rounds_leave_exact_rules_then_none() {
 fn probe_finds_the_gateways_itself() {
     require_root!();
     let topo = Topology::new();
-    let gws = interlock_redirect::netns::in_netns(
-        &topo.a.ns.path(),
-        interlock_redirect::probe::default_gateways,
-    )
-    .unwrap();
+    let routes =
+        interlock_redirect::netns::in_netns(&topo.a.ns.path(), interlock_redirect::route::routes)
+            .unwrap()
+            .unwrap();
+    let gws: Vec<IpAddr> = routes
+        .iter()
+        .filter(|r| r.is_unicast() && r.dst.prefix_len() == 0)
+        .filter_map(|r| r.gateway)
+        .collect();
     assert_eq!(gws, topo.gateways());
     let spec = spec_for(ISTIO.annotations);
     let p = protect(&topo.a.ns.path(), &spec, BackendKind::IptablesNft, &[]).unwrap();

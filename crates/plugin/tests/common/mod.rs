@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use std::fs;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 
@@ -64,6 +64,9 @@ pub struct Node {
     pub bins: TempDir,
     pub data: TempDir,
     pub bridge: String,
+    /// host-local hands out IPv4 addresses.
+    pub v4: bool,
+    /// host-local hands out IPv6 addresses.
     pub dual: bool,
     pub node: Netns,
 }
@@ -88,7 +91,15 @@ impl Pod {
     }
 
     pub fn families(&self) -> Vec<bool> {
-        let mut out = vec![false];
+        let mut out = Vec::new();
+        if self
+            .result
+            .ips_on("eth0")
+            .iter()
+            .any(|c| c.ip().is_some_and(|i| i.is_ipv4()))
+        {
+            out.push(false);
+        }
         if self
             .result
             .ips_on("eth0")
@@ -102,7 +113,13 @@ impl Pod {
 }
 
 impl Node {
+    /// A node whose primary gives IPv4, and IPv6 too when `dual`.
     pub fn new(dual: bool) -> Node {
+        Node::with_families(true, dual)
+    }
+
+    /// A node whose primary gives the families asked for (at least one).
+    pub fn with_families(v4: bool, v6: bool) -> Node {
         let node = Netns::new("node").unwrap();
         let bins = tempdir().unwrap();
         fs::copy(
@@ -118,7 +135,8 @@ impl Node {
             bins,
             data: tempdir().unwrap(),
             bridge: unique("br"),
-            dual,
+            v4,
+            dual: v6,
             node,
         }
     }
@@ -154,9 +172,17 @@ impl Node {
 
     /// `bridge` (+ host-local, v4 and optionally v6) → `interlock-cni`.
     pub fn chain(&self, interlock: Value) -> Chain {
-        let mut ranges = vec![json!([{ "subnet": SUBNET4 }])];
+        let mut ranges = Vec::new();
+        let mut routes = Vec::new();
+        if self.v4 {
+            ranges.push(json!([{ "subnet": SUBNET4 }]));
+            routes.push(json!({"dst": "0.0.0.0/0"}));
+        }
         if self.dual {
             ranges.push(json!([{ "subnet": SUBNET6 }]));
+        }
+        if !self.v4 {
+            routes.push(json!({"dst": "::/0"}));
         }
         let doc = json!({
             "cniVersion": "1.0.0",
@@ -167,7 +193,7 @@ impl Node {
                     "ipam": {
                         "type": "host-local",
                         "ranges": ranges,
-                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "routes": routes,
                         "dataDir": self.data.path()
                     }
                 },
@@ -274,4 +300,56 @@ pub fn family(v6: bool) -> interlock_redirect::spec::Family {
     } else {
         interlock_redirect::spec::Family::V4
     }
+}
+
+/// Waits (up to 5 s) until no IPv6 address in `ns` is tentative (duplicate address
+/// detection finished), so it can be used as a source or destination.
+pub fn wait_dad(ns: &Netns) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let out = ns.exec_ok(&["ip", "-6", "addr"]);
+        if !out.contains("tentative") {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "DAD did not finish in {}: {out}",
+            ns.name()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The IPv6 link-local address of `dev` in `ns`.
+pub fn link_local(ns: &Netns, dev: &str) -> std::net::Ipv6Addr {
+    let out = ns.exec_ok(&[
+        "ip", "-6", "-o", "addr", "show", "dev", dev, "scope", "link",
+    ]);
+    out.split_whitespace()
+        .skip_while(|w| *w != "inet6")
+        .nth(1)
+        .and_then(|a| a.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no link-local address on {dev} in {}: {out}", ns.name()))
+}
+
+/// The interface index of `dev` in `ns` (the scope id of its link-local addresses).
+pub fn ifindex(ns: &Netns, dev: &str) -> u32 {
+    let out = ns.exec_ok(&["ip", "-o", "link", "show", "dev", dev]);
+    out.split(':').next().unwrap().trim().parse().unwrap()
+}
+
+/// Tries to connect from inside `ns` as root within `within`; true when established. The
+/// socket stays open for half a second so the peer can accept it.
+pub fn try_connect(ns: &Netns, to: SocketAddr, within: std::time::Duration) -> bool {
+    ns.run(|| match std::net::TcpStream::connect_timeout(&to, within) {
+        Ok(s) => {
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+                drop(s);
+            });
+            true
+        }
+        Err(_) => false,
+    })
 }
