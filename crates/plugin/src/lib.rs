@@ -54,7 +54,7 @@
 //! | 102 | step `apply` (or `open`): applying the redirect rules failed, or the backend cannot be used |
 //! | 103 | step `verify`: the rules read back are not exactly the expected ones (ADD, CHECK: every difference is listed), or cannot be read; CHECK of a meshed pod left unprotected |
 //! | 104 | step `probe`: the probe did not prove the outbound redirection |
-//! | 105 | step `netns`: the pod's network namespace cannot be entered |
+//! | 105 | step `netns`: the pod's network namespace cannot be entered, or `CNI_NETNS` is not a pod's: the plugin's own or PID 1's (the host's), or not a network namespace (refused before anything is touched; DEL of a path that is not a network namespace succeeds) |
 //! | 106 | step `remove`: DEL could not remove the redirect rules (the state is kept for the retry) |
 //!
 //! Every failure message about a pod starts with `pod <namespace>/<name>: step <step>

@@ -6,12 +6,50 @@
 //! short-lived thread that enters the namespace first and is discarded afterwards. Never
 //! hold such a thread across an `.await`. Sockets created inside stay bound to the pod's
 //! namespace wherever they are used later; processes spawned inside inherit it.
+//!
+//! Only a pod's namespace is ever entered ([`open_pod_netns`]): the path is opened
+//! without blocking (`O_NONBLOCK`, so a FIFO cannot stall DEL) and must be a namespace
+//! file (`nsfs`) of a network namespace that is neither the caller's own nor PID 1's.
+//! A runtime that passes the host's namespace by mistake (`/proc/self/ns/net`, a path to
+//! the node's netns) would otherwise get every outbound connection of the node redirected.
 
 use std::fs::File;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::sched::CloneFlags;
+
+/// The calling thread's own network namespace.
+const OWN_NETNS: &str = "/proc/thread-self/ns/net";
+/// PID 1's network namespace: the host's, when the caller runs in the host's PID namespace.
+const INIT_NETNS: &str = "/proc/1/ns/net";
+
+/// A network namespace's identity: the device and inode of its `nsfs` file, the same for
+/// every path (bind mount, `/proc/<pid>/ns/net`) that names it while it exists. The kernel
+/// may reuse the inode once the namespace is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NetnsId {
+    /// `st_dev` of the namespace file.
+    pub dev: u64,
+    /// `st_ino` of the namespace file.
+    pub ino: u64,
+}
+
+impl NetnsId {
+    fn of(m: &std::fs::Metadata) -> NetnsId {
+        NetnsId {
+            dev: m.dev(),
+            ino: m.ino(),
+        }
+    }
+}
+
+impl std::fmt::Display for NetnsId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.dev, self.ino)
+    }
+}
 
 /// Entering a namespace failed.
 #[derive(Debug, thiserror::Error)]
@@ -30,8 +68,26 @@ pub enum NetnsError {
         /// Why.
         source: std::io::Error,
     },
-    /// `setns` refused (not a network namespace, or missing CAP_SYS_ADMIN).
-    #[error("cannot enter network namespace {path} (is it a netns file, and do we have CAP_SYS_ADMIN?): {source}")]
+    /// The path is not a network namespace: not a namespace file at all (a FIFO, a
+    /// directory, the empty file an unmounted netns leaves behind) or a namespace of
+    /// another type.
+    #[error("{path} is not a network namespace ({what}): the runtime must pass the pod's network namespace in CNI_NETNS")]
+    NotNamespace {
+        /// The path.
+        path: PathBuf,
+        /// What it is instead.
+        what: String,
+    },
+    /// The path names the caller's own network namespace, or PID 1's: the host's.
+    #[error("{path} is {whose} network namespace, not a pod's: refusing to touch it (pod redirect rules there would capture every outbound connection of the node); the runtime must pass the pod's network namespace in CNI_NETNS")]
+    NotAPod {
+        /// The path.
+        path: PathBuf,
+        /// Whose namespace it is (`this process's own`, `PID 1's (the host's)`).
+        whose: &'static str,
+    },
+    /// `setns` refused (missing CAP_SYS_ADMIN?).
+    #[error("cannot enter network namespace {path} (do we have CAP_SYS_ADMIN?): {source}")]
     Enter {
         /// The namespace file.
         path: PathBuf,
@@ -54,14 +110,15 @@ impl NetnsError {
         matches!(self, NetnsError::NotFound { .. })
     }
 
-    /// True when there is no namespace behind the path any more: the file is missing, or
-    /// it is no longer a namespace (the bind mount was removed, leaving an empty file).
+    /// True when there is no network namespace behind the path (any more): the file is
+    /// missing, or it is not a network namespace (the bind mount was removed, leaving an
+    /// empty file; or it never was one). Nothing of interlock's can be there, so DEL is
+    /// done. The caller's own (or the host's) namespace is not "gone": it is refused.
     pub fn is_gone(&self) -> bool {
-        match self {
-            NetnsError::NotFound { .. } => true,
-            NetnsError::Enter { source, .. } => *source == nix::Error::EINVAL,
-            _ => false,
-        }
+        matches!(
+            self,
+            NetnsError::NotFound { .. } | NetnsError::NotNamespace { .. }
+        )
     }
 }
 
@@ -86,20 +143,16 @@ where
     F: FnOnce() -> R + Send,
     R: Send,
 {
-    let file = open_netns(path)?;
+    let (file, own) = open_pod_netns(path)?;
     if ON_CALLING_THREAD.load(Ordering::Relaxed) {
-        return here(path, &file, f);
+        return here(path, &file, &own, f);
     }
+    drop(own);
     std::thread::scope(|s| {
         let handle = std::thread::Builder::new()
             .name("il-netns".into())
             .spawn_scoped(s, move || -> Result<R, NetnsError> {
-                nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).map_err(|source| {
-                    NetnsError::Enter {
-                        path: path.to_path_buf(),
-                        source,
-                    }
-                })?;
+                enter(path, &file)?;
                 Ok(f())
             })
             .map_err(|source| NetnsError::Thread {
@@ -112,21 +165,34 @@ where
     })
 }
 
-/// [`in_netns`] on the calling thread: remember its namespace, enter, run, go back.
-fn here<R>(path: &Path, target: &File, f: impl FnOnce() -> R) -> Result<R, NetnsError> {
-    let home = File::open("/proc/thread-self/ns/net").map_err(|source| NetnsError::Open {
-        path: PathBuf::from("/proc/thread-self/ns/net"),
-        source,
-    })?;
-    nix::sched::setns(target, CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter {
-        path: path.to_path_buf(),
-        source,
-    })?;
+/// `setns` into the namespace `target` (already known to be a namespace file); a
+/// namespace of another type is [`NetnsError::NotNamespace`].
+fn enter(path: &Path, target: &File) -> Result<(), NetnsError> {
+    nix::sched::setns(target, CloneFlags::CLONE_NEWNET).map_err(|source| match source {
+        nix::Error::EINVAL => NetnsError::NotNamespace {
+            path: path.to_path_buf(),
+            what: "a namespace of another type".into(),
+        },
+        source => NetnsError::Enter {
+            path: path.to_path_buf(),
+            source,
+        },
+    })
+}
+
+/// [`in_netns`] on the calling thread: enter, run, go back to `home` (its own namespace).
+fn here<R>(
+    path: &Path,
+    target: &File,
+    home: &File,
+    f: impl FnOnce() -> R,
+) -> Result<R, NetnsError> {
+    enter(path, target)?;
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     // Going back to a namespace this thread was just in, with the privilege that entering
     // the pod's took, cannot fail short of a kernel bug; staying in the pod's namespace
     // would silently move everything after into it, so that is not survivable.
-    if let Err(e) = nix::sched::setns(&home, CloneFlags::CLONE_NEWNET) {
+    if let Err(e) = nix::sched::setns(home, CloneFlags::CLONE_NEWNET) {
         panic!(
             "cannot return from network namespace {}: {e}",
             path.display()
@@ -135,19 +201,82 @@ fn here<R>(path: &Path, target: &File, f: impl FnOnce() -> R) -> Result<R, Netns
     result.map_err(|panic| std::panic::resume_unwind(panic))
 }
 
-fn open_netns(path: &Path) -> Result<File, NetnsError> {
-    File::open(path).map_err(|source| {
+/// The identity of the pod network namespace at `path`, with the same checks as
+/// [`in_netns`] (a namespace file, not the caller's own nor PID 1's); the type of the
+/// namespace is only checked on entry.
+pub fn pod_netns_id(path: &Path) -> Result<NetnsId, NetnsError> {
+    let (file, _) = open_pod_netns(path)?;
+    file.metadata()
+        .map(|m| NetnsId::of(&m))
+        .map_err(|source| NetnsError::Open {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Opens `path` as a pod's network namespace without blocking, and the caller's own
+/// namespace file (to return to, and to compare with). Refuses what is not a namespace
+/// file, and the caller's own or PID 1's namespace.
+fn open_pod_netns(path: &Path) -> Result<(File, File), NetnsError> {
+    let open_err = |p: &Path, source: std::io::Error| {
         if source.kind() == std::io::ErrorKind::NotFound {
             NetnsError::NotFound {
-                path: path.to_path_buf(),
+                path: p.to_path_buf(),
             }
         } else {
             NetnsError::Open {
-                path: path.to_path_buf(),
+                path: p.to_path_buf(),
                 source,
             }
         }
-    })
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| open_err(path, e))?;
+    let own = File::open(OWN_NETNS).map_err(|e| open_err(Path::new(OWN_NETNS), e))?;
+    let meta = |f: &File, p: &Path| f.metadata().map_err(|e| open_err(p, e));
+    let (m, own_m) = (meta(&file, path)?, meta(&own, Path::new(OWN_NETNS))?);
+    let ns_fs = nix::sys::statfs::fstatfs(&file)
+        .map(|s| s.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
+        .unwrap_or(false);
+    if !ns_fs {
+        let t = m.file_type();
+        let what = if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_dir() {
+            "a directory"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else if t.is_socket() {
+            "a socket"
+        } else if m.len() == 0 {
+            "an empty file: a network namespace's bind mount that was removed leaves one"
+        } else {
+            "a regular file"
+        };
+        return Err(NetnsError::NotNamespace {
+            path: path.to_path_buf(),
+            what: what.into(),
+        });
+    }
+    let id = NetnsId::of(&m);
+    if id == NetnsId::of(&own_m) {
+        return Err(NetnsError::NotAPod {
+            path: path.to_path_buf(),
+            whose: "this process's own",
+        });
+    }
+    // Unreadable without root or in another PID namespace: the own-namespace check
+    // above still holds.
+    if std::fs::metadata(INIT_NETNS).is_ok_and(|init| NetnsId::of(&init) == id) {
+        return Err(NetnsError::NotAPod {
+            path: path.to_path_buf(),
+            whose: "PID 1's (the host's)",
+        });
+    }
+    Ok((file, own))
 }
 
 #[cfg(test)]
@@ -181,14 +310,82 @@ mod tests {
             e.to_string().contains("/var/run/netns/il-does-not-exist"),
             "{e}"
         );
-        // A file that is not a namespace.
-        require_root!();
+        // Files that are not namespaces: refused before anything is entered, and "gone"
+        // for DEL (nothing of interlock's can be there). A FIFO does not block the open.
         let dir = interlock_testkit::tempdir().unwrap();
-        let p = dir.path().join("notns");
-        std::fs::write(&p, b"x").unwrap();
-        let e = in_netns(&p, || ()).unwrap_err();
-        assert!(matches!(e, NetnsError::Enter { .. }), "{e}");
-        assert!(e.is_gone() && !e.is_not_found());
-        assert!(e.to_string().contains("notns"), "{e}");
+        let file = dir.path().join("notns");
+        std::fs::write(&file, b"x").unwrap();
+        let empty = dir.path().join("unmounted");
+        std::fs::write(&empty, b"").unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        for (p, what) in [
+            (&file, "a regular file"),
+            (&empty, "an empty file"),
+            (&fifo, "a FIFO"),
+            (&dir.path().to_path_buf(), "a directory"),
+        ] {
+            let e = in_netns(p, || ()).unwrap_err();
+            assert!(matches!(e, NetnsError::NotNamespace { .. }), "{e}");
+            assert!(e.is_gone() && !e.is_not_found());
+            let text = e.to_string();
+            assert!(
+                text.contains(&p.display().to_string()) && text.contains(what),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_its_own_and_the_hosts_namespace() {
+        // Whatever namespace this test runs in (never changed here): its own, by any name.
+        for p in ["/proc/self/ns/net", "/proc/thread-self/ns/net"] {
+            let e = in_netns(Path::new(p), || panic!("entered {p}")).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    NetnsError::NotAPod {
+                        whose: "this process's own",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            assert!(!e.is_gone(), "refused, not gone");
+            assert!(e.to_string().contains(p), "{e}");
+            assert!(pod_netns_id(Path::new(p)).is_err());
+        }
+        require_root!();
+        // PID 1's, from a thread inside a test netns (where it is not the own one). Some
+        // sandboxes deny even root access to PID 1's namespace files; then the plugin
+        // cannot compare with it either, and only the own-namespace check applies.
+        let ns = Netns::new("nsinit").unwrap();
+        if std::fs::metadata(INIT_NETNS).is_ok() {
+            let e = ns
+                .run(|| in_netns(Path::new(INIT_NETNS), || panic!("entered PID 1's")))
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    NetnsError::NotAPod {
+                        whose: "PID 1's (the host's)",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        } else {
+            eprintln!("{INIT_NETNS} is not readable here: PID 1's namespace not compared");
+        }
+        // A namespace of another type.
+        let e = in_netns(Path::new("/proc/self/ns/mnt"), || ()).unwrap_err();
+        assert!(
+            matches!(&e, NetnsError::NotNamespace { what, .. } if what.contains("another type")),
+            "{e}"
+        );
+        // A pod's namespace: its identity is the file's, under every name.
+        let id = pod_netns_id(&ns.path()).unwrap();
+        let m = std::fs::metadata(ns.path()).unwrap();
+        assert_eq!((id.dev, id.ino), (m.dev(), m.ino()));
     }
 }
