@@ -578,7 +578,7 @@ impl Bench {
             if state.add_us > 0 {
                 s.inside = Some(us(state.add_us));
             }
-            if let interlock_cni::decide::Protection::Protected(p) = &state.protection {
+            if let interlock_cni::protection::Protection::Protected(p) = &state.protection {
                 s.rules = Some(us(p.timings.rules_us));
                 s.probe = Some(us(p.timings.probe_us));
                 s.protect = Some(us(p.timings.protect_us));

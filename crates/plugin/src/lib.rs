@@ -16,22 +16,29 @@
 //!   reusing a detection up to a minute old from `<stateDir>/backend-detected.json`, see
 //!   [`backend_cache`]), verifies the rules read back are exactly the expected ones, and
 //!   proves every family the pod can route with the probe, trying the pod's gateways
-//!   first ([`decide::protect`], `interlock_redirect::probe`). Only then is
-//!   the attachment's state written (profile, backend, installed spec as canonical JSON
-//!   and its hash, netns, pod, timings) and the result returned. A repeated ADD of an
+//!   first ([`protect::protect`], `interlock_redirect::probe`). The netns is the unit of
+//!   protection ([`netns_state`]): under the netns's lock, an attachment whose netns
+//!   already holds live rules for the same spec (a Multus pod's second interface, a
+//!   concurrent ADD) shares them after reading them back; another spec there is refused.
+//!   Only then is the attachment's state written (profile, backend, installed spec as
+//!   canonical JSON and its hash, netns and its identity, pod, timings), its reference
+//!   recorded in the netns's record, and the result returned. A repeated ADD of an
 //!   attachment that an earlier ADD protected with another backend then removes that
-//!   backend's rules, so the netns holds only what the state records. Any failure for a meshed
-//!   pod fails the ADD naming the pod, the step and the cause; the netns is left without
-//!   interlock rules. With `failurePolicy: open` the ADD succeeds instead, the failure is
-//!   logged at error level and the state records the attachment as `unprotected`.
+//!   backend's rules, so the netns holds only what the state records. Any failure for a
+//!   meshed pod fails the ADD naming the pod, the step and the cause; the netns is left
+//!   without interlock rules unless another attachment relies on them (the details say
+//!   which). With `failurePolicy: open` the ADD succeeds instead, the failure is logged at
+//!   error level and the state records the attachment as `unprotected`.
 //! - **CHECK** re-reads the recorded spec's rules in the netns and fails with every
 //!   difference when they are not exactly the expected ones (it never re-applies or
 //!   probes: the proxy owns its port by then). Succeeds for pods that needed nothing;
 //!   fails for a meshed pod recorded as `unprotected`.
-//! - **DEL** removes the rules with the recorded backend (every backend's rules when there
-//!   is no state) and the state. An empty `CNI_NETNS` or a netns that is gone is success.
-//! - **GC** removes the state (and any leftover rules) of attachments not in
-//!   `cni.dev/valid-attachments`. **STATUS** reports the agent's readiness marker.
+//! - **DEL** drops the attachment's reference on its netns and removes the rules with the
+//!   recorded backend (every backend's rules when there is no state) when no other live
+//!   attachment relies on them; then the state. An empty `CNI_NETNS` or a netns that is
+//!   gone is success.
+//! - **GC** does what DEL does for every attachment not in `cni.dev/valid-attachments`
+//!   (only listed attachments count as live). **STATUS** reports the agent's readiness marker.
 //!   **VERSION**: 0.3.0 to 1.1.0.
 //!
 //! Nothing but the protocol ever goes to stdout; one line per verb is logged at info
@@ -66,6 +73,9 @@ pub mod decide;
 pub mod identity;
 pub mod log;
 pub mod lookup;
+pub mod netns_state;
+pub mod protect;
+pub mod protection;
 pub mod state;
 pub mod status;
 
@@ -79,9 +89,11 @@ use interlock_protocol::{CniResult, CniVersion};
 use serde_json::{Map, Value};
 
 use crate::config::{FailurePolicy, PluginConfig};
-use crate::decide::{micros, Decision, Failure, Protection, Undone};
+use crate::decide::Decision;
 use crate::identity::PodIdentity;
 use crate::log::Logger;
+use crate::protect::{micros, Failure, Undone};
+use crate::protection::Protection;
 use crate::state::{AttachmentKey, AttachmentState, StateStore};
 
 /// interlock's own error code: an internal error (a bug; please report it).
@@ -380,42 +392,6 @@ fn ms(us: u64) -> String {
     format!("{:.2} ms", us as f64 / 1000.0)
 }
 
-/// A repeated ADD of one attachment whose earlier ADD protected it with another backend
-/// (the configured or detected backend changed in between) would leave that backend's
-/// rules in the netns beside the new ones, recorded nowhere once the new state replaces
-/// the old: remove them. Same backend: the engine's apply already replaced them.
-fn retire_previous_backend(
-    call: &Call,
-    store: &StateStore,
-    netns: &str,
-    protection: &Protection,
-    name: &str,
-) {
-    let Ok(Some(old)) = store.load(&call.key()) else {
-        return;
-    };
-    let Protection::Protected(before) = &old.protection else {
-        return;
-    };
-    if netns.is_empty() || old.netns != netns {
-        return;
-    }
-    if matches!(protection, Protection::Protected(now) if now.backend == before.backend) {
-        return;
-    }
-    match interlock_redirect::engine::unprotect(std::path::Path::new(netns), before.backend) {
-        Ok(_) => call.log.info(&format!(
-            "pod {name}: removed the {} rules of this attachment's previous ADD",
-            before.backend
-        )),
-        Err(e) => call.log.error(&format!(
-            "pod {name}: the {} rules of this attachment's previous ADD may remain \
-             (removing them failed: {e})",
-            before.backend
-        )),
-    }
-}
-
 fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
     let start = Instant::now();
     let prev = call.prev_result("ADD")?;
@@ -429,6 +405,7 @@ fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
     let ifname = call.env.ifname.as_deref().unwrap_or("");
     let open = call.config.failure_policy == FailurePolicy::Open;
 
+    let store = StateStore::new(&call.config.state_dir);
     let outcome = match &decision {
         Decision::Invalid { reason } => Err(Failure::clean(
             "spec",
@@ -440,9 +417,17 @@ fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
             codes::TRY_AGAIN_LATER,
             format!("cannot decide whether the pod is meshed: {reason}"),
         )),
-        _ => decide::protect(&call.config, netns, &decision, &prev, ifname),
+        _ => protect::protect(
+            &call.config,
+            &store,
+            &call.key(),
+            netns,
+            &decision,
+            &prev,
+            ifname,
+        ),
     };
-    let protection = match outcome {
+    let (protection, claim) = match outcome {
         Ok(p) => p,
         Err(f) if !open => {
             return Err(call
@@ -458,15 +443,19 @@ fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
                  failed: {}",
                 f.step, f.message
             ));
-            Protection::Unprotected {
-                step: f.step.to_string(),
-                reason: f.message,
-            }
+            (
+                Protection::Unprotected {
+                    step: f.step.to_string(),
+                    reason: f.message,
+                },
+                None,
+            )
         }
     };
     let mut state = AttachmentState {
         key: call.key(),
         netns: netns.to_string(),
+        netns_id: claim.as_ref().map(|c| c.netns_id().to_string()),
         network: call.network(),
         cni_version: call.version.to_string(),
         pod: pod.clone(),
@@ -476,19 +465,41 @@ fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
         added_at_ms: status::now_ms(),
         add_us: 0,
     };
-    let store = StateStore::new(&call.config.state_dir);
-    retire_previous_backend(call, &store, netns, &protection, &name);
     state.add_us = micros(start.elapsed());
-    if let Err(e) = store.save(&state) {
-        if !open {
-            return Err(call.err(
-                codes::IO_FAILURE,
-                format!("pod {name}: step state failed: writing attachment state: {e}"),
-            ));
+    for note in claim.iter().flat_map(|c| c.notes()) {
+        call.log.info(&format!("pod {name}: {note}"));
+    }
+    let saved = store.save(&state).and_then(|()| match &claim {
+        Some(c) => c.commit(),
+        None => Ok(()),
+    });
+    if let Err(e) = saved {
+        match (&protection, open) {
+            // Nothing was done in the pod's netns: interlock's bookkeeping must not stop
+            // a pod that needs no protection (CHECK then re-decides from the config).
+            (Protection::NotNeeded, _) => call.log.warn(&format!(
+                "pod {name}: writing attachment state failed (nothing to protect, ADD continues): {e}"
+            )),
+            (_, false) => {
+                let _ = store.remove(&call.key());
+                let left = claim.and_then(protect::Claim::abort);
+                let f = Failure {
+                    leftover_rules: left,
+                    ..Failure::clean("state", codes::IO_FAILURE, format!("writing attachment state: {e}"))
+                };
+                return Err(call
+                    .err(f.code, format!("pod {name}: step state failed: {}", f.message))
+                    .with_details(add_failure_details(&f, netns)));
+            }
+            (_, true) => {
+                if let Some(c) = &claim {
+                    let _ = c.commit();
+                }
+                call.log.error(&format!(
+                    "pod {name}: writing attachment state failed (failurePolicy open, ADD continues): {e}"
+                ))
+            }
         }
-        call.log.error(&format!(
-            "pod {name}: writing attachment state failed (failurePolicy open, ADD continues): {e}"
-        ));
     }
     let total = micros(start.elapsed());
     let what = match (&decision, &protection) {
@@ -553,7 +564,15 @@ fn cmd_del(call: &Call) -> Result<Vec<u8>, CniError> {
             .unwrap_or_default(),
     };
     let netns = call.env.netns.as_deref().unwrap_or("");
-    let undone = decide::unprotect(state.as_ref(), netns).map_err(|f| {
+    let undone = protect::release(
+        &call.config.state_dir,
+        &store,
+        &key,
+        state.as_ref(),
+        netns,
+        None,
+    )
+    .map_err(|f| {
         call.err(
             f.code,
             format!(
@@ -570,10 +589,7 @@ fn cmd_del(call: &Call) -> Result<Vec<u8>, CniError> {
     })?;
     let rules = match undone {
         Undone::Nothing if netns.is_empty() => "no netns given, no rules to remove".to_string(),
-        Undone::Nothing => "no rules to remove".to_string(),
-        Undone::Removed(Some(kind)) => format!("rules removed ({kind})"),
-        Undone::Removed(None) => "rules of every backend removed".to_string(),
-        Undone::NetnsGone => "netns already gone".to_string(),
+        other => other.to_string(),
     };
     call.log.info(&format!(
         "pod {name}: {rules}; {}; total {}",
@@ -617,7 +633,7 @@ fn cmd_check(call: &Call) -> Result<Vec<u8>, CniError> {
     let verdict = match &state.protection {
         Protection::NotNeeded => format!("{}: nothing to verify", state.decision.label()),
         Protection::Protected(p) => {
-            decide::check(p, netns).map_err(|f| {
+            protect::check(p, netns).map_err(|f| {
                 call.err(
                     f.code,
                     format!("pod {name}: step {} failed: {}", f.step, f.message),
@@ -676,15 +692,20 @@ fn cmd_gc(call: &Call) -> Result<Vec<u8>, CniError> {
         .map_err(|e| call.err(codes::IO_FAILURE, format!("GC of attachment state: {e}")))?;
     for key in keys.iter().filter(|k| !valid.contains(k)) {
         if let Ok(Some(state)) = store.load(key) {
-            if let Protection::Protected(_) = state.protection {
-                if let Err(f) = decide::unprotect(Some(&state), &state.netns) {
-                    call.log.error(&format!(
-                        "GC: pod {}: removing leftover rules in {} failed: {}",
-                        state.pod.display_name(),
-                        state.netns,
-                        f.message
-                    ));
-                }
+            if let Err(f) = protect::release(
+                &call.config.state_dir,
+                &store,
+                key,
+                Some(&state),
+                &state.netns,
+                Some(&valid),
+            ) {
+                call.log.error(&format!(
+                    "GC: pod {}: removing leftover rules in {} failed: {}",
+                    state.pod.display_name(),
+                    state.netns,
+                    f.message
+                ));
             }
         }
     }

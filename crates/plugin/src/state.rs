@@ -13,9 +13,10 @@ use std::path::{Path, PathBuf};
 use interlock_protocol::atomic::write_file_atomic;
 use serde::{Deserialize, Serialize};
 
-use crate::decide::{Decision, Protection};
+use crate::decide::Decision;
 use crate::identity::PodIdentity;
 use crate::lookup::Source;
+use crate::protection::Protection;
 
 /// Identifies one attachment (what GC's `cni.dev/valid-attachments` lists).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -36,6 +37,11 @@ pub struct AttachmentState {
     pub key: AttachmentKey,
     /// `CNI_NETNS` at ADD.
     pub netns: String,
+    /// The identity (`<dev>-<ino>`) of that netns, when ADD protected it: the key of its
+    /// [`crate::netns_state::NetnsRecord`], which lists this attachment while it relies on
+    /// the rules there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_id: Option<String>,
     /// The network (list) name.
     pub network: String,
     /// The config's cniVersion.
@@ -215,6 +221,7 @@ mod tests {
                 ifname: ifname.into(),
             },
             netns: "/var/run/netns/x".into(),
+            netns_id: None,
             network: "net".into(),
             cni_version: "1.0.0".into(),
             pod: PodIdentity::default(),

@@ -19,12 +19,17 @@ use crate::spec::{RedirectSpec, SpecError};
 pub struct ProtectOptions {
     /// How long the probe waits for its connection.
     pub probe_timeout: Duration,
+    /// Remove interlock's rules again when a step after the apply fails (all or
+    /// nothing). `false` when another attachment of the same netns relies on them: a
+    /// failed ADD of one attachment must not strip another's protection.
+    pub remove_on_failure: bool,
 }
 
 impl Default for ProtectOptions {
     fn default() -> Self {
         ProtectOptions {
             probe_timeout: probe::DEFAULT_TIMEOUT,
+            remove_on_failure: true,
         }
     }
 }
@@ -201,7 +206,8 @@ impl ProtectError {
 /// Applies `spec` in the netns at `netns` with `backend`, verifies the rules read back
 /// are exactly the expected ones, and proves outbound capture with the probe (destinations
 /// chosen from `probe_targets`, normally the pod's gateways). On any failure after the
-/// apply began, interlock's rules are removed again, so the netns holds all or nothing.
+/// apply began, interlock's rules are removed again, so the netns holds all or nothing
+/// (unless [`ProtectOptions::remove_on_failure`] is off).
 pub fn protect(
     netns: &Path,
     spec: &RedirectSpec,
@@ -241,7 +247,13 @@ pub fn protect_with(
     let path = netns.to_path_buf();
     in_netns(netns, || {
         let backend = open_backend(kind, &path)?;
-        let cleanup = || backend.remove().err().map(|e| e.to_string());
+        let cleanup = || {
+            if options.remove_on_failure {
+                backend.remove().err().map(|e| e.to_string())
+            } else {
+                None
+            }
+        };
 
         let t = Instant::now();
         match backend.apply_and_verify(spec) {

@@ -51,6 +51,24 @@ impl std::fmt::Display for NetnsId {
     }
 }
 
+impl std::str::FromStr for NetnsId {
+    type Err = String;
+    /// Parses the [`Display`](std::fmt::Display) form, `<dev>-<ino>`.
+    fn from_str(s: &str) -> Result<NetnsId, String> {
+        let (dev, ino) = s
+            .split_once('-')
+            .ok_or_else(|| format!("{s:?} is not a netns id (<dev>-<ino>)"))?;
+        let num = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|e| format!("{s:?} is not a netns id (<dev>-<ino>): {e}"))
+        };
+        Ok(NetnsId {
+            dev: num(dev)?,
+            ino: num(ino)?,
+        })
+    }
+}
+
 /// Entering a namespace failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
@@ -387,5 +405,7 @@ mod tests {
         let id = pod_netns_id(&ns.path()).unwrap();
         let m = std::fs::metadata(ns.path()).unwrap();
         assert_eq!((id.dev, id.ino), (m.dev(), m.ino()));
+        assert_eq!(id.to_string().parse::<NetnsId>(), Ok(id));
+        assert!("12".parse::<NetnsId>().is_err() && "a-1".parse::<NetnsId>().is_err());
     }
 }

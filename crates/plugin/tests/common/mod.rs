@@ -252,19 +252,35 @@ impl Node {
     /// ADD of interlock-cni alone with the pod's chain result as `prevResult` (what a
     /// runtime's retry of the last plugin looks like; re-applies the rules).
     pub fn readd(&self, only: &Chain, pod: &Pod) -> Result<CniResult, ExecError> {
-        let conf = only.plugin_config(0, Some(&pod.result), &pod.rt);
+        let out = self.exec_interlock(only, Verb::Add, &pod.rt, &pod.result)?;
+        Ok(CniResult::parse(&out, None).unwrap())
+    }
+
+    /// interlock-cni alone (`only`), run like the runtime runs the last plugin of a
+    /// chain: `verb` for `rt`, with `prev` as prevResult, inside the node netns.
+    pub fn exec_interlock(
+        &self,
+        only: &Chain,
+        verb: Verb,
+        rt: &RuntimeConf,
+        prev: &CniResult,
+    ) -> Result<Vec<u8>, ExecError> {
+        let conf = only.plugin_config(0, Some(prev), rt);
         let stdin = serde_json::to_vec(&conf).unwrap();
         let path = self.bins.path().join("interlock-cni");
-        let out = self.node.run(|| {
-            exec_plugin(
-                &path,
-                Verb::Add,
-                &pod.rt,
-                &[self.bins.path().into()],
-                &stdin,
-            )
-        })?;
-        Ok(CniResult::parse(&out, None).unwrap())
+        self.node
+            .run(|| exec_plugin(&path, verb, rt, &[self.bins.path().into()], &stdin))
+    }
+
+    /// The state of attachment (`rt`'s container ID, `ifname`).
+    pub fn state_of_if(&self, rt: &RuntimeConf, ifname: &str) -> Option<Value> {
+        let p = self
+            .state
+            .path()
+            .join(format!("attachments/{}+{ifname}.json", rt.container_id));
+        fs::read(p)
+            .ok()
+            .map(|b| serde_json::from_slice(&b).unwrap())
     }
 
     pub fn check(&self, only: &Chain, pod: &Pod) -> Result<(), ExecError> {
@@ -276,13 +292,7 @@ impl Node {
     }
 
     pub fn state_of(&self, rt: &RuntimeConf) -> Option<Value> {
-        let p = self
-            .state
-            .path()
-            .join(format!("attachments/{}+eth0.json", rt.container_id));
-        fs::read(p)
-            .ok()
-            .map(|b| serde_json::from_slice(&b).unwrap())
+        self.state_of_if(rt, "eth0")
     }
 }
 

@@ -1,0 +1,316 @@
+//! The network namespace as the unit of protection: one record per pod netns, listing
+//! every attachment that relies on its rules, under a lock of its own.
+//!
+//! Rules live per netns (one `inet interlock` table, or one set of `IL_` chains per
+//! family), but the runtime adds and deletes *attachments* (container ID, ifname): a Multus
+//! pod has several, and a runtime may retry an ADD while another runs. So each netns that
+//! holds interlock's rules has `<stateDir>/netns/<dev>-<ino>.json` ([`NetnsRecord`]: the
+//! backend and spec installed there and the attachments referring to them), changed only
+//! while holding `flock` on `<stateDir>/netns/<dev>-<ino>.lock` ([`NetnsStore::lock`]).
+//! The identity is the namespace file's device and inode (`interlock_redirect::netns::
+//! NetnsId`), the same under every path that names the namespace.
+//!
+//! - ADD of an attachment takes the lock, and installs and proves the rules — or, when
+//!   another live attachment already relies on the same rules, verifies them — then adds
+//!   its reference.
+//! - DEL, GC and a failed ADD drop their reference and remove the rules only when no
+//!   other *live* reference is left: one whose attachment state still exists and records
+//!   this netns (references to attachments whose state is gone are dead).
+//! - A lock per netns: ADDs of different pods never wait for each other.
+//!
+//! Lock files are deleted with their record, while held; a locker that opened the file
+//! before it was deleted notices (the path no longer names its file) and starts over.
+
+use std::collections::BTreeSet;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use interlock_protocol::atomic::write_file_atomic;
+use interlock_redirect::backend::BackendKind;
+use interlock_redirect::netns::NetnsId;
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::protection::Protection;
+use crate::state::{AttachmentKey, StateStore};
+
+/// The directory of netns records under `stateDir`.
+pub const DIR: &str = "netns";
+
+/// What interlock installed in one pod netns, and who relies on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetnsRecord {
+    /// The namespace's identity (`<dev>-<ino>`).
+    pub netns_id: String,
+    /// `CNI_NETNS` of the ADD that installed the rules.
+    pub netns: String,
+    /// The backend that installed them.
+    pub backend: BackendKind,
+    /// The installed spec, canonical JSON.
+    pub spec: String,
+    /// Its hash.
+    pub spec_hash: String,
+    /// What the probe proved when the rules were installed.
+    pub probe: Vec<String>,
+    /// The attachment whose ADD installed and proved them.
+    pub proven_by: AttachmentKey,
+    /// Every attachment relying on the rules (sorted, unique).
+    pub attachments: Vec<AttachmentKey>,
+    /// When the record last changed (Unix ms).
+    pub updated_at_ms: u64,
+}
+
+impl NetnsRecord {
+    /// The references in this record that are live (see the module docs), apart from
+    /// `except`; with `keep`, only attachments in it count (GC: the others are going).
+    pub fn live_refs(
+        &self,
+        store: &StateStore,
+        except: &AttachmentKey,
+        keep: Option<&BTreeSet<AttachmentKey>>,
+    ) -> Vec<AttachmentKey> {
+        self.attachments
+            .iter()
+            .filter(|k| *k != except && keep.map_or(true, |v| v.contains(k)))
+            .filter(|k| {
+                store.load(k).ok().flatten().is_some_and(|s| {
+                    s.netns_id.as_deref() == Some(self.netns_id.as_str())
+                        && matches!(s.protection, Protection::Protected(_))
+                })
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Adds `key` to the references (kept sorted and unique).
+    pub fn add_ref(&mut self, key: &AttachmentKey) {
+        if let Err(i) = self.attachments.binary_search(key) {
+            self.attachments.insert(i, key.clone());
+        }
+    }
+}
+
+/// The records and locks under `<stateDir>/netns`.
+#[derive(Debug, Clone)]
+pub struct NetnsStore {
+    dir: PathBuf,
+}
+
+/// The exclusive lock on one netns's record; released when dropped.
+#[derive(Debug)]
+pub struct NetnsLock {
+    id: NetnsId,
+    lock_path: PathBuf,
+    record_path: PathBuf,
+    _flock: Flock<File>,
+}
+
+impl NetnsStore {
+    /// The store under `state_dir`.
+    pub fn new(state_dir: &Path) -> NetnsStore {
+        NetnsStore {
+            dir: state_dir.join(DIR),
+        }
+    }
+
+    /// The directory holding records and locks.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Takes the lock of netns `id`, waiting for its holder (another ADD, DEL or GC of
+    /// the same netns; never one of another netns).
+    pub fn lock(&self, id: NetnsId) -> io::Result<NetnsLock> {
+        fs::create_dir_all(&self.dir).map_err(|e| {
+            io::Error::new(e.kind(), format!("creating {}: {e}", self.dir.display()))
+        })?;
+        let lock_path = self.dir.join(format!("{id}.lock"));
+        loop {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&lock_path)
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("opening {}: {e}", lock_path.display()))
+                })?;
+            let held = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| {
+                io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("locking {}: {e}", lock_path.display()),
+                )
+            })?;
+            // The holder before us may have deleted the file (its last reference went):
+            // then this lock guards nothing, start over on the path's current file.
+            let mine = held.metadata()?.ino();
+            match fs::symlink_metadata(&lock_path) {
+                Ok(m) if m.ino() == mine => {
+                    return Ok(NetnsLock {
+                        id,
+                        record_path: self.dir.join(format!("{id}.json")),
+                        lock_path,
+                        _flock: held,
+                    })
+                }
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The ids of every netns with a record or a lock file.
+    pub fn ids(&self) -> io::Result<BTreeSet<NetnsId>> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
+            Err(e) => return Err(e),
+        };
+        let mut ids = BTreeSet::new();
+        for entry in entries {
+            let name = entry?.file_name();
+            let name = name.to_string_lossy();
+            let stem = name
+                .strip_suffix(".json")
+                .or_else(|| name.strip_suffix(".lock"));
+            if let Some(id) = stem.and_then(|s| s.parse().ok()) {
+                ids.insert(id);
+            }
+        }
+        Ok(ids)
+    }
+}
+
+impl NetnsLock {
+    /// The netns this lock is for.
+    pub fn id(&self) -> NetnsId {
+        self.id
+    }
+
+    /// The record, if there is one. A corrupt record counts as none (the references it
+    /// held are then lost: their rules are re-verified or re-applied by the next ADD).
+    pub fn load(&self) -> io::Result<Option<NetnsRecord>> {
+        match fs::read(&self.record_path) {
+            Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io::Error::new(
+                e.kind(),
+                format!("reading {}: {e}", self.record_path.display()),
+            )),
+        }
+    }
+
+    /// Writes the record atomically.
+    pub fn save(&self, record: &NetnsRecord) -> io::Result<()> {
+        let mut data = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
+        data.push(b'\n');
+        write_file_atomic(&self.record_path, &data, Some(0o600))
+    }
+
+    /// Deletes the record and the lock file (no reference is left); the lock is released.
+    pub fn forget(self) -> io::Result<()> {
+        for p in [&self.record_path, &self.lock_path] {
+            match fs::remove_file(p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("removing {}: {e}", p.display()),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn key(c: &str, i: &str) -> AttachmentKey {
+        AttachmentKey {
+            container_id: c.into(),
+            ifname: i.into(),
+        }
+    }
+
+    fn record(id: NetnsId) -> NetnsRecord {
+        NetnsRecord {
+            netns_id: id.to_string(),
+            netns: "/var/run/netns/x".into(),
+            backend: BackendKind::Nftables,
+            spec: "{}".into(),
+            spec_hash: "h".into(),
+            probe: vec![],
+            proven_by: key("a", "eth0"),
+            attachments: vec![],
+            updated_at_ms: 1,
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_are_forgotten() {
+        let t = tempfile::tempdir().unwrap();
+        let store = NetnsStore::new(t.path());
+        let id = NetnsId {
+            dev: 4,
+            ino: 4026532000,
+        };
+        let lock = store.lock(id).unwrap();
+        assert_eq!(lock.load().unwrap(), None);
+        let mut r = record(id);
+        r.add_ref(&key("b", "net1"));
+        r.add_ref(&key("a", "eth0"));
+        r.add_ref(&key("b", "net1"));
+        assert_eq!(r.attachments, [key("a", "eth0"), key("b", "net1")]);
+        lock.save(&r).unwrap();
+        assert_eq!(lock.load().unwrap(), Some(r));
+        assert_eq!(store.ids().unwrap(), [id].into());
+        lock.forget().unwrap();
+        assert!(store.ids().unwrap().is_empty());
+        assert_eq!(fs::read_dir(store.dir()).unwrap().count(), 0);
+    }
+
+    /// Lockers of one netns are serialised even while holders delete the lock file;
+    /// another netns's lock is never waited for.
+    #[test]
+    fn one_holder_per_netns_through_deletions() {
+        let t = tempfile::tempdir().unwrap();
+        let store = Arc::new(NetnsStore::new(t.path()));
+        let id = NetnsId { dev: 4, ino: 1 };
+        let inside = Arc::new(AtomicU32::new(0));
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let (store, inside) = (store.clone(), inside.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..20 {
+                        let lock = store.lock(id).unwrap();
+                        assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                        std::thread::sleep(Duration::from_micros(200));
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        if i % 2 == 0 {
+                            lock.forget().unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        // Meanwhile another netns's lock is free.
+        let other = store.lock(NetnsId { dev: 4, ino: 2 }).unwrap();
+        drop(other);
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+}
