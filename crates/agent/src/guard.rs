@@ -515,6 +515,7 @@ impl Guard {
             updated_at_ms: crate::log::now_ms(),
             stale_after_ms: self.cfg.marker_stale_after.as_millis() as u64,
             pid: std::process::id(),
+            pid_namespace: None,
             config_path: r
                 .effective
                 .map(|e| self.cfg.conf_dir.join(e).display().to_string())

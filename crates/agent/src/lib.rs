@@ -332,6 +332,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         updated_at_ms: log::now_ms(),
         stale_after_ms: cfg.marker_stale_after.as_millis() as u64,
         pid: std::process::id(),
+        pid_namespace: None,
         config_path: String::new(),
     };
     let _ = marker::write(&cfg.state_dir, &stopped);

@@ -37,6 +37,7 @@ mod tests {
             updated_at_ms: 5,
             stale_after_ms: 3000,
             pid: 7,
+            pid_namespace: None,
             config_path: "/etc/cni/net.d/00-interlock.conflist".into(),
         };
         write(d.path(), &m).unwrap();

@@ -430,6 +430,7 @@ mod tests {
             updated_at_ms: now - age_ms,
             stale_after_ms: 3000,
             pid: 42,
+            pid_namespace: None,
             config_path: String::new(),
         }
     }

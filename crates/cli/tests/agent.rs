@@ -494,8 +494,11 @@ fn plugin_binary_is_reinstalled_when_removed_or_replaced() {
     );
 }
 
+/// STATUS says whether an ADD could protect a meshed pod, not whether the agent runs
+/// (issue 10): the plugin protects pods without the agent, so STATUS stays 0 after the
+/// agent is killed (a failing STATUS would make containerd evict the node's pods).
 #[test]
-fn status_reports_50_while_agent_is_stopped() {
+fn status_stays_ready_when_the_agent_is_gone() {
     let Some(real) = real_plugin() else {
         eprintln!("SKIP status test: the real interlock-cni is not built next to interlock (cargo build -p interlock-cni)");
         return;
@@ -535,9 +538,7 @@ fn status_reports_50_while_agent_is_stopped() {
     a.kill9();
     std::thread::sleep(Duration::from_millis(400));
     let (ok, out) = status();
-    assert!(!ok, "STATUS succeeded with the agent gone");
-    let v: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["code"], 50, "{out}");
+    assert!(ok, "STATUS failed with the agent gone: {out}");
 }
 
 #[test]

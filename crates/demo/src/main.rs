@@ -268,7 +268,7 @@ fn run() -> Result<()> {
         "    db -> {web_ip}:8080 landed on web's inbound port 15006 (original destination {inb})"
     );
 
-    step(6, "the plugin's STATUS verb follows the agent");
+    step(6, "the plugin's STATUS verb needs no agent");
     println!(
         "    agent running: {}",
         status(&plugin, &state_dir, &bin_dir)
@@ -282,13 +282,11 @@ fn run() -> Result<()> {
         .context("kill -TERM the agent")?;
     agent.0.wait()?;
     println!("    agent stopped with SIGTERM (config left in place, by design):");
-    let gone = wait_for(Duration::from_secs(10), || {
-        let s = status(&plugin, &state_dir, &bin_dir);
-        s.contains("code 50").then_some(s)
-    });
+    // STATUS fails only when an ADD could not protect a meshed pod; the plugin does not
+    // need the agent for that (a failing STATUS makes containerd evict the node's pods).
     println!(
-        "    {}",
-        gone.unwrap_or_else(|| "STATUS still ok after 10 s (unexpected)".into())
+        "    agent gone:    {}",
+        status(&plugin, &state_dir, &bin_dir)
     );
 
     step(
@@ -446,7 +444,8 @@ fn accept_within(l: &TcpListener, timeout: Duration) -> Option<TcpStream> {
 }
 
 fn status(plugin: &Path, state_dir: &Path, bin_dir: &Path) -> String {
-    let conf = json!({"cniVersion": "1.1.0", "name": "demo-net", "type": "interlock-cni", "stateDir": state_dir});
+    let conf = json!({"cniVersion": "1.1.0", "name": "demo-net", "type": "interlock-cni", "stateDir": state_dir,
+                      "capabilities": {"io.kubernetes.cri.pod-annotations": true}});
     match exec_plugin(
         plugin,
         Command::Status,
@@ -454,7 +453,7 @@ fn status(plugin: &Path, state_dir: &Path, bin_dir: &Path) -> String {
         &[bin_dir.to_path_buf()],
         conf.to_string().as_bytes(),
     ) {
-        Ok(_) => "STATUS ok (code 0): the runtime may start pods".into(),
+        Ok(_) => "STATUS ok (code 0): an ADD can protect a meshed pod".into(),
         Err(interlock_protocol::exec::ExecError::Failed { error, .. }) => {
             format!("STATUS code {}: {}", error.code, error.msg)
         }

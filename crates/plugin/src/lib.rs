@@ -38,7 +38,8 @@
 //!   attachment relies on them; then the state. An empty `CNI_NETNS` or a netns that is
 //!   gone is success.
 //! - **GC** does what DEL does for every attachment not in `cni.dev/valid-attachments`
-//!   (only listed attachments count as live). **STATUS** reports the agent's readiness marker.
+//!   (only listed attachments count as live). **STATUS** answers 50 only when an ADD could
+//!   not protect a meshed pod now ([`status`]; not because the agent is down).
 //!   **VERSION**: 0.3.0 to 1.1.0.
 //!
 //! Nothing but the protocol ever goes to stdout; one line per verb is logged at info
@@ -55,7 +56,7 @@
 //! | 6 | stdin is not a JSON object |
 //! | 7 | invalid network config: a bad field of the interlock-cni entry (named), a missing or invalid `prevResult`, malformed `runtimeConfig` annotations |
 //! | 11 | try again later (step `lookup`): the pod's mesh status cannot be decided — the runtime passed no annotations and neither the agent nor the Kubernetes API answered; the message lists each source tried and why it failed |
-//! | 50 | STATUS: the agent has not reported readiness, is gone, or is not ready |
+//! | 50 | STATUS: an ADD could not protect a meshed pod now: the backend cannot work, the state dir is unusable, or the lookup the entry needs cannot work (every reason listed) |
 //! | 100 | internal error (a bug) |
 //! | 101 | step `spec`: the pod's mesh annotations cannot be turned into rules (names the annotation and its value) |
 //! | 102 | step `apply` (or `open`): applying the redirect rules failed, or the backend cannot be used |
@@ -731,11 +732,7 @@ fn cmd_status(call: &Call) -> Result<Vec<u8>, CniError> {
             ),
         ));
     }
-    status::check_status(
-        &call.config.state_dir,
-        status::now_ms(),
-        call.version.as_str(),
-    )?;
+    status::check_status(&call.config, call.version.as_str())?;
     Ok(Vec::new())
 }
 

@@ -375,37 +375,93 @@ fn gc_removes_state_not_in_valid_attachments() {
     assert_eq!(run("GC", &[], &bytes(&old)).json()["code"], 1);
 }
 
+/// STATUS answers 50 only when an ADD on this node could not protect a meshed pod (issue
+/// 10 item 2): not because the agent's marker is missing, stale or says not ready.
 #[test]
-fn status_reads_the_agent_marker() {
+fn status_fails_only_when_an_add_could_not_protect() {
+    interlock_testkit::require_root!();
     let t = tempfile::tempdir().unwrap();
-    let st = conf(
-        "1.1.0",
-        t.path(),
-        json!({"prevResult": null, "runtimeConfig": null}),
-    );
-    let r = run("STATUS", &[], &bytes(&st));
-    let v = r.json();
-    assert_eq!(v["code"], 50);
-    assert!(
-        v["msg"]
-            .as_str()
-            .unwrap()
-            .contains("agent-ready.json missing"),
-        "{v}"
-    );
+    let st = |extra: Value| {
+        let mut c = conf(
+            "1.1.0",
+            t.path(),
+            json!({"prevResult": null, "runtimeConfig": null, "backend": "nftables"}),
+        );
+        for (k, v) in extra.as_object().unwrap() {
+            if v.is_null() {
+                c.as_object_mut().unwrap().remove(k);
+            } else {
+                c[k] = v.clone();
+            }
+        }
+        bytes(&c)
+    };
+    let ok = |stdin: &[u8]| {
+        let r = run("STATUS", &[], stdin);
+        assert_eq!((r.code, r.stdout.as_str()), (0, ""), "{}", r.stdout);
+    };
+    let fails = |stdin: &[u8], why: &str| {
+        let v = run("STATUS", &[], stdin).json();
+        assert_eq!(v["code"], 50, "{v}");
+        let msg = v["msg"].as_str().unwrap();
+        assert!(msg.contains(why), "{why:?} not in {msg}");
+        msg.to_string()
+    };
+    // No marker at all, then a stale one saying "not ready": ready either way.
+    ok(&st(json!({})));
     let marker = interlock_cni::status::ReadinessMarker {
-        ready: true,
-        reason: "guarding 00-interlock.conflist".into(),
-        updated_at_ms: interlock_cni::status::now_ms(),
-        stale_after_ms: 60_000,
+        ready: false,
+        reason: "10-calico.conflist sorts first".into(),
+        updated_at_ms: 1,
+        stale_after_ms: 3000,
         pid: 1,
-        config_path: "/etc/cni/net.d/00-interlock.conflist".into(),
+        pid_namespace: None,
+        config_path: String::new(),
     };
     marker
         .write(&interlock_cni::status::marker_path(t.path()))
         .unwrap();
-    let r = run("STATUS", &[], &bytes(&st));
-    assert_eq!((r.code, r.stdout.as_str()), (0, ""));
+    ok(&st(json!({})));
+    // The backend cannot work: without CAP_NET_ADMIN over the host's namespace (a user
+    // namespace), nf_tables refuses.
+    let mut child = Command::new("unshare")
+        .args(["--user", "--map-root-user", BIN])
+        .env_clear()
+        .env("CNI_COMMAND", "STATUS")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&st(json!({})))
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["code"], 50, "{v}");
+    let msg = v["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("the nftables backend (configured backend nftables) cannot work here")
+            && !msg.contains("state dir"),
+        "{msg}"
+    );
+    // The state dir is unusable.
+    let file = t.path().join("not-a-dir");
+    std::fs::write(&file, b"").unwrap();
+    fails(&st(json!({"stateDir": file})), "the state dir");
+    // No annotations capability: the lookup source must work.
+    fails(
+        &st(json!({"capabilities": {}})),
+        "neither agentSocket nor kubeconfig",
+    );
+    let msg = fails(
+        &st(json!({"capabilities": {}, "agentSocket": t.path().join("agent.sock")})),
+        "agent.sock",
+    );
+    assert!(msg.contains("io.kubernetes.cri.pod-annotations"), "{msg}");
     let old = conf("1.0.0", t.path(), json!({"prevResult": null}));
     assert_eq!(run("STATUS", &[], &bytes(&old)).json()["code"], 1);
 }

@@ -575,3 +575,42 @@ fn result_without_addresses_still_protects_every_family() {
     n.del(&chain, &a).unwrap();
     assert_no_interlock_rules(&a.ns);
 }
+
+/// STATUS needs no agent (issue 10 item 2): with the agent's marker stale (the agent
+/// crashed long ago) and the annotations capability declared, STATUS answers 0 and a
+/// meshed pod still gets its rules, proven by its traffic.
+#[test]
+fn status_and_a_meshed_add_need_no_agent() {
+    require_root!();
+    let n = Node::new(false);
+    interlock_cni::status::ReadinessMarker {
+        ready: true,
+        reason: "an agent that crashed".into(),
+        updated_at_ms: 1,
+        stale_after_ms: 3000,
+        pid: 999_999,
+        pid_namespace: None,
+        config_path: String::new(),
+    }
+    .write(&interlock_cni::status::marker_path(n.state.path()))
+    .unwrap();
+    let doc = json!({
+        "cniVersion": "1.1.0", "name": "ilnet",
+        "plugins": [n.interlock_entry(json!({ "backend": "nftables" }))],
+    });
+    let list = interlock_protocol::parse_conflist(doc.to_string().as_bytes()).unwrap();
+    let status = interlock_protocol::exec::Chain::new(list, vec![n.bins.path().into()]).unwrap();
+    n.node
+        .run(|| status.status())
+        .unwrap_or_else(|e| panic!("STATUS: {e}"));
+    let chain = n.chain(json!({ "backend": "nftables" }));
+    let a = n.add(&chain, "a", Some(ISTIO.annotations()));
+    let s = n.state_of(&a.rt).unwrap();
+    assert_eq!(s["protection"]["protection"], "protected", "{s}");
+    let out = listen(&a.ns, loopback(false, ISTIO.outbound));
+    let dst: SocketAddr = "10.99.7.1:8081".parse().unwrap();
+    connect_as_root(&a.ns, dst);
+    let (c, _) = accept_within(&out, WAIT).expect("captured");
+    assert_eq!(original_dst(&c, family(false)).unwrap(), dst);
+    n.del(&chain, &a).unwrap();
+}

@@ -5,9 +5,16 @@
 //! `{"v":1,"status":"notFound"}`, or `{"v":1,"status":"undecided","reason":"…"}` when the
 //! agent cannot answer with authority (for example its pod cache has not synced yet).
 //! Unknown fields are ignored both ways so either side can grow.
+//!
+//! Whoever answers decides whether a pod is meshed, so an answer counts only from a
+//! socket nobody else could have put there: the socket file is owned by root and not
+//! writable by group or others, so is its directory, and the process at the other end
+//! (`SO_PEERCRED`) runs as root ([`connect_trusted`]). (A non-root caller, such as a
+//! contributor's test run, also trusts its own user.)
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -60,13 +67,61 @@ pub enum Response {
     },
 }
 
-/// Asks the agent at `socket` about `pod`, giving up after `timeout` in total.
+/// A user whose socket and answer are trusted: root, or the caller itself.
+fn trusted_uid(uid: u32) -> bool {
+    uid == 0 || uid == nix::unistd::geteuid().as_raw()
+}
+
+/// Connects to `socket` after checking that nobody but root (see the module docs) could
+/// have bound it, and that the peer runs as root. The error says which check failed.
+pub fn connect_trusted(socket: &Path) -> Result<UnixStream, LookupError> {
+    let err = |msg: String| LookupError::Agent {
+        socket: socket.display().to_string(),
+        msg,
+    };
+    let m = std::fs::symlink_metadata(socket).map_err(|e| err(format!("connect: {e}")))?;
+    if !m.file_type().is_socket() {
+        return Err(err("not a Unix socket (refused)".into()));
+    }
+    let writable_by_others = |mode: u32| mode & 0o022 != 0;
+    if !trusted_uid(m.uid()) || writable_by_others(m.mode()) {
+        return Err(err(format!(
+            "refused: the socket is owned by uid {} with mode {:o}; only a root-owned socket that group and others cannot write is trusted",
+            m.uid(),
+            m.mode() & 0o7777
+        )));
+    }
+    let dir = socket.parent().unwrap_or(Path::new("/"));
+    let d = std::fs::metadata(dir).map_err(|e| err(format!("{}: {e}", dir.display())))?;
+    if !trusted_uid(d.uid()) || writable_by_others(d.mode()) {
+        return Err(err(format!(
+            "refused: its directory {} is owned by uid {} with mode {:o}; anyone who can write it could replace the socket (make it root-owned, not group- or world-writable)",
+            dir.display(),
+            d.uid(),
+            d.mode() & 0o7777
+        )));
+    }
+    let stream = UnixStream::connect(socket).map_err(|e| err(format!("connect: {e}")))?;
+    let peer = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| err(format!("SO_PEERCRED: {e}")))?;
+    if !trusted_uid(peer.uid()) {
+        return Err(err(format!(
+            "refused: the process serving it (pid {}) runs as uid {}, not root",
+            peer.pid(),
+            peer.uid()
+        )));
+    }
+    Ok(stream)
+}
+
+/// Asks the agent at `socket` about `pod`, giving up after `timeout` in total. The answer
+/// counts only from a trusted socket ([`connect_trusted`]).
 pub fn query(socket: &Path, pod: &PodRef, timeout: Duration) -> Result<PodLookup, LookupError> {
     let err = |msg: String| LookupError::Agent {
         socket: socket.display().to_string(),
         msg,
     };
-    let mut stream = UnixStream::connect(socket).map_err(|e| err(format!("connect: {e}")))?;
+    let mut stream = connect_trusted(socket)?;
     stream
         .set_read_timeout(Some(timeout))
         .map_err(|e| err(e.to_string()))?;

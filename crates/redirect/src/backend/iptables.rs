@@ -560,6 +560,16 @@ impl Backend for IptablesBackend {
         self.flavour.kind()
     }
 
+    /// Every program ADD runs exists: restore and save, for both families.
+    fn usable(&self) -> Result<(), BackendError> {
+        for family in FAMILIES {
+            for tool in [Tool::Restore, Tool::Save] {
+                self.program(&self.flavour.tool(family, tool), "open")?;
+            }
+        }
+        Ok(())
+    }
+
     fn apply(&self, spec: &RedirectSpec) -> Result<(), BackendError> {
         spec.validate()
             .map_err(|e| self.fail("apply", e.to_string()))?;

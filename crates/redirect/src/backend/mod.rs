@@ -308,6 +308,9 @@ pub trait Backend {
     fn verify(&self, spec: &RedirectSpec) -> Result<Verification, BackendError>;
     /// Removes everything interlock installed; succeeds when nothing is there.
     fn remove(&self) -> Result<(), BackendError>;
+    /// Whether the backend can work here at all (CNI STATUS): its kernel interface
+    /// answers, or its programs exist. Run in the host's namespace; changes nothing.
+    fn usable(&self) -> Result<(), BackendError>;
     /// [`Backend::apply`] then [`Backend::verify`]; backends that can share work between
     /// the two (one netlink socket) override it. The engine calls this on ADD.
     fn apply_and_verify(&self, spec: &RedirectSpec) -> Result<Verification, BackendError> {

@@ -477,6 +477,14 @@ impl Backend for NftablesBackend {
         BackendKind::Nftables
     }
 
+    /// nf_tables answers a read over netlink (it needs `CAP_NET_ADMIN` and the module).
+    fn usable(&self) -> Result<(), BackendError> {
+        open("open")?
+            .table(NfFamily::Inet, TABLE)
+            .map(|_| ())
+            .map_err(|e| fail("open", format!("nf_tables does not answer: {e}")))
+    }
+
     fn apply(&self, spec: &RedirectSpec) -> Result<(), BackendError> {
         let ruleset = checked(spec, "apply")?;
         apply_with(&mut open("apply")?, &ruleset)
