@@ -39,6 +39,14 @@ pub enum NftError {
         /// What was being dumped.
         what: String,
     },
+    /// A batch is larger than one netlink message may be (`EMSGSIZE` on send).
+    #[error("nf_tables batch of {bytes} bytes ({messages} messages) is larger than the kernel accepts in one netlink transaction (Message too long): too many rules at once")]
+    BatchTooLarge {
+        /// The encoded batch size.
+        bytes: usize,
+        /// The number of messages (tables, chains, rules) in it.
+        messages: usize,
+    },
     /// A value cannot be encoded (e.g. a name longer than the kernel accepts).
     #[error("invalid {what}: {why}")]
     Invalid {

@@ -135,7 +135,16 @@ impl Nft {
         let n = batch.len() as u32;
         let first = self.take_seqs(n + 2);
         let last = first.wrapping_add(n);
-        sys_send(&self.fd, &batch.encode(first, Ack::Last))?;
+        let encoded = batch.encode(first, Ack::Last);
+        sys_send(&self.fd, &encoded).map_err(|e| match e {
+            NftError::Io { source, .. } if source.raw_os_error() == Some(libc::EMSGSIZE) => {
+                NftError::BatchTooLarge {
+                    bytes: encoded.len(),
+                    messages: batch.len(),
+                }
+            }
+            other => other,
+        })?;
 
         // The kernel handles the batch inside send(): its replies (an error for every
         // refused message, the ack of the last one) are queued by now. Wait for the last

@@ -385,3 +385,33 @@ fn range_and_ordered_comparisons_round_trip_through_the_kernel() {
     assert!(listed.contains("tcp dport != 1000-2000 accept"), "{listed}");
     assert!(listed.contains("meta skuid != 0"), "{listed}");
 }
+
+/// A batch larger than one netlink message may carry fails with an error that says so
+/// (size and message count), not a bare "Message too long"; nothing is applied.
+#[test]
+fn an_oversized_batch_says_so() {
+    require_root!();
+    let ns = Netns::new("nftbig").unwrap();
+    let mut b = Batch::new();
+    b.add_table(Family::Inet, T);
+    for c in chains() {
+        b.add_chain(Family::Inet, T, &c);
+    }
+    for i in 0..40_000u32 {
+        let rule = Rule::new("outbound")
+            .tag(&format!("il:out:{i}"))
+            .l4proto(IPPROTO_TCP)
+            .dport((i % 65_000 + 1) as u16)
+            .verdict(Verdict::Return);
+        b.add_rule(Family::Inet, T, &rule);
+    }
+    let e = ns.run(|| Nft::open().unwrap().commit(&b)).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(e, interlock_nft::NftError::BatchTooLarge { messages, .. } if messages == 40_004)
+            && text.contains("too many rules at once"),
+        "{text}"
+    );
+    let tables = ns.exec_ok(&["nft", "list", "tables"]);
+    assert!(!tables.contains(T), "{tables}");
+}

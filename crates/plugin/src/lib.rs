@@ -710,6 +710,21 @@ fn cmd_gc(call: &Call) -> Result<Vec<u8>, CniError> {
             }
         }
     }
+    // Temp files of atomic writes whose writer was killed (an ADD killed mid-write);
+    // the agent sweeps them too.
+    let swept = state::sweep_abandoned_temps(&[
+        call.config.state_dir.clone(),
+        store.dir().to_path_buf(),
+        netns_state::NetnsStore::new(&call.config.state_dir)
+            .dir()
+            .to_path_buf(),
+    ]);
+    if !swept.is_empty() {
+        call.log.info(&format!(
+            "GC removed {} abandoned temp file(s) of killed writers",
+            swept.len()
+        ));
+    }
     let removed = store
         .retain(&valid)
         .map_err(|e| call.err(codes::IO_FAILURE, format!("GC of attachment state: {e}")))?;

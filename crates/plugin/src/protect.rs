@@ -483,12 +483,18 @@ pub fn release(
             Err(e) => return Err(Failure::from(e)),
         },
     };
-    let lock = match id {
-        Some(id) => Some(
-            NetnsStore::new(state_dir)
-                .lock(id)
-                .map_err(|e| Failure::state(format!("locking the state of netns {netns}: {e}")))?,
-        ),
+    let netns_store = NetnsStore::new(state_dir);
+    let lock = match id.map(|id| netns_store.lock(id)) {
+        Some(Ok(lock)) => Some(lock),
+        // No state, and no netns records can exist (their directory cannot even be
+        // made, e.g. an unwritable state dir): nothing recorded relies on this netns, and
+        // the DEL of a pod that needed nothing must not fail on interlock's bookkeeping.
+        Some(Err(_)) if state.is_none() && !netns_store.dir().exists() => None,
+        Some(Err(e)) => {
+            return Err(Failure::state(format!(
+                "locking the state of netns {netns}: {e}"
+            )))
+        }
         None => None,
     };
     if let Some(lock) = &lock {

@@ -4,6 +4,11 @@
 //! Each file is replaced atomically (`write_file_atomic`: temp file, fsync, rename), and
 //! concurrent ADDs for different attachments touch different files, so any number of
 //! plugin processes can run at once. A reader sees a whole old file or a whole new one.
+//!
+//! A file is named after its key, percent-encoded, unless that name would be longer than
+//! [`MAX_NAME`] (a container ID may be any length, and `.` encodes as three bytes): then
+//! it is named after the key's hash, and the key is read from the file itself. Either
+//! way every ID gets a file a filesystem accepts, before any rule is applied.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -12,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use interlock_protocol::atomic::write_file_atomic;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::decide::Decision;
 use crate::identity::PodIdentity;
@@ -66,6 +72,10 @@ fn default_source() -> Source {
     Source::RuntimeConfig
 }
 
+/// The longest encoded file name used as is (`NAME_MAX` is 255, and the atomic write's
+/// temp name adds a dot, the PID and a counter).
+pub const MAX_NAME: usize = 200;
+
 /// The directory of attachment state files.
 #[derive(Debug, Clone)]
 pub struct StateStore {
@@ -115,13 +125,20 @@ impl StateStore {
     }
 
     /// The file for `key`: `<containerID>+<ifname>.json`, each part percent-encoded so
-    /// that any ID or ifname maps to exactly one safe file name.
+    /// that any ID or ifname maps to exactly one safe file name; when that is longer than
+    /// [`MAX_NAME`], `h-<sha256 of containerID NUL ifname>.json` (no `+`: never an encoded
+    /// name).
     pub fn path_for(&self, key: &AttachmentKey) -> PathBuf {
-        self.dir.join(format!(
-            "{}+{}.json",
-            encode(&key.container_id),
-            encode(&key.ifname)
-        ))
+        let name = format!("{}+{}.json", encode(&key.container_id), encode(&key.ifname));
+        if name.len() <= MAX_NAME {
+            return self.dir.join(name);
+        }
+        let mut h = Sha256::new();
+        h.update(key.container_id.as_bytes());
+        h.update([0]);
+        h.update(key.ifname.as_bytes());
+        self.dir
+            .join(format!("h-{}.json", hex::encode(h.finalize())))
     }
 
     /// The key a file name stands for, if it is one of ours.
@@ -190,8 +207,20 @@ impl StateStore {
         let mut keys = BTreeSet::new();
         for entry in entries {
             let name = entry?.file_name();
-            if let Some(k) = name.to_str().and_then(StateStore::key_of) {
+            let Some(name) = name.to_str() else { continue };
+            if let Some(k) = StateStore::key_of(name) {
                 keys.insert(k);
+            } else if name.starts_with("h-") && name.ends_with(".json") {
+                // A hashed name: the key is in the file (checked against the name, so a
+                // stray file cannot stand for another attachment).
+                if let Ok(bytes) = fs::read(self.dir.join(name)) {
+                    if let Ok(s) = serde_json::from_slice::<AttachmentState>(&bytes) {
+                        if self.path_for(&s.key).file_name().and_then(|n| n.to_str()) == Some(name)
+                        {
+                            keys.insert(s.key);
+                        }
+                    }
+                }
             }
         }
         Ok(keys)
@@ -207,6 +236,61 @@ impl StateStore {
         }
         Ok(removed)
     }
+}
+
+/// How old a temp file must be to be swept even though a process with its PID runs (the
+/// PID may have been reused); an atomic write takes milliseconds.
+pub const TEMP_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether `name` is a temp file of an atomic write (`.<file>.<pid>.<n>.tmp`) that nobody
+/// will finish: its writer is not running (by `alive`), or it is older than
+/// [`TEMP_MAX_AGE`]. A writer killed mid-ADD leaves such files behind for good.
+pub fn is_abandoned_temp(
+    name: &str,
+    age: std::time::Duration,
+    alive: impl Fn(u32) -> bool,
+) -> bool {
+    let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
+        return false;
+    };
+    let mut parts = inner.rsplitn(3, '.');
+    let (Some(n), Some(pid), Some(base)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let (Ok(_), Ok(pid)) = (n.parse::<u64>(), pid.parse::<u32>()) else {
+        return false;
+    };
+    !base.is_empty() && (age > TEMP_MAX_AGE || !alive(pid))
+}
+
+/// Removes the abandoned temp files ([`is_abandoned_temp`]) in `dirs`; returns them.
+pub fn sweep_abandoned_temps(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let alive = |pid: u32| {
+        i32::try_from(pid).is_ok_and(|p| {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None)
+                != Err(nix::errno::Errno::ESRCH)
+        })
+    };
+    let mut removed = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let age = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .unwrap_or_default();
+            if is_abandoned_temp(name, age, alive) && fs::remove_file(entry.path()).is_ok() {
+                removed.push(entry.path());
+            }
+        }
+    }
+    removed
 }
 
 #[cfg(test)]
@@ -258,6 +342,58 @@ mod tests {
         assert!(mode & 0o700 == 0o700);
     }
 
+    #[test]
+    fn abandoned_temps_are_recognised() {
+        use std::time::Duration;
+        let dead = |_| false;
+        let alive = |_| true;
+        let young = Duration::from_secs(1);
+        for name in [
+            ".c7+eth0.json.9335.0.tmp",
+            ".backend-detected.json.12.3.tmp",
+        ] {
+            assert!(is_abandoned_temp(name, young, dead), "{name}");
+            assert!(!is_abandoned_temp(name, young, alive), "{name}");
+            assert!(is_abandoned_temp(name, TEMP_MAX_AGE * 2, alive), "{name}");
+        }
+        for name in [
+            "c7+eth0.json",
+            ".c7+eth0.json.tmp",
+            ".x.y.z.tmp",
+            "..1.2.tmp",
+            ".a.1.2",
+        ] {
+            assert!(!is_abandoned_temp(name, TEMP_MAX_AGE * 2, dead), "{name}");
+        }
+    }
+
+    /// IDs whose encoded name would pass the filesystem's limit get a hashed name that
+    /// round-trips through keys(), so GC and DEL find them.
+    #[test]
+    fn long_ids_get_hashed_names() {
+        let t = tempfile::tempdir().unwrap();
+        let s = StateStore::new(t.path());
+        for cid in [".".repeat(80), "b".repeat(300), "x".repeat(5000)] {
+            let st = state(&cid, "eth0");
+            let name = s
+                .path_for(&st.key)
+                .file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_string();
+            assert!(name.starts_with("h-") && name.len() <= MAX_NAME, "{name}");
+            s.save(&st).unwrap();
+            assert_eq!(s.load(&st.key).unwrap().unwrap(), st);
+            assert!(s.keys().unwrap().contains(&st.key));
+            assert!(s.remove(&st.key).unwrap());
+        }
+        // At the limit: encoded as usual.
+        let cid = "c".repeat(MAX_NAME - "+eth0.json".len());
+        let name = s.path_for(&state(&cid, "eth0").key);
+        assert!(name.ends_with(format!("{cid}+eth0.json")));
+    }
+
     proptest! {
         #[test]
         fn file_names_are_safe_and_reversible(cid in "\\PC{0,40}", ifname in "\\PC{0,15}") {
@@ -268,7 +404,13 @@ mod tests {
             prop_assert!(!name.starts_with('.'));
             prop_assert!(!name.contains('/'));
             prop_assert_eq!(path.parent().unwrap(), Path::new("/x/attachments"));
-            prop_assert_eq!(StateStore::key_of(name), Some(key));
+            prop_assert!(name.len() <= MAX_NAME);
+            if name.starts_with("h-") {
+                // Hashed (the key is read from the file: long_ids_get_hashed_names).
+                prop_assert_eq!(StateStore::key_of(name), None);
+            } else {
+                prop_assert_eq!(StateStore::key_of(name), Some(key));
+            }
         }
     }
 }

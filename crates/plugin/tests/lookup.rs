@@ -286,3 +286,104 @@ fn undecidable_pod_fails_closed_naming_every_source() {
     let x = n.add(&excluded, "x", None);
     assert_eq!(n.state_of(&x.rt).unwrap()["decision"]["decision"], "skip");
 }
+
+/// Serves the agent protocol on `INTERLOCK_FORGED_AGENT` (any pod is "meshed"), as
+/// whatever user runs it; only does anything in the child started by
+/// `a_socket_served_by_another_user_is_not_trusted`.
+#[test]
+fn forged_agent_child() {
+    let Some(path) = std::env::var_os("INTERLOCK_FORGED_AGENT") else {
+        return;
+    };
+    use std::os::unix::fs::PermissionsExt;
+    let l = UnixListener::bind(&path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for s in l.incoming() {
+        let Ok(mut s) = s else { return };
+        let mut line = String::new();
+        if BufReader::new(&s).read_line(&mut line).is_ok() {
+            let meshed = [("interlock.dev/redirect".to_string(), "enabled".to_string())];
+            let reply = |_: &PodRef| Response::Found {
+                v: 1,
+                uid: None,
+                annotations: meshed.iter().cloned().collect(),
+            };
+            let _ = s.write_all(answer_line(&line, reply).as_bytes());
+        }
+    }
+}
+
+/// The agent socket's answer decides whether a pod is meshed, so it counts only from a
+/// root-owned socket in a root-owned directory that others cannot write, served by a root
+/// process (issue 7 item 9, review L11). A socket an unprivileged user (65534) serves is
+/// refused both where that user could bind it (a world-writable directory) and after
+/// root moved it into a root-owned directory and made it root's (SO_PEERCRED): the ADD
+/// fails closed (11) naming the refusal, and the forged "meshed" answer installs nothing.
+#[test]
+fn a_socket_served_by_another_user_is_not_trusted() {
+    require_root!();
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let open = interlock_testkit::tempdir().unwrap();
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    // A copy of this test binary the unprivileged user can run.
+    let exe = open.path().join("forger");
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let forged = open.path().join("agent.sock");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _child = Kill(
+        std::process::Command::new(&exe)
+            .args(["--exact", "forged_agent_child", "--nocapture"])
+            .env("INTERLOCK_FORGED_AGENT", &forged)
+            .uid(65534)
+            .gid(65534)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + WAIT;
+    while !forged.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the forger did not bind"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Moved by root into a root-owned directory and made root's: only SO_PEERCRED tells.
+    let closed = interlock_testkit::tempdir().unwrap();
+    std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let n = Node::new(false);
+    for (socket, refusal) in [
+        (forged.clone(), "owned by uid 65534"),
+        (
+            closed.path().join("agent.sock"),
+            "runs as uid 65534, not root",
+        ),
+    ] {
+        if socket != forged {
+            std::fs::rename(&forged, &socket).unwrap();
+            std::os::unix::fs::chown(&socket, Some(0), Some(0)).unwrap();
+            std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let chain = n.chain(no_capability(json!({ "agentSocket": socket })));
+        let (ns, rt, r) = n.try_add(&chain, "web", None);
+        let e = r.unwrap_err();
+        let (code, msg) = cni_error(&e);
+        assert_eq!(code, 11, "{e}");
+        assert!(
+            msg.contains(&format!("agent socket {}", socket.display())) && msg.contains(refusal),
+            "{msg}"
+        );
+        assert_no_interlock_rules(&ns);
+        assert!(n.state_of(&rt).is_none());
+        n.node.run(|| chain.del(&rt, None)).unwrap();
+    }
+}

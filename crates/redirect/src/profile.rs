@@ -26,7 +26,8 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::spec::{
-    validate_ifname, InboundCapture, OutboundCapture, PortSelection, RedirectSpec, SpecError,
+    port_runs, validate_ifname, InboundCapture, OutboundCapture, PortSelection, RedirectSpec,
+    SpecError, MAX_RULES_PER_LIST,
 };
 
 /// A mesh convention interlock can reproduce.
@@ -118,11 +119,32 @@ impl Annotations<'_> {
 }
 
 fn invalid(key: &str, value: &str, reason: impl Into<String>) -> SpecError {
+    // Keep a huge value from swamping the message (it names the annotation anyway).
+    let value = match value.char_indices().nth(120) {
+        Some((end, _)) => format!("{}… ({} bytes)", &value[..end], value.len()),
+        None => value.to_string(),
+    };
     SpecError::Annotation {
         annotation: key.to_string(),
-        value: value.to_string(),
+        value,
         reason: reason.into(),
     }
+}
+
+/// Refuses a list that would need more than [`MAX_RULES_PER_LIST`] rules (one per port
+/// run or network): no real annotation comes near, and one transaction must stay well
+/// within what the kernel accepts in one netlink message.
+fn check_list_size(key: &str, value: &str, rules: usize, what: &str) -> Result<(), SpecError> {
+    if rules > MAX_RULES_PER_LIST {
+        return Err(invalid(
+            key,
+            value,
+            format!(
+                "{rules} separate {what} need one rule each, more than the {MAX_RULES_PER_LIST} interlock allows per annotation; merge neighbouring ports into ranges (8000-8100) or networks into wider CIDRs"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A parsed port list.
@@ -181,6 +203,7 @@ fn parse_ports(key: &str, value: &str, wildcard: bool) -> Result<Ports, SpecErro
     }
     out.sort_unstable();
     out.dedup();
+    check_list_size(key, value, port_runs(&out).len(), "port ranges")?;
     Ok(Ports::List(out))
 }
 
@@ -230,6 +253,9 @@ fn parse_cidrs(key: &str, value: &str, wildcard: bool) -> Result<Option<Vec<IpNe
         };
         out.push(net.trunc());
     }
+    out.sort_unstable();
+    out.dedup();
+    check_list_size(key, value, out.len(), "networks")?;
     Ok(Some(out))
 }
 
@@ -592,6 +618,38 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("consul"));
+    }
+
+    /// An oversized list is refused naming the annotation and the limit (not the
+    /// kernel's "Message too long" after applying); the value in the message is cut.
+    #[test]
+    fn oversized_lists_name_the_annotation_and_the_limit() {
+        let key = "traffic.sidecar.istio.io/excludeOutboundPorts";
+        let odd: Vec<String> = (1..65535u32).step_by(2).map(|p| p.to_string()).collect();
+        let e = err(&[ISTIO, (key, &odd.join(","))]);
+        let msg = e.to_string();
+        assert!(
+            msg.contains(key)
+                && msg.contains("32767 separate port ranges")
+                && msg.contains(&format!("more than the {MAX_RULES_PER_LIST}"))
+                && msg.len() < 1000,
+            "{msg}"
+        );
+        // At the limit: fine; ranges count once.
+        let at: Vec<String> = (1..=MAX_RULES_PER_LIST as u32)
+            .map(|i| (i * 2).to_string())
+            .collect();
+        spec(&[ISTIO, (key, &at.join(","))]);
+        spec(&[ISTIO, (key, "1-65000")]);
+        let nets: Vec<String> = (0..=MAX_RULES_PER_LIST as u32)
+            .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+            .collect();
+        let e = err(&[LINKERD, ("config.linkerd.io/skip-subnets", &nets.join(","))]);
+        assert!(
+            e.to_string().contains("config.linkerd.io/skip-subnets")
+                && e.to_string().contains("separate networks"),
+            "{e}"
+        );
     }
 
     #[test]

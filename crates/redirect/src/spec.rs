@@ -32,6 +32,11 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+/// The most rules one list of a spec may need (port runs, networks): far within what the
+/// kernel accepts in one transaction even with every list at the limit, and far above
+/// any real annotation. Profiles refuse longer lists naming the annotation.
+pub const MAX_RULES_PER_LIST: usize = 1024;
+
 /// Everything a backend needs to capture a pod's traffic to its proxy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -259,6 +264,34 @@ impl RedirectSpec {
                 Ok(())
             }
         };
+        let sized = |name: &'static str, rules: usize| {
+            if rules > MAX_RULES_PER_LIST {
+                Err(field(
+                    name,
+                    format!("{rules} rules, more than {MAX_RULES_PER_LIST}"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        sized(
+            "inbound.excludePorts",
+            port_runs(&self.inbound.exclude_ports).len(),
+        )?;
+        sized(
+            "outbound.excludePorts",
+            port_runs(&self.outbound.exclude_ports).len(),
+        )?;
+        for (name, sel) in [
+            ("inbound.includePorts", &self.inbound.include_ports),
+            ("outbound.includePorts", &self.outbound.include_ports),
+        ] {
+            if let PortSelection::Only(list) = sel {
+                sized(name, port_runs(list).len())?;
+            }
+        }
+        sized("outbound.includeCidrs", self.outbound.include_cidrs.len())?;
+        sized("outbound.excludeCidrs", self.outbound.exclude_cidrs.len())?;
         no_zero("inbound.excludePorts", &self.inbound.exclude_ports)?;
         no_zero("outbound.excludePorts", &self.outbound.exclude_ports)?;
         if let PortSelection::Only(list) = &self.inbound.include_ports {
