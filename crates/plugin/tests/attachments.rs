@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener};
 
 use common::*;
-use interlock_protocol::exec::{Attachment, Chain, Command as Verb, RuntimeConf};
+use interlock_protocol::exec::{Command as Verb, RuntimeConf};
 use interlock_redirect::netns::in_netns;
 use interlock_redirect::probe::original_dst;
 use interlock_testkit::require_root;
@@ -37,24 +37,6 @@ fn rules_count(pod: &Pod) -> usize {
         .exec_ok(&["nft", "list", "ruleset"])
         .matches("redirect to")
         .count()
-}
-
-/// GC through interlock-cni alone at 1.1.0 (the reference plugins stop at 1.0.0).
-fn gc(n: &Node, valid: &[(&RuntimeConf, &str)]) {
-    let doc = json!({
-        "cniVersion": "1.1.0", "name": "ilnet",
-        "plugins": [n.interlock_entry(json!({ "backend": "nftables" }))],
-    });
-    let list = interlock_protocol::parse_conflist(doc.to_string().as_bytes()).unwrap();
-    let chain = Chain::new(list, vec![n.bins.path().into()]).unwrap();
-    let valid: Vec<Attachment> = valid
-        .iter()
-        .map(|(rt, ifname)| Attachment {
-            container_id: rt.container_id.clone(),
-            ifname: ifname.to_string(),
-        })
-        .collect();
-    n.node.run(|| chain.gc(&valid)).unwrap();
 }
 
 fn netns_records(n: &Node) -> Vec<Value> {
@@ -114,7 +96,7 @@ fn del_and_gc_of_one_attachment_keep_the_others_rules() {
     // net1 again, then GC keeping only eth0.
     n.exec_interlock(&only, Verb::Add, &net1, &a.result)
         .unwrap();
-    gc(&n, &[(&a.rt, "eth0")]);
+    n.gc(&[(&a.rt.container_id, "eth0")]);
     assert!(n.state_of_if(&a.rt, "net1").is_none());
     assert!(n.state_of(&a.rt).is_some());
     n.check(&only, &a).unwrap();

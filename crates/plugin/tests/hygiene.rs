@@ -8,28 +8,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
-use interlock_protocol::exec::{Attachment, Chain, Command as Verb};
+use interlock_protocol::exec::Command as Verb;
 use interlock_redirect::probe::original_dst;
 use interlock_testkit::require_root;
 use serde_json::json;
-
-/// GC through interlock-cni alone at 1.1.0, keeping `valid`.
-fn gc(n: &Node, valid: &[Attachment]) {
-    let doc = json!({
-        "cniVersion": "1.1.0", "name": "ilnet",
-        "plugins": [n.interlock_entry(json!({ "backend": "nftables" }))],
-    });
-    let list = interlock_protocol::parse_conflist(doc.to_string().as_bytes()).unwrap();
-    let chain = Chain::new(list, vec![n.bins.path().into()]).unwrap();
-    n.node.run(|| chain.gc(valid)).unwrap();
-}
-
-fn attachment(cid: &str) -> Attachment {
-    Attachment {
-        container_id: cid.to_string(),
-        ifname: "eth0".into(),
-    }
-}
 
 fn files(dir: &std::path::Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -68,9 +50,9 @@ fn long_container_ids_are_protected_and_deleted() {
         );
         n.node.run(|| only.check(&rt, &result)).unwrap();
         // GC keeps it when listed, and collects it (rules too) when not.
-        gc(&n, &[attachment(&cid)]);
+        n.gc(&[(&cid, "eth0")]);
         assert_eq!(files(&n.state.path().join("attachments")).len(), 1);
-        gc(&n, &[]);
+        n.gc(&[]);
         assert!(files(&n.state.path().join("attachments")).is_empty());
         assert_no_interlock_rules(&ns);
         // ADD again (interlock-cni alone, as a retry), then DEL.
@@ -123,7 +105,7 @@ fn gc_sweeps_temp_files_of_killed_writers() {
     for p in abandoned.iter().chain([&live]) {
         std::fs::write(p, b"{}").unwrap();
     }
-    gc(&n, &[attachment(&a.rt.container_id)]);
+    n.gc(&[(&a.rt.container_id, "eth0")]);
     for p in &abandoned {
         assert!(!p.exists(), "{} left", p.display());
     }

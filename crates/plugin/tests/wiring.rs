@@ -435,20 +435,7 @@ fn gc_removes_stale_state_and_rules() {
         .ns
         .exec_ok(&["nft", "list", "tables"])
         .contains("interlock"));
-    let doc = json!({
-        "cniVersion": "1.1.0", "name": "ilnet",
-        "plugins": [n.interlock_entry(json!({}))],
-    });
-    let list = interlock_protocol::parse_conflist(doc.to_string().as_bytes()).unwrap();
-    let gc = interlock_protocol::exec::Chain::new(list, vec![n.bins.path().into()]).unwrap();
-    n.node
-        .run(|| {
-            gc.gc(&[interlock_protocol::exec::Attachment {
-                container_id: keep.rt.container_id.clone(),
-                ifname: "eth0".into(),
-            }])
-        })
-        .unwrap();
+    n.gc(&[(&keep.rt.container_id, "eth0")]);
     assert!(n.state_of(&keep.rt).is_some());
     assert!(n.state_of(&stale.rt).is_none());
     assert_no_interlock_rules(&stale.ns);

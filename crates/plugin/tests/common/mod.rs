@@ -10,7 +10,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 
-use interlock_protocol::exec::{exec_plugin, Chain, Command as Verb, ExecError, RuntimeConf};
+use interlock_protocol::exec::{
+    exec_plugin, Attachment, Chain, Command as Verb, ExecError, RuntimeConf,
+};
 use interlock_protocol::{parse_conflist, CniResult};
 pub use interlock_testkit::traffic::*;
 use interlock_testkit::{cni_plugins_dir, tempdir, unique, Netns, TempDir};
@@ -270,6 +272,25 @@ impl Node {
         let path = self.bins.path().join("interlock-cni");
         self.node
             .run(|| exec_plugin(&path, verb, rt, &[self.bins.path().into()], &stdin))
+    }
+
+    /// GC through interlock-cni alone at 1.1.0 (the reference plugins stop at 1.0.0),
+    /// keeping `valid` (container ID, ifname).
+    pub fn gc(&self, valid: &[(&str, &str)]) {
+        let doc = json!({
+            "cniVersion": "1.1.0", "name": "ilnet",
+            "plugins": [self.interlock_entry(json!({ "backend": "nftables" }))],
+        });
+        let list = parse_conflist(doc.to_string().as_bytes()).unwrap();
+        let chain = Chain::new(list, vec![self.bins.path().into()]).unwrap();
+        let valid: Vec<Attachment> = valid
+            .iter()
+            .map(|(cid, ifname)| Attachment {
+                container_id: cid.to_string(),
+                ifname: ifname.to_string(),
+            })
+            .collect();
+        self.node.run(|| chain.gc(&valid)).unwrap();
     }
 
     /// The state of attachment (`rt`'s container ID, `ifname`).
