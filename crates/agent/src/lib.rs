@@ -2,13 +2,13 @@
 //!
 //! Installs the plugin binary, writes the config the runtime actually loads, re-converges
 //! it within milliseconds after anyone else touches the conf dir, and reports readiness
-//! truthfully (health endpoints and the STATUS marker the plugin reads).
+//! truthfully (health endpoints and the readiness marker `interlock check` reads).
 //!
 //! Layout: [`view`] models the conf dir as a runtime sees it, [`plan`] decides what to
 //! write (pure), [`fight`] decides when to back off from another writer (pure),
 //! [`guard`] is the thin layer that reads, writes and watches, [`install`] handles the
 //! plugin binary, [`status`] and [`health`] serve readiness and metrics, [`marker`] is
-//! the file `interlock-cni` STATUS reads. Threads: the tokio runtime (health server,
+//! the readiness file `interlock check` reads. Threads: the tokio runtime (health server,
 //! signals), one guard thread, one inotify thread.
 
 pub mod error;
@@ -152,17 +152,7 @@ pub fn plugin_entry(state_dir: &Path) -> Map<String, Value> {
 }
 
 /// Fields an operator may set with `--plugin-config` (interlock-cni's own settings).
-pub const PLUGIN_CONFIG_FIELDS: [&str; 9] = [
-    "logFile",
-    "logLevel",
-    "excludeNamespaces",
-    "failurePolicy",
-    "agentSocket",
-    "kubeconfig",
-    "backend",
-    "profiles",
-    "capabilities",
-];
+pub use interlock_contract::config::SETTABLE_FIELDS as PLUGIN_CONFIG_FIELDS;
 
 /// Our entry with the operator's `extra` settings merged in: `type` and `stateDir` first,
 /// then `extra` in its order, and `capabilities` always declaring the pod annotations.
@@ -184,7 +174,7 @@ pub fn plugin_entry_with(state_dir: &Path, extra: &Map<String, Value>) -> Map<St
         }
     }
     caps.insert(
-        interlock_cni::config::POD_ANNOTATIONS_CAPABILITY.into(),
+        interlock_contract::POD_ANNOTATIONS_CAPABILITY.into(),
         Value::Bool(true),
     );
     out.insert("capabilities".into(), Value::Object(caps));
@@ -236,8 +226,11 @@ pub fn load_plugin_config(path: &Path) -> Result<Map<String, Value>, AgentError>
             }
         }
     }
-    let merged = plugin_entry_with(Path::new(interlock_cni::config::DEFAULT_STATE_DIR), &map);
-    interlock_cni::config::PluginConfig::from_map(&merged).map_err(|e| bad(e.to_string()))?;
+    let merged = plugin_entry_with(
+        Path::new(interlock_contract::layout::DEFAULT_STATE_DIR),
+        &map,
+    );
+    interlock_contract::PluginConfig::from_map(&merged).map_err(|e| bad(e.to_string()))?;
     Ok(map)
 }
 

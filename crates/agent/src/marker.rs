@@ -1,22 +1,23 @@
-//! The readiness marker `interlock-cni` STATUS reads: `<stateDir>/agent-ready.json`.
+//! The readiness marker `interlock check` reads: `<stateDir>/agent-ready.json`.
 //!
-//! The type is the plugin's own [`interlock_cni::status::ReadinessMarker`] (its JSON field
-//! names are the contract, tested there), so writer and reader cannot drift apart. Written atomically; the guard
-//! refreshes it every `staleAfterMs/3` so a dead agent shows as stale.
+//! The type is the contract's [`interlock_contract::marker::ReadinessMarker`] (its JSON
+//! field names are tested there), so writer and reader cannot drift apart. Written
+//! atomically, root-owned 0644; the guard refreshes it every `staleAfterMs/3` so a dead
+//! agent shows as stale.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-pub use interlock_cni::status::{ReadinessMarker as Marker, MARKER_FILE};
-
-/// Path of the marker in `state_dir`.
-pub fn marker_path(state_dir: &Path) -> PathBuf {
-    interlock_cni::status::marker_path(state_dir)
-}
+pub use interlock_contract::layout::{marker_path, MARKER_FILE};
+pub use interlock_contract::marker::ReadinessMarker as Marker;
 
 /// Writes `m` atomically into `state_dir` (creating the directory).
 pub fn write(state_dir: &Path, m: &Marker) -> std::io::Result<()> {
     std::fs::create_dir_all(state_dir)?;
-    m.write(&marker_path(state_dir))
+    interlock_protocol::atomic::write_file_atomic(
+        &marker_path(state_dir),
+        &m.to_bytes(),
+        Some(0o644),
+    )
 }
 
 /// Reads the marker in `state_dir`.

@@ -678,7 +678,7 @@ fn random_directories_converge_without_touching_foreign_files() {
 #[test]
 fn our_entry_is_a_valid_plugin_config() {
     let e = plugin_entry(Path::new("/var/run/interlock"));
-    let c: interlock_cni::config::PluginConfig = serde_json::from_value(Value::Object(e)).unwrap();
+    let c: interlock_contract::PluginConfig = serde_json::from_value(Value::Object(e)).unwrap();
     assert_eq!(c.plugin_type, "interlock-cni");
     assert_eq!(c.state_dir, Path::new("/var/run/interlock"));
     assert_eq!(

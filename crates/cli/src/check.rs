@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use interlock_cni::status::{marker_path, now_ms, ReadinessMarker};
+use interlock_contract::layout::marker_path;
+use interlock_contract::marker::ReadinessMarker;
+use interlock_contract::time::now_ms;
 use interlock_protocol::confdir::{self, Effective, Runtime};
 use interlock_protocol::exec::plugin_version;
 use serde::Serialize;

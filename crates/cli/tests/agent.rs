@@ -775,7 +775,7 @@ fn plugin_config_is_merged_into_our_entry() {
     );
     // The plugin itself accepts the merged entry.
     let entry = want(&Value::Object(chosen.list.raw().clone())).unwrap();
-    let c = interlock_cni::config::PluginConfig::from_map(entry.as_object().unwrap()).unwrap();
+    let c = interlock_contract::PluginConfig::from_map(entry.as_object().unwrap()).unwrap();
     assert!(c.is_excluded("ilns"));
     // Stable: the merged entry is ours, so nothing is rewritten.
     let writes = a.metric("interlock_config_writes_total").unwrap();

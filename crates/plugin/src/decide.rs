@@ -6,9 +6,9 @@
 use interlock_redirect::{ProfileName, RedirectSpec};
 use serde::{Deserialize, Serialize};
 
-use crate::config::PluginConfig;
 use crate::identity::PodIdentity;
 use crate::lookup::{self, Resolved, Source};
+use interlock_contract::config::PluginConfig;
 
 /// What to do with an attachment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

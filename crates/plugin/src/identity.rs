@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::config::POD_ANNOTATIONS_CAPABILITY;
+use interlock_contract::config::POD_ANNOTATIONS_CAPABILITY;
 
 /// Who the pod is, as far as the runtime told us.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

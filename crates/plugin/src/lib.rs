@@ -69,7 +69,6 @@
 //! failed:` followed by the cause.
 
 pub mod backend_cache;
-pub mod config;
 pub mod decide;
 pub mod identity;
 pub mod log;
@@ -84,33 +83,19 @@ use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
-use interlock_protocol::error::{self as codes, CniError};
+use interlock_contract::codes::{self, Step};
+use interlock_protocol::error::CniError;
 use interlock_protocol::exec::Command;
 use interlock_protocol::{CniResult, CniVersion};
 use serde_json::{Map, Value};
 
-use crate::config::{FailurePolicy, PluginConfig};
 use crate::decide::Decision;
 use crate::identity::PodIdentity;
 use crate::log::Logger;
 use crate::protect::{micros, Failure, Undone};
 use crate::protection::Protection;
 use crate::state::{AttachmentKey, AttachmentState, StateStore};
-
-/// interlock's own error code: an internal error (a bug; please report it).
-pub const ERR_INTERNAL: u32 = 100;
-/// interlock's own error code: the pod's mesh annotations cannot be turned into rules.
-pub const ERR_INVALID_POD_ANNOTATIONS: u32 = 101;
-/// interlock's own error code: applying the redirect rules failed (or the backend is unusable).
-pub const ERR_APPLY: u32 = 102;
-/// interlock's own error code: the rules in the netns are not exactly the expected ones.
-pub const ERR_VERIFY: u32 = 103;
-/// interlock's own error code: the probe did not prove the outbound redirection.
-pub const ERR_PROBE: u32 = 104;
-/// interlock's own error code: the pod's network namespace cannot be entered.
-pub const ERR_NETNS: u32 = 105;
-/// interlock's own error code: DEL could not remove the redirect rules.
-pub const ERR_REMOVE: u32 = 106;
+use interlock_contract::config::{FailurePolicy, PluginConfig};
 
 /// The `CNI_*` environment of one invocation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -182,7 +167,7 @@ pub fn run(env: &CniEnv, stdin: &[u8]) -> Outcome {
 pub fn internal_error() -> CniError {
     CniError::new(
         CniVersion::LATEST.as_str(),
-        ERR_INTERNAL,
+        codes::INTERNAL,
         "interlock-cni internal error (a bug): see the plugin log or stderr",
     )
 }
@@ -408,14 +393,9 @@ fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
 
     let store = StateStore::new(&call.config.state_dir);
     let outcome = match &decision {
-        Decision::Invalid { reason } => Err(Failure::clean(
-            "spec",
-            ERR_INVALID_POD_ANNOTATIONS,
-            reason.clone(),
-        )),
+        Decision::Invalid { reason } => Err(Failure::clean(Step::Spec, reason.clone())),
         Decision::Undecided { reason } => Err(Failure::clean(
-            "lookup",
-            codes::TRY_AGAIN_LATER,
+            Step::Lookup,
             format!("cannot decide whether the pod is meshed: {reason}"),
         )),
         _ => protect::protect(
@@ -463,7 +443,7 @@ fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
         annotations_source: source,
         decision: decision.clone(),
         protection: protection.clone(),
-        added_at_ms: status::now_ms(),
+        added_at_ms: interlock_contract::time::now_ms(),
         add_us: 0,
     };
     state.add_us = micros(start.elapsed());
@@ -486,7 +466,7 @@ fn cmd_add(call: &Call) -> Result<Vec<u8>, CniError> {
                 let left = claim.and_then(protect::Claim::abort);
                 let f = Failure {
                     leftover_rules: left,
-                    ..Failure::clean("state", codes::IO_FAILURE, format!("writing attachment state: {e}"))
+                    ..Failure::clean(Step::State, format!("writing attachment state: {e}"))
                 };
                 return Err(call
                     .err(f.code, format!("pod {name}: step state failed: {}", f.message))
@@ -645,7 +625,7 @@ fn cmd_check(call: &Call) -> Result<Vec<u8>, CniError> {
         }
         Protection::Unprotected { step, reason } => {
             return Err(call.err(
-                ERR_VERIFY,
+                codes::VERIFY,
                 format!(
                     "pod {name}: is meshed but was left WITHOUT redirection at ADD \
                      (failurePolicy open; step {step} failed: {reason})"
@@ -777,7 +757,7 @@ mod tests {
             "{clean}"
         );
         let f = Failure::from(apply(Some("iptables-nft-restore: exit 4")));
-        assert_eq!((f.step, f.code), ("apply", ERR_APPLY));
+        assert_eq!((f.step, f.code), (Step::Apply, codes::APPLY));
         let dirty = add_failure_details(&f, "/run/netns/ilpod");
         assert!(
             !dirty.contains("no interlock rules were left")
@@ -789,7 +769,7 @@ mod tests {
             "{dirty}"
         );
         // Failures before anything was applied leave nothing.
-        let lookup = Failure::clean("lookup", codes::TRY_AGAIN_LATER, "no agent");
+        let lookup = Failure::clean(Step::Lookup, "no agent");
         assert!(add_failure_details(&lookup, "/x").contains("no interlock rules were left"));
     }
 
@@ -809,7 +789,7 @@ mod tests {
         if o.exit_code == 1 {
             let e: CniError = serde_json::from_slice(&o.stdout)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
-            prop_assert_ne!(e.code, ERR_INTERNAL, "internal error (a panic): {:?}", e);
+            prop_assert_ne!(e.code, codes::INTERNAL, "internal error (a panic): {:?}", e);
             prop_assert!(!e.msg.is_empty());
         } else if !o.stdout.is_empty() {
             serde_json::from_slice::<Value>(&o.stdout)

@@ -5,7 +5,7 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::config::LogLevel;
+use interlock_contract::config::LogLevel;
 
 /// Where and how much to log.
 #[derive(Debug, Clone)]
@@ -45,7 +45,7 @@ impl Logger {
         };
         let line = format!(
             "{} {label} interlock-cni[{}] {}{}{msg}\n",
-            crate::status::now_ms(),
+            interlock_contract::time::format_ms(interlock_contract::time::now_ms()),
             std::process::id(),
             self.context,
             if self.context.is_empty() { "" } else { ": " }

@@ -26,8 +26,8 @@ use std::time::Duration;
 use interlock_podinfo::{agent, kube, PodLookup, PodRef};
 use serde::{Deserialize, Serialize};
 
-use crate::config::PluginConfig;
 use crate::identity::PodIdentity;
+use interlock_contract::config::PluginConfig;
 
 /// How long the agent may take to answer (it answers from memory).
 pub const AGENT_TIMEOUT: Duration = Duration::from_millis(300);

@@ -17,22 +17,23 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use interlock_contract::codes::{code_for_step, Step};
 use interlock_protocol::CniResult;
 use interlock_redirect::backend::{self, BackendKind};
 use interlock_redirect::netns::{pod_netns_id, NetnsError, NetnsId};
 use interlock_redirect::{engine, ProtectError, ProtectOptions, Unprotected, Verification};
 
-use crate::config::{BackendChoice, PluginConfig};
 use crate::decide::Decision;
 use crate::netns_state::{NetnsLock, NetnsRecord, NetnsStore};
 use crate::protection::{Protected, Protection, Timings};
 use crate::state::{AttachmentKey, AttachmentState, StateStore};
+use interlock_contract::config::{BackendChoice, PluginConfig};
 
 /// A failed step for a meshed pod: which, with which CNI error code, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
-    /// The step (`spec`, `netns`, `open`, `apply`, `verify`, `probe`, `remove`, `state`).
-    pub step: &'static str,
+    /// The step that failed.
+    pub step: Step,
     /// The CNI error code for it (see the crate docs).
     pub code: u32,
     /// The full explanation.
@@ -45,36 +46,22 @@ pub struct Failure {
 
 impl Failure {
     /// A failure that left no interlock rules behind (nothing applied, or cleaned up).
-    pub fn clean(step: &'static str, code: u32, message: impl Into<String>) -> Failure {
+    pub fn clean(step: Step, message: impl Into<String>) -> Failure {
         Failure {
             step,
-            code,
+            code: code_for_step(step),
             message: message.into(),
             leftover_rules: None,
         }
     }
 
     fn state(message: impl Into<String>) -> Failure {
-        Failure::clean("state", interlock_protocol::error::IO_FAILURE, message)
+        Failure::clean(Step::State, message)
     }
 
     fn kept_for(mut self, others: &[AttachmentKey]) -> Failure {
         self.leftover_rules = Some(kept_note(others));
         self
-    }
-}
-
-/// The CNI error code for a failed engine step (see the table in the crate docs).
-pub fn code_for_step(step: &str) -> u32 {
-    match step {
-        "spec" => crate::ERR_INVALID_POD_ANNOTATIONS,
-        "open" | "apply" => crate::ERR_APPLY,
-        "verify" => crate::ERR_VERIFY,
-        "probe" => crate::ERR_PROBE,
-        "netns" => crate::ERR_NETNS,
-        "remove" => crate::ERR_REMOVE,
-        "state" => interlock_protocol::error::IO_FAILURE,
-        _ => crate::ERR_INTERNAL,
     }
 }
 
@@ -131,9 +118,11 @@ pub fn resolve_backend(choice: BackendChoice, state_dir: &Path) -> (BackendKind,
         BackendChoice::Nftables => fixed(BackendKind::Nftables),
         BackendChoice::IptablesNft => fixed(BackendKind::IptablesNft),
         BackendChoice::IptablesLegacy => fixed(BackendKind::IptablesLegacy),
-        BackendChoice::Auto => {
-            crate::backend_cache::resolve_auto(state_dir, crate::status::now_ms(), backend::detect)
-        }
+        BackendChoice::Auto => crate::backend_cache::resolve_auto(
+            state_dir,
+            interlock_contract::time::now_ms(),
+            backend::detect,
+        ),
     }
 }
 
@@ -242,8 +231,7 @@ pub fn protect(
             Some(r) => {
                 if r.spec_hash != spec_hash {
                     return Err(Failure::clean(
-                        "apply",
-                        crate::ERR_APPLY,
+                        Step::Apply,
                         format!(
                         "network namespace {netns} already holds interlock's rules for {} with \
                          another spec (installed {}, this attachment's {}): the interlock-cni \
@@ -332,7 +320,7 @@ pub fn protect(
         },
     };
     new_record.add_ref(key);
-    new_record.updated_at_ms = crate::status::now_ms();
+    new_record.updated_at_ms = interlock_contract::time::now_ms();
     let protected = Protected {
         profile: *profile,
         backend,
@@ -408,8 +396,7 @@ pub fn check(protected: &Protected, netns: &str) -> Result<(), Failure> {
     match engine::check(Path::new(netns), &spec, protected.backend)? {
         Verification::Exact => Ok(()),
         Verification::Mismatch(diffs) => Err(Failure::clean(
-            "verify",
-            crate::ERR_VERIFY,
+            Step::Verify,
             format!(
                 "redirect rules in {netns} ({}) are not the recorded ones: {}",
                 protected.backend,
@@ -505,7 +492,7 @@ pub fn release(
             let others = r.live_refs(store, key, keep);
             if !others.is_empty() {
                 r.attachments.retain(|k| others.contains(k));
-                r.updated_at_ms = crate::status::now_ms();
+                r.updated_at_ms = interlock_contract::time::now_ms();
                 lock.save(&r).map_err(|e| {
                     Failure::state(format!("writing the state of netns {netns}: {e}"))
                 })?;
@@ -538,15 +525,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn step_codes_and_addresses() {
-        assert_eq!(code_for_step("spec"), 101);
-        assert_eq!(code_for_step("open"), 102);
-        assert_eq!(code_for_step("apply"), 102);
-        assert_eq!(code_for_step("verify"), 103);
-        assert_eq!(code_for_step("probe"), 104);
-        assert_eq!(code_for_step("netns"), 105);
-        assert_eq!(code_for_step("remove"), 106);
-        assert_eq!(code_for_step("state"), 5);
+    fn addresses_of_an_interface() {
         let prev = CniResult::from_value(
             serde_json::json!({"cniVersion": "1.0.0",
                 "interfaces": [{"name": "cni0"}, {"name": "eth0", "sandbox": "/x"}, {"name": "net1", "sandbox": "/x"}],
@@ -609,7 +588,7 @@ mod tests {
             "eth0",
         )
         .unwrap_err();
-        assert_eq!((f.step, f.code), ("netns", crate::ERR_NETNS), "{f:?}");
+        assert_eq!((f.step, f.code), (Step::Netns, 105), "{f:?}");
         assert!(f.message.contains("/nonexistent/il-netns"), "{f:?}");
         assert!(!t.path().join("netns").exists(), "nothing recorded");
     }

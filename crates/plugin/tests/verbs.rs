@@ -409,7 +409,7 @@ fn status_fails_only_when_an_add_could_not_protect() {
     };
     // No marker at all, then a stale one saying "not ready": ready either way.
     ok(&st(json!({})));
-    let marker = interlock_cni::status::ReadinessMarker {
+    let marker = interlock_contract::marker::ReadinessMarker {
         ready: false,
         reason: "10-calico.conflist sorts first".into(),
         updated_at_ms: 1,
@@ -418,9 +418,11 @@ fn status_fails_only_when_an_add_could_not_protect() {
         pid_namespace: None,
         config_path: String::new(),
     };
-    marker
-        .write(&interlock_cni::status::marker_path(t.path()))
-        .unwrap();
+    std::fs::write(
+        interlock_contract::layout::marker_path(t.path()),
+        marker.to_bytes(),
+    )
+    .unwrap();
     ok(&st(json!({})));
     // The backend cannot work: without CAP_NET_ADMIN over the host's namespace (a user
     // namespace), nf_tables refuses.

@@ -338,7 +338,7 @@ fn auto_backend_detection_is_cached() {
     } else {
         BackendKind::IptablesNft
     };
-    let now = interlock_cni::status::now_ms();
+    let now = interlock_contract::time::now_ms();
     let plant = |at: u64| {
         let c = CachedDetection {
             backend: planted,
@@ -570,7 +570,7 @@ fn result_without_addresses_still_protects_every_family() {
 fn status_and_a_meshed_add_need_no_agent() {
     require_root!();
     let n = Node::new(false);
-    interlock_cni::status::ReadinessMarker {
+    let stale = interlock_contract::marker::ReadinessMarker {
         ready: true,
         reason: "an agent that crashed".into(),
         updated_at_ms: 1,
@@ -578,8 +578,11 @@ fn status_and_a_meshed_add_need_no_agent() {
         pid: 999_999,
         pid_namespace: None,
         config_path: String::new(),
-    }
-    .write(&interlock_cni::status::marker_path(n.state.path()))
+    };
+    std::fs::write(
+        interlock_contract::layout::marker_path(n.state.path()),
+        stale.to_bytes(),
+    )
     .unwrap();
     let doc = json!({
         "cniVersion": "1.1.0", "name": "ilnet",

@@ -1,10 +1,5 @@
-//! The agent socket protocol: one JSON request line, one JSON response line, then close.
-//!
-//! Request: `{"v":1,"op":"pod","namespace":"default","name":"web-0","uid":"…"}`.
-//! Responses: `{"v":1,"status":"found","uid":"…","annotations":{…}}`,
-//! `{"v":1,"status":"notFound"}`, or `{"v":1,"status":"undecided","reason":"…"}` when the
-//! agent cannot answer with authority (for example its pod cache has not synced yet).
-//! Unknown fields are ignored both ways so either side can grow.
+//! The client of the agent socket protocol (`interlock_contract::agent_socket`: one JSON
+//! request line, one JSON response line, then close).
 //!
 //! Whoever answers decides whether a pod is meshed, so an answer counts only from a
 //! socket nobody else could have put there: the socket file is owned by root and not
@@ -12,60 +7,15 @@
 //! (`SO_PEERCRED`) runs as root ([`connect_trusted`]). (A non-root caller, such as a
 //! contributor's test run, also trusts its own user.)
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+pub use interlock_contract::agent_socket::{answer_line, Request, Response, PROTOCOL_VERSION};
 
 use crate::{match_uid, LookupError, PodLookup, PodRef};
-
-/// Protocol version spoken by this build.
-pub const PROTOCOL_VERSION: u32 = 1;
-
-/// A request to the agent.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Request {
-    /// Protocol version.
-    pub v: u32,
-    /// Operation; only `pod` exists.
-    pub op: String,
-    /// The pod asked about.
-    #[serde(flatten)]
-    pub pod: PodRef,
-}
-
-/// The agent's answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "status", rename_all = "camelCase")]
-pub enum Response {
-    /// The pod is known; all its annotations.
-    Found {
-        /// Protocol version.
-        v: u32,
-        /// The pod's UID.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        uid: Option<String>,
-        /// The annotations.
-        #[serde(default)]
-        annotations: BTreeMap<String, String>,
-    },
-    /// The agent knows with authority that no such pod exists on this node.
-    NotFound {
-        /// Protocol version.
-        v: u32,
-    },
-    /// The agent cannot answer with authority.
-    Undecided {
-        /// Protocol version.
-        v: u32,
-        /// Why.
-        reason: String,
-    },
-}
 
 /// A user whose socket and answer are trusted: root, or the caller itself.
 fn trusted_uid(uid: u32) -> bool {
@@ -166,27 +116,6 @@ pub fn query(socket: &Path, pod: &PodRef, timeout: Duration) -> Result<PodLookup
     }
 }
 
-/// Server side: turns one request line into one response line using `lookup`.
-/// Malformed requests get an `undecided` answer naming the problem, never a panic.
-pub fn answer_line(line: &str, lookup: impl FnOnce(&PodRef) -> Response) -> String {
-    let resp = match serde_json::from_str::<Request>(line.trim()) {
-        Ok(req) if req.op == "pod" => lookup(&req.pod),
-        Ok(req) => Response::Undecided {
-            v: PROTOCOL_VERSION,
-            reason: format!("unknown op {:?}", req.op),
-        },
-        Err(e) => Response::Undecided {
-            v: PROTOCOL_VERSION,
-            reason: format!("bad request: {e}"),
-        },
-    };
-    let mut s = serde_json::to_string(&resp).unwrap_or_else(|_| {
-        r#"{"status":"undecided","v":1,"reason":"could not encode answer"}"#.to_string()
-    });
-    s.push('\n');
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,19 +199,5 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("/nonexistent/il.sock"), "{e}");
-    }
-
-    #[test]
-    fn bad_requests_get_an_undecided_answer() {
-        let out = answer_line("not json", |_| Response::NotFound { v: 1 });
-        assert!(
-            out.contains("undecided") && out.contains("bad request"),
-            "{out}"
-        );
-        let out = answer_line(
-            r#"{"v":1,"op":"delete","namespace":"a","name":"b"}"#,
-            |_| Response::NotFound { v: 1 },
-        );
-        assert!(out.contains("unknown op"), "{out}");
     }
 }

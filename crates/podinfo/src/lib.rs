@@ -9,30 +9,10 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 pub mod agent;
 pub mod kube;
 
-/// Which pod is being asked about, as the runtime names it in `CNI_ARGS`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PodRef {
-    /// `K8S_POD_NAMESPACE`.
-    pub namespace: String,
-    /// `K8S_POD_NAME`.
-    pub name: String,
-    /// `K8S_POD_UID`, when the runtime sent it; a mismatch means a different pod of the
-    /// same name (deleted and recreated) and is not an answer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
-}
-
-impl std::fmt::Display for PodRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
+pub use interlock_contract::agent_socket::PodRef;
 
 /// A source's answer about one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]

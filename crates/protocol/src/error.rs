@@ -2,26 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
-/// 1: incompatible CNI version.
-pub const INCOMPATIBLE_VERSION: u32 = 1;
-/// 2: unsupported field in network configuration.
-pub const UNSUPPORTED_FIELD: u32 = 2;
-/// 3: container unknown or does not exist.
-pub const UNKNOWN_CONTAINER: u32 = 3;
-/// 4: invalid necessary environment variables (`CNI_COMMAND`, `CNI_CONTAINERID`, …).
-pub const INVALID_ENVIRONMENT: u32 = 4;
-/// 5: I/O failure.
-pub const IO_FAILURE: u32 = 5;
-/// 6: failed to decode content (malformed JSON).
-pub const DECODING_FAILURE: u32 = 6;
-/// 7: invalid network config.
-pub const INVALID_NETWORK_CONFIG: u32 = 7;
-/// 11: try again later (transient; the runtime should retry).
-pub const TRY_AGAIN_LATER: u32 = 11;
-/// 50: the plugin is not available (STATUS: do not create new containers).
-pub const NOT_AVAILABLE: u32 = 50;
-/// 51: not available, and existing containers may have limited connectivity.
-pub const LIMITED_CONNECTIVITY: u32 = 51;
+// The codes are defined once, in the contract every interlock crate shares.
+pub use interlock_contract::codes::{
+    DECODING_FAILURE, INCOMPATIBLE_VERSION, INVALID_ENVIRONMENT, INVALID_NETWORK_CONFIG,
+    IO_FAILURE, LIMITED_CONNECTIVITY, NOT_AVAILABLE, TRY_AGAIN_LATER, UNKNOWN_CONTAINER,
+    UNSUPPORTED_FIELD,
+};
 
 /// What a well-known code means per the spec (codes 8–10 are reserved by the spec, and
 /// 0–99 in general; plugins use 100 and up for their own).

@@ -9,6 +9,8 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use interlock_contract::codes::Step;
+
 use crate::backend::{self, BackendError, BackendKind, ToolLookup, Verification};
 use crate::netns::{in_netns, NetnsError};
 use crate::probe::{self, ProbeError, ProbeReport};
@@ -163,16 +165,16 @@ fn cleanup_note(cleanup: &Option<String>) -> String {
 }
 
 impl ProtectError {
-    /// The failed step: `spec`, `netns`, `open`, `apply`, `verify`, `probe` or `remove`.
-    pub fn step(&self) -> &'static str {
+    /// The failed step.
+    pub fn step(&self) -> Step {
         match self {
-            ProtectError::Spec(_) => "spec",
-            ProtectError::Netns(_) => "netns",
-            ProtectError::Open { .. } => "open",
-            ProtectError::Apply { .. } => "apply",
-            ProtectError::Verify { .. } | ProtectError::Mismatch { .. } => "verify",
-            ProtectError::Probe { .. } => "probe",
-            ProtectError::Remove { .. } | ProtectError::RemoveAll { .. } => "remove",
+            ProtectError::Spec(_) => Step::Spec,
+            ProtectError::Netns(_) => Step::Netns,
+            ProtectError::Open { .. } => Step::Open,
+            ProtectError::Apply { .. } => Step::Apply,
+            ProtectError::Verify { .. } | ProtectError::Mismatch { .. } => Step::Verify,
+            ProtectError::Probe { .. } => Step::Probe,
+            ProtectError::Remove { .. } | ProtectError::RemoveAll { .. } => Step::Remove,
         }
     }
 
@@ -450,7 +452,7 @@ mod tests {
                 ..
             }
         ));
-        assert_eq!(one.step(), "remove");
+        assert_eq!(one.step(), Step::Remove);
         // Several: one error naming every backend and cause, in order.
         let all = collect_removals(
             ns,
@@ -464,7 +466,7 @@ mod tests {
             ],
         )
         .unwrap_err();
-        assert_eq!(all.step(), "remove");
+        assert_eq!(all.step(), Step::Remove);
         let text = all.to_string();
         assert!(
             text.starts_with(

@@ -20,68 +20,15 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::str::FromStr;
 
 use ipnet::IpNet;
-use serde::{Deserialize, Serialize};
 
 use crate::spec::{
     port_runs, validate_ifname, InboundCapture, OutboundCapture, PortSelection, RedirectSpec,
     SpecError, MAX_RULES_PER_LIST,
 };
 
-/// A mesh convention interlock can reproduce.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ProfileName {
-    /// Istio sidecar mode.
-    Istio,
-    /// Linkerd.
-    Linkerd,
-    /// interlock's own `interlock.dev/*` annotations.
-    Generic,
-}
-
-impl ProfileName {
-    /// Every profile, in the default priority order.
-    pub const ALL: [ProfileName; 3] = [
-        ProfileName::Istio,
-        ProfileName::Linkerd,
-        ProfileName::Generic,
-    ];
-
-    /// The name used in configuration (`istio`, `linkerd`, `generic`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProfileName::Istio => "istio",
-            ProfileName::Linkerd => "linkerd",
-            ProfileName::Generic => "generic",
-        }
-    }
-}
-
-impl std::fmt::Display for ProfileName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// An unknown profile name.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown redirect profile {0:?}: expected one of istio, linkerd, generic")]
-pub struct UnknownProfile(pub String);
-
-impl FromStr for ProfileName {
-    type Err = UnknownProfile;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "istio" => Ok(ProfileName::Istio),
-            "linkerd" => Ok(ProfileName::Linkerd),
-            "generic" => Ok(ProfileName::Generic),
-            other => Err(UnknownProfile(other.to_string())),
-        }
-    }
-}
+pub use interlock_contract::profile::{ProfileName, UnknownProfile};
 
 /// Decides whether a pod is meshed and builds its spec.
 ///

@@ -7,6 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use common::*;
+use interlock_contract::codes::Step;
 use interlock_redirect::probe::original_dst;
 use interlock_redirect::spec::Family;
 use interlock_redirect::{
@@ -344,7 +345,7 @@ fn garbage_annotation_applies_nothing() {
         &topo.gateways(),
     )
     .unwrap_err();
-    assert_eq!(e.step(), "spec");
+    assert_eq!(e.step(), Step::Spec);
     let rules = all_rules(&topo.a.ns);
     assert!(
         !rules.contains("IL_") && !rules.contains("interlock"),
@@ -366,7 +367,7 @@ fn failed_probe_leaves_no_rules() {
         &topo.gateways(),
     )
     .unwrap_err();
-    assert_eq!(e.step(), "probe", "{e}");
+    assert_eq!(e.step(), Step::Probe, "{e}");
     assert!(
         e.to_string()
             .contains(&topo.a.ns.path().display().to_string()),

@@ -1,4 +1,5 @@
-//! `interlock-cni`'s own entry in the chain: [`PluginConfig`].
+//! `interlock-cni`'s own entry in the chain: [`PluginConfig`], its defaults, and the
+//! fields an operator may set ([`SETTABLE_FIELDS`]).
 //!
 //! The field names are a public contract (the agent writes them, operators read them).
 //! Parsing goes field by field so that an error names the field that is wrong; unknown
@@ -8,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use interlock_redirect::ProfileName;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -16,8 +16,8 @@ use serde_json::{Map, Value};
 /// The plugin binary's name and `type`.
 pub const PLUGIN_TYPE: &str = "interlock-cni";
 
-/// Default `stateDir`.
-pub const DEFAULT_STATE_DIR: &str = "/var/run/interlock";
+pub use crate::layout::DEFAULT_STATE_DIR;
+use crate::profile::ProfileName;
 
 /// The capability through which containerd hands over all pod annotations.
 pub const POD_ANNOTATIONS_CAPABILITY: &str = "io.kubernetes.cri.pod-annotations";
@@ -124,14 +124,39 @@ impl Default for PluginConfig {
 }
 
 /// A field of the plugin entry that has the wrong type or value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid interlock-cni config field {field}: {problem}")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     /// The field name as written in the config (`failurePolicy`).
     pub field: String,
     /// What is wrong.
     pub problem: String,
 }
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "invalid interlock-cni config field {}: {}",
+            self.field, self.problem
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The fields an operator may set in the entry (the agent's `--plugin-config`); `type`,
+/// `stateDir` and the capability are the agent's own.
+pub const SETTABLE_FIELDS: [&str; 9] = [
+    "logFile",
+    "logLevel",
+    "excludeNamespaces",
+    "failurePolicy",
+    "agentSocket",
+    "kubeconfig",
+    "backend",
+    "profiles",
+    "capabilities",
+];
 
 fn field<T: DeserializeOwned>(
     map: &Map<String, Value>,
@@ -244,6 +269,30 @@ mod tests {
         let back = PluginConfig::from_map(c.to_value().as_object().unwrap()).unwrap();
         assert_eq!(back, c);
         assert!(c.to_value().get("failurePolicy").is_some());
+    }
+
+    /// The settable fields are exactly the serialized names, minus the agent's own.
+    #[test]
+    fn settable_fields_are_the_serialized_names() {
+        let mut c = PluginConfig {
+            log_file: Some("/x".into()),
+            agent_socket: Some("/s".into()),
+            kubeconfig: Some("/k".into()),
+            ..PluginConfig::default()
+        };
+        c.capabilities.clear();
+        let v = c.to_value();
+        let mut names: Vec<&str> = v
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .filter(|k| *k != "type" && *k != "stateDir")
+            .collect();
+        names.sort_unstable();
+        let mut settable = SETTABLE_FIELDS.to_vec();
+        settable.sort_unstable();
+        assert_eq!(names, settable);
     }
 
     #[test]

@@ -1,0 +1,142 @@
+//! The agent socket protocol (`<stateDir>/agent.sock`, [`crate::layout::AGENT_SOCKET_FILE`]):
+//! one JSON request line, one JSON response line, then close.
+//!
+//! Request: `{"v":1,"op":"pod","namespace":"default","name":"web-0","uid":"…"}`.
+//! Responses: `{"v":1,"status":"found","uid":"…","annotations":{…}}`,
+//! `{"v":1,"status":"notFound"}`, or `{"v":1,"status":"undecided","reason":"…"}` when the
+//! agent cannot answer with authority (for example its pod cache has not synced yet).
+//! Unknown fields are ignored both ways so either side can grow.
+//!
+//! The plugin trusts an answer only from a socket that root owns, in a directory root
+//! owns, neither writable by group or others, served by a root process (`SO_PEERCRED`):
+//! the server must create it so (mode 0600 or 0660 with a root group).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Protocol version spoken by this build.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Which pod is being asked about, as the runtime names it in `CNI_ARGS`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRef {
+    /// `K8S_POD_NAMESPACE`.
+    pub namespace: String,
+    /// `K8S_POD_NAME`.
+    pub name: String,
+    /// `K8S_POD_UID`, when the runtime sent it; a mismatch means a different pod of the
+    /// same name (deleted and recreated) and is not an answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A request to the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Protocol version.
+    pub v: u32,
+    /// Operation; only `pod` exists.
+    pub op: String,
+    /// The pod asked about.
+    #[serde(flatten)]
+    pub pod: PodRef,
+}
+
+/// The agent's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "camelCase")]
+pub enum Response {
+    /// The pod is known; all its annotations.
+    Found {
+        /// Protocol version.
+        v: u32,
+        /// The pod's UID.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        uid: Option<String>,
+        /// The annotations.
+        #[serde(default)]
+        annotations: BTreeMap<String, String>,
+    },
+    /// The agent knows with authority that no such pod exists on this node.
+    NotFound {
+        /// Protocol version.
+        v: u32,
+    },
+    /// The agent cannot answer with authority.
+    Undecided {
+        /// Protocol version.
+        v: u32,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Server side: turns one request line into one response line using `lookup`.
+/// Malformed requests get an `undecided` answer naming the problem, never a panic.
+pub fn answer_line(line: &str, lookup: impl FnOnce(&PodRef) -> Response) -> String {
+    let resp = match serde_json::from_str::<Request>(line.trim()) {
+        Ok(req) if req.op == "pod" => lookup(&req.pod),
+        Ok(req) => Response::Undecided {
+            v: PROTOCOL_VERSION,
+            reason: format!("unknown op {:?}", req.op),
+        },
+        Err(e) => Response::Undecided {
+            v: PROTOCOL_VERSION,
+            reason: format!("bad request: {e}"),
+        },
+    };
+    let mut s = serde_json::to_string(&resp).unwrap_or_else(|_| {
+        r#"{"status":"undecided","v":1,"reason":"could not encode answer"}"#.to_string()
+    });
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_have_their_wire_names() {
+        let req = Request {
+            v: PROTOCOL_VERSION,
+            op: "pod".into(),
+            pod: PodRef {
+                namespace: "shop".into(),
+                name: "cart-0".into(),
+                uid: Some("u-1".into()),
+            },
+        };
+        assert_eq!(
+            serde_json::to_value(&req).unwrap(),
+            serde_json::json!({"v": 1, "op": "pod", "namespace": "shop", "name": "cart-0", "uid": "u-1"})
+        );
+        let out = answer_line(&serde_json::to_string(&req).unwrap(), |p| {
+            assert_eq!(p.to_string(), "shop/cart-0");
+            Response::NotFound { v: 1 }
+        });
+        assert_eq!(out, "{\"status\":\"notFound\",\"v\":1}\n");
+    }
+
+    #[test]
+    fn bad_requests_get_an_undecided_answer() {
+        let out = answer_line("not json", |_| Response::NotFound { v: 1 });
+        assert!(
+            out.contains("undecided") && out.contains("bad request"),
+            "{out}"
+        );
+        let out = answer_line(
+            r#"{"v":1,"op":"delete","namespace":"a","name":"b"}"#,
+            |_| Response::NotFound { v: 1 },
+        );
+        assert!(out.contains("unknown op"), "{out}");
+    }
+}

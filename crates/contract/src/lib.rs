@@ -1,0 +1,20 @@
+//! What interlock's plugin (`interlock-cni`), agent and CLI (`interlock`) exchange, in one
+//! place both sides import: the plugin's config and its defaults ([`config`]), the agent's
+//! readiness marker ([`marker`]), the agent socket's messages ([`agent_socket`]), the
+//! Kubernetes names users configure node pools and alerts with ([`names`]), file names and
+//! the state dir's layout ([`layout`]), CNI and interlock error codes with the steps they
+//! belong to ([`codes`]), and the one clock and timestamp format of every log ([`time`]).
+//!
+//! Depends on serde only, so every crate can use it and none drags another's stack in.
+
+pub mod agent_socket;
+pub mod codes;
+pub mod config;
+pub mod layout;
+pub mod marker;
+pub mod names;
+pub mod profile;
+pub mod time;
+
+pub use config::{PluginConfig, PLUGIN_TYPE, POD_ANNOTATIONS_CAPABILITY};
+pub use profile::ProfileName;
