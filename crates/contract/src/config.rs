@@ -87,9 +87,6 @@ pub struct PluginConfig {
     /// The agent's Unix socket (for pods whose annotations the runtime did not pass).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_socket: Option<PathBuf>,
-    /// Kubeconfig for reading pods from the API as a last resort.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kubeconfig: Option<PathBuf>,
     /// Netfilter backend.
     #[serde(default)]
     pub backend: BackendChoice,
@@ -115,7 +112,6 @@ impl Default for PluginConfig {
             exclude_namespaces: Vec::new(),
             failure_policy: FailurePolicy::default(),
             agent_socket: None,
-            kubeconfig: None,
             backend: BackendChoice::default(),
             profiles: default_profiles(),
             capabilities: BTreeMap::from([(POD_ANNOTATIONS_CAPABILITY.to_string(), true)]),
@@ -146,13 +142,12 @@ impl std::error::Error for ConfigError {}
 
 /// The fields an operator may set in the entry (the agent's `--plugin-config`); `type`,
 /// `stateDir` and the capability are the agent's own.
-pub const SETTABLE_FIELDS: [&str; 9] = [
+pub const SETTABLE_FIELDS: [&str; 8] = [
     "logFile",
     "logLevel",
     "excludeNamespaces",
     "failurePolicy",
     "agentSocket",
-    "kubeconfig",
     "backend",
     "profiles",
     "capabilities",
@@ -202,6 +197,17 @@ impl PluginConfig {
             });
         }
         let profiles: Vec<ProfileName> = field(map, "profiles")?.unwrap_or(d.profiles);
+        if map.contains_key("kubeconfig") {
+            // Said out loud rather than ignored: a config relying on it would otherwise
+            // leave pods undecidable without saying why.
+            return Err(ConfigError {
+                field: "kubeconfig".into(),
+                problem: "is no longer supported: interlock-cni carries no Kubernetes client; \
+                          declare the io.kubernetes.cri.pod-annotations capability (the \
+                          runtime passes the annotations) or set agentSocket"
+                    .into(),
+            });
+        }
         Ok(PluginConfig {
             plugin_type,
             state_dir,
@@ -210,7 +216,6 @@ impl PluginConfig {
             exclude_namespaces: field(map, "excludeNamespaces")?.unwrap_or_default(),
             failure_policy: field(map, "failurePolicy")?.unwrap_or_default(),
             agent_socket: non_empty_path(map, "agentSocket")?,
-            kubeconfig: non_empty_path(map, "kubeconfig")?,
             backend: field(map, "backend")?.unwrap_or_default(),
             profiles,
             capabilities: field(map, "capabilities")?.unwrap_or_default(),
@@ -254,7 +259,7 @@ mod tests {
             "type": "interlock-cni", "name": "k8s", "cniVersion": "1.0.0", "someFutureField": 1,
             "stateDir": "/run/il", "logFile": "/var/log/il.log", "logLevel": "debug",
             "excludeNamespaces": ["kube-system"], "failurePolicy": "open",
-            "agentSocket": "/run/il/agent.sock", "kubeconfig": "/etc/il/kubeconfig",
+            "agentSocket": "/run/il/agent.sock",
             "backend": "iptables-legacy", "profiles": ["linkerd"],
             "capabilities": {"io.kubernetes.cri.pod-annotations": true}
         }))
@@ -277,7 +282,6 @@ mod tests {
         let mut c = PluginConfig {
             log_file: Some("/x".into()),
             agent_socket: Some("/s".into()),
-            kubeconfig: Some("/k".into()),
             ..PluginConfig::default()
         };
         c.capabilities.clear();
@@ -334,7 +338,7 @@ mod tests {
                 "agentSocket",
             ),
             (
-                json!({"type": "interlock-cni", "kubeconfig": []}),
+                json!({"type": "interlock-cni", "kubeconfig": "/etc/kubeconfig"}),
                 "kubeconfig",
             ),
         ];

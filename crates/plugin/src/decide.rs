@@ -1,7 +1,7 @@
 //! Is this pod meshed, and with which rules: [`decide`] (pure: configuration +
 //! [`PodIdentity`] in, [`Decision`] out, using the mesh profiles of `interlock_redirect`)
-//! and [`decide_with_lookup`] (the same, asking the agent or the API first when the
-//! runtime passed no annotations). Acting on the decision is [`crate::protect`]'s.
+//! and [`decide_with_lookup`] (the same, asking the agent first when the runtime passed
+//! no annotations). Acting on the decision is [`crate::protect`]'s.
 
 use interlock_redirect::{ProfileName, RedirectSpec};
 use serde::{Deserialize, Serialize};
@@ -109,7 +109,7 @@ pub fn decide(config: &PluginConfig, pod: &PodIdentity) -> Decision {
 }
 
 /// [`decide`], but when the runtime passed no annotations ([`needs_lookup`]) they are
-/// fetched first through [`lookup::resolve`] (agent socket, then the Kubernetes API). The
+/// fetched first through [`lookup::resolve`] (the agent socket). The
 /// pod identity is updated with what was found; the returned [`Source`] says where the
 /// annotations came from. No network call is made when the runtime passed annotations.
 pub fn decide_with_lookup(config: &PluginConfig, pod: &mut PodIdentity) -> (Decision, Source) {
@@ -124,12 +124,6 @@ pub fn decide_with_lookup(config: &PluginConfig, pod: &mut PodIdentity) -> (Deci
             pod.annotations = Some(annotations);
             (decide(config, pod), source)
         }
-        Resolved::NotFound { source, detail } => (
-            Decision::NotMeshed {
-                reason: format!("{source} says the pod does not exist: {detail}"),
-            },
-            source,
-        ),
         Resolved::Undecided { tried } => (
             Decision::Undecided {
                 reason: format!(
@@ -211,10 +205,6 @@ mod tests {
         let Decision::Undecided { reason } = d else {
             panic!("{d:?}")
         };
-        assert!(
-            reason.contains("/nonexistent/il-agent.sock")
-                && reason.contains("kubeconfig not configured"),
-            "{reason}"
-        );
+        assert!(reason.contains("/nonexistent/il-agent.sock"), "{reason}");
     }
 }

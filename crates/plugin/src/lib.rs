@@ -9,7 +9,7 @@
 //! - **ADD** (chained: requires `prevResult`, returns it converted to the config's
 //!   version). Decides whether the pod is meshed ([`decide::decide_with_lookup`]: the
 //!   annotations from `runtimeConfig`, or — only when the runtime passed none — from the
-//!   agent socket and then the Kubernetes API, see [`lookup`]). For a meshed pod it
+//!   agent socket, see [`lookup`]). For a meshed pod it
 //!   applies the profile's spec for **both** address families (whatever `prevResult`
 //!   lists: every veth has an IPv6 link-local address, and a primary may not list every
 //!   address) in `CNI_NETNS` with the configured backend (`auto` detects the host's,
@@ -55,7 +55,7 @@
 //! | 5 | I/O failure on interlock's own state under `stateDir` (step `state`) |
 //! | 6 | stdin is not a JSON object |
 //! | 7 | invalid network config: a bad field of the interlock-cni entry (named), a missing or invalid `prevResult`, malformed `runtimeConfig` annotations |
-//! | 11 | try again later (step `lookup`): the pod's mesh status cannot be decided — the runtime passed no annotations and neither the agent nor the Kubernetes API answered; the message lists each source tried and why it failed |
+//! | 11 | try again later (step `lookup`): the pod's mesh status cannot be decided — the runtime passed no annotations and the agent socket did not answer (or is not trusted); the message says why |
 //! | 50 | STATUS: an ADD could not protect a meshed pod now: the backend cannot work, the state dir is unusable, or the lookup the entry needs cannot work (every reason listed) |
 //! | 100 | internal error (a bug) |
 //! | 101 | step `spec`: the pod's mesh annotations cannot be turned into rules (names the annotation and its value) |
@@ -68,6 +68,7 @@
 //! Every failure message about a pod starts with `pod <namespace>/<name>: step <step>
 //! failed:` followed by the cause.
 
+pub mod agent_client;
 pub mod backend_cache;
 pub mod decide;
 pub mod identity;

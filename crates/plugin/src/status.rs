@@ -5,8 +5,8 @@
 //! evicted after 300 s. So [`check_status`] answers 50 only when an ADD on this node would
 //! now fail, or leave a meshed pod unprotected: the backend cannot work here, the state
 //! dir is unusable, or the pod lookup the entry depends on cannot work (no
-//! `io.kubernetes.cri.pod-annotations` capability, and no reachable, trusted agent socket
-//! or kubeconfig). The agent being down or not ready is *not* such a reason — the plugin
+//! `io.kubernetes.cri.pod-annotations` capability, and no reachable, trusted agent
+//! socket). The agent being down or not ready is *not* such a reason — the plugin
 //! protects pods without it; the agent's taint and node condition say that. (The agent's
 //! readiness marker is `interlock_contract::marker`'s, read by `interlock check`.)
 
@@ -43,14 +43,11 @@ pub fn check_status(config: &PluginConfig, cni_version: &str) -> Result<(), CniE
         }
     }
     if !config.wants_pod_annotations() {
-        let source = match (&config.agent_socket, &config.kubeconfig) {
-            (Some(socket), _) => interlock_podinfo::agent::connect_trusted(socket)
+        let source = match &config.agent_socket {
+            Some(socket) => crate::agent_client::connect_trusted(socket)
                 .map(drop)
                 .map_err(|e| e.to_string()),
-            (None, Some(path)) => interlock_podinfo::kube::Kubeconfig::load(path)
-                .map(drop)
-                .map_err(|e| e.to_string()),
-            (None, None) => Err("neither agentSocket nor kubeconfig is configured".into()),
+            None => Err("agentSocket is not configured".to_string()),
         };
         if let Err(e) = source {
             problems.push(format!(

@@ -1,24 +1,19 @@
 //! Pods whose annotations the runtime did not pass (the interlock-cni entry declares no
-//! `io.kubernetes.cri.pod-annotations` capability): interlock-cni asks the agent socket,
-//! then the Kubernetes API, and fails closed (11) naming every source when neither answers.
-//! The agent is a Unix socket served by a test thread; the API a tiny HTTP server on the
-//! node netns's loopback (where the plugin runs).
+//! `io.kubernetes.cri.pod-annotations` capability): interlock-cni asks the agent socket
+//! (its only other source: it carries no Kubernetes client) and fails closed (11) saying
+//! why when the agent cannot tell. The agent is a Unix socket served by a test thread.
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
 use common::*;
-use interlock_podinfo::agent::{answer_line, Response};
-use interlock_podinfo::PodRef;
-use interlock_redirect::netns::in_netns;
+use interlock_contract::agent_socket::{answer_line, PodRef, Response};
 use interlock_redirect::probe::original_dst;
 use interlock_testkit::require_root;
 use serde_json::{json, Value};
@@ -54,52 +49,6 @@ fn found(annotations: &[(&str, &str)], uid: &str) -> Response {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
     }
-}
-
-/// A fake Kubernetes API on 127.0.0.1 inside `ns`: `pods` by name (namespace shop) with
-/// UID `uid-<name>`, 404 for others; every other status when `status` is set. Reports each
-/// request line + Authorization header.
-fn fake_api(
-    ns: &interlock_testkit::Netns,
-    pods: BTreeMap<&'static str, Value>,
-    status: Option<&'static str>,
-) -> (String, Receiver<String>) {
-    let l = in_netns(&ns.path(), || TcpListener::bind("127.0.0.1:0"))
-        .unwrap()
-        .unwrap();
-    let addr = l.local_addr().unwrap();
-    let rx = interlock_testkit::http::serve_json(l, move |path| {
-        let name = path
-            .strip_prefix("/api/v1/namespaces/shop/pods/")
-            .unwrap_or("");
-        match (status, pods.get(name)) {
-            (Some(st), _) => (st.to_string(), r#"{"kind":"Status"}"#.to_string()),
-            (None, Some(ann)) => (
-                "200 OK".to_string(),
-                json!({"kind": "Pod", "metadata": {"name": name, "uid": format!("uid-{name}"), "annotations": ann}})
-                    .to_string(),
-            ),
-            (None, None) => (
-                "404 Not Found".to_string(),
-                r#"{"kind":"Status","code":404}"#.to_string(),
-            ),
-        }
-    });
-    (format!("http://{addr}"), rx)
-}
-
-fn kubeconfig(dir: &Path, server: &str) -> PathBuf {
-    let p = dir.join("kubeconfig");
-    std::fs::write(dir.join("token"), "s3cret\n").unwrap();
-    std::fs::write(
-        &p,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: node\nclusters:\n- name: c\n  cluster:\n    server: {server}\n\
-             users:\n- name: u\n  user:\n    tokenFile: token\ncontexts:\n- name: node\n  context:\n    cluster: c\n    user: u\n"
-        ),
-    )
-    .unwrap();
-    p
 }
 
 /// The entry without the annotations capability: the runtime passes none.
@@ -164,109 +113,57 @@ fn agent_answers_when_the_runtime_passed_no_annotations() {
 }
 
 #[test]
-fn api_answers_when_the_agent_cannot() {
-    require_root!();
-    let n = Node::new(false);
-    let dir = interlock_testkit::tempdir().unwrap();
-    // The agent's notFound is not authoritative: the plugin moves on to the API.
-    let (sock, calls) = fake_agent(dir.path(), |_| Response::NotFound { v: 1 });
-    let (server, seen) = fake_api(
-        &n.node,
-        BTreeMap::from([("a", LINKERD.annotations()), ("b", json!({"team": "shop"}))]),
-        None,
-    );
-    let kc = kubeconfig(dir.path(), &server);
-    let chain = n.chain(no_capability(
-        json!({ "agentSocket": sock, "kubeconfig": kc }),
-    ));
-    let b = n.add(&chain, "b", None);
-    let a = n.add(&chain, "a", None);
-    let sa = n.state_of(&a.rt).unwrap();
-    assert_eq!(sa["annotationsSource"], "kubernetes-api", "{sa}");
-    assert_eq!(sa["decision"]["profile"], "linkerd");
-    assert_eq!(sa["protection"]["protection"], "protected", "{sa}");
-    assert_eq!(
-        n.state_of(&b.rt).unwrap()["decision"]["decision"],
-        "not-meshed"
-    );
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
-    let reqs: Vec<String> = seen.try_iter().collect();
-    assert!(
-        reqs.iter()
-            .any(|r| r.starts_with("GET /api/v1/namespaces/shop/pods/a ")
-                && r.ends_with("Bearer s3cret")),
-        "{reqs:?}"
-    );
-    assert_outbound_captured(&a, &b, LINKERD.outbound);
-
-    // The API's 404 is authoritative: the pod does not exist, so it is not meshed.
-    let gone = n.add(&chain, "gone", None);
-    let s = n.state_of(&gone.rt).unwrap();
-    assert_eq!(s["decision"]["decision"], "not-meshed", "{s}");
-    assert!(
-        s["decision"]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("the Kubernetes API says the pod does not exist"),
-        "{s}"
-    );
-    assert_no_interlock_rules(&gone.ns);
-    for p in [&a, &b, &gone] {
-        n.del(&chain, p).unwrap();
-    }
-}
-
-#[test]
-fn undecidable_pod_fails_closed_naming_every_source() {
+fn undecidable_pod_fails_closed_saying_why() {
     require_root!();
     let n = Node::new(false);
     let dir = interlock_testkit::tempdir().unwrap();
 
-    // Nothing there: no socket, nothing listening on the API port (node-local loopback).
+    // Nothing there: no socket.
     let missing_sock = dir.path().join("nope.sock");
-    let kc_dir = interlock_testkit::tempdir().unwrap();
-    let kc = kubeconfig(kc_dir.path(), "http://127.0.0.1:1");
-    let chain = n.chain(no_capability(
-        json!({ "agentSocket": missing_sock, "kubeconfig": kc }),
-    ));
+    let chain = n.chain(no_capability(json!({ "agentSocket": missing_sock })));
     let (ns, rt, r) = n.try_add(&chain, "a", None);
     let e = r.unwrap_err();
     let (code, msg) = cni_error(&e);
     assert_eq!(code, 11, "{e}");
     assert!(
         msg.starts_with("pod shop/a: step lookup failed:")
-            && msg.contains(&missing_sock.display().to_string())
-            && msg.contains("Kubernetes API")
-            && msg.contains("127.0.0.1:1"),
+            && msg.contains(&missing_sock.display().to_string()),
         "{msg}"
     );
     assert!(n.state_of(&rt).is_none());
     assert_no_interlock_rules(&ns);
     n.node.run(|| chain.del(&rt, None)).unwrap();
 
-    // Both answer, neither with authority: agent undecided, API 500.
+    // The agent answers without authority: undecided, or notFound (its cache may lag
+    // behind the kubelet; the pod being added exists).
+    for (reply, why) in [
+        (
+            Response::Undecided {
+                v: 1,
+                reason: "pod cache not synced".into(),
+            },
+            "pod cache not synced",
+        ),
+        (Response::NotFound { v: 1 }, "not authoritative"),
+    ] {
+        let d = interlock_testkit::tempdir().unwrap();
+        let (sock, _) = fake_agent(d.path(), move |_| reply.clone());
+        let chain = n.chain(no_capability(json!({ "agentSocket": sock })));
+        let (_ns, rt, r) = n.try_add(&chain, "a", None);
+        let e = r.unwrap_err();
+        let (code, msg) = cni_error(&e);
+        assert_eq!(code, 11, "{e}");
+        assert!(msg.contains(why), "{msg}");
+        n.node.run(|| chain.del(&rt, None)).unwrap();
+    }
     let (sock, _) = fake_agent(dir.path(), |_| Response::Undecided {
         v: 1,
         reason: "pod cache not synced".into(),
     });
-    let (server, _seen) = fake_api(&n.node, BTreeMap::new(), Some("500 Internal Server Error"));
-    let kc2 = kubeconfig(dir.path(), &server);
-    let chain = n.chain(no_capability(
-        json!({ "agentSocket": sock, "kubeconfig": kc2 }),
-    ));
-    let (_ns, rt, r) = n.try_add(&chain, "a", None);
-    let e = r.unwrap_err();
-    let (code, msg) = cni_error(&e);
-    assert_eq!(code, 11, "{e}");
-    assert!(
-        msg.contains("pod cache not synced") && msg.contains("HTTP 500"),
-        "{msg}"
-    );
-    n.node.run(|| chain.del(&rt, None)).unwrap();
 
     // failurePolicy open: the pod starts, recorded unprotected, logged at error level.
     let open = n.chain(no_capability(
-        json!({ "agentSocket": sock, "kubeconfig": kc2, "failurePolicy": "open" }),
+        json!({ "agentSocket": sock, "failurePolicy": "open" }),
     ));
     let p = n.add(&open, "a", None);
     let s = n.state_of(&p.rt).unwrap();

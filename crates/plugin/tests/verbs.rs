@@ -311,8 +311,7 @@ fn decision_input_and_failure_policy() {
     let msg = v["msg"].as_str().unwrap();
     assert!(
         msg.starts_with("pod shop/cart-0: step lookup failed:")
-            && msg.contains("agentSocket not configured")
-            && msg.contains("kubeconfig not configured"),
+            && msg.contains("agentSocket not configured"),
         "{v}"
     );
     let mut open = unknown.clone();
@@ -457,7 +456,7 @@ fn status_fails_only_when_an_add_could_not_protect() {
     // No annotations capability: the lookup source must work.
     fails(
         &st(json!({"capabilities": {}})),
-        "neither agentSocket nor kubeconfig",
+        "agentSocket is not configured",
     );
     let msg = fails(
         &st(json!({"capabilities": {}, "agentSocket": t.path().join("agent.sock")})),

@@ -1,5 +1,6 @@
-//! The client of the agent socket protocol (`interlock_contract::agent_socket`: one JSON
-//! request line, one JSON response line, then close).
+//! The client of the agent socket (`interlock_contract::agent_socket`: one JSON request
+//! line, one JSON response line, then close): the plugin's one source for a pod's
+//! annotations besides the runtime.
 //!
 //! Whoever answers decides whether a pod is meshed, so an answer counts only from a
 //! socket nobody else could have put there: the socket file is owned by root and not
@@ -7,15 +8,60 @@
 //! (`SO_PEERCRED`) runs as root ([`connect_trusted`]). (A non-root caller, such as a
 //! contributor's test run, also trusts its own user.)
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-pub use interlock_contract::agent_socket::{answer_line, Request, Response, PROTOCOL_VERSION};
+pub use interlock_contract::agent_socket::PodRef;
+use interlock_contract::agent_socket::{Request, Response, PROTOCOL_VERSION};
 
-use crate::{match_uid, LookupError, PodLookup, PodRef};
+/// A source's answer about one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodLookup {
+    /// The pod exists; these are its annotations (empty when it has none).
+    Found {
+        /// The pod's UID as the source knows it.
+        uid: Option<String>,
+        /// All of the pod's annotations.
+        annotations: BTreeMap<String, String>,
+    },
+    /// The source is authoritative and has no such pod (or one with another UID).
+    NotFound,
+}
+
+/// Why a source could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// The agent socket could not be reached or answered badly.
+    #[error("agent socket {socket}: {msg}")]
+    Agent {
+        /// Socket path.
+        socket: String,
+        /// What went wrong.
+        msg: String,
+    },
+    /// The agent answered but does not know (its cache is not synced, no API access).
+    #[error("agent socket {socket} could not decide for pod {pod}: {reason}")]
+    AgentUndecided {
+        /// Socket path.
+        socket: String,
+        /// The pod.
+        pod: String,
+        /// The agent's reason.
+        reason: String,
+    },
+}
+
+/// Keeps a lookup result only when the UIDs agree (or one side does not know it).
+pub fn match_uid(pod: &PodRef, found_uid: Option<&str>) -> bool {
+    match (pod.uid.as_deref(), found_uid) {
+        (Some(want), Some(have)) => want.is_empty() || want == have,
+        _ => true,
+    }
+}
 
 /// A user whose socket and answer are trusted: root, or the caller itself.
 fn trusted_uid(uid: u32) -> bool {
@@ -119,6 +165,7 @@ pub fn query(socket: &Path, pod: &PodRef, timeout: Duration) -> Result<PodLookup
 #[cfg(test)]
 mod tests {
     use super::*;
+    use interlock_contract::agent_socket::answer_line;
     use std::os::unix::net::UnixListener;
 
     fn pod() -> PodRef {
@@ -199,5 +246,20 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("/nonexistent/il.sock"), "{e}");
+    }
+
+    #[test]
+    fn uid_mismatch_means_another_pod() {
+        let mut pod = PodRef {
+            namespace: "a".into(),
+            name: "p".into(),
+            uid: Some("u1".into()),
+        };
+        assert!(match_uid(&pod, Some("u1")));
+        assert!(!match_uid(&pod, Some("u2")));
+        assert!(match_uid(&pod, None));
+        pod.uid = None;
+        assert!(match_uid(&pod, Some("u2")));
+        assert_eq!(pod.to_string(), "a/p");
     }
 }
