@@ -86,7 +86,7 @@ pub fn decide(config: &PluginConfig, pod: &PodIdentity) -> Decision {
             ),
         };
     };
-    match interlock_redirect::decide(annotations, &config.profiles) {
+    match interlock_redirect::spec_for(annotations, &config.profiles) {
         Ok(Some((profile, spec))) => Decision::Meshed {
             profile,
             spec: Box::new(spec),

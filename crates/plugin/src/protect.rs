@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use interlock_contract::codes::{code_for_step, Step};
-use interlock_protocol::CniResult;
+use interlock_protocol::{CniError, CniResult, CniVersion};
 use interlock_redirect::backend::{self, BackendKind};
 use interlock_redirect::netns::{pod_netns_id, NetnsError, NetnsId};
 use interlock_redirect::{engine, ProtectError, ProtectOptions, Unprotected, Verification};
@@ -53,6 +53,23 @@ impl Failure {
             message: message.into(),
             leftover_rules: None,
         }
+    }
+
+    /// The CNI error for this failure about pod `pod` (`namespace/name`), in `version`:
+    /// `pod <pod>: step <step> failed: <message>` with the step's code. Every failure
+    /// about a pod is reported through here.
+    pub fn to_cni_error(&self, version: CniVersion, pod: &str) -> CniError {
+        CniError::new(
+            version.as_str(),
+            self.code,
+            format!("pod {pod}: step {} failed: {}", self.step, self.message),
+        )
+    }
+
+    /// The same failure, its message prefixed with what was being done.
+    pub fn context(mut self, doing: &str) -> Failure {
+        self.message = format!("{doing}: {}", self.message);
+        self
     }
 
     fn state(message: impl Into<String>) -> Failure {
@@ -571,7 +588,7 @@ mod tests {
         assert_eq!(p, Protection::NotNeeded);
         assert!(claim.is_none());
         let ann = [("sidecar.istio.io/status".to_string(), "{}".to_string())].into();
-        let (profile, spec) = interlock_redirect::decide(&ann, &c.profiles)
+        let (profile, spec) = interlock_redirect::spec_for(&ann, &c.profiles)
             .unwrap()
             .unwrap();
         let meshed = Decision::Meshed {

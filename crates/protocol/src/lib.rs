@@ -2,8 +2,9 @@
 //!
 //! Network configs and config lists (with every foreign field kept in order), results for
 //! spec versions 0.3.0 to 1.1.0 and the conversions between them, the spec's error
-//! object, conf-dir loading with containerd's and CRI-O's exact rules, and the runtime
-//! side: executing plugin binaries and whole chains.
+//! object, conf-dir loading with containerd's and CRI-O's exact rules, the runtime
+//! side — executing plugin binaries and whole chains — and the plugin side: the skeleton
+//! a plugin's verbs plug into ([`skel`]).
 
 pub mod atomic;
 pub mod cache;
@@ -12,6 +13,7 @@ pub mod confdir;
 pub mod error;
 pub mod exec;
 pub mod result;
+pub mod skel;
 pub mod version;
 
 pub use conf::{

@@ -77,7 +77,7 @@ pub enum ProtectError {
         /// Backend.
         backend: BackendKind,
         /// Why.
-        source: BackendError,
+        source: Box<BackendError>,
     },
     /// Applying the rules failed.
     #[error("applying redirect rules in {netns} with {backend} failed: {source}{}", cleanup_note(.cleanup))]
@@ -87,7 +87,7 @@ pub enum ProtectError {
         /// Backend.
         backend: BackendKind,
         /// Why.
-        source: BackendError,
+        source: Box<BackendError>,
         /// `None` when leftovers were removed, else why removing them failed too.
         cleanup: Option<String>,
     },
@@ -99,7 +99,7 @@ pub enum ProtectError {
         /// Backend.
         backend: BackendKind,
         /// Why.
-        source: BackendError,
+        source: Box<BackendError>,
         /// `None` when leftovers were removed (or nothing was applied), else why removal failed.
         cleanup: Option<String>,
     },
@@ -135,7 +135,7 @@ pub enum ProtectError {
         /// Backend.
         backend: BackendKind,
         /// Why.
-        source: BackendError,
+        source: Box<BackendError>,
     },
     /// Removing the rules of every backend ([`unprotect_all`]) failed for more than one
     /// backend; every failure is listed (the other backends were still tried).
@@ -233,7 +233,7 @@ fn open_backend(
     backend::open(kind).map_err(|source| ProtectError::Open {
         netns: netns.to_path_buf(),
         backend: kind,
-        source,
+        source: Box::new(source),
     })
 }
 
@@ -268,11 +268,11 @@ pub fn protect_with(
                     cleanup: cleanup(),
                 })
             }
-            Err(source) if source.op() == "verify" => {
+            Err(source) if source.op() == Step::Verify => {
                 return Err(ProtectError::Verify {
                     netns: path.clone(),
                     backend: kind,
-                    source,
+                    source: Box::new(source),
                     cleanup: cleanup(),
                 })
             }
@@ -280,7 +280,7 @@ pub fn protect_with(
                 return Err(ProtectError::Apply {
                     netns: path.clone(),
                     backend: kind,
-                    source,
+                    source: Box::new(source),
                     cleanup: cleanup(),
                 })
             }
@@ -322,7 +322,7 @@ pub fn check(
         backend.verify(spec).map_err(|source| ProtectError::Verify {
             netns: path.clone(),
             backend: kind,
-            source,
+            source: Box::new(source),
             cleanup: None,
         })
     })?
@@ -345,12 +345,12 @@ pub fn unprotect_with(
         let backend = backend::open_with(kind, tools).map_err(|source| ProtectError::Open {
             netns: path.clone(),
             backend: kind,
-            source,
+            source: Box::new(source),
         })?;
         backend.remove().map_err(|source| ProtectError::Remove {
             netns: path.clone(),
             backend: kind,
-            source,
+            source: Box::new(source),
         })
     });
     match result {
@@ -415,11 +415,14 @@ mod tests {
         ProtectError::Remove {
             netns: PathBuf::from("/run/netns/ilpod"),
             backend: kind,
-            source: BackendError::Failed {
+            source: Box::new(BackendError::Tool {
                 backend: kind,
-                op: "remove",
-                msg: msg.to_string(),
-            },
+                op: Step::Remove,
+                command: "restore".into(),
+                status: "exit status: 4".into(),
+                stderr: msg.to_string(),
+                input: None,
+            }),
         }
     }
 
@@ -471,10 +474,10 @@ mod tests {
         assert!(
             text.starts_with(
                 "removing redirect rules in /run/netns/ilpod failed for 2 backends: (1) "
-            ) && text.contains("nftables failed: Nftables remove: netlink: EPERM")
-                && text.contains(
-                    "(2) removing redirect rules in /run/netns/ilpod with iptables-legacy"
-                )
+            ) && text.contains(
+                "nftables failed: nftables remove: restore failed (exit status: 4): netlink: EPERM"
+            ) && text
+                .contains("(2) removing redirect rules in /run/netns/ilpod with iptables-legacy")
                 && text.contains("restore: exit 4"),
             "{text}"
         );
@@ -497,22 +500,25 @@ mod tests {
     #[test]
     fn cleanup_failure_is_reported() {
         let kind = BackendKind::IptablesNft;
-        let source = || BackendError::Failed {
+        let source = || BackendError::Tool {
             backend: kind,
-            op: "apply",
-            msg: "boom".into(),
+            op: Step::Apply,
+            command: "iptables-nft-restore --noflush (IPv4)".into(),
+            status: "exit status: 1".into(),
+            stderr: "boom".into(),
+            input: None,
         };
         let clean = ProtectError::Apply {
             netns: "/x".into(),
             backend: kind,
-            source: source(),
+            source: Box::new(source()),
             cleanup: None,
         };
         assert_eq!(clean.cleanup_failure(), None);
         let dirty = ProtectError::Apply {
             netns: "/x".into(),
             backend: kind,
-            source: source(),
+            source: Box::new(source()),
             cleanup: Some("restore failed".into()),
         };
         assert_eq!(dirty.cleanup_failure(), Some("restore failed"));

@@ -14,10 +14,10 @@ pub mod profile;
 pub mod route;
 pub mod spec;
 
-pub use backend::{BackendKind, BackendSelection, Verification};
+pub use backend::{BackendKind, Verification};
 pub use engine::{
     check, protect, protect_with, unprotect, unprotect_all, unprotect_all_with, unprotect_with,
     ProtectError, ProtectOptions, Protection, Unprotected,
 };
-pub use profile::{decide, ProfileName};
+pub use profile::{spec_for, ProfileName};
 pub use spec::{RedirectSpec, SpecError};

@@ -37,7 +37,7 @@ pub use interlock_contract::profile::{ProfileName, UnknownProfile};
 /// only through IPv6 link-local). `Ok(None)` means no enabled profile claims the pod: it is not
 /// meshed and passes through. An error means the pod is meshed but its annotations cannot
 /// be turned into rules (or an opt-in/out annotation is unreadable): fail closed.
-pub fn decide(
+pub fn spec_for(
     annotations: &BTreeMap<String, String>,
     enabled: &[ProfileName],
 ) -> Result<Option<(ProfileName, RedirectSpec)>, SpecError> {
@@ -527,7 +527,7 @@ mod tests {
     fn decide_all(
         pairs: &[(&str, &str)],
     ) -> Result<Option<(ProfileName, RedirectSpec)>, SpecError> {
-        decide(&ann(pairs), &ProfileName::ALL)
+        spec_for(&ann(pairs), &ProfileName::ALL)
     }
 
     fn spec(pairs: &[(&str, &str)]) -> RedirectSpec {
@@ -639,7 +639,7 @@ mod tests {
             None
         );
         assert_eq!(
-            decide(
+            spec_for(
                 &ann(&[ISTIO]),
                 &[ProfileName::Linkerd, ProfileName::Generic]
             )
@@ -969,20 +969,20 @@ mod tests {
     fn priority_follows_enabled_order() {
         let both = ann(&[ISTIO, GENERIC]);
         assert_eq!(
-            decide(&both, &ProfileName::ALL).unwrap().unwrap().0,
+            spec_for(&both, &ProfileName::ALL).unwrap().unwrap().0,
             ProfileName::Istio
         );
         assert_eq!(
-            decide(&both, &[ProfileName::Generic, ProfileName::Istio])
+            spec_for(&both, &[ProfileName::Generic, ProfileName::Istio])
                 .unwrap()
                 .unwrap()
                 .0,
             ProfileName::Generic
         );
-        assert_eq!(decide(&both, &[]).unwrap(), None);
+        assert_eq!(spec_for(&both, &[]).unwrap(), None);
         // A profile that is not enabled does not even parse its annotations.
         let bad = ann(&[GENERIC, ("interlock.dev/outbound-port", "x")]);
-        assert_eq!(decide(&bad, &[ProfileName::Istio]).unwrap(), None);
+        assert_eq!(spec_for(&bad, &[ProfileName::Istio]).unwrap(), None);
     }
 
     #[test]

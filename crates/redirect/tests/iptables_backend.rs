@@ -4,7 +4,7 @@ use interlock_redirect::backend::iptables::{restore_text, Flavour, IptablesBacke
 use interlock_redirect::backend::{Backend, Verification};
 use interlock_redirect::netns::in_netns;
 use interlock_redirect::spec::Family;
-use interlock_redirect::{decide, ProfileName, RedirectSpec};
+use interlock_redirect::{spec_for, ProfileName, RedirectSpec};
 use interlock_testkit::{require_root, Netns};
 use std::collections::BTreeMap;
 
@@ -20,7 +20,7 @@ fn istio_spec() -> RedirectSpec {
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    decide(&ann, &ProfileName::ALL).unwrap().unwrap().1
+    spec_for(&ann, &ProfileName::ALL).unwrap().unwrap().1
 }
 
 fn save(ns: &Netns, flavour: Flavour, family: Family) -> String {

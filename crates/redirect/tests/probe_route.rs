@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use interlock_redirect::probe::ProbeError;
 use interlock_redirect::route::egress;
-use interlock_redirect::{decide, protect, BackendKind, ProfileName, ProtectError};
+use interlock_redirect::{protect, spec_for, BackendKind, ProfileName, ProtectError};
 use interlock_testkit::{require_root, Netns};
 
 fn tx_packets(ns: &Netns, dev: &str) -> u64 {
@@ -69,7 +69,7 @@ fn probe_refuses_macvlan_egress_and_accepts_veth() {
 
     let ann: BTreeMap<String, String> =
         [("sidecar.istio.io/status".to_string(), "{}".to_string())].into();
-    let mut spec = decide(&ann, &ProfileName::ALL).unwrap().unwrap().1;
+    let mut spec = spec_for(&ann, &ProfileName::ALL).unwrap().unwrap().1;
     spec.ipv6 = false;
 
     // Through the macvlan: refused before any packet, fail closed, rules removed again.

@@ -11,8 +11,7 @@ use interlock_contract::codes::Step;
 use interlock_redirect::probe::original_dst;
 use interlock_redirect::spec::Family;
 use interlock_redirect::{
-    check, decide, protect, unprotect, BackendKind, ProfileName, RedirectSpec, Unprotected,
-    Verification,
+    check, protect, unprotect, BackendKind, ProfileName, RedirectSpec, Unprotected, Verification,
 };
 use interlock_testkit::require_root;
 
@@ -72,7 +71,7 @@ const GENERIC: Mesh = Mesh {
 };
 
 fn spec_for(pairs: &[(&str, &str)]) -> RedirectSpec {
-    decide(&annotations(pairs), &ProfileName::ALL)
+    interlock_redirect::spec_for(&annotations(pairs), &ProfileName::ALL)
         .unwrap()
         .expect("meshed")
         .1
@@ -319,7 +318,7 @@ fn exclusions_v6_iptables_legacy() {
 fn garbage_annotation_applies_nothing() {
     require_root!();
     let topo = Topology::new();
-    let err = decide(
+    let err = interlock_redirect::spec_for(
         &annotations(&[
             ISTIO.annotations[0],
             (

@@ -13,6 +13,8 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use interlock_contract::codes::Step;
+
 use crate::backend::{Backend, BackendError, BackendKind, ToolLookup, Verification};
 use crate::spec::{port_runs, Family, PortSelection, RedirectSpec};
 
@@ -396,16 +398,12 @@ impl IptablesBackend {
     }
 
     /// The program `tool`, or an error naming it and where it was looked for.
-    fn program(&self, tool: &str, op: &'static str) -> Result<std::path::PathBuf, BackendError> {
-        self.tools.find(tool).ok_or_else(|| {
-            self.fail(
-                op,
-                format!(
-                    "cannot run {tool}: not found (searched {}); install the {} tools or choose another backend",
-                    self.tools.describe(),
-                    self.flavour.kind()
-                ),
-            )
+    fn program(&self, tool: &str, op: Step) -> Result<std::path::PathBuf, BackendError> {
+        self.tools.find(tool).ok_or_else(|| BackendError::Missing {
+            backend: self.flavour.kind(),
+            op,
+            program: tool.to_string(),
+            searched: self.tools.describe(),
         })
     }
 
@@ -414,15 +412,21 @@ impl IptablesBackend {
         self.flavour
     }
 
-    fn fail(&self, op: &'static str, msg: String) -> BackendError {
-        BackendError::Failed {
+    fn spawn_err(
+        &self,
+        op: Step,
+        program: impl Into<String>,
+        source: std::io::Error,
+    ) -> BackendError {
+        BackendError::Spawn {
             backend: self.flavour.kind(),
             op,
-            msg,
+            program: program.into(),
+            source,
         }
     }
 
-    fn save(&self, family: Family, op: &'static str) -> Result<Observed, BackendError> {
+    fn save(&self, family: Family, op: Step) -> Result<Observed, BackendError> {
         let nat_exists = match self.flavour {
             Flavour::Legacy => legacy_nat_exists(family),
             Flavour::Nft => nft_nat_exists(family),
@@ -436,7 +440,7 @@ impl IptablesBackend {
         let tool = self.flavour.tool(family, Tool::Save);
         // Removal: without the tool, none of this backend's rules can be here (see the
         // type's docs).
-        let removing = op == "remove";
+        let removing = op == Step::Remove;
         let program = match self.program(&tool, op) {
             Ok(p) => p,
             Err(_) if removing => return Ok(Observed::default()),
@@ -451,22 +455,22 @@ impl IptablesBackend {
             Err(e) if removing && e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(Observed::default())
             }
-            Err(e) => return Err(self.fail(op, format!("cannot run {}: {e}", program.display()))),
+            Err(e) => return Err(self.spawn_err(op, program.display().to_string(), e)),
         };
         if !out.status.success() {
-            return Err(self.fail(
+            return Err(BackendError::Tool {
+                backend: self.flavour.kind(),
                 op,
-                format!(
-                    "{tool} -t nat ({family}) failed ({}): {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            ));
+                command: format!("{tool} -t nat ({family})"),
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                input: None,
+            });
         }
         Ok(parse_save(&String::from_utf8_lossy(&out.stdout)))
     }
 
-    fn restore(&self, family: Family, op: &'static str, text: &str) -> Result<(), BackendError> {
+    fn restore(&self, family: Family, op: Step, text: &str) -> Result<(), BackendError> {
         let tool = self.flavour.tool(family, Tool::Restore);
         let mut child = Command::new(self.program(&tool, op)?)
             .args(["--noflush", "-w", "5"])
@@ -474,7 +478,7 @@ impl IptablesBackend {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| self.fail(op, format!("cannot run {tool}: {e}")))?;
+            .map_err(|e| self.spawn_err(op, &tool, e))?;
         let write = child
             .stdin
             .take()
@@ -482,21 +486,21 @@ impl IptablesBackend {
             .write_all(text.as_bytes());
         let out = child
             .wait_with_output()
-            .map_err(|e| self.fail(op, format!("{tool}: {e}")))?;
+            .map_err(|e| self.spawn_err(op, &tool, e))?;
         if !out.status.success() || write.is_err() {
-            return Err(self.fail(
+            return Err(BackendError::Tool {
+                backend: self.flavour.kind(),
                 op,
-                format!(
-                    "{tool} --noflush ({family}) failed ({}): {}; input was:\n{text}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            ));
+                command: format!("{tool} --noflush ({family})"),
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                input: Some(text.to_string()),
+            });
         }
         Ok(())
     }
 
-    fn remove_family(&self, family: Family, op: &'static str) -> Result<(), BackendError> {
+    fn remove_family(&self, family: Family, op: Step) -> Result<(), BackendError> {
         let obs = self.save(family, op)?;
         self.remove_observed(family, op, &obs)
     }
@@ -504,7 +508,7 @@ impl IptablesBackend {
     fn remove_observed(
         &self,
         family: Family,
-        op: &'static str,
+        op: Step,
         obs: &Observed,
     ) -> Result<(), BackendError> {
         if obs.is_empty() {
@@ -564,32 +568,35 @@ impl Backend for IptablesBackend {
     fn usable(&self) -> Result<(), BackendError> {
         for family in FAMILIES {
             for tool in [Tool::Restore, Tool::Save] {
-                self.program(&self.flavour.tool(family, tool), "open")?;
+                self.program(&self.flavour.tool(family, tool), Step::Open)?;
             }
         }
         Ok(())
     }
 
     fn apply(&self, spec: &RedirectSpec) -> Result<(), BackendError> {
-        spec.validate()
-            .map_err(|e| self.fail("apply", e.to_string()))?;
+        spec.validate().map_err(|source| BackendError::Spec {
+            backend: self.flavour.kind(),
+            op: Step::Apply,
+            source,
+        })?;
         for family in FAMILIES {
             if !spec.families().contains(&family) {
                 // A family that is off may have no usable tooling at all: then there is
                 // nothing of ours in it either.
-                if let Ok(obs) = self.save(family, "apply") {
-                    self.remove_observed(family, "apply", &obs)?;
+                if let Ok(obs) = self.save(family, Step::Apply) {
+                    self.remove_observed(family, Step::Apply, &obs)?;
                 }
                 continue;
             }
             let expected = chain_rules(spec, family);
-            let obs = self.save(family, "apply")?;
+            let obs = self.save(family, Step::Apply)?;
             if compare(family, &expected, &obs).is_empty() {
                 continue;
             }
             let stale: Vec<(String, String)> =
                 obs.jumps.into_iter().map(|(c, r, _)| (c, r)).collect();
-            self.restore(family, "apply", &render_restore(&stale, &expected))?;
+            self.restore(family, Step::Apply, &render_restore(&stale, &expected))?;
         }
         Ok(())
     }
@@ -598,7 +605,7 @@ impl Backend for IptablesBackend {
         let mut diffs = Vec::new();
         for family in FAMILIES {
             let expected = chain_rules(spec, family);
-            let obs = match self.save(family, "verify") {
+            let obs = match self.save(family, Step::Verify) {
                 Ok(o) => o,
                 // A family that is off may have no usable tooling at all.
                 Err(_) if expected.is_empty() => continue,
@@ -614,16 +621,18 @@ impl Backend for IptablesBackend {
     }
 
     fn remove(&self) -> Result<(), BackendError> {
-        let mut errors = Vec::new();
-        for family in FAMILIES {
-            if let Err(e) = self.remove_family(family, "remove") {
-                errors.push(e.to_string());
-            }
-        }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(self.fail("remove", errors.join("; ")))
+        let mut errors: Vec<BackendError> = FAMILIES
+            .into_iter()
+            .filter_map(|family| self.remove_family(family, Step::Remove).err())
+            .collect();
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(BackendError::Several {
+                backend: self.flavour.kind(),
+                op: Step::Remove,
+                errors,
+            }),
         }
     }
 }

@@ -1,15 +1,17 @@
 //! Backends that apply a [`RedirectSpec`] inside the current network namespace.
 //!
-//! [`BackendKind`] names a mechanism, [`BackendSelection`] is what configuration says
-//! (`auto` or a kind), [`detect`] decides `auto` from what the host uses, and [`open`]
-//! gives the [`Backend`] for a kind.
+//! [`BackendKind`] names a mechanism (configuration's `backend`, with `auto`, is
+//! `interlock_contract::config::BackendChoice`), [`detect`] decides `auto` from what the
+//! host uses, and [`open`] gives the [`Backend`] for a kind.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::RedirectSpec;
+use interlock_contract::codes::Step;
+
+use crate::spec::{RedirectSpec, SpecError};
 
 pub mod iptables;
 pub mod nftables;
@@ -62,60 +64,6 @@ impl FromStr for BackendKind {
             .into_iter()
             .find(|k| k.as_str() == s)
             .ok_or_else(|| UnknownBackend(s.to_string()))
-    }
-}
-
-/// What configuration asks for: a fixed backend or detection from the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum BackendSelection {
-    /// Pick what the host uses ([`detect`]).
-    #[default]
-    Auto,
-    /// Always this backend.
-    Fixed(BackendKind),
-}
-
-impl BackendSelection {
-    /// The backend to use: `Fixed` as is, `Auto` through [`detect`].
-    pub fn resolve(self) -> BackendKind {
-        match self {
-            BackendSelection::Fixed(k) => k,
-            BackendSelection::Auto => detect().kind,
-        }
-    }
-}
-
-impl FromStr for BackendSelection {
-    type Err = UnknownBackend;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s == "auto" {
-            Ok(BackendSelection::Auto)
-        } else {
-            s.parse().map(BackendSelection::Fixed)
-        }
-    }
-}
-
-impl TryFrom<String> for BackendSelection {
-    type Error = UnknownBackend;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse()
-    }
-}
-
-impl From<BackendSelection> for String {
-    fn from(s: BackendSelection) -> String {
-        s.to_string()
-    }
-}
-
-impl std::fmt::Display for BackendSelection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BackendSelection::Auto => f.write_str("auto"),
-            BackendSelection::Fixed(k) => k.fmt(f),
-        }
     }
 }
 
@@ -273,26 +221,103 @@ impl Verification {
     }
 }
 
-/// A failure of a backend operation.
+/// A failure of a backend operation; each variant keeps its cause.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
-    /// The kernel or a tool refused an operation.
-    #[error("{backend:?} {op}: {msg}")]
-    Failed {
+    /// nf_tables refused or failed an operation on `what`.
+    #[error("{backend} {op}: {what}: {source}")]
+    Nft {
         /// Backend that failed.
         backend: BackendKind,
-        /// Operation (apply, verify, remove).
-        op: &'static str,
-        /// What went wrong.
-        msg: String,
+        /// What it was doing.
+        op: Step,
+        /// On what (`creating table inet interlock`, …).
+        what: String,
+        /// The netlink error.
+        #[source]
+        source: interlock_nft::NftError,
     },
+    /// A program the backend needs is not installed.
+    #[error("{backend} {op}: cannot run {program}: not found (searched {searched}); install the {backend} tools or choose another backend")]
+    Missing {
+        /// Backend that failed.
+        backend: BackendKind,
+        /// What it was doing.
+        op: Step,
+        /// The program's name.
+        program: String,
+        /// Where it was looked for.
+        searched: String,
+    },
+    /// A program could not be started or waited for.
+    #[error("{backend} {op}: cannot run {program}: {source}")]
+    Spawn {
+        /// Backend that failed.
+        backend: BackendKind,
+        /// What it was doing.
+        op: Step,
+        /// The program.
+        program: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A program ran and failed.
+    #[error("{backend} {op}: {command} failed ({status}): {stderr}{}", input_note(.input))]
+    Tool {
+        /// Backend that failed.
+        backend: BackendKind,
+        /// What it was doing.
+        op: Step,
+        /// The command, with its relevant arguments (`iptables-nft-restore --noflush (IPv4)`).
+        command: String,
+        /// How it exited.
+        status: String,
+        /// What it said.
+        stderr: String,
+        /// What it was fed on stdin, when that matters for the diagnosis.
+        input: Option<String>,
+    },
+    /// The spec cannot be applied.
+    #[error("{backend} {op}: {source}")]
+    Spec {
+        /// Backend that failed.
+        backend: BackendKind,
+        /// What it was doing.
+        op: Step,
+        /// Why.
+        #[source]
+        source: SpecError,
+    },
+    /// Several parts of one operation failed (e.g. both families' removal); each is kept.
+    #[error("{backend} {op}: {}", .errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Several {
+        /// Backend that failed.
+        backend: BackendKind,
+        /// What it was doing.
+        op: Step,
+        /// Every failure.
+        errors: Vec<BackendError>,
+    },
+}
+
+fn input_note(input: &Option<String>) -> String {
+    match input {
+        Some(text) => format!("; input was:\n{text}"),
+        None => String::new(),
+    }
 }
 
 impl BackendError {
     /// The operation that failed (`open`, `apply`, `verify`, `remove`).
-    pub fn op(&self) -> &'static str {
+    pub fn op(&self) -> Step {
         match self {
-            BackendError::Failed { op, .. } => op,
+            BackendError::Nft { op, .. }
+            | BackendError::Missing { op, .. }
+            | BackendError::Spawn { op, .. }
+            | BackendError::Tool { op, .. }
+            | BackendError::Spec { op, .. }
+            | BackendError::Several { op, .. } => *op,
         }
     }
 }
@@ -324,28 +349,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kinds_and_selections_parse() {
+    fn kinds_parse() {
         for k in BackendKind::ALL {
             assert_eq!(k.as_str().parse::<BackendKind>().unwrap(), k);
-            assert_eq!(
-                k.as_str().parse::<BackendSelection>().unwrap(),
-                BackendSelection::Fixed(k)
-            );
         }
-        assert_eq!(
-            "auto".parse::<BackendSelection>().unwrap(),
-            BackendSelection::Auto
-        );
         assert!("auto".parse::<BackendKind>().is_err());
-        let e = "ipfw".parse::<BackendSelection>().unwrap_err().to_string();
+        let e = "ipfw".parse::<BackendKind>().unwrap_err().to_string();
         assert!(e.contains("ipfw") && e.contains("iptables-legacy"), "{e}");
-        let s: BackendSelection = serde_json::from_str("\"iptables-nft\"").unwrap();
-        assert_eq!(s, BackendSelection::Fixed(BackendKind::IptablesNft));
-        assert_eq!(
-            serde_json::to_string(&BackendSelection::Auto).unwrap(),
-            "\"auto\""
-        );
-        assert!(serde_json::from_str::<BackendSelection>("\"x\"").is_err());
         assert_eq!(
             serde_json::to_string(&BackendKind::IptablesLegacy).unwrap(),
             "\"iptables-legacy\""
@@ -356,10 +366,6 @@ mod tests {
     fn detection_gives_a_reason() {
         let d = detect();
         assert!(!d.reason.is_empty());
-        assert_eq!(
-            BackendSelection::Fixed(BackendKind::IptablesNft).resolve(),
-            BackendKind::IptablesNft
-        );
     }
 
     #[test]

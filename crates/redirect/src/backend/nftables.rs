@@ -43,6 +43,8 @@ use interlock_nft::{
     NFPROTO_IPV4, NFPROTO_IPV6, TABLE_F_DORMANT,
 };
 
+use interlock_contract::codes::Step;
+
 use crate::backend::{Backend, BackendError, BackendKind, Verification};
 use crate::spec::{port_runs, Family, PortSelection, RedirectSpec};
 
@@ -422,34 +424,36 @@ impl NftablesBackend {
     }
 }
 
-fn fail(op: &'static str, msg: impl Into<String>) -> BackendError {
-    BackendError::Failed {
+fn nft_err(op: Step, what: impl Into<String>) -> impl FnOnce(NftError) -> BackendError {
+    let what = what.into();
+    move |source| BackendError::Nft {
         backend: BackendKind::Nftables,
         op,
-        msg: msg.into(),
+        what,
+        source,
     }
 }
 
-fn checked(spec: &RedirectSpec, op: &'static str) -> Result<Ruleset, BackendError> {
-    spec.validate().map_err(|e| fail(op, e.to_string()))?;
+fn checked(spec: &RedirectSpec, op: Step) -> Result<Ruleset, BackendError> {
+    spec.validate().map_err(|source| BackendError::Spec {
+        backend: BackendKind::Nftables,
+        op,
+        source,
+    })?;
     Ok(Ruleset::for_spec(spec))
 }
 
-fn open(op: &'static str) -> Result<Nft, BackendError> {
-    Nft::open().map_err(|e| fail(op, e.to_string()))
+fn open(op: Step) -> Result<Nft, BackendError> {
+    Nft::open().map_err(nft_err(op, "opening a netlink socket"))
 }
 
-fn read_back(nft: &mut Nft, ruleset: &Ruleset, op: &'static str) -> Result<Readback, BackendError> {
+fn read_back(nft: &mut Nft, ruleset: &Ruleset, op: Step) -> Result<Readback, BackendError> {
     ruleset
         .compare(nft)
-        .map_err(|e| fail(op, format!("reading back table inet {TABLE}: {e}")))
+        .map_err(nft_err(op, format!("reading back table inet {TABLE}")))
 }
 
-fn verify_with(
-    nft: &mut Nft,
-    ruleset: &Ruleset,
-    op: &'static str,
-) -> Result<Verification, BackendError> {
+fn verify_with(nft: &mut Nft, ruleset: &Ruleset, op: Step) -> Result<Verification, BackendError> {
     read_back(nft, ruleset, op).map(Verification::from)
 }
 
@@ -457,16 +461,18 @@ fn verify_with(
 /// a delete-and-recreate transaction otherwise (repair, or a changed spec).
 fn apply_with(nft: &mut Nft, ruleset: &Ruleset) -> Result<(), BackendError> {
     let replace = |nft: &mut Nft| {
-        nft.commit(&ruleset.replace_batch())
-            .map_err(|e| fail("apply", format!("replacing table inet {TABLE}: {e}")))
+        nft.commit(&ruleset.replace_batch()).map_err(nft_err(
+            Step::Apply,
+            format!("replacing table inet {TABLE}"),
+        ))
     };
-    match read_back(nft, ruleset, "apply")? {
+    match read_back(nft, ruleset, Step::Apply)? {
         Readback::Exact => Ok(()),
         Readback::TableMissing => match nft.commit(&ruleset.create_batch()) {
             Ok(()) => Ok(()),
             // Created concurrently since the read-back: replace it.
             Err(e) if e.errno() == Some(libc::EEXIST) => replace(nft),
-            Err(e) => Err(fail("apply", format!("creating table inet {TABLE}: {e}"))),
+            Err(e) => Err(nft_err(Step::Apply, format!("creating table inet {TABLE}"))(e)),
         },
         Readback::Differs(_) => replace(nft),
     }
@@ -479,29 +485,29 @@ impl Backend for NftablesBackend {
 
     /// nf_tables answers a read over netlink (it needs `CAP_NET_ADMIN` and the module).
     fn usable(&self) -> Result<(), BackendError> {
-        open("open")?
+        open(Step::Open)?
             .table(NfFamily::Inet, TABLE)
             .map(|_| ())
-            .map_err(|e| fail("open", format!("nf_tables does not answer: {e}")))
+            .map_err(nft_err(Step::Open, "nf_tables does not answer a read"))
     }
 
     fn apply(&self, spec: &RedirectSpec) -> Result<(), BackendError> {
-        let ruleset = checked(spec, "apply")?;
-        apply_with(&mut open("apply")?, &ruleset)
+        let ruleset = checked(spec, Step::Apply)?;
+        apply_with(&mut open(Step::Apply)?, &ruleset)
     }
 
     fn verify(&self, spec: &RedirectSpec) -> Result<Verification, BackendError> {
-        let ruleset = checked(spec, "verify")?;
-        verify_with(&mut open("verify")?, &ruleset, "verify")
+        let ruleset = checked(spec, Step::Verify)?;
+        verify_with(&mut open(Step::Verify)?, &ruleset, Step::Verify)
     }
 
     /// Applies `spec` (unless already exact) and verifies the result on one socket: the
     /// plugin ADD path.
     fn apply_and_verify(&self, spec: &RedirectSpec) -> Result<Verification, BackendError> {
-        let ruleset = checked(spec, "apply")?;
-        let mut nft = open("apply")?;
+        let ruleset = checked(spec, Step::Apply)?;
+        let mut nft = open(Step::Apply)?;
         apply_with(&mut nft, &ruleset)?;
-        verify_with(&mut nft, &ruleset, "verify")
+        verify_with(&mut nft, &ruleset, Step::Verify)
     }
 
     /// Deletes the table. The commit itself takes ~20 µs; closing the socket afterwards
@@ -514,10 +520,13 @@ impl Backend for NftablesBackend {
     /// marking it dormant does not wait but leaves the table behind, so removal keeps the
     /// honest delete.
     fn remove(&self) -> Result<(), BackendError> {
-        open("remove")?
+        open(Step::Remove)?
             .delete_table(NfFamily::Inet, TABLE)
             .map(|_existed| ())
-            .map_err(|e| fail("remove", format!("deleting table inet {TABLE}: {e}")))
+            .map_err(nft_err(
+                Step::Remove,
+                format!("deleting table inet {TABLE}"),
+            ))
     }
 }
 

@@ -16,6 +16,12 @@ use interlock_contract::codes::NOT_AVAILABLE;
 use interlock_contract::config::PluginConfig;
 use interlock_protocol::CniError;
 
+use super::Call;
+
+pub(super) fn status(call: &Call) -> Result<(), CniError> {
+    check_status(call.config, call.inv.version.as_str())
+}
+
 /// STATUS: `Ok` when an ADD on this node can protect a meshed pod now; otherwise code 50
 /// listing every reason (see the module docs).
 pub fn check_status(config: &PluginConfig, cni_version: &str) -> Result<(), CniError> {

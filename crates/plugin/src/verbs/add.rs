@@ -1,0 +1,205 @@
+//! ADD: decide whether the pod is meshed, protect it (see [`crate::protect`]), record
+//! the attachment's state and its reference on the netns, and return `prevResult`
+//! (converted to the config's version by the skeleton). Any failure for a meshed pod
+//! fails the ADD naming the pod, the step and the cause — unless `failurePolicy: open`,
+//! which records the attachment as unprotected and logs at error level.
+
+use std::time::Instant;
+
+use interlock_contract::codes::{self, Step};
+use interlock_contract::config::FailurePolicy;
+use interlock_protocol::{CniError, CniResult};
+
+use super::{ms, Call};
+use crate::decide::{self, Decision};
+use crate::identity::PodIdentity;
+use crate::protect::{self, micros, Failure};
+use crate::protection::Protection;
+use crate::state::{AttachmentState, StateStore};
+
+pub(super) fn add(call: &Call) -> Result<CniResult, CniError> {
+    let start = Instant::now();
+    let prev = call.prev_result("ADD")?;
+    let mut pod = PodIdentity::from_cni(call.inv.args(), &call.inv.conf)
+        .map_err(|e| call.err(codes::INVALID_NETWORK_CONFIG, e.to_string()))?;
+    call.log.debug(&format!("decision input: {pod:?}"));
+    let (decision, source) = decide::decide_with_lookup(call.config, &mut pod);
+    let decide_us = micros(start.elapsed());
+    let name = pod.display_name();
+    let netns = call.inv.netns();
+    let ifname = call.inv.ifname();
+    let open = call.config.failure_policy == FailurePolicy::Open;
+
+    let store = StateStore::new(&call.config.state_dir);
+    let outcome = match &decision {
+        Decision::Invalid { reason } => Err(Failure::clean(Step::Spec, reason.clone())),
+        Decision::Undecided { reason } => Err(Failure::clean(
+            Step::Lookup,
+            format!("cannot decide whether the pod is meshed: {reason}"),
+        )),
+        _ => protect::protect(
+            call.config,
+            &store,
+            &call.key(),
+            netns,
+            &decision,
+            &prev,
+            ifname,
+        ),
+    };
+    let (protection, claim) = match outcome {
+        Ok(p) => p,
+        Err(f) if !open => {
+            return Err(f
+                .to_cni_error(call.inv.version, &name)
+                .with_details(failure_details(&f, netns)))
+        }
+        Err(f) => {
+            call.log.error(&format!(
+                "pod {name} runs WITHOUT traffic redirection (failurePolicy open): step {} \
+                 failed: {}",
+                f.step, f.message
+            ));
+            (
+                Protection::Unprotected {
+                    step: f.step.to_string(),
+                    reason: f.message,
+                },
+                None,
+            )
+        }
+    };
+    let mut state = AttachmentState {
+        key: call.key(),
+        netns: netns.to_string(),
+        netns_id: claim.as_ref().map(|c| c.netns_id().to_string()),
+        network: call.inv.network().to_string(),
+        cni_version: call.inv.version.to_string(),
+        pod: pod.clone(),
+        annotations_source: source,
+        decision: decision.clone(),
+        protection: protection.clone(),
+        added_at_ms: interlock_contract::time::now_ms(),
+        add_us: 0,
+    };
+    state.add_us = micros(start.elapsed());
+    for note in claim.iter().flat_map(|c| c.notes()) {
+        call.log.info(&format!("pod {name}: {note}"));
+    }
+    let saved = store.save(&state).and_then(|()| match &claim {
+        Some(c) => c.commit(),
+        None => Ok(()),
+    });
+    if let Err(e) = saved {
+        match (&protection, open) {
+            // Nothing was done in the pod's netns: interlock's bookkeeping must not stop
+            // a pod that needs no protection.
+            (Protection::NotNeeded, _) => call.log.warn(&format!(
+                "pod {name}: writing attachment state failed (nothing to protect, ADD continues): {e}"
+            )),
+            (_, false) => {
+                let _ = store.remove(&call.key());
+                let left = claim.and_then(protect::Claim::abort);
+                let f = Failure {
+                    leftover_rules: left,
+                    ..Failure::clean(Step::State, format!("writing attachment state: {e}"))
+                };
+                return Err(f
+                    .to_cni_error(call.inv.version, &name)
+                    .with_details(failure_details(&f, netns)));
+            }
+            (_, true) => {
+                if let Some(c) = &claim {
+                    let _ = c.commit();
+                }
+                call.log.error(&format!(
+                    "pod {name}: writing attachment state failed (failurePolicy open, ADD continues): {e}"
+                ))
+            }
+        }
+    }
+    let total = micros(start.elapsed());
+    let what = match (&decision, &protection) {
+        (Decision::Meshed { profile, .. }, Protection::Protected(p)) => format!(
+            "meshed ({profile}), protected with {} ({}), spec {}, probe {}; decide {}, rules {}, probe {}",
+            p.backend,
+            p.backend_reason,
+            &p.spec_hash[..12.min(p.spec_hash.len())],
+            p.probe.len(),
+            ms(decide_us),
+            ms(p.timings.rules_us),
+            ms(p.timings.probe_us),
+        ),
+        (_, Protection::Unprotected { step, .. }) => {
+            format!("{}, UNPROTECTED (step {step} failed, failurePolicy open)", decision.label())
+        }
+        (Decision::Skip { reason } | Decision::NotMeshed { reason }, _) => {
+            format!("{} ({reason})", decision.label())
+        }
+        _ => decision.label().to_string(),
+    };
+    call.log.info(&format!(
+        "pod {name}: {what}; annotations from {source}; total {}",
+        ms(total)
+    ));
+    Ok(prev)
+}
+
+/// The `details` of a failed ADD (failurePolicy closed): what happens next, and whether
+/// interlock's rules were left in the netns.
+pub(super) fn failure_details(f: &Failure, netns: &str) -> String {
+    let closed = "failurePolicy is closed: the pod does not start until its traffic \
+                  redirection is in place and proven (the runtime retries the ADD)";
+    match &f.leftover_rules {
+        None => format!("{closed}; no interlock rules were left in its network namespace"),
+        Some(leftover) => format!(
+            "{closed}; {leftover} in its network namespace {netns}: the CNI DEL that \
+             follows a failed ADD retries removing them (every backend's rules)"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_details_say_whether_rules_remain() {
+        use interlock_redirect::backend::{BackendError, BackendKind};
+        use interlock_redirect::ProtectError;
+        let kind = BackendKind::IptablesNft;
+        let apply = |cleanup: Option<&str>| ProtectError::Apply {
+            netns: "/run/netns/ilpod".into(),
+            backend: kind,
+            source: Box::new(BackendError::Tool {
+                backend: kind,
+                op: Step::Apply,
+                command: "iptables-nft-restore --noflush (IPv4)".into(),
+                status: "exit status: 2".into(),
+                stderr: "iptables-nft-restore failed".into(),
+                input: None,
+            }),
+            cleanup: cleanup.map(String::from),
+        };
+        let clean = failure_details(&Failure::from(apply(None)), "/run/netns/ilpod");
+        assert!(
+            clean.contains("no interlock rules were left") && !clean.contains("may remain"),
+            "{clean}"
+        );
+        let f = Failure::from(apply(Some("iptables-nft-restore: exit 4")));
+        assert_eq!((f.step, f.code), (Step::Apply, 102));
+        let dirty = failure_details(&f, "/run/netns/ilpod");
+        assert!(
+            !dirty.contains("no interlock rules were left")
+                && dirty.contains("interlock's iptables-nft rules may remain")
+                && dirty.contains("iptables-nft-restore: exit 4")
+                && dirty.contains("/run/netns/ilpod")
+                && dirty.contains("DEL")
+                && dirty.contains("retries removing them"),
+            "{dirty}"
+        );
+        // Failures before anything was applied leave nothing.
+        let lookup = Failure::clean(Step::Lookup, "no agent");
+        assert!(failure_details(&lookup, "/x").contains("no interlock rules were left"));
+    }
+}

@@ -1,0 +1,128 @@
+//! The verbs of `interlock-cni`, one file each, behind the protocol skeleton
+//! (`interlock_protocol::skel`): [`InterlockCni`] parses the entry and opens the log for
+//! every call ([`Ctx`]) and hands each verb a [`Call`].
+
+mod add;
+mod check;
+mod del;
+mod gc;
+mod status;
+
+pub use status::check_status;
+
+use interlock_contract::codes;
+use interlock_contract::config::PluginConfig;
+use interlock_protocol::skel::{Invocation, Plugin};
+use interlock_protocol::{CniError, CniResult};
+
+use crate::log::Logger;
+use crate::state::AttachmentKey;
+
+/// The plugin: its verbs for the skeleton.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InterlockCni;
+
+/// What every verb needs besides the invocation: the parsed entry and the log.
+#[derive(Debug)]
+pub struct Ctx {
+    /// The interlock-cni entry.
+    pub config: PluginConfig,
+    /// The log, every line prefixed with the verb and the attachment.
+    pub log: Logger,
+}
+
+/// One verb's view of the call.
+pub(crate) struct Call<'a> {
+    pub inv: &'a Invocation<'a>,
+    pub config: &'a PluginConfig,
+    pub log: &'a Logger,
+}
+
+impl Call<'_> {
+    fn err(&self, code: u32, msg: impl Into<String>) -> CniError {
+        self.inv.err(code, msg)
+    }
+
+    fn key(&self) -> AttachmentKey {
+        AttachmentKey {
+            container_id: self.inv.container_id().to_string(),
+            ifname: self.inv.ifname().to_string(),
+        }
+    }
+
+    /// `prevResult`, required: interlock-cni is a chained plugin.
+    fn prev_result(&self, verb: &str) -> Result<CniResult, CniError> {
+        self.inv.prev_result()?.ok_or_else(|| {
+            self.err(
+                codes::INVALID_NETWORK_CONFIG,
+                format!(
+                    "prevResult: missing: interlock-cni is a chained plugin and needs the primary plugin's result for {verb}; \
+                     put it after the primary plugin (bridge, calico, …) in the plugins list, never first"
+                ),
+            )
+        })
+    }
+}
+
+/// `1.23 ms`.
+fn ms(us: u64) -> String {
+    format!("{:.2} ms", us as f64 / 1000.0)
+}
+
+impl InterlockCni {
+    fn call<'a>(inv: &'a Invocation<'a>, ctx: &'a Ctx) -> Call<'a> {
+        Call {
+            inv,
+            config: &ctx.config,
+            log: &ctx.log,
+        }
+    }
+}
+
+impl Plugin for InterlockCni {
+    type Context = Ctx;
+
+    fn name(&self) -> &str {
+        interlock_contract::PLUGIN_TYPE
+    }
+
+    fn context(&self, inv: &Invocation) -> Result<Ctx, CniError> {
+        let config = PluginConfig::from_map(&inv.conf)
+            .map_err(|e| inv.err(codes::INVALID_NETWORK_CONFIG, e.to_string()))?;
+        let log = Logger::new(config.log_level, config.log_file.clone()).with_context(format!(
+            "{} {}/{}",
+            inv.command,
+            inv.env.container_id.as_deref().unwrap_or("-"),
+            inv.env.ifname.as_deref().unwrap_or("-")
+        ));
+        Ok(Ctx { config, log })
+    }
+
+    fn add(&self, inv: &Invocation, ctx: &Ctx) -> Result<CniResult, CniError> {
+        add::add(&Self::call(inv, ctx))
+    }
+
+    fn del(&self, inv: &Invocation, ctx: &Ctx) -> Result<(), CniError> {
+        del::del(&Self::call(inv, ctx))
+    }
+
+    fn check(&self, inv: &Invocation, ctx: &Ctx) -> Result<(), CniError> {
+        check::check(&Self::call(inv, ctx))
+    }
+
+    fn gc(&self, inv: &Invocation, ctx: &Ctx) -> Result<(), CniError> {
+        gc::gc(&Self::call(inv, ctx))
+    }
+
+    fn status(&self, inv: &Invocation, ctx: &Ctx) -> Result<(), CniError> {
+        status::status(&Self::call(inv, ctx))
+    }
+
+    fn failed(&self, _inv: &Invocation, ctx: &Ctx, e: &CniError) {
+        ctx.log.error(&format!("failed: {e}"));
+    }
+
+    fn internal_error(&self) -> CniError {
+        crate::internal_error()
+    }
+}
