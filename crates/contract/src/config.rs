@@ -48,6 +48,69 @@ pub enum BackendChoice {
     IptablesLegacy,
 }
 
+/// Which mechanism programs the rules (what `backend: auto` resolves to, and what the
+/// state records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendKind {
+    /// nf_tables over netlink, in process.
+    Nftables,
+    /// `iptables-restore` of the nft flavour.
+    IptablesNft,
+    /// `iptables-restore` of the legacy flavour.
+    IptablesLegacy,
+}
+
+impl BackendKind {
+    /// Every kind.
+    pub const ALL: [BackendKind; 3] = [
+        BackendKind::Nftables,
+        BackendKind::IptablesNft,
+        BackendKind::IptablesLegacy,
+    ];
+
+    /// The configuration spelling (`nftables`, `iptables-nft`, `iptables-legacy`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Nftables => "nftables",
+            BackendKind::IptablesNft => "iptables-nft",
+            BackendKind::IptablesLegacy => "iptables-legacy",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A backend name that is not one of the known spellings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownBackend(pub String);
+
+impl std::fmt::Display for UnknownBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "unknown redirect backend {:?}: expected auto, nftables, iptables-nft or iptables-legacy",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownBackend {}
+
+impl std::str::FromStr for BackendKind {
+    type Err = UnknownBackend;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        BackendKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| UnknownBackend(s.to_string()))
+    }
+}
+
 /// How much the plugin logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

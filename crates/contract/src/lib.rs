@@ -3,17 +3,21 @@
 //! readiness marker ([`marker`]), the agent socket's messages ([`agent_socket`]), the
 //! Kubernetes names users configure node pools and alerts with ([`names`]), file names and
 //! the state dir's layout ([`layout`]), CNI and interlock error codes with the steps they
-//! belong to ([`codes`]), and the one clock and timestamp format of every log ([`time`]).
+//! belong to ([`codes`]), the records the plugin keeps per attachment and per netns
+//! ([`state`]), atomic writes for all of these files ([`atomic`]), and the one clock and
+//! timestamp format of every log ([`time`]).
 //!
 //! Depends on serde only, so every crate can use it and none drags another's stack in.
 
 pub mod agent_socket;
+pub mod atomic;
 pub mod codes;
 pub mod config;
 pub mod layout;
 pub mod marker;
 pub mod names;
 pub mod profile;
+pub mod state;
 pub mod time;
 
 pub use config::{PluginConfig, PLUGIN_TYPE, POD_ANNOTATIONS_CAPABILITY};

@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use interlock_protocol::atomic::write_file_atomic;
+use interlock_contract::atomic::write_file_atomic;
 use interlock_redirect::backend::{BackendKind, Detection};
 use serde::{Deserialize, Serialize};
 

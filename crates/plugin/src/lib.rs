@@ -4,7 +4,7 @@
 //! the protocol skeleton (`interlock_protocol::skel`) with this plugin's verbs
 //! ([`verbs`], one file each). The rest, by what it holds: the mesh decision
 //! ([`decide`], pure) and its effects ([`protect`]), what is recorded ([`protection`],
-//! [`state`] per attachment, [`netns_state`] per netns), where annotations come from
+//! [`state`] per attachment; per netns: `interlock_redirect::netns_record`), where annotations come from
 //! besides the runtime ([`lookup`], [`agent_client`]), the backend detection cache
 //! ([`backend_cache`]), the pod's identity ([`identity`]) and the log ([`log`]). The
 //! plugin's config, error codes and state-dir layout are `interlock_contract`'s.
@@ -22,7 +22,7 @@
 //!   [`backend_cache`]), verifies the rules read back are exactly the expected ones, and
 //!   proves every family the pod can route with the probe, trying the pod's gateways
 //!   first ([`protect::protect`], `interlock_redirect::probe`). The netns is the unit of
-//!   protection ([`netns_state`]): under the netns's lock, an attachment whose netns
+//!   protection (`interlock_redirect::netns_record`): under the netns's lock, an attachment whose netns
 //!   already holds live rules for the same spec (a Multus pod's second interface, a
 //!   concurrent ADD) shares them after reading them back; another spec there is refused.
 //!   Only then is the attachment's state written (profile, backend, installed spec as
@@ -44,7 +44,7 @@
 //!   gone is success.
 //! - **GC** does what DEL does for every attachment not in `cni.dev/valid-attachments`
 //!   (only listed attachments count as live). **STATUS** answers 50 only when an ADD could
-//!   not protect a meshed pod now ([`status`]; not because the agent is down).
+//!   not protect a meshed pod now ([`verbs::check_status`]; not because the agent is down).
 //!   **VERSION**: 0.3.0 to 1.1.0.
 //!
 //! Nothing but the protocol ever goes to stdout; one line per verb is logged at info
@@ -79,7 +79,6 @@ pub mod decide;
 pub mod identity;
 pub mod log;
 pub mod lookup;
-pub mod netns_state;
 pub mod protect;
 pub mod protection;
 pub mod state;

@@ -1,6 +1,7 @@
 //! Acting on a [`Decision`]: protect an attachment's netns ([`protect`]), re-verify it
 //! ([`check`]), and let it go ([`release`]) — through `interlock_redirect::engine`, with
-//! the netns as the unit of protection ([`crate::netns_state`]).
+//! the netns as the unit of protection (`interlock_redirect::netns_record`,
+//! `interlock_contract::state::NetnsRecord`).
 //!
 //! [`protect`] takes the netns's lock and either installs, reads back and proves the
 //! rules (no other live attachment relies on that netns: on failure the engine removes
@@ -18,13 +19,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use interlock_contract::codes::{code_for_step, Step};
+use interlock_contract::state::NetnsRecord;
 use interlock_protocol::{CniError, CniResult, CniVersion};
 use interlock_redirect::backend::{self, BackendKind};
 use interlock_redirect::netns::{pod_netns_id, NetnsError, NetnsId};
+use interlock_redirect::netns_record::{NetnsLock, NetnsStore};
 use interlock_redirect::{engine, ProtectError, ProtectOptions, Unprotected, Verification};
 
 use crate::decide::Decision;
-use crate::netns_state::{NetnsLock, NetnsRecord, NetnsStore};
+
 use crate::protection::{Protected, Protection, Timings};
 use crate::state::{AttachmentKey, AttachmentState, StateStore};
 use interlock_contract::config::{BackendChoice, PluginConfig};
@@ -124,6 +127,22 @@ fn names(keys: &[AttachmentKey]) -> String {
         if keys.len() == 1 { "" } else { "s" },
         list.join(", ")
     )
+}
+
+/// Whether an attachment referenced by `record` is live: its state exists, records this
+/// netns and says protected (and, with `keep` — GC —, it is listed there).
+fn is_live<'a>(
+    store: &'a StateStore,
+    record: &'a NetnsRecord,
+    keep: Option<&'a BTreeSet<AttachmentKey>>,
+) -> impl Fn(&AttachmentKey) -> bool + 'a {
+    move |k| {
+        keep.map_or(true, |v| v.contains(k))
+            && store.load(k).ok().flatten().is_some_and(|s| {
+                s.netns_id.as_deref() == Some(record.netns_id.as_str())
+                    && matches!(s.protection, Protection::Protected(_))
+            })
+    }
 }
 
 /// The backend to use for `choice`, and why. `auto` runs the host detection (in the
@@ -234,7 +253,7 @@ pub fn protect(
         .map_err(|e| Failure::state(format!("reading the state of netns {netns}: {e}")))?;
     let others = record
         .as_ref()
-        .map(|r| r.live_refs(store, key, None))
+        .map(|r| r.live_refs(key, is_live(store, r, None)))
         .unwrap_or_default();
     let mut spec = spec.as_ref().clone();
     spec.ipv4 = true;
@@ -506,7 +525,7 @@ pub fn release(
             .load()
             .map_err(|e| Failure::state(format!("reading the state of netns {netns}: {e}")))?;
         if let Some(mut r) = record {
-            let others = r.live_refs(store, key, keep);
+            let others = r.live_refs(key, is_live(store, &r, keep));
             if !others.is_empty() {
                 r.attachments.retain(|k| others.contains(k));
                 r.updated_at_ms = interlock_contract::time::now_ms();

@@ -15,7 +15,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use interlock_protocol::atomic::write_file_atomic;
+use interlock_contract::atomic::write_file_atomic;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -24,15 +24,7 @@ use crate::identity::PodIdentity;
 use crate::lookup::Source;
 use crate::protection::Protection;
 
-/// Identifies one attachment (what GC's `cni.dev/valid-attachments` lists).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct AttachmentKey {
-    /// `CNI_CONTAINERID`.
-    #[serde(rename = "containerID")]
-    pub container_id: String,
-    /// `CNI_IFNAME`.
-    pub ifname: String,
-}
+pub use interlock_contract::state::AttachmentKey;
 
 /// What interlock knows about one attachment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,8 +36,8 @@ pub struct AttachmentState {
     /// `CNI_NETNS` at ADD.
     pub netns: String,
     /// The identity (`<dev>-<ino>`) of that netns, when ADD protected it: the key of its
-    /// [`crate::netns_state::NetnsRecord`], which lists this attachment while it relies on
-    /// the rules there.
+    /// `interlock_contract::state::NetnsRecord`, which lists this attachment while it
+    /// relies on the rules there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns_id: Option<String>,
     /// The network (list) name.

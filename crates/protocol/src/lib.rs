@@ -6,7 +6,8 @@
 //! side — executing plugin binaries and whole chains — and the plugin side: the skeleton
 //! a plugin's verbs plug into ([`skel`]).
 
-pub mod atomic;
+/// Atomic file writes (the contract's: every interlock file is written the same way).
+pub use interlock_contract::atomic;
 pub mod cache;
 pub mod conf;
 pub mod confdir;

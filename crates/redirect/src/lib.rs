@@ -4,11 +4,13 @@
 //! mesh profiles that build it from pod annotations ([`profile`]), backends that apply,
 //! verify and remove it inside a pod's network namespace ([`backend`], [`netns`]), the
 //! probe that proves it with traffic ([`probe`]), and the calls the plugin and agent use
-//! ([`engine`]: [`protect`], [`check`], [`unprotect`]).
+//! ([`engine`]: [`protect`], [`check`], [`unprotect`]), and the lock and record of a pod
+//! netns as the unit of protection ([`netns_record`]).
 
 pub mod backend;
 pub mod engine;
 pub mod netns;
+pub mod netns_record;
 pub mod probe;
 pub mod profile;
 pub mod route;

@@ -58,7 +58,7 @@ pub(super) fn gc(call: &Call) -> Result<(), CniError> {
     let swept = crate::state::sweep_abandoned_temps(&[
         call.config.state_dir.clone(),
         store.dir().to_path_buf(),
-        crate::netns_state::NetnsStore::new(&call.config.state_dir)
+        interlock_redirect::netns_record::NetnsStore::new(&call.config.state_dir)
             .dir()
             .to_path_buf(),
     ]);

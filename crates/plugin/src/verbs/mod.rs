@@ -1,6 +1,6 @@
 //! The verbs of `interlock-cni`, one file each, behind the protocol skeleton
 //! (`interlock_protocol::skel`): [`InterlockCni`] parses the entry and opens the log for
-//! every call ([`Ctx`]) and hands each verb a [`Call`].
+//! every call ([`Ctx`]) and hands each verb a `Call` (the invocation, the entry, the log).
 
 mod add;
 mod check;

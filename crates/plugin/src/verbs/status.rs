@@ -31,7 +31,7 @@ pub fn check_status(config: &PluginConfig, cni_version: &str) -> Result<(), CniE
         problems.push(format!("the {kind} backend ({why}) cannot work here: {e}"));
     }
     for dir in [
-        config.state_dir.join(crate::netns_state::DIR),
+        config.state_dir.join(interlock_contract::layout::NETNS_DIR),
         crate::state::StateStore::new(&config.state_dir)
             .dir()
             .to_path_buf(),

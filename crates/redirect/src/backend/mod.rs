@@ -5,9 +5,6 @@
 //! host uses, and [`open`] gives the [`Backend`] for a kind.
 
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
-
-use serde::{Deserialize, Serialize};
 
 use interlock_contract::codes::Step;
 
@@ -16,56 +13,7 @@ use crate::spec::{RedirectSpec, SpecError};
 pub mod iptables;
 pub mod nftables;
 
-/// Which mechanism programs the rules.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BackendKind {
-    /// nf_tables over netlink, in process.
-    Nftables,
-    /// `iptables-restore` of the nft flavour.
-    IptablesNft,
-    /// `iptables-restore` of the legacy flavour.
-    IptablesLegacy,
-}
-
-impl BackendKind {
-    /// Every kind.
-    pub const ALL: [BackendKind; 3] = [
-        BackendKind::Nftables,
-        BackendKind::IptablesNft,
-        BackendKind::IptablesLegacy,
-    ];
-
-    /// The configuration spelling (`nftables`, `iptables-nft`, `iptables-legacy`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendKind::Nftables => "nftables",
-            BackendKind::IptablesNft => "iptables-nft",
-            BackendKind::IptablesLegacy => "iptables-legacy",
-        }
-    }
-}
-
-impl std::fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A backend name that is not one of the known spellings.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown redirect backend {0:?}: expected auto, nftables, iptables-nft or iptables-legacy")]
-pub struct UnknownBackend(pub String);
-
-impl FromStr for BackendKind {
-    type Err = UnknownBackend;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        BackendKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| UnknownBackend(s.to_string()))
-    }
-}
+pub use interlock_contract::config::{BackendKind, UnknownBackend};
 
 /// The outcome of [`detect`]: a kind and why.
 #[derive(Debug, Clone, PartialEq, Eq)]

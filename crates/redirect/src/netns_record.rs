@@ -1,22 +1,8 @@
-//! The network namespace as the unit of protection: one record per pod netns, listing
-//! every attachment that relies on its rules, under a lock of its own.
-//!
-//! Rules live per netns (one `inet interlock` table, or one set of `IL_` chains per
-//! family), but the runtime adds and deletes *attachments* (container ID, ifname): a Multus
-//! pod has several, and a runtime may retry an ADD while another runs. So each netns that
-//! holds interlock's rules has `<stateDir>/netns/<dev>-<ino>.json` ([`NetnsRecord`]: the
-//! backend and spec installed there and the attachments referring to them), changed only
-//! while holding `flock` on `<stateDir>/netns/<dev>-<ino>.lock` ([`NetnsStore::lock`]).
-//! The identity is the namespace file's device and inode (`interlock_redirect::netns::
-//! NetnsId`), the same under every path that names the namespace.
-//!
-//! - ADD of an attachment takes the lock, and installs and proves the rules — or, when
-//!   another live attachment already relies on the same rules, verifies them — then adds
-//!   its reference.
-//! - DEL, GC and a failed ADD drop their reference and remove the rules only when no
-//!   other *live* reference is left: one whose attachment state still exists and records
-//!   this netns (references to attachments whose state is gone are dead).
-//! - A lock per netns: ADDs of different pods never wait for each other.
+//! The lock and record of one pod netns, the unit of protection
+//! (`interlock_contract::state::NetnsRecord`): `<stateDir>/netns/<dev>-<ino>.json`,
+//! changed only while holding `flock` on `<stateDir>/netns/<dev>-<ino>.lock`
+//! ([`NetnsStore::lock`]). One lock per netns: work on different pods never waits.
+//! The plugin takes it for ADD, DEL and GC; the agent takes it to repair a netns in place.
 //!
 //! Lock files are deleted with their record, while held; a locker that opened the file
 //! before it was deleted notices (the path no longer names its file) and starts over.
@@ -27,71 +13,12 @@ use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use interlock_protocol::atomic::write_file_atomic;
-use interlock_redirect::backend::BackendKind;
-use interlock_redirect::netns::NetnsId;
+use interlock_contract::atomic::write_file_atomic;
+use interlock_contract::layout::NETNS_DIR;
+use interlock_contract::state::NetnsRecord;
 use nix::fcntl::{Flock, FlockArg};
-use serde::{Deserialize, Serialize};
 
-use crate::protection::Protection;
-use crate::state::{AttachmentKey, StateStore};
-
-/// The directory of netns records under `stateDir`.
-pub const DIR: &str = "netns";
-
-/// What interlock installed in one pod netns, and who relies on it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NetnsRecord {
-    /// The namespace's identity (`<dev>-<ino>`).
-    pub netns_id: String,
-    /// `CNI_NETNS` of the ADD that installed the rules.
-    pub netns: String,
-    /// The backend that installed them.
-    pub backend: BackendKind,
-    /// The installed spec, canonical JSON.
-    pub spec: String,
-    /// Its hash.
-    pub spec_hash: String,
-    /// What the probe proved when the rules were installed.
-    pub probe: Vec<String>,
-    /// The attachment whose ADD installed and proved them.
-    pub proven_by: AttachmentKey,
-    /// Every attachment relying on the rules (sorted, unique).
-    pub attachments: Vec<AttachmentKey>,
-    /// When the record last changed (Unix ms).
-    pub updated_at_ms: u64,
-}
-
-impl NetnsRecord {
-    /// The references in this record that are live (see the module docs), apart from
-    /// `except`; with `keep`, only attachments in it count (GC: the others are going).
-    pub fn live_refs(
-        &self,
-        store: &StateStore,
-        except: &AttachmentKey,
-        keep: Option<&BTreeSet<AttachmentKey>>,
-    ) -> Vec<AttachmentKey> {
-        self.attachments
-            .iter()
-            .filter(|k| *k != except && keep.map_or(true, |v| v.contains(k)))
-            .filter(|k| {
-                store.load(k).ok().flatten().is_some_and(|s| {
-                    s.netns_id.as_deref() == Some(self.netns_id.as_str())
-                        && matches!(s.protection, Protection::Protected(_))
-                })
-            })
-            .cloned()
-            .collect()
-    }
-
-    /// Adds `key` to the references (kept sorted and unique).
-    pub fn add_ref(&mut self, key: &AttachmentKey) {
-        if let Err(i) = self.attachments.binary_search(key) {
-            self.attachments.insert(i, key.clone());
-        }
-    }
-}
+use crate::netns::NetnsId;
 
 /// The records and locks under `<stateDir>/netns`.
 #[derive(Debug, Clone)]
@@ -112,7 +39,7 @@ impl NetnsStore {
     /// The store under `state_dir`.
     pub fn new(state_dir: &Path) -> NetnsStore {
         NetnsStore {
-            dir: state_dir.join(DIR),
+            dir: state_dir.join(NETNS_DIR),
         }
     }
 
@@ -234,6 +161,8 @@ impl NetnsLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use interlock_contract::config::BackendKind;
+    use interlock_contract::state::AttachmentKey;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
     use std::time::Duration;
@@ -261,7 +190,7 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_are_forgotten() {
-        let t = tempfile::tempdir().unwrap();
+        let t = interlock_testkit::tempdir().unwrap();
         let store = NetnsStore::new(t.path());
         let id = NetnsId {
             dev: 4,
@@ -286,7 +215,7 @@ mod tests {
     /// another netns's lock is never waited for.
     #[test]
     fn one_holder_per_netns_through_deletions() {
-        let t = tempfile::tempdir().unwrap();
+        let t = interlock_testkit::tempdir().unwrap();
         let store = Arc::new(NetnsStore::new(t.path()));
         let id = NetnsId { dev: 4, ino: 1 };
         let inside = Arc::new(AtomicU32::new(0));

@@ -1,4 +1,6 @@
-//! Atomic file replacement: the runtime must never see a partial config or state file.
+//! Atomic file replacement: no reader — the runtime, the plugin, the agent, `interlock
+//! check` — ever sees a partial config, state or marker file. Every file of the contract
+//! is written through here.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
