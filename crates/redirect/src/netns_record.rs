@@ -167,14 +167,11 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    fn key(c: &str, i: &str) -> AttachmentKey {
-        AttachmentKey {
-            container_id: c.into(),
-            ifname: i.into(),
-        }
-    }
-
     fn record(id: NetnsId) -> NetnsRecord {
+        let key = AttachmentKey {
+            container_id: "a".into(),
+            ifname: "eth0".into(),
+        };
         NetnsRecord {
             netns_id: id.to_string(),
             netns: "/var/run/netns/x".into(),
@@ -182,8 +179,8 @@ mod tests {
             spec: "{}".into(),
             spec_hash: "h".into(),
             probe: vec![],
-            proven_by: key("a", "eth0"),
-            attachments: vec![],
+            proven_by: key.clone(),
+            attachments: vec![key],
             updated_at_ms: 1,
         }
     }
@@ -198,11 +195,7 @@ mod tests {
         };
         let lock = store.lock(id).unwrap();
         assert_eq!(lock.load().unwrap(), None);
-        let mut r = record(id);
-        r.add_ref(&key("b", "net1"));
-        r.add_ref(&key("a", "eth0"));
-        r.add_ref(&key("b", "net1"));
-        assert_eq!(r.attachments, [key("a", "eth0"), key("b", "net1")]);
+        let r = record(id);
         lock.save(&r).unwrap();
         assert_eq!(lock.load().unwrap(), Some(r));
         assert_eq!(store.ids().unwrap(), [id].into());
