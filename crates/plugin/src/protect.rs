@@ -22,7 +22,7 @@ use interlock_contract::codes::{code_for_step, Step};
 use interlock_contract::state::NetnsRecord;
 use interlock_protocol::{CniError, CniResult, CniVersion};
 use interlock_redirect::backend::{self, BackendKind};
-use interlock_redirect::netns::{pod_netns_id, NetnsError, NetnsId};
+use interlock_redirect::netns::{pod_netns_id, NetnsError, NetnsId, PodNetns};
 use interlock_redirect::netns_record::{NetnsLock, NetnsStore};
 use interlock_redirect::{engine, ProtectError, ProtectOptions, Unprotected, Verification};
 
@@ -129,8 +129,11 @@ fn names(keys: &[AttachmentKey]) -> String {
     )
 }
 
-/// Whether an attachment referenced by `record` is live: its state exists, records this
-/// netns and says protected (and, with `keep` — GC —, it is listed there).
+/// Whether an attachment referenced by `record` is live: its state exists, says
+/// protected and records this netns, and the netns path it recorded still names this
+/// very netns (and, with `keep` — GC —, it is listed there). The last check matters: the
+/// kernel reuses a dead netns's inode for the next one at once, so a pod deleted without
+/// a DEL would otherwise seem to share a new pod's netns.
 fn is_live<'a>(
     store: &'a StateStore,
     record: &'a NetnsRecord,
@@ -141,6 +144,8 @@ fn is_live<'a>(
             && store.load(k).ok().flatten().is_some_and(|s| {
                 s.netns_id.as_deref() == Some(record.netns_id.as_str())
                     && matches!(s.protection, Protection::Protected(_))
+                    && pod_netns_id(Path::new(&s.netns))
+                        .is_ok_and(|id| id.to_string() == record.netns_id)
             })
     }
 }
@@ -244,7 +249,9 @@ pub fn protect(
     };
     let start = Instant::now();
     let path = Path::new(netns);
-    let id = pod_netns_id(path)?;
+    // Opened and checked once: its identity keys the lock, and the engine enters it.
+    let pod = PodNetns::open(path)?;
+    let id = pod.id();
     let lock = NetnsStore::new(&config.state_dir)
         .lock(id)
         .map_err(|e| Failure::state(format!("locking the state of netns {netns}: {e}")))?;
@@ -281,7 +288,7 @@ pub fn protect(
                 }
                 let reason = format!("shared with {} ({})", names(&others), r.backend);
                 let t = Instant::now();
-                match engine::check(path, &spec, r.backend) {
+                match engine::check_in(&pod, &spec, r.backend) {
                     Ok(Verification::Exact) => (
                         r.backend,
                         reason,
@@ -307,16 +314,21 @@ pub fn protect(
                             remove_on_failure: false,
                             ..ProtectOptions::default()
                         };
-                        let done =
-                            engine::protect_with(path, &spec, r.backend, &gateways, &options)
-                                .map_err(|e| Failure::from(e).kept_for(&others))?;
+                        let done = engine::protect_in(&pod, &spec, r.backend, &gateways, &options)
+                            .map_err(|e| Failure::from(e).kept_for(&others))?;
                         (r.backend, reason, done.probe.lines(), timings_of(&done))
                     }
                 }
             }
             None => {
                 let (kind, reason) = resolve_backend(config.backend, &config.state_dir);
-                let done = match engine::protect(path, &spec, kind, &gateways) {
+                let done = match engine::protect_in(
+                    &pod,
+                    &spec,
+                    kind,
+                    &gateways,
+                    &ProtectOptions::default(),
+                ) {
                     Ok(done) => done,
                     Err(e) => {
                         // No live reference: the record (if any) is stale.

@@ -236,3 +236,57 @@ fn concurrent_adds_into_one_netns_all_end_protected() {
     }
     assert_no_interlock_rules(&a.ns);
 }
+
+/// The kernel gives a new netns the inode of one just deleted, so a pod deleted without
+/// a DEL leaves a record and a state that name the new pod's netns identity. The dead
+/// attachment must not count as relying on the new netns's rules (else the new pod, with
+/// another spec, would be refused): here its recorded netns path names another netns.
+#[test]
+fn a_dead_pods_reference_does_not_bind_a_reused_netns_identity() {
+    require_root!();
+    use std::os::unix::fs::MetadataExt;
+    let n = Node::new(false);
+    let chain = n.chain(json!({ "backend": "nftables" }));
+    let only = n.only_interlock(&chain);
+    let a = n.add(&chain, "a", Some(ISTIO.annotations()));
+    let b = n.add(&chain, "b", Some(json!({})));
+    // As if A's netns had had B's inode and died without a DEL.
+    let m = std::fs::metadata(b.ns.path()).unwrap();
+    let reused = format!("{}-{}", m.dev(), m.ino());
+    let state_file = n
+        .state
+        .path()
+        .join(format!("attachments/{}+eth0.json", a.rt.container_id));
+    let mut sa: Value = serde_json::from_slice(&std::fs::read(&state_file).unwrap()).unwrap();
+    let old_id = sa["netnsId"].as_str().unwrap().to_string();
+    let netns_dir = n.state.path().join("netns");
+    let mut record: Value =
+        serde_json::from_slice(&std::fs::read(netns_dir.join(format!("{old_id}.json"))).unwrap())
+            .unwrap();
+    record["netnsId"] = json!(reused);
+    std::fs::write(netns_dir.join(format!("{reused}.json")), record.to_string()).unwrap();
+    sa["netnsId"] = json!(reused);
+    std::fs::write(&state_file, sa.to_string()).unwrap();
+
+    // B becomes meshed with another spec: protected on its own, not refused.
+    let mut ann = ISTIO.annotations();
+    ann["traffic.sidecar.istio.io/excludeOutboundPorts"] = json!("5432");
+    let rt =
+        b.rt.clone()
+            .with_capability("io.kubernetes.cri.pod-annotations", ann);
+    n.exec_interlock(&only, Verb::Add, &rt, &b.result)
+        .unwrap_or_else(|e| panic!("{e}\n{}", n.log()));
+    let sb = n.state_of(&b.rt).unwrap();
+    assert_eq!(sb["protection"]["protection"], "protected", "{sb}");
+    assert!(
+        !sb["protection"]["backendReason"]
+            .as_str()
+            .unwrap()
+            .starts_with("shared"),
+        "{sb}"
+    );
+    n.node.run(|| only.check(&rt, &b.result)).unwrap();
+    n.exec_interlock(&only, Verb::Del, &rt, &b.result).unwrap();
+    assert_no_interlock_rules(&b.ns);
+    n.del(&chain, &a).unwrap();
+}

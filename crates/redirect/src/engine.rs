@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use interlock_contract::codes::Step;
 
 use crate::backend::{self, BackendError, BackendKind, ToolLookup, Verification};
-use crate::netns::{in_netns, NetnsError};
+use crate::netns::{in_netns, NetnsError, PodNetns};
 use crate::probe::{self, ProbeError, ProbeReport};
 use crate::spec::{RedirectSpec, SpecError};
 
@@ -246,8 +246,20 @@ pub fn protect_with(
     options: &ProtectOptions,
 ) -> Result<Protection, ProtectError> {
     spec.validate()?;
-    let path = netns.to_path_buf();
-    in_netns(netns, || {
+    protect_in(&PodNetns::open(netns)?, spec, kind, probe_targets, options)
+}
+
+/// [`protect_with`] in a namespace the caller has opened already.
+pub fn protect_in(
+    pod: &PodNetns,
+    spec: &RedirectSpec,
+    kind: BackendKind,
+    probe_targets: &[IpAddr],
+    options: &ProtectOptions,
+) -> Result<Protection, ProtectError> {
+    spec.validate()?;
+    let path = pod.path().to_path_buf();
+    pod.run(|| {
         let backend = open_backend(kind, &path)?;
         let cleanup = || {
             if options.remove_on_failure {
@@ -316,8 +328,18 @@ pub fn check(
     kind: BackendKind,
 ) -> Result<Verification, ProtectError> {
     spec.validate()?;
-    let path = netns.to_path_buf();
-    in_netns(netns, || {
+    check_in(&PodNetns::open(netns)?, spec, kind)
+}
+
+/// [`check`] in a namespace the caller has opened already.
+pub fn check_in(
+    pod: &PodNetns,
+    spec: &RedirectSpec,
+    kind: BackendKind,
+) -> Result<Verification, ProtectError> {
+    spec.validate()?;
+    let path = pod.path().to_path_buf();
+    pod.run(|| {
         let backend = open_backend(kind, &path)?;
         backend.verify(spec).map_err(|source| ProtectError::Verify {
             netns: path.clone(),

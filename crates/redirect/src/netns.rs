@@ -7,7 +7,7 @@
 //! hold such a thread across an `.await`. Sockets created inside stay bound to the pod's
 //! namespace wherever they are used later; processes spawned inside inherit it.
 //!
-//! Only a pod's namespace is ever entered ([`open_pod_netns`]): the path is opened
+//! Only a pod's namespace is ever entered ([`PodNetns::open`]): the path is opened
 //! without blocking (`O_NONBLOCK`, so a FIFO cannot stall DEL) and must be a namespace
 //! file (`nsfs`) of a network namespace that is neither the caller's own nor PID 1's.
 //! A runtime that passes the host's namespace by mistake (`/proc/self/ns/net`, a path to
@@ -151,36 +151,80 @@ pub fn enter_on_calling_thread() {
     ON_CALLING_THREAD.store(true, Ordering::Relaxed);
 }
 
+/// A pod's network namespace, opened and checked ([`PodNetns::open`]): kept open so that
+/// one caller can take its identity, lock its record and enter it without opening and
+/// checking it again.
+#[derive(Debug)]
+pub struct PodNetns {
+    path: PathBuf,
+    file: File,
+    own: File,
+    id: NetnsId,
+}
+
+impl PodNetns {
+    /// Opens `path` as a pod's network namespace: without blocking, a namespace file, not
+    /// the caller's own nor PID 1's (the type is checked on entry).
+    pub fn open(path: &Path) -> Result<PodNetns, NetnsError> {
+        let (file, own, id) = open_pod_netns(path)?;
+        Ok(PodNetns {
+            path: path.to_path_buf(),
+            file,
+            own,
+            id,
+        })
+    }
+
+    /// Its identity.
+    pub fn id(&self) -> NetnsId {
+        self.id
+    }
+
+    /// The path it was opened by.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` inside it, as [`in_netns`] does.
+    pub fn run<R, F>(&self, f: F) -> Result<R, NetnsError>
+    where
+        F: FnOnce() -> R + Send,
+        R: Send,
+    {
+        let path = self.path.as_path();
+        if ON_CALLING_THREAD.load(Ordering::Relaxed) {
+            return here(path, &self.file, &self.own, f);
+        }
+        let file = &self.file;
+        std::thread::scope(|s| {
+            let handle = std::thread::Builder::new()
+                .name("il-netns".into())
+                .spawn_scoped(s, move || -> Result<R, NetnsError> {
+                    enter(path, file)?;
+                    Ok(f())
+                })
+                .map_err(|source| NetnsError::Thread {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+            handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+}
+
 /// Runs `f` on a dedicated thread that has entered the network namespace at `path` (a
 /// bind-mounted netns file such as `/var/run/netns/x` or `/proc/<pid>/ns/net`). The calling
 /// thread's namespace is untouched. A panic in `f` is propagated. (After
 /// [`enter_on_calling_thread`]: on the calling thread, which is back in its own namespace
-/// when this returns.)
+/// when this returns.) Only a pod's namespace is entered ([`PodNetns::open`]).
 pub fn in_netns<R, F>(path: &Path, f: F) -> Result<R, NetnsError>
 where
     F: FnOnce() -> R + Send,
     R: Send,
 {
-    let (file, own) = open_pod_netns(path)?;
-    if ON_CALLING_THREAD.load(Ordering::Relaxed) {
-        return here(path, &file, &own, f);
-    }
-    drop(own);
-    std::thread::scope(|s| {
-        let handle = std::thread::Builder::new()
-            .name("il-netns".into())
-            .spawn_scoped(s, move || -> Result<R, NetnsError> {
-                enter(path, &file)?;
-                Ok(f())
-            })
-            .map_err(|source| NetnsError::Thread {
-                path: path.to_path_buf(),
-                source,
-            })?;
-        handle
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    })
+    PodNetns::open(path)?.run(f)
 }
 
 /// `setns` into the namespace `target` (already known to be a namespace file); a
@@ -223,19 +267,13 @@ fn here<R>(
 /// [`in_netns`] (a namespace file, not the caller's own nor PID 1's); the type of the
 /// namespace is only checked on entry.
 pub fn pod_netns_id(path: &Path) -> Result<NetnsId, NetnsError> {
-    let (file, _) = open_pod_netns(path)?;
-    file.metadata()
-        .map(|m| NetnsId::of(&m))
-        .map_err(|source| NetnsError::Open {
-            path: path.to_path_buf(),
-            source,
-        })
+    open_pod_netns(path).map(|(_, _, id)| id)
 }
 
 /// Opens `path` as a pod's network namespace without blocking, and the caller's own
-/// namespace file (to return to, and to compare with). Refuses what is not a namespace
-/// file, and the caller's own or PID 1's namespace.
-fn open_pod_netns(path: &Path) -> Result<(File, File), NetnsError> {
+/// namespace file (to return to, and to compare with); and the pod namespace's identity.
+/// Refuses what is not a namespace file, and the caller's own or PID 1's namespace.
+fn open_pod_netns(path: &Path) -> Result<(File, File, NetnsId), NetnsError> {
     let open_err = |p: &Path, source: std::io::Error| {
         if source.kind() == std::io::ErrorKind::NotFound {
             NetnsError::NotFound {
@@ -294,7 +332,7 @@ fn open_pod_netns(path: &Path) -> Result<(File, File), NetnsError> {
             whose: "PID 1's (the host's)",
         });
     }
-    Ok((file, own))
+    Ok((file, own, id))
 }
 
 #[cfg(test)]

@@ -51,12 +51,9 @@ impl NetnsStore {
     /// Takes the lock of netns `id`, waiting for its holder (another ADD, DEL or GC of
     /// the same netns; never one of another netns).
     pub fn lock(&self, id: NetnsId) -> io::Result<NetnsLock> {
-        fs::create_dir_all(&self.dir).map_err(|e| {
-            io::Error::new(e.kind(), format!("creating {}: {e}", self.dir.display()))
-        })?;
         let lock_path = self.dir.join(format!("{id}.lock"));
-        loop {
-            let file = OpenOptions::new()
+        let open = || {
+            OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
@@ -64,9 +61,21 @@ impl NetnsStore {
                 .mode(0o600)
                 .custom_flags(libc::O_NOFOLLOW)
                 .open(&lock_path)
-                .map_err(|e| {
-                    io::Error::new(e.kind(), format!("opening {}: {e}", lock_path.display()))
-                })?;
+        };
+        loop {
+            // The directory exists after the first ADD: make it only when it is missing.
+            let file = match open() {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    fs::create_dir_all(&self.dir).map_err(|e| {
+                        io::Error::new(e.kind(), format!("creating {}: {e}", self.dir.display()))
+                    })?;
+                    open()
+                }
+                other => other,
+            }
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("opening {}: {e}", lock_path.display()))
+            })?;
             let held = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| {
                 io::Error::new(
                     io::Error::from(e).kind(),

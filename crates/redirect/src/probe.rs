@@ -463,8 +463,8 @@ pub fn probe(
     gateways: &[IpAddr],
     timeout: Duration,
 ) -> Result<ProbeReport, ProbeError> {
-    let routes = crate::route::routes().map_err(|source| ProbeError::Routes { source })?;
-    let links = crate::route::links().map_err(|source| ProbeError::Routes { source })?;
+    let (routes, links) =
+        crate::route::snapshot().map_err(|source| ProbeError::Routes { source })?;
     let mut report = ProbeReport::default();
     for family in [Family::V4, Family::V6] {
         match plan(spec, family, gateways, &routes, &links)? {

@@ -104,11 +104,25 @@ pub struct Link {
 
 /// Every route of both families in every table of the calling thread's netns.
 pub fn routes() -> io::Result<Vec<Route>> {
+    dump_routes(&open()?)
+}
+
+/// Every interface of the calling thread's netns.
+pub fn links() -> io::Result<Vec<Link>> {
+    dump_links(&open()?)
+}
+
+/// [`routes`] and [`links`] over one socket (what the probe needs, at the cost of one).
+pub fn snapshot() -> io::Result<(Vec<Route>, Vec<Link>)> {
     let fd = open()?;
+    Ok((dump_routes(&fd)?, dump_links(&fd)?))
+}
+
+fn dump_routes(fd: &OwnedFd) -> io::Result<Vec<Route>> {
     let mut out = Vec::new();
     for (seq, family) in [(11, libc::AF_INET as u8), (12, libc::AF_INET6 as u8)] {
         let body = [family, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        for msg in dump(&fd, RTM_GETROUTE, seq, &body, RTM_NEWROUTE)? {
+        for msg in dump(fd, RTM_GETROUTE, seq, &body, RTM_NEWROUTE)? {
             if let Some(r) = parse_route(&msg) {
                 out.push(r);
             }
@@ -117,11 +131,9 @@ pub fn routes() -> io::Result<Vec<Route>> {
     Ok(out)
 }
 
-/// Every interface of the calling thread's netns.
-pub fn links() -> io::Result<Vec<Link>> {
-    let fd = open()?;
+fn dump_links(fd: &OwnedFd) -> io::Result<Vec<Link>> {
     let body = [0u8; 16];
-    Ok(dump(&fd, RTM_GETLINK, 13, &body, RTM_NEWLINK)?
+    Ok(dump(fd, RTM_GETLINK, 13, &body, RTM_NEWLINK)?
         .iter()
         .filter_map(|m| parse_link(m))
         .collect())
