@@ -14,6 +14,8 @@ pub mod netns_record;
 pub mod probe;
 pub mod profile;
 pub mod route;
+#[cfg(feature = "sockdiag")]
+pub mod sockdiag;
 pub mod spec;
 
 pub use backend::{BackendKind, Verification};
