@@ -3,58 +3,11 @@
 //! and [`decide_with_lookup`] (the same, asking the agent first when the runtime passed
 //! no annotations). Acting on the decision is [`crate::protect`]'s.
 
-use interlock_redirect::{ProfileName, RedirectSpec};
-use serde::{Deserialize, Serialize};
-
 use crate::identity::PodIdentity;
 use crate::lookup::{self, Resolved, Source};
 use interlock_contract::config::PluginConfig;
 
-/// What to do with an attachment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "decision", rename_all = "kebab-case")]
-pub enum Decision {
-    /// Not interlock's business (excluded namespace, not a Kubernetes pod).
-    Skip {
-        /// Why.
-        reason: String,
-    },
-    /// The pod is not meshed: pass through.
-    NotMeshed {
-        /// Why.
-        reason: String,
-    },
-    /// The pod is meshed: its traffic must be redirected before ADD succeeds.
-    Meshed {
-        /// The profile that claimed it.
-        profile: ProfileName,
-        /// The rules it needs (from the profile).
-        spec: Box<RedirectSpec>,
-    },
-    /// The pod's mesh status cannot be known.
-    Undecided {
-        /// Why, and what to do.
-        reason: String,
-    },
-    /// The pod's mesh annotations cannot be turned into rules.
-    Invalid {
-        /// The error, naming the annotation.
-        reason: String,
-    },
-}
-
-impl Decision {
-    /// A short label for logs and state (`skip`, `not-meshed`, `meshed`, …).
-    pub fn label(&self) -> &'static str {
-        match self {
-            Decision::Skip { .. } => "skip",
-            Decision::NotMeshed { .. } => "not-meshed",
-            Decision::Meshed { .. } => "meshed",
-            Decision::Undecided { .. } => "undecided",
-            Decision::Invalid { .. } => "invalid",
-        }
-    }
-}
+pub use interlock_redirect::decision::Decision;
 
 /// True when `decide` would need the pod's annotations and the runtime did not pass them:
 /// a Kubernetes pod, outside `excludeNamespaces`, with `annotations == None`.
@@ -72,40 +25,12 @@ pub fn decide(config: &PluginConfig, pod: &PodIdentity) -> Decision {
                 .into(),
         };
     }
-    if config.is_excluded(&pod.namespace) {
-        return Decision::Skip {
-            reason: format!("namespace {} is in excludeNamespaces", pod.namespace),
-        };
-    }
-    let Some(annotations) = &pod.annotations else {
-        return Decision::Undecided {
-            reason: format!(
-                "the runtime did not pass the annotations of pod {} (declare capability \
-                 io.kubernetes.cri.pod-annotations in the interlock-cni entry)",
-                pod.display_name()
-            ),
-        };
-    };
-    match interlock_redirect::spec_for(annotations, &config.profiles) {
-        Ok(Some((profile, spec))) => Decision::Meshed {
-            profile,
-            spec: Box::new(spec),
-        },
-        Ok(None) => Decision::NotMeshed {
-            reason: format!(
-                "no enabled profile ({}) claims the pod",
-                config
-                    .profiles
-                    .iter()
-                    .map(|p| p.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        },
-        Err(e) => Decision::Invalid {
-            reason: e.to_string(),
-        },
-    }
+    interlock_redirect::decision::decide(
+        config,
+        &pod.namespace,
+        &pod.display_name(),
+        pod.annotations.as_ref(),
+    )
 }
 
 /// [`decide`], but when the runtime passed no annotations ([`needs_lookup`]) they are
@@ -141,6 +66,7 @@ pub fn decide_with_lookup(config: &PluginConfig, pod: &mut PodIdentity) -> (Deci
 #[cfg(test)]
 mod tests {
     use super::*;
+    use interlock_redirect::ProfileName;
     use std::collections::BTreeMap;
 
     fn pod(ns: &str, annotations: Option<&[(&str, &str)]>) -> PodIdentity {

@@ -8,6 +8,7 @@
 //! netns as the unit of protection ([`netns_record`]).
 
 pub mod backend;
+pub mod decision;
 pub mod engine;
 pub mod netns;
 pub mod netns_record;

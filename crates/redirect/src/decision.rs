@@ -1,0 +1,100 @@
+//! Is a pod meshed, and with which rules — the one decision the plugin (at ADD) and the
+//! agent (when it audits running sandboxes) both make, from the plugin configuration,
+//! the pod's namespace and its annotations. Pure: no I/O.
+
+use std::collections::BTreeMap;
+
+use interlock_contract::config::PluginConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::{ProfileName, RedirectSpec};
+
+/// What to do with a pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "kebab-case")]
+pub enum Decision {
+    /// Not interlock's business (excluded namespace, not a Kubernetes pod).
+    Skip {
+        /// Why.
+        reason: String,
+    },
+    /// The pod is not meshed: pass through.
+    NotMeshed {
+        /// Why.
+        reason: String,
+    },
+    /// The pod is meshed: its traffic must be redirected.
+    Meshed {
+        /// The profile that claimed it.
+        profile: ProfileName,
+        /// The rules it needs (from the profile).
+        spec: Box<RedirectSpec>,
+    },
+    /// The pod's mesh status cannot be known.
+    Undecided {
+        /// Why, and what to do.
+        reason: String,
+    },
+    /// The pod's mesh annotations cannot be turned into rules.
+    Invalid {
+        /// The error, naming the annotation.
+        reason: String,
+    },
+}
+
+impl Decision {
+    /// A short label for logs and state (`skip`, `not-meshed`, `meshed`, …).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Decision::Skip { .. } => "skip",
+            Decision::NotMeshed { .. } => "not-meshed",
+            Decision::Meshed { .. } => "meshed",
+            Decision::Undecided { .. } => "undecided",
+            Decision::Invalid { .. } => "invalid",
+        }
+    }
+}
+
+/// Decides for the pod `namespace`/`name` (`pod` is how messages name it). `annotations`
+/// is `None` when they are unknown: the pod is then [`Decision::Undecided`] unless its
+/// namespace is excluded.
+pub fn decide(
+    config: &PluginConfig,
+    namespace: &str,
+    pod: &str,
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Decision {
+    if config.is_excluded(namespace) {
+        return Decision::Skip {
+            reason: format!("namespace {namespace} is in excludeNamespaces"),
+        };
+    }
+    let Some(annotations) = annotations else {
+        return Decision::Undecided {
+            reason: format!(
+                "the runtime did not pass the annotations of pod {pod} (declare capability \
+                 io.kubernetes.cri.pod-annotations in the interlock-cni entry)"
+            ),
+        };
+    };
+    match crate::spec_for(annotations, &config.profiles) {
+        Ok(Some((profile, spec))) => Decision::Meshed {
+            profile,
+            spec: Box::new(spec),
+        },
+        Ok(None) => Decision::NotMeshed {
+            reason: format!(
+                "no enabled profile ({}) claims the pod",
+                config
+                    .profiles
+                    .iter()
+                    .map(|p| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+        Err(e) => Decision::Invalid {
+            reason: e.to_string(),
+        },
+    }
+}
