@@ -11,6 +11,7 @@
 //! the readiness file `interlock check` reads. Threads: the tokio runtime (health server,
 //! signals), one guard thread, one inotify thread.
 
+pub mod audit;
 pub mod error;
 pub mod fight;
 pub mod guard;

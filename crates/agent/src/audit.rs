@@ -1,0 +1,375 @@
+//! The sandbox audit's decisions (pure): is a running sandbox protected, and what the
+//! repair policy does about one that is not.
+//!
+//! The thin layer that lists sandboxes over CRI, enters their netns and acts lives
+//! elsewhere; everything here takes what was observed and returns what to do, so every
+//! rule is tested without root. Sandboxes are keyed by sandbox ID and netns identity,
+//! never by pod UID: a replaced sandbox keeps its pod's UID.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use interlock_redirect::decision::Decision;
+
+/// What the audit concluded about one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Meshed, and exactly its rules are in its netns.
+    Protected,
+    /// Meshed, and its rules are missing or differ.
+    Unprotected {
+        /// What is wrong, in plain words.
+        reason: String,
+    },
+    /// Not meshed, or not interlock's business (excluded namespace).
+    NotMeshed {
+        /// Why.
+        reason: String,
+    },
+    /// Could not be decided (annotations unknown, invalid annotations, netns unreadable).
+    Unknown {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Verdict {
+    /// The label used in metrics and `check` (`protected`, `unprotected`, `not_meshed`,
+    /// `unknown`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Verdict::Protected => "protected",
+            Verdict::Unprotected { .. } => "unprotected",
+            Verdict::NotMeshed { .. } => "not_meshed",
+            Verdict::Unknown { .. } => "unknown",
+        }
+    }
+
+    /// Every label, for metrics that must report zero too.
+    pub const LABELS: [&'static str; 4] = ["protected", "unprotected", "not_meshed", "unknown"];
+}
+
+/// What reading the sandbox's netns showed (only asked for meshed sandboxes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RulesSeen {
+    /// The read-back equals the spec.
+    Exact,
+    /// The read-back differs; each entry says how (an empty netns lists the missing
+    /// table).
+    Mismatch(Vec<String>),
+    /// The netns could not be read (not gone: that sandbox is skipped quietly).
+    Error(String),
+}
+
+/// Judges one sandbox from the mesh decision and, for a meshed one, what its netns holds.
+pub fn judge(decision: &Decision, rules: Option<&RulesSeen>) -> Verdict {
+    match decision {
+        Decision::Skip { reason } | Decision::NotMeshed { reason } => Verdict::NotMeshed {
+            reason: reason.clone(),
+        },
+        Decision::Undecided { reason } | Decision::Invalid { reason } => Verdict::Unknown {
+            reason: reason.clone(),
+        },
+        Decision::Meshed { profile, .. } => match rules {
+            Some(RulesSeen::Exact) => Verdict::Protected,
+            Some(RulesSeen::Mismatch(diffs)) => Verdict::Unprotected {
+                reason: format!(
+                    "meshed ({}) but its redirection is not in place: {}",
+                    profile.as_str(),
+                    summarize(diffs)
+                ),
+            },
+            Some(RulesSeen::Error(e)) => Verdict::Unknown {
+                reason: format!(
+                    "meshed ({}) but its rules cannot be read: {e}",
+                    profile.as_str()
+                ),
+            },
+            None => Verdict::Unknown {
+                reason: format!(
+                    "meshed ({}) but its network namespace is unknown",
+                    profile.as_str()
+                ),
+            },
+        },
+    }
+}
+
+fn summarize(diffs: &[String]) -> String {
+    match diffs {
+        [] => "the rules differ".into(),
+        [one] => one.clone(),
+        [first, rest @ ..] => format!("{first} (and {} more differences)", rest.len()),
+    }
+}
+
+/// `--repair-policy`: what to do with an unprotected meshed sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RepairPolicy {
+    /// Apply the rules in place, prove them, end the connections opened before them.
+    Repair,
+    /// Stop the sandbox over CRI; the kubelet recreates it through the correct chain.
+    Restart,
+    /// Delete the pod through the Kubernetes API (UID precondition).
+    Delete,
+    /// Evict the pod through the Eviction subresource (respects PodDisruptionBudgets).
+    Evict,
+    /// Change nothing: log, metric, label and Event.
+    Report,
+}
+
+impl RepairPolicy {
+    /// Every policy, in the order `--help` lists them.
+    pub const ALL: [RepairPolicy; 5] = [
+        RepairPolicy::Repair,
+        RepairPolicy::Restart,
+        RepairPolicy::Delete,
+        RepairPolicy::Evict,
+        RepairPolicy::Report,
+    ];
+
+    /// The flag value and metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepairPolicy::Repair => "repair",
+            RepairPolicy::Restart => "restart",
+            RepairPolicy::Delete => "delete",
+            RepairPolicy::Evict => "evict",
+            RepairPolicy::Report => "report",
+        }
+    }
+
+    /// The next, harsher-or-quieter policy when this one did not work or looped: an
+    /// in-place repair that fails becomes a restart; anything else that keeps failing
+    /// ends as a report, so nothing loops silently.
+    pub fn escalated(self) -> RepairPolicy {
+        match self {
+            RepairPolicy::Repair => RepairPolicy::Restart,
+            _ => RepairPolicy::Report,
+        }
+    }
+}
+
+impl std::fmt::Display for RepairPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for RepairPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        RepairPolicy::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| {
+                format!("unknown repair policy {s:?}: expected one of repair, restart, delete, evict, report")
+            })
+    }
+}
+
+/// The action the audit takes for one unprotected sandbox, and why it differs from the
+/// configured policy when it does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepairAction {
+    /// What to do.
+    pub policy: RepairPolicy,
+    /// Why this is not the configured policy (`None` when it is).
+    pub because: Option<String>,
+}
+
+/// How many repairs of one sandbox within [`LOOP_WINDOW`] mean that something keeps
+/// undoing them (another agent, a mesh's own CNI, a hostile process in the pod): the
+/// next one escalates instead of looping.
+pub const LOOP_LIMIT: usize = 3;
+/// The window of [`LOOP_LIMIT`].
+pub const LOOP_WINDOW: Duration = Duration::from_secs(600);
+
+/// Chooses the action for an unprotected sandbox.
+///
+/// `kube` says whether a Kubernetes API is available (delete and evict need it; without
+/// it they fall back to a restart over CRI). `recent` is how many times this sandbox was
+/// acted on within [`LOOP_WINDOW`].
+pub fn choose(policy: RepairPolicy, kube: bool, recent: usize) -> RepairAction {
+    let mut action = RepairAction {
+        policy,
+        because: None,
+    };
+    if matches!(policy, RepairPolicy::Delete | RepairPolicy::Evict) && !kube {
+        action = RepairAction {
+            policy: RepairPolicy::Restart,
+            because: Some(format!(
+                "policy {policy} needs the Kubernetes API and the agent runs without one: restarting the sandbox over CRI instead"
+            )),
+        };
+    }
+    if recent >= LOOP_LIMIT && action.policy != RepairPolicy::Report {
+        let next = action.policy.escalated();
+        action = RepairAction {
+            because: Some(format!(
+                "acted on {recent} times within {} s and it is unprotected again (something keeps undoing the rules): {} instead of {}",
+                LOOP_WINDOW.as_secs(),
+                next,
+                action.policy
+            )),
+            policy: next,
+        };
+    }
+    action
+}
+
+/// Remembers when each sandbox was acted on, for the loop guard ([`choose`]'s `recent`).
+#[derive(Debug, Default)]
+pub struct RepairHistory {
+    by_sandbox: BTreeMap<String, VecDeque<Instant>>,
+}
+
+impl RepairHistory {
+    /// How many actions on `sandbox` fall within [`LOOP_WINDOW`] before `now`.
+    pub fn recent(&mut self, sandbox: &str, now: Instant) -> usize {
+        match self.by_sandbox.get_mut(sandbox) {
+            Some(q) => {
+                while q
+                    .front()
+                    .is_some_and(|t| now.duration_since(*t) > LOOP_WINDOW)
+                {
+                    q.pop_front();
+                }
+                q.len()
+            }
+            None => 0,
+        }
+    }
+
+    /// Records an action on `sandbox` at `now`.
+    pub fn record(&mut self, sandbox: &str, now: Instant) {
+        self.by_sandbox
+            .entry(sandbox.to_string())
+            .or_default()
+            .push_back(now);
+    }
+
+    /// Forgets sandboxes that no longer run (bounded memory as pods come and go).
+    pub fn retain_running<'a>(&mut self, running: impl IntoIterator<Item = &'a str>) {
+        let keep: std::collections::BTreeSet<&str> = running.into_iter().collect();
+        self.by_sandbox.retain(|id, _| keep.contains(id.as_str()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use interlock_contract::config::PluginConfig;
+
+    fn meshed() -> Decision {
+        let mut a = BTreeMap::new();
+        a.insert("sidecar.istio.io/status".to_string(), "{}".to_string());
+        interlock_redirect::decision::decide(&PluginConfig::default(), "shop", "shop/web", Some(&a))
+    }
+
+    #[test]
+    fn verdicts() {
+        assert_eq!(
+            judge(&meshed(), Some(&RulesSeen::Exact)),
+            Verdict::Protected
+        );
+        let v = judge(
+            &meshed(),
+            Some(&RulesSeen::Mismatch(vec![
+                "table inet interlock missing".into()
+            ])),
+        );
+        assert_eq!(v.label(), "unprotected");
+        let Verdict::Unprotected { reason } = v else {
+            unreachable!()
+        };
+        assert!(
+            reason.contains("istio") && reason.contains("table inet interlock missing"),
+            "{reason}"
+        );
+        assert_eq!(
+            judge(&meshed(), Some(&RulesSeen::Error("EPERM".into()))).label(),
+            "unknown"
+        );
+        assert_eq!(judge(&meshed(), None).label(), "unknown");
+        let plain = interlock_redirect::decision::decide(
+            &PluginConfig::default(),
+            "shop",
+            "shop/web",
+            Some(&BTreeMap::new()),
+        );
+        assert_eq!(judge(&plain, None).label(), "not_meshed");
+        let unknown = interlock_redirect::decision::decide(
+            &PluginConfig::default(),
+            "shop",
+            "shop/web",
+            None,
+        );
+        assert_eq!(judge(&unknown, None).label(), "unknown");
+    }
+
+    #[test]
+    fn policies_parse_and_print() {
+        for p in RepairPolicy::ALL {
+            assert_eq!(p.as_str().parse::<RepairPolicy>().unwrap(), p);
+        }
+        let e = "reboot".parse::<RepairPolicy>().unwrap_err();
+        assert!(e.contains("reboot") && e.contains("evict"), "{e}");
+    }
+
+    #[test]
+    fn delete_and_evict_without_an_api_restart_and_say_so() {
+        for p in [RepairPolicy::Delete, RepairPolicy::Evict] {
+            let a = choose(p, false, 0);
+            assert_eq!(a.policy, RepairPolicy::Restart);
+            assert!(a.because.unwrap().contains(p.as_str()));
+            assert_eq!(
+                choose(p, true, 0),
+                RepairAction {
+                    policy: p,
+                    because: None
+                }
+            );
+        }
+        assert_eq!(choose(RepairPolicy::Repair, false, 0).because, None);
+    }
+
+    #[test]
+    fn the_loop_guard_escalates_and_ends_in_report() {
+        assert_eq!(
+            choose(RepairPolicy::Repair, true, LOOP_LIMIT - 1).policy,
+            RepairPolicy::Repair
+        );
+        let a = choose(RepairPolicy::Repair, true, LOOP_LIMIT);
+        assert_eq!(a.policy, RepairPolicy::Restart);
+        assert!(a.because.unwrap().contains("keeps undoing"));
+        assert_eq!(
+            choose(RepairPolicy::Restart, true, LOOP_LIMIT).policy,
+            RepairPolicy::Report
+        );
+        assert_eq!(
+            choose(RepairPolicy::Evict, true, LOOP_LIMIT).policy,
+            RepairPolicy::Report
+        );
+        assert_eq!(
+            choose(RepairPolicy::Report, true, 99),
+            RepairAction {
+                policy: RepairPolicy::Report,
+                because: None
+            }
+        );
+    }
+
+    #[test]
+    fn history_counts_within_the_window_and_forgets_gone_sandboxes() {
+        let mut h = RepairHistory::default();
+        let t0 = Instant::now();
+        h.record("s1", t0);
+        h.record("s1", t0 + Duration::from_secs(10));
+        assert_eq!(h.recent("s1", t0 + Duration::from_secs(20)), 2);
+        assert_eq!(h.recent("s1", t0 + LOOP_WINDOW + Duration::from_secs(5)), 1);
+        assert_eq!(h.recent("s2", t0), 0);
+        h.retain_running(["s2"]);
+        assert_eq!(h.recent("s1", t0), 0);
+    }
+}
