@@ -14,6 +14,7 @@
 pub mod audit;
 pub mod error;
 pub mod fight;
+pub mod gating;
 pub mod guard;
 pub mod health;
 pub mod install;
