@@ -18,9 +18,11 @@ pub mod gating;
 pub mod guard;
 pub mod health;
 pub mod install;
+pub mod kubernetes;
 pub mod log;
 pub mod marker;
 pub mod plan;
+pub mod socket;
 pub mod status;
 pub mod view;
 

@@ -1,0 +1,228 @@
+//! The agent socket (`<state dir>/agent.sock`): answers the plugin's "annotations of pod
+//! X" when the runtime passed none (protocol: `interlock_contract::agent_socket`, one JSON
+//! line each way, versioned).
+//!
+//! The plugin trusts the answer only from a root-owned socket, mode 0600, in a directory
+//! nobody else can write, served by a root peer: the server creates it so. Every
+//! connection is bounded (a request line of at most [`MAX_REQUEST`] bytes, answered within
+//! [`DEADLINE`]) and at most [`MAX_CONNECTIONS`] are served at once; past that a
+//! connection is closed at once, so a flood cannot take the agent's descriptors.
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use interlock_contract::agent_socket::{answer_line, PodRef, Response, PROTOCOL_VERSION};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+use tokio::sync::Semaphore;
+
+/// The longest request line read.
+pub const MAX_REQUEST: u64 = 64 * 1024;
+/// The time one connection may take, request and answer.
+pub const DEADLINE: Duration = Duration::from_secs(2);
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Who answers "which annotations does pod X have".
+pub trait PodSource: Send + Sync + 'static {
+    /// The answer about `pod`.
+    fn answer(&self, pod: &PodRef) -> Response;
+}
+
+impl PodSource for crate::kubernetes::PodCache {
+    fn answer(&self, pod: &PodRef) -> Response {
+        crate::kubernetes::PodCache::answer(self, pod)
+    }
+}
+
+/// The source when the agent runs without a Kubernetes API: it cannot answer.
+#[derive(Debug, Clone)]
+pub struct NoSource(pub String);
+
+impl PodSource for NoSource {
+    fn answer(&self, _pod: &PodRef) -> Response {
+        Response::Undecided {
+            v: PROTOCOL_VERSION,
+            reason: self.0.clone(),
+        }
+    }
+}
+
+/// Why the socket could not be served.
+#[derive(Debug, thiserror::Error)]
+#[error("agent socket {path}: {doing}: {source}")]
+pub struct SocketError {
+    /// The socket path.
+    pub path: PathBuf,
+    /// What was being done.
+    pub doing: &'static str,
+    /// The error.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Binds `path` (replacing a stale socket left by an earlier agent, refusing to replace
+/// anything that is not a socket) with mode 0600.
+pub fn bind(path: &Path) -> Result<UnixListener, SocketError> {
+    let err = |doing| {
+        move |source| SocketError {
+            path: path.to_path_buf(),
+            doing,
+            source,
+        }
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(err("removing the stale socket"))?
+        }
+        Ok(_) => {
+            return Err(err("refusing to replace it")(std::io::Error::other(
+                "it exists and is not a socket",
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err("inspecting it")(e)),
+    }
+    // Created 0600 from the start: the umask cannot open a window in which another user
+    // could connect.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let listener = UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let listener = listener.map_err(err("binding"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(err("setting mode 0600"))?;
+    Ok(listener)
+}
+
+/// Serves `listener` with `source` until the task is dropped.
+pub async fn serve(listener: UnixListener, source: Arc<dyn PodSource>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "agent socket: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Full: close at once rather than queue (the plugin retries, then fails closed).
+            drop(stream);
+            continue;
+        };
+        let source = source.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _ = tokio::time::timeout(DEADLINE, answer(stream, source)).await;
+        });
+    }
+}
+
+async fn answer(stream: tokio::net::UnixStream, source: Arc<dyn PodSource>) -> std::io::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    BufReader::new(read.take(MAX_REQUEST))
+        .read_line(&mut line)
+        .await?;
+    let reply = answer_line(&line, |pod| source.answer(pod));
+    write.write_all(reply.as_bytes()).await?;
+    write.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::io::{BufRead, Write};
+
+    struct OnePod;
+    impl PodSource for OnePod {
+        fn answer(&self, pod: &PodRef) -> Response {
+            if pod.name == "web-0" {
+                let mut annotations = BTreeMap::new();
+                annotations.insert("sidecar.istio.io/status".to_string(), "{}".to_string());
+                Response::Found {
+                    v: PROTOCOL_VERSION,
+                    uid: Some("u1".into()),
+                    annotations,
+                }
+            } else {
+                Response::NotFound {
+                    v: PROTOCOL_VERSION,
+                }
+            }
+        }
+    }
+
+    fn ask(path: &Path, line: &str) -> String {
+        let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+        s.write_all(line.as_bytes()).unwrap();
+        let mut out = String::new();
+        std::io::BufReader::new(s).read_line(&mut out).unwrap();
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn answers_lookups_with_mode_0600_and_replaces_only_a_stale_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        std::fs::write(&path, "not a socket").unwrap();
+        let e = bind(&path).unwrap_err();
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap()); // a stale socket
+        let listener = bind(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let server = tokio::spawn(serve(listener, Arc::new(OnePod)));
+        let p = path.clone();
+        let (found, missing, garbage) = tokio::task::spawn_blocking(move || {
+            (
+                ask(
+                    &p,
+                    "{\"v\":1,\"op\":\"pod\",\"namespace\":\"shop\",\"name\":\"web-0\"}\n",
+                ),
+                ask(
+                    &p,
+                    "{\"v\":1,\"op\":\"pod\",\"namespace\":\"shop\",\"name\":\"db-0\"}\n",
+                ),
+                ask(&p, "garbage\n"),
+            )
+        })
+        .await
+        .unwrap();
+        let found: serde_json::Value = serde_json::from_str(&found).unwrap();
+        assert_eq!(found["status"], "found");
+        assert_eq!(found["annotations"]["sidecar.istio.io/status"], "{}");
+        assert!(missing.contains("notFound"), "{missing}");
+        assert!(garbage.contains("undecided"), "{garbage}");
+        server.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_client_is_dropped_after_the_deadline_and_others_are_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let server = tokio::spawn(serve(bind(&path).unwrap(), Arc::new(OnePod)));
+        let p = path.clone();
+        let answered = tokio::task::spawn_blocking(move || {
+            let silent: Vec<_> = (0..MAX_CONNECTIONS * 2)
+                .map(|_| std::os::unix::net::UnixStream::connect(&p).unwrap())
+                .collect();
+            std::thread::sleep(DEADLINE + Duration::from_millis(300));
+            let out = ask(
+                &p,
+                "{\"v\":1,\"op\":\"pod\",\"namespace\":\"shop\",\"name\":\"web-0\"}\n",
+            );
+            drop(silent);
+            out
+        })
+        .await
+        .unwrap();
+        assert!(answered.contains("found"), "{answered}");
+        server.abort();
+    }
+}
