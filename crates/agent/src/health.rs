@@ -278,7 +278,9 @@ async fn serve_one(
     let conn = http.serve_connection(TokioIo::new(stream), service);
     tokio::select! {
         _ = conn => {}
-        _ = evicted => {}
+        // Only a sent eviction counts: once the request arrived, the sender is dropped
+        // (and the receiver yields an error) while the answer is still being written.
+        Ok(()) = evicted => {}
         _ = tokio::time::sleep(limits.deadline) => {}
     }
 }
@@ -356,10 +358,7 @@ pub fn readyz_status(addr: std::net::SocketAddr, timeout: Duration) -> std::io::
 
 async fn get_status(addr: std::net::SocketAddr, path: &str) -> std::io::Result<u16> {
     let other = |what: &str, e: hyper::Error| {
-        std::io::Error::new(
-            std::io::ErrorKind::Other,
-            format!("{what} http://{addr}{path}: {e}"),
-        )
+        std::io::Error::other(format!("{what} http://{addr}{path}: {e}"))
     };
     let stream = tokio::net::TcpStream::connect(addr).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -517,6 +516,31 @@ mod tests {
             "{out}"
         );
         assert!(out.ends_with("not ready: starting\n"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn a_large_answer_to_a_slow_reader_is_complete() {
+        let (addr, shared) = start(ServerLimits::default()).await;
+        let many: Vec<_> = (0..60_000)
+            .map(|i| crate::status::FileConflict {
+                file: format!("{i:05}-a-long-enough-file-name-to-fill-socket-buffers.conflist"),
+                undos: 1,
+                backing_off: false,
+            })
+            .collect();
+        shared.set_conflicts(many);
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut c = socket.connect(addr).await.unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        // The answer does not fit the socket buffers: the server waits for this reader.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        assert!(out.len() > 5_000_000, "{}", out.len());
+        assert!(out.ends_with("# EOF\n"), "cut short at {} bytes", out.len());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
