@@ -4,7 +4,7 @@
 //! with an unfinished request, while the agent runs with the common container limit of
 //! 1,024 descriptors (soft and hard, so it cannot raise it). Deleting the owned config
 //! is repaired within the usual budget, `/readyz` answers, and the agent's memory stays
-//! bounded.
+//! bounded. And the agent raises its soft open-file limit to the hard one at start.
 
 mod common;
 
@@ -188,4 +188,53 @@ fn idle_connections_from_an_unprivileged_user_do_not_stop_repairs() {
         a.log_text()
     );
     drop(flood);
+}
+
+/// The soft open-file limit in force for `pid`.
+fn soft_nofile(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/limits"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn the_agent_raises_its_soft_open_file_limit_to_the_hard_one() {
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let log = d.tmp.path().join("agent.log");
+    // prlimit execs the agent, so the child is the agent itself.
+    let child = Command::new("prlimit")
+        .arg("--nofile=1024:4096")
+        .arg(interlock())
+        .args(["agent", "--kube=none", "--cni-conf-dir"])
+        .arg(&d.conf)
+        .arg("--cni-bin-dir")
+        .arg(&d.bin)
+        .arg("--state-dir")
+        .arg(&d.state)
+        .arg("--plugin-source")
+        .arg(plugin())
+        .arg("--health-addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let a = Agent { child, port, log };
+    wait_protected(&d, &a);
+    assert_eq!(soft_nofile(a.pid()), 4096, "{}", a.log_text());
+    assert!(
+        a.log_text()
+            .contains("raised the open-file limit from=1024 to=4096"),
+        "{}",
+        a.log_text()
+    );
 }
