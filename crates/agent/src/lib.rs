@@ -389,7 +389,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         config_path: String::new(),
     };
     if let Err(e) = marker::write(&cfg.state_dir, &stopped) {
-        warn!(state_dir = %cfg.state_dir.display(), error = %e, "cannot mark the agent stopped");
+        error!(state_dir = %cfg.state_dir.display(), error = %e, "cannot mark the agent stopped");
     }
     if cfg.uninstall_on_exit {
         let done = uninstall(&cfg.conf_dir, &cfg.bin_dirs, &cfg.state_dir)?;
