@@ -1,15 +1,15 @@
 //! The agent's Prometheus series, one struct per subsystem, each registered once into the
 //! registry that `/metrics` encodes. Every series is listed in [`SERIES`] and documented in
-//! the README (section "Metrics and logs").
+//! the README (section "Health endpoints, metrics and logs").
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
-use std::fmt::Write as _;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
+use std::fmt::Write as _;
 
 /// Upper bounds (seconds) of the repair-duration histogram buckets: the budget is 50 ms
 /// (p99), so the buckets are fine below it and coarse above.
