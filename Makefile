@@ -50,12 +50,14 @@ bench-json: deps plugin-static
 	@nice -n -15 ./target/release/interlock-bench --pretty --plugin $(STATIC_PLUGIN)
 
 ## bench-repair: the agent's repair, follow and /readyz latencies, one JSON line each
-## (in the system temp dir: on disk, with fsync, like /etc/cni/net.d on a node)
+## (in the system temp dir: on disk, with fsync, like /etc/cni/net.d on a node;
+## CLOBBERS=50 for a short run)
+CLOBBERS ?= 1000
 bench-repair: deps
-	@$(CARGO) build --release -p interlock -p interlock-cni
+	@$(CARGO) build --release -p interlock -p interlock-cni -p interlock-bench
 	@for run in "clobber chain" "clobber owned" "follow chain" "follow owned" "readyz owned"; do \
 		set -- $$run; \
-		./target/release/interlock bench-repair --clobbers 1000 --scenario $$1 --mode $$2 || exit 1; \
+		./target/release/interlock-bench repair --clobbers $(CLOBBERS) --scenario $$1 --mode $$2 || exit 1; \
 	done
 
 clean:

@@ -10,9 +10,9 @@ use crate::fight::{FightTracker, Verdict};
 use crate::install::{find_plugin, PluginInstaller, VersionCache, PLUGIN_FILE};
 use crate::marker::{self, Marker};
 use crate::plan::{self, Action, Facts, Settings, BACKUP_SUFFIX};
-use crate::status::{Readiness, Shared};
+use crate::status::{FileConflict, Readiness, Shared};
 use crate::view::{is_candidate_name, parse_candidate, DirEntry, DirSnapshot};
-use crate::{info, warn, AgentConfig};
+use crate::AgentConfig;
 use interlock_protocol::atomic::write_file_atomic;
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::{error, info, warn};
 
 /// Messages to the guard thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,9 +239,7 @@ impl Guard {
         for dir in &self.cfg.bin_dirs {
             match self.installer.ensure(dir, full) {
                 Ok(true) => {
-                    self.shared
-                        .installs
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.shared.installs.inc();
                     info!(
                         "installed {} (sha256 {})",
                         dir.join(PLUGIN_FILE).display(),
@@ -249,10 +248,8 @@ impl Guard {
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    self.shared
-                        .errors
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    warn!("plugin binary in {}: {e}", dir.display());
+                    self.shared.errors.inc();
+                    error!("plugin binary in {}: {e}", dir.display());
                     problems.push(e);
                 }
             }
@@ -307,9 +304,7 @@ impl Guard {
     /// the installed binaries.
     pub fn reconcile(&mut self, bins: bool, full: bool) {
         let started = Instant::now();
-        self.shared
-            .reconciles
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.shared.reconciles.inc();
         if bins || full {
             self.check_binaries(full);
         }
@@ -379,9 +374,7 @@ impl Guard {
                 match apply(&dir, a) {
                     Ok(()) => {
                         changed = true;
-                        self.shared
-                            .writes
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        self.shared.writes.inc();
                         self.left
                             .insert(a.file().to_string(), a.leaves().map(<[u8]>::to_vec));
                         if let Action::Rename { to, .. } = a {
@@ -390,10 +383,8 @@ impl Guard {
                         info!("{} in {}", describe(a), dir.display());
                     }
                     Err(e) => {
-                        self.shared
-                            .errors
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        warn!("{} in {} failed: {e}; retrying", describe(a), dir.display());
+                        self.shared.errors.inc();
+                        error!("{} in {} failed: {e}; retrying", describe(a), dir.display());
                         self.schedule_retry();
                         break;
                     }
@@ -401,9 +392,7 @@ impl Guard {
             }
         }
         if changed {
-            self.shared
-                .repairs
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.shared.repairs.inc();
             self.shared.observe_repair(started.elapsed().as_secs_f64());
         } else if blocked.is_none() && plan.actions.is_empty() {
             self.retries = 0;
@@ -463,9 +452,10 @@ impl Guard {
             self.fights
                 .undo_counts()
                 .into_iter()
-                .map(|(f, n, t)| {
-                    let on = backing.contains(&f);
-                    (f, n, t, on)
+                .map(|(file, undos, _trips)| FileConflict {
+                    backing_off: backing.contains(&file),
+                    file,
+                    undos,
                 })
                 .collect(),
         );
@@ -512,7 +502,7 @@ impl Guard {
         let m = Marker {
             ready: r.ready,
             reason: r.reason,
-            updated_at_ms: crate::log::now_ms(),
+            updated_at_ms: interlock_contract::time::now_ms(),
             stale_after_ms: self.cfg.marker_stale_after.as_millis() as u64,
             pid: std::process::id(),
             pid_namespace: None,
@@ -522,10 +512,8 @@ impl Guard {
                 .unwrap_or_default(),
         };
         if let Err(e) = marker::write(&self.cfg.state_dir, &m) {
-            self.shared
-                .errors
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            warn!(
+            self.shared.errors.inc();
+            error!(
                 "cannot write readiness marker in {}: {e}",
                 self.cfg.state_dir.display()
             );
@@ -578,9 +566,7 @@ impl Guard {
             let full = now >= next_resync;
             if full {
                 next_resync = now + self.cfg.resync_interval;
-                self.shared
-                    .resyncs
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.shared.resyncs.inc();
             }
             let retry = self.retry_at.is_some_and(|r| now >= r);
             if retry {
@@ -657,7 +643,7 @@ pub fn spawn_watcher(
                         Ok(ev) => ev,
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                         Err(e) => {
-                            warn!("inotify read failed: {e}; relying on periodic resync");
+                            error!("inotify read failed: {e}; relying on periodic resync");
                             return;
                         }
                     }
@@ -665,7 +651,7 @@ pub fn spawn_watcher(
                     match ino.read_events_blocking(&mut buf) {
                         Ok(ev) => ev,
                         Err(e) => {
-                            warn!("inotify read failed: {e}; relying on periodic resync");
+                            error!("inotify read failed: {e}; relying on periodic resync");
                             return;
                         }
                     }

@@ -1,174 +1,511 @@
-//! `/healthz`, `/readyz` and `/metrics` over a tiny HTTP/1.1 responder (one request per
-//! connection, `Connection: close`).
+//! `/healthz`, `/readyz` and `/metrics` on hyper, hardened against a local user who opens
+//! many connections to the port (any process on the node can reach it).
+//!
+//! - [`Admin`] is the whole HTTP surface as one `tower::Service`, so it is tested without
+//!   sockets; the probe decisions are [`crate::readiness`].
+//! - [`serve`] runs it with a bound on everything a client controls: at most
+//!   [`ServerLimits::max_connections`] connections are open at once (past it the oldest one
+//!   still waiting for its request is dropped for the newcomer, and past twice the cap the
+//!   newcomer is accepted and closed at once, so neither the accept backlog nor the
+//!   agent's descriptors fill up), a deadline for the request head and one for the whole
+//!   exchange, small header limits, no request body read, one request per connection.
+//! - [`readyz_status`] is the client side, for `interlock check` and the benchmark.
 
+use crate::readiness::{self, ProbeWindows};
 use crate::status::Shared;
-use std::sync::Arc;
-use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use bytes::Bytes;
+use http_body_util::{Empty, Full};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Ready;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 
-/// The guard loop counts as hung when it has not ticked for this long.
-pub const HUNG_AFTER: Duration = Duration::from_secs(30);
+/// The health endpoints as a service: routes a request to its answer.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    shared: Arc<Shared>,
+    windows: ProbeWindows,
+}
 
-/// Asks the health server at `addr` for `/readyz` and returns the HTTP status code: the
-/// client side of this module, for `interlock check` and the repair benchmark. `timeout`
-/// bounds the connect and the read each.
-pub fn readyz_status(addr: std::net::SocketAddr, timeout: Duration) -> std::io::Result<u16> {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect_timeout(&addr, timeout)?;
-    c.set_read_timeout(Some(timeout))?;
-    write!(
-        c,
-        "GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    // "HTTP/1.1 200": the status line's first 12 bytes are all that is needed.
-    let mut head = [0u8; 12];
-    c.read_exact(&mut head)?;
-    std::str::from_utf8(&head[9..])
-        .ok()
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!(
-                    "not an HTTP status line: {:?}",
-                    String::from_utf8_lossy(&head)
-                ),
-            )
+const TEXT: &str = "text/plain; charset=utf-8";
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+fn reply(code: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = code;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn probe(a: readiness::ProbeAnswer) -> Response<Full<Bytes>> {
+    let code = if a.pass {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    reply(code, TEXT, a.body)
+}
+
+impl Admin {
+    /// The endpoints over `shared`, judging staleness by `windows`.
+    pub fn new(shared: Arc<Shared>, windows: ProbeWindows) -> Admin {
+        Admin { shared, windows }
+    }
+
+    /// The answer to `method` on `path` (query ignored). HEAD gets GET's status and
+    /// headers; hyper leaves out the body.
+    pub fn respond(&self, method: &Method, path: &str) -> Response<Full<Bytes>> {
+        if method != Method::GET && method != Method::HEAD {
+            let mut r = reply(
+                StatusCode::METHOD_NOT_ALLOWED,
+                TEXT,
+                "only GET and HEAD\n".into(),
+            );
+            r.headers_mut()
+                .insert(hyper::header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return r;
+        }
+        let since = self.shared.since_tick();
+        match path {
+            "/healthz" => probe(readiness::healthz(since, &self.windows)),
+            "/readyz" => probe(readiness::readyz(
+                &self.shared.readiness(),
+                since,
+                &self.windows,
+            )),
+            "/metrics" => reply(StatusCode::OK, OPENMETRICS, self.shared.render_metrics()),
+            _ => reply(
+                StatusCode::NOT_FOUND,
+                TEXT,
+                "not found: try /healthz, /readyz, /metrics\n".into(),
+            ),
+        }
+    }
+}
+
+/// Any request body type: the endpoints never read a body.
+impl<B> tower_service::Service<Request<B>> for Admin {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        std::future::ready(Ok(self.respond(req.method(), req.uri().path())))
+    }
+}
+
+/// The bounds the server puts on its clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Connections open at once before the oldest waiting one makes room for a new one.
+    /// Twice this many is the hard cap on the server's descriptors.
+    pub max_connections: usize,
+    /// A connection gets at least this long to send its request before a newcomer may
+    /// take its place (so a burst of new connections cannot push out a probe that has just
+    /// connected).
+    pub min_wait: Duration,
+    /// Time to receive the whole request head.
+    pub header_timeout: Duration,
+    /// Time for the whole exchange, from accept to the last byte of the answer.
+    pub deadline: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_connections: 64,
+            min_wait: Duration::from_millis(250),
+            header_timeout: Duration::from_secs(2),
+            deadline: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ServerLimits {
+    /// These limits with the connection cap lowered so that the server never holds more
+    /// than half of the descriptors left after `reserved` for the rest of the agent.
+    pub fn within_descriptors(self, nofile: u64, reserved: u64) -> ServerLimits {
+        let spare = usize::try_from(nofile.saturating_sub(reserved) / 4).unwrap_or(usize::MAX);
+        ServerLimits {
+            max_connections: self.max_connections.min(spare).max(1),
+            ..self
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Waiting {
+    id: u64,
+    since: Instant,
+    evict: oneshot::Sender<()>,
+}
+
+#[derive(Debug, Default)]
+struct Slots {
+    open: usize,
+    next_id: u64,
+    /// Connections that have not sent their request yet, oldest first.
+    waiting: VecDeque<Waiting>,
+}
+
+/// Who may hold a connection: the cap, and eviction of the oldest connection that is
+/// still waiting for its request once the cap is reached.
+#[derive(Debug)]
+pub struct Admission {
+    limits: ServerLimits,
+    slots: Mutex<Slots>,
+}
+
+/// One admitted connection's place; dropping it frees the place.
+#[derive(Debug)]
+pub struct Ticket {
+    id: u64,
+    admission: Arc<Admission>,
+}
+
+/// Fires when a newcomer took an admitted connection's place.
+pub type Eviction = oneshot::Receiver<()>;
+
+impl Admission {
+    /// An admission policy for `limits`.
+    pub fn new(limits: ServerLimits) -> Arc<Admission> {
+        Arc::new(Admission {
+            limits,
+            slots: Mutex::new(Slots::default()),
         })
-}
-
-/// Status code, content type and body for a request line's method and path.
-pub fn respond(shared: &Shared, method: &str, path: &str) -> (u16, &'static str, String) {
-    let path = path.split('?').next().unwrap_or(path);
-    if method != "GET" && method != "HEAD" {
-        return (405, "text/plain", "only GET\n".into());
     }
-    match path {
-        "/healthz" => {
-            let since = shared.since_tick();
-            if since < HUNG_AFTER {
-                (200, "text/plain", "ok\n".into())
-            } else {
-                (
-                    503,
-                    "text/plain",
-                    format!("guard loop has not run for {since:?}\n"),
-                )
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Admits a new connection at `now`, or `None` when it must be closed at once.
+    pub fn admit(self: &Arc<Self>, now: Instant) -> Option<(Ticket, Eviction)> {
+        let mut s = self.slots();
+        if s.open >= self.limits.max_connections {
+            let old_enough = s
+                .waiting
+                .front()
+                .is_some_and(|w| now.saturating_duration_since(w.since) >= self.limits.min_wait);
+            if !old_enough {
+                return None;
+            }
+            if let Some(w) = s.waiting.pop_front() {
+                let _ = w.evict.send(());
             }
         }
-        "/readyz" => {
-            let r = shared.readiness();
-            if r.ready {
-                (
-                    200,
-                    "text/plain",
-                    format!("ready: {}\n", r.effective.unwrap_or_default()),
-                )
-            } else {
-                (503, "text/plain", format!("not ready: {}\n", r.reason))
-            }
+        // Evicted connections close on their next poll; until then they still count.
+        if s.open >= self.limits.max_connections * 2 {
+            return None;
         }
-        "/metrics" => (200, "text/plain; version=0.0.4", shared.render_metrics()),
-        _ => (
-            404,
-            "text/plain",
-            "not found: try /healthz, /readyz, /metrics\n".into(),
-        ),
+        let id = s.next_id;
+        s.next_id += 1;
+        s.open += 1;
+        let (evict, evicted) = oneshot::channel();
+        s.waiting.push_back(Waiting {
+            id,
+            since: now,
+            evict,
+        });
+        Some((
+            Ticket {
+                id,
+                admission: self.clone(),
+            },
+            evicted,
+        ))
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.slots().open
     }
 }
 
-fn reason(code: u16) -> &'static str {
-    match code {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        _ => "Service Unavailable",
+impl Ticket {
+    /// The connection's request arrived: nobody may take its place any more.
+    pub fn served(&self) {
+        self.admission.slots().waiting.retain(|w| w.id != self.id);
     }
 }
 
-async fn serve_one(mut s: TcpStream, shared: Arc<Shared>) {
-    let mut buf = Vec::with_capacity(512);
-    let mut chunk = [0u8; 512];
-    let head = loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break Some(end);
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut s = self.admission.slots();
+        s.open -= 1;
+        let id = self.id;
+        s.waiting.retain(|w| w.id != id);
+    }
+}
+
+async fn serve_one(
+    stream: tokio::net::TcpStream,
+    admin: Admin,
+    limits: ServerLimits,
+    ticket: Ticket,
+    evicted: Eviction,
+) {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(false)
+        .max_buf_size(8192)
+        .max_header_size(4096)
+        .max_headers(32);
+    // The ticket lives (and holds the place) until this task ends.
+    let ticket = Arc::new(ticket);
+    let t = ticket.clone();
+    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        t.served();
+        std::future::ready(Ok::<_, Infallible>(
+            admin.respond(req.method(), req.uri().path()),
+        ))
+    });
+    let conn = http.serve_connection(TokioIo::new(stream), service);
+    tokio::select! {
+        _ = conn => {}
+        // Only a sent eviction counts: once the request arrived, the sender is dropped
+        // (and the receiver yields an error) while the answer is still being written.
+        Ok(()) = evicted => {}
+        _ = tokio::time::sleep(limits.deadline) => {}
+    }
+}
+
+/// Logs accept failures at most once per interval, with how many were not logged.
+#[derive(Debug)]
+struct AcceptErrors {
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+impl AcceptErrors {
+    fn record(&mut self, e: &std::io::Error, open: usize) {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(10))
+        {
+            self.unlogged += 1;
+            return;
         }
-        if buf.len() > 8192 {
-            break None;
-        }
-        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk)).await {
-            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break None,
-            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
-        }
+        tracing::error!(
+            error = %e,
+            open_connections = open,
+            suppressed = self.unlogged,
+            "health endpoint cannot accept a connection"
+        );
+        self.last = Some(now);
+        self.unlogged = 0;
+    }
+}
+
+/// Serves `admin` on `listener` forever, within `limits`.
+pub async fn serve(listener: TcpListener, admin: Admin, limits: ServerLimits) {
+    let admission = Admission::new(limits);
+    let mut errors = AcceptErrors {
+        last: None,
+        unlogged: 0,
     };
-    let (code, ctype, body, head_only) = match head {
-        None => (400, "text/plain", "bad request\n".to_string(), false),
-        Some(end) => {
-            let text = String::from_utf8_lossy(&buf[..end]);
-            let mut parts = text.lines().next().unwrap_or("").split_whitespace();
-            let (m, p) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            let (c, t, b) = respond(&shared, m, p);
-            (c, t, b, m == "HEAD")
-        }
-    };
-    let mut out = format!(
-        "HTTP/1.1 {code} {}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        reason(code),
-        body.len()
-    );
-    if !head_only {
-        out.push_str(&body);
-    }
-    let _ = s.write_all(out.as_bytes()).await;
-    let _ = s.shutdown().await;
-}
-
-/// Serves forever on `listener`.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     loop {
         match listener.accept().await {
-            Ok((s, _)) => {
-                tokio::spawn(serve_one(s, shared.clone()));
-            }
+            Ok((stream, _)) => match admission.admit(Instant::now()) {
+                Some((ticket, evicted)) => {
+                    tokio::spawn(serve_one(stream, admin.clone(), limits, ticket, evicted));
+                }
+                // Closing it here frees the descriptor and the backlog at once.
+                None => drop(stream),
+            },
             Err(e) => {
-                crate::warn!("health endpoint accept failed: {e}");
+                errors.record(&e, admission.open());
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     }
 }
 
+/// Asks the health server at `addr` for `/readyz` and returns the HTTP status code: the
+/// client side of this module, for `interlock check` and the repair benchmark. `timeout`
+/// bounds the whole exchange.
+pub fn readyz_status(addr: std::net::SocketAddr, timeout: Duration) -> std::io::Result<u16> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        tokio::time::timeout(timeout, get_status(addr, "/readyz"))
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("http://{addr}/readyz did not answer within {timeout:?}"),
+                )
+            })?
+    })
+}
+
+async fn get_status(addr: std::net::SocketAddr, path: &str) -> std::io::Result<u16> {
+    let other = |what: &str, e: hyper::Error| {
+        std::io::Error::other(format!("{what} http://{addr}{path}: {e}"))
+    };
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| other("connecting to", e))?;
+    let request = Request::get(path)
+        .header(hyper::header::HOST, addr.to_string())
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // The connection task ends after the answer (Connection: close) or on an error,
+    // which `send_request` then reports.
+    tokio::spawn(conn);
+    let r = sender
+        .send_request(request)
+        .await
+        .map_err(|e| other("asking", e))?;
+    Ok(r.status().as_u16())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::status::Readiness;
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tower::ServiceExt;
 
-    #[test]
-    fn routes() {
-        let s = Shared::default();
-        assert_eq!(respond(&s, "GET", "/healthz").0, 200);
-        assert_eq!(respond(&s, "GET", "/readyz").0, 503);
-        assert!(respond(&s, "GET", "/readyz").2.contains("starting"));
+    async fn get(admin: &Admin, method: Method, uri: &str) -> (u16, String, String) {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let r = admin.clone().oneshot(req).await.unwrap();
+        let ctype = r.headers()[CONTENT_TYPE].to_str().unwrap().to_string();
+        let code = r.status().as_u16();
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        (code, ctype, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn routes() {
+        let s = Arc::new(Shared::default());
+        let admin = Admin::new(s.clone(), ProbeWindows::default());
+        assert_eq!(get(&admin, Method::GET, "/healthz").await.0, 200);
+        let (code, _, body) = get(&admin, Method::GET, "/readyz").await;
+        assert_eq!(code, 503);
+        assert!(body.contains("starting"), "{body}");
         s.set_readiness(Readiness {
             ready: true,
             reason: "ok".into(),
             effective: Some("a".into()),
         });
-        assert_eq!(respond(&s, "GET", "/readyz?verbose").0, 200);
-        assert_eq!(respond(&s, "GET", "/metrics").0, 200);
-        assert_eq!(respond(&s, "GET", "/nope").0, 404);
-        assert_eq!(respond(&s, "POST", "/readyz").0, 405);
+        let (code, ctype, body) = get(&admin, Method::GET, "/readyz?verbose").await;
+        assert_eq!(
+            (code, ctype.as_str(), body.as_str()),
+            (200, TEXT, "ready: a\n")
+        );
+        assert_eq!(get(&admin, Method::HEAD, "/readyz").await.0, 200);
+        let (code, ctype, body) = get(&admin, Method::GET, "/metrics").await;
+        assert_eq!((code, ctype.as_str()), (200, OPENMETRICS));
+        assert!(body.contains("interlock_agent_ready 1\n"), "{body}");
+        assert!(body.ends_with("# EOF\n"), "{body}");
+        assert_eq!(get(&admin, Method::GET, "/nope").await.0, 404);
+        assert_eq!(get(&admin, Method::POST, "/readyz").await.0, 405);
     }
 
     #[tokio::test]
-    async fn answers_over_tcp() {
+    async fn a_stalled_guard_is_not_ready() {
+        let s = Arc::new(Shared::default());
+        s.set_readiness(Readiness {
+            ready: true,
+            reason: "ok".into(),
+            effective: Some("00-interlock.conflist".into()),
+        });
+        // Windows shorter than the time since the last pass: the guard looks stalled.
+        let admin = Admin::new(
+            s.clone(),
+            ProbeWindows {
+                ready_within: Duration::ZERO,
+                alive_within: Duration::from_secs(60),
+            },
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        let (code, _, body) = get(&admin, Method::GET, "/readyz").await;
+        assert_eq!(code, 503);
+        assert!(body.contains("has not completed a pass"), "{body}");
+        assert_eq!(get(&admin, Method::GET, "/healthz").await.0, 200);
+        s.tick();
+        let fresh = Admin::new(s, ProbeWindows::default());
+        assert_eq!(get(&fresh, Method::GET, "/readyz").await.0, 200);
+    }
+
+    #[test]
+    fn admission_caps_and_evicts_the_oldest_waiting() {
+        let limits = ServerLimits {
+            max_connections: 2,
+            min_wait: Duration::from_millis(100),
+            ..ServerLimits::default()
+        };
+        let a = Admission::new(limits);
+        let t0 = Instant::now();
+        let (first, mut first_evicted) = a.admit(t0).unwrap();
+        let (second, _) = a.admit(t0).unwrap();
+        second.served();
+        // Full, and the oldest waiting connection is too young to be pushed out.
+        assert!(a.admit(t0 + Duration::from_millis(50)).is_none());
+        // Old enough: the newcomer takes its place.
+        let (third, _) = a.admit(t0 + Duration::from_millis(100)).unwrap();
+        assert!(first_evicted.try_recv().is_ok(), "oldest was not evicted");
+        // The served one is never evicted; the third is too young.
+        assert!(a.admit(t0 + Duration::from_millis(150)).is_none());
+        drop(first);
+        assert_eq!(a.open(), 2);
+        let (fourth, mut fourth_evicted) = a.admit(t0 + Duration::from_millis(500)).unwrap();
+        assert_eq!(a.open(), 3, "evicted third still counts until it closes");
+        assert!(fourth_evicted.try_recv().is_err());
+        // Hard cap: twice the soft cap, whatever is evictable.
+        let (fifth, _) = a.admit(t0 + Duration::from_secs(5)).unwrap();
+        assert_eq!(a.open(), 4);
+        assert!(a.admit(t0 + Duration::from_secs(10)).is_none());
+        drop((second, third, fourth, fifth));
+        assert_eq!(a.open(), 0);
+    }
+
+    #[test]
+    fn limits_leave_descriptors_for_the_guard() {
+        let l = ServerLimits::default();
+        assert_eq!(l.within_descriptors(1024, 256).max_connections, 64);
+        assert_eq!(l.within_descriptors(512, 256).max_connections, 64);
+        assert_eq!(l.within_descriptors(300, 256).max_connections, 11);
+        assert_eq!(l.within_descriptors(100, 256).max_connections, 1);
+    }
+
+    async fn start(limits: ServerLimits) -> (std::net::SocketAddr, Arc<Shared>) {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let shared = Arc::new(Shared::default());
-        tokio::spawn(serve(l, shared));
-        let mut c = TcpStream::connect(addr).await.unwrap();
+        let admin = Admin::new(shared.clone(), ProbeWindows::default());
+        tokio::spawn(serve(l, admin, limits));
+        (addr, shared)
+    }
+
+    #[tokio::test]
+    async fn answers_over_tcp_and_closes() {
+        let (addr, _) = start(ServerLimits::default()).await;
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
         c.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
             .unwrap();
@@ -179,5 +516,125 @@ mod tests {
             "{out}"
         );
         assert!(out.ends_with("not ready: starting\n"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn a_large_answer_to_a_slow_reader_is_complete() {
+        let (addr, shared) = start(ServerLimits::default()).await;
+        let many: Vec<_> = (0..60_000)
+            .map(|i| crate::status::FileConflict {
+                file: format!("{i:05}-a-long-enough-file-name-to-fill-socket-buffers.conflist"),
+                undos: 1,
+                backing_off: false,
+            })
+            .collect();
+        shared.set_conflicts(many);
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut c = socket.connect(addr).await.unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        // The answer does not fit the socket buffers: the server waits for this reader.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        assert!(out.len() > 5_000_000, "{}", out.len());
+        assert!(out.ends_with("# EOF\n"), "cut short at {} bytes", out.len());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn client_reads_the_status() {
+        let (addr, shared) = start(ServerLimits::default()).await;
+        let status = tokio::task::spawn_blocking(move || {
+            readyz_status(addr, Duration::from_secs(2)).unwrap()
+        });
+        assert_eq!(status.await.unwrap(), 503);
+        shared.set_readiness(Readiness {
+            ready: true,
+            reason: "ok".into(),
+            effective: Some("x".into()),
+        });
+        let status = tokio::task::spawn_blocking(move || {
+            readyz_status(addr, Duration::from_secs(2)).unwrap()
+        });
+        assert_eq!(status.await.unwrap(), 200);
+        // Nobody listening: an error, not a status.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let r = tokio::task::spawn_blocking(move || readyz_status(dead, Duration::from_secs(1)));
+        assert!(r.await.unwrap().is_err());
+    }
+
+    #[tokio::test]
+    async fn slow_and_oversized_requests_are_cut_off() {
+        let limits = ServerLimits {
+            header_timeout: Duration::from_millis(200),
+            deadline: Duration::from_millis(600),
+            ..ServerLimits::default()
+        };
+        let (addr, _) = start(limits).await;
+        // A client that never finishes its request head is closed after the header timeout.
+        let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        let t0 = Instant::now();
+        let mut buf = vec![];
+        let _ = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut buf)).await;
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        // A client trickling header bytes is cut off by the whole-exchange deadline.
+        let mut trickle = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let t0 = Instant::now();
+        trickle
+            .write_all(b"GET /healthz HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        let mut closed = false;
+        while t0.elapsed() < Duration::from_secs(3) {
+            if trickle.write_all(b"X-A: b\r\n").await.is_err() {
+                closed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(closed, "trickling client still connected after 3 s");
+        // A request head over the limit gets 431, not an ever-growing buffer.
+        let mut big = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(6000)
+        );
+        let _ = big.write_all(head.as_bytes()).await;
+        let mut out = String::new();
+        let _ = big.read_to_string(&mut out).await;
+        assert!(out.starts_with("HTTP/1.1 431"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn idle_connections_cannot_lock_out_a_probe() {
+        let limits = ServerLimits {
+            max_connections: 8,
+            min_wait: Duration::from_millis(50),
+            ..ServerLimits::default()
+        };
+        let (addr, _) = start(limits).await;
+        let mut idle = vec![];
+        for _ in 0..200 {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let _ = c.write_all(b"GET /healthz HTTP/1.1\r\n").await;
+            idle.push(c);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        tokio::time::timeout(Duration::from_secs(2), c.read_to_string(&mut out))
+            .await
+            .expect("probe answered")
+            .unwrap();
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
     }
 }

@@ -7,8 +7,10 @@
 //! Layout: [`view`] models the conf dir as a runtime sees it, [`plan`] decides what to
 //! write (pure), [`fight`] decides when to back off from another writer (pure),
 //! [`guard`] is the thin layer that reads, writes and watches, [`install`] handles the
-//! plugin binary, [`status`] and [`health`] serve readiness and metrics, [`marker`] is
-//! the readiness file `interlock check` reads. Threads: the tokio runtime (health server,
+//! plugin binary, [`status`] is the state the guard shares with the health server,
+//! [`metrics`] its Prometheus series, [`readiness`] decides what the probes answer,
+//! [`health`] serves them over HTTP, [`telemetry`] sets up the logs, and [`marker`] is the
+//! readiness file `interlock check` reads. Threads: the tokio runtime (health server,
 //! signals), one guard thread, one inotify thread.
 
 pub mod audit;
@@ -19,11 +21,13 @@ pub mod guard;
 pub mod health;
 pub mod install;
 pub mod kubernetes;
-pub mod log;
 pub mod marker;
+pub mod metrics;
 pub mod plan;
+pub mod readiness;
 pub mod socket;
 pub mod status;
+pub mod telemetry;
 pub mod view;
 
 pub use error::AgentError;
@@ -34,6 +38,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::{error, info, warn};
 use view::RuntimeKind;
 
 /// Whether to talk to the Kubernetes API.
@@ -245,6 +250,37 @@ fn mkdir(p: &Path) -> Result<(), AgentError> {
     })
 }
 
+/// Descriptors kept for everything but the health server: the guard's reads, atomic
+/// writes and VERSION execs, inotify, the marker, the runtime itself.
+pub const RESERVED_DESCRIPTORS: u64 = 256;
+
+/// How long SIGTERM waits for the guard thread to finish its pass before the agent exits
+/// anyway (a guard blocked on a file must not keep the agent from stopping).
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (container runtimes often start
+/// processes at 1024 soft) and returns the soft limit now in force.
+pub fn raise_nofile_limit() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => {
+                info!(from = soft, to = hard, "raised the open-file limit");
+                hard
+            }
+            Err(e) => {
+                warn!(soft, hard, error = %e, "cannot raise the open-file limit");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(e) => {
+            warn!(error = %e, "cannot read the open-file limit; assuming 1024");
+            1024
+        }
+    }
+}
+
 /// Runs the agent until SIGTERM or SIGINT. The config stays in place on exit unless
 /// `uninstall_on_exit` is set.
 pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
@@ -260,25 +296,32 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     if cfg.kube == KubeMode::Auto {
         info!("Kubernetes integration is not available yet in this version; continuing without it (as --kube=none)");
     }
+    let nofile = raise_nofile_limit();
+    let limits = health::ServerLimits::default().within_descriptors(nofile, RESERVED_DESCRIPTORS);
     let installer = install::PluginInstaller::new(&cfg.plugin_source)?;
     info!(
-        "interlock agent {} starting: conf dir {}, bin dirs {:?}, mode {:?}, runtime {:?}, plugin {} ({} bytes, versions {:?})",
-        env!("CARGO_PKG_VERSION"),
-        cfg.conf_dir.display(),
-        cfg.bin_dirs,
-        cfg.mode,
-        cfg.runtime,
-        installer.source().display(),
-        installer.len(),
-        installer.versions()
+        version = env!("CARGO_PKG_VERSION"),
+        conf_dir = %cfg.conf_dir.display(),
+        bin_dirs = ?cfg.bin_dirs,
+        mode = ?cfg.mode,
+        runtime = ?cfg.runtime,
+        plugin = %installer.source().display(),
+        plugin_bytes = installer.len(),
+        plugin_versions = ?installer.versions(),
+        "interlock agent starting"
     );
-    info!("plugin entry: {}", Value::Object(cfg.entry()));
+    let entry = Value::Object(cfg.entry());
+    info!(%entry, "plugin entry");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| AgentError::Runtime(format!("cannot start tokio: {e}")))?;
     let shared = Arc::new(status::Shared::default());
-    rt.block_on(async {
+    let admin = health::Admin::new(
+        shared.clone(),
+        readiness::ProbeWindows::for_marker(cfg.marker_stale_after),
+    );
+    let served = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(cfg.health_addr)
             .await
             .map_err(|e| AgentError::Listen {
@@ -286,13 +329,15 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
                 reason: e.to_string(),
             })?;
         info!(
-            "health endpoints on http://{}",
-            listener
+            addr = %listener
                 .local_addr()
                 .map(|a| a.to_string())
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            max_connections = limits.max_connections,
+            open_file_limit = nofile,
+            "health endpoints listening"
         );
-        tokio::spawn(health::serve(listener, shared.clone()));
+        tokio::spawn(health::serve(listener, admin, limits));
         let (tx, rx) = std::sync::mpsc::channel();
         guard::spawn_watcher(&cfg.conf_dir, &cfg.bin_dirs, tx.clone()).map_err(|e| {
             AgentError::Dir {
@@ -301,9 +346,13 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
             }
         })?;
         let g = guard::Guard::new(cfg.clone(), installer, shared.clone());
-        let handle = std::thread::Builder::new()
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
             .name("interlock-guard".into())
-            .spawn(move || g.run(rx))
+            .spawn(move || {
+                g.run(rx);
+                let _ = done_tx.send(());
+            })
             .map_err(|e| AgentError::Runtime(format!("cannot start guard thread: {e}")))?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| AgentError::Runtime(format!("cannot handle SIGTERM: {e}")))?;
@@ -312,7 +361,8 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
             _ = tokio::signal::ctrl_c() => "SIGINT",
         };
         info!(
-            "{sig} received: stopping (the CNI config stays in place{})",
+            signal = sig,
+            "stopping (the CNI config stays in place{})",
             if cfg.uninstall_on_exit {
                 " until uninstall"
             } else {
@@ -320,19 +370,31 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
             }
         );
         let _ = tx.send(guard::Wake::Stop);
-        let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        if tokio::time::timeout(STOP_GRACE, done_rx).await.is_err() {
+            error!(
+                waited = ?STOP_GRACE,
+                since_last_pass = ?shared.since_tick(),
+                "the config guard did not finish its pass; exiting without it"
+            );
+        }
         Ok::<(), AgentError>(())
-    })?;
+    });
+    // A guard thread still blocked must not hold the process: drop the runtime without
+    // waiting for it.
+    rt.shutdown_background();
+    served?;
     let stopped = marker::Marker {
         ready: false,
         reason: format!("interlock agent (pid {}) stopped", std::process::id()),
-        updated_at_ms: log::now_ms(),
+        updated_at_ms: interlock_contract::time::now_ms(),
         stale_after_ms: cfg.marker_stale_after.as_millis() as u64,
         pid: std::process::id(),
         pid_namespace: None,
         config_path: String::new(),
     };
-    let _ = marker::write(&cfg.state_dir, &stopped);
+    if let Err(e) = marker::write(&cfg.state_dir, &stopped) {
+        error!(state_dir = %cfg.state_dir.display(), error = %e, "cannot mark the agent stopped");
+    }
     if cfg.uninstall_on_exit {
         let done = uninstall(&cfg.conf_dir, &cfg.bin_dirs, &cfg.state_dir)?;
         info!(
@@ -361,7 +423,7 @@ pub fn uninstall(
         Ok(snap) => {
             let up = plan::plan_uninstall_explained(&snap);
             for n in &up.notes {
-                warn!("{n}");
+                warn!(conf_dir = %conf_dir.display(), "{n}");
                 done.push(format!("note: {n}"));
             }
             for a in up.actions {

@@ -1,13 +1,15 @@
 //! State shared between the guard thread and the health server: readiness, its reason,
-//! and the counters exported on `/metrics` (Prometheus text format).
+//! when the guard loop last completed a pass, and the metrics on `/metrics`.
+//!
+//! [`Shared`] is the guard's one handle on all of it. The metrics themselves are
+//! `prometheus-client` series, registered once per subsystem (see [`crate::metrics`]);
+//! the fields here are handles on the same series.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::metrics::{AgentMetrics, FileLabel, GuardMetrics, PluginMetrics, ReadinessMetrics};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
 use std::sync::Mutex;
-use std::time::Instant;
-
-/// Upper bounds (seconds) of the repair-duration histogram buckets.
-pub const REPAIR_BUCKETS: [f64; 9] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0];
+use std::time::{Duration, Instant};
 
 /// Readiness as last decided by the guard.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -20,31 +22,46 @@ pub struct Readiness {
     pub effective: Option<String>,
 }
 
+/// What the guard knows about one file another writer keeps changing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileConflict {
+    /// The file's name in the conf dir.
+    pub file: String,
+    /// Times another writer undid interlock's change to it, since the agent started.
+    pub undos: u64,
+    /// True while the agent backs off from it.
+    pub backing_off: bool,
+}
+
 /// Everything `/healthz`, `/readyz` and `/metrics` report.
 #[derive(Debug)]
 pub struct Shared {
     readiness: Mutex<Readiness>,
     last_tick: Mutex<Instant>,
+    registry: Registry,
+    guard: GuardMetrics,
+    ready: ReadinessMetrics,
     /// Reconciles run (events + resyncs).
-    pub reconciles: AtomicU64,
+    pub reconciles: Counter,
     /// Reconciles that changed something on disk.
-    pub repairs: AtomicU64,
+    pub repairs: Counter,
     /// Files written, renamed or removed.
-    pub writes: AtomicU64,
-    /// Failed steps (write, rename, remove, install).
-    pub errors: AtomicU64,
+    pub writes: Counter,
+    /// Failed steps (write, rename, remove, install, marker).
+    pub errors: Counter,
     /// Plugin (re)installs.
-    pub installs: AtomicU64,
+    pub installs: Counter,
     /// Periodic full resyncs.
-    pub resyncs: AtomicU64,
-    /// Transitions from ready to not ready.
-    pub not_ready_transitions: AtomicU64,
-    repair_hist: Mutex<([u64; REPAIR_BUCKETS.len()], u64, f64)>,
-    conflicts: Mutex<Vec<(String, u64, u64, bool)>>,
+    pub resyncs: Counter,
 }
 
 impl Default for Shared {
     fn default() -> Self {
+        let mut registry = Registry::default();
+        let agent = AgentMetrics::register(&mut registry);
+        let guard = GuardMetrics::register(&mut registry);
+        let plugin = PluginMetrics::register(&mut registry);
+        let ready = ReadinessMetrics::register(&mut registry);
         Shared {
             readiness: Mutex::new(Readiness {
                 ready: false,
@@ -52,160 +69,91 @@ impl Default for Shared {
                 effective: None,
             }),
             last_tick: Mutex::new(Instant::now()),
-            reconciles: AtomicU64::new(0),
-            repairs: AtomicU64::new(0),
-            writes: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            installs: AtomicU64::new(0),
-            resyncs: AtomicU64::new(0),
-            not_ready_transitions: AtomicU64::new(0),
-            repair_hist: Mutex::new(([0; REPAIR_BUCKETS.len()], 0, 0.0)),
-            conflicts: Mutex::new(vec![]),
+            reconciles: guard.reconciles.clone(),
+            repairs: guard.repairs.clone(),
+            writes: guard.writes.clone(),
+            resyncs: guard.resyncs.clone(),
+            errors: agent.errors.clone(),
+            installs: plugin.installs.clone(),
+            registry,
+            guard,
+            ready,
         }
     }
 }
 
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+// A poisoned lock only means another thread panicked while holding it; the data (a
+// readiness snapshot, an instant) is still whole, so the agent keeps going.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Shared {
     /// Current readiness.
     pub fn readiness(&self) -> Readiness {
-        self.readiness.lock().expect("readiness lock").clone()
+        lock(&self.readiness).clone()
     }
 
     /// Sets readiness; returns true when `ready` or the reason changed.
     pub fn set_readiness(&self, r: Readiness) -> bool {
-        let mut cur = self.readiness.lock().expect("readiness lock");
+        let mut cur = lock(&self.readiness);
         let changed =
             cur.ready != r.ready || cur.reason != r.reason || cur.effective != r.effective;
         if cur.ready && !r.ready {
-            self.not_ready_transitions.fetch_add(1, Ordering::Relaxed);
+            self.ready.not_ready_transitions.inc();
+        }
+        self.ready.ready.set(i64::from(r.ready));
+        if cur.effective != r.effective {
+            self.ready.effective_config.clear();
+            if let Some(file) = &r.effective {
+                self.ready
+                    .effective_config
+                    .get_or_create(&FileLabel::new(file))
+                    .set(1);
+            }
         }
         *cur = r;
         changed
     }
 
-    /// The guard loop is alive.
+    /// The guard loop completed a pass (it calls this once per loop iteration, at least
+    /// once per marker heartbeat).
     pub fn tick(&self) {
-        *self.last_tick.lock().expect("tick lock") = Instant::now();
+        *lock(&self.last_tick) = Instant::now();
     }
 
-    /// Time since the guard loop last ran.
-    pub fn since_tick(&self) -> std::time::Duration {
-        self.last_tick.lock().expect("tick lock").elapsed()
+    /// Time since the guard loop last completed a pass.
+    pub fn since_tick(&self) -> Duration {
+        lock(&self.last_tick).elapsed()
     }
 
     /// Records how long one repair took (event seen → disk converged).
     pub fn observe_repair(&self, secs: f64) {
-        let mut h = self.repair_hist.lock().expect("hist lock");
-        for (i, b) in REPAIR_BUCKETS.iter().enumerate() {
-            if secs <= *b {
-                h.0[i] += 1;
+        self.guard.repair_seconds.observe(secs);
+    }
+
+    /// Publishes the per-file conflict table.
+    pub fn set_conflicts(&self, conflicts: Vec<FileConflict>) {
+        for c in conflicts {
+            let label = FileLabel::new(&c.file);
+            let undos = self.guard.conflicts.get_or_create(&label);
+            // The tracker counts since the agent started, as the counter does.
+            let seen = undos.get();
+            if c.undos > seen {
+                undos.inc_by(c.undos - seen);
             }
+            self.guard
+                .backoff
+                .get_or_create(&label)
+                .set(i64::from(c.backing_off));
         }
-        h.1 += 1;
-        h.2 += secs;
     }
 
-    /// Replaces the per-file conflict table: (file, undos, back-off trips, backing off now).
-    pub fn set_conflicts(&self, c: Vec<(String, u64, u64, bool)>) {
-        *self.conflicts.lock().expect("conflicts lock") = c;
-    }
-
-    /// Renders `/metrics`.
+    /// `/metrics` in the OpenMetrics text format.
     pub fn render_metrics(&self) -> String {
-        let r = self.readiness();
         let mut s = String::new();
-        let mut counter = |name: &str, help: &str, v: &AtomicU64| {
-            let _ = writeln!(
-                s,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                v.load(Ordering::Relaxed)
-            );
-        };
-        counter(
-            "interlock_config_reconciles_total",
-            "Reconciles of the CNI conf dir (events and resyncs).",
-            &self.reconciles,
-        );
-        counter(
-            "interlock_config_repairs_total",
-            "Reconciles that had to change the conf dir.",
-            &self.repairs,
-        );
-        counter(
-            "interlock_config_writes_total",
-            "Files written, renamed or removed in the conf dir.",
-            &self.writes,
-        );
-        counter(
-            "interlock_errors_total",
-            "Failed writes, renames, removes and installs.",
-            &self.errors,
-        );
-        counter(
-            "interlock_plugin_installs_total",
-            "Installs of the interlock-cni binary into a bin dir.",
-            &self.installs,
-        );
-        counter(
-            "interlock_config_resyncs_total",
-            "Periodic full resyncs.",
-            &self.resyncs,
-        );
-        counter(
-            "interlock_not_ready_transitions_total",
-            "Transitions from ready to not ready.",
-            &self.not_ready_transitions,
-        );
-        let _ = writeln!(s, "# HELP interlock_agent_ready 1 while the effective CNI config contains interlock-cni and the binary is verified.\n# TYPE interlock_agent_ready gauge\ninterlock_agent_ready {}", u8::from(r.ready));
-        let _ = writeln!(s, "# HELP interlock_effective_config_info The file the runtime loads.\n# TYPE interlock_effective_config_info gauge");
-        if let Some(e) = &r.effective {
-            let _ = writeln!(
-                s,
-                "interlock_effective_config_info{{file=\"{}\"}} 1",
-                esc(e)
-            );
-        }
-        {
-            let h = self.repair_hist.lock().expect("hist lock");
-            let _ = writeln!(s, "# HELP interlock_config_repair_duration_seconds Time from a change in the conf dir to the repaired state on disk.\n# TYPE interlock_config_repair_duration_seconds histogram");
-            for (i, b) in REPAIR_BUCKETS.iter().enumerate() {
-                let _ = writeln!(
-                    s,
-                    "interlock_config_repair_duration_seconds_bucket{{le=\"{b}\"}} {}",
-                    h.0[i]
-                );
-            }
-            let _ = writeln!(
-                s,
-                "interlock_config_repair_duration_seconds_bucket{{le=\"+Inf\"}} {}",
-                h.1
-            );
-            let _ = writeln!(s, "interlock_config_repair_duration_seconds_sum {}\ninterlock_config_repair_duration_seconds_count {}", h.2, h.1);
-        }
-        let conflicts = self.conflicts.lock().expect("conflicts lock").clone();
-        let _ = writeln!(s, "# HELP interlock_config_conflicts_total Times another writer undid our change to a file.\n# TYPE interlock_config_conflicts_total counter");
-        for (f, n, _, _) in &conflicts {
-            let _ = writeln!(
-                s,
-                "interlock_config_conflicts_total{{file=\"{}\"}} {n}",
-                esc(f)
-            );
-        }
-        let _ = writeln!(s, "# HELP interlock_config_backoff 1 while the agent backs off from a file another writer keeps rewriting.\n# TYPE interlock_config_backoff gauge");
-        for (f, _, _, on) in &conflicts {
-            let _ = writeln!(
-                s,
-                "interlock_config_backoff{{file=\"{}\"}} {}",
-                esc(f),
-                u8::from(*on)
-            );
-        }
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut s, &self.registry);
         s
     }
 }
@@ -222,23 +170,65 @@ mod tests {
             reason: "ok".into(),
             effective: Some("00-interlock.conflist".into()),
         });
+        assert!(s
+            .render_metrics()
+            .contains("interlock_effective_config_info{file=\"00-interlock.conflist\"} 1\n"));
         s.set_readiness(Readiness {
             ready: false,
             reason: "x".into(),
             effective: None,
         });
         s.observe_repair(0.003);
-        s.set_conflicts(vec![("10-\"a\".conflist".into(), 4, 1, true)]);
+        s.set_conflicts(vec![FileConflict {
+            file: "10-\"a\".conflist".into(),
+            undos: 4,
+            backing_off: true,
+        }]);
+        s.errors.inc();
         let m = s.render_metrics();
-        assert!(m.contains("interlock_agent_ready 0\n"));
-        assert!(m.contains("interlock_not_ready_transitions_total 1\n"));
+        assert!(m.contains("interlock_agent_ready 0\n"), "{m}");
+        assert!(
+            m.contains("interlock_not_ready_transitions_total 1\n"),
+            "{m}"
+        );
+        assert!(m.contains("interlock_errors_total 1\n"), "{m}");
+        assert!(!m.contains("interlock_effective_config_info{"), "{m}");
         assert!(m.contains("interlock_config_repair_duration_seconds_bucket{le=\"0.005\"} 1\n"));
         assert!(m.contains("interlock_config_repair_duration_seconds_bucket{le=\"0.002\"} 0\n"));
+        assert!(m.contains("interlock_config_repair_duration_seconds_count 1\n"));
         assert!(m.contains("interlock_config_conflicts_total{file=\"10-\\\"a\\\".conflist\"} 4\n"));
         assert!(m.contains("interlock_config_backoff{file=\"10-\\\"a\\\".conflist\"} 1\n"));
+        assert!(
+            m.contains(&format!(
+                "interlock_build_info{{version=\"{}\"}} 1\n",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{m}"
+        );
+        assert!(m.contains("# HELP interlock_errors Failed writes, renames, removes, installs and marker writes.\n"), "{m}");
         for line in m.lines().filter(|l| !l.starts_with('#')) {
             let v = line.rsplit(' ').next().unwrap();
             assert!(v.parse::<f64>().is_ok(), "bad sample line {line}");
+        }
+        // The tracker's totals are absolute: publishing them again adds nothing.
+        s.set_conflicts(vec![FileConflict {
+            file: "10-\"a\".conflist".into(),
+            undos: 4,
+            backing_off: false,
+        }]);
+        let m = s.render_metrics();
+        assert!(m.contains("interlock_config_conflicts_total{file=\"10-\\\"a\\\".conflist\"} 4\n"));
+        assert!(m.contains("interlock_config_backoff{file=\"10-\\\"a\\\".conflist\"} 0\n"));
+    }
+
+    #[test]
+    fn every_documented_series_is_exported() {
+        let m = Shared::default().render_metrics();
+        for name in crate::metrics::SERIES {
+            assert!(
+                m.contains(&format!("# TYPE {name} ")),
+                "{name} missing from:\n{m}"
+            );
         }
     }
 }

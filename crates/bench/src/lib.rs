@@ -17,7 +17,11 @@
 //! [`run::run`] samples every scenario in interleaved rounds and [`report`] turns the
 //! samples into the JSON document `interlock-bench` prints (medians, tails, ratios and
 //! budget verdicts, all computed from this run).
+//!
+//! [`repair`] measures the agent instead: how fast it repairs its config after another
+//! writer clobbers it (`interlock-bench repair`, `make bench-repair`).
 
+pub mod repair;
 pub mod report;
 pub mod run;
 pub mod stats;

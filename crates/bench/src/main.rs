@@ -2,6 +2,9 @@
 //! in-process engine, and the `iptables-restore` / per-rule `iptables` baselines on the
 //! same rule set in throwaway netns, and prints one JSON document to stdout.
 //! Progress goes to stderr. Needs root.
+//!
+//! `interlock-bench repair …` measures the agent's config repair instead
+//! ([`interlock_bench::repair`]; no root needed).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,7 +15,26 @@ use interlock_bench::{report, Bench, Scenario};
 
 /// Benchmarks interlock's plugin ADD against iptables baselines; prints JSON.
 #[derive(Debug, Parser)]
-#[command(name = "interlock-bench", version)]
+#[command(
+    name = "interlock-bench",
+    version,
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    add: Args,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Measure the agent's config repair, follow and /readyz latencies (one JSON line).
+    Repair(interlock_bench::repair::RepairArgs),
+}
+
+/// The plugin ADD benchmark's flags.
+#[derive(Debug, clap::Args)]
 struct Args {
     /// The interlock-cni binary (default: interlock-cni next to this executable).
     #[arg(long)]
@@ -42,7 +64,17 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let cli = Cli::parse();
+    if let Some(Command::Repair(a)) = cli.command {
+        return match interlock_bench::repair::run(a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("interlock-bench repair: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let args = cli.add;
     if !interlock_testkit::is_root() {
         eprintln!(
             "interlock-bench: needs root (it creates network namespaces and netfilter rules); run it with sudo"

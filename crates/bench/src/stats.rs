@@ -74,6 +74,21 @@ impl Summary {
             "max_us": round1(self.max_us),
         })
     }
+
+    /// The summary in milliseconds, as the repair benchmark prints it (`p50_ms` is the
+    /// median).
+    pub fn to_json_ms(&self) -> Value {
+        let ms = |us: f64| (us / 1000.0 * 1000.0).round() / 1000.0;
+        json!({
+            "n": self.n,
+            "p50_ms": ms(self.median_us),
+            "p90_ms": ms(self.p90_us),
+            "p99_ms": ms(self.p99_us),
+            "max_ms": ms(self.max_us),
+            "mean_ms": ms(self.mean_us),
+            "min_ms": ms(self.min_us),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -97,5 +112,12 @@ mod tests {
         let s = Summary::of(&ms(&[7])).unwrap();
         assert_eq!((s.median_us, s.p90_us, s.p99_us), (7.0, 7.0, 7.0));
         assert!(Summary::of(&[]).is_none());
+        let s = Summary::of(&ms(&[1500, 2500, 10_250]))
+            .unwrap()
+            .to_json_ms();
+        assert_eq!(s["n"], 3);
+        assert_eq!(s["p50_ms"], 2.5);
+        assert_eq!(s["max_ms"], 10.25);
+        assert_eq!(s["min_ms"], 1.5);
     }
 }

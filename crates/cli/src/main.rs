@@ -4,17 +4,32 @@
 //! `interlock_agent` (agent, uninstall) and in the modules named after each subcommand.
 
 mod agent_cmd;
-mod bench;
 mod check;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
+use interlock_agent::telemetry::{self, LogFormat};
 
 /// interlock: race-free, verifiable service-mesh traffic redirection for Kubernetes nodes.
 #[derive(Debug, Parser)]
 #[command(name = "interlock", version, about)]
 struct Cli {
+    /// How log lines look (the filter comes from INTERLOCK_LOG or RUST_LOG, default info).
+    #[arg(
+        long,
+        global = true,
+        env = "INTERLOCK_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    log_format: LogFormatArg,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormatArg {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -27,13 +42,19 @@ enum Command {
     /// Explain what this node's runtime will load and whether a pod started now is
     /// protected (exit 0 protected, 1 not protected, 2 error).
     Check(check::CheckArgs),
-    /// Measure config repair latency against a real agent (prints JSON).
-    #[command(hide = true)]
-    BenchRepair(bench::BenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
-    let command = Cli::parse().command;
+    let cli = Cli::parse();
+    let format = match cli.log_format {
+        LogFormatArg::Text => LogFormat::Text,
+        LogFormatArg::Json => LogFormat::Json,
+    };
+    if let Err(e) = telemetry::init_logging(format) {
+        eprintln!("interlock: {e}");
+        return std::process::ExitCode::from(2);
+    }
+    let command = cli.command;
     // `check` reserves 1 for "not protected"; its own failures exit 2.
     let error_code = if matches!(command, Command::Check(_)) {
         2
@@ -45,7 +66,6 @@ fn main() -> std::process::ExitCode {
         Command::Uninstall(a) => {
             agent_cmd::run_uninstall(a).map(|()| std::process::ExitCode::SUCCESS)
         }
-        Command::BenchRepair(a) => bench::run(a).map(|()| std::process::ExitCode::SUCCESS),
         Command::Check(a) => check::run(a),
     };
     result.unwrap_or_else(|e| {

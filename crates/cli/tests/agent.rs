@@ -309,7 +309,7 @@ fn new_config_sorting_ahead_is_overtaken_and_multus_is_chained() {
 #[test]
 fn primary_subnet_change_is_followed_every_time() {
     // Every one of 30 changes is followed (within the 2 s bound); the latency itself is
-    // measured by `interlock bench-repair --scenario follow`, not asserted here.
+    // measured by `interlock-bench repair --scenario follow`, not asserted here.
     let d = Dirs::new();
     d.write("10-calico.conflist", CALICO);
     let a = d.agent(&[]);
@@ -407,7 +407,7 @@ fn two_agents_racing_converge_without_flapping() {
 #[test]
 fn readyz_flips_when_a_foreign_file_takes_first_place_and_back_after() {
     // Each flip must happen within the 2 s bound; the latency itself is measured by
-    // `interlock bench-repair --scenario readyz`, not asserted here.
+    // `interlock-bench repair --scenario readyz`, not asserted here.
     let d = Dirs::new();
     d.write("10-calico.conflist", CALICO);
     let a = d.agent(&[]);

@@ -3,16 +3,14 @@
 //! `interlock_protocol::confdir::load`) carries interlock again. Also prints one JSON
 //! line per mode with p50/p99 over every clobber criterion ran, and the agent's idle RSS.
 //!
-//! Run: `cargo bench -p interlock --bench repair`.
+//! Run: `cargo build --release -p interlock && cargo bench -p interlock-bench --bench repair`
+//! (the agent is the `interlock` binary next to the bench's target directory).
 
 // criterion_group! generates an undocumented pub fn.
 #![allow(missing_docs)]
 
-#[allow(dead_code)]
-#[path = "../src/bench.rs"]
-mod bench;
-
 use criterion::{criterion_group, criterion_main, Criterion};
+use interlock_bench::repair as bench;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -20,8 +18,7 @@ use std::time::Duration;
 /// The real plugin when it is built next to `interlock`; otherwise a stand-in that
 /// answers VERSION (the plugin takes no part in a repair, only in install checks).
 fn plugin(dir: &std::path::Path) -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_interlock"));
-    let real = exe.with_file_name("interlock-cni");
+    let real = interlock_bench::default_plugin_path();
     let ok = Command::new(&real)
         .env("CNI_COMMAND", "VERSION")
         .stdin(Stdio::null())
@@ -42,7 +39,14 @@ fn plugin(dir: &std::path::Path) -> PathBuf {
 }
 
 fn repair(c: &mut Criterion) {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_interlock"));
+    let exe = bench::default_interlock_path();
+    if !exe.is_file() {
+        eprintln!(
+            "repair bench skipped: {} missing (cargo build --release -p interlock)",
+            exe.display()
+        );
+        return;
+    }
     let tmp = tempfile::tempdir().unwrap();
     let plugin = plugin(tmp.path());
     let mut group = c.benchmark_group("config_repair");

@@ -1,4 +1,4 @@
-//! `interlock bench-repair`: starts a real agent on throwaway directories, clobbers its
+//! `interlock-bench repair`: starts a real agent on throwaway directories, clobbers its
 //! config again and again the way a primary CNI's installer would (write a temp file,
 //! rename it over the file), and measures the time from each clobber until the runtime's
 //! effective config (by `interlock_protocol::confdir::load`) carries interlock again.
@@ -6,8 +6,10 @@
 //! the effective config carries the new subnet and interlock; with `--scenario readyz` it
 //! renames in a foreign file that sorts first and measures until `/readyz` answers 503,
 //! then removes it and measures until 200 again.
-//! Prints `{"p50_ms", "p99_ms", "max_ms", "mean_ms", "n", "idle_rss_kib", ...}`.
+//! Prints `{"p50_ms", "p99_ms", "max_ms", "mean_ms", "n", "idle_rss_kib", ...}`. Needs no
+//! root: everything happens in a temp dir and on a loopback port.
 
+use crate::stats::Summary;
 use anyhow::{bail, Context};
 use clap::Args;
 use interlock_protocol::confdir::{self, Runtime};
@@ -16,8 +18,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// `interlock-bench repair`'s flags.
 #[derive(Debug, Args)]
-pub struct BenchArgs {
+pub struct RepairArgs {
     /// Number of clobbers.
     #[arg(long, default_value_t = 1000)]
     pub clobbers: usize,
@@ -30,6 +33,9 @@ pub struct BenchArgs {
     /// The interlock-cni binary (default: next to this binary).
     #[arg(long)]
     pub plugin_source: Option<PathBuf>,
+    /// The `interlock` binary that runs the agent (default: next to this binary).
+    #[arg(long)]
+    pub interlock: Option<PathBuf>,
     /// Where to create the throwaway directories (default: the system temp dir).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -80,11 +86,6 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .nth(1)?
         .parse()
         .ok()
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let idx = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[idx]
 }
 
 /// A running agent on throwaway directories, ready to be clobbered.
@@ -265,28 +266,20 @@ impl Drop for Session {
     }
 }
 
-/// p50/p99/max/mean of `samples` in milliseconds, as JSON.
+/// p50/p90/p99/max/mean of `samples` in milliseconds, as JSON (`{"n": 0}` for none).
 pub fn summary(samples: &[Duration]) -> serde_json::Value {
-    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
-    ms.sort_by(|a, b| a.total_cmp(b));
-    if ms.is_empty() {
-        return serde_json::json!({"n": 0});
-    }
-    serde_json::json!({
-        "n": ms.len(),
-        "p50_ms": percentile(&ms, 0.50),
-        "p90_ms": percentile(&ms, 0.90),
-        "p99_ms": percentile(&ms, 0.99),
-        "max_ms": ms[ms.len() - 1],
-        "mean_ms": ms.iter().sum::<f64>() / ms.len() as f64,
-    })
+    Summary::of(samples).map_or_else(|| serde_json::json!({"n": 0}), |s| s.to_json_ms())
 }
 
-pub fn run(a: BenchArgs) -> anyhow::Result<()> {
-    let exe = std::env::current_exe()?;
-    let plugin = a
-        .plugin_source
-        .unwrap_or_else(|| exe.with_file_name("interlock-cni"));
+/// `interlock` next to this executable (or next to its `deps` directory, for benches).
+pub fn default_interlock_path() -> PathBuf {
+    crate::default_plugin_path().with_file_name("interlock")
+}
+
+/// Runs the scenario `a` names and prints one JSON line.
+pub fn run(a: RepairArgs) -> anyhow::Result<()> {
+    let exe = a.interlock.unwrap_or_else(default_interlock_path);
+    let plugin = a.plugin_source.unwrap_or_else(crate::default_plugin_path);
     if a.scenario == "readyz" && a.mode != "owned" {
         // In chain mode the agent chains into whatever file is first, so a new first
         // file does not make it unready.

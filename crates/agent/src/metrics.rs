@@ -1,0 +1,225 @@
+//! The agent's Prometheus series, one struct per subsystem, each registered once into the
+//! registry that `/metrics` encodes. Every series is listed in [`SERIES`] and documented in
+//! the README (section "Health endpoints, metrics and logs").
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+use std::fmt::Write as _;
+
+/// Upper bounds (seconds) of the repair-duration histogram buckets: the budget is 50 ms
+/// (p99), so the buckets are fine below it and coarse above.
+pub const REPAIR_BUCKETS: [f64; 9] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0];
+
+/// Every series family the agent exports, by the name in its `# TYPE` line (counters get
+/// `_total` on their samples, the info metric `_info`).
+pub const SERIES: [&str; 13] = [
+    "interlock_build",
+    "interlock_errors",
+    "interlock_config_reconciles",
+    "interlock_config_repairs",
+    "interlock_config_writes",
+    "interlock_config_resyncs",
+    "interlock_config_repair_duration_seconds",
+    "interlock_config_conflicts",
+    "interlock_config_backoff",
+    "interlock_plugin_installs",
+    "interlock_agent_ready",
+    "interlock_not_ready_transitions",
+    "interlock_effective_config_info",
+];
+
+/// A label naming one file in the conf dir.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FileLabel {
+    /// The file's name (not its path).
+    pub file: FileName,
+}
+
+impl FileLabel {
+    /// The label for the file named `name`.
+    pub fn new(name: &str) -> FileLabel {
+        FileLabel {
+            file: FileName(name.to_string()),
+        }
+    }
+}
+
+/// A file name as a label value, escaped as the exposition format requires (the encoder
+/// writes label values verbatim, and a file name may hold `"`, `\` or a newline).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct FileName(pub String);
+
+impl EncodeLabelValue for FileName {
+    fn encode(&self, e: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        for c in self.0.chars() {
+            match c {
+                '\\' => e.write_str("\\\\")?,
+                '"' => e.write_str("\\\"")?,
+                '\n' => e.write_str("\\n")?,
+                c => e.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+}
+
+/// Series about the agent process as a whole.
+#[derive(Debug, Clone, Default)]
+pub struct AgentMetrics {
+    /// Failed steps of any subsystem (writes, renames, removes, installs, the marker).
+    pub errors: Counter,
+}
+
+impl AgentMetrics {
+    /// Registers the agent's series (and `interlock_build_info`) into `r`.
+    pub fn register(r: &mut Registry) -> AgentMetrics {
+        let m = AgentMetrics::default();
+        r.register(
+            "interlock_build",
+            "The running agent's version",
+            Info::new(BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            }),
+        );
+        r.register(
+            "interlock_errors",
+            "Failed writes, renames, removes, installs and marker writes",
+            m.errors.clone(),
+        );
+        m
+    }
+}
+
+/// Series of the config guard (the conf dir).
+#[derive(Debug, Clone)]
+pub struct GuardMetrics {
+    /// Reconciles run.
+    pub reconciles: Counter,
+    /// Reconciles that changed the conf dir.
+    pub repairs: Counter,
+    /// Files written, renamed or removed.
+    pub writes: Counter,
+    /// Periodic full resyncs.
+    pub resyncs: Counter,
+    /// Time from a change in the conf dir to the repaired state on disk.
+    pub repair_seconds: Histogram,
+    /// Undos of interlock's change, per file.
+    pub conflicts: Family<FileLabel, Counter>,
+    /// 1 while the agent backs off from a file, per file.
+    pub backoff: Family<FileLabel, Gauge>,
+}
+
+impl GuardMetrics {
+    /// Registers the guard's series into `r`.
+    pub fn register(r: &mut Registry) -> GuardMetrics {
+        let m = GuardMetrics {
+            reconciles: Counter::default(),
+            repairs: Counter::default(),
+            writes: Counter::default(),
+            resyncs: Counter::default(),
+            repair_seconds: Histogram::new(REPAIR_BUCKETS),
+            conflicts: Family::default(),
+            backoff: Family::default(),
+        };
+        r.register(
+            "interlock_config_reconciles",
+            "Reconciles of the CNI conf dir (events and resyncs)",
+            m.reconciles.clone(),
+        );
+        r.register(
+            "interlock_config_repairs",
+            "Reconciles that had to change the conf dir",
+            m.repairs.clone(),
+        );
+        r.register(
+            "interlock_config_writes",
+            "Files written, renamed or removed in the conf dir",
+            m.writes.clone(),
+        );
+        r.register(
+            "interlock_config_resyncs",
+            "Periodic full resyncs",
+            m.resyncs.clone(),
+        );
+        r.register(
+            "interlock_config_repair_duration_seconds",
+            "Time from a change in the conf dir to the repaired state on disk",
+            m.repair_seconds.clone(),
+        );
+        r.register(
+            "interlock_config_conflicts",
+            "Times another writer undid interlock's change to a file",
+            m.conflicts.clone(),
+        );
+        r.register(
+            "interlock_config_backoff",
+            "1 while the agent backs off from a file another writer keeps rewriting",
+            m.backoff.clone(),
+        );
+        m
+    }
+}
+
+/// Series of the plugin installer.
+#[derive(Debug, Clone, Default)]
+pub struct PluginMetrics {
+    /// Installs of the binary into a bin dir.
+    pub installs: Counter,
+}
+
+impl PluginMetrics {
+    /// Registers the installer's series into `r`.
+    pub fn register(r: &mut Registry) -> PluginMetrics {
+        let m = PluginMetrics::default();
+        r.register(
+            "interlock_plugin_installs",
+            "Installs of the interlock-cni binary into a bin dir",
+            m.installs.clone(),
+        );
+        m
+    }
+}
+
+/// Series of readiness (what `/readyz` and the STATUS marker say).
+#[derive(Debug, Clone, Default)]
+pub struct ReadinessMetrics {
+    /// 1 while ready.
+    pub ready: Gauge,
+    /// Transitions from ready to not ready.
+    pub not_ready_transitions: Counter,
+    /// The file the runtime loads (one series, value 1, while there is one).
+    pub effective_config: Family<FileLabel, Gauge>,
+}
+
+impl ReadinessMetrics {
+    /// Registers the readiness series into `r`.
+    pub fn register(r: &mut Registry) -> ReadinessMetrics {
+        let m = ReadinessMetrics::default();
+        r.register(
+            "interlock_agent_ready",
+            "1 while the effective CNI config contains interlock-cni and the binary is verified",
+            m.ready.clone(),
+        );
+        r.register(
+            "interlock_not_ready_transitions",
+            "Transitions from ready to not ready",
+            m.not_ready_transitions.clone(),
+        );
+        r.register(
+            "interlock_effective_config_info",
+            "The file the runtime loads",
+            m.effective_config.clone(),
+        );
+        m
+    }
+}

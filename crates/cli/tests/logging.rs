@@ -1,0 +1,49 @@
+//! The agent's logs as an operator sees them: `--log-format json` gives one JSON object
+//! per line with the event's fields and the shared timestamp format, and a filter that
+//! does not parse is refused with the variable's name.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+#[test]
+fn json_logs_carry_fields_and_rfc3339_millis() {
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let a = d.agent(&["--log-format", "json"]);
+    wait_protected(&d, &a);
+    let text = a.log_text();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let start = lines
+        .iter()
+        .find(|l| l["message"] == "interlock agent starting")
+        .unwrap_or_else(|| panic!("no start line in:\n{text}"));
+    assert_eq!(start["level"], "INFO");
+    assert_eq!(start["conf_dir"], d.conf.display().to_string());
+    for l in &lines {
+        let t = l["timestamp"].as_str().unwrap();
+        // 2026-11-23T23:35:22.123Z, as the plugin prints it.
+        assert_eq!(t.len(), 24, "{t}");
+        assert!(t.ends_with('Z') && t.as_bytes()[19] == b'.', "{t}");
+    }
+}
+
+#[test]
+fn a_bad_log_filter_is_refused_by_name() {
+    let d = Dirs::new();
+    let out = d
+        .interlock("uninstall")
+        .env("INTERLOCK_LOG", "interlock_agent=loud")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("INTERLOCK_LOG=\"interlock_agent=loud\" is not a valid log filter"),
+        "{err}"
+    );
+}
