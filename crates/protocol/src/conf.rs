@@ -4,9 +4,17 @@
 //! map: every field this code does not know (a foreign plugin's settings, a newer spec's
 //! keys) survives a read → write round trip byte-for-byte in content and order. The spec
 //! fields are validated on parse with libcni's rules, and errors name the field.
+//!
+//! Bytes are read as the runtimes read them ([`crate::gojson`]: Go's `encoding/json`),
+//! a list's own keys case-sensitively as libcni's `map[string]interface{}` does, and each
+//! plugin entry as libcni's struct decoding does ([`crate::netconf`]: case-insensitive
+//! field names, `null` allowed, the last key wins), so what parses here is what
+//! containerd and CRI-O load.
 
 use serde_json::{Map, Value};
 
+use crate::gojson;
+use crate::netconf::{self, Decoded};
 use crate::version::{self, CniVersion, SemVer};
 
 /// Which on-disk shape a config came from.
@@ -23,9 +31,10 @@ pub enum ConfFormat {
 /// path (`plugins[1].capabilities`), so an operator knows what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfError {
-    /// The bytes are not JSON (truncated file, stray character…).
+    /// The bytes are not JSON to the runtimes' Go decoder (truncated file, stray
+    /// character, nesting deeper than 10,000…).
     #[error("invalid JSON: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(#[from] gojson::Error),
     /// A field is missing, has the wrong type or an invalid value.
     #[error("{field}: {problem}")]
     Field {
@@ -94,27 +103,6 @@ fn expect_object<'a>(
     }
 }
 
-fn expect_string_array(obj: &Map<String, Value>, key: &str, path: &str) -> Result<(), ConfError> {
-    match obj.get(key) {
-        None => Ok(()),
-        Some(Value::Array(items)) => {
-            for (i, item) in items.iter().enumerate() {
-                if !item.is_string() {
-                    return Err(ConfError::field(
-                        format!("{path}[{i}]"),
-                        format!("expected a string, found {}", type_name(item)),
-                    ));
-                }
-            }
-            Ok(())
-        }
-        Some(other) => Err(ConfError::field(
-            path,
-            format!("expected an array of strings, found {}", type_name(other)),
-        )),
-    }
-}
-
 /// libcni's `readBool`: a JSON boolean, or the strings "true"/"false" in any case.
 fn read_bool(obj: &Map<String, Value>, key: &str) -> Result<bool, ConfError> {
     match obj.get(key) {
@@ -146,51 +134,18 @@ pub enum Validation {
     Libcni,
 }
 
-/// Validates one plugin entry (`plugins[i]`), as libcni's `ConfFromBytes` does plus, for
-/// [`Validation::Spec`], the types of the spec's other well-known fields.
-fn validate_plugin(value: &Value, path: &str, level: Validation) -> Result<(), ConfError> {
-    let obj = value.as_object().ok_or_else(|| {
-        ConfError::field(
-            path,
-            format!("expected an object, found {}", type_name(value)),
-        )
-    })?;
-    match expect_string(obj, "type", &format!("{path}.type"))? {
-        Some(t) if !t.is_empty() => {}
-        _ => {
-            return Err(ConfError::field(
-                format!("{path}.type"),
-                "missing: every plugin entry needs the name of its plugin binary",
-            ))
-        }
-    }
-    expect_string(obj, "name", &format!("{path}.name"))?;
-    expect_string(obj, "cniVersion", &format!("{path}.cniVersion"))?;
-    if let Some(caps) = expect_object(obj, "capabilities", &format!("{path}.capabilities"))? {
-        for (k, v) in caps {
-            if !v.is_boolean() {
-                return Err(ConfError::field(
-                    format!("{path}.capabilities.{k}"),
-                    format!("expected a boolean, found {}", type_name(v)),
-                ));
-            }
-        }
-    }
+/// Validates one plugin entry (`plugins[i]`) as libcni decodes it once re-encoded from
+/// its map (keys sorted: [`netconf::decode_value`]) plus, for [`Validation::Spec`], the
+/// types of the spec's other well-known fields.
+fn validate_plugin(value: &Value, path: &str, level: Validation) -> Result<Decoded, ConfError> {
+    let decoded = netconf::decode_value(value, path, netconf::KeyOrder::Sorted)?;
     if level == Validation::Spec {
-        expect_object(obj, "runtimeConfig", &format!("{path}.runtimeConfig"))?;
-        expect_object(obj, "args", &format!("{path}.args"))?;
+        if let Some(obj) = value.as_object() {
+            expect_object(obj, "runtimeConfig", &format!("{path}.runtimeConfig"))?;
+            expect_object(obj, "args", &format!("{path}.args"))?;
+        }
     }
-    expect_object(obj, "prevResult", &format!("{path}.prevResult"))?;
-    if let Some(ipam) = expect_object(obj, "ipam", &format!("{path}.ipam"))? {
-        expect_string(ipam, "type", &format!("{path}.ipam.type"))?;
-    }
-    if let Some(dns) = expect_object(obj, "dns", &format!("{path}.dns"))? {
-        expect_string_array(dns, "nameservers", &format!("{path}.dns.nameservers"))?;
-        expect_string(dns, "domain", &format!("{path}.dns.domain"))?;
-        expect_string_array(dns, "search", &format!("{path}.dns.search"))?;
-        expect_string_array(dns, "options", &format!("{path}.dns.options"))?;
-    }
-    Ok(())
+    Ok(decoded)
 }
 
 /// A network configuration list: the JSON object of a `.conflist` (or a `.conf` wrapped
@@ -210,8 +165,7 @@ pub fn parse_conflist_with(
     bytes: &[u8],
     level: Validation,
 ) -> Result<NetworkConfigList, ConfError> {
-    let value: Value = serde_json::from_slice(bytes)?;
-    match value {
+    match gojson::parse(bytes)? {
         Value::Object(raw) => {
             let list = NetworkConfigList { raw };
             list.validate_with(level)?;
@@ -232,8 +186,12 @@ pub fn parse_conf(bytes: &[u8]) -> Result<NetworkConfigList, ConfError> {
 
 /// Parses a single-plugin `.conf` document with the given strictness.
 pub fn parse_conf_with(bytes: &[u8], level: Validation) -> Result<NetworkConfigList, ConfError> {
-    let value: Value = serde_json::from_slice(bytes)?;
-    NetworkConfigList::wrap_single_conf(value, level)
+    let text = gojson::normalize(bytes)?;
+    let value = gojson::parse_normalized(&text)?;
+    // libcni's ConfFromBytes reads the file's own bytes: document order, duplicate keys
+    // included; the list takes its name and version from that decoding.
+    let decoded = netconf::decode_text(&text, "")?;
+    NetworkConfigList::wrap_single_conf(value, decoded, level)
 }
 
 impl NetworkConfigList {
@@ -256,30 +214,24 @@ impl NetworkConfigList {
     }
 
     /// Wraps a single network config (one plugin) into list form, like `ConfListFromConf`.
+    /// The name and version come from the value's keys in their stored order (a `.conf`
+    /// file's own duplicate keys are gone by now; [`parse_conf`] sees them).
     pub fn from_single_conf(value: Value) -> Result<NetworkConfigList, ConfError> {
-        NetworkConfigList::wrap_single_conf(value, Validation::Spec)
+        let decoded = netconf::decode_value(&value, "", netconf::KeyOrder::Stored)?;
+        NetworkConfigList::wrap_single_conf(value, decoded, Validation::Spec)
     }
 
-    fn wrap_single_conf(value: Value, level: Validation) -> Result<NetworkConfigList, ConfError> {
-        validate_plugin(&value, "(document)", level).map_err(|e| match e {
-            ConfError::Field { field, problem } => ConfError::Field {
-                field: field.trim_start_matches("(document).").to_string(),
-                problem,
-            },
-            other => other,
-        })?;
-        let obj = value.as_object().cloned().unwrap_or_default();
-        let name = obj
-            .get("name")
-            .cloned()
-            .unwrap_or(Value::String(String::new()));
-        let version = obj
-            .get("cniVersion")
-            .cloned()
-            .unwrap_or(Value::String(String::new()));
+    /// `ConfListFromConf`: `decoded` is the conf's first decoding (`ConfFromBytes`); the
+    /// entry is then decoded again as the list's only plugin, keys sorted.
+    fn wrap_single_conf(
+        value: Value,
+        decoded: Decoded,
+        level: Validation,
+    ) -> Result<NetworkConfigList, ConfError> {
+        validate_plugin(&value, "", level)?;
         let mut raw = Map::new();
-        raw.insert("name".into(), name);
-        raw.insert("cniVersion".into(), version);
+        raw.insert("name".into(), Value::String(decoded.name));
+        raw.insert("cniVersion".into(), Value::String(decoded.cni_version));
         raw.insert("plugins".into(), Value::Array(vec![value]));
         let list = NetworkConfigList { raw };
         list.validate_with(level)?;
@@ -516,9 +468,10 @@ impl<'a> PluginConf<'a> {
         self.index
     }
 
-    /// The plugin binary name (`type`).
+    /// The plugin binary name (`type`), as libcni decodes it: the key matched without
+    /// regard to case, the last one in byte order winning.
     pub fn plugin_type(&self) -> &'a str {
-        self.raw.get("type").and_then(Value::as_str).unwrap_or("")
+        netconf::go_string_field(self.raw, "type")
     }
 
     /// The capabilities this plugin declares as enabled (`capabilities: {"x": true}`).
@@ -554,16 +507,20 @@ impl<'a> PluginConf<'a> {
         self.raw.get("args").and_then(Value::as_object)
     }
 
-    /// `ipam`, if present.
+    /// `ipam`, if present (matched as libcni's struct decoding matches it).
     pub fn ipam(&self) -> Option<&'a Map<String, Value>> {
-        self.raw.get("ipam").and_then(Value::as_object)
+        self.raw
+            .iter()
+            .filter(|(k, v)| v.is_object() && netconf::go_field_matches(k, "ipam"))
+            .max_by(|a, b| a.0.cmp(b.0))
+            .and_then(|(_, v)| v.as_object())
     }
 
-    /// `ipam.type`, if present.
+    /// `ipam.type`, if present and not empty.
     pub fn ipam_type(&self) -> Option<&'a str> {
         self.ipam()
-            .and_then(|m| m.get("type"))
-            .and_then(Value::as_str)
+            .map(|m| netconf::go_string_field(m, "type"))
+            .filter(|t| !t.is_empty())
     }
 
     /// `dns`, if present.

@@ -1,0 +1,226 @@
+//! JSON read the way the container runtimes read it.
+//!
+//! containerd and CRI-O load CNI configs through libcni, which decodes with Go's
+//! `encoding/json`. That decoder is laxer than serde_json in two ways and stricter in none
+//! that matters here, so a config our parser refused could still be the one the runtime
+//! runs. [`parse`] accepts exactly what Go accepts and yields the same order-preserving
+//! [`Value`] as `serde_json::from_slice` does for every input serde_json already accepted:
+//!
+//! - invalid UTF-8 inside a string becomes U+FFFD, one per byte that does not start a
+//!   valid sequence (Go `decode.go` `unquoteBytes`: `utf8.DecodeRune` yields
+//!   `RuneError` with size 1 and it is re-encoded as U+FFFD);
+//! - a `\uXXXX` escape of a UTF-16 surrogate that is not the first half of a valid pair
+//!   becomes U+FFFD, and the escape after it is read on its own (`unquoteBytes`:
+//!   `utf16.DecodeRune` fails, "fall back to replacement rune"); serde_json rejects it;
+//! - nesting is allowed up to 10,000 arrays/objects deep and refused beyond (`scanner.go`
+//!   `maxNestingDepth`, checked in `pushParseState`); serde_json stops at 128.
+//!
+//! Everything else already agrees, and [`parse`] leaves it to serde_json: a UTF-8 byte
+//! order mark, anything but whitespace after the value (`stateEndTop`), a control
+//! character inside a string (`stateInString`: `c < 0x20`), a bad escape, a number out of
+//! float64 range (`convertNumber`: `strconv.ParseFloat` fails, and libcni decodes every
+//! config into `map[string]interface{}`) are refused by both; whitespace is the same four
+//! bytes (`isSpace`); a duplicate key keeps the last value (Go map assignment; serde_json
+//! keeps it at the first key's position).
+//!
+//! A 10,000-deep document cannot overflow the parsing thread's stack: serde_json runs
+//! under `serde_stacker`, which moves to a fresh heap-allocated stack segment when the
+//! current one runs low. Code that then clones, compares, serialises or drops such a
+//! [`Value`] recurses too: run it on a thread with [`DEEP_VALUE_STACK`].
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Go's `encoding/json` limit on nested arrays and objects (`scanner.go` `maxNestingDepth`).
+pub const MAX_DEPTH: usize = 10_000;
+
+/// Stack a thread needs to clone, compare, serialise and drop a [`Value`] nested
+/// [`MAX_DEPTH`] deep. Measured for serde_json 1.0.154 at depth 10,000: a debug build
+/// needs about 16 MiB to clone or compare (7.3 to serialise, 2.3 to drop), a release
+/// build 3.1 MiB; this leaves room for the caller's own frames. Only the pages a thread
+/// touches count against memory.
+pub const DEEP_VALUE_STACK: usize = 64 << 20;
+
+/// Why a document is not JSON to Go's decoder.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// More than [`MAX_DEPTH`] arrays/objects are open at once.
+    #[error(
+        "nested deeper than {MAX_DEPTH} arrays/objects at line {line} column {column} \
+         (the runtimes' Go JSON decoder refuses this too)"
+    )]
+    TooDeep {
+        /// 1-based line of the bracket that went one level too deep.
+        line: usize,
+        /// 1-based column (in bytes) of that bracket.
+        column: usize,
+    },
+    /// Not JSON (the message is serde_json's; Go refuses the same input).
+    #[error("{0}")]
+    Syntax(#[from] serde_json::Error),
+}
+
+/// Parses one JSON document as Go's `json.Unmarshal` into `interface{}` accepts it.
+pub fn parse(bytes: &[u8]) -> Result<Value, Error> {
+    parse_normalized(&normalize(bytes)?)
+}
+
+/// Parses what [`normalize`] returned.
+pub(crate) fn parse_normalized(text: &[u8]) -> Result<Value, Error> {
+    let mut de = serde_json::Deserializer::from_slice(text);
+    // Depth is bounded by normalize() at Go's limit; serde_stacker keeps the stack safe.
+    de.disable_recursion_limit();
+    let value = Value::deserialize(serde_stacker::Deserializer::new(&mut de))?;
+    de.end()?;
+    Ok(value)
+}
+
+/// Rewrites what Go accepts and serde_json does not into the JSON Go decodes it as, and
+/// refuses nesting beyond [`MAX_DEPTH`]. Only bytes inside strings change, so the
+/// document's structure, and what is valid in it, stay as they were. Borrows when
+/// nothing needs rewriting.
+pub fn normalize(bytes: &[u8]) -> Result<Cow<'_, [u8]>, Error> {
+    let mut out = Rewrite::new(bytes);
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    let (line, column) = position(bytes, i);
+                    return Err(Error::TooDeep { line, column });
+                }
+                i += 1;
+            }
+            b']' | b'}' => {
+                depth = depth.saturating_sub(1);
+                i += 1;
+            }
+            b'"' => i = string(bytes, i + 1, &mut out),
+            _ => i += 1,
+        }
+    }
+    Ok(out.finish())
+}
+
+/// Scans a string body from `i` (just after its opening quote) and returns the index
+/// after its closing quote (or the end of input, for serde_json to report).
+fn string(bytes: &[u8], mut i: usize, out: &mut Rewrite<'_>) -> usize {
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => return i + 1,
+            b'\\' => match bytes.get(i + 1) {
+                Some(b'u') => match hex4(bytes, i + 2) {
+                    // A valid pair: serde_json decodes it as Go does.
+                    Some(0xD800..=0xDBFF)
+                        if matches!(low_escape(bytes, i + 6), Some(0xDC00..=0xDFFF)) =>
+                    {
+                        i += 12
+                    }
+                    Some(0xD800..=0xDFFF) => {
+                        // Go: not the first half of a valid pair, so U+FFFD; the next
+                        // escape is decoded on its own.
+                        out.replace(i, 6, b"\\ufffd");
+                        i += 6;
+                    }
+                    Some(_) => i += 6,
+                    // A malformed escape: left for serde_json to refuse, as Go does.
+                    None => i += 2,
+                },
+                // Any other escape (valid or not) is two bytes that cannot end the string.
+                Some(_) => i += 2,
+                None => i += 1,
+            },
+            b if b < 0x80 => i += 1,
+            _ => match utf8_len(&bytes[i..]) {
+                Some(n) => i += n,
+                None => {
+                    // Go: utf8.DecodeRune gives RuneError of size 1, written as U+FFFD.
+                    out.replace(i, 1, "\u{FFFD}".as_bytes());
+                    i += 1;
+                }
+            },
+        }
+    }
+    i
+}
+
+/// Length of the valid UTF-8 sequence at the start of `s`, if one starts there. Go's
+/// `utf8.DecodeRune` and Rust accept the same sequences (no overlong forms, no
+/// surrogates, nothing above U+10FFFF).
+fn utf8_len(s: &[u8]) -> Option<usize> {
+    let n = match s.first()? {
+        0xC2..=0xDF => 2,
+        0xE0..=0xEF => 3,
+        0xF0..=0xF4 => 4,
+        _ => return None,
+    };
+    let seq = s.get(..n)?;
+    std::str::from_utf8(seq).ok().map(|_| n)
+}
+
+/// The code unit of four hex digits at `i`.
+fn hex4(bytes: &[u8], i: usize) -> Option<u16> {
+    let digits = bytes.get(i..i + 4)?;
+    let text = std::str::from_utf8(digits).ok()?;
+    if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u16::from_str_radix(text, 16).ok()
+}
+
+/// The code unit of a `\uXXXX` escape at `i`, if there is one.
+fn low_escape(bytes: &[u8], i: usize) -> Option<u16> {
+    if bytes.get(i..i + 2)? != b"\\u" {
+        return None;
+    }
+    hex4(bytes, i + 2)
+}
+
+/// 1-based line and byte column of offset `at`.
+fn position(bytes: &[u8], at: usize) -> (usize, usize) {
+    let before = &bytes[..at];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let column = at - before.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1) + 1;
+    (line, column)
+}
+
+/// A copy of the input made only once something in it has to change.
+struct Rewrite<'a> {
+    input: &'a [u8],
+    out: Option<Vec<u8>>,
+    copied: usize,
+}
+
+impl<'a> Rewrite<'a> {
+    fn new(input: &'a [u8]) -> Self {
+        Rewrite {
+            input,
+            out: None,
+            copied: 0,
+        }
+    }
+
+    /// Writes `with` in place of `len` input bytes at `at` (calls come in input order).
+    fn replace(&mut self, at: usize, len: usize, with: &[u8]) {
+        let out = self
+            .out
+            .get_or_insert_with(|| Vec::with_capacity(self.input.len() + 16));
+        out.extend_from_slice(&self.input[self.copied..at]);
+        out.extend_from_slice(with);
+        self.copied = at + len;
+    }
+
+    fn finish(self) -> Cow<'a, [u8]> {
+        match self.out {
+            None => Cow::Borrowed(self.input),
+            Some(mut out) => {
+                out.extend_from_slice(&self.input[self.copied..]);
+                Cow::Owned(out)
+            }
+        }
+    }
+}
