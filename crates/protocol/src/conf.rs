@@ -178,6 +178,10 @@ pub fn parse_conflist_with(
     }
 }
 
+/// How deep a `.conf` may nest: libcni's `ConfListFromConf` puts it inside a list object
+/// and its `plugins` array and decodes that again, under Go's limit of 10,000.
+const CONF_MAX_DEPTH: usize = gojson::MAX_DEPTH - 2;
+
 /// Parses a single-plugin `.conf` document and wraps it into list form the way libcni's
 /// `ConfListFromConf` does: `{"name", "cniVersion", "plugins": [<the whole conf>]}`.
 pub fn parse_conf(bytes: &[u8]) -> Result<NetworkConfigList, ConfError> {
@@ -186,7 +190,7 @@ pub fn parse_conf(bytes: &[u8]) -> Result<NetworkConfigList, ConfError> {
 
 /// Parses a single-plugin `.conf` document with the given strictness.
 pub fn parse_conf_with(bytes: &[u8], level: Validation) -> Result<NetworkConfigList, ConfError> {
-    let text = gojson::normalize(bytes)?;
+    let text = gojson::normalize_within(bytes, CONF_MAX_DEPTH)?;
     let value = gojson::parse_normalized(&text)?;
     // libcni's ConfFromBytes reads the file's own bytes: document order, duplicate keys
     // included; the list takes its name and version from that decoding.

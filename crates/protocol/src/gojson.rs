@@ -46,12 +46,14 @@ pub const DEEP_VALUE_STACK: usize = 64 << 20;
 /// Why a document is not JSON to Go's decoder.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// More than [`MAX_DEPTH`] arrays/objects are open at once.
+    /// More than `limit` arrays/objects are open at once.
     #[error(
-        "nested deeper than {MAX_DEPTH} arrays/objects at line {line} column {column} \
-         (the runtimes' Go JSON decoder refuses this too)"
+        "nested deeper than {limit} arrays/objects at line {line} column {column} \
+         (containerd and CRI-O refuse it too)"
     )]
     TooDeep {
+        /// The limit: [`MAX_DEPTH`], less what the caller wraps around the document.
+        limit: usize,
         /// 1-based line of the bracket that went one level too deep.
         line: usize,
         /// 1-based column (in bytes) of that bracket.
@@ -82,6 +84,12 @@ pub(crate) fn parse_normalized(text: &[u8]) -> Result<Value, Error> {
 /// document's structure, and what is valid in it, stay as they were. Borrows when
 /// nothing needs rewriting.
 pub fn normalize(bytes: &[u8]) -> Result<Cow<'_, [u8]>, Error> {
+    normalize_within(bytes, MAX_DEPTH)
+}
+
+/// [`normalize`] with a lower depth limit, for a document the runtime nests inside
+/// another before decoding it again.
+pub fn normalize_within(bytes: &[u8], limit: usize) -> Result<Cow<'_, [u8]>, Error> {
     let mut out = Rewrite::new(bytes);
     let mut depth = 0usize;
     let mut i = 0;
@@ -89,9 +97,13 @@ pub fn normalize(bytes: &[u8]) -> Result<Cow<'_, [u8]>, Error> {
         match bytes[i] {
             b'[' | b'{' => {
                 depth += 1;
-                if depth > MAX_DEPTH {
+                if depth > limit {
                     let (line, column) = position(bytes, i);
-                    return Err(Error::TooDeep { line, column });
+                    return Err(Error::TooDeep {
+                        limit,
+                        line,
+                        column,
+                    });
                 }
                 i += 1;
             }
@@ -184,7 +196,12 @@ fn low_escape(bytes: &[u8], i: usize) -> Option<u16> {
 fn position(bytes: &[u8], at: usize) -> (usize, usize) {
     let before = &bytes[..at];
     let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-    let column = at - before.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1) + 1;
+    let column = at
+        - before
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |p| p + 1)
+        + 1;
     (line, column)
 }
 
@@ -220,6 +237,150 @@ impl<'a> Rewrite<'a> {
             Some(mut out) => {
                 out.extend_from_slice(&self.input[self.copied..]);
                 Cow::Owned(out)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn parsed(doc: &[u8]) -> Value {
+        parse(doc).unwrap()
+    }
+
+    #[test]
+    fn rewrites_only_what_serde_json_refuses() {
+        let clean = br#"{"a":"caf\u00e9 \ud83d\ude00 \"x\" \\ud800","b":[1,2]}"#;
+        assert!(matches!(normalize(clean).unwrap(), Cow::Borrowed(_)));
+        assert_eq!(
+            parsed(clean),
+            serde_json::from_slice::<Value>(clean).unwrap()
+        );
+        // An escaped backslash followed by "ud800" is text, not an escape.
+        assert_eq!(parsed(clean)["a"], "caf\u{e9} \u{1F600} \"x\" \\ud800");
+        let rewritten = normalize(b"[\"\xe9\\udc00\"]").unwrap();
+        assert_eq!(&*rewritten, "[\"\u{FFFD}\\ufffd\"]".as_bytes());
+        // Bytes outside strings are left for serde_json to refuse.
+        assert!(matches!(normalize(b"[1]\xe9").unwrap(), Cow::Borrowed(_)));
+        assert!(parse(b"[1]\xe9").is_err());
+    }
+
+    #[test]
+    fn depth_limit_is_gos_and_names_the_place() {
+        let at = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(normalize(at(MAX_DEPTH).as_bytes()).is_ok());
+        let doc = format!("{{\n \"a\": {}}}", at(MAX_DEPTH));
+        match normalize(doc.as_bytes()) {
+            Err(Error::TooDeep {
+                limit,
+                line,
+                column,
+            }) => assert_eq!((limit, line, column), (MAX_DEPTH, 2, 7 + MAX_DEPTH - 1)),
+            other => panic!("expected TooDeep, got {other:?}"),
+        }
+        // Brackets inside strings do not count.
+        let quoted = format!("[\"{}\"]", "[{".repeat(MAX_DEPTH));
+        assert!(parse(quoted.as_bytes()).is_ok());
+        assert!(normalize_within(at(3).as_bytes(), 2).is_err());
+    }
+
+    #[test]
+    fn deepest_document_parses_on_a_small_stack() {
+        let doc = format!(
+            "{}{}",
+            "{\"a\":[".repeat(MAX_DEPTH / 2),
+            "]}".repeat(MAX_DEPTH / 2)
+        );
+        // 128 KiB is far less than serde_json needs for 10,000 levels unaided.
+        let value = std::thread::Builder::new()
+            .stack_size(128 << 10)
+            .spawn(move || parse(doc.as_bytes()).map_err(|e| e.to_string()))
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap();
+        // Dropping and comparing the value recurse: that needs DEEP_VALUE_STACK.
+        std::thread::Builder::new()
+            .stack_size(DEEP_VALUE_STACK)
+            .spawn(move || {
+                let mut v = &value;
+                let mut depth = 0;
+                while let Some(inner) = v.get("a").or_else(|| v.get(0)) {
+                    v = inner;
+                    depth += 1;
+                }
+                assert_eq!(depth, MAX_DEPTH - 1);
+                assert_eq!(value.clone(), value);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            any::<String>().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(6, 64, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec((any::<String>(), inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A JSON text for `v` with non-ASCII written as escapes, some of them surrogate pairs.
+    fn ascii_escaped(v: &Value) -> String {
+        let mut out = String::new();
+        for c in v.to_string().chars() {
+            if c.is_ascii() {
+                out.push(c);
+            } else {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{u:04X}"));
+                }
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn same_value_as_serde_json_for_what_it_accepts(v in json_value()) {
+            for text in [v.to_string(), serde_json::to_string_pretty(&v).unwrap(), ascii_escaped(&v)] {
+                let theirs: Value = serde_json::from_str(&text).unwrap();
+                let ours = parse(text.as_bytes()).unwrap();
+                prop_assert_eq!(&ours, &theirs);
+                // Same keys in the same order, not only equal maps.
+                prop_assert_eq!(ours.to_string(), theirs.to_string());
+            }
+        }
+
+        #[test]
+        fn mutated_documents_agree_wherever_serde_json_accepts(
+            v in json_value(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        ) {
+            let mut bytes = v.to_string().into_bytes();
+            for (at, byte) in edits {
+                let i = at.index(bytes.len());
+                bytes[i] = byte;
+            }
+            if let Ok(theirs) = serde_json::from_slice::<Value>(&bytes) {
+                let ours = parse(&bytes).unwrap();
+                prop_assert_eq!(ours.to_string(), theirs.to_string());
             }
         }
     }

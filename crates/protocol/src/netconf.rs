@@ -80,7 +80,10 @@ const NET_CONF: &[(&str, GoType)] = &[
     ("ipam", GoType::Struct(IPAM)),
     ("dns", GoType::Struct(DNS)),
     ("prevResult", GoType::AnyMap),
-    ("cni.dev/valid-attachments", GoType::StructSlice(GC_ATTACHMENT)),
+    (
+        "cni.dev/valid-attachments",
+        GoType::StructSlice(GC_ATTACHMENT),
+    ),
 ];
 
 /// The struct fields of a decoded plugin entry that decide what the runtime does with it.
@@ -330,7 +333,10 @@ impl<'de> Visitor<'de> for Decode<'_> {
             GoType::Struct(fields) => {
                 let mut values = vec![None; fields.len()];
                 while let Some(key) = map.next_key::<String>()? {
-                    match fields.iter().position(|(name, _)| go_field_matches(&key, name)) {
+                    match fields
+                        .iter()
+                        .position(|(name, _)| go_field_matches(&key, name))
+                    {
                         Some(at) => {
                             let seed = Decode {
                                 ty: fields[at].1,
