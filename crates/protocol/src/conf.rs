@@ -438,11 +438,119 @@ impl NetworkConfigList {
         Value::Object(self.raw.clone()).to_string()
     }
 
-    /// Indented JSON (two spaces, trailing newline), fields in their original order.
+    /// Indented JSON (two spaces, trailing newline, see [`pretty_json`]), fields in their
+    /// original order.
     pub fn to_json_pretty(&self) -> String {
-        let mut s = serde_json::to_string_pretty(&self.raw).unwrap_or_default();
+        let mut s = String::from_utf8(pretty_json(&self.raw)).unwrap_or_default();
         s.push('\n');
         s
+    }
+}
+
+/// Levels that [`pretty_json`] indents; deeper levels are written compactly.
+pub const PRETTY_INDENT_LEVELS: usize = 32;
+
+/// JSON indented like `serde_json::to_vec_pretty` for the first [`PRETTY_INDENT_LEVELS`]
+/// levels and compact below: a config nested 10,000 deep (the runtimes accept that)
+/// would otherwise take 200 MB of indentation.
+pub fn pretty_json<T: serde::Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, BoundedPretty::default());
+    // Writing a Map or Value into a Vec cannot fail.
+    let _ = value.serialize(serde_stacker::Serializer::new(&mut ser));
+    out
+}
+
+/// serde_json's `PrettyFormatter` (two spaces) that stops breaking lines past
+/// [`PRETTY_INDENT_LEVELS`].
+#[derive(Default)]
+struct BoundedPretty {
+    level: usize,
+    has_value: bool,
+}
+
+impl BoundedPretty {
+    fn line<W: ?Sized + std::io::Write>(w: &mut W, level: usize) -> std::io::Result<()> {
+        if level <= PRETTY_INDENT_LEVELS {
+            w.write_all(b"\n")?;
+            for _ in 0..level {
+                w.write_all(b"  ")?;
+            }
+        }
+        Ok(())
+    }
+
+    fn open<W: ?Sized + std::io::Write>(&mut self, w: &mut W, b: &[u8]) -> std::io::Result<()> {
+        self.level += 1;
+        self.has_value = false;
+        w.write_all(b)
+    }
+
+    fn close<W: ?Sized + std::io::Write>(&mut self, w: &mut W, b: &[u8]) -> std::io::Result<()> {
+        self.level -= 1;
+        if self.has_value && self.level < PRETTY_INDENT_LEVELS {
+            Self::line(w, self.level)?;
+        }
+        w.write_all(b)
+    }
+
+    fn item<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        if !first {
+            w.write_all(b",")?;
+        }
+        Self::line(w, self.level)
+    }
+}
+
+impl serde_json::ser::Formatter for BoundedPretty {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"[")
+    }
+
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"]")
+    }
+
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.item(w, first)
+    }
+
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"{")
+    }
+
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"}")
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.item(w, first)
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(if self.level <= PRETTY_INDENT_LEVELS {
+            b": "
+        } else {
+            b":"
+        })
+    }
+
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
     }
 }
 
@@ -792,7 +900,50 @@ mod tests {
             })
     }
 
+    #[test]
+    fn pretty_json_indents_like_serde_json_and_stays_linear_when_deep() {
+        for depth in [1, 2, 31, 32, 33, 34, 40] {
+            for inner in ["1", "{}", "[]", "{\"k\":[true,{\"z\":null}]}"] {
+                let doc = format!(
+                    "{}{inner}{}",
+                    "{\"a\":[1,".repeat(depth),
+                    "]}".repeat(depth)
+                );
+                let v: Value = serde_json::from_str(&doc).unwrap();
+                let ours = pretty_json(&v);
+                if 2 * depth + 2 <= PRETTY_INDENT_LEVELS {
+                    assert_eq!(
+                        ours,
+                        serde_json::to_vec_pretty(&v).unwrap(),
+                        "depth {depth}"
+                    );
+                }
+                assert_eq!(serde_json::from_slice::<Value>(&ours).unwrap(), v);
+            }
+        }
+        let doc = format!("{{\"a\":{}{}}}", "[".repeat(9_999), "]".repeat(9_999));
+        let list_doc = doc.replacen('{', r#"{"name":"n","plugins":[{"type":"t"}],"#, 1);
+        let text = std::thread::Builder::new()
+            .stack_size(gojson::DEEP_VALUE_STACK)
+            .spawn(move || {
+                let list = parse_conflist(list_doc.as_bytes()).unwrap();
+                let text = list.to_json_pretty();
+                assert_eq!(parse_conflist(text.as_bytes()).unwrap(), list);
+                text
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        // serde_json's own pretty form of this is about 200 MB.
+        assert!(text.len() < 30_000, "{} bytes", text.len());
+    }
+
     proptest! {
+        #[test]
+        fn pretty_json_is_serde_jsons_for_shallow_values(v in json_value()) {
+            prop_assert_eq!(pretty_json(&v), serde_json::to_vec_pretty(&v).unwrap());
+        }
+
         #[test]
         fn round_trip_preserves_unknown_fields_and_order(doc in arb_list()) {
             let text = doc.to_string();

@@ -400,3 +400,52 @@ fn errors_name_the_file_problem() {
         "plugins[0].IPAM.Type: expected a string, found a number"
     );
 }
+
+#[test]
+fn the_conf_dir_verdict_is_the_runtimes() {
+    use interlock_protocol::confdir::{self, Runtime, Verdict};
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let plugin = bin.path().join("bridge");
+    std::fs::write(&plugin, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // M3: containerd loads this file and runs bridge; so must our verdict say.
+    std::fs::write(
+        dir.path().join("10-primary.conflist"),
+        list(
+            b"\"caf\xe9\"",
+            format!("\"x\":{},", nested(200)).as_bytes(),
+            BRIDGE,
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("20-other.conf"),
+        br#"{"Type":"bridge","NAME":"other"}"#,
+    )
+    .unwrap();
+    for runtime in [Runtime::Containerd, Runtime::Crio] {
+        let e = confdir::load(dir.path(), runtime, &[bin.path().to_path_buf()]).unwrap();
+        let chosen = e.chosen.as_ref().expect("the runtime has a network");
+        assert_eq!(
+            chosen.path,
+            dir.path().join("10-primary.conflist"),
+            "{runtime}"
+        );
+        assert_eq!(chosen.list.name(), "caf\u{FFFD}");
+        assert_eq!(chosen.list.plugin_types(), ["bridge"]);
+        assert_eq!(
+            e.verdict_for("10-primary.conflist").unwrap().verdict,
+            Verdict::Chosen
+        );
+    }
+    // CRI-O reads on past the default network: the case-folded .conf loads too.
+    let e = confdir::load(dir.path(), Runtime::Crio, &[bin.path().to_path_buf()]).unwrap();
+    assert_eq!(
+        e.verdict_for("20-other.conf").unwrap().verdict,
+        Verdict::LoadedNotDefault,
+        "{:?}",
+        e.files
+    );
+}
