@@ -297,8 +297,11 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
             }
         })?;
         let g = guard::Guard::new(cfg.clone(), installer, shared.clone());
+        // Configs may nest 10,000 deep (Go's limit, which the runtimes accept); the guard
+        // clones, compares and writes them, all recursive.
         let handle = std::thread::Builder::new()
             .name("interlock-guard".into())
+            .stack_size(interlock_protocol::gojson::DEEP_VALUE_STACK)
             .spawn(move || g.run(rx))
             .map_err(|e| AgentError::Runtime(format!("cannot start guard thread: {e}")))?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -107,7 +107,7 @@ pub fn parse_candidate(name: &str, bytes: &[u8]) -> Result<ParsedConf, String> {
         conf::parse_conf_with(bytes, Validation::Libcni)
     }
     .map_err(|e| format!("{name}: {e}"))?;
-    let original = match serde_json::from_slice::<Value>(bytes) {
+    let original = match interlock_protocol::gojson::parse(bytes) {
         Ok(Value::Object(m)) => m,
         _ => return Err(format!("{name}: not a JSON object")),
     };
