@@ -435,13 +435,13 @@ impl NetworkConfigList {
 
     /// Compact JSON, fields in their original order.
     pub fn to_json(&self) -> String {
-        Value::Object(self.raw.clone()).to_string()
+        serde_json::to_string(&gojson::StackSafe(&self.raw)).unwrap_or_default()
     }
 
     /// Indented JSON (two spaces, trailing newline, see [`pretty_json`]), fields in their
     /// original order.
     pub fn to_json_pretty(&self) -> String {
-        let mut s = String::from_utf8(pretty_json(&self.raw)).unwrap_or_default();
+        let mut s = String::from_utf8(pretty_json(self)).unwrap_or_default();
         s.push('\n');
         s
     }
@@ -452,12 +452,13 @@ pub const PRETTY_INDENT_LEVELS: usize = 32;
 
 /// JSON indented like `serde_json::to_vec_pretty` for the first [`PRETTY_INDENT_LEVELS`]
 /// levels and compact below: a config nested 10,000 deep (the runtimes accept that)
-/// would otherwise take 200 MB of indentation.
+/// would otherwise take 200 MB of indentation. Serialising recurses as deep as `value`
+/// unless it is (or holds) a [`NetworkConfigList`] or a [`gojson::StackSafe`].
 pub fn pretty_json<T: serde::Serialize + ?Sized>(value: &T) -> Vec<u8> {
     let mut out = Vec::new();
     let mut ser = serde_json::Serializer::with_formatter(&mut out, BoundedPretty::default());
-    // Writing a Map or Value into a Vec cannot fail.
-    let _ = value.serialize(serde_stacker::Serializer::new(&mut ser));
+    // Writing into a Vec cannot fail, nor can a map with string keys.
+    let _ = value.serialize(&mut ser);
     out
 }
 
@@ -556,7 +557,7 @@ impl serde_json::ser::Formatter for BoundedPretty {
 
 impl serde::Serialize for NetworkConfigList {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.raw.serialize(s)
+        gojson::StackSafe(&self.raw).serialize(s)
     }
 }
 

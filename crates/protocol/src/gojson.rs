@@ -25,8 +25,9 @@
 //!
 //! A 10,000-deep document cannot overflow the parsing thread's stack: serde_json runs
 //! under `serde_stacker`, which moves to a fresh heap-allocated stack segment when the
-//! current one runs low. Code that then clones, compares, serialises or drops such a
-//! [`Value`] recurses too: run it on a thread with [`DEEP_VALUE_STACK`].
+//! current one runs low; [`StackSafe`] does the same for serialising. Code that clones,
+//! compares or drops such a [`Value`] recurses too: run it on a thread with
+//! [`DEEP_VALUE_STACK`].
 
 use std::borrow::Cow;
 
@@ -77,6 +78,46 @@ pub(crate) fn parse_normalized(text: &[u8]) -> Result<Value, Error> {
     let value = Value::deserialize(serde_stacker::Deserializer::new(&mut de))?;
     de.end()?;
     Ok(value)
+}
+
+/// Serialises a [`Value`] (or a map of them) however deep it is, on any thread: each level
+/// runs on a fresh heap-allocated stack segment when the current one runs low.
+/// (`serde_stacker`'s own serializer does not grow the stack for map and array elements.)
+pub struct StackSafe<'a, T: ?Sized>(pub &'a T);
+
+/// Room left on the stack below which a level of nesting moves to a new segment.
+const RED_ZONE: usize = 64 << 10;
+/// Size of each new stack segment.
+const SEGMENT: usize = 1 << 20;
+
+impl serde::Serialize for StackSafe<'_, Value> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        stacker::maybe_grow(RED_ZONE, SEGMENT, || match self.0 {
+            Value::Array(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(&StackSafe(item))?;
+                }
+                seq.end()
+            }
+            Value::Object(map) => StackSafe(map).serialize(s),
+            scalar => scalar.serialize(s),
+        })
+    }
+}
+
+impl serde::Serialize for StackSafe<'_, serde_json::Map<String, Value>> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        stacker::maybe_grow(RED_ZONE, SEGMENT, || {
+            let mut map = s.serialize_map(Some(self.0.len()))?;
+            for (k, v) in self.0 {
+                map.serialize_entry(k, &StackSafe(v))?;
+            }
+            map.end()
+        })
+    }
 }
 
 /// Rewrites what Go accepts and serde_json does not into the JSON Go decodes it as, and
@@ -318,6 +359,47 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    #[test]
+    fn stack_safe_serialises_the_deepest_value_on_a_small_stack() {
+        let doc = format!(
+            "{{\"k\":[1,{}\"x\"{}]}}",
+            "{\"a\":[true,".repeat(MAX_DEPTH / 2 - 2),
+            "]}".repeat(MAX_DEPTH / 2 - 2)
+        );
+        let value = std::sync::Arc::new(parse(doc.as_bytes()).unwrap());
+        let shared = value.clone();
+        let text = std::thread::Builder::new()
+            .stack_size(128 << 10)
+            .spawn(move || {
+                let map = shared.as_object().unwrap();
+                let text = serde_json::to_string(&StackSafe(&*shared)).unwrap();
+                assert_eq!(serde_json::to_string(&StackSafe(map)).unwrap(), text);
+                text
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(text, doc);
+        // The value is dropped where there is stack for it.
+        std::thread::Builder::new()
+            .stack_size(DEEP_VALUE_STACK)
+            .spawn(move || drop(value))
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    proptest! {
+        #[test]
+        fn stack_safe_writes_what_serde_json_writes(v in json_value()) {
+            prop_assert_eq!(serde_json::to_string(&StackSafe(&v)).unwrap(), v.to_string());
+            prop_assert_eq!(
+                serde_json::to_string_pretty(&StackSafe(&v)).unwrap(),
+                serde_json::to_string_pretty(&v).unwrap()
+            );
+        }
     }
 
     fn json_value() -> impl Strategy<Value = Value> {
