@@ -231,7 +231,8 @@ pub fn has_any_entry(parsed: &crate::view::ParsedConf) -> bool {
 /// Serialises a config the way the guard writes it (pretty, trailing newline; indented
 /// only so deep that a 10,000-deep config stays its own size).
 pub fn render(map: &Map<String, Value>) -> Vec<u8> {
-    let mut out = interlock_protocol::conf::pretty_json(map);
+    let mut out =
+        interlock_protocol::conf::pretty_json(&interlock_protocol::gojson::StackSafe(map));
     out.push(b'\n');
     out
 }

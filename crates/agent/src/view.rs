@@ -291,6 +291,22 @@ mod tests {
     }
 
     #[test]
+    fn reads_what_containerd_reads() {
+        // Review M3: invalid UTF-8 in a string and a field 200 deep; Go's decoder loads both.
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let doc = [
+            &b"{\"cniVersion\":\"1.0.0\",\"name\":\"caf\xe9\",\"x\":"[..],
+            deep.as_bytes(),
+            b",\"plugins\":[{\"type\":\"bridge\"}]}",
+        ]
+        .concat();
+        let p = parse_candidate("a.conflist", &doc).unwrap();
+        assert_eq!(p.plugin_types(), vec!["bridge"]);
+        assert_eq!(p.original["name"], "caf\u{FFFD}");
+        assert_eq!(p.list, p.original);
+    }
+
+    #[test]
     fn containerd_takes_first_and_fails_on_invalid() {
         let s = snap(&[("20-b.conflist", LIST), ("10-a.conflist", "{")]);
         let c = s.candidates();
