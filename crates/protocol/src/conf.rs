@@ -137,15 +137,15 @@ pub enum Validation {
 /// Validates one plugin entry (`plugins[i]`) as libcni decodes it once re-encoded from
 /// its map (keys sorted: [`netconf::decode_value`]) plus, for [`Validation::Spec`], the
 /// types of the spec's other well-known fields.
-fn validate_plugin(value: &Value, path: &str, level: Validation) -> Result<Decoded, ConfError> {
-    let decoded = netconf::decode_value(value, path, netconf::KeyOrder::Sorted)?;
+fn validate_plugin(value: &Value, path: &str, level: Validation) -> Result<(), ConfError> {
+    netconf::decode_value(value, path, netconf::KeyOrder::Sorted)?;
     if level == Validation::Spec {
         if let Some(obj) = value.as_object() {
             expect_object(obj, "runtimeConfig", &format!("{path}.runtimeConfig"))?;
             expect_object(obj, "args", &format!("{path}.args"))?;
         }
     }
-    Ok(decoded)
+    Ok(())
 }
 
 /// A network configuration list: the JSON object of a `.conflist` (or a `.conf` wrapped
