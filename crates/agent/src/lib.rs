@@ -347,8 +347,11 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         })?;
         let g = guard::Guard::new(cfg.clone(), installer, shared.clone());
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        // Configs may nest 10,000 deep (Go's limit, which the runtimes accept); the guard
+        // clones, compares and writes them, all recursive.
         std::thread::Builder::new()
             .name("interlock-guard".into())
+            .stack_size(interlock_protocol::gojson::DEEP_VALUE_STACK)
             .spawn(move || {
                 g.run(rx);
                 let _ = done_tx.send(());

@@ -228,9 +228,11 @@ pub fn has_any_entry(parsed: &crate::view::ParsedConf) -> bool {
         || delegate_plugins(&parsed.original).is_some_and(|d| d.iter().any(is_entry))
 }
 
-/// Serialises a config the way the guard writes it (pretty, trailing newline).
+/// Serialises a config the way the guard writes it (pretty, trailing newline; indented
+/// only so deep that a 10,000-deep config stays its own size).
 pub fn render(map: &Map<String, Value>) -> Vec<u8> {
-    let mut out = serde_json::to_vec_pretty(map).expect("a JSON map always serialises");
+    let mut out =
+        interlock_protocol::conf::pretty_json(&interlock_protocol::gojson::StackSafe(map));
     out.push(b'\n');
     out
 }

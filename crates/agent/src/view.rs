@@ -107,7 +107,7 @@ pub fn parse_candidate(name: &str, bytes: &[u8]) -> Result<ParsedConf, String> {
         conf::parse_conf_with(bytes, Validation::Libcni)
     }
     .map_err(|e| format!("{name}: {e}"))?;
-    let original = match serde_json::from_slice::<Value>(bytes) {
+    let original = match interlock_protocol::gojson::parse(bytes) {
         Ok(Value::Object(m)) => m,
         _ => return Err(format!("{name}: not a JSON object")),
     };
@@ -288,6 +288,22 @@ mod tests {
         assert!(parse_candidate("a.conf", br#"{"name":"x"}"#).is_err());
         // A conflist put in a .conf has no type: invalid.
         assert!(parse_candidate("a.conf", LIST.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn reads_what_containerd_reads() {
+        // Review M3: invalid UTF-8 in a string and a field 200 deep; Go's decoder loads both.
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let doc = [
+            &b"{\"cniVersion\":\"1.0.0\",\"name\":\"caf\xe9\",\"x\":"[..],
+            deep.as_bytes(),
+            b",\"plugins\":[{\"type\":\"bridge\"}]}",
+        ]
+        .concat();
+        let p = parse_candidate("a.conflist", &doc).unwrap();
+        assert_eq!(p.plugin_types(), vec!["bridge"]);
+        assert_eq!(p.original["name"], "caf\u{FFFD}");
+        assert_eq!(p.list, p.original);
     }
 
     #[test]

@@ -340,8 +340,10 @@ pub fn run(a: CheckArgs) -> anyhow::Result<std::process::ExitCode> {
     };
     let mut out = std::io::stdout().lock();
     let written = match a.output {
-        Output::Json => serde_json::to_writer_pretty(&mut out, &report)
-            .map_err(std::io::Error::from)
+        // Indented only so deep that a 10,000-deep config (the runtimes load one) stays
+        // its own size.
+        Output::Json => out
+            .write_all(&interlock_protocol::conf::pretty_json(&report))
             .and_then(|()| writeln!(out)),
         Output::Text => render(&mut out, &report, &a.cni_conf_dir),
     };

@@ -4,9 +4,17 @@
 //! map: every field this code does not know (a foreign plugin's settings, a newer spec's
 //! keys) survives a read → write round trip byte-for-byte in content and order. The spec
 //! fields are validated on parse with libcni's rules, and errors name the field.
+//!
+//! Bytes are read as the runtimes read them ([`crate::gojson`]: Go's `encoding/json`),
+//! a list's own keys case-sensitively as libcni's `map[string]interface{}` does, and each
+//! plugin entry as libcni's struct decoding does ([`crate::netconf`]: case-insensitive
+//! field names, `null` allowed, the last key wins), so what parses here is what
+//! containerd and CRI-O load.
 
 use serde_json::{Map, Value};
 
+use crate::gojson;
+use crate::netconf::{self, Decoded};
 use crate::version::{self, CniVersion, SemVer};
 
 /// Which on-disk shape a config came from.
@@ -23,9 +31,10 @@ pub enum ConfFormat {
 /// path (`plugins[1].capabilities`), so an operator knows what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfError {
-    /// The bytes are not JSON (truncated file, stray character…).
+    /// The bytes are not JSON to the runtimes' Go decoder (truncated file, stray
+    /// character, nesting deeper than 10,000…).
     #[error("invalid JSON: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(#[from] gojson::Error),
     /// A field is missing, has the wrong type or an invalid value.
     #[error("{field}: {problem}")]
     Field {
@@ -94,27 +103,6 @@ fn expect_object<'a>(
     }
 }
 
-fn expect_string_array(obj: &Map<String, Value>, key: &str, path: &str) -> Result<(), ConfError> {
-    match obj.get(key) {
-        None => Ok(()),
-        Some(Value::Array(items)) => {
-            for (i, item) in items.iter().enumerate() {
-                if !item.is_string() {
-                    return Err(ConfError::field(
-                        format!("{path}[{i}]"),
-                        format!("expected a string, found {}", type_name(item)),
-                    ));
-                }
-            }
-            Ok(())
-        }
-        Some(other) => Err(ConfError::field(
-            path,
-            format!("expected an array of strings, found {}", type_name(other)),
-        )),
-    }
-}
-
 /// libcni's `readBool`: a JSON boolean, or the strings "true"/"false" in any case.
 fn read_bool(obj: &Map<String, Value>, key: &str) -> Result<bool, ConfError> {
     match obj.get(key) {
@@ -146,49 +134,16 @@ pub enum Validation {
     Libcni,
 }
 
-/// Validates one plugin entry (`plugins[i]`), as libcni's `ConfFromBytes` does plus, for
-/// [`Validation::Spec`], the types of the spec's other well-known fields.
+/// Validates one plugin entry (`plugins[i]`) as libcni decodes it once re-encoded from
+/// its map (keys sorted: [`netconf::decode_value`]) plus, for [`Validation::Spec`], the
+/// types of the spec's other well-known fields.
 fn validate_plugin(value: &Value, path: &str, level: Validation) -> Result<(), ConfError> {
-    let obj = value.as_object().ok_or_else(|| {
-        ConfError::field(
-            path,
-            format!("expected an object, found {}", type_name(value)),
-        )
-    })?;
-    match expect_string(obj, "type", &format!("{path}.type"))? {
-        Some(t) if !t.is_empty() => {}
-        _ => {
-            return Err(ConfError::field(
-                format!("{path}.type"),
-                "missing: every plugin entry needs the name of its plugin binary",
-            ))
-        }
-    }
-    expect_string(obj, "name", &format!("{path}.name"))?;
-    expect_string(obj, "cniVersion", &format!("{path}.cniVersion"))?;
-    if let Some(caps) = expect_object(obj, "capabilities", &format!("{path}.capabilities"))? {
-        for (k, v) in caps {
-            if !v.is_boolean() {
-                return Err(ConfError::field(
-                    format!("{path}.capabilities.{k}"),
-                    format!("expected a boolean, found {}", type_name(v)),
-                ));
-            }
-        }
-    }
+    netconf::decode_value(value, path, netconf::KeyOrder::Sorted)?;
     if level == Validation::Spec {
-        expect_object(obj, "runtimeConfig", &format!("{path}.runtimeConfig"))?;
-        expect_object(obj, "args", &format!("{path}.args"))?;
-    }
-    expect_object(obj, "prevResult", &format!("{path}.prevResult"))?;
-    if let Some(ipam) = expect_object(obj, "ipam", &format!("{path}.ipam"))? {
-        expect_string(ipam, "type", &format!("{path}.ipam.type"))?;
-    }
-    if let Some(dns) = expect_object(obj, "dns", &format!("{path}.dns"))? {
-        expect_string_array(dns, "nameservers", &format!("{path}.dns.nameservers"))?;
-        expect_string(dns, "domain", &format!("{path}.dns.domain"))?;
-        expect_string_array(dns, "search", &format!("{path}.dns.search"))?;
-        expect_string_array(dns, "options", &format!("{path}.dns.options"))?;
+        if let Some(obj) = value.as_object() {
+            expect_object(obj, "runtimeConfig", &format!("{path}.runtimeConfig"))?;
+            expect_object(obj, "args", &format!("{path}.args"))?;
+        }
     }
     Ok(())
 }
@@ -210,8 +165,7 @@ pub fn parse_conflist_with(
     bytes: &[u8],
     level: Validation,
 ) -> Result<NetworkConfigList, ConfError> {
-    let value: Value = serde_json::from_slice(bytes)?;
-    match value {
+    match gojson::parse(bytes)? {
         Value::Object(raw) => {
             let list = NetworkConfigList { raw };
             list.validate_with(level)?;
@@ -224,6 +178,10 @@ pub fn parse_conflist_with(
     }
 }
 
+/// How deep a `.conf` may nest: libcni's `ConfListFromConf` puts it inside a list object
+/// and its `plugins` array and decodes that again, under Go's limit of 10,000.
+const CONF_MAX_DEPTH: usize = gojson::MAX_DEPTH - 2;
+
 /// Parses a single-plugin `.conf` document and wraps it into list form the way libcni's
 /// `ConfListFromConf` does: `{"name", "cniVersion", "plugins": [<the whole conf>]}`.
 pub fn parse_conf(bytes: &[u8]) -> Result<NetworkConfigList, ConfError> {
@@ -232,8 +190,12 @@ pub fn parse_conf(bytes: &[u8]) -> Result<NetworkConfigList, ConfError> {
 
 /// Parses a single-plugin `.conf` document with the given strictness.
 pub fn parse_conf_with(bytes: &[u8], level: Validation) -> Result<NetworkConfigList, ConfError> {
-    let value: Value = serde_json::from_slice(bytes)?;
-    NetworkConfigList::wrap_single_conf(value, level)
+    let text = gojson::normalize_within(bytes, CONF_MAX_DEPTH)?;
+    let value = gojson::parse_normalized(&text)?;
+    // libcni's ConfFromBytes reads the file's own bytes: document order, duplicate keys
+    // included; the list takes its name and version from that decoding.
+    let decoded = netconf::decode_text(&text, "")?;
+    NetworkConfigList::wrap_single_conf(value, decoded, level)
 }
 
 impl NetworkConfigList {
@@ -256,30 +218,24 @@ impl NetworkConfigList {
     }
 
     /// Wraps a single network config (one plugin) into list form, like `ConfListFromConf`.
+    /// The name and version come from the value's keys in their stored order (a `.conf`
+    /// file's own duplicate keys are gone by now; [`parse_conf`] sees them).
     pub fn from_single_conf(value: Value) -> Result<NetworkConfigList, ConfError> {
-        NetworkConfigList::wrap_single_conf(value, Validation::Spec)
+        let decoded = netconf::decode_value(&value, "", netconf::KeyOrder::Stored)?;
+        NetworkConfigList::wrap_single_conf(value, decoded, Validation::Spec)
     }
 
-    fn wrap_single_conf(value: Value, level: Validation) -> Result<NetworkConfigList, ConfError> {
-        validate_plugin(&value, "(document)", level).map_err(|e| match e {
-            ConfError::Field { field, problem } => ConfError::Field {
-                field: field.trim_start_matches("(document).").to_string(),
-                problem,
-            },
-            other => other,
-        })?;
-        let obj = value.as_object().cloned().unwrap_or_default();
-        let name = obj
-            .get("name")
-            .cloned()
-            .unwrap_or(Value::String(String::new()));
-        let version = obj
-            .get("cniVersion")
-            .cloned()
-            .unwrap_or(Value::String(String::new()));
+    /// `ConfListFromConf`: `decoded` is the conf's first decoding (`ConfFromBytes`); the
+    /// entry is then decoded again as the list's only plugin, keys sorted.
+    fn wrap_single_conf(
+        value: Value,
+        decoded: Decoded,
+        level: Validation,
+    ) -> Result<NetworkConfigList, ConfError> {
+        validate_plugin(&value, "", level)?;
         let mut raw = Map::new();
-        raw.insert("name".into(), name);
-        raw.insert("cniVersion".into(), version);
+        raw.insert("name".into(), Value::String(decoded.name));
+        raw.insert("cniVersion".into(), Value::String(decoded.cni_version));
         raw.insert("plugins".into(), Value::Array(vec![value]));
         let list = NetworkConfigList { raw };
         list.validate_with(level)?;
@@ -479,20 +435,129 @@ impl NetworkConfigList {
 
     /// Compact JSON, fields in their original order.
     pub fn to_json(&self) -> String {
-        Value::Object(self.raw.clone()).to_string()
+        serde_json::to_string(&gojson::StackSafe(&self.raw)).unwrap_or_default()
     }
 
-    /// Indented JSON (two spaces, trailing newline), fields in their original order.
+    /// Indented JSON (two spaces, trailing newline, see [`pretty_json`]), fields in their
+    /// original order.
     pub fn to_json_pretty(&self) -> String {
-        let mut s = serde_json::to_string_pretty(&self.raw).unwrap_or_default();
+        let mut s = String::from_utf8(pretty_json(self)).unwrap_or_default();
         s.push('\n');
         s
     }
 }
 
+/// Levels that [`pretty_json`] indents; deeper levels are written compactly.
+pub const PRETTY_INDENT_LEVELS: usize = 32;
+
+/// JSON indented like `serde_json::to_vec_pretty` for the first [`PRETTY_INDENT_LEVELS`]
+/// levels and compact below: a config nested 10,000 deep (the runtimes accept that)
+/// would otherwise take 200 MB of indentation. Serialising recurses as deep as `value`
+/// unless it is (or holds) a [`NetworkConfigList`] or a [`gojson::StackSafe`].
+pub fn pretty_json<T: serde::Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, BoundedPretty::default());
+    // Writing into a Vec cannot fail, nor can a map with string keys.
+    let _ = value.serialize(&mut ser);
+    out
+}
+
+/// serde_json's `PrettyFormatter` (two spaces) that stops breaking lines past
+/// [`PRETTY_INDENT_LEVELS`].
+#[derive(Default)]
+struct BoundedPretty {
+    level: usize,
+    has_value: bool,
+}
+
+impl BoundedPretty {
+    fn line<W: ?Sized + std::io::Write>(w: &mut W, level: usize) -> std::io::Result<()> {
+        if level <= PRETTY_INDENT_LEVELS {
+            w.write_all(b"\n")?;
+            for _ in 0..level {
+                w.write_all(b"  ")?;
+            }
+        }
+        Ok(())
+    }
+
+    fn open<W: ?Sized + std::io::Write>(&mut self, w: &mut W, b: &[u8]) -> std::io::Result<()> {
+        self.level += 1;
+        self.has_value = false;
+        w.write_all(b)
+    }
+
+    fn close<W: ?Sized + std::io::Write>(&mut self, w: &mut W, b: &[u8]) -> std::io::Result<()> {
+        self.level -= 1;
+        if self.has_value && self.level < PRETTY_INDENT_LEVELS {
+            Self::line(w, self.level)?;
+        }
+        w.write_all(b)
+    }
+
+    fn item<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        if !first {
+            w.write_all(b",")?;
+        }
+        Self::line(w, self.level)
+    }
+}
+
+impl serde_json::ser::Formatter for BoundedPretty {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"[")
+    }
+
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"]")
+    }
+
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.item(w, first)
+    }
+
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"{")
+    }
+
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"}")
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.item(w, first)
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(if self.level <= PRETTY_INDENT_LEVELS {
+            b": "
+        } else {
+            b":"
+        })
+    }
+
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+}
+
 impl serde::Serialize for NetworkConfigList {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.raw.serialize(s)
+        gojson::StackSafe(&self.raw).serialize(s)
     }
 }
 
@@ -516,9 +581,10 @@ impl<'a> PluginConf<'a> {
         self.index
     }
 
-    /// The plugin binary name (`type`).
+    /// The plugin binary name (`type`), as libcni decodes it: the key matched without
+    /// regard to case, the last one in byte order winning.
     pub fn plugin_type(&self) -> &'a str {
-        self.raw.get("type").and_then(Value::as_str).unwrap_or("")
+        netconf::go_string_field(self.raw, "type")
     }
 
     /// The capabilities this plugin declares as enabled (`capabilities: {"x": true}`).
@@ -554,16 +620,20 @@ impl<'a> PluginConf<'a> {
         self.raw.get("args").and_then(Value::as_object)
     }
 
-    /// `ipam`, if present.
+    /// `ipam`, if present (matched as libcni's struct decoding matches it).
     pub fn ipam(&self) -> Option<&'a Map<String, Value>> {
-        self.raw.get("ipam").and_then(Value::as_object)
+        self.raw
+            .iter()
+            .filter(|(k, v)| v.is_object() && netconf::go_field_matches(k, "ipam"))
+            .max_by(|a, b| a.0.cmp(b.0))
+            .and_then(|(_, v)| v.as_object())
     }
 
-    /// `ipam.type`, if present.
+    /// `ipam.type`, if present and not empty.
     pub fn ipam_type(&self) -> Option<&'a str> {
         self.ipam()
-            .and_then(|m| m.get("type"))
-            .and_then(Value::as_str)
+            .map(|m| netconf::go_string_field(m, "type"))
+            .filter(|t| !t.is_empty())
     }
 
     /// `dns`, if present.
@@ -831,7 +901,50 @@ mod tests {
             })
     }
 
+    #[test]
+    fn pretty_json_indents_like_serde_json_and_stays_linear_when_deep() {
+        for depth in [1, 2, 31, 32, 33, 34, 40] {
+            for inner in ["1", "{}", "[]", "{\"k\":[true,{\"z\":null}]}"] {
+                let doc = format!(
+                    "{}{inner}{}",
+                    "{\"a\":[1,".repeat(depth),
+                    "]}".repeat(depth)
+                );
+                let v: Value = serde_json::from_str(&doc).unwrap();
+                let ours = pretty_json(&v);
+                if 2 * depth + 2 <= PRETTY_INDENT_LEVELS {
+                    assert_eq!(
+                        ours,
+                        serde_json::to_vec_pretty(&v).unwrap(),
+                        "depth {depth}"
+                    );
+                }
+                assert_eq!(serde_json::from_slice::<Value>(&ours).unwrap(), v);
+            }
+        }
+        let doc = format!("{{\"a\":{}{}}}", "[".repeat(9_999), "]".repeat(9_999));
+        let list_doc = doc.replacen('{', r#"{"name":"n","plugins":[{"type":"t"}],"#, 1);
+        let text = std::thread::Builder::new()
+            .stack_size(gojson::DEEP_VALUE_STACK)
+            .spawn(move || {
+                let list = parse_conflist(list_doc.as_bytes()).unwrap();
+                let text = list.to_json_pretty();
+                assert_eq!(parse_conflist(text.as_bytes()).unwrap(), list);
+                text
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        // serde_json's own pretty form of this is about 200 MB.
+        assert!(text.len() < 30_000, "{} bytes", text.len());
+    }
+
     proptest! {
+        #[test]
+        fn pretty_json_is_serde_jsons_for_shallow_values(v in json_value()) {
+            prop_assert_eq!(pretty_json(&v), serde_json::to_vec_pretty(&v).unwrap());
+        }
+
         #[test]
         fn round_trip_preserves_unknown_fields_and_order(doc in arb_list()) {
             let text = doc.to_string();

@@ -13,6 +13,8 @@ pub mod conf;
 pub mod confdir;
 pub mod error;
 pub mod exec;
+pub mod gojson;
+mod netconf;
 pub mod result;
 pub mod skel;
 pub mod version;
