@@ -4,23 +4,24 @@
 //! it within milliseconds after anyone else touches the conf dir, and reports readiness
 //! truthfully (health endpoints and the readiness marker `interlock check` reads).
 //!
-//! Layout: [`view`] models the conf dir as a runtime sees it, [`plan`] decides what to
-//! write (pure), [`fight`] decides when to back off from another writer (pure),
-//! [`guard`] is the thin layer that reads, writes and watches, [`install`] handles the
-//! plugin binary, [`status`] and [`health`] serve readiness and metrics, [`marker`] is
+//! Layout: the conf dir as a runtime sees it is `interlock_protocol::confdir` (shared
+//! with `interlock check`); [`plan`] decides what to write (pure), [`conflict`] decides
+//! when another writer is in conflict with us and when to back off (pure),
+//! [`readiness`] is the readiness matrix (pure), [`guard`] is the thin layer that reads,
+//! writes and watches, [`install`] handles the plugin binary, [`status`] and [`health`] serve readiness and metrics, [`marker`] is
 //! the readiness file `interlock check` reads. Threads: the tokio runtime (health server,
 //! signals), one guard thread, one inotify thread.
 
+pub mod conflict;
 pub mod error;
-pub mod fight;
 pub mod guard;
 pub mod health;
 pub mod install;
 pub mod log;
 pub mod marker;
 pub mod plan;
+pub mod readiness;
 pub mod status;
-pub mod view;
 
 pub use error::AgentError;
 
@@ -30,7 +31,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use view::RuntimeKind;
+
+pub use interlock_protocol::confdir::Runtime;
 
 /// Whether to talk to the Kubernetes API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +57,7 @@ pub struct AgentConfig {
     /// Chain mode target file (name or path inside the conf dir).
     pub chain_target: Option<String>,
     /// Whose loading rules decide what is effective.
-    pub runtime: RuntimeKind,
+    pub runtime: Runtime,
     /// Kubernetes integration.
     pub kube: KubeMode,
     /// Address of `/healthz`, `/readyz`, `/metrics`.
@@ -91,7 +93,7 @@ impl AgentConfig {
             state_dir: "/var/run/interlock".into(),
             mode: ConfigMode::Owned,
             chain_target: None,
-            runtime: RuntimeKind::Containerd,
+            runtime: Runtime::Containerd,
             kube: KubeMode::None,
             health_addr: "127.0.0.1:9102".parse().expect("valid address"),
             plugin_source,

@@ -4,8 +4,7 @@
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use interlock_agent::plan::ConfigMode;
-use interlock_agent::view::RuntimeKind;
-use interlock_agent::{AgentConfig, KubeMode};
+use interlock_agent::{AgentConfig, KubeMode, Runtime};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,16 +16,14 @@ pub enum ModeArg {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum RuntimeArg {
-    Containerd,
-    Crio,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum KubeArg {
     Auto,
     None,
 }
+
+/// How `INTERLOCK_CNI_BIN_DIR` separates several bin dirs, for `agent`, `uninstall`
+/// and `check` alike: ':' as in `CNI_PATH` and `PATH`.
+pub const BIN_DIR_DELIMITER: char = ':';
 
 /// Directories shared by `agent` and `uninstall`.
 #[derive(Debug, Args)]
@@ -34,11 +31,12 @@ pub struct Dirs {
     /// The runtime's CNI config directory.
     #[arg(long, env = "INTERLOCK_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
     pub cni_conf_dir: PathBuf,
-    /// A CNI bin dir to install interlock-cni into (repeatable).
+    /// A CNI bin dir to install interlock-cni into (repeatable; in the environment
+    /// variable, ':'-separated like CNI_PATH).
     #[arg(
         long = "cni-bin-dir",
         env = "INTERLOCK_CNI_BIN_DIR",
-        value_delimiter = ',',
+        value_delimiter = BIN_DIR_DELIMITER,
         default_value = "/opt/cni/bin"
     )]
     pub cni_bin_dirs: Vec<PathBuf>,
@@ -66,14 +64,9 @@ pub struct AgentArgs {
     /// Chain mode: the file to chain into (default: the one the runtime loads).
     #[arg(long, env = "INTERLOCK_CHAIN_TARGET")]
     pub chain_target: Option<String>,
-    /// Whose loading rules decide which config is effective.
-    #[arg(
-        long,
-        env = "INTERLOCK_RUNTIME",
-        value_enum,
-        default_value = "containerd"
-    )]
-    pub runtime: RuntimeArg,
+    /// Whose loading rules decide which config is effective: containerd or crio.
+    #[arg(long, env = "INTERLOCK_RUNTIME", default_value = "containerd")]
+    pub runtime: Runtime,
     /// Kubernetes API integration (auto is not available yet and behaves like none).
     #[arg(long, env = "INTERLOCK_KUBE", value_enum, default_value = "auto")]
     pub kube: KubeArg,
@@ -148,10 +141,7 @@ pub fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
         ModeArg::Chain => ConfigMode::Chain,
     };
     cfg.chain_target = a.chain_target;
-    cfg.runtime = match a.runtime {
-        RuntimeArg::Containerd => RuntimeKind::Containerd,
-        RuntimeArg::Crio => RuntimeKind::Crio,
-    };
+    cfg.runtime = a.runtime;
     cfg.kube = match a.kube {
         KubeArg::Auto => KubeMode::Auto,
         KubeArg::None => KubeMode::None,

@@ -863,6 +863,52 @@ mod tests {
     use crate::conf::parse_conflist;
 
     #[test]
+    fn a_slow_version_is_cut_off_with_everything_it_started() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let pids = d.path().join("pids");
+        let plugin = d.path().join("slow");
+        // Leaves a grandchild holding its stdout, then waits for it.
+        std::fs::write(
+            &plugin,
+            format!(
+                "#!/bin/sh\nsleep 30 &\necho $! >> {}\nwait\n",
+                pids.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let t0 = Instant::now();
+        let e = plugin_version_within(&plugin, &[], Duration::from_millis(300)).unwrap_err();
+        assert!(matches!(e, ExecError::TimedOut { .. }), "{e}");
+        assert!(e.to_string().contains("did not answer within"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        let grandchild: i32 = std::fs::read_to_string(&pids).unwrap().trim().parse().unwrap();
+        let alive = || std::path::Path::new(&format!("/proc/{grandchild}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+                .unwrap_or_default()
+                .contains(") Z ");
+        let until = Instant::now() + Duration::from_secs(2);
+        while alive() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!alive(), "the plugin's child {grandchild} survived the time box");
+
+        // A plugin that answers and leaves a child behind does not hold us either.
+        let quick = d.path().join("quick");
+        std::fs::write(
+            &quick,
+            "#!/bin/sh\nsleep 30 &\necho '{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"1.0.0\"]}'\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&quick, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let t0 = Instant::now();
+        let info = plugin_version_within(&quick, &[], Duration::from_secs(5)).unwrap();
+        assert_eq!(info.supported_versions, ["1.0.0"]);
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    }
+
+    #[test]
     fn plugin_config_injects_like_libcni() {
         let list = parse_conflist(br#"{"cniVersion":"1.0.0","name":"net","plugins":[
             {"type":"bridge","name":"ignored","zz":1},

@@ -1,0 +1,148 @@
+//! The readiness matrix: from what the guard found, is the node ready, and why not.
+//!
+//! Pure, like [`crate::conflict`]: the guard gathers the facts (the effective config's
+//! verdict, the plugin binaries, the files in back-off, the plan) and publishes what
+//! [`judge`] says.
+
+use crate::plan::Plan;
+use crate::status::Readiness;
+use std::path::Path;
+
+/// What the guard observed after a reconcile.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    /// Whether the runtime's effective config runs our entry: `Ok(file)` or why not
+    /// ([`crate::plan::check_effective`]).
+    pub verdict: &'a Result<String, String>,
+    /// Why the plugin binary is not verified, if it is not.
+    pub binary_problem: Option<&'a str>,
+    /// Files the guard is backing off from (another writer keeps taking us out).
+    pub backing_off: &'a [String],
+    /// The plan of this reconcile (its problem may block readiness).
+    pub plan: &'a Plan,
+    /// The conf dir (named in reasons).
+    pub conf_dir: &'a Path,
+}
+
+/// Ready only when the effective config runs our entry, the binary is verified, no file
+/// is in back-off and the plan has no blocking problem. The first failing condition, in
+/// that order of precedence (back-off first: it explains the others), is the reason.
+pub fn judge(o: &Observed<'_>) -> Readiness {
+    let effective = o.verdict.as_ref().ok().cloned();
+    if !o.backing_off.is_empty() {
+        return Readiness {
+            ready: false,
+            reason: format!(
+                "backing off: another writer keeps rewriting {} in {}",
+                o.backing_off.join(", "),
+                o.conf_dir.display()
+            ),
+            effective,
+        };
+    }
+    match (o.verdict, o.binary_problem) {
+        (Err(e), _) => Readiness {
+            ready: false,
+            reason: match &o.plan.problem {
+                Some(p) => format!("{e}: {p}"),
+                None => e.clone(),
+            },
+            effective: None,
+        },
+        (Ok(_), _) if o.plan.blocks_ready => Readiness {
+            ready: false,
+            reason: o.plan.problem.clone().unwrap_or_default(),
+            effective,
+        },
+        (Ok(_), Some(b)) => Readiness {
+            ready: false,
+            reason: format!("plugin binary not verified: {b}"),
+            effective,
+        },
+        (Ok(n), None) => Readiness {
+            ready: true,
+            reason: "ok".to_string(),
+            effective: Some(n.clone()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs<'a>(
+        verdict: &'a Result<String, String>,
+        binary: Option<&'a str>,
+        backing: &'a [String],
+        plan: &'a Plan,
+    ) -> Readiness {
+        judge(&Observed {
+            verdict,
+            binary_problem: binary,
+            backing_off: backing,
+            plan,
+            conf_dir: Path::new("/etc/cni/net.d"),
+        })
+    }
+
+    #[test]
+    fn every_cell_of_the_matrix() {
+        let ok: Result<String, String> = Ok("00-interlock.conflist".into());
+        let bad: Result<String, String> =
+            Err("the effective config 10-x.conflist does not contain interlock-cni".into());
+        let clean = Plan::default();
+        let problem = Plan {
+            problem: Some("cannot copy 10-x.conflist: cniVersion 0.2.0".into()),
+            blocks_ready: true,
+            ..Plan::default()
+        };
+        let soft = Plan {
+            problem: Some("no valid primary".into()),
+            blocks_ready: false,
+            ..Plan::default()
+        };
+        let backing = vec!["00-interlock.conflist".to_string()];
+
+        let r = obs(&ok, None, &[], &clean);
+        assert!(r.ready);
+        assert_eq!(r.effective.as_deref(), Some("00-interlock.conflist"));
+
+        // Back-off wins over everything, and still says what is in effect.
+        for v in [&ok, &bad] {
+            let r = obs(v, Some("x"), &backing, &problem);
+            assert!(!r.ready);
+            assert!(
+                r.reason.starts_with("backing off")
+                    && r.reason.contains("00-interlock.conflist")
+                    && r.reason.contains("/etc/cni/net.d"),
+                "{}",
+                r.reason
+            );
+            assert_eq!(r.effective, v.as_ref().ok().cloned());
+        }
+
+        // Not in effect: the verdict, with the plan's problem appended.
+        let r = obs(&bad, None, &[], &soft);
+        assert!(!r.ready && r.effective.is_none());
+        assert!(
+            r.reason.contains("does not contain") && r.reason.ends_with("no valid primary"),
+            "{}",
+            r.reason
+        );
+        let r = obs(&bad, Some("missing"), &[], &clean);
+        assert_eq!(r.reason, bad.clone().unwrap_err());
+
+        // In effect, but the plan says it cannot follow the primary.
+        let r = obs(&ok, None, &[], &problem);
+        assert!(!r.ready);
+        assert!(r.reason.contains("cniVersion 0.2.0"), "{}", r.reason);
+        // In effect, a soft problem does not block.
+        assert!(obs(&ok, None, &[], &soft).ready);
+
+        // In effect, binary not verified.
+        let r = obs(&ok, Some("/opt/cni/bin/interlock-cni is not executable"), &[], &clean);
+        assert!(!r.ready);
+        assert!(r.reason.starts_with("plugin binary not verified: "), "{}", r.reason);
+    }
+}
