@@ -307,7 +307,7 @@ impl Guard {
                 bins.push((t, bin));
             }
         }
-        self.versions.wait(Instant::now() + VERSION_WAIT);
+        self.versions.wait(VERSION_WAIT);
         for (t, bin) in bins {
             match self.versions.answer(&bin) {
                 Some(Ok(v)) => {

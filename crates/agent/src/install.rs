@@ -65,7 +65,8 @@ type Answer = Result<Vec<String>, String>;
 pub struct VersionCache {
     bin_dirs: Vec<PathBuf>,
     answers: HashMap<PathBuf, (FileIdentity, Answer)>,
-    pending: HashMap<PathBuf, (FileIdentity, mpsc::Receiver<Answer>)>,
+    /// Queries under way: the identity asked about, when, and where the answer comes.
+    pending: HashMap<PathBuf, (FileIdentity, Instant, mpsc::Receiver<Answer>)>,
 }
 
 impl VersionCache {
@@ -85,7 +86,7 @@ impl VersionCache {
             return;
         };
         if self.answers.get(binary).is_some_and(|(i, _)| *i == id)
-            || self.pending.get(binary).is_some_and(|(i, _)| *i == id)
+            || self.pending.get(binary).is_some_and(|(i, _, _)| *i == id)
         {
             return;
         }
@@ -105,7 +106,8 @@ impl VersionCache {
             });
         match spawned {
             Ok(_) => {
-                self.pending.insert(binary.to_path_buf(), (id, rx));
+                self.pending
+                    .insert(binary.to_path_buf(), (id, Instant::now(), rx));
             }
             Err(e) => {
                 self.answers.insert(
@@ -116,24 +118,27 @@ impl VersionCache {
         }
     }
 
-    /// Waits until every pending query has answered or `until` has passed.
-    pub fn wait(&mut self, until: Instant) {
+    /// Waits until every pending query has answered or has been under way for
+    /// `budget` (so a slow plugin costs one reconcile `budget` once, not every time).
+    pub fn wait(&mut self, budget: Duration) {
         let paths: Vec<PathBuf> = self.pending.keys().cloned().collect();
         for p in paths {
-            let left = until.saturating_duration_since(Instant::now());
             let got = match self.pending.get(&p) {
-                Some((_, rx)) => rx.recv_timeout(left),
+                Some((_, started, rx)) => {
+                    let left = (*started + budget).saturating_duration_since(Instant::now());
+                    rx.recv_timeout(left)
+                }
                 None => continue,
             };
             match got {
                 Ok(answer) => {
-                    if let Some((id, _)) = self.pending.remove(&p) {
+                    if let Some((id, _, _)) = self.pending.remove(&p) {
                         self.answers.insert(p, (id, answer));
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    if let Some((id, _)) = self.pending.remove(&p) {
+                    if let Some((id, _, _)) = self.pending.remove(&p) {
                         self.answers
                             .insert(p, (id, Err("VERSION query thread ended".into())));
                     }
@@ -145,7 +150,7 @@ impl VersionCache {
     /// The answer for `binary` as it is now, if known (`None`: not asked, or still
     /// being asked).
     pub fn answer(&mut self, binary: &Path) -> Option<Answer> {
-        self.wait(Instant::now());
+        self.wait(Duration::ZERO);
         let id = FileIdentity::of(binary)?;
         self.answers
             .get(binary)
@@ -156,7 +161,7 @@ impl VersionCache {
     /// The versions `binary` supports, waiting for the answer up to `wait`.
     pub fn get(&mut self, binary: &Path, wait: Duration) -> Option<Answer> {
         self.request(binary);
-        self.wait(Instant::now() + wait);
+        self.wait(wait);
         self.answer(binary)
     }
 }
