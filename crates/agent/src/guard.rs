@@ -784,3 +784,44 @@ mod tests {
         assert!(s.entries.is_empty());
     }
 }
+
+#[cfg(test)]
+mod pure_tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_never_carry_raw_escape_sequences() {
+        let a = Action::Remove {
+            name: "05-\u{1b}[31mRED\u{1b}[0m.conflist".into(),
+        };
+        let line = describe(&a);
+        assert!(!line.contains('\u{1b}'), "{line}");
+        assert_eq!(line, "removed 05-\\x1b[31mRED\\x1b[0m.conflist");
+    }
+
+    #[test]
+    fn directories_writable_by_non_root_are_reported() {
+        let d = |role, mode, uid| DirFacts {
+            role,
+            path: PathBuf::from(format!("/x/{role}")),
+            mode,
+            uid,
+        };
+        let found = writable_by_others(&[
+            d("conf dir", 0o755, 0),
+            d("bin dir", 0o777, 0),
+            d("state dir", 0o775, 1000),
+            d("bin dir", 0o1777, 0),
+        ]);
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(found[0].contains("/x/bin dir") && found[0].contains("writable by others"));
+        assert!(found[0].contains("0777"), "{}", found[0]);
+        assert!(
+            found[1].contains("owned by uid 1000") && found[1].contains("writable by its group"),
+            "{}",
+            found[1]
+        );
+        // The sticky bit does not stop anyone from adding a file that sorts first.
+        assert!(found[2].contains("1777"), "{}", found[2]);
+    }
+}

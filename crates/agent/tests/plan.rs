@@ -851,3 +851,98 @@ fn owned_never_writes_a_cni_version_interlock_refuses() {
         "{msg}"
     );
 }
+
+/// Issue 7 item 6: whatever the primary's mode, what interlock writes is not writable
+/// by group or others.
+#[test]
+fn written_files_are_never_group_or_world_writable() {
+    let s = Snapshot::from_files(&[("10-calico.conflist", CALICO)], 0o666);
+    let p = plan(&s, &settings(ConfigMode::Owned), &facts());
+    let modes: Vec<u32> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Write { mode, .. } => Some(*mode),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(modes, [0o644]);
+    let p = plan(&s, &settings(ConfigMode::Chain), &facts());
+    assert!(p
+        .actions
+        .iter()
+        .all(|a| !matches!(a, Action::Write { mode, .. } if mode & 0o022 != 0)));
+    // A tighter primary stays as tight.
+    let s = Snapshot::from_files(&[("10-calico.conflist", CALICO)], 0o600);
+    let p = plan(&s, &settings(ConfigMode::Owned), &facts());
+    assert!(matches!(&p.actions[0], Action::Write { mode: 0o600, .. }));
+}
+
+/// Issue 7 item 9 (L5, L6): chain mode never replaces a symlinked primary with a copy
+/// and never writes a lossy twin of a primary whose name is not UTF-8; it says why.
+#[test]
+fn chain_mode_refuses_symlinked_and_non_utf8_targets() {
+    use std::os::unix::ffi::OsStrExt;
+    let mut s = Snapshot::from_files(&[("10-calico.conflist", CALICO)], 0o644);
+    s.entries[0].is_symlink = true;
+    let p = plan(&s, &settings(ConfigMode::Chain), &facts());
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert!(p.blocks_ready);
+    assert!(
+        p.problem.as_deref().unwrap().contains("symbolic link"),
+        "{:?}",
+        p.problem
+    );
+
+    let mut s = Snapshot::from_files(&[("10-calico.conflist", CALICO)], 0o644);
+    s.entries[0].os_name = std::ffi::OsStr::from_bytes(b"10-\xff.conflist").into();
+    s.entries[0].name = s.entries[0].os_name.to_string_lossy().into_owned();
+    let p = plan(&s, &settings(ConfigMode::Chain), &facts());
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    let why = p.problem.unwrap();
+    assert!(why.contains("not valid UTF-8") && why.contains("10-\\xff"), "{why}");
+    // Owned mode copies it under our own name: nothing is written under its name.
+    let p = plan(&s, &settings(ConfigMode::Owned), &facts());
+    assert!(p.problem.is_none(), "{:?}", p.problem);
+    assert!(p.actions.iter().all(|a| a.file() == "00-interlock.conflist"));
+}
+
+/// Issue 7 item 9 (L4): files only named like interlock's are never deleted, by the
+/// guard's plan or by uninstall; the one interlock wrote is.
+#[test]
+fn only_files_carrying_our_entry_are_removed() {
+    let st = settings(ConfigMode::Owned);
+    let operator = r#"{"cniVersion":"1.0.0","name":"op","plugins":[{"type":"bridge"}]}"#;
+    let s = snap(&[
+        ("10-calico.conflist", CALICO),
+        ("90-interlock.conflist", operator),
+        ("interlock.conflist", operator),
+    ]);
+    let (after, actions) = converge(&s, &st, &facts());
+    assert!(
+        actions.iter().all(|a| !matches!(a, Action::Remove { .. })),
+        "{actions:?}"
+    );
+    assert_eq!(
+        after.get("90-interlock.conflist").unwrap().content.as_deref(),
+        Some(operator.as_bytes())
+    );
+    // A stale copy of ours after the primary's name is removed.
+    let mut stale = after.clone();
+    let ours = after.get("00-interlock.conflist").unwrap().clone();
+    let mut moved = ours.clone();
+    moved.name = "50-interlock.conflist".into();
+    moved.os_name = "50-interlock.conflist".into();
+    stale.entries.push(moved);
+    let p = plan(&stale, &st, &facts());
+    assert_eq!(
+        p.actions,
+        [Action::Remove {
+            name: "50-interlock.conflist".into()
+        }]
+    );
+    let un = apply_in_memory(&after, &plan_uninstall(&after));
+    assert!(un.get("00-interlock.conflist").is_none());
+    assert!(un.get("90-interlock.conflist").is_some());
+    assert!(un.get("interlock.conflist").is_some());
+}
