@@ -205,7 +205,10 @@ mod tests {
         let mut t = ConflictTracker::new(Duration::from_secs(1), 1);
         let t0 = Instant::now();
         t.record_conflict("a", t0);
-        assert_eq!(t.record_conflict("a", t0), Verdict::BackOff(INITIAL_BACKOFF));
+        assert_eq!(
+            t.record_conflict("a", t0),
+            Verdict::BackOff(INITIAL_BACKOFF)
+        );
         t.record_conflict("a", t0 + Duration::from_secs(2));
         assert_eq!(
             t.record_conflict("a", t0 + Duration::from_secs(2)),
@@ -213,7 +216,10 @@ mod tests {
         );
         let later = t0 + Duration::from_secs(200);
         t.record_conflict("a", later);
-        assert_eq!(t.record_conflict("a", later), Verdict::BackOff(INITIAL_BACKOFF));
+        assert_eq!(
+            t.record_conflict("a", later),
+            Verdict::BackOff(INITIAL_BACKOFF)
+        );
         assert_eq!(
             t.backing_off(later),
             vec![("a".to_string(), later + INITIAL_BACKOFF)]
@@ -232,7 +238,8 @@ mod conflicting_files_tests {
     }
 
     fn with_entry(e: &Map<String, Value>) -> String {
-        serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}, e]}).to_string()
+        serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}, e]})
+            .to_string()
     }
 
     const PRIMARY: &str = r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}"#;
@@ -268,10 +275,8 @@ mod conflicting_files_tests {
         let empty = Snapshot::from_files(&[], 0o644);
         assert_eq!(conflicting_files(&plan, &empty, &left, &e).len(), 1);
         // Changed but still ours (reformatted by a twin): not a conflict.
-        let pretty = serde_json::to_string_pretty(
-            &serde_json::from_str::<Value>(&ours).unwrap(),
-        )
-        .unwrap();
+        let pretty =
+            serde_json::to_string_pretty(&serde_json::from_str::<Value>(&ours).unwrap()).unwrap();
         let snap = Snapshot::from_files(&[("00-interlock.conflist", pretty.as_str())], 0o644);
         assert!(conflicting_files(&plan, &snap, &left, &e).is_empty());
         // Unchanged since we left it: not a conflict.
@@ -308,9 +313,16 @@ mod conflicting_files_tests {
                 }
             }
         }
-        assert_eq!(backed_off_at, Some(20), "the 21st conflict within 1 s backs off");
+        assert_eq!(
+            backed_off_at,
+            Some(20),
+            "the 21st conflict within 1 s backs off"
+        );
         let now = t0 + Duration::from_millis(300);
         assert_eq!(t.backing_off(now)[0].0, "00-interlock.conflist");
-        assert!(!t.in_backoff("00-interlock.conflist", t0 + Duration::from_millis(200) + INITIAL_BACKOFF + Duration::from_millis(1)));
+        assert!(!t.in_backoff(
+            "00-interlock.conflist",
+            t0 + Duration::from_millis(200) + INITIAL_BACKOFF + Duration::from_millis(1)
+        ));
     }
 }

@@ -148,7 +148,11 @@ pub fn describe(a: &Action) -> String {
     use confdir::shown;
     match a {
         Action::Write { name, bytes, mode } => {
-            format!("wrote {} ({} bytes, mode {mode:04o})", shown(name), bytes.len())
+            format!(
+                "wrote {} ({} bytes, mode {mode:04o})",
+                shown(name),
+                bytes.len()
+            )
         }
         Action::Rename { from, to } => format!("renamed {} to {}", shown(from), shown(to)),
         Action::Remove { name } => format!("removed {}", shown(name)),
@@ -282,11 +286,11 @@ impl Guard {
                         .filter_map(|p| p.get("type")?.as_str().map(str::to_string)),
                 );
             }
-            let all_present = these
-                .iter()
-                .all(|t| t == plan::PLUGIN_TYPE || confdir::find_plugin(t, &self.cfg.bin_dirs).is_some());
+            let all_present = these.iter().all(|t| {
+                t == plan::PLUGIN_TYPE || confdir::find_plugin(t, &self.cfg.bin_dirs).is_some()
+            });
             types.extend(these);
-            if !owned && all_present && target.is_none_or(|t| t == c.name()) {
+            if !owned && all_present && target.map_or(true, |t| t == c.name()) {
                 reached_primary = true;
             }
         }
@@ -329,7 +333,12 @@ impl Guard {
 
     /// Records conflicts for the files `plan` touches; returns the first file the guard
     /// must leave alone now (in back-off), if any.
-    fn record_conflicts(&mut self, plan: &plan::Plan, snap: &Snapshot, now: Instant) -> Option<String> {
+    fn record_conflicts(
+        &mut self,
+        plan: &plan::Plan,
+        snap: &Snapshot,
+        now: Instant,
+    ) -> Option<String> {
         let dir = &self.cfg.conf_dir;
         for f in conflicting_files(plan, snap, &self.left, &self.settings.entry) {
             if self.conflicts.in_backoff(f, now) {

@@ -95,13 +95,10 @@ impl VersionCache {
         let spawned = std::thread::Builder::new()
             .name("interlock-version".into())
             .spawn(move || {
-                let answer = interlock_protocol::exec::plugin_version_within(
-                    &path,
-                    &dirs,
-                    VERSION_TIMEOUT,
-                )
-                .map(|i| i.supported_versions)
-                .map_err(|e| e.to_string());
+                let answer =
+                    interlock_protocol::exec::plugin_version_within(&path, &dirs, VERSION_TIMEOUT)
+                        .map(|i| i.supported_versions)
+                        .map_err(|e| e.to_string());
                 let _ = tx.send(answer);
             });
         match spawned {
@@ -112,7 +109,10 @@ impl VersionCache {
             Err(e) => {
                 self.answers.insert(
                     binary.to_path_buf(),
-                    (id, Err(format!("cannot ask {} for VERSION: {e}", binary.display()))),
+                    (
+                        id,
+                        Err(format!("cannot ask {} for VERSION: {e}", binary.display())),
+                    ),
                 );
             }
         }

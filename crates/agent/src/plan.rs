@@ -7,9 +7,7 @@
 //! original out of the runtime's way (`<name>.interlock-orig`), from where uninstall
 //! restores it unchanged. The thin layer in [`crate::guard`] executes a [`Plan`] in order.
 
-use interlock_protocol::confdir::{
-    self, Binaries, Candidate, DirEntry, Parsed, Runtime, Snapshot,
-};
+use interlock_protocol::confdir::{self, Binaries, Candidate, DirEntry, Parsed, Runtime, Snapshot};
 use interlock_protocol::version::{CniVersion, SemVer};
 use interlock_protocol::ConfFormat;
 use serde_json::{Map, Value};
@@ -226,7 +224,11 @@ fn delegate_plugins(parsed: &Parsed) -> Option<&Vec<Value>> {
 /// after the primary (the list's own plugins or a thin Multus delegate's): the one
 /// predicate `interlock check` uses too ([`confdir::runs_plugin`]). `Ok` gives the
 /// `cniVersion` it runs with.
-pub fn runs_entry(parsed: &Parsed, name: &str, entry: &Map<String, Value>) -> Result<String, String> {
+pub fn runs_entry(
+    parsed: &Parsed,
+    name: &str,
+    entry: &Map<String, Value>,
+) -> Result<String, String> {
     let r = confdir::runs_plugin(&parsed.list, name, PLUGIN_TYPE)?;
     if r.entry != entry {
         return Err(format!(
@@ -616,9 +618,13 @@ fn plan_owned(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
     }
     let existing = cands
         .iter()
-        .find(|c| is_owned_name(c.name()) && c.name().as_bytes() < first_foreign.entry.os_name.as_encoded_bytes())
+        .find(|c| {
+            is_owned_name(c.name())
+                && c.name().as_bytes() < first_foreign.entry.os_name.as_encoded_bytes()
+        })
         .map(|c| c.name().to_string());
-    let first_name = String::from_utf8_lossy(first_foreign.entry.os_name.as_encoded_bytes()).into_owned();
+    let first_name =
+        String::from_utf8_lossy(first_foreign.entry.os_name.as_encoded_bytes()).into_owned();
     let Some(name) = existing
         .or_else(|| owned_name_before(&first_name))
         .filter(|n| n.as_bytes() < first_foreign.entry.os_name.as_encoded_bytes())
@@ -651,7 +657,7 @@ fn plan_owned(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
     );
     list.insert("cniVersion".into(), Value::String(version));
     list.insert("plugins".into(), Value::Array(plugins));
-    if let Err(e) = fit_version(&mut list, &primary.name(), settings, facts) {
+    if let Err(e) = fit_version(&mut list, primary.name(), settings, facts) {
         // Writing it would make interlock-cni refuse every ADD. Keep what we wrote (the
         // runtime keeps working with it) but stay not-ready: the copy cannot follow.
         return Plan {

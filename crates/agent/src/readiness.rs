@@ -141,8 +141,17 @@ mod tests {
         assert!(obs(&ok, None, &[], &soft).ready);
 
         // In effect, binary not verified.
-        let r = obs(&ok, Some("/opt/cni/bin/interlock-cni is not executable"), &[], &clean);
+        let r = obs(
+            &ok,
+            Some("/opt/cni/bin/interlock-cni is not executable"),
+            &[],
+            &clean,
+        );
         assert!(!r.ready);
-        assert!(r.reason.starts_with("plugin binary not verified: "), "{}", r.reason);
+        assert!(
+            r.reason.starts_with("plugin binary not verified: "),
+            "{}",
+            r.reason
+        );
     }
 }

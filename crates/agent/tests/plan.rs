@@ -126,7 +126,11 @@ fn owned_follows_primary_parameters() {
     let mut s2 = after.clone();
     let changed = CALICO.replace("10.99.0.0/16", "10.99.128.0/17");
     s2.entries.retain(|e| e.name != "10-calico.conflist");
-    s2.entries.push(DirEntry::file("10-calico.conflist", &changed.into_bytes(), 0o640));
+    s2.entries.push(DirEntry::file(
+        "10-calico.conflist",
+        &changed.into_bytes(),
+        0o640,
+    ));
     let (after2, actions) = converge(&s2, &st, &facts());
     assert_eq!(actions.len(), 1);
     assert_eq!(
@@ -141,14 +145,22 @@ fn owned_rederives_from_new_first_config_and_stays_first() {
     let (after, _) = converge(&snap(&[("10-calico.conflist", CALICO)]), &st, &facts());
     // 00-new sorts after 00-interlock but before calico: it is the new primary.
     let mut s = after.clone();
-    s.entries.push(DirEntry::file("00-new.conflist", &br#"{"cniVersion":"0.4.0","name":"new","plugins":[{"type":"bridge","bridge":"ilnew"}]}"#.to_vec(), 0o644));
+    s.entries.push(DirEntry::file(
+        "00-new.conflist",
+        br#"{"cniVersion":"0.4.0","name":"new","plugins":[{"type":"bridge","bridge":"ilnew"}]}"#,
+        0o644,
+    ));
     let (after2, _) = converge(&s, &st, &facts());
     let owned = content(&after2, "00-interlock.conflist");
     assert_eq!(owned["name"], "new");
     assert_eq!(owned["plugins"][0]["bridge"], "ilnew");
     // 00-aaa sorts ahead of 00-interlock: we take a new name and drop the old one.
     let mut s = after2.clone();
-    s.entries.push(DirEntry::file("00-aaa.conflist", &br#"{"cniVersion":"0.4.0","name":"aaa","plugins":[{"type":"flannel"}]}"#.to_vec(), 0o644));
+    s.entries.push(DirEntry::file(
+        "00-aaa.conflist",
+        br#"{"cniVersion":"0.4.0","name":"aaa","plugins":[{"type":"flannel"}]}"#,
+        0o644,
+    ));
     let (after3, actions) = converge(&s, &st, &facts());
     assert!(actions.contains(&Action::Remove {
         name: "00-interlock.conflist".into()
@@ -210,7 +222,8 @@ fn multus_stays_first_and_is_chained_into() {
     let (after, _) = converge(&snap(&[("10-calico.conflist", CALICO)]), &st, &facts());
     let multus = r#"{"cniVersion":"0.3.1","name":"multus-cni-network","type":"multus","clusterNetwork":"/etc/cni/net.d/10-calico.conflist","kubeconfig":"/etc/cni/net.d/multus.d/multus.kubeconfig"}"#;
     let mut s = after;
-    s.entries.push(DirEntry::file("00-multus.conf", &multus.as_bytes().to_vec(), 0o600));
+    s.entries
+        .push(DirEntry::file("00-multus.conf", multus.as_bytes(), 0o600));
     let (after2, _) = converge(&s, &st, &facts());
     assert!(
         after2.get("00-interlock.conflist").is_none(),
@@ -392,7 +405,11 @@ fn chain_wraps_conf_and_uninstall_restores_bytes() {
     // The primary writes its .conf again: wrapped again, the backup is the newest original.
     let mut again = after.clone();
     let conf2 = conf.replace("eni", "xyz");
-    again.entries.push(DirEntry::file("10-aws.conf", &conf2.clone().into_bytes(), 0o600));
+    again.entries.push(DirEntry::file(
+        "10-aws.conf",
+        &conf2.clone().into_bytes(),
+        0o600,
+    ));
     let (after2, _) = converge(&again, &st, &facts());
     assert_eq!(
         content(&after2, "10-aws.conflist")["plugins"][0]["vethPrefix"],
@@ -640,8 +657,16 @@ fn random_directories_converge_without_touching_foreign_files() {
                 let un = apply_in_memory(&after, &plan_uninstall(&after));
                 for e in &un.entries {
                     if is_owned_name(&e.name) {
-                        let was = files.iter().find(|(n, _)| *n == e.name).map(|(_, b)| b.as_bytes());
-                        assert_eq!(e.content.as_deref(), was, "{} is not interlock's: kept as it was", e.name);
+                        let was = files
+                            .iter()
+                            .find(|(n, _)| *n == e.name)
+                            .map(|(_, b)| b.as_bytes());
+                        assert_eq!(
+                            e.content.as_deref(),
+                            was,
+                            "{} is not interlock's: kept as it was",
+                            e.name
+                        );
                     }
                     assert!(!e.name.ends_with(".interlock-orig"));
                     if let Some(c) = &e.content {
@@ -740,7 +765,11 @@ fn uninstall_keeps_a_conflist_the_primary_rewrote_after_the_wrap() {
     theirs["name"] = json!("aws-cni");
     let mut s = after.clone();
     s.entries.retain(|e| e.name != "10-aws.conflist");
-    s.entries.push(DirEntry::file("10-aws.conflist", &theirs.to_string().into_bytes(), 0o644));
+    s.entries.push(DirEntry::file(
+        "10-aws.conflist",
+        &theirs.to_string().into_bytes(),
+        0o644,
+    ));
     // The agent chains into it again (it is the effective conflist now).
     let (s, _) = converge(&s, &st, &facts());
     assert!(s.get("10-aws.conf.interlock-orig").is_some());
@@ -900,11 +929,17 @@ fn chain_mode_refuses_symlinked_and_non_utf8_targets() {
     let p = plan(&s, &settings(ConfigMode::Chain), &facts());
     assert!(p.actions.is_empty(), "{:?}", p.actions);
     let why = p.problem.unwrap();
-    assert!(why.contains("not valid UTF-8") && why.contains("10-\\xff"), "{why}");
+    assert!(
+        why.contains("not valid UTF-8") && why.contains("10-\\xff"),
+        "{why}"
+    );
     // Owned mode copies it under our own name: nothing is written under its name.
     let p = plan(&s, &settings(ConfigMode::Owned), &facts());
     assert!(p.problem.is_none(), "{:?}", p.problem);
-    assert!(p.actions.iter().all(|a| a.file() == "00-interlock.conflist"));
+    assert!(p
+        .actions
+        .iter()
+        .all(|a| a.file() == "00-interlock.conflist"));
 }
 
 /// Issue 7 item 9 (L4): files only named like interlock's are never deleted, by the
@@ -924,7 +959,11 @@ fn only_files_carrying_our_entry_are_removed() {
         "{actions:?}"
     );
     assert_eq!(
-        after.get("90-interlock.conflist").unwrap().content.as_deref(),
+        after
+            .get("90-interlock.conflist")
+            .unwrap()
+            .content
+            .as_deref(),
         Some(operator.as_bytes())
     );
     // A stale copy of ours after the primary's name is removed.

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use interlock_contract::config::{PLUGIN_TYPE, POD_ANNOTATIONS_CAPABILITY};
 use interlock_contract::layout::marker_path;
 use interlock_contract::marker::ReadinessMarker;
 use interlock_contract::time::now_ms;
-use interlock_contract::config::{PLUGIN_TYPE, POD_ANNOTATIONS_CAPABILITY};
 use interlock_protocol::confdir::{self, Effective, Runtime};
 use interlock_protocol::exec::plugin_version;
 use serde::Serialize;
@@ -176,7 +176,11 @@ pub fn judge(o: &Observed<'_>) -> (bool, String, Vec<Finding>) {
                                     " (interlock-cni runs in its Multus delegate)".to_string()
                                 }
                             };
-                            push("config", Status::Ok, format!("{rt} loads {name}: {chain}{place}"));
+                            push(
+                                "config",
+                                Status::Ok,
+                                format!("{rt} loads {name}: {chain}{place}"),
+                            );
                             let declares = running
                                 .entry
                                 .get("capabilities")

@@ -969,7 +969,11 @@ fn hostile_conf_dir_entries_and_a_slow_plugin_do_not_stall_the_guard() {
         "A".repeat(100 << 20)
     );
     std::fs::write(d.conf.join("50-big.json"), big).unwrap();
-    drop(std::fs::File::open(&slow).unwrap().set_modified(std::time::SystemTime::now()));
+    drop(
+        std::fs::File::open(&slow)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now()),
+    );
     std::thread::sleep(Duration::from_millis(300));
 
     for round in 0..3 {
@@ -978,7 +982,12 @@ fn hostile_conf_dir_entries_and_a_slow_plugin_do_not_stall_the_guard() {
         wait_until(
             Duration::from_secs(2),
             || d.effective_with_us().as_deref() == Some(owned.as_str()),
-            || format!("round {round}: not repaired within 2 s; log:\n{}", a.log_text()),
+            || {
+                format!(
+                    "round {round}: not repaired within 2 s; log:\n{}",
+                    a.log_text()
+                )
+            },
         );
         eprintln!("round {round}: repaired in {:?}", t0.elapsed());
         wait_until(
@@ -1007,7 +1016,11 @@ fn hostile_conf_dir_entries_and_a_slow_plugin_do_not_stall_the_guard() {
     let t0 = Instant::now();
     let status = a.terminate();
     assert!(status.success(), "{status:?}");
-    assert!(t0.elapsed() < Duration::from_secs(5), "SIGTERM took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "SIGTERM took {:?}",
+        t0.elapsed()
+    );
 }
 
 /// Issue 7 item 6: the owned config is 0644 and root-owned even when the primary is
@@ -1065,13 +1078,17 @@ fn only_interlocks_own_files_are_deleted() {
     let d = Dirs::new();
     d.write("10-calico.conflist", CALICO);
     let operator = r#"{"cniVersion":"1.0.0","name":"operator-net","plugins":[{"type":"bridge","bridge":"opbr"}]}"#;
-    let other = r#"{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge","bridge":"xbr"}]}"#;
+    let other =
+        r#"{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge","bridge":"xbr"}]}"#;
     d.write("90-interlock.conflist", operator);
     d.write("interlock.conflist", other);
     let a = d.agent(&[]);
     let owned = wait_protected(&d, &a);
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(d.read("90-interlock.conflist").unwrap(), operator.as_bytes());
+    assert_eq!(
+        d.read("90-interlock.conflist").unwrap(),
+        operator.as_bytes()
+    );
     assert_eq!(d.read("interlock.conflist").unwrap(), other.as_bytes());
     a.terminate();
     d.write("5-interlock.conflist", other);
@@ -1105,12 +1122,18 @@ fn chain_mode_refuses_a_symlinked_or_non_utf8_primary_with_a_reason() {
     let a = d.agent(&["--config-mode", "chain"]);
     wait_until(
         Duration::from_secs(5),
-        || a.get("/readyz").is_some_and(|(c, b)| c == 503 && b.contains("symbolic link")),
+        || {
+            a.get("/readyz")
+                .is_some_and(|(c, b)| c == 503 && b.contains("symbolic link"))
+        },
         || format!("no refusal; log:\n{}", a.log_text()),
     );
     let link = std::fs::symlink_metadata(d.conf.join("10-calico.conflist")).unwrap();
     assert!(link.file_type().is_symlink(), "the link was replaced");
-    assert_eq!(std::fs::read_to_string(managed.join("10-calico.conflist")).unwrap(), CALICO);
+    assert_eq!(
+        std::fs::read_to_string(managed.join("10-calico.conflist")).unwrap(),
+        CALICO
+    );
     a.terminate();
 
     let d = Dirs::new();
@@ -1119,9 +1142,17 @@ fn chain_mode_refuses_a_symlinked_or_non_utf8_primary_with_a_reason() {
     let a = d.agent(&["--config-mode", "chain"]);
     wait_until(
         Duration::from_secs(5),
-        || a.get("/readyz").is_some_and(|(c, b)| c == 503 && b.contains("not valid UTF-8")),
+        || {
+            a.get("/readyz")
+                .is_some_and(|(c, b)| c == 503 && b.contains("not valid UTF-8"))
+        },
         || format!("no refusal; log:\n{}", a.log_text()),
     );
-    assert_eq!(std::fs::read_dir(&d.conf).unwrap().count(), 1, "{:?}", d.names());
+    assert_eq!(
+        std::fs::read_dir(&d.conf).unwrap().count(),
+        1,
+        "{:?}",
+        d.names()
+    );
     assert_eq!(std::fs::read(d.conf.join(raw)).unwrap(), CALICO.as_bytes());
 }

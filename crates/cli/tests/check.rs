@@ -139,48 +139,113 @@ fn check_and_the_agent_agree_on_every_fixture_conf_dir() {
         .to_string()
     };
     let multus_file = r#"{"cniVersion":"0.3.1","name":"multus-cni-network","type":"multus","clusterNetwork":"/etc/cni/net.d/10-calico.conflist","kubeconfig":"/etc/cni/net.d/multus.d/multus.kubeconfig"}"#;
-    let multus_file_wrapped = serde_json::json!({"cniVersion": "0.3.1", "name": "multus-cni-network", "plugins": [
+    let multus_file_wrapped =
+        serde_json::json!({"cniVersion": "0.3.1", "name": "multus-cni-network", "plugins": [
         serde_json::from_str::<serde_json::Value>(multus_file).unwrap(), ours.clone()]})
-    .to_string();
-    let cases: Vec<(&str, Vec<(&str, String)>, bool)> = vec![
-        ("owned copy first", vec![
-            ("00-interlock.conflist", list("1.0.0", vec![bridge.clone(), ours.clone()])),
-            ("10-calico.conflist", list("1.0.0", vec![bridge.clone()])),
-        ], true),
-        ("primary only", vec![("10-calico.conflist", list("1.0.0", vec![bridge.clone()]))], false),
-        ("foreign file ahead", vec![
-            ("00-calico.conflist", list("1.0.0", vec![bridge.clone()])),
-            ("01-interlock.conflist", list("1.0.0", vec![bridge.clone(), ours.clone()])),
-        ], false),
-        ("interlock-cni before the primary", vec![
-            ("10-calico.conflist", list("1.0.0", vec![ours.clone(), bridge.clone()])),
-        ], false),
-        ("interlock-cni twice", vec![
-            ("10-calico.conflist", list("1.0.0", vec![ours.clone(), bridge.clone(), ours.clone()])),
-        ], false),
-        ("a version interlock-cni refuses", vec![
-            ("10-calico.conflist", list("0.2.0", vec![bridge.clone(), ours.clone()])),
-        ], false),
-        ("a broken first file", vec![
-            ("00-broken.conflist", "{\"cniVersion\":".to_string()),
-            ("10-calico.conflist", list("1.0.0", vec![bridge.clone(), ours.clone()])),
-        ], false),
-        ("Multus, inline delegate with interlock-cni", vec![("00-multus.conf", multus_inline(true))], true),
-        ("Multus, inline delegate without it", vec![("00-multus.conf", multus_inline(false))], false),
-        ("Multus, file delegate (clusterNetwork), not wrapped", vec![
-            ("00-multus.conf", multus_file.to_string()),
-            ("10-calico.conflist", list("1.0.0", vec![bridge.clone(), ours.clone()])),
-        ], false),
-        ("Multus, file delegate, wrapped with interlock-cni after it", vec![
-            ("00-multus.conflist", multus_file_wrapped),
-            ("10-calico.conflist", list("1.0.0", vec![bridge.clone()])),
-        ], true),
+        .to_string();
+    // (what, files, protected)
+    type Case<'a> = (&'a str, Vec<(&'a str, String)>, bool);
+    let cases: Vec<Case> = vec![
+        (
+            "owned copy first",
+            vec![
+                (
+                    "00-interlock.conflist",
+                    list("1.0.0", vec![bridge.clone(), ours.clone()]),
+                ),
+                ("10-calico.conflist", list("1.0.0", vec![bridge.clone()])),
+            ],
+            true,
+        ),
+        (
+            "primary only",
+            vec![("10-calico.conflist", list("1.0.0", vec![bridge.clone()]))],
+            false,
+        ),
+        (
+            "foreign file ahead",
+            vec![
+                ("00-calico.conflist", list("1.0.0", vec![bridge.clone()])),
+                (
+                    "01-interlock.conflist",
+                    list("1.0.0", vec![bridge.clone(), ours.clone()]),
+                ),
+            ],
+            false,
+        ),
+        (
+            "interlock-cni before the primary",
+            vec![(
+                "10-calico.conflist",
+                list("1.0.0", vec![ours.clone(), bridge.clone()]),
+            )],
+            false,
+        ),
+        (
+            "interlock-cni twice",
+            vec![(
+                "10-calico.conflist",
+                list("1.0.0", vec![ours.clone(), bridge.clone(), ours.clone()]),
+            )],
+            false,
+        ),
+        (
+            "a version interlock-cni refuses",
+            vec![(
+                "10-calico.conflist",
+                list("0.2.0", vec![bridge.clone(), ours.clone()]),
+            )],
+            false,
+        ),
+        (
+            "a broken first file",
+            vec![
+                ("00-broken.conflist", "{\"cniVersion\":".to_string()),
+                (
+                    "10-calico.conflist",
+                    list("1.0.0", vec![bridge.clone(), ours.clone()]),
+                ),
+            ],
+            false,
+        ),
+        (
+            "Multus, inline delegate with interlock-cni",
+            vec![("00-multus.conf", multus_inline(true))],
+            true,
+        ),
+        (
+            "Multus, inline delegate without it",
+            vec![("00-multus.conf", multus_inline(false))],
+            false,
+        ),
+        (
+            "Multus, file delegate (clusterNetwork), not wrapped",
+            vec![
+                ("00-multus.conf", multus_file.to_string()),
+                (
+                    "10-calico.conflist",
+                    list("1.0.0", vec![bridge.clone(), ours.clone()]),
+                ),
+            ],
+            false,
+        ),
+        (
+            "Multus, file delegate, wrapped with interlock-cni after it",
+            vec![
+                ("00-multus.conflist", multus_file_wrapped),
+                ("10-calico.conflist", list("1.0.0", vec![bridge.clone()])),
+            ],
+            true,
+        ),
     ];
     for (what, files, protected) in cases {
         let d = Dirs::new();
         std::fs::copy(plugin(), d.bin.join("interlock-cni")).unwrap();
         // The fixtures carry the entry for the probe's state dir; use that one.
-        let d = Dirs { state: probe.state.clone(), ..d };
+        let d = Dirs {
+            state: probe.state.clone(),
+            ..d
+        };
         for (n, c) in &files {
             d.write(n, c);
         }
@@ -213,17 +278,27 @@ fn hostile_file_names_and_entries_do_not_stall_or_corrupt_check() {
     d.write("80-\u{1b}[31mRED\u{1b}[0m\u{1b}[2K.conflist", CALICO);
     let start = std::time::Instant::now();
     let (code, json) = check(&d, None, true);
-    assert!(start.elapsed() < Duration::from_secs(5), "check took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "check took {:?}",
+        start.elapsed()
+    );
     assert_eq!(code, 1);
     let v: serde_json::Value =
         serde_json::from_str(&json).unwrap_or_else(|e| panic!("invalid JSON ({e}):\n{json}"));
     let files = v["effective"]["files"].as_array().unwrap();
     assert_eq!(files.len(), 6, "{json}");
     assert_eq!(files[0]["verdict"], "failed-load");
-    assert!(files[0]["reason"].as_str().unwrap().contains("a FIFO"), "{json}");
+    assert!(
+        files[0]["reason"].as_str().unwrap().contains("a FIFO"),
+        "{json}"
+    );
     assert!(json.contains("70-\\\\xff.conflist"), "{json}");
     let (_, text) = check(&d, None, false);
-    assert!(!text.contains('\u{1b}'), "raw escape sequence printed:\n{text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "raw escape sequence printed:\n{text}"
+    );
     assert!(text.contains("80-\\x1b[31mRED"), "{text}");
 }
 
@@ -262,10 +337,22 @@ fn bin_dir_env_is_split_alike_by_agent_and_check() {
     wait_until(
         Duration::from_secs(10),
         || bin2.join("interlock-cni").exists() && d.bin.join("interlock-cni").exists(),
-        || format!("agent did not install into both dirs of {env}; log:\n{}", a.log_text()),
+        || {
+            format!(
+                "agent did not install into both dirs of {env}; log:\n{}",
+                a.log_text()
+            )
+        },
     );
     let out = Command::new(interlock())
-        .args(["check", "--health-addr", "none", "-o", "json", "--cni-conf-dir"])
+        .args([
+            "check",
+            "--health-addr",
+            "none",
+            "-o",
+            "json",
+            "--cni-conf-dir",
+        ])
         .arg(&d.conf)
         .arg("--state-dir")
         .arg(&d.state)

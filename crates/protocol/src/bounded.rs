@@ -170,7 +170,9 @@ mod tests {
         let link = d.path().join("link.conf");
         std::os::unix::fs::symlink(&ok, &link).unwrap();
         assert_eq!(read_config(&link).unwrap(), b"{}");
-        assert!(read_config(&d.path().join("gone")).unwrap_err().is_not_found());
+        assert!(read_config(&d.path().join("gone"))
+            .unwrap_err()
+            .is_not_found());
         let e = read_config(d.path()).unwrap_err();
         assert!(e.to_string().contains("a directory"), "{e}");
     }

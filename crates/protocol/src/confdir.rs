@@ -474,6 +474,9 @@ pub fn read_with(dir: &Path, also_read: &dyn Fn(&str) -> bool) -> io::Result<Sna
     })
 }
 
+/// CRI-O's VERSION probe: the versions a plugin type answers, or why it did not.
+pub type VersionProbe<'a> = &'a dyn Fn(&str) -> Result<Vec<String>, String>;
+
 /// The plugin binaries as the judgement sees them.
 pub struct Binaries<'a> {
     /// The runtime's plugin directories (named in reasons).
@@ -482,7 +485,7 @@ pub struct Binaries<'a> {
     pub present: &'a dyn Fn(&str) -> bool,
     /// CRI-O's VERSION check (ocicni `ValidateNetworkList`): the versions a plugin type
     /// answers, or why it did not. `None`: not probed.
-    pub versions: Option<&'a dyn Fn(&str) -> Result<Vec<String>, String>>,
+    pub versions: Option<VersionProbe<'a>>,
 }
 
 fn dir_list(dirs: &[PathBuf]) -> String {
@@ -591,7 +594,11 @@ pub fn containerd_rules(cands: &[Candidate<'_>], dir: &Path) -> Judgement {
         ),
     };
     let mut verdicts = vec![head];
-    verdicts.extend(cands[1..].iter().map(|_| (Verdict::NotReached, stop.clone())));
+    verdicts.extend(
+        cands[1..]
+            .iter()
+            .map(|_| (Verdict::NotReached, stop.clone())),
+    );
     Judgement {
         verdicts,
         chosen,
@@ -626,7 +633,9 @@ pub fn crio_rules(cands: &[Candidate<'_>], dir: &Path, bins: &Binaries<'_>) -> J
         if let Some((_, first_file)) = loaded_names.iter().find(|(n, _)| *n == net_name) {
             verdicts.push((
                 Verdict::DuplicateName,
-                format!("ignored by CRI-O: network {net_name:?} was already loaded from {first_file}"),
+                format!(
+                    "ignored by CRI-O: network {net_name:?} was already loaded from {first_file}"
+                ),
             ));
             continue;
         }
@@ -800,9 +809,7 @@ pub fn load_with(
     let bins = Binaries {
         dirs: bin_dirs,
         present: &present,
-        versions: options
-            .probe_versions
-            .then_some(&probe as &dyn Fn(&str) -> Result<Vec<String>, String>),
+        versions: options.probe_versions.then_some(&probe as VersionProbe<'_>),
     };
     Ok(effective(&snap, runtime, &bins))
 }
@@ -1150,7 +1157,6 @@ mod tests {
         }
     }
 
-
     #[test]
     fn hostile_entries_are_refused_without_blocking_and_fail_closed() {
         let t = tempfile::tempdir().unwrap();
@@ -1166,7 +1172,10 @@ mod tests {
         fs::write(d.join("10-good.conflist"), good("good", "bridge")).unwrap();
         let bins = vec![bin_dir(d, &["bridge"])];
         let c = load(d, Runtime::Containerd, &bins).unwrap();
-        assert!(c.chosen.is_none(), "containerd would block on the FIFO: fail closed");
+        assert!(
+            c.chosen.is_none(),
+            "containerd would block on the FIFO: fail closed"
+        );
         let fifo = c.verdict_for("00-fifo.conflist").unwrap();
         assert_eq!(fifo.verdict, Verdict::FailedLoad);
         assert!(fifo.reason.contains("a FIFO"), "{}", fifo.reason);
@@ -1185,7 +1194,10 @@ mod tests {
     #[test]
     fn names_are_escaped_for_terminals_and_json() {
         assert_eq!(shown("05-\x1b[31mRED.conflist"), "05-\\x1b[31mRED.conflist");
-        assert_eq!(shown("05-\u{1b}[31mRED.conflist"), "05-\\x1b[31mRED.conflist");
+        assert_eq!(
+            shown("05-\u{1b}[31mRED.conflist"),
+            "05-\\x1b[31mRED.conflist"
+        );
         let raw = std::ffi::OsStr::from_bytes(b"10-\xff.conflist");
         assert_eq!(shown_os(raw), "10-\\xff.conflist");
         let t = tempfile::tempdir().unwrap();
@@ -1193,7 +1205,10 @@ mod tests {
         let e = load(t.path(), Runtime::Containerd, &[]).unwrap();
         let json = serde_json::to_string(&e).unwrap();
         let back: Value = serde_json::from_str(&json).unwrap();
-        assert!(back["chosen"]["path"].as_str().unwrap().ends_with("10-\\xff.conflist"));
+        assert!(back["chosen"]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("10-\\xff.conflist"));
     }
 
     #[test]
@@ -1201,7 +1216,10 @@ mod tests {
         assert_eq!("containerd".parse::<Runtime>(), Ok(Runtime::Containerd));
         assert_eq!("crio".parse::<Runtime>(), Ok(Runtime::Crio));
         assert_eq!("CRI-O".parse::<Runtime>(), Ok(Runtime::Crio));
-        assert!("docker".parse::<Runtime>().unwrap_err().contains("containerd, crio"));
+        assert!("docker"
+            .parse::<Runtime>()
+            .unwrap_err()
+            .contains("containerd, crio"));
     }
 
     fn list(v: Value) -> NetworkConfigList {
@@ -1210,30 +1228,63 @@ mod tests {
 
     #[test]
     fn runs_plugin_finds_the_entry_in_the_list_or_the_multus_delegate() {
-        let ok = list(serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}));
+        let ok = list(
+            serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}),
+        );
         let r = runs_plugin(&ok, "a", "interlock-cni").unwrap();
-        assert_eq!((r.placement, r.version.as_str()), (Placement::List, "1.0.0"));
-        let first = list(serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"interlock-cni"},{"type":"bridge"}]}));
-        assert!(runs_plugin(&first, "a", "interlock-cni").unwrap_err().contains("first"));
-        let twice = list(serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"},{"type":"interlock-cni"},{"type":"interlock-cni"}]}));
-        assert!(runs_plugin(&twice, "a", "interlock-cni").unwrap_err().contains("2 times"));
-        let none = list(serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}));
-        assert!(runs_plugin(&none, "a", "interlock-cni").unwrap_err().contains("does not contain"));
-        let multus = list(serde_json::json!({"cniVersion":"0.3.1","name":"m","plugins":[{"type":"multus","cniVersion":"0.3.1","delegates":[
-            {"cniVersion":"1.0.0","name":"d","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}]}]}));
+        assert_eq!(
+            (r.placement, r.version.as_str()),
+            (Placement::List, "1.0.0")
+        );
+        let first = list(
+            serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"interlock-cni"},{"type":"bridge"}]}),
+        );
+        assert!(runs_plugin(&first, "a", "interlock-cni")
+            .unwrap_err()
+            .contains("first"));
+        let twice = list(
+            serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"},{"type":"interlock-cni"},{"type":"interlock-cni"}]}),
+        );
+        assert!(runs_plugin(&twice, "a", "interlock-cni")
+            .unwrap_err()
+            .contains("2 times"));
+        let none = list(
+            serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}),
+        );
+        assert!(runs_plugin(&none, "a", "interlock-cni")
+            .unwrap_err()
+            .contains("does not contain"));
+        let multus = list(
+            serde_json::json!({"cniVersion":"0.3.1","name":"m","plugins":[{"type":"multus","cniVersion":"0.3.1","delegates":[
+            {"cniVersion":"1.0.0","name":"d","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}]}]}),
+        );
         let r = runs_plugin(&multus, "m", "interlock-cni").unwrap();
-        assert_eq!((r.placement, r.version.as_str()), (Placement::MultusDelegate, "1.0.0"));
+        assert_eq!(
+            (r.placement, r.version.as_str()),
+            (Placement::MultusDelegate, "1.0.0")
+        );
         // A delegate without its own version runs with the meta plugin's.
-        let inherit = list(serde_json::json!({"cniVersion":"0.4.0","name":"m","plugins":[{"type":"multus","cniVersion":"0.4.0","delegates":[
-            {"name":"d","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}]}]}));
-        assert_eq!(runs_plugin(&inherit, "m", "interlock-cni").unwrap().version, "0.4.0");
+        let inherit = list(
+            serde_json::json!({"cniVersion":"0.4.0","name":"m","plugins":[{"type":"multus","cniVersion":"0.4.0","delegates":[
+            {"name":"d","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}]}]}),
+        );
+        assert_eq!(
+            runs_plugin(&inherit, "m", "interlock-cni").unwrap().version,
+            "0.4.0"
+        );
         // Only a meta plugin's delegates run.
-        let fake = list(serde_json::json!({"cniVersion":"1.0.0","name":"m","plugins":[{"type":"bridge","delegates":[
-            {"plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}]}]}));
+        let fake = list(
+            serde_json::json!({"cniVersion":"1.0.0","name":"m","plugins":[{"type":"bridge","delegates":[
+            {"plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}]}]}),
+        );
         assert!(runs_plugin(&fake, "m", "interlock-cni").is_err());
         assert!(version_refused("f", "interlock-cni", "1.0.0", &[]).is_none());
-        assert!(version_refused("f", "interlock-cni", "0.2.0", &[]).unwrap().contains("\"0.2.0\""));
-        assert!(version_refused("f", "interlock-cni", "", &[]).unwrap().contains("0.1.0"));
+        assert!(version_refused("f", "interlock-cni", "0.2.0", &[])
+            .unwrap()
+            .contains("\"0.2.0\""));
+        assert!(version_refused("f", "interlock-cni", "", &[])
+            .unwrap()
+            .contains("0.1.0"));
         assert!(version_refused("f", "interlock-cni", "1.1.0", &["1.0.0".into()]).is_some());
     }
 

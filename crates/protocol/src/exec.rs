@@ -883,16 +883,25 @@ mod tests {
         assert!(matches!(e, ExecError::TimedOut { .. }), "{e}");
         assert!(e.to_string().contains("did not answer within"), "{e}");
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
-        let grandchild: i32 = std::fs::read_to_string(&pids).unwrap().trim().parse().unwrap();
-        let alive = || std::path::Path::new(&format!("/proc/{grandchild}")).exists()
-            && !std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
-                .unwrap_or_default()
-                .contains(") Z ");
+        let grandchild: i32 = std::fs::read_to_string(&pids)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let alive = || {
+            std::path::Path::new(&format!("/proc/{grandchild}")).exists()
+                && !std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+                    .unwrap_or_default()
+                    .contains(") Z ")
+        };
         let until = Instant::now() + Duration::from_secs(2);
         while alive() && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert!(!alive(), "the plugin's child {grandchild} survived the time box");
+        assert!(
+            !alive(),
+            "the plugin's child {grandchild} survived the time box"
+        );
 
         // A plugin that answers and leaves a child behind does not hold us either.
         let quick = d.path().join("quick");
