@@ -166,6 +166,9 @@ impl VersionCache {
     }
 }
 
+/// The largest plugin binary interlock accepts as `--plugin-source`.
+pub const MAX_PLUGIN_BYTES: u64 = 512 << 20;
+
 /// The plugin binary interlock installs, read once at start.
 #[derive(Debug)]
 pub struct PluginInstaller {
@@ -186,10 +189,12 @@ pub const PLUGIN_FILE: &str = "interlock-cni";
 impl PluginInstaller {
     /// Reads `source` and checks that it answers VERSION.
     pub fn new(source: &Path) -> Result<PluginInstaller, AgentError> {
-        let data = std::fs::read(source).map_err(|e| AgentError::PluginSource {
-            path: source.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+        // A regular file only (a FIFO would block the start), and not absurdly large.
+        let data = interlock_protocol::bounded::read_regular(source, MAX_PLUGIN_BYTES)
+            .map_err(|e| AgentError::PluginSource {
+                path: source.to_path_buf(),
+                reason: e.to_string(),
+            })?;
         let versions = query_versions(source).map_err(|reason| AgentError::PluginSource {
             path: source.to_path_buf(),
             reason,
@@ -286,15 +291,12 @@ impl PluginInstaller {
 /// allocate a second copy of the plugin (it would double the agent's peak memory).
 fn same_content(path: &Path, data: &[u8]) -> bool {
     use std::io::Read;
-    let Ok(mut f) = std::fs::File::open(path) else {
+    // Opened without blocking and only if it is a regular file of our size: anyone who
+    // can write the bin dir could have put a FIFO there.
+    let Ok((mut f, _)) = interlock_protocol::bounded::open_regular(path, data.len() as u64)
+    else {
         return false;
     };
-    if f.metadata()
-        .map(|m| m.len() != data.len() as u64)
-        .unwrap_or(true)
-    {
-        return false;
-    }
     let mut buf = [0u8; 64 * 1024];
     let mut offset = 0;
     loop {

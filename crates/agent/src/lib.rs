@@ -43,6 +43,18 @@ pub enum KubeMode {
     None,
 }
 
+impl std::str::FromStr for KubeMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<KubeMode, String> {
+        match s {
+            "auto" => Ok(KubeMode::Auto),
+            "none" => Ok(KubeMode::None),
+            other => Err(format!("unknown Kubernetes mode {other:?} (expected auto or none)")),
+        }
+    }
+}
+
 /// Everything `interlock agent` is told on its command line.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -142,10 +154,15 @@ impl AgentConfig {
 
 /// The `interlock-cni` entry the agent writes for a plugin whose state lives in `state_dir`.
 pub fn plugin_entry(state_dir: &Path) -> Map<String, Value> {
+    let mut caps = Map::new();
+    caps.insert(
+        interlock_contract::POD_ANNOTATIONS_CAPABILITY.into(),
+        Value::Bool(true),
+    );
     let v = serde_json::json!({
         "type": plan::PLUGIN_TYPE,
         "stateDir": state_dir.display().to_string(),
-        "capabilities": { "io.kubernetes.cri.pod-annotations": true },
+        "capabilities": caps,
     });
     match v {
         Value::Object(m) => m,
@@ -190,7 +207,8 @@ pub fn load_plugin_config(path: &Path) -> Result<Map<String, Value>, AgentError>
         path: path.to_path_buf(),
         reason,
     };
-    let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+    let bytes = interlock_protocol::bounded::read_config(path)
+        .map_err(|e| bad(format!("cannot read: {e}")))?;
     let map = match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(m)) => m,
         Ok(other) => {

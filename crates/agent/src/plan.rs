@@ -38,6 +38,18 @@ pub enum ConfigMode {
     Chain,
 }
 
+impl std::str::FromStr for ConfigMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<ConfigMode, String> {
+        match s {
+            "owned" => Ok(ConfigMode::Owned),
+            "chain" => Ok(ConfigMode::Chain),
+            other => Err(format!("unknown config mode {other:?} (expected owned or chain)")),
+        }
+    }
+}
+
 /// What the guard is asked to maintain.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -423,8 +435,8 @@ fn chain_into(
                 "plugins".into(),
                 Value::Array(chain_plugins(parsed.plugins(), entry)),
             );
-            fit_version(&mut list, c.name(), settings, facts)
-                .map_err(|e| format!("cannot chain into {}: {e}", c.name()))?;
+            fit_version(&mut list, &c.entry.shown(), settings, facts)
+                .map_err(|e| format!("cannot chain into {}: {e}", c.entry.shown()))?;
             let actions = if list == *parsed.original() && ordered_eq(&list, parsed.original()) {
                 vec![]
             } else {
@@ -456,11 +468,11 @@ fn chain_into(
                     let had = d0.clone();
                     fit_version(
                         d0,
-                        &format!("the first delegate of {}", c.name()),
+                        &format!("the first delegate of {}", c.entry.shown()),
                         settings,
                         facts,
                     )
-                    .map_err(|e| format!("cannot chain into {}: {e}", c.name()))?;
+                    .map_err(|e| format!("cannot chain into {}: {e}", c.entry.shown()))?;
                     if had == *d0 && !delegate_has_version(parsed.original()) {
                         // Only added for the check: leave the file as it was.
                         d0.remove("cniVersion");
@@ -489,9 +501,10 @@ fn chain_into(
                     .is_some_and(|w| has_any_entry(&w) && is_wrap_of(&w, parsed));
                 if !ours {
                     return Err(format!(
-                        "cannot wrap {} into {wrapped}: {wrapped} already exists and is not ours; \
+                        "cannot wrap {} into {w}: {w} already exists and is not ours; \
                          remove one of them or set --chain-target",
-                        c.name()
+                        c.entry.shown(),
+                        w = confdir::shown(&wrapped)
                     ));
                 }
             }
@@ -500,8 +513,14 @@ fn chain_into(
                 "plugins".into(),
                 Value::Array(chain_plugins(parsed.plugins(), entry)),
             );
-            fit_version(&mut list, c.name(), settings, facts)
-                .map_err(|e| format!("cannot wrap {} into {wrapped}: {e}", c.name()))?;
+            fit_version(&mut list, &c.entry.shown(), settings, facts)
+                .map_err(|e| {
+                    format!(
+                        "cannot wrap {} into {}: {e}",
+                        c.entry.shown(),
+                        confdir::shown(&wrapped)
+                    )
+                })?;
             let bytes = render(&list);
             let mut actions = vec![];
             if existing.and_then(|e| e.content.as_deref()) != Some(bytes.as_slice())
@@ -587,7 +606,7 @@ fn plan_owned(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
     else {
         let why = match first_foreign.parsed() {
             Err(e) => e.clone(),
-            Ok(_) => format!("{}: plugin binaries missing", first_foreign.name()),
+            Ok(_) => format!("{}: plugin binaries missing", first_foreign.entry.shown()),
         };
         // Keep whatever we wrote: the primary is probably mid-way through a rewrite.
         return Plan {
@@ -640,8 +659,15 @@ fn plan_owned(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
             blocks_ready: false,
         };
     };
-    let Ok(parsed) = primary.parsed() else {
-        unreachable!("usable implies parsed")
+    let parsed = match primary.parsed() {
+        Ok(p) => p,
+        // `usable` said it parsed; keep what we wrote rather than panic if not.
+        Err(e) => {
+            return Plan {
+                problem: Some(format!("no valid primary CNI config to copy ({e})")),
+                ..Plan::default()
+            }
+        }
     };
     let mut list = parsed.list.raw().clone();
     let plugins = chain_plugins(parsed.plugins(), &settings.entry);
@@ -657,13 +683,13 @@ fn plan_owned(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
     );
     list.insert("cniVersion".into(), Value::String(version));
     list.insert("plugins".into(), Value::Array(plugins));
-    if let Err(e) = fit_version(&mut list, primary.name(), settings, facts) {
+    if let Err(e) = fit_version(&mut list, &primary.entry.shown(), settings, facts) {
         // Writing it would make interlock-cni refuse every ADD. Keep what we wrote (the
         // runtime keeps working with it) but stay not-ready: the copy cannot follow.
         return Plan {
             actions: vec![],
             target: None,
-            problem: Some(format!("cannot copy {}: {e}", primary.name())),
+            problem: Some(format!("cannot copy {}: {e}", primary.entry.shown())),
             blocks_ready: true,
         };
     }

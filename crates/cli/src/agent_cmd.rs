@@ -2,24 +2,12 @@
 //! variable) turned into an `interlock_agent::AgentConfig`.
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use interlock_agent::plan::ConfigMode;
 use interlock_agent::{AgentConfig, KubeMode, Runtime};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ModeArg {
-    Owned,
-    Chain,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum KubeArg {
-    Auto,
-    None,
-}
 
 /// How `INTERLOCK_CNI_BIN_DIR` separates several bin dirs, for `agent`, `uninstall`
 /// and `check` alike: ':' as in `CNI_PATH` and `PATH`.
@@ -54,13 +42,8 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub dirs: Dirs,
     /// owned: write our own config sorting first; chain: insert into the target in place.
-    #[arg(
-        long,
-        env = "INTERLOCK_CONFIG_MODE",
-        value_enum,
-        default_value = "owned"
-    )]
-    pub config_mode: ModeArg,
+    #[arg(long, env = "INTERLOCK_CONFIG_MODE", default_value = "owned")]
+    pub config_mode: ConfigMode,
     /// Chain mode: the file to chain into (default: the one the runtime loads).
     #[arg(long, env = "INTERLOCK_CHAIN_TARGET")]
     pub chain_target: Option<String>,
@@ -68,8 +51,8 @@ pub struct AgentArgs {
     #[arg(long, env = "INTERLOCK_RUNTIME", default_value = "containerd")]
     pub runtime: Runtime,
     /// Kubernetes API integration (auto is not available yet and behaves like none).
-    #[arg(long, env = "INTERLOCK_KUBE", value_enum, default_value = "auto")]
-    pub kube: KubeArg,
+    #[arg(long, env = "INTERLOCK_KUBE", default_value = "auto")]
+    pub kube: KubeMode,
     /// Address for /healthz, /readyz and /metrics.
     #[arg(long, env = "INTERLOCK_HEALTH_ADDR", default_value = "127.0.0.1:9102")]
     pub health_addr: SocketAddr,
@@ -136,16 +119,10 @@ pub fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     cfg.conf_dir = a.dirs.cni_conf_dir;
     cfg.bin_dirs = a.dirs.cni_bin_dirs;
     cfg.state_dir = a.dirs.state_dir;
-    cfg.mode = match a.config_mode {
-        ModeArg::Owned => ConfigMode::Owned,
-        ModeArg::Chain => ConfigMode::Chain,
-    };
+    cfg.mode = a.config_mode;
     cfg.chain_target = a.chain_target;
     cfg.runtime = a.runtime;
-    cfg.kube = match a.kube {
-        KubeArg::Auto => KubeMode::Auto,
-        KubeArg::None => KubeMode::None,
-    };
+    cfg.kube = a.kube;
     cfg.health_addr = a.health_addr;
     cfg.uninstall_on_exit = a.uninstall_on_exit;
     cfg.allow_ahead = a.allow_ahead;
