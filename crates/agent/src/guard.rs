@@ -392,6 +392,32 @@ impl Guard {
         changed
     }
 
+    /// The runtime would load a config without us right now: /readyz says so for the
+    /// duration of the repair (not logged, not marked: it lasts milliseconds).
+    fn mark_repairing(&self, snap: &Snapshot, facts: &Facts) {
+        if let Err(e) = self.verdict(snap, facts) {
+            if self.shared.readiness().ready {
+                self.shared.set_readiness(Readiness {
+                    ready: false,
+                    reason: format!("repairing: {e}"),
+                    effective: None,
+                });
+            }
+        }
+    }
+
+    /// Counts a repair (`changed`) or, when there was nothing to do, resets the retries.
+    fn count(&mut self, changed: bool, converged: bool, started: Instant) {
+        if changed {
+            self.shared
+                .repairs
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.shared.observe_repair(started.elapsed().as_secs_f64());
+        } else if converged {
+            self.retries = 0;
+        }
+    }
+
     /// One reconcile: read → plan → apply → count → publish. `full` also re-hashes the
     /// installed binaries.
     pub fn reconcile(&mut self, bins: bool, full: bool) {
@@ -421,27 +447,14 @@ impl Guard {
         let blocked = self.record_conflicts(&plan, &snap, now);
         let mut changed = false;
         if blocked.is_none() && !plan.actions.is_empty() {
-            // The runtime would load a config without us right now: /readyz says so for
-            // the duration of the repair (not logged, not marked: it lasts milliseconds).
-            if let Err(e) = self.verdict(&snap, &facts) {
-                if self.shared.readiness().ready {
-                    self.shared.set_readiness(Readiness {
-                        ready: false,
-                        reason: format!("repairing: {e}"),
-                        effective: None,
-                    });
-                }
-            }
+            self.mark_repairing(&snap, &facts);
             changed = self.apply_plan(&plan);
         }
-        if changed {
-            self.shared
-                .repairs
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.shared.observe_repair(started.elapsed().as_secs_f64());
-        } else if blocked.is_none() && plan.actions.is_empty() {
-            self.retries = 0;
-        }
+        self.count(
+            changed,
+            blocked.is_none() && plan.actions.is_empty(),
+            started,
+        );
         self.publish_conflicts(now);
         // Readiness from the directory as it is now.
         let verdict = if changed {

@@ -190,10 +190,12 @@ impl PluginInstaller {
     /// Reads `source` and checks that it answers VERSION.
     pub fn new(source: &Path) -> Result<PluginInstaller, AgentError> {
         // A regular file only (a FIFO would block the start), and not absurdly large.
-        let data = interlock_protocol::bounded::read_regular(source, MAX_PLUGIN_BYTES)
-            .map_err(|e| AgentError::PluginSource {
-                path: source.to_path_buf(),
-                reason: e.to_string(),
+        let data =
+            interlock_protocol::bounded::read_regular(source, MAX_PLUGIN_BYTES).map_err(|e| {
+                AgentError::PluginSource {
+                    path: source.to_path_buf(),
+                    reason: e.to_string(),
+                }
             })?;
         let versions = query_versions(source).map_err(|reason| AgentError::PluginSource {
             path: source.to_path_buf(),
@@ -293,8 +295,7 @@ fn same_content(path: &Path, data: &[u8]) -> bool {
     use std::io::Read;
     // Opened without blocking and only if it is a regular file of our size: anyone who
     // can write the bin dir could have put a FIFO there.
-    let Ok((mut f, _)) = interlock_protocol::bounded::open_regular(path, data.len() as u64)
-    else {
+    let Ok((mut f, _)) = interlock_protocol::bounded::open_regular(path, data.len() as u64) else {
         return false;
     };
     let mut buf = [0u8; 64 * 1024];

@@ -50,7 +50,9 @@ impl std::str::FromStr for KubeMode {
         match s {
             "auto" => Ok(KubeMode::Auto),
             "none" => Ok(KubeMode::None),
-            other => Err(format!("unknown Kubernetes mode {other:?} (expected auto or none)")),
+            other => Err(format!(
+                "unknown Kubernetes mode {other:?} (expected auto or none)"
+            )),
         }
     }
 }

@@ -45,7 +45,9 @@ impl std::str::FromStr for ConfigMode {
         match s {
             "owned" => Ok(ConfigMode::Owned),
             "chain" => Ok(ConfigMode::Chain),
-            other => Err(format!("unknown config mode {other:?} (expected owned or chain)")),
+            other => Err(format!(
+                "unknown config mode {other:?} (expected owned or chain)"
+            )),
         }
     }
 }
@@ -513,14 +515,13 @@ fn chain_into(
                 "plugins".into(),
                 Value::Array(chain_plugins(parsed.plugins(), entry)),
             );
-            fit_version(&mut list, &c.entry.shown(), settings, facts)
-                .map_err(|e| {
-                    format!(
-                        "cannot wrap {} into {}: {e}",
-                        c.entry.shown(),
-                        confdir::shown(&wrapped)
-                    )
-                })?;
+            fit_version(&mut list, &c.entry.shown(), settings, facts).map_err(|e| {
+                format!(
+                    "cannot wrap {} into {}: {e}",
+                    c.entry.shown(),
+                    confdir::shown(&wrapped)
+                )
+            })?;
             let bytes = render(&list);
             let mut actions = vec![];
             if existing.and_then(|e| e.content.as_deref()) != Some(bytes.as_slice())
