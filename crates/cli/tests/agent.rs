@@ -1156,3 +1156,36 @@ fn chain_mode_refuses_a_symlinked_or_non_utf8_primary_with_a_reason() {
     );
     assert_eq!(std::fs::read(d.conf.join(raw)).unwrap(), CALICO.as_bytes());
 }
+
+/// Issue 7 item 4: `uninstall` reads the conf dir the bounded way too — a FIFO and a
+/// link to /dev/zero named like configs do not hang it.
+#[test]
+fn uninstall_is_not_stalled_by_hostile_entries() {
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let a = d.agent(&[]);
+    let owned = wait_protected(&d, &a);
+    a.terminate();
+    mkfifo(&d.conf.join("99-fifo.json"));
+    mkfifo(&d.conf.join("05-fifo.conflist"));
+    std::os::unix::fs::symlink("/dev/zero", d.conf.join("50-zero.conflist")).unwrap();
+    let mut child = d
+        .interlock("uninstall")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            panic!("uninstall hung on a FIFO in the conf dir");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(d.read(&owned).is_none());
+    assert_eq!(d.read("10-calico.conflist").unwrap(), CALICO.as_bytes());
+}
