@@ -43,6 +43,34 @@ pub fn snapshot(dir: &Path) -> std::io::Result<Snapshot> {
     confdir::read_with(dir, &|n| n.ends_with(BACKUP_SUFFIX))
 }
 
+/// Reads the conf dir for the guard: like [`snapshot`], but in owned mode config files
+/// sorting after the primary (the first foreign `.conflist` the runtime could use, not a
+/// meta plugin's) are not read — no decision of the guard looks at them — unless they
+/// are named like ours. Chain mode, and a `.conf` primary (which may be wrapped into the
+/// `.conflist` sorting after it), read them all.
+pub fn snapshot_for(cfg: &AgentConfig) -> std::io::Result<Snapshot> {
+    let also = |n: &str| n.ends_with(BACKUP_SUFFIX) || plan::is_owned_name(n);
+    if cfg.mode == plan::ConfigMode::Chain {
+        return confdir::read_with(&cfg.conf_dir, &also);
+    }
+    let crio = cfg.runtime == confdir::Runtime::Crio;
+    let dirs = &cfg.bin_dirs;
+    let primary = |e: &confdir::DirEntry| {
+        !plan::is_owned_name(&e.name)
+            && e.name.ends_with(".conflist")
+            && !cfg.allow_ahead.iter().any(|a| a.ends_with(&e.name))
+            && e.parse().is_ok_and(|p| {
+                let types = p.list.plugin_types();
+                !types.iter().any(|t| plan::META_PLUGIN_TYPES.contains(t))
+                    && (!crio
+                        || types
+                            .iter()
+                            .all(|t| confdir::find_plugin(t, dirs).is_some()))
+            })
+    };
+    confdir::read_until(&cfg.conf_dir, &also, Some(&primary))
+}
+
 /// Whether the runtime loads `cfg`'s entry from `snap` (`Ok(file)`) or why not: the
 /// conf-dir half of the agent's readiness, by the same code as `interlock check`
 /// ([`plan::check_effective_with`]), with the bin dirs looked up for real (CRI-O's rules)
@@ -429,7 +457,7 @@ impl Guard {
             self.check_binaries(full);
         }
         let dir = self.cfg.conf_dir.clone();
-        let snap = match snapshot(&dir) {
+        let snap = match snapshot_for(&self.cfg) {
             Ok(s) => s,
             Err(e) => {
                 self.set_ready(Readiness {
@@ -458,7 +486,7 @@ impl Guard {
         self.publish_conflicts(now);
         // Readiness from the directory as it is now.
         let verdict = if changed {
-            snapshot(&dir)
+            snapshot_for(&self.cfg)
                 .map_err(|e| format!("cannot read conf dir {}: {e}", dir.display()))
                 .and_then(|s| self.verdict(&s, &facts))
         } else {
@@ -810,6 +838,38 @@ mod tests {
 #[cfg(test)]
 mod pure_tests {
     use super::*;
+
+    #[test]
+    fn the_guard_does_not_read_configs_after_the_primary() {
+        let d = tempfile::tempdir().unwrap();
+        let w = |n: &str, c: &str| std::fs::write(d.path().join(n), c).unwrap();
+        w("05-broken.conflist", "{");
+        w(
+            "10-primary.conflist",
+            r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}"#,
+        );
+        w(
+            "50-later.conflist",
+            r#"{"cniVersion":"1.0.0","name":"l","plugins":[{"type":"bridge"}]}"#,
+        );
+        w("90-interlock.conflist", "{}");
+        w("10-x.conf.interlock-orig", "{}");
+        let mut cfg = AgentConfig::new(PathBuf::from("/nonexistent"));
+        cfg.conf_dir = d.path().to_path_buf();
+        let snap = snapshot_for(&cfg).unwrap();
+        let content = |n: &str| snap.get(n).unwrap().content.is_some();
+        assert!(content("05-broken.conflist") && content("10-primary.conflist"));
+        assert!(!content("50-later.conflist"), "read past the primary");
+        assert!(content("90-interlock.conflist") && content("10-x.conf.interlock-orig"));
+        // In chain mode, everything is read.
+        cfg.mode = plan::ConfigMode::Chain;
+        assert!(snapshot_for(&cfg)
+            .unwrap()
+            .get("50-later.conflist")
+            .unwrap()
+            .content
+            .is_some());
+    }
 
     #[test]
     fn log_lines_never_carry_raw_escape_sequences() {

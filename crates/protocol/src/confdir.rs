@@ -227,7 +227,8 @@ pub struct DirEntry {
     pub is_dir: bool,
     /// The name is a symbolic link (the runtimes follow it).
     pub is_symlink: bool,
-    /// File content; `None` when not read (not a config name, or unreadable).
+    /// File content; `None` when not read (not a config name, unreadable, or sorting
+    /// after the file a [`read_until`] stopped at).
     pub content: Option<Vec<u8>>,
     /// Why the content could not be read (not a regular file, over the cap, gone…).
     pub unreadable: Option<String>,
@@ -428,6 +429,18 @@ pub fn read(dir: &Path) -> io::Result<Snapshot> {
 /// [`read`], also reading the content of entries for which `also_read(name)` is true
 /// (e.g. the agent's backups of wrapped files).
 pub fn read_with(dir: &Path, also_read: &dyn Fn(&str) -> bool) -> io::Result<Snapshot> {
+    read_until(dir, also_read, None)
+}
+
+/// [`read_with`], reading config files in the runtime's order only until `stop` says the
+/// decision has what it needs (e.g. containerd: the first file that parses). Config files
+/// after that are listed but not read (their content is `None`, they parse as "not
+/// read"), unless `also_read` names them.
+pub fn read_until(
+    dir: &Path,
+    also_read: &dyn Fn(&str) -> bool,
+    stop: Option<&dyn Fn(&DirEntry) -> bool>,
+) -> io::Result<Snapshot> {
     let rd = fs::read_dir(dir).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -438,7 +451,6 @@ pub fn read_with(dir: &Path, also_read: &dyn Fn(&str) -> bool) -> io::Result<Sna
     for e in rd {
         let e = e?;
         let os_name = e.file_name();
-        let path = e.path();
         // The listing's own type, not following links (Go's DirEntry.IsDir).
         let Ok(t) = e.file_type() else { continue };
         let name = os_name.to_string_lossy().into_owned();
@@ -452,21 +464,36 @@ pub fn read_with(dir: &Path, also_read: &dyn Fn(&str) -> bool) -> io::Result<Sna
             mode: 0,
             uid: 0,
         };
+        let path = e.path();
         if let Ok(m) = fs::metadata(&path).or_else(|_| fs::symlink_metadata(&path)) {
             use std::os::unix::fs::MetadataExt;
             entry.mode = m.permissions().mode() & 0o7777;
             entry.uid = m.uid();
         }
-        let wanted = entry.is_config() || (entry.utf8_name() && also_read(&entry.name));
-        if wanted && !entry.is_dir {
-            match bounded::read_config(&path) {
-                Ok(c) => entry.content = Some(c),
-                // Gone between the listing and the read: as if never listed.
-                Err(err) if err.is_not_found() => continue,
-                Err(err) => entry.unreadable = Some(err.to_string()),
-            }
-        }
         entries.push(entry);
+    }
+    // The runtime's order, so that reading can stop where the decision does.
+    entries.sort_by(|a, b| a.os_name.as_bytes().cmp(b.os_name.as_bytes()));
+    let mut stopped = false;
+    let mut gone = vec![];
+    for (i, entry) in entries.iter_mut().enumerate() {
+        let extra = entry.utf8_name() && also_read(&entry.name);
+        let config = entry.is_config() && !stopped;
+        if entry.is_dir || !(config || extra) {
+            continue;
+        }
+        match bounded::read_config(&dir.join(&entry.os_name)) {
+            Ok(c) => entry.content = Some(c),
+            // Gone between the listing and the read: as if never listed.
+            Err(err) if err.is_not_found() => gone.push(i),
+            Err(err) => entry.unreadable = Some(err.to_string()),
+        }
+        if config && stop.is_some_and(|f| f(entry)) {
+            stopped = true;
+        }
+    }
+    for i in gone.into_iter().rev() {
+        entries.remove(i);
     }
     Ok(Snapshot {
         dir: dir.to_path_buf(),
