@@ -232,6 +232,9 @@ pub struct DirEntry {
     pub content: Option<Vec<u8>>,
     /// Why the content could not be read (not a regular file, over the cap, gone…).
     pub unreadable: Option<String>,
+    /// interlock refused to read it (not a regular file, or over the size cap) although a
+    /// runtime would try: what the runtime makes of it is unknown.
+    pub refused: bool,
     /// Permission bits of what the name resolves to.
     pub mode: u32,
     /// Owner of what the name resolves to.
@@ -248,6 +251,7 @@ impl DirEntry {
             is_symlink: false,
             content: Some(content.to_vec()),
             unreadable: None,
+            refused: false,
             mode,
             uid: 0,
         }
@@ -461,6 +465,7 @@ pub fn read_until(
             is_symlink: t.is_symlink(),
             content: None,
             unreadable: None,
+            refused: false,
             mode: 0,
             uid: 0,
         };
@@ -486,7 +491,14 @@ pub fn read_until(
             Ok(c) => entry.content = Some(c),
             // Gone between the listing and the read: as if never listed.
             Err(err) if err.is_not_found() => gone.push(i),
-            Err(err) => entry.unreadable = Some(err.to_string()),
+            Err(err) => {
+                entry.refused = matches!(
+                    err,
+                    bounded::BoundedReadError::NotRegular { .. }
+                        | bounded::BoundedReadError::TooLarge { .. }
+                );
+                entry.unreadable = Some(err.to_string());
+            }
         }
         if config && stop.is_some_and(|f| f(entry)) {
             stopped = true;
@@ -641,6 +653,40 @@ pub fn crio_rules(cands: &[Candidate<'_>], dir: &Path, bins: &Binaries<'_>) -> J
     let mut summary = String::new();
     for (i, c) in cands.iter().enumerate() {
         let name = c.entry.shown();
+        if c.entry.refused && chosen.is_some() {
+            let why = c.entry.unreadable.clone().unwrap_or_default();
+            verdicts.push((
+                Verdict::NotReached,
+                format!("{why}; it sorts after CRI-O's default network, so it does not change it"),
+            ));
+            continue;
+        }
+        if c.entry.refused {
+            // CRI-O would read it: it might block, run out of memory, or load it as the
+            // default network. Which network it uses is unknown: fail closed.
+            let why = c.entry.unreadable.clone().unwrap_or_default();
+            verdicts.push((
+                Verdict::FailedLoad,
+                format!("{why}; CRI-O would read it and might block on it or load it, so which network CRI-O uses is unknown"),
+            ));
+            let stop = format!(
+                "not judged: interlock cannot tell what CRI-O makes of {name}, which sorts before"
+            );
+            verdicts.extend(
+                cands[i + 1..]
+                    .iter()
+                    .map(|_| (Verdict::NotReached, stop.clone())),
+            );
+            return Judgement {
+                verdicts,
+                chosen: None,
+                summary: format!(
+                    "CRI-O's network is UNKNOWN: {name} sorts before any usable file and interlock refused to read it \
+                     (not a regular file, or over {} bytes); remove it",
+                    bounded::MAX_CONFIG_BYTES
+                ),
+            };
+        }
         let p = match c.parsed() {
             Ok(p) => p,
             Err(e) => {
@@ -1206,16 +1252,34 @@ mod tests {
         let fifo = c.verdict_for("00-fifo.conflist").unwrap();
         assert_eq!(fifo.verdict, Verdict::FailedLoad);
         assert!(fifo.reason.contains("a FIFO"), "{}", fifo.reason);
+        // CRI-O would read them (and block, or run out of memory, or load one): fail
+        // closed instead of guessing that it skips them.
         let o = load(d, Runtime::Crio, &bins).unwrap();
-        assert_eq!(o.chosen_name().as_deref(), Some("10-good.conflist"));
+        assert!(o.chosen.is_none(), "{o:?}");
+        assert!(
+            o.summary.contains("UNKNOWN") && o.summary.contains("00-fifo.conflist"),
+            "{}",
+            o.summary
+        );
+        fs::remove_file(d.join("00-fifo.conflist")).unwrap();
+        let o = load(d, Runtime::Crio, &bins).unwrap();
+        assert!(o.chosen.is_none());
         let zero = o.verdict_for("01-zero.conflist").unwrap();
+        assert_eq!(zero.verdict, Verdict::FailedLoad);
         assert!(zero.reason.contains("character device"), "{}", zero.reason);
-        let big = o.verdict_for("02-big.json").unwrap();
+        fs::remove_file(d.join("01-zero.conflist")).unwrap();
+        let c = load(d, Runtime::Containerd, &bins).unwrap();
+        let big = c.verdict_for("02-big.json").unwrap();
+        assert_eq!(big.verdict, Verdict::FailedLoad);
         assert!(
             big.reason.contains("1048576") && big.reason.contains("02-big.json"),
             "{}",
             big.reason
         );
+        // A file interlock cannot read after CRI-O's choice does not matter.
+        fs::rename(d.join("02-big.json"), d.join("20-big.json")).unwrap();
+        let o = load(d, Runtime::Crio, &bins).unwrap();
+        assert_eq!(o.chosen_name().as_deref(), Some("10-good.conflist"));
     }
 
     #[test]
