@@ -92,9 +92,9 @@ pub struct AgentConfig {
     /// validated by [`load_plugin_config`]. `type`, `stateDir` and the pod-annotations
     /// capability are always the agent's.
     pub plugin_config: Map<String, Value>,
-    /// Undos of one file within `conflict_window` that trigger a back-off (0: never).
+    /// Conflicts on one file within `conflict_window` that trigger a back-off (0: never).
     pub conflict_threshold: u32,
-    /// Window for counting undos.
+    /// Window for counting conflicts (another writer taking interlock out of a file).
     pub conflict_window: Duration,
 }
 

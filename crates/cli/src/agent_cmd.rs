@@ -89,7 +89,7 @@ pub struct AgentArgs {
         hide = true
     )]
     pub marker_stale_ms: u64,
-    /// Undos of one file per second after which the agent backs off (0: never).
+    /// Conflicts on one file per second after which the agent backs off (0: never).
     #[arg(
         long,
         env = "INTERLOCK_CONFLICT_THRESHOLD",

@@ -123,7 +123,7 @@ fn aws_node_like_rename_writer_owned_copy_follows() {
 }
 
 #[test]
-fn chain_mode_fighting_rewriter_backs_off_reports_file_then_repairs() {
+fn chain_mode_conflicting_rewriter_backs_off_reports_file_then_repairs() {
     let d = Dirs::new();
     d.write("10-calico.conflist", CALICO);
     let a = d.agent(&["--config-mode", "chain"]);
@@ -159,7 +159,7 @@ fn chain_mode_fighting_rewriter_backs_off_reports_file_then_repairs() {
     assert!(a
         .log_text()
         .contains("keeps being rewritten by another writer"));
-    // Backing off means not spinning: few writes while the fight goes on.
+    // Backing off means not spinning: few writes while the conflict goes on.
     let w0 = a.metric("interlock_config_writes_total").unwrap();
     std::thread::sleep(Duration::from_millis(700));
     let w1 = a.metric("interlock_config_writes_total").unwrap();
@@ -851,10 +851,10 @@ fn invalid_plugin_config_exits_naming_file_and_field() {
 /// Two agents with different flags on one conf dir: A in owned mode, B in chain mode.
 ///
 /// Designed behaviour: B (chain) removes owned files as part of its plan, A (owned)
-/// writes `00-interlock.conflist` back. A counts each removal as an undo of its file and,
+/// writes `00-interlock.conflist` back. A counts each removal as a conflict on its file and,
 /// past the conflict threshold, backs off (1 s, then doubling), stays not-ready and
 /// names `00-interlock.conflist` (log, `/readyz`, `interlock_config_backoff`). B does not
-/// count A's file as a fight (it carries the same entry), keeps its entry in the
+/// count A's file as a conflict (it carries the same entry), keeps its entry in the
 /// primary's file and stays ready. So the writes are bounded (no spinning), and the
 /// effective config carries interlock-cni the whole time: either A's copy or B's chained
 /// primary.
@@ -865,7 +865,7 @@ fn owned_and_chain_agents_on_one_dir_back_off_and_keep_interlock_effective() {
     let a = d.agent(&[]);
     assert_eq!(wait_protected(&d, &a), "00-interlock.conflist");
     let b = d.agent(&["--config-mode", "chain"]);
-    // A notices the fight and backs off, naming the file.
+    // A notices the conflict and backs off, naming the file.
     wait_until(
         Duration::from_secs(5),
         || {
@@ -888,7 +888,7 @@ fn owned_and_chain_agents_on_one_dir_back_off_and_keep_interlock_effective() {
         .1
         .contains("interlock_config_backoff{file=\"00-interlock.conflist\"} 1"));
     // Over the next seconds: interlock stays effective at every sample, and the number
-    // of writes stays bounded (an unchecked fight would be thousands per second).
+    // of writes stays bounded (an unchecked conflict would be thousands per second).
     let writes = |x: &Agent| x.metric("interlock_config_writes_total").unwrap();
     let w0 = writes(&a) + writes(&b);
     let start = Instant::now();
