@@ -1,5 +1,13 @@
 //! The config guard's thin layer: reads the conf dir, asks [`crate::plan`] what to do,
-//! does it with atomic writes, and keeps readiness and the STATUS marker truthful.
+//! does it with atomic writes, and keeps readiness and the STATUS marker truthful. The
+//! decisions are elsewhere and pure: what to write ([`crate::plan`]), which changes are
+//! conflicts and when to back off ([`crate::conflict`]), whether the node is ready
+//! ([`crate::readiness`]); which file the runtime loads is `interlock_protocol::confdir`.
+//!
+//! Nothing in the directory can stall it: reads are of regular files only, bounded
+//! (`interlock_protocol::bounded`), and stop at the primary in owned mode; plugin VERSION
+//! questions are asked off this thread ([`VersionCache`]) and waited for at most
+//! [`VERSION_WAIT`]. Every completed pass of the loop calls `Shared::tick()`.
 //!
 //! One dedicated thread runs [`Guard::run`]; an inotify thread wakes it whenever anything
 //! in the conf dir or a bin dir changes, and a timer drives the periodic resync, the marker
