@@ -1,26 +1,39 @@
 //! The config guard's thin layer: reads the conf dir, asks [`crate::plan`] what to do,
-//! does it with atomic writes, and keeps readiness and the STATUS marker truthful.
+//! does it with atomic writes, and keeps readiness and the STATUS marker truthful. The
+//! decisions are elsewhere and pure: what to write ([`crate::plan`]), which changes are
+//! conflicts and when to back off ([`crate::conflict`]), whether the node is ready
+//! ([`crate::readiness`]); which file the runtime loads is `interlock_protocol::confdir`.
+//!
+//! Nothing in the directory can stall it: reads are of regular files only, bounded
+//! (`interlock_protocol::bounded`), and stop at the primary in owned mode; plugin VERSION
+//! questions are asked off this thread ([`VersionCache`]) and waited for at most
+//! [`VERSION_WAIT`]. Every completed pass of the loop calls `Shared::tick()`.
 //!
 //! One dedicated thread runs [`Guard::run`]; an inotify thread wakes it whenever anything
 //! in the conf dir or a bin dir changes, and a timer drives the periodic resync, the marker
 //! heartbeat, retries and the end of back-offs. Our own writes wake it too; that
 //! reconcile finds nothing to do, so there is no repair loop.
 
-use crate::fight::{FightTracker, Verdict};
-use crate::install::{find_plugin, PluginInstaller, VersionCache, PLUGIN_FILE};
+use crate::conflict::{conflicting_files, ConflictTracker, Verdict};
+use crate::install::{PluginInstaller, VersionCache, PLUGIN_FILE};
 use crate::marker::{self, Marker};
 use crate::plan::{self, Action, Facts, Settings, BACKUP_SUFFIX};
+use crate::readiness;
 use crate::status::{FileConflict, Readiness, Shared};
-use crate::view::{is_candidate_name, parse_candidate, DirEntry, DirSnapshot};
 use crate::AgentConfig;
 use interlock_protocol::atomic::write_file_atomic;
+use interlock_protocol::confdir::{self, Binaries, Snapshot};
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
+
+/// How long one reconcile waits for plugin VERSION answers it does not have cached yet.
+/// A plugin slower than this is answered in the background (and killed after
+/// [`interlock_protocol::exec::VERSION_TIMEOUT`]); the repair goes ahead without it.
+pub const VERSION_WAIT: Duration = Duration::from_millis(100);
 
 /// Messages to the guard thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,108 +46,119 @@ pub enum Wake {
     Stop,
 }
 
-/// Reads the conf dir: every regular file, with content for candidates, owned files and
-/// our backups (the names the planner looks at).
-pub fn snapshot(dir: &Path) -> std::io::Result<DirSnapshot> {
-    let mut entries = vec![];
-    for e in std::fs::read_dir(dir)? {
-        let e = e?;
-        let name = e.file_name().to_string_lossy().into_owned();
-        let relevant = is_candidate_name(&name) || name.ends_with(BACKUP_SUFFIX);
-        // Follows symlinks like the runtimes do; a file that vanished meanwhile is skipped.
-        let Ok(meta) = std::fs::metadata(e.path()) else {
-            continue;
-        };
-        if meta.is_dir() {
-            continue;
-        }
-        let content = if relevant {
-            match std::fs::read(e.path()) {
-                Ok(c) => Some(c),
-                Err(_) => continue,
-            }
-        } else {
-            None
-        };
-        entries.push(DirEntry {
-            name,
-            content,
-            mode: meta.permissions().mode() & 0o7777,
-        });
-    }
-    Ok(DirSnapshot { entries })
+/// Reads the conf dir ([`confdir::read`]: bounded reads of regular files only) with the
+/// content of our backups too.
+pub fn snapshot(dir: &Path) -> std::io::Result<Snapshot> {
+    confdir::read_with(dir, &|n| n.ends_with(BACKUP_SUFFIX))
 }
 
-/// Whether the runtime (by `interlock_protocol::confdir::load`) loads a config from `dir`
-/// that runs exactly `entry`: `Ok(file name)`, or why not.
-pub fn effective_with_entry(
-    dir: &Path,
-    cfg: &AgentConfig,
-    entry: &serde_json::Map<String, serde_json::Value>,
-) -> Result<String, String> {
-    use interlock_protocol::confdir::{self, Runtime};
-    let runtime = match cfg.runtime {
-        crate::view::RuntimeKind::Containerd => Runtime::Containerd,
-        crate::view::RuntimeKind::Crio => Runtime::Crio,
-    };
-    let eff = confdir::load(dir, runtime, &cfg.bin_dirs)
-        .map_err(|e| format!("cannot load {}: {e}", dir.display()))?;
-    let Some(chosen) = eff.chosen else {
-        return Err(eff.summary);
-    };
-    let name = chosen
-        .path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let want = serde_json::Value::Object(entry.clone());
-    // A thin Multus config runs us inside its first inline delegate.
-    let in_delegate = chosen
-        .list
-        .plugins()
-        .first()
-        .and_then(|p| {
-            p.get("delegates")?
-                .as_array()?
-                .first()?
-                .get("plugins")?
-                .as_array()
-        })
-        .is_some_and(|p| p.contains(&want));
-    if chosen.list.plugins().contains(&want) || in_delegate {
-        // interlock-cni refuses a cniVersion it does not know (no version: 0.1.0).
-        let version = if chosen.list.plugins().contains(&want) {
-            chosen.list.cni_version_raw().unwrap_or("").to_string()
-        } else {
-            let meta = chosen.list.plugins().first();
-            meta.and_then(|m| m.get("delegates")?.as_array()?.first()?.get("cniVersion"))
-                .or_else(|| meta.and_then(|m| m.get("cniVersion")))
-                .and_then(serde_json::Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
-        if version.parse::<interlock_protocol::CniVersion>().is_err() {
-            return Err(format!(
-                "the effective config {name} runs interlock-cni with cniVersion {}, which it \
-                 refuses (it accepts {})",
-                if version.is_empty() {
-                    "none (meaning 0.1.0)"
-                } else {
-                    &version
-                },
-                interlock_protocol::CniVersion::all_strings().join(", ")
-            ));
-        }
-        Ok(name)
-    } else if chosen.list.plugin_types().contains(&plan::PLUGIN_TYPE) {
-        Err(format!(
-            "the effective config {name} has an interlock-cni entry that differs from ours"
-        ))
-    } else {
-        Err(format!(
-            "the effective config {name} does not contain interlock-cni"
-        ))
+/// Reads the conf dir for the guard: like [`snapshot`], but in owned mode config files
+/// sorting after the primary (the first foreign `.conflist` the runtime could use, not a
+/// meta plugin's) are not read — no decision of the guard looks at them — unless they
+/// are named like ours. Chain mode, and a `.conf` primary (which may be wrapped into the
+/// `.conflist` sorting after it), read them all.
+pub fn snapshot_for(cfg: &AgentConfig) -> std::io::Result<Snapshot> {
+    let also = |n: &str| n.ends_with(BACKUP_SUFFIX) || plan::is_owned_name(n);
+    if cfg.mode == plan::ConfigMode::Chain {
+        return confdir::read_with(&cfg.conf_dir, &also);
     }
+    let crio = cfg.runtime == confdir::Runtime::Crio;
+    let dirs = &cfg.bin_dirs;
+    let primary = |e: &confdir::DirEntry| {
+        !plan::is_owned_name(&e.name)
+            && e.name.ends_with(".conflist")
+            && !cfg.allow_ahead.iter().any(|a| a.ends_with(&e.name))
+            && e.parse().is_ok_and(|p| {
+                let types = p.list.plugin_types();
+                !types.iter().any(|t| plan::META_PLUGIN_TYPES.contains(t))
+                    && (!crio
+                        || types
+                            .iter()
+                            .all(|t| confdir::find_plugin(t, dirs).is_some()))
+            })
+    };
+    confdir::read_until(&cfg.conf_dir, &also, Some(&primary))
+}
+
+/// Whether the runtime loads `cfg`'s entry from `snap` (`Ok(file)`) or why not: the
+/// conf-dir half of the agent's readiness, by the same code as `interlock check`
+/// ([`plan::check_effective_with`]), with the bin dirs looked up for real (CRI-O's rules)
+/// and `accepts` the versions interlock-cni answered.
+pub fn effective_verdict(
+    cfg: &AgentConfig,
+    snap: &Snapshot,
+    accepts: &[String],
+) -> Result<String, String> {
+    let dirs = &cfg.bin_dirs;
+    let present = |t: &str| t == plan::PLUGIN_TYPE || confdir::find_plugin(t, dirs).is_some();
+    let bins = Binaries {
+        dirs,
+        present: &present,
+        versions: None,
+    };
+    plan::check_effective_with(snap, &cfg.settings(), &bins, accepts)
+}
+
+/// One directory interlock depends on, as found on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirFacts {
+    /// What it is for (`conf dir`, `bin dir`, `state dir`).
+    pub role: &'static str,
+    /// Where.
+    pub path: PathBuf,
+    /// Permission bits.
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+}
+
+/// The directories that let someone other than root change what the runtime loads or
+/// runs, each with why. Pure: the caller stats the directories (and warns, counts…).
+pub fn writable_by_others(dirs: &[DirFacts]) -> Vec<String> {
+    dirs.iter()
+        .filter_map(|d| {
+            let mut why = vec![];
+            if d.uid != 0 {
+                why.push(format!("owned by uid {}", d.uid));
+            }
+            if d.mode & 0o020 != 0 {
+                why.push("writable by its group".to_string());
+            }
+            if d.mode & 0o002 != 0 {
+                why.push("writable by others".to_string());
+            }
+            (!why.is_empty()).then(|| {
+                format!(
+                    "{} {} is {} (mode {:04o}): a non-root user can add or replace files there \
+                     and change what the runtime loads or runs; make it root-owned and not \
+                     writable by group or others",
+                    d.role,
+                    d.path.display(),
+                    why.join(" and "),
+                    d.mode
+                )
+            })
+        })
+        .collect()
+}
+
+/// Stats the conf, bin and state dirs of `cfg` for [`writable_by_others`].
+pub fn dir_facts(cfg: &AgentConfig) -> Vec<DirFacts> {
+    use std::os::unix::fs::MetadataExt;
+    let mut dirs = vec![("conf dir", cfg.conf_dir.clone())];
+    dirs.extend(cfg.bin_dirs.iter().map(|b| ("bin dir", b.clone())));
+    dirs.push(("state dir", cfg.state_dir.clone()));
+    dirs.into_iter()
+        .filter_map(|(role, path)| {
+            let m = std::fs::metadata(&path).ok()?;
+            Some(DirFacts {
+                role,
+                mode: m.mode() & 0o7777,
+                uid: m.uid(),
+                path,
+            })
+        })
+        .collect()
 }
 
 /// Executes one action in `dir`.
@@ -155,12 +179,20 @@ pub fn apply(dir: &Path, a: &Action) -> std::io::Result<()> {
     }
 }
 
-/// A readable description of an action for the log.
+/// A readable description of an action for the log (names escaped: a file name can
+/// carry terminal escape sequences).
 pub fn describe(a: &Action) -> String {
+    use confdir::shown;
     match a {
-        Action::Write { name, bytes, .. } => format!("wrote {name} ({} bytes)", bytes.len()),
-        Action::Rename { from, to } => format!("renamed {from} to {to}"),
-        Action::Remove { name } => format!("removed {name}"),
+        Action::Write { name, bytes, mode } => {
+            format!(
+                "wrote {} ({} bytes, mode {mode:04o})",
+                shown(name),
+                bytes.len()
+            )
+        }
+        Action::Rename { from, to } => format!("renamed {} to {}", shown(from), shown(to)),
+        Action::Remove { name } => format!("removed {}", shown(name)),
     }
 }
 
@@ -206,7 +238,7 @@ pub struct Guard {
     shared: Arc<Shared>,
     /// What we last left in each file we touched (`None`: we left it absent).
     left: HashMap<String, Option<Vec<u8>>>,
-    fights: FightTracker,
+    conflicts: ConflictTracker,
     binary_problem: Option<String>,
     retry_at: Option<Instant>,
     retries: u32,
@@ -218,12 +250,15 @@ pub struct Guard {
 impl Guard {
     /// A guard for `cfg` installing the binary from `installer`.
     pub fn new(cfg: AgentConfig, installer: PluginInstaller, shared: Arc<Shared>) -> Guard {
+        for finding in writable_by_others(&dir_facts(&cfg)) {
+            warn!("{finding}");
+        }
         Guard {
             settings: cfg.settings(),
-            fights: FightTracker::new(cfg.conflict_window, cfg.conflict_threshold),
+            conflicts: ConflictTracker::new(cfg.conflict_window, cfg.conflict_threshold),
+            versions: VersionCache::new(cfg.bin_dirs.clone()),
             cfg,
             installer,
-            versions: VersionCache::default(),
             shared,
             left: HashMap::new(),
             binary_problem: None,
@@ -260,48 +295,158 @@ impl Guard {
         }
     }
 
-    fn facts(&mut self, snap: &DirSnapshot) -> Facts {
+    /// The plugin types the plan can look at (our files, and the foreign files up to the
+    /// first one every runtime could use, plus the chain target) and what their binaries
+    /// answer to VERSION — from the cache, or asked now for at most [`VERSION_WAIT`].
+    fn facts(&mut self, snap: &Snapshot) -> Facts {
         let mut facts = Facts::default();
         let mut types: Vec<String> = vec![];
+        let target = self.settings.chain_target.as_deref();
+        let mut reached_primary = false;
         for c in snap.candidates() {
-            if let Ok(p) = &c.parsed {
-                types.extend(p.plugin_types());
+            let owned = plan::is_owned_name(c.name());
+            if reached_primary && !owned && target != Some(c.name()) {
+                continue;
             }
-            if let Ok(p) = &c.parsed {
-                if let Some(ds) = p.original.get("delegates").and_then(|d| d.as_array()) {
-                    for d in ds {
-                        if let Some(ps) = d.get("plugins").and_then(|p| p.as_array()) {
-                            types.extend(
-                                ps.iter()
-                                    .filter_map(|p| p.get("type")?.as_str().map(str::to_string)),
-                            );
-                        }
-                    }
-                }
+            let Ok(p) = c.parsed() else { continue };
+            let mut these = p.plugin_types();
+            if let Some(d) = confdir::multus_delegate(&p.list) {
+                these.extend(
+                    d.get("plugins")
+                        .and_then(|p| p.as_array())
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|p| p.get("type")?.as_str().map(str::to_string)),
+                );
+            }
+            let all_present = these.iter().all(|t| {
+                t == plan::PLUGIN_TYPE || confdir::find_plugin(t, &self.cfg.bin_dirs).is_some()
+            });
+            types.extend(these);
+            if !owned && all_present && target.map_or(true, |t| t == c.name()) {
+                reached_primary = true;
             }
         }
         // Our own plugin is in every list we write, whether or not a file has it yet.
         types.push(plan::PLUGIN_TYPE.to_string());
         types.sort();
         types.dedup();
+        let mut bins = vec![];
         for t in types {
             if t == plan::PLUGIN_TYPE {
                 facts.present_types.insert(t.clone());
                 facts.versions.insert(t, self.installer.versions().to_vec());
                 continue;
             }
-            if let Some(bin) = find_plugin(&self.cfg.bin_dirs, &t) {
+            if let Some(bin) = confdir::find_plugin(&t, &self.cfg.bin_dirs) {
                 facts.present_types.insert(t.clone());
-                if let Ok(v) = self.versions.get(&bin) {
+                self.versions.request(&bin);
+                bins.push((t, bin));
+            }
+        }
+        self.versions.wait(VERSION_WAIT);
+        for (t, bin) in bins {
+            match self.versions.answer(&bin) {
+                Some(Ok(v)) => {
                     facts.versions.insert(t, v);
                 }
+                Some(Err(e)) => warn!("{e}"),
+                // Still asking: use the answer on a reconcile soon after it arrives.
+                None => self.retry_soon(),
             }
         }
         facts
     }
 
-    /// One reconcile: converge the conf dir, then decide readiness. `full` also re-hashes
-    /// the installed binaries.
+    /// Whether the runtime loads our entry from `snap`, judged by the same code as
+    /// `interlock check` (bin dirs looked up for real, for CRI-O's rules).
+    fn verdict(&self, snap: &Snapshot, facts: &Facts) -> Result<String, String> {
+        effective_verdict(&self.cfg, snap, &plan::interlock_versions(facts))
+    }
+
+    /// Records conflicts for the files `plan` touches; returns the first file the guard
+    /// must leave alone now (in back-off), if any.
+    fn record_conflicts(
+        &mut self,
+        plan: &plan::Plan,
+        snap: &Snapshot,
+        now: Instant,
+    ) -> Option<String> {
+        let dir = &self.cfg.conf_dir;
+        for f in conflicting_files(plan, snap, &self.left, &self.settings.entry) {
+            if self.conflicts.in_backoff(f, now) {
+                continue;
+            }
+            if let Verdict::BackOff(d) = self.conflicts.record_conflict(f, now) {
+                warn!(
+                    "{} in {} keeps being rewritten by another writer, undoing interlock's change; \
+                     backing off for {d:?} and reporting not ready. Find the other writer \
+                     (another CNI installer or a second interlock with different flags)",
+                    confdir::shown(f),
+                    dir.display()
+                );
+            }
+        }
+        plan.actions
+            .iter()
+            .map(Action::file)
+            .find(|f| self.conflicts.in_backoff(f, now))
+            .map(str::to_string)
+    }
+
+    /// Executes `plan`; true when something was written.
+    fn apply_plan(&mut self, plan: &plan::Plan) -> bool {
+        let dir = self.cfg.conf_dir.clone();
+        let mut changed = false;
+        for a in &plan.actions {
+            match apply(&dir, a) {
+                Ok(()) => {
+                    changed = true;
+                    self.shared.writes.inc();
+                    self.left
+                        .insert(a.file().to_string(), a.leaves().map(<[u8]>::to_vec));
+                    if let Action::Rename { to, .. } = a {
+                        self.left.remove(to);
+                    }
+                    info!("{} in {}", describe(a), dir.display());
+                }
+                Err(e) => {
+                    self.shared.errors.inc();
+                    error!("{} in {} failed: {e}; retrying", describe(a), dir.display());
+                    self.schedule_retry();
+                    break;
+                }
+            }
+        }
+        changed
+    }
+
+    /// The runtime would load a config without us right now: /readyz says so for the
+    /// duration of the repair (not logged, not marked: it lasts milliseconds).
+    fn mark_repairing(&self, snap: &Snapshot, facts: &Facts) {
+        if let Err(e) = self.verdict(snap, facts) {
+            if self.shared.readiness().ready {
+                self.shared.set_readiness(Readiness {
+                    ready: false,
+                    reason: format!("repairing: {e}"),
+                    effective: None,
+                });
+            }
+        }
+    }
+
+    /// Counts a repair (`changed`) or, when there was nothing to do, resets the retries.
+    fn count(&mut self, changed: bool, converged: bool, started: Instant) {
+        if changed {
+            self.shared.repairs.inc();
+            self.shared.observe_repair(started.elapsed().as_secs_f64());
+        } else if converged {
+            self.retries = 0;
+        }
+    }
+
+    /// One reconcile: read → plan → apply → count → publish. `full` also re-hashes the
+    /// installed binaries.
     pub fn reconcile(&mut self, bins: bool, full: bool) {
         let started = Instant::now();
         self.shared.reconciles.inc();
@@ -309,14 +454,14 @@ impl Guard {
             self.check_binaries(full);
         }
         let dir = self.cfg.conf_dir.clone();
-        let snap = match snapshot(&dir) {
+        let snap = match snapshot_for(&self.cfg) {
             Ok(s) => s,
             Err(e) => {
-                self.set_ready(
-                    false,
-                    format!("cannot read conf dir {}: {e}", dir.display()),
-                    None,
-                );
+                self.set_ready(Readiness {
+                    ready: false,
+                    reason: format!("cannot read conf dir {}: {e}", dir.display()),
+                    effective: None,
+                });
                 self.schedule_retry();
                 return;
             }
@@ -324,141 +469,66 @@ impl Guard {
         let facts = self.facts(&snap);
         let plan = plan::plan(&snap, &self.settings, &facts);
         let now = Instant::now();
-        let mut blocked: Option<String> = None;
-        for a in &plan.actions {
-            let f = a.file();
-            if let Some(expected) = self.left.get(f) {
-                let entry = snap.get(f);
-                let current = entry.map(|e| e.content.as_deref().unwrap_or_default());
-                // An undo is someone else taking interlock out of a file we fixed. A file
-                // that changed but still carries our entry (a twin agent, a primary update
-                // we already followed) is not a fight.
-                let still_ours = current.is_some_and(|c| {
-                    parse_candidate(f, c)
-                        .is_ok_and(|p| plan::contains_entry(&p, &self.settings.entry))
-                });
-                if current != expected.as_deref() && !still_ours && !self.fights.in_backoff(f, now)
-                {
-                    match self.fights.record_undo(f, now) {
-                        Verdict::Repair => {}
-                        Verdict::BackOff(d) => warn!(
-                            "{} in {} keeps being rewritten by another writer, undoing interlock's change; \
-                             backing off for {d:?} and reporting not ready. Find the other writer \
-                             (another CNI installer or a second interlock with different flags)",
-                            f,
-                            dir.display()
-                        ),
-                    }
-                }
-            }
-            if self.fights.in_backoff(f, now) && blocked.is_none() {
-                blocked = Some(f.to_string());
-            }
-        }
+        let blocked = self.record_conflicts(&plan, &snap, now);
         let mut changed = false;
         if blocked.is_none() && !plan.actions.is_empty() {
-            // The runtime would load a config without us right now: /readyz says so for
-            // the duration of the repair (not logged, not marked: it lasts milliseconds).
-            if let Err(e) = plan::check_effective(&snap, &self.settings, &facts) {
-                if self.shared.readiness().ready {
-                    self.shared.set_readiness(Readiness {
-                        ready: false,
-                        reason: format!("repairing: {e}"),
-                        effective: None,
-                    });
-                }
-            }
+            self.mark_repairing(&snap, &facts);
+            changed = self.apply_plan(&plan);
         }
-        if blocked.is_none() {
-            for a in &plan.actions {
-                match apply(&dir, a) {
-                    Ok(()) => {
-                        changed = true;
-                        self.shared.writes.inc();
-                        self.left
-                            .insert(a.file().to_string(), a.leaves().map(<[u8]>::to_vec));
-                        if let Action::Rename { to, .. } = a {
-                            self.left.remove(to);
-                        }
-                        info!("{} in {}", describe(a), dir.display());
-                    }
-                    Err(e) => {
-                        self.shared.errors.inc();
-                        error!("{} in {} failed: {e}; retrying", describe(a), dir.display());
-                        self.schedule_retry();
-                        break;
-                    }
-                }
-            }
-        }
-        if changed {
-            self.shared.repairs.inc();
-            self.shared.observe_repair(started.elapsed().as_secs_f64());
-        } else if blocked.is_none() && plan.actions.is_empty() {
-            self.retries = 0;
-        }
+        self.count(
+            changed,
+            blocked.is_none() && plan.actions.is_empty(),
+            started,
+        );
         self.publish_conflicts(now);
-        // Readiness from the directory as it is now, judged by the reference loader
-        // (`interlock_protocol::confdir`, the same code `interlock check` uses).
-        let verdict = effective_with_entry(&dir, &self.cfg, &self.settings.entry);
+        // Readiness from the directory as it is now.
+        let verdict = if changed {
+            snapshot_for(&self.cfg)
+                .map_err(|e| format!("cannot read conf dir {}: {e}", dir.display()))
+                .and_then(|s| self.verdict(&s, &facts))
+        } else {
+            self.verdict(&snap, &facts)
+        };
         let backing: Vec<String> = self
-            .fights
+            .conflicts
             .backing_off(now)
             .into_iter()
             .map(|(f, _)| f)
             .collect();
-        let (ready, reason, effective) = match (&verdict, &self.binary_problem, backing.is_empty())
-        {
-            (_, _, false) => (
-                false,
-                format!(
-                    "backing off: another writer keeps rewriting {} in {}",
-                    backing.join(", "),
-                    dir.display()
-                ),
-                verdict.as_ref().ok().cloned(),
-            ),
-            (Err(e), _, _) => (
-                false,
-                match &plan.problem {
-                    Some(p) => format!("{e}: {p}"),
-                    None => e.clone(),
-                },
-                None,
-            ),
-            (Ok(_), _, _) if plan.blocks_ready => (
-                false,
-                plan.problem.clone().unwrap_or_default(),
-                verdict.as_ref().ok().cloned(),
-            ),
-            (Ok(_), Some(b), _) => (
-                false,
-                format!("plugin binary not verified: {b}"),
-                verdict.as_ref().ok().cloned(),
-            ),
-            (Ok(n), None, true) => (true, "ok".to_string(), Some(n.clone())),
-        };
-        self.set_ready(ready, reason, effective);
+        let r = readiness::judge(&readiness::Observed {
+            verdict: &verdict,
+            binary_problem: self.binary_problem.as_deref(),
+            backing_off: &backing,
+            plan: &plan,
+            conf_dir: &dir,
+        });
+        self.set_ready(r);
     }
 
     fn publish_conflicts(&self, now: Instant) {
         let backing: Vec<String> = self
-            .fights
+            .conflicts
             .backing_off(now)
             .into_iter()
             .map(|(f, _)| f)
             .collect();
         self.shared.set_conflicts(
-            self.fights
-                .undo_counts()
+            self.conflicts
+                .conflict_counts()
                 .into_iter()
-                .map(|(file, undos, _trips)| FileConflict {
+                .map(|(file, conflicts, _trips)| FileConflict {
                     backing_off: backing.contains(&file),
                     file,
-                    undos,
+                    undos: conflicts,
                 })
                 .collect(),
         );
+    }
+
+    /// Reconcile again shortly (without growing the retry back-off).
+    fn retry_soon(&mut self) {
+        let soon = Instant::now() + Duration::from_millis(20);
+        self.retry_at = Some(self.retry_at.map_or(soon, |r| r.min(soon)));
     }
 
     fn schedule_retry(&mut self) {
@@ -467,12 +537,7 @@ impl Guard {
         self.retry_at = Some(Instant::now() + d);
     }
 
-    fn set_ready(&mut self, ready: bool, reason: String, effective: Option<String>) {
-        let r = Readiness {
-            ready,
-            reason,
-            effective,
-        };
+    fn set_ready(&mut self, r: Readiness) {
         // Log and mark only real changes (a transient "repairing" state is neither). The
         // marker goes first, so STATUS never lags behind /readyz.
         if self.published.as_ref() != Some(&r) {
@@ -535,7 +600,7 @@ impl Guard {
                 deadline = deadline.min(r);
             }
             if let Some((_, until)) = self
-                .fights
+                .conflicts
                 .backing_off(now)
                 .into_iter()
                 .min_by_key(|(_, t)| *t)
@@ -573,7 +638,7 @@ impl Guard {
                 self.retry_at = None;
                 bins |= self.binary_problem.is_some();
             }
-            let backoff_ended = !self.fights.backing_off(now).is_empty()
+            let backoff_ended = !self.conflicts.backing_off(now).is_empty()
                 || self.shared.readiness().reason.starts_with("backing off");
             if conf || bins || full || retry || backoff_ended {
                 self.reconcile(bins, full);
@@ -761,5 +826,78 @@ mod tests {
         .unwrap();
         let s = snapshot(d.path()).unwrap();
         assert!(s.entries.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod pure_tests {
+    use super::*;
+
+    #[test]
+    fn the_guard_does_not_read_configs_after_the_primary() {
+        let d = tempfile::tempdir().unwrap();
+        let w = |n: &str, c: &str| std::fs::write(d.path().join(n), c).unwrap();
+        w("05-broken.conflist", "{");
+        w(
+            "10-primary.conflist",
+            r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}"#,
+        );
+        w(
+            "50-later.conflist",
+            r#"{"cniVersion":"1.0.0","name":"l","plugins":[{"type":"bridge"}]}"#,
+        );
+        w("90-interlock.conflist", "{}");
+        w("10-x.conf.interlock-orig", "{}");
+        let mut cfg = AgentConfig::new(PathBuf::from("/nonexistent"));
+        cfg.conf_dir = d.path().to_path_buf();
+        let snap = snapshot_for(&cfg).unwrap();
+        let content = |n: &str| snap.get(n).unwrap().content.is_some();
+        assert!(content("05-broken.conflist") && content("10-primary.conflist"));
+        assert!(!content("50-later.conflist"), "read past the primary");
+        assert!(content("90-interlock.conflist") && content("10-x.conf.interlock-orig"));
+        // In chain mode, everything is read.
+        cfg.mode = plan::ConfigMode::Chain;
+        assert!(snapshot_for(&cfg)
+            .unwrap()
+            .get("50-later.conflist")
+            .unwrap()
+            .content
+            .is_some());
+    }
+
+    #[test]
+    fn log_lines_never_carry_raw_escape_sequences() {
+        let a = Action::Remove {
+            name: "05-\u{1b}[31mRED\u{1b}[0m.conflist".into(),
+        };
+        let line = describe(&a);
+        assert!(!line.contains('\u{1b}'), "{line}");
+        assert_eq!(line, "removed 05-\\x1b[31mRED\\x1b[0m.conflist");
+    }
+
+    #[test]
+    fn directories_writable_by_non_root_are_reported() {
+        let d = |role, mode, uid| DirFacts {
+            role,
+            path: PathBuf::from(format!("/x/{role}")),
+            mode,
+            uid,
+        };
+        let found = writable_by_others(&[
+            d("conf dir", 0o755, 0),
+            d("bin dir", 0o777, 0),
+            d("state dir", 0o775, 1000),
+            d("bin dir", 0o1777, 0),
+        ]);
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(found[0].contains("/x/bin dir") && found[0].contains("writable by others"));
+        assert!(found[0].contains("0777"), "{}", found[0]);
+        assert!(
+            found[1].contains("owned by uid 1000") && found[1].contains("writable by its group"),
+            "{}",
+            found[1]
+        );
+        // The sticky bit does not stop anyone from adding a file that sorts first.
+        assert!(found[2].contains("1777"), "{}", found[2]);
     }
 }

@@ -11,7 +11,7 @@
 //!   exchange, small header limits, no request body read, one request per connection.
 //! - [`readyz_status`] is the client side, for `interlock check` and the benchmark.
 
-use crate::readiness::{self, ProbeWindows};
+use crate::probes::{self, ProbeWindows};
 use crate::status::Shared;
 use bytes::Bytes;
 use http_body_util::{Empty, Full};
@@ -45,7 +45,7 @@ fn reply(code: StatusCode, content_type: &'static str, body: String) -> Response
     r
 }
 
-fn probe(a: readiness::ProbeAnswer) -> Response<Full<Bytes>> {
+fn probe(a: probes::ProbeAnswer) -> Response<Full<Bytes>> {
     let code = if a.pass {
         StatusCode::OK
     } else {
@@ -75,8 +75,8 @@ impl Admin {
         }
         let since = self.shared.since_tick();
         match path {
-            "/healthz" => probe(readiness::healthz(since, &self.windows)),
-            "/readyz" => probe(readiness::readyz(
+            "/healthz" => probe(probes::healthz(since, &self.windows)),
+            "/readyz" => probe(probes::readyz(
                 &self.shared.readiness(),
                 since,
                 &self.windows,

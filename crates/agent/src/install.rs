@@ -6,22 +6,25 @@ use crate::error::AgentError;
 use interlock_protocol::atomic::write_file_atomic;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// How long a plugin may take to answer VERSION.
-pub const VERSION_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a plugin may take to answer VERSION (then it and its children are killed).
+pub use interlock_protocol::exec::VERSION_TIMEOUT;
 
-/// Identity of a file on disk, to notice replacement without re-hashing.
+/// Identity of a file on disk, to notice replacement or a mode change without
+/// re-hashing: `chmod -x` changes only the mode and ctime, and must be noticed on the
+/// next event, not the next resync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FileIdentity {
     dev: u64,
     ino: u64,
     size: u64,
+    mode: u32,
     mtime_ns: i128,
+    ctime_ns: i128,
 }
 
 impl FileIdentity {
@@ -32,7 +35,9 @@ impl FileIdentity {
             dev: m.dev(),
             ino: m.ino(),
             size: m.size(),
+            mode: m.mode(),
             mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+            ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
         })
     }
 }
@@ -42,107 +47,127 @@ pub fn sha256_hex(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
 }
 
-/// Runs `binary` with `CNI_COMMAND=VERSION` and returns its `supportedVersions`.
+/// Runs `binary` with `CNI_COMMAND=VERSION` (time-boxed, its process group killed
+/// after) and returns its `supportedVersions`.
 pub fn query_versions(binary: &Path) -> Result<Vec<String>, String> {
-    let mut child = Command::new(binary)
-        .env_clear()
-        .env("CNI_COMMAND", "VERSION")
-        .env("CNI_PATH", binary.parent().unwrap_or(Path::new("/")))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", binary.display()))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(br#"{"cniVersion":"0.4.0"}"#);
-    }
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if start.elapsed() > VERSION_TIMEOUT => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{} did not answer VERSION within {VERSION_TIMEOUT:?}",
-                    binary.display()
-                ));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-            Err(e) => return Err(format!("waiting for {}: {e}", binary.display())),
-        }
-    };
-    let mut out = Vec::new();
-    if let Some(mut s) = child.stdout.take() {
-        let _ = s.read_to_end(&mut out);
-    }
-    if !status.success() {
-        let mut err = String::new();
-        if let Some(mut s) = child.stderr.take() {
-            let _ = s.read_to_string(&mut err);
-        }
-        return Err(format!(
-            "{} VERSION failed ({status}): {} {}",
-            binary.display(),
-            String::from_utf8_lossy(&out).trim(),
-            err.trim()
-        ));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out).map_err(|e| {
-        format!(
-            "{} answered VERSION with invalid JSON ({e}): {}",
-            binary.display(),
-            String::from_utf8_lossy(&out)
-        )
-    })?;
-    let list = v
-        .get("supportedVersions")
-        .and_then(|s| s.as_array())
-        .ok_or_else(|| {
-            format!(
-                "{} VERSION answer has no supportedVersions",
-                binary.display()
-            )
-        })?;
-    Ok(list
-        .iter()
-        .filter_map(|x| x.as_str().map(str::to_string))
-        .collect())
+    let dirs: Vec<PathBuf> = binary.parent().map(Path::to_path_buf).into_iter().collect();
+    interlock_protocol::exec::plugin_version_within(binary, &dirs, VERSION_TIMEOUT)
+        .map(|i| i.supported_versions)
+        .map_err(|e| e.to_string())
 }
 
-/// Cache of VERSION answers keyed by binary identity, so a repair never waits for exec.
-#[derive(Debug, Default)]
+type Answer = Result<Vec<String>, String>;
+
+/// VERSION answers keyed by binary identity (dev, inode, size, mode, mtime, ctime), asked
+/// on a thread of their own so that a slow plugin never holds the guard: the guard waits
+/// a bounded time ([`VersionCache::wait`]) and goes on without an answer that is late.
+#[derive(Debug)]
 pub struct VersionCache {
-    answers: HashMap<PathBuf, (FileIdentity, Result<Vec<String>, String>)>,
+    bin_dirs: Vec<PathBuf>,
+    answers: HashMap<PathBuf, (FileIdentity, Answer)>,
+    /// Queries under way: the identity asked about, when, and where the answer comes.
+    pending: HashMap<PathBuf, (FileIdentity, Instant, mpsc::Receiver<Answer>)>,
 }
 
 impl VersionCache {
-    /// The versions `binary` supports, asking it only when it changed since last time.
-    pub fn get(&mut self, binary: &Path) -> Result<Vec<String>, String> {
+    /// A cache for plugins found in `bin_dirs` (passed to them as `CNI_PATH`).
+    pub fn new(bin_dirs: Vec<PathBuf>) -> VersionCache {
+        VersionCache {
+            bin_dirs,
+            answers: HashMap::new(),
+            pending: HashMap::new(),
+        }
+    }
+
+    /// Starts asking `binary` unless the answer for its current identity is known or
+    /// already being asked for.
+    pub fn request(&mut self, binary: &Path) {
         let Some(id) = FileIdentity::of(binary) else {
-            return Err(format!("{} not found", binary.display()));
+            return;
         };
-        if let Some((cached, answer)) = self.answers.get(binary) {
-            if *cached == id {
-                return answer.clone();
+        if self.answers.get(binary).is_some_and(|(i, _)| *i == id)
+            || self.pending.get(binary).is_some_and(|(i, _, _)| *i == id)
+        {
+            return;
+        }
+        let (tx, rx) = mpsc::channel();
+        let (path, dirs) = (binary.to_path_buf(), self.bin_dirs.clone());
+        let spawned = std::thread::Builder::new()
+            .name("interlock-version".into())
+            .spawn(move || {
+                let answer =
+                    interlock_protocol::exec::plugin_version_within(&path, &dirs, VERSION_TIMEOUT)
+                        .map(|i| i.supported_versions)
+                        .map_err(|e| e.to_string());
+                let _ = tx.send(answer);
+            });
+        match spawned {
+            Ok(_) => {
+                self.pending
+                    .insert(binary.to_path_buf(), (id, Instant::now(), rx));
+            }
+            Err(e) => {
+                self.answers.insert(
+                    binary.to_path_buf(),
+                    (
+                        id,
+                        Err(format!("cannot ask {} for VERSION: {e}", binary.display())),
+                    ),
+                );
             }
         }
-        let answer = query_versions(binary);
+    }
+
+    /// Waits until every pending query has answered or has been under way for
+    /// `budget` (so a slow plugin costs one reconcile `budget` once, not every time).
+    pub fn wait(&mut self, budget: Duration) {
+        let paths: Vec<PathBuf> = self.pending.keys().cloned().collect();
+        for p in paths {
+            let got = match self.pending.get(&p) {
+                Some((_, started, rx)) => {
+                    let left = (*started + budget).saturating_duration_since(Instant::now());
+                    rx.recv_timeout(left)
+                }
+                None => continue,
+            };
+            match got {
+                Ok(answer) => {
+                    if let Some((id, _, _)) = self.pending.remove(&p) {
+                        self.answers.insert(p, (id, answer));
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    if let Some((id, _, _)) = self.pending.remove(&p) {
+                        self.answers
+                            .insert(p, (id, Err("VERSION query thread ended".into())));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The answer for `binary` as it is now, if known (`None`: not asked, or still
+    /// being asked).
+    pub fn answer(&mut self, binary: &Path) -> Option<Answer> {
+        self.wait(Duration::ZERO);
+        let id = FileIdentity::of(binary)?;
         self.answers
-            .insert(binary.to_path_buf(), (id, answer.clone()));
-        answer
+            .get(binary)
+            .filter(|(i, _)| *i == id)
+            .map(|(_, a)| a.clone())
+    }
+
+    /// The versions `binary` supports, waiting for the answer up to `wait`.
+    pub fn get(&mut self, binary: &Path, wait: Duration) -> Option<Answer> {
+        self.request(binary);
+        self.wait(wait);
+        self.answer(binary)
     }
 }
 
-/// The first executable called `plugin_type` in `bin_dirs`.
-pub fn find_plugin(bin_dirs: &[PathBuf], plugin_type: &str) -> Option<PathBuf> {
-    if plugin_type.is_empty() || plugin_type.contains('/') {
-        return None;
-    }
-    bin_dirs.iter().map(|d| d.join(plugin_type)).find(|p| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    })
-}
+/// The largest plugin binary interlock accepts as `--plugin-source`.
+pub const MAX_PLUGIN_BYTES: u64 = 512 << 20;
 
 /// The plugin binary interlock installs, read once at start.
 #[derive(Debug)]
@@ -164,10 +189,14 @@ pub const PLUGIN_FILE: &str = "interlock-cni";
 impl PluginInstaller {
     /// Reads `source` and checks that it answers VERSION.
     pub fn new(source: &Path) -> Result<PluginInstaller, AgentError> {
-        let data = std::fs::read(source).map_err(|e| AgentError::PluginSource {
-            path: source.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+        // A regular file only (a FIFO would block the start), and not absurdly large.
+        let data =
+            interlock_protocol::bounded::read_regular(source, MAX_PLUGIN_BYTES).map_err(|e| {
+                AgentError::PluginSource {
+                    path: source.to_path_buf(),
+                    reason: e.to_string(),
+                }
+            })?;
         let versions = query_versions(source).map_err(|reason| AgentError::PluginSource {
             path: source.to_path_buf(),
             reason,
@@ -264,15 +293,11 @@ impl PluginInstaller {
 /// allocate a second copy of the plugin (it would double the agent's peak memory).
 fn same_content(path: &Path, data: &[u8]) -> bool {
     use std::io::Read;
-    let Ok(mut f) = std::fs::File::open(path) else {
+    // Opened without blocking and only if it is a regular file of our size: anyone who
+    // can write the bin dir could have put a FIFO there.
+    let Ok((mut f, _)) = interlock_protocol::bounded::open_regular(path, data.len() as u64) else {
         return false;
     };
-    if f.metadata()
-        .map(|m| m.len() != data.len() as u64)
-        .unwrap_or(true)
-    {
-        return false;
-    }
     let mut buf = [0u8; 64 * 1024];
     let mut offset = 0;
     loop {

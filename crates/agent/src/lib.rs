@@ -4,18 +4,21 @@
 //! it within milliseconds after anyone else touches the conf dir, and reports readiness
 //! truthfully (health endpoints and the readiness marker `interlock check` reads).
 //!
-//! Layout: [`view`] models the conf dir as a runtime sees it, [`plan`] decides what to
-//! write (pure), [`fight`] decides when to back off from another writer (pure),
-//! [`guard`] is the thin layer that reads, writes and watches, [`install`] handles the
-//! plugin binary, [`status`] is the state the guard shares with the health server,
-//! [`metrics`] its Prometheus series, [`readiness`] decides what the probes answer,
-//! [`health`] serves them over HTTP, [`telemetry`] sets up the logs, and [`marker`] is the
-//! readiness file `interlock check` reads. Threads: the tokio runtime (health server,
-//! signals), one guard thread, one inotify thread.
+//! Layout: the conf dir as a runtime sees it is `interlock_protocol::confdir` (shared
+//! with `interlock check`); [`plan`] decides what to write (pure), [`conflict`] decides
+//! when another writer is in conflict with us and when to back off (pure),
+//! [`readiness`] is the readiness matrix (pure), [`guard`] is the thin layer that reads,
+//! writes and watches, [`install`] handles the plugin binary, [`status`] is the state the
+//! guard shares with the health server, [`metrics`] its Prometheus series, [`probes`]
+//! decides what `/readyz` and `/healthz` answer (pure), [`health`] serves them over HTTP,
+//! [`telemetry`] sets up the logs, and [`marker`] is the readiness file `interlock check`
+//! reads. The sandbox audit's decisions are [`audit`]; node gating's are [`gating`], and
+//! [`kubernetes`] acts on the API; [`socket`] serves the plugin's pod lookups. Threads: the
+//! tokio runtime (health server, signals), one guard thread, one inotify thread.
 
 pub mod audit;
+pub mod conflict;
 pub mod error;
-pub mod fight;
 pub mod gating;
 pub mod guard;
 pub mod health;
@@ -24,11 +27,11 @@ pub mod kubernetes;
 pub mod marker;
 pub mod metrics;
 pub mod plan;
+pub mod probes;
 pub mod readiness;
 pub mod socket;
 pub mod status;
 pub mod telemetry;
-pub mod view;
 
 pub use error::AgentError;
 
@@ -39,7 +42,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{error, info, warn};
-use view::RuntimeKind;
+
+pub use interlock_protocol::confdir::Runtime;
 
 /// Whether to talk to the Kubernetes API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +52,20 @@ pub enum KubeMode {
     Auto,
     /// No Kubernetes API at all.
     None,
+}
+
+impl std::str::FromStr for KubeMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<KubeMode, String> {
+        match s {
+            "auto" => Ok(KubeMode::Auto),
+            "none" => Ok(KubeMode::None),
+            other => Err(format!(
+                "unknown Kubernetes mode {other:?} (expected auto or none)"
+            )),
+        }
+    }
 }
 
 /// Everything `interlock agent` is told on its command line.
@@ -64,7 +82,7 @@ pub struct AgentConfig {
     /// Chain mode target file (name or path inside the conf dir).
     pub chain_target: Option<String>,
     /// Whose loading rules decide what is effective.
-    pub runtime: RuntimeKind,
+    pub runtime: Runtime,
     /// Kubernetes integration.
     pub kube: KubeMode,
     /// Address of `/healthz`, `/readyz`, `/metrics`.
@@ -85,9 +103,9 @@ pub struct AgentConfig {
     /// validated by [`load_plugin_config`]. `type`, `stateDir` and the pod-annotations
     /// capability are always the agent's.
     pub plugin_config: Map<String, Value>,
-    /// Undos of one file within `conflict_window` that trigger a back-off (0: never).
+    /// Conflicts on one file within `conflict_window` that trigger a back-off (0: never).
     pub conflict_threshold: u32,
-    /// Window for counting undos.
+    /// Window for counting conflicts (another writer taking interlock out of a file).
     pub conflict_window: Duration,
 }
 
@@ -100,7 +118,7 @@ impl AgentConfig {
             state_dir: "/var/run/interlock".into(),
             mode: ConfigMode::Owned,
             chain_target: None,
-            runtime: RuntimeKind::Containerd,
+            runtime: Runtime::Containerd,
             kube: KubeMode::None,
             health_addr: "127.0.0.1:9102".parse().expect("valid address"),
             plugin_source,
@@ -149,10 +167,15 @@ impl AgentConfig {
 
 /// The `interlock-cni` entry the agent writes for a plugin whose state lives in `state_dir`.
 pub fn plugin_entry(state_dir: &Path) -> Map<String, Value> {
+    let mut caps = Map::new();
+    caps.insert(
+        interlock_contract::POD_ANNOTATIONS_CAPABILITY.into(),
+        Value::Bool(true),
+    );
     let v = serde_json::json!({
         "type": plan::PLUGIN_TYPE,
         "stateDir": state_dir.display().to_string(),
-        "capabilities": { "io.kubernetes.cri.pod-annotations": true },
+        "capabilities": caps,
     });
     match v {
         Value::Object(m) => m,
@@ -197,7 +220,8 @@ pub fn load_plugin_config(path: &Path) -> Result<Map<String, Value>, AgentError>
         path: path.to_path_buf(),
         reason,
     };
-    let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+    let bytes = interlock_protocol::bounded::read_config(path)
+        .map_err(|e| bad(format!("cannot read: {e}")))?;
     let map = match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(m)) => m,
         Ok(other) => {
@@ -319,7 +343,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     let shared = Arc::new(status::Shared::default());
     let admin = health::Admin::new(
         shared.clone(),
-        readiness::ProbeWindows::for_marker(cfg.marker_stale_after),
+        probes::ProbeWindows::for_marker(cfg.marker_stale_after),
     );
     let served = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(cfg.health_addr)

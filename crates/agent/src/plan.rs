@@ -7,23 +7,27 @@
 //! original out of the runtime's way (`<name>.interlock-orig`), from where uninstall
 //! restores it unchanged. The thin layer in [`crate::guard`] executes a [`Plan`] in order.
 
-use crate::view::{
-    effective, lift_conf, loadable, Candidate, DirSnapshot, FileFormat, RuntimeKind,
-};
+use interlock_protocol::confdir::{self, Binaries, Candidate, DirEntry, Parsed, Runtime, Snapshot};
+use interlock_protocol::version::{CniVersion, SemVer};
+use interlock_protocol::ConfFormat;
 use serde_json::{Map, Value};
 use std::collections::{HashMap, HashSet};
 
 /// The plugin `type` interlock registers under.
-pub const PLUGIN_TYPE: &str = "interlock-cni";
+pub use interlock_contract::config::PLUGIN_TYPE;
 
 /// Suffix of the backup name a wrapped `.conf`/`.json` is moved to (runtimes ignore it).
 pub const BACKUP_SUFFIX: &str = ".interlock-orig";
 
 /// Plugin types of meta plugins that must stay first (we chain into them instead).
-pub const META_PLUGIN_TYPES: [&str; 2] = ["multus", "multus-shim"];
+pub use interlock_protocol::confdir::META_PLUGIN_TYPES;
 
-/// Spec versions the guard may choose, oldest first.
-pub const KNOWN_CNI_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+/// Permission bits interlock gives a config it writes: never writable by group or
+/// others, whatever the primary's mode (a world-writable primary must not let an
+/// unprivileged user edit the file that decides protection).
+pub fn written_mode(primary_mode: u32) -> u32 {
+    primary_mode & 0o644
+}
 
 /// How interlock gets into the runtime's config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +36,20 @@ pub enum ConfigMode {
     Owned,
     /// Insert our entry into the target file in place.
     Chain,
+}
+
+impl std::str::FromStr for ConfigMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<ConfigMode, String> {
+        match s {
+            "owned" => Ok(ConfigMode::Owned),
+            "chain" => Ok(ConfigMode::Chain),
+            other => Err(format!(
+                "unknown config mode {other:?} (expected owned or chain)"
+            )),
+        }
+    }
 }
 
 /// What the guard is asked to maintain.
@@ -44,7 +62,7 @@ pub struct Settings {
     /// Files allowed to sort ahead of us: we chain into them instead of overtaking them.
     pub allow_ahead: Vec<String>,
     /// Whose loading rules decide what is effective.
-    pub runtime: RuntimeKind,
+    pub runtime: Runtime,
     /// Our plugin entry, exactly as it must appear in the effective config.
     pub entry: Map<String, Value>,
     /// Highest `cniVersion` the guard may choose (`None`: no cap).
@@ -59,6 +77,34 @@ pub struct Facts {
     /// Versions each plugin type said it supports (its VERSION answer). A type missing
     /// here did not answer.
     pub versions: HashMap<String, Vec<String>>,
+}
+
+/// [`Facts`] seen as the conf-dir judgement's [`Binaries`].
+pub struct FactBinaries<'a> {
+    facts: &'a Facts,
+    present: Box<dyn Fn(&str) -> bool + 'a>,
+}
+
+impl FactBinaries<'_> {
+    /// The view [`confdir`] takes.
+    pub fn view(&self) -> Binaries<'_> {
+        let _ = self.facts;
+        Binaries {
+            dirs: &[],
+            present: &*self.present,
+            versions: None,
+        }
+    }
+}
+
+impl Facts {
+    /// These facts as plugin binaries for [`confdir::effective`].
+    pub fn binaries(&self) -> FactBinaries<'_> {
+        FactBinaries {
+            facts: self,
+            present: Box::new(move |t| self.present_types.contains(t)),
+        }
+    }
 }
 
 /// One step of a plan. Steps run in order; each leaves the directory loadable.
@@ -141,12 +187,6 @@ pub fn owned_name_before(first: &str) -> Option<String> {
         .find(|c| c.as_bytes() < first.as_bytes())
 }
 
-fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
-    let mut it = v.split('.').map(|p| p.parse::<u64>().ok());
-    let out = (it.next()??, it.next()??, it.next()??);
-    it.next().is_none().then_some(out)
-}
-
 /// The `cniVersion` for a list of `types`: the highest known version every plugin said it
 /// supports (capped by `max`). If some plugin did not answer VERSION, or they share none,
 /// the primary's own `current` version is kept.
@@ -156,13 +196,12 @@ pub fn choose_cni_version(
     versions: &HashMap<String, Vec<String>>,
     max: Option<&str>,
 ) -> String {
-    let cap = max.and_then(parse_version);
-    let mut common: Vec<&str> = KNOWN_CNI_VERSIONS
-        .iter()
-        .copied()
+    let cap = max.and_then(|m| SemVer::parse(m).ok());
+    let mut common: Vec<&str> = CniVersion::all_strings()
+        .into_iter()
         .filter(|v| match cap {
             None => true,
-            Some(c) => parse_version(v).is_some_and(|p| p <= c),
+            Some(c) => SemVer::parse(v).is_ok_and(|p| p <= c),
         })
         .collect();
     for t in types {
@@ -188,44 +227,43 @@ fn chain_plugins(plugins: &[Value], entry: &Map<String, Value>) -> Vec<Value> {
     out
 }
 
-/// The inline delegate list of a thin Multus `.conf` (`delegates[0].plugins`), if any.
-fn delegate_plugins(conf: &Map<String, Value>) -> Option<&Vec<Value>> {
-    conf.get("delegates")?
-        .as_array()?
-        .first()?
+/// The inline delegate list of a thin Multus config (`delegates[0].plugins`), if any.
+fn delegate_plugins(parsed: &Parsed) -> Option<&Vec<Value>> {
+    confdir::multus_delegate(&parsed.list)?
         .get("plugins")?
         .as_array()
 }
 
-/// True when `list` (conflist form) or its inline delegate runs exactly `entry`.
-pub fn contains_entry(parsed: &crate::view::ParsedConf, entry: &Map<String, Value>) -> bool {
-    let want = Value::Object(entry.clone());
-    parsed.plugins().contains(&want)
-        || delegate_plugins(&parsed.original).is_some_and(|d| d.contains(&want))
-}
-
-/// The `cniVersion` our entry runs with in `parsed`: the list's, or for a thin Multus
-/// config the first delegate's (falling back to the meta config's).
-pub fn running_version(parsed: &crate::view::ParsedConf) -> String {
-    if parsed.plugins().iter().any(is_entry) {
-        return parsed.cni_version().to_string();
+/// True when the runtime running `parsed` (file `name`) runs exactly `entry`, once and
+/// after the primary (the list's own plugins or a thin Multus delegate's): the one
+/// predicate `interlock check` uses too ([`confdir::runs_plugin`]). `Ok` gives the
+/// `cniVersion` it runs with.
+pub fn runs_entry(
+    parsed: &Parsed,
+    name: &str,
+    entry: &Map<String, Value>,
+) -> Result<String, String> {
+    let r = confdir::runs_plugin(&parsed.list, name, PLUGIN_TYPE)?;
+    if r.entry != entry {
+        return Err(format!(
+            "{name} has an interlock-cni entry that differs from ours"
+        ));
     }
-    parsed
-        .original
-        .get("delegates")
-        .and_then(Value::as_array)
-        .and_then(|a| a.first())
-        .and_then(|d| d.get("cniVersion"))
-        .or_else(|| parsed.original.get("cniVersion"))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string()
+    Ok(r.version)
 }
 
 /// True when `parsed` has an interlock entry anywhere we put one.
-pub fn has_any_entry(parsed: &crate::view::ParsedConf) -> bool {
+pub fn has_any_entry(parsed: &Parsed) -> bool {
     parsed.plugins().iter().any(is_entry)
-        || delegate_plugins(&parsed.original).is_some_and(|d| d.iter().any(is_entry))
+        || delegate_plugins(parsed).is_some_and(|d| d.iter().any(is_entry))
+}
+
+/// True when the owned-looking file `c` is interlock's: it parses and carries an
+/// interlock-cni entry. Anything else with such a name is someone else's and is never
+/// deleted (the one name the guard keeps in effect is still overwritten: it is the name
+/// interlock reserves, and a copy without our entry there is exactly what it repairs).
+pub fn is_ours(c: &Candidate<'_>) -> bool {
+    is_owned_name(c.name()) && c.parsed().as_ref().is_ok_and(has_any_entry)
 }
 
 /// Serialises a config the way the guard writes it (pretty, trailing newline; indented
@@ -248,10 +286,10 @@ pub fn wrapped_name(name: &str) -> String {
 }
 
 fn is_meta(c: &Candidate, settings: &Settings) -> bool {
-    if settings.allow_ahead.iter().any(|a| a == &c.name) {
+    if settings.allow_ahead.iter().any(|a| a == c.name()) {
         return true;
     }
-    match &c.parsed {
+    match c.parsed() {
         Ok(p) => p
             .plugin_types()
             .iter()
@@ -262,13 +300,18 @@ fn is_meta(c: &Candidate, settings: &Settings) -> bool {
 
 /// The versions interlock-cni accepts: its VERSION answer, or every known version when
 /// the binary has not answered (yet).
-fn interlock_versions(facts: &Facts) -> Vec<String> {
+pub fn interlock_versions(facts: &Facts) -> Vec<String> {
     facts
         .versions
         .get(PLUGIN_TYPE)
         .filter(|v| !v.is_empty())
         .cloned()
-        .unwrap_or_else(|| KNOWN_CNI_VERSIONS.iter().map(|v| v.to_string()).collect())
+        .unwrap_or_else(|| {
+            CniVersion::all_strings()
+                .into_iter()
+                .map(str::to_string)
+                .collect()
+        })
 }
 
 /// True when interlock-cni accepts a list whose `cniVersion` is `version`.
@@ -354,50 +397,65 @@ fn foreign_part(list: &Map<String, Value>) -> Map<String, Value> {
     out
 }
 
-/// True when `conflist` (a `.conflist`'s top-level object) is what wrapping the `.conf`
-/// `conf` produces: the lifted `.conf` plus interlock entries, perhaps with a raised
+/// True when `conflist` (a parsed `.conflist`) is what wrapping the parsed `.conf` `conf`
+/// produces: the lifted `.conf` plus interlock entries, perhaps with a raised
 /// `cniVersion`. Nothing foreign would be lost by replacing or removing it.
-pub fn is_wrap_of(conflist: &Map<String, Value>, conf: &Map<String, Value>) -> bool {
-    foreign_part(conflist) == foreign_part(&lift_conf(conf))
+pub fn is_wrap_of(conflist: &Parsed, conf: &Parsed) -> bool {
+    foreign_part(conflist.original()) == foreign_part(conf.list.raw())
 }
 
 /// Plans how to chain `settings.entry` into candidate `c` in place. Returns the actions
 /// and the name that carries our entry afterwards.
 fn chain_into(
     c: &Candidate,
-    snap: &DirSnapshot,
+    snap: &Snapshot,
     settings: &Settings,
     facts: &Facts,
 ) -> Result<(Vec<Action>, String), String> {
     let entry = &settings.entry;
     let parsed = c
-        .parsed
+        .parsed()
         .as_ref()
-        .map_err(|e| format!("cannot chain into {}: {e}", c.name))?;
+        .map_err(|e| format!("cannot chain into {}: {e}", c.entry.shown()))?;
+    if !c.entry.utf8_name() {
+        return Err(format!(
+            "cannot chain into {}: its name is not valid UTF-8, and interlock does not write \
+             under a name it cannot spell exactly (it would create a second file); rename it",
+            c.entry.shown()
+        ));
+    }
+    if c.entry.is_symlink {
+        return Err(format!(
+            "cannot chain into {}: it is a symbolic link; interlock neither writes through a \
+             link (it could point anywhere) nor replaces it with a copy (that would freeze \
+             the linked config); use owned mode, or point --chain-target at the real file",
+            c.entry.shown()
+        ));
+    }
     match parsed.format {
-        FileFormat::Conflist => {
-            let mut list = parsed.original.clone();
+        ConfFormat::Conflist => {
+            let mut list = parsed.original().clone();
             list.insert(
                 "plugins".into(),
                 Value::Array(chain_plugins(parsed.plugins(), entry)),
             );
-            fit_version(&mut list, &c.name, settings, facts)
-                .map_err(|e| format!("cannot chain into {}: {e}", c.name))?;
-            let actions = if list == parsed.original && ordered_eq(&list, &parsed.original) {
+            fit_version(&mut list, &c.entry.shown(), settings, facts)
+                .map_err(|e| format!("cannot chain into {}: {e}", c.entry.shown()))?;
+            let actions = if list == *parsed.original() && ordered_eq(&list, parsed.original()) {
                 vec![]
             } else {
                 vec![Action::Write {
-                    name: c.name.clone(),
+                    name: c.name().to_string(),
                     bytes: render(&list),
-                    mode: c.mode,
+                    mode: written_mode(c.mode()),
                 }]
             };
-            Ok((actions, c.name.clone()))
+            Ok((actions, c.name().to_string()))
         }
-        FileFormat::Conf => {
-            if let Some(delegates) = delegate_plugins(&parsed.original) {
+        ConfFormat::Conf => {
+            if let Some(delegates) = delegate_plugins(parsed) {
                 let new = chain_plugins(delegates, entry);
-                let mut conf = parsed.original.clone();
+                let mut conf = parsed.original().clone();
                 if let Some(Value::Object(d0)) = conf
                     .get_mut("delegates")
                     .and_then(Value::as_array_mut)
@@ -407,75 +465,78 @@ fn chain_into(
                     // The delegate runs with its own cniVersion (or, without one, the
                     // meta plugin's).
                     if !d0.contains_key("cniVersion") {
-                        if let Some(v) = parsed.original.get("cniVersion") {
+                        if let Some(v) = parsed.original().get("cniVersion") {
                             d0.insert("cniVersion".into(), v.clone());
                         }
                     }
                     let had = d0.clone();
                     fit_version(
                         d0,
-                        &format!("the first delegate of {}", c.name),
+                        &format!("the first delegate of {}", c.entry.shown()),
                         settings,
                         facts,
                     )
-                    .map_err(|e| format!("cannot chain into {}: {e}", c.name))?;
-                    if had == *d0 && !delegate_has_version(&parsed.original) {
+                    .map_err(|e| format!("cannot chain into {}: {e}", c.entry.shown()))?;
+                    if had == *d0 && !delegate_has_version(parsed.original()) {
                         // Only added for the check: leave the file as it was.
                         d0.remove("cniVersion");
                     }
                 }
-                if ordered_eq(&conf, &parsed.original) {
-                    return Ok((vec![], c.name.clone()));
+                if ordered_eq(&conf, parsed.original()) {
+                    return Ok((vec![], c.name().to_string()));
                 }
                 return Ok((
                     vec![Action::Write {
-                        name: c.name.clone(),
+                        name: c.name().to_string(),
                         bytes: render(&conf),
-                        mode: c.mode,
+                        mode: written_mode(c.mode()),
                     }],
-                    c.name.clone(),
+                    c.name().to_string(),
                 ));
             }
-            let wrapped = wrapped_name(&c.name);
-            let backup = backup_name(&c.name);
+            let wrapped = wrapped_name(c.name());
+            let backup = backup_name(c.name());
             let existing = snap.get(&wrapped);
             if existing.is_some() && snap.get(&backup).is_none() {
                 // Either someone else's file, or our own wrap interrupted between writing
                 // the .conflist and moving the .conf away (agent killed): finish that.
                 let ours = existing
-                    .and_then(|e| e.content.as_deref())
-                    .and_then(|b| crate::view::parse_candidate(&wrapped, b).ok())
-                    .is_some_and(|w| {
-                        has_any_entry(&w) && is_wrap_of(&w.original, &parsed.original)
-                    });
+                    .and_then(|e| e.parse().ok())
+                    .is_some_and(|w| has_any_entry(&w) && is_wrap_of(&w, parsed));
                 if !ours {
                     return Err(format!(
-                        "cannot wrap {} into {wrapped}: {wrapped} already exists and is not ours; \
+                        "cannot wrap {} into {w}: {w} already exists and is not ours; \
                          remove one of them or set --chain-target",
-                        c.name
+                        c.entry.shown(),
+                        w = confdir::shown(&wrapped)
                     ));
                 }
             }
-            let mut list = lift_conf(&parsed.original);
+            let mut list = parsed.list.raw().clone();
             list.insert(
                 "plugins".into(),
                 Value::Array(chain_plugins(parsed.plugins(), entry)),
             );
-            fit_version(&mut list, &c.name, settings, facts)
-                .map_err(|e| format!("cannot wrap {} into {wrapped}: {e}", c.name))?;
+            fit_version(&mut list, &c.entry.shown(), settings, facts).map_err(|e| {
+                format!(
+                    "cannot wrap {} into {}: {e}",
+                    c.entry.shown(),
+                    confdir::shown(&wrapped)
+                )
+            })?;
             let bytes = render(&list);
             let mut actions = vec![];
             if existing.and_then(|e| e.content.as_deref()) != Some(bytes.as_slice())
-                || existing.is_some_and(|e| e.mode != c.mode)
+                || existing.is_some_and(|e| e.mode != written_mode(c.mode()))
             {
                 actions.push(Action::Write {
                     name: wrapped.clone(),
                     bytes,
-                    mode: c.mode,
+                    mode: written_mode(c.mode()),
                 });
             }
             actions.push(Action::Rename {
-                from: c.name.clone(),
+                from: c.name().to_string(),
                 to: backup,
             });
             Ok((actions, wrapped))
@@ -511,7 +572,7 @@ fn ordered_eq_values(a: &[Value], b: &[Value]) -> bool {
 }
 
 /// Decides what to do so that the runtime loads a config containing our entry.
-pub fn plan(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
+pub fn plan(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
     match settings.mode {
         ConfigMode::Owned => plan_owned(snap, settings, facts),
         ConfigMode::Chain => plan_chain(snap, settings, facts),
@@ -521,16 +582,16 @@ pub fn plan(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
 fn remove_owned(cands: &[Candidate], keep: Option<&str>) -> Vec<Action> {
     cands
         .iter()
-        .filter(|c| is_owned_name(&c.name) && Some(c.name.as_str()) != keep)
+        .filter(|c| is_ours(c) && Some(c.name()) != keep)
         .map(|c| Action::Remove {
-            name: c.name.clone(),
+            name: c.name().to_string(),
         })
         .collect()
 }
 
-fn plan_owned(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
+fn plan_owned(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
     let cands = snap.candidates();
-    let foreign: Vec<&Candidate> = cands.iter().filter(|c| !is_owned_name(&c.name)).collect();
+    let foreign: Vec<&Candidate> = cands.iter().filter(|c| !is_owned_name(c.name())).collect();
     let Some(first_foreign) = foreign.first() else {
         return Plan {
             actions: remove_owned(&cands, None),
@@ -541,13 +602,14 @@ fn plan_owned(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
             blocks_ready: false,
         };
     };
+    let bins = facts.binaries();
     let Some(primary) = foreign
         .iter()
-        .find(|c| loadable(c, settings.runtime, &facts.present_types))
+        .find(|c| confdir::usable(c, settings.runtime, &bins.view()).is_ok())
     else {
-        let why = match &first_foreign.parsed {
+        let why = match first_foreign.parsed() {
             Err(e) => e.clone(),
-            Ok(_) => format!("{}: plugin binaries missing", first_foreign.name),
+            Ok(_) => format!("{}: plugin binaries missing", first_foreign.entry.shown()),
         };
         // Keep whatever we wrote: the primary is probably mid-way through a rewrite.
         return Plan {
@@ -578,22 +640,39 @@ fn plan_owned(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
     }
     let existing = cands
         .iter()
-        .find(|c| is_owned_name(&c.name) && c.name.as_bytes() < first_foreign.name.as_bytes())
-        .map(|c| c.name.clone());
-    let Some(name) = existing.or_else(|| owned_name_before(&first_foreign.name)) else {
+        .find(|c| {
+            is_owned_name(c.name())
+                && c.name().as_bytes() < first_foreign.entry.os_name.as_encoded_bytes()
+        })
+        .map(|c| c.name().to_string());
+    let first_name =
+        String::from_utf8_lossy(first_foreign.entry.os_name.as_encoded_bytes()).into_owned();
+    let Some(name) = existing
+        .or_else(|| owned_name_before(&first_name))
+        .filter(|n| n.as_bytes() < first_foreign.entry.os_name.as_encoded_bytes())
+    else {
         return Plan {
             actions: vec![],
             target: None,
             problem: Some(format!(
                 "cannot name our config so that it sorts before {}: rename that file or list it \
                  in --allow-ahead",
-                first_foreign.name
+                first_foreign.entry.shown()
             )),
             blocks_ready: false,
         };
     };
-    let parsed = primary.parsed.as_ref().expect("loadable implies parsed");
-    let mut list = parsed.list.clone();
+    let parsed = match primary.parsed() {
+        Ok(p) => p,
+        // `usable` said it parsed; keep what we wrote rather than panic if not.
+        Err(e) => {
+            return Plan {
+                problem: Some(format!("no valid primary CNI config to copy ({e})")),
+                ..Plan::default()
+            }
+        }
+    };
+    let mut list = parsed.list.raw().clone();
     let plugins = chain_plugins(parsed.plugins(), &settings.entry);
     let types: Vec<String> = plugins
         .iter()
@@ -607,13 +686,13 @@ fn plan_owned(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
     );
     list.insert("cniVersion".into(), Value::String(version));
     list.insert("plugins".into(), Value::Array(plugins));
-    if let Err(e) = fit_version(&mut list, &primary.name, settings, facts) {
+    if let Err(e) = fit_version(&mut list, &primary.entry.shown(), settings, facts) {
         // Writing it would make interlock-cni refuse every ADD. Keep what we wrote (the
         // runtime keeps working with it) but stay not-ready: the copy cannot follow.
         return Plan {
             actions: vec![],
             target: None,
-            problem: Some(format!("cannot copy {}: {e}", primary.name)),
+            problem: Some(format!("cannot copy {}: {e}", primary.entry.shown())),
             blocks_ready: true,
         };
     }
@@ -621,12 +700,12 @@ fn plan_owned(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
     let mut actions = vec![];
     let current = snap.get(&name);
     if current.and_then(|e| e.content.as_deref()) != Some(bytes.as_slice())
-        || current.is_some_and(|e| e.mode != primary.mode)
+        || current.is_some_and(|e| e.mode != written_mode(primary.mode()))
     {
         actions.push(Action::Write {
             name: name.clone(),
             bytes,
-            mode: primary.mode,
+            mode: written_mode(primary.mode()),
         });
     }
     actions.extend(remove_owned(&cands, Some(&name)));
@@ -638,30 +717,44 @@ fn plan_owned(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
     }
 }
 
-fn plan_chain(snap: &DirSnapshot, settings: &Settings, facts: &Facts) -> Plan {
+fn plan_chain(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
     let cands = snap.candidates();
     let mut actions = remove_owned(&cands, None);
-    let foreign: Vec<Candidate> = cands
-        .iter()
-        .filter(|c| !is_owned_name(&c.name))
-        .cloned()
-        .collect();
+    // A file only named like ours is someone else's: the runtime reads it like any other.
+    let foreign: Vec<Candidate> = cands.iter().filter(|c| !is_ours(c)).cloned().collect();
     let target = match &settings.chain_target {
         Some(t) => {
             let wrapped = wrapped_name(t);
-            match foreign.iter().find(|c| &c.name == t) {
+            match foreign.iter().find(|c| c.name() == t) {
                 Some(c) => Ok(c),
                 None if snap.get(&backup_name(t)).is_some() => {
-                    foreign.iter().find(|c| c.name == wrapped).ok_or_else(|| {
+                    foreign.iter().find(|c| c.name() == wrapped).ok_or_else(|| {
                         format!("chain target {t} was wrapped into {wrapped}, which is gone")
                     })
                 }
                 None => Err(format!("chain target {t} not found in the conf dir")),
             }
         }
-        None => effective(&foreign, settings.runtime, &facts.present_types)
-            .map_err(|e| format!("no config to chain into: {e}")),
+        None => {
+            let bins = facts.binaries();
+            let j = confdir::judge(&foreign, settings.runtime, &snap.dir, &bins.view());
+            j.chosen
+                .map(|i| &foreign[i])
+                .ok_or_else(|| format!("no config to chain into: {}", j.summary))
+        }
     };
+    let target = target.and_then(|c| {
+        if is_owned_name(c.name()) {
+            // Once it carried our entry it could not be told apart from an owned-mode
+            // file of ours, which chain mode removes.
+            return Err(format!(
+                "cannot chain into {}: it is named like interlock's own config in owned mode, \
+                 so interlock could not tell it apart from its own leftovers; rename it",
+                c.entry.shown()
+            ));
+        }
+        Ok(c)
+    });
     match target.and_then(|c| chain_into(c, snap, settings, facts)) {
         Ok((more, target)) => {
             actions.extend(more);
@@ -692,7 +785,7 @@ pub struct UninstallPlan {
 
 /// Decides how to remove exactly what interlock added: owned files, our entries in
 /// foreign files, and wrapped `.conf`s (the original is renamed back, byte for byte).
-pub fn plan_uninstall(snap: &DirSnapshot) -> Vec<Action> {
+pub fn plan_uninstall(snap: &Snapshot) -> Vec<Action> {
     plan_uninstall_explained(snap).actions
 }
 
@@ -701,21 +794,33 @@ pub fn plan_uninstall(snap: &DirSnapshot) -> Vec<Action> {
 /// lifted original); if the primary has written its own `<stem>.conflist` since, only our
 /// entry is stripped from it and the backup is kept (never deleted, never restored over
 /// the primary's newer config).
-pub fn plan_uninstall_explained(snap: &DirSnapshot) -> UninstallPlan {
+pub fn plan_uninstall_explained(snap: &Snapshot) -> UninstallPlan {
     let cands = snap.candidates();
     let mut actions = vec![];
     let mut notes = vec![];
     let mut restored = HashSet::new();
     for c in &cands {
-        if is_owned_name(&c.name) {
-            actions.push(Action::Remove {
-                name: c.name.clone(),
-            });
+        if !c.entry.utf8_name() {
+            // interlock never writes under a name it cannot spell, so this is not ours.
+            continue;
+        }
+        if is_owned_name(c.name()) {
+            if is_ours(c) {
+                actions.push(Action::Remove {
+                    name: c.name().to_string(),
+                });
+            } else {
+                notes.push(format!(
+                    "kept {}: named like interlock's own config, but it does not carry an \
+                     interlock-cni entry, so interlock did not write it",
+                    c.entry.shown()
+                ));
+            }
             continue;
         }
         // A conflist we created by wrapping a .conf/.json: put the original back first
         // (it sorts before the .conflist), then remove ours.
-        let stem = c.name.strip_suffix(".conflist");
+        let stem = c.name().strip_suffix(".conflist");
         let orig = stem.and_then(|s| {
             [format!("{s}.conf"), format!("{s}.json")]
                 .into_iter()
@@ -723,12 +828,13 @@ pub fn plan_uninstall_explained(snap: &DirSnapshot) -> UninstallPlan {
         });
         if let Some(orig) = orig {
             let backup = backup_name(&orig);
+            // The backup parsed as the .conf it was.
             let backup_conf = snap
                 .get(&backup)
                 .and_then(|e| e.content.as_deref())
-                .and_then(|b| crate::view::parse_candidate(&orig, b).ok());
-            let ours = match (&c.parsed, &backup_conf) {
-                (Ok(w), Some(b)) => is_wrap_of(&w.original, &b.original),
+                .and_then(|b| DirEntry::file(&orig, b, 0).parse().ok());
+            let ours = match (c.parsed(), &backup_conf) {
+                (Ok(w), Some(b)) => is_wrap_of(w, b),
                 _ => false,
             };
             restored.insert(orig.clone());
@@ -745,7 +851,7 @@ pub fn plan_uninstall_explained(snap: &DirSnapshot) -> UninstallPlan {
                     });
                 }
                 actions.push(Action::Remove {
-                    name: c.name.clone(),
+                    name: c.name().to_string(),
                 });
                 continue;
             }
@@ -754,16 +860,16 @@ pub fn plan_uninstall_explained(snap: &DirSnapshot) -> UninstallPlan {
                  since), so only interlock's entry is removed from it and the original \
                  {orig} stays saved under {backup}; delete that file by hand if the primary \
                  no longer needs it",
-                c.name
+                c.name()
             ));
         }
-        let Ok(parsed) = &c.parsed else { continue };
+        let Ok(parsed) = c.parsed() else { continue };
         if !has_any_entry(parsed) {
             continue;
         }
-        let mut orig = parsed.original.clone();
+        let mut orig = parsed.original().clone();
         match parsed.format {
-            FileFormat::Conflist => {
+            ConfFormat::Conflist => {
                 let kept: Vec<Value> = parsed
                     .plugins()
                     .iter()
@@ -772,7 +878,7 @@ pub fn plan_uninstall_explained(snap: &DirSnapshot) -> UninstallPlan {
                     .collect();
                 orig.insert("plugins".into(), Value::Array(kept));
             }
-            FileFormat::Conf => {
+            ConfFormat::Conf => {
                 if let Some(Value::Object(d0)) = orig
                     .get_mut("delegates")
                     .and_then(Value::as_array_mut)
@@ -785,9 +891,9 @@ pub fn plan_uninstall_explained(snap: &DirSnapshot) -> UninstallPlan {
             }
         }
         actions.push(Action::Write {
-            name: c.name.clone(),
+            name: c.name().to_string(),
             bytes: render(&orig),
-            mode: c.mode,
+            mode: c.mode(),
         });
     }
     // Backups whose wrapped conflist is gone: restore them too.
@@ -804,57 +910,63 @@ pub fn plan_uninstall_explained(snap: &DirSnapshot) -> UninstallPlan {
     UninstallPlan { actions, notes }
 }
 
-/// Whether the runtime's effective config carries our entry. `Ok(name)` of the effective
-/// file when it does, otherwise why not.
+/// Whether the runtime's effective config runs our entry (once, after the primary, at a
+/// `cniVersion` interlock-cni accepts), with the binaries as `facts` know them. `Ok(name)`
+/// of the effective file when it does, otherwise why not.
 pub fn check_effective(
-    snap: &DirSnapshot,
+    snap: &Snapshot,
     settings: &Settings,
     facts: &Facts,
 ) -> Result<String, String> {
-    let cands = snap.candidates();
-    let c = effective(&cands, settings.runtime, &facts.present_types)?;
-    let parsed = c.parsed.as_ref().map_err(Clone::clone)?;
-    if contains_entry(parsed, &settings.entry) {
-        let version = running_version(parsed);
-        if !version_accepted(&version, facts) {
-            return Err(format!(
-                "the effective config {} runs interlock-cni with cniVersion {}, which it refuses",
-                c.name,
-                shown_version(&version)
-            ));
-        }
-        Ok(c.name.clone())
-    } else if has_any_entry(parsed) {
-        Err(format!(
-            "the effective config {} has an interlock-cni entry that differs from ours",
-            c.name
-        ))
-    } else {
-        Err(format!(
-            "the effective config {} does not contain interlock-cni",
-            c.name
-        ))
+    let bins = facts.binaries();
+    check_effective_with(snap, settings, &bins.view(), &interlock_versions(facts))
+}
+
+/// [`check_effective`] with the plugin binaries as `bins` and the versions interlock-cni
+/// `accepts`. The same judgement ([`confdir::effective`], [`confdir::runs_plugin`],
+/// [`confdir::version_refused`]) as `interlock check`.
+pub fn check_effective_with(
+    snap: &Snapshot,
+    settings: &Settings,
+    bins: &Binaries<'_>,
+    accepts: &[String],
+) -> Result<String, String> {
+    let eff = confdir::effective(snap, settings.runtime, bins);
+    let Some(chosen) = &eff.chosen else {
+        return Err(eff.summary);
+    };
+    let name = chosen
+        .path
+        .file_name()
+        .map(confdir::shown_os)
+        .unwrap_or_default();
+    let parsed = Parsed {
+        list: chosen.list.clone(),
+        format: chosen.format,
+    };
+    let what = format!("the effective config {name}");
+    let version = runs_entry(&parsed, &what, &settings.entry)?;
+    if let Some(why) = confdir::version_refused(&what, PLUGIN_TYPE, &version, accepts) {
+        return Err(why);
     }
+    Ok(name)
 }
 
 /// Applies `actions` to a snapshot in memory (what the directory looks like afterwards).
 /// Used by tests and by the bench to predict outcomes.
-pub fn apply_in_memory(snap: &DirSnapshot, actions: &[Action]) -> DirSnapshot {
+pub fn apply_in_memory(snap: &Snapshot, actions: &[Action]) -> Snapshot {
     let mut out = snap.clone();
     for a in actions {
         match a {
             Action::Write { name, bytes, mode } => {
                 out.entries.retain(|e| &e.name != name);
-                out.entries.push(crate::view::DirEntry {
-                    name: name.clone(),
-                    content: Some(bytes.clone()),
-                    mode: *mode,
-                });
+                out.entries.push(DirEntry::file(name, bytes, *mode));
             }
             Action::Rename { from, to } => {
                 if let Some(mut e) = out.entries.iter().find(|e| &e.name == from).cloned() {
                     out.entries.retain(|e| &e.name != from && &e.name != to);
                     e.name = to.clone();
+                    e.os_name = to.into();
                     out.entries.push(e);
                 }
             }

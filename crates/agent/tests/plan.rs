@@ -5,7 +5,7 @@ use interlock_agent::plan::{
     plan_uninstall, Action, ConfigMode, Facts, Settings,
 };
 use interlock_agent::plugin_entry;
-use interlock_agent::view::{DirEntry, DirSnapshot, RuntimeKind};
+use interlock_protocol::confdir::{DirEntry, Runtime, Snapshot};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::Path;
@@ -21,8 +21,8 @@ const CALICO: &str = r#"{
   "aFieldAfter": 1
 }"#;
 
-fn snap(files: &[(&str, &str)]) -> DirSnapshot {
-    DirSnapshot::from_files(files, 0o640)
+fn snap(files: &[(&str, &str)]) -> Snapshot {
+    Snapshot::from_files(files, 0o640)
 }
 
 fn settings(mode: ConfigMode) -> Settings {
@@ -30,7 +30,7 @@ fn settings(mode: ConfigMode) -> Settings {
         mode,
         chain_target: None,
         allow_ahead: vec![],
-        runtime: RuntimeKind::Containerd,
+        runtime: Runtime::Containerd,
         entry: plugin_entry(Path::new("/var/run/interlock")),
         max_cni_version: None,
     }
@@ -64,12 +64,12 @@ fn facts() -> Facts {
     f
 }
 
-fn content(s: &DirSnapshot, name: &str) -> Value {
+fn content(s: &Snapshot, name: &str) -> Value {
     serde_json::from_slice(s.get(name).unwrap().content.as_ref().unwrap()).unwrap()
 }
 
 /// Plans, applies in memory, and checks that a second plan is a no-op.
-fn converge(s: &DirSnapshot, st: &Settings, f: &Facts) -> (DirSnapshot, Vec<Action>) {
+fn converge(s: &Snapshot, st: &Settings, f: &Facts) -> (Snapshot, Vec<Action>) {
     let p = plan(s, st, f);
     assert!(p.problem.is_none(), "unexpected problem: {:?}", p.problem);
     let after = apply_in_memory(s, &p.actions);
@@ -126,11 +126,11 @@ fn owned_follows_primary_parameters() {
     let mut s2 = after.clone();
     let changed = CALICO.replace("10.99.0.0/16", "10.99.128.0/17");
     s2.entries.retain(|e| e.name != "10-calico.conflist");
-    s2.entries.push(DirEntry {
-        name: "10-calico.conflist".into(),
-        content: Some(changed.into_bytes()),
-        mode: 0o640,
-    });
+    s2.entries.push(DirEntry::file(
+        "10-calico.conflist",
+        &changed.into_bytes(),
+        0o640,
+    ));
     let (after2, actions) = converge(&s2, &st, &facts());
     assert_eq!(actions.len(), 1);
     assert_eq!(
@@ -145,24 +145,22 @@ fn owned_rederives_from_new_first_config_and_stays_first() {
     let (after, _) = converge(&snap(&[("10-calico.conflist", CALICO)]), &st, &facts());
     // 00-new sorts after 00-interlock but before calico: it is the new primary.
     let mut s = after.clone();
-    s.entries.push(DirEntry {
-        name: "00-new.conflist".into(),
-        content: Some(br#"{"cniVersion":"0.4.0","name":"new","plugins":[{"type":"bridge","bridge":"ilnew"}]}"#.to_vec()),
-        mode: 0o644,
-    });
+    s.entries.push(DirEntry::file(
+        "00-new.conflist",
+        br#"{"cniVersion":"0.4.0","name":"new","plugins":[{"type":"bridge","bridge":"ilnew"}]}"#,
+        0o644,
+    ));
     let (after2, _) = converge(&s, &st, &facts());
     let owned = content(&after2, "00-interlock.conflist");
     assert_eq!(owned["name"], "new");
     assert_eq!(owned["plugins"][0]["bridge"], "ilnew");
     // 00-aaa sorts ahead of 00-interlock: we take a new name and drop the old one.
     let mut s = after2.clone();
-    s.entries.push(DirEntry {
-        name: "00-aaa.conflist".into(),
-        content: Some(
-            br#"{"cniVersion":"0.4.0","name":"aaa","plugins":[{"type":"flannel"}]}"#.to_vec(),
-        ),
-        mode: 0o644,
-    });
+    s.entries.push(DirEntry::file(
+        "00-aaa.conflist",
+        br#"{"cniVersion":"0.4.0","name":"aaa","plugins":[{"type":"flannel"}]}"#,
+        0o644,
+    ));
     let (after3, actions) = converge(&s, &st, &facts());
     assert!(actions.contains(&Action::Remove {
         name: "00-interlock.conflist".into()
@@ -224,11 +222,8 @@ fn multus_stays_first_and_is_chained_into() {
     let (after, _) = converge(&snap(&[("10-calico.conflist", CALICO)]), &st, &facts());
     let multus = r#"{"cniVersion":"0.3.1","name":"multus-cni-network","type":"multus","clusterNetwork":"/etc/cni/net.d/10-calico.conflist","kubeconfig":"/etc/cni/net.d/multus.d/multus.kubeconfig"}"#;
     let mut s = after;
-    s.entries.push(DirEntry {
-        name: "00-multus.conf".into(),
-        content: Some(multus.as_bytes().to_vec()),
-        mode: 0o600,
-    });
+    s.entries
+        .push(DirEntry::file("00-multus.conf", multus.as_bytes(), 0o600));
     let (after2, _) = converge(&s, &st, &facts());
     assert!(
         after2.get("00-interlock.conflist").is_none(),
@@ -334,7 +329,7 @@ fn owned_without_primary_removes_owned_copy_but_keeps_it_while_primary_is_invali
 #[test]
 fn crio_skips_lists_with_missing_binaries() {
     let mut st = settings(ConfigMode::Owned);
-    st.runtime = RuntimeKind::Crio;
+    st.runtime = Runtime::Crio;
     let nobin = r#"{"cniVersion":"0.4.0","name":"x","plugins":[{"type":"not-installed"}]}"#;
     let (after, _) = converge(
         &snap(&[("05-x.conflist", nobin), ("10-calico.conflist", CALICO)]),
@@ -410,11 +405,11 @@ fn chain_wraps_conf_and_uninstall_restores_bytes() {
     // The primary writes its .conf again: wrapped again, the backup is the newest original.
     let mut again = after.clone();
     let conf2 = conf.replace("eni", "xyz");
-    again.entries.push(DirEntry {
-        name: "10-aws.conf".into(),
-        content: Some(conf2.clone().into_bytes()),
-        mode: 0o600,
-    });
+    again.entries.push(DirEntry::file(
+        "10-aws.conf",
+        &conf2.clone().into_bytes(),
+        0o600,
+    ));
     let (after2, _) = converge(&again, &st, &facts());
     assert_eq!(
         content(&after2, "10-aws.conflist")["plugins"][0]["vethPrefix"],
@@ -620,7 +615,7 @@ fn random_directories_converge_without_touching_foreign_files() {
         seed
     };
     for mode in [ConfigMode::Owned, ConfigMode::Chain] {
-        for runtime in [RuntimeKind::Containerd, RuntimeKind::Crio] {
+        for runtime in [Runtime::Containerd, Runtime::Crio] {
             let mut st = settings(mode);
             st.runtime = runtime;
             for _ in 0..300 {
@@ -657,10 +652,22 @@ fn random_directories_converge_without_touching_foreign_files() {
                         }
                     }
                 }
-                // Uninstall leaves no entry of ours and no owned file.
+                // Uninstall leaves no entry of ours and no owned file of ours; a file
+                // only named like ours (issue 7, L4) is someone else's and stays as it was.
                 let un = apply_in_memory(&after, &plan_uninstall(&after));
                 for e in &un.entries {
-                    assert!(!is_owned_name(&e.name));
+                    if is_owned_name(&e.name) {
+                        let was = files
+                            .iter()
+                            .find(|(n, _)| *n == e.name)
+                            .map(|(_, b)| b.as_bytes());
+                        assert_eq!(
+                            e.content.as_deref(),
+                            was,
+                            "{} is not interlock's: kept as it was",
+                            e.name
+                        );
+                    }
                     assert!(!e.name.ends_with(".interlock-orig"));
                     if let Some(c) = &e.content {
                         assert!(
@@ -758,11 +765,11 @@ fn uninstall_keeps_a_conflist_the_primary_rewrote_after_the_wrap() {
     theirs["name"] = json!("aws-cni");
     let mut s = after.clone();
     s.entries.retain(|e| e.name != "10-aws.conflist");
-    s.entries.push(DirEntry {
-        name: "10-aws.conflist".into(),
-        content: Some(theirs.to_string().into_bytes()),
-        mode: 0o644,
-    });
+    s.entries.push(DirEntry::file(
+        "10-aws.conflist",
+        &theirs.to_string().into_bytes(),
+        0o644,
+    ));
     // The agent chains into it again (it is the effective conflist now).
     let (s, _) = converge(&s, &st, &facts());
     assert!(s.get("10-aws.conf.interlock-orig").is_some());
@@ -872,4 +879,109 @@ fn owned_never_writes_a_cni_version_interlock_refuses() {
         msg.contains("10-calico.conflist") && msg.contains("0.2.0"),
         "{msg}"
     );
+}
+
+/// Issue 7 item 6: whatever the primary's mode, what interlock writes is not writable
+/// by group or others.
+#[test]
+fn written_files_are_never_group_or_world_writable() {
+    let s = Snapshot::from_files(&[("10-calico.conflist", CALICO)], 0o666);
+    let p = plan(&s, &settings(ConfigMode::Owned), &facts());
+    let modes: Vec<u32> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Write { mode, .. } => Some(*mode),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(modes, [0o644]);
+    let p = plan(&s, &settings(ConfigMode::Chain), &facts());
+    assert!(p
+        .actions
+        .iter()
+        .all(|a| !matches!(a, Action::Write { mode, .. } if mode & 0o022 != 0)));
+    // A tighter primary stays as tight.
+    let s = Snapshot::from_files(&[("10-calico.conflist", CALICO)], 0o600);
+    let p = plan(&s, &settings(ConfigMode::Owned), &facts());
+    assert!(matches!(&p.actions[0], Action::Write { mode: 0o600, .. }));
+}
+
+/// Issue 7 item 9 (L5, L6): chain mode never replaces a symlinked primary with a copy
+/// and never writes a lossy twin of a primary whose name is not UTF-8; it says why.
+#[test]
+fn chain_mode_refuses_symlinked_and_non_utf8_targets() {
+    use std::os::unix::ffi::OsStrExt;
+    let mut s = Snapshot::from_files(&[("10-calico.conflist", CALICO)], 0o644);
+    s.entries[0].is_symlink = true;
+    let p = plan(&s, &settings(ConfigMode::Chain), &facts());
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert!(p.blocks_ready);
+    assert!(
+        p.problem.as_deref().unwrap().contains("symbolic link"),
+        "{:?}",
+        p.problem
+    );
+
+    let mut s = Snapshot::from_files(&[("10-calico.conflist", CALICO)], 0o644);
+    s.entries[0].os_name = std::ffi::OsStr::from_bytes(b"10-\xff.conflist").into();
+    s.entries[0].name = s.entries[0].os_name.to_string_lossy().into_owned();
+    let p = plan(&s, &settings(ConfigMode::Chain), &facts());
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    let why = p.problem.unwrap();
+    assert!(
+        why.contains("not valid UTF-8") && why.contains("10-\\xff"),
+        "{why}"
+    );
+    // Owned mode copies it under our own name: nothing is written under its name.
+    let p = plan(&s, &settings(ConfigMode::Owned), &facts());
+    assert!(p.problem.is_none(), "{:?}", p.problem);
+    assert!(p
+        .actions
+        .iter()
+        .all(|a| a.file() == "00-interlock.conflist"));
+}
+
+/// Issue 7 item 9 (L4): files only named like interlock's are never deleted, by the
+/// guard's plan or by uninstall; the one interlock wrote is.
+#[test]
+fn only_files_carrying_our_entry_are_removed() {
+    let st = settings(ConfigMode::Owned);
+    let operator = r#"{"cniVersion":"1.0.0","name":"op","plugins":[{"type":"bridge"}]}"#;
+    let s = snap(&[
+        ("10-calico.conflist", CALICO),
+        ("90-interlock.conflist", operator),
+        ("interlock.conflist", operator),
+    ]);
+    let (after, actions) = converge(&s, &st, &facts());
+    assert!(
+        actions.iter().all(|a| !matches!(a, Action::Remove { .. })),
+        "{actions:?}"
+    );
+    assert_eq!(
+        after
+            .get("90-interlock.conflist")
+            .unwrap()
+            .content
+            .as_deref(),
+        Some(operator.as_bytes())
+    );
+    // A stale copy of ours after the primary's name is removed.
+    let mut stale = after.clone();
+    let ours = after.get("00-interlock.conflist").unwrap().clone();
+    let mut moved = ours.clone();
+    moved.name = "50-interlock.conflist".into();
+    moved.os_name = "50-interlock.conflist".into();
+    stale.entries.push(moved);
+    let p = plan(&stale, &st, &facts());
+    assert_eq!(
+        p.actions,
+        [Action::Remove {
+            name: "50-interlock.conflist".into()
+        }]
+    );
+    let un = apply_in_memory(&after, &plan_uninstall(&after));
+    assert!(un.get("00-interlock.conflist").is_none());
+    assert!(un.get("90-interlock.conflist").is_some());
+    assert!(un.get("interlock.conflist").is_some());
 }

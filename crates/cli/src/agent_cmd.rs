@@ -2,31 +2,16 @@
 //! variable) turned into an `interlock_agent::AgentConfig`.
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use interlock_agent::plan::ConfigMode;
-use interlock_agent::view::RuntimeKind;
-use interlock_agent::{AgentConfig, KubeMode};
+use interlock_agent::{AgentConfig, KubeMode, Runtime};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ModeArg {
-    Owned,
-    Chain,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum RuntimeArg {
-    Containerd,
-    Crio,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum KubeArg {
-    Auto,
-    None,
-}
+/// How `INTERLOCK_CNI_BIN_DIR` separates several bin dirs, for `agent`, `uninstall`
+/// and `check` alike: ':' as in `CNI_PATH` and `PATH`.
+pub const BIN_DIR_DELIMITER: char = ':';
 
 /// Directories shared by `agent` and `uninstall`.
 #[derive(Debug, Args)]
@@ -34,11 +19,12 @@ pub struct Dirs {
     /// The runtime's CNI config directory.
     #[arg(long, env = "INTERLOCK_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
     pub cni_conf_dir: PathBuf,
-    /// A CNI bin dir to install interlock-cni into (repeatable).
+    /// A CNI bin dir to install interlock-cni into (repeatable; in the environment
+    /// variable, ':'-separated like CNI_PATH).
     #[arg(
         long = "cni-bin-dir",
         env = "INTERLOCK_CNI_BIN_DIR",
-        value_delimiter = ',',
+        value_delimiter = BIN_DIR_DELIMITER,
         default_value = "/opt/cni/bin"
     )]
     pub cni_bin_dirs: Vec<PathBuf>,
@@ -56,27 +42,17 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub dirs: Dirs,
     /// owned: write our own config sorting first; chain: insert into the target in place.
-    #[arg(
-        long,
-        env = "INTERLOCK_CONFIG_MODE",
-        value_enum,
-        default_value = "owned"
-    )]
-    pub config_mode: ModeArg,
+    #[arg(long, env = "INTERLOCK_CONFIG_MODE", default_value = "owned")]
+    pub config_mode: ConfigMode,
     /// Chain mode: the file to chain into (default: the one the runtime loads).
     #[arg(long, env = "INTERLOCK_CHAIN_TARGET")]
     pub chain_target: Option<String>,
-    /// Whose loading rules decide which config is effective.
-    #[arg(
-        long,
-        env = "INTERLOCK_RUNTIME",
-        value_enum,
-        default_value = "containerd"
-    )]
-    pub runtime: RuntimeArg,
+    /// Whose loading rules decide which config is effective: containerd or crio.
+    #[arg(long, env = "INTERLOCK_RUNTIME", default_value = "containerd")]
+    pub runtime: Runtime,
     /// Kubernetes API integration (auto is not available yet and behaves like none).
-    #[arg(long, env = "INTERLOCK_KUBE", value_enum, default_value = "auto")]
-    pub kube: KubeArg,
+    #[arg(long, env = "INTERLOCK_KUBE", default_value = "auto")]
+    pub kube: KubeMode,
     /// Address for /healthz, /readyz and /metrics.
     #[arg(long, env = "INTERLOCK_HEALTH_ADDR", default_value = "127.0.0.1:9102")]
     pub health_addr: SocketAddr,
@@ -113,7 +89,7 @@ pub struct AgentArgs {
         hide = true
     )]
     pub marker_stale_ms: u64,
-    /// Undos of one file per second after which the agent backs off (0: never).
+    /// Conflicts on one file per second after which the agent backs off (0: never).
     #[arg(
         long,
         env = "INTERLOCK_CONFLICT_THRESHOLD",
@@ -143,19 +119,10 @@ pub fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     cfg.conf_dir = a.dirs.cni_conf_dir;
     cfg.bin_dirs = a.dirs.cni_bin_dirs;
     cfg.state_dir = a.dirs.state_dir;
-    cfg.mode = match a.config_mode {
-        ModeArg::Owned => ConfigMode::Owned,
-        ModeArg::Chain => ConfigMode::Chain,
-    };
+    cfg.mode = a.config_mode;
     cfg.chain_target = a.chain_target;
-    cfg.runtime = match a.runtime {
-        RuntimeArg::Containerd => RuntimeKind::Containerd,
-        RuntimeArg::Crio => RuntimeKind::Crio,
-    };
-    cfg.kube = match a.kube {
-        KubeArg::Auto => KubeMode::Auto,
-        KubeArg::None => KubeMode::None,
-    };
+    cfg.runtime = a.runtime;
+    cfg.kube = a.kube;
     cfg.health_addr = a.health_addr;
     cfg.uninstall_on_exit = a.uninstall_on_exit;
     cfg.allow_ahead = a.allow_ahead;

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use interlock_contract::config::{PLUGIN_TYPE, POD_ANNOTATIONS_CAPABILITY};
 use interlock_contract::layout::marker_path;
 use interlock_contract::marker::ReadinessMarker;
 use interlock_contract::time::now_ms;
@@ -26,26 +27,18 @@ pub enum Output {
     Json,
 }
 
-/// Whose loading rules to apply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum RuntimeArg {
-    /// containerd (first file wins; an invalid first file fails the load).
-    Containerd,
-    /// CRI-O (invalid files are skipped).
-    Crio,
-}
-
 /// `interlock check` flags.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     /// The runtime's CNI conf dir.
     #[arg(long, env = "INTERLOCK_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
     cni_conf_dir: PathBuf,
-    /// Where the runtime looks for plugin binaries (repeatable).
+    /// Where the runtime looks for plugin binaries (repeatable; in the environment
+    /// variable, ':'-separated like CNI_PATH, the same as for `agent`).
     #[arg(
         long = "cni-bin-dir",
         env = "INTERLOCK_CNI_BIN_DIR",
-        value_delimiter = ':',
+        value_delimiter = crate::agent_cmd::BIN_DIR_DELIMITER,
         default_value = "/opt/cni/bin"
     )]
     cni_bin_dirs: Vec<PathBuf>,
@@ -56,14 +49,9 @@ pub struct CheckArgs {
         default_value = "/var/run/interlock"
     )]
     state_dir: PathBuf,
-    /// Whose loading rules decide what is effective.
-    #[arg(
-        long,
-        env = "INTERLOCK_RUNTIME",
-        value_enum,
-        default_value = "containerd"
-    )]
-    runtime: RuntimeArg,
+    /// Whose loading rules decide what is effective: containerd or crio.
+    #[arg(long, env = "INTERLOCK_RUNTIME", default_value = "containerd")]
+    runtime: Runtime,
     /// The agent's health address (`/readyz`); `none` skips asking it.
     #[arg(long, env = "INTERLOCK_HEALTH_ADDR", default_value = "127.0.0.1:9102")]
     health_addr: String,
@@ -115,11 +103,16 @@ pub struct NodeReport {
     pub readyz: Option<u16>,
 }
 
+fn shown_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&confdir::shown_os(p.as_os_str()))
+}
+
 /// What the plugin binary said about itself.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BinaryFacts {
     /// Where the runtime would find it.
+    #[serde(serialize_with = "shown_path")]
     pub path: PathBuf,
     /// Versions from its VERSION answer, or the error.
     pub versions: Result<Vec<String>, String>,
@@ -158,65 +151,52 @@ pub fn judge(o: &Observed<'_>) -> (bool, String, Vec<Finding>) {
             format!("{rt} has no network: {}", o.effective.summary),
         ),
         Some(c) => {
-            let name = c
-                .path
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
-            let types: Vec<&str> = c
-                .list
-                .plugins()
-                .iter()
-                .map(|p| p.get("type").and_then(|t| t.as_str()).unwrap_or("?"))
-                .collect();
-            let ours: Vec<usize> = types
-                .iter()
-                .enumerate()
-                .filter(|(_, t)| **t == "interlock-cni")
-                .map(|(i, _)| i)
-                .collect();
-            let chain = types.join(" -> ");
-            match ours.as_slice() {
-                [] => push(
+            let name = confdir::shown_os(c.path.file_name().unwrap_or_default());
+            let chain = c.list.plugin_types().join(" -> ");
+            // The same predicate the agent's readiness uses (thin Multus included).
+            match confdir::runs_plugin(&c.list, &name, PLUGIN_TYPE) {
+                Err(why) => push(
                     "config",
                     Status::Fail,
-                    format!("{rt} loads {name} ({chain}) which does not contain interlock-cni: pods started now get NO redirection"),
+                    format!("{rt} loads {why}: pods started now get NO redirection"),
                 ),
-                [i] if *i == 0 => push(
-                    "config",
-                    Status::Fail,
-                    format!("{rt} loads {name} where interlock-cni runs first: it must be chained after the primary plugin"),
-                ),
-                [i] if c.list.cni_version().is_err() => push(
-                    "config",
-                    Status::Fail,
-                    format!(
-                        "{rt} loads {name} with cniVersion {:?}, which interlock-cni refuses (it speaks 0.3.0 to 1.1.0): every ADD would fail",
-                        c.list.effective_version()
-                    ),
-                ),
-                [i] => {
-                    config_ok = true;
-                    push("config", Status::Ok, format!("{rt} loads {name}: {chain}"));
-                    let entry = &c.list.plugins()[*i];
-                    let declares = entry
-                        .get("capabilities")
-                        .and_then(|c| c.get("io.kubernetes.cri.pod-annotations"))
-                        .and_then(|v| v.as_bool())
-                        .unwrap_or(false);
-                    if !declares {
-                        push(
-                            "config",
-                            Status::Warn,
-                            format!("the interlock-cni entry in {name} does not declare the io.kubernetes.cri.pod-annotations capability: every ADD must ask the agent or the API"),
-                        );
+                Ok(running) => {
+                    let accepts = o
+                        .binary
+                        .and_then(|b| b.versions.as_ref().ok())
+                        .cloned()
+                        .unwrap_or_default();
+                    match confdir::version_refused(&name, PLUGIN_TYPE, &running.version, &accepts) {
+                        Some(why) => push("config", Status::Fail, format!("{rt} loads {why}")),
+                        None => {
+                            config_ok = true;
+                            let place = match running.placement {
+                                confdir::Placement::List => String::new(),
+                                confdir::Placement::MultusDelegate => {
+                                    " (interlock-cni runs in its Multus delegate)".to_string()
+                                }
+                            };
+                            push(
+                                "config",
+                                Status::Ok,
+                                format!("{rt} loads {name}: {chain}{place}"),
+                            );
+                            let declares = running
+                                .entry
+                                .get("capabilities")
+                                .and_then(|c| c.get(POD_ANNOTATIONS_CAPABILITY))
+                                .and_then(|v| v.as_bool())
+                                .unwrap_or(false);
+                            if !declares {
+                                push(
+                                    "config",
+                                    Status::Warn,
+                                    format!("the interlock-cni entry in {name} does not declare the {POD_ANNOTATIONS_CAPABILITY} capability: every ADD must ask the agent or the API"),
+                                );
+                            }
+                        }
                     }
                 }
-                _ => push("config", Status::Warn, format!("{name} lists interlock-cni {} times; the agent removes duplicates", ours.len())),
-            }
-            if ours.len() > 1 {
-                config_ok = true;
             }
         }
     }
@@ -296,10 +276,7 @@ pub fn judge(o: &Observed<'_>) -> (bool, String, Vec<Finding>) {
 
 /// Runs `interlock check`; the exit code is 0 when protected, 1 when not.
 pub fn run(a: CheckArgs) -> anyhow::Result<std::process::ExitCode> {
-    let runtime = match a.runtime {
-        RuntimeArg::Containerd => Runtime::Containerd,
-        RuntimeArg::Crio => Runtime::Crio,
-    };
+    let runtime = a.runtime;
     if !a.cni_conf_dir.is_dir() {
         anyhow::bail!(
             "CNI conf dir {} does not exist or is not a directory (the runtime would have no network); pass --cni-conf-dir",
@@ -308,7 +285,7 @@ pub fn run(a: CheckArgs) -> anyhow::Result<std::process::ExitCode> {
     }
     let effective = confdir::load(&a.cni_conf_dir, runtime, &a.cni_bin_dirs)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", a.cni_conf_dir.display()))?;
-    let binary = confdir::find_plugin("interlock-cni", &a.cni_bin_dirs).map(|path| BinaryFacts {
+    let binary = confdir::find_plugin(PLUGIN_TYPE, &a.cni_bin_dirs).map(|path| BinaryFacts {
         versions: plugin_version(&path, &a.cni_bin_dirs)
             .map(|i| i.supported_versions)
             .map_err(|e| e.to_string()),
@@ -363,11 +340,12 @@ fn render(out: &mut impl Write, r: &NodeReport, dir: &Path) -> std::io::Result<(
     writeln!(
         out,
         "CNI conf dir {} as {} loads it:",
-        dir.display(),
+        confdir::shown_os(dir.as_os_str()),
         r.effective.runtime
     )?;
     for f in &r.effective.files {
-        let name = f.path.file_name().unwrap_or_default().to_string_lossy();
+        // Escaped: a file name can carry terminal escape sequences.
+        let name = confdir::shown_os(f.path.file_name().unwrap_or_default());
         let verdict = serde_json::to_value(f.verdict)
             .ok()
             .and_then(|v| v.as_str().map(str::to_string))

@@ -123,7 +123,7 @@ fn aws_node_like_rename_writer_owned_copy_follows() {
 }
 
 #[test]
-fn chain_mode_fighting_rewriter_backs_off_reports_file_then_repairs() {
+fn chain_mode_conflicting_rewriter_backs_off_reports_file_then_repairs() {
     let d = Dirs::new();
     d.write("10-calico.conflist", CALICO);
     let a = d.agent(&["--config-mode", "chain"]);
@@ -159,7 +159,7 @@ fn chain_mode_fighting_rewriter_backs_off_reports_file_then_repairs() {
     assert!(a
         .log_text()
         .contains("keeps being rewritten by another writer"));
-    // Backing off means not spinning: few writes while the fight goes on.
+    // Backing off means not spinning: few writes while the conflict goes on.
     let w0 = a.metric("interlock_config_writes_total").unwrap();
     std::thread::sleep(Duration::from_millis(700));
     let w1 = a.metric("interlock_config_writes_total").unwrap();
@@ -851,10 +851,10 @@ fn invalid_plugin_config_exits_naming_file_and_field() {
 /// Two agents with different flags on one conf dir: A in owned mode, B in chain mode.
 ///
 /// Designed behaviour: B (chain) removes owned files as part of its plan, A (owned)
-/// writes `00-interlock.conflist` back. A counts each removal as an undo of its file and,
+/// writes `00-interlock.conflist` back. A counts each removal as a conflict on its file and,
 /// past the conflict threshold, backs off (1 s, then doubling), stays not-ready and
 /// names `00-interlock.conflist` (log, `/readyz`, `interlock_config_backoff`). B does not
-/// count A's file as a fight (it carries the same entry), keeps its entry in the
+/// count A's file as a conflict (it carries the same entry), keeps its entry in the
 /// primary's file and stays ready. So the writes are bounded (no spinning), and the
 /// effective config carries interlock-cni the whole time: either A's copy or B's chained
 /// primary.
@@ -865,7 +865,7 @@ fn owned_and_chain_agents_on_one_dir_back_off_and_keep_interlock_effective() {
     let a = d.agent(&[]);
     assert_eq!(wait_protected(&d, &a), "00-interlock.conflist");
     let b = d.agent(&["--config-mode", "chain"]);
-    // A notices the fight and backs off, naming the file.
+    // A notices the conflict and backs off, naming the file.
     wait_until(
         Duration::from_secs(5),
         || {
@@ -888,7 +888,7 @@ fn owned_and_chain_agents_on_one_dir_back_off_and_keep_interlock_effective() {
         .1
         .contains("interlock_config_backoff{file=\"00-interlock.conflist\"} 1"));
     // Over the next seconds: interlock stays effective at every sample, and the number
-    // of writes stays bounded (an unchecked fight would be thousands per second).
+    // of writes stays bounded (an unchecked conflict would be thousands per second).
     let writes = |x: &Agent| x.metric("interlock_config_writes_total").unwrap();
     let w0 = writes(&a) + writes(&b);
     let start = Instant::now();
@@ -925,4 +925,267 @@ fn owned_and_chain_agents_on_one_dir_back_off_and_keep_interlock_effective() {
     assert!(a
         .log_text()
         .contains("keeps being rewritten by another writer"));
+}
+
+/// Peak resident memory of `pid` (VmHWM) in KiB.
+fn vm_hwm_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// Issue 7 item 4: a FIFO named like a config, a 100 MB stray file, a link to /dev/zero
+/// and a plugin slow to answer VERSION neither stall the guard nor blow its memory:
+/// deleting the owned config is repaired at once, RSS stays within 40 MiB, SIGTERM
+/// still stops the agent, and the slow plugin's children are killed.
+#[test]
+fn hostile_conf_dir_entries_and_a_slow_plugin_do_not_stall_the_guard() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Dirs::new();
+    let pids = d.tmp.path().join("slow.pids");
+    let slow = d.bin.join("slowplug");
+    let script = format!(
+        "#!/bin/sh\nsleep 10 &\necho $! >> {}\nwait\n",
+        pids.display()
+    );
+    std::fs::write(&slow, script).unwrap();
+    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut primary: Value = serde_json::from_str(CALICO).unwrap();
+    primary["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "slowplug"}));
+    d.write("10-calico.conflist", &primary.to_string());
+    let a = d.agent(&["--resync-seconds", "3600"]);
+    let owned = wait_protected(&d, &a);
+
+    mkfifo(&d.conf.join("99-anything.conflist"));
+    std::os::unix::fs::symlink("/dev/zero", d.conf.join("50-zero.conflist")).unwrap();
+    let big = format!(
+        "{{\"cniVersion\":\"1.0.0\",\"name\":\"big\",\"type\":\"bridge\",\"pad\":\"{}\"}}",
+        "A".repeat(100 << 20)
+    );
+    std::fs::write(d.conf.join("50-big.json"), big).unwrap();
+    drop(
+        std::fs::File::open(&slow)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now()),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+
+    for round in 0..3 {
+        std::fs::remove_file(d.conf.join(&owned)).unwrap();
+        let t0 = Instant::now();
+        wait_until(
+            Duration::from_secs(2),
+            || d.effective_with_us().as_deref() == Some(owned.as_str()),
+            || {
+                format!(
+                    "round {round}: not repaired within 2 s; log:\n{}",
+                    a.log_text()
+                )
+            },
+        );
+        eprintln!("round {round}: repaired in {:?}", t0.elapsed());
+        wait_until(
+            Duration::from_secs(2),
+            || a.ready() == Some(true),
+            || a.log_text(),
+        );
+    }
+    let hwm = vm_hwm_kib(a.pid());
+    eprintln!("agent VmHWM {hwm} KiB");
+    assert!(hwm <= 40 * 1024, "agent peak RSS {hwm} KiB > 40 MiB");
+
+    // The slow plugin was asked (its children recorded) and every child is gone once
+    // its time box is over.
+    std::thread::sleep(interlock_agent::install::VERSION_TIMEOUT + Duration::from_secs(1));
+    let children = std::fs::read_to_string(&pids).unwrap_or_default();
+    assert!(!children.is_empty(), "slowplug was never asked for VERSION");
+    for pid in children.split_whitespace() {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty() || stat.contains(") Z "),
+            "slowplug's child {pid} still runs: {stat}"
+        );
+    }
+
+    let t0 = Instant::now();
+    let status = a.terminate();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "SIGTERM took {:?}",
+        t0.elapsed()
+    );
+}
+
+/// Issue 7 item 6: the owned config is 0644 and root-owned even when the primary is
+/// 0666, and a conf dir writable by others is reported in the log.
+#[test]
+fn owned_config_is_not_writable_by_others_whatever_the_primary_mode() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let set = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    set(&d.conf.join("10-calico.conflist"), 0o666);
+    set(&d.conf, 0o777);
+    let a = d.agent(&[]);
+    let owned = wait_protected(&d, &a);
+    let m = std::fs::metadata(d.conf.join(&owned)).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o644, "owned config mode");
+    assert_eq!(m.uid(), 0, "owned config owner");
+    let log = a.log_text();
+    assert!(
+        log.contains("conf dir") && log.contains("writable by others") && log.contains("0777"),
+        "{log}"
+    );
+    set(&d.conf, 0o755);
+}
+
+/// Issue 7 item 9 (L8): `chmod -x` of the installed plugin is repaired on the next
+/// event, not at the next resync.
+#[test]
+fn chmod_x_of_the_installed_plugin_is_noticed_on_the_next_event() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let a = d.agent(&["--resync-seconds", "3600"]);
+    wait_protected(&d, &a);
+    let p = d.bin.join("interlock-cni");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    wait_until(
+        Duration::from_secs(2),
+        || std::fs::metadata(&p).is_ok_and(|m| m.permissions().mode() & 0o111 != 0),
+        || format!("still not executable; log:\n{}", a.log_text()),
+    );
+    wait_until(
+        Duration::from_secs(2),
+        || a.ready() == Some(true),
+        || a.log_text(),
+    );
+}
+
+/// Issue 7 item 9 (L4): neither the agent nor uninstall deletes a file that is only
+/// named like interlock's; uninstall removes the one interlock wrote.
+#[test]
+fn only_interlocks_own_files_are_deleted() {
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let operator = r#"{"cniVersion":"1.0.0","name":"operator-net","plugins":[{"type":"bridge","bridge":"opbr"}]}"#;
+    let other =
+        r#"{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge","bridge":"xbr"}]}"#;
+    d.write("90-interlock.conflist", operator);
+    d.write("interlock.conflist", other);
+    let a = d.agent(&[]);
+    let owned = wait_protected(&d, &a);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        d.read("90-interlock.conflist").unwrap(),
+        operator.as_bytes()
+    );
+    assert_eq!(d.read("interlock.conflist").unwrap(), other.as_bytes());
+    a.terminate();
+    d.write("5-interlock.conflist", other);
+    let out = d.uninstall();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(d.read(&owned).is_none(), "{text}");
+    for (n, c) in [
+        ("90-interlock.conflist", operator),
+        ("interlock.conflist", other),
+        ("5-interlock.conflist", other),
+    ] {
+        assert_eq!(d.read(n).as_deref(), Some(c.as_bytes()), "{n}: {text}");
+    }
+    assert!(text.contains("kept 5-interlock.conflist"), "{text}");
+}
+
+/// Issue 7 item 9 (L5, L6): in chain mode a symlinked primary stays a link and a primary
+/// whose name is not UTF-8 gets no lossy twin; both are refused with a reason.
+#[test]
+fn chain_mode_refuses_a_symlinked_or_non_utf8_primary_with_a_reason() {
+    use std::os::unix::ffi::OsStrExt;
+    let d = Dirs::new();
+    let managed = d.tmp.path().join("managed");
+    std::fs::create_dir_all(&managed).unwrap();
+    std::fs::write(managed.join("10-calico.conflist"), CALICO).unwrap();
+    std::os::unix::fs::symlink(
+        managed.join("10-calico.conflist"),
+        d.conf.join("10-calico.conflist"),
+    )
+    .unwrap();
+    let a = d.agent(&["--config-mode", "chain"]);
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            a.get("/readyz")
+                .is_some_and(|(c, b)| c == 503 && b.contains("symbolic link"))
+        },
+        || format!("no refusal; log:\n{}", a.log_text()),
+    );
+    let link = std::fs::symlink_metadata(d.conf.join("10-calico.conflist")).unwrap();
+    assert!(link.file_type().is_symlink(), "the link was replaced");
+    assert_eq!(
+        std::fs::read_to_string(managed.join("10-calico.conflist")).unwrap(),
+        CALICO
+    );
+    a.terminate();
+
+    let d = Dirs::new();
+    let raw = std::ffi::OsStr::from_bytes(b"10-\xff.conflist");
+    std::fs::write(d.conf.join(raw), CALICO).unwrap();
+    let a = d.agent(&["--config-mode", "chain"]);
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            a.get("/readyz")
+                .is_some_and(|(c, b)| c == 503 && b.contains("not valid UTF-8"))
+        },
+        || format!("no refusal; log:\n{}", a.log_text()),
+    );
+    assert_eq!(
+        std::fs::read_dir(&d.conf).unwrap().count(),
+        1,
+        "{:?}",
+        d.names()
+    );
+    assert_eq!(std::fs::read(d.conf.join(raw)).unwrap(), CALICO.as_bytes());
+}
+
+/// Issue 7 item 4: `uninstall` reads the conf dir the bounded way too — a FIFO and a
+/// link to /dev/zero named like configs do not hang it.
+#[test]
+fn uninstall_is_not_stalled_by_hostile_entries() {
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let a = d.agent(&[]);
+    let owned = wait_protected(&d, &a);
+    a.terminate();
+    mkfifo(&d.conf.join("99-fifo.json"));
+    mkfifo(&d.conf.join("05-fifo.conflist"));
+    std::os::unix::fs::symlink("/dev/zero", d.conf.join("50-zero.conflist")).unwrap();
+    let mut child = d
+        .interlock("uninstall")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            panic!("uninstall hung on a FIFO in the conf dir");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(d.read(&owned).is_none());
+    assert_eq!(d.read("10-calico.conflist").unwrap(), CALICO.as_bytes());
 }

@@ -1,4 +1,5 @@
-//! Which network a container runtime loads from a CNI config directory, and why.
+//! Which network a container runtime loads from a CNI config directory, and why — the
+//! one model of a conf dir that the agent, `interlock check` and the demo share.
 //!
 //! Two rule sets, reproduced from the runtimes' code:
 //!
@@ -7,30 +8,41 @@
 //!   a list, the others as a single network config (which must have a `type`) wrapped
 //!   into a list. The first file wins. If that first file cannot be read or parsed, the
 //!   **whole load fails** and the runtime has no network at all (fail-closed); files after
-//!   the chosen one are never read.
+//!   the chosen one are never read ([`containerd_rules`]).
 //! - **CRI-O** (ocicni `loadNetworks`): same listing and parsing, but a file that fails to
 //!   parse, or whose plugins' binaries are missing from the plugin directories, is
 //!   **skipped** and the next one is tried (fail-open). The default network is the first
 //!   file that survives; an empty `name` becomes the file name; a later file with an
-//!   already loaded name is ignored.
+//!   already loaded name is ignored ([`crio_rules`]).
 //!
-//! [`load`] applies one rule set and gives every file in the directory a verdict with a
-//! human reason. It never executes anything: for CRI-O it checks that every plugin
-//! binary exists and is executable. CRI-O additionally asks each binary for its VERSION
-//! and skips lists whose version a plugin does not support; [`load_with`] with
-//! [`LoadOptions::probe_versions`] does that too.
+//! The layers: [`read`] takes a [`Snapshot`] of the directory (bounded reads of regular
+//! files only, see [`crate::bounded`]); [`effective`] judges it, purely — the plugin
+//! binaries are seen through a [`Binaries`] the caller provides (CRI-O's VERSION probe is
+//! a closure); [`load`] is the two together. [`runs_plugin`] answers "does this list run
+//! interlock's entry, and at which `cniVersion`" (thin Multus delegates included) for the
+//! agent's readiness and for `interlock check` alike.
 
+use std::cell::OnceCell;
+use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
+use serde_json::{Map, Value};
+
+use crate::bounded;
 use crate::conf::{self, ConfFormat, NetworkConfigList, Validation};
+use crate::version::CniVersion;
 
 /// The extensions both runtimes load.
 pub const EXTENSIONS: [&str; 3] = [".conf", ".conflist", ".json"];
+
+/// Meta plugins that run the real chain as a delegate (thin Multus: `delegates[0]`).
+pub const META_PLUGIN_TYPES: [&str; 2] = ["multus", "multus-shim"];
 
 /// Which runtime's loading rules to apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -42,12 +54,32 @@ pub enum Runtime {
     Crio,
 }
 
+impl Runtime {
+    /// The names accepted on a command line.
+    pub const NAMES: [&'static str; 2] = ["containerd", "crio"];
+}
+
 impl fmt::Display for Runtime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Runtime::Containerd => "containerd",
             Runtime::Crio => "CRI-O",
         })
+    }
+}
+
+impl FromStr for Runtime {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Runtime, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "containerd" => Ok(Runtime::Containerd),
+            "crio" | "cri-o" => Ok(Runtime::Crio),
+            other => Err(format!(
+                "unknown runtime {other:?} (expected one of: {})",
+                Runtime::NAMES.join(", ")
+            )),
+        }
     }
 }
 
@@ -71,10 +103,15 @@ pub enum Verdict {
     Ignored,
 }
 
+fn lossy_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&shown_os(p.as_os_str()))
+}
+
 /// The verdict on one directory entry, with the reason in words.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct FileVerdict {
-    /// Full path of the entry.
+    /// Full path of the entry (in JSON: escaped like [`shown_os`], so always valid).
+    #[serde(serialize_with = "lossy_path")]
     pub path: PathBuf,
     /// What happened to it.
     pub verdict: Verdict,
@@ -86,6 +123,7 @@ pub struct FileVerdict {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Chosen {
     /// The file it comes from.
+    #[serde(serialize_with = "lossy_path")]
     pub path: PathBuf,
     /// Its contents as a list (a `.conf` is wrapped like libcni's `ConfListFromConf`).
     pub list: NetworkConfigList,
@@ -101,6 +139,7 @@ pub struct Effective {
     /// The rules applied.
     pub runtime: Runtime,
     /// The directory examined.
+    #[serde(serialize_with = "lossy_path")]
     pub dir: PathBuf,
     /// The network in effect, or `None` when the runtime has no network.
     pub chosen: Option<Chosen>,
@@ -119,13 +158,43 @@ impl Effective {
             .find(|f| f.path.file_name().is_some_and(|n| n == file_name))
     }
 
-    /// The chosen file's name, if any.
+    /// The chosen file's name, if any (as the OS spells it, lossily when not UTF-8).
     pub fn chosen_name(&self) -> Option<String> {
         self.chosen
             .as_ref()
             .and_then(|c| c.path.file_name())
             .map(|n| n.to_string_lossy().into_owned())
     }
+}
+
+/// A file name made safe to print: control characters (terminal escape sequences) and
+/// bytes that are not UTF-8 are written as `\x..` escapes, a backslash as `\\`.
+pub fn shown_os(name: &OsStr) -> String {
+    let bytes = name.as_bytes();
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                c if c.is_control() => {
+                    let mut b = [0u8; 4];
+                    for byte in c.encode_utf8(&mut b).bytes() {
+                        out.push_str(&format!("\\x{byte:02x}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// [`shown_os`] for a name already in a `String`.
+pub fn shown(name: &str) -> String {
+    shown_os(OsStr::new(name))
 }
 
 /// `filepath.Ext`: the suffix from the last dot of the final element.
@@ -136,36 +205,622 @@ fn extension(name: &[u8]) -> &[u8] {
     }
 }
 
-/// True when a runtime would consider a file with this name.
-pub fn is_config_name(name: &str) -> bool {
-    EXTENSIONS
-        .iter()
-        .any(|e| extension(name.as_bytes()) == e.as_bytes())
+fn is_config_bytes(name: &[u8]) -> bool {
+    EXTENSIONS.iter().any(|e| extension(name) == e.as_bytes())
 }
 
-/// Reads and parses one file the way both runtimes do (list for `.conflist`, single
-/// config otherwise). The error is a sentence naming the file.
-pub fn load_file(path: &Path) -> Result<(NetworkConfigList, ConfFormat), String> {
-    let bytes = fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let is_list = path.extension().is_some_and(|e| e == "conflist");
-    if is_list {
-        conf::parse_conflist_with(&bytes, Validation::Libcni)
-            .map(|l| (l, ConfFormat::Conflist))
-            .map_err(|e| format!("{} is not a valid config list: {e}", path.display()))
-    } else {
-        conf::parse_conf_with(&bytes, Validation::Libcni)
-            .map(|l| (l, ConfFormat::Conf))
-            .map_err(|e| {
-                let hint = if e.field_name() == Some("type") {
-                    " (perhaps this is a .conflist?)"
-                } else {
-                    ""
-                };
+/// True when a runtime would consider a file with this name.
+pub fn is_config_name(name: &str) -> bool {
+    is_config_bytes(name.as_bytes())
+}
+
+/// One directory entry as [`read`] found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// File name. Exact when the OS name is UTF-8 (see [`DirEntry::utf8_name`]);
+    /// otherwise a lossy rendering that must not be used to address the file.
+    pub name: String,
+    /// The name as the OS spells it.
+    pub os_name: OsString,
+    /// A directory in the listing (the runtimes skip these; a symlink to a directory
+    /// is not one, as in Go's `DirEntry.IsDir`).
+    pub is_dir: bool,
+    /// The name is a symbolic link (the runtimes follow it).
+    pub is_symlink: bool,
+    /// File content; `None` when not read (not a config name, unreadable, or sorting
+    /// after the file a [`read_until`] stopped at).
+    pub content: Option<Vec<u8>>,
+    /// Why the content could not be read (not a regular file, over the cap, gone…).
+    pub unreadable: Option<String>,
+    /// interlock refused to read it (not a regular file, or over the size cap) although a
+    /// runtime would try: what the runtime makes of it is unknown.
+    pub refused: bool,
+    /// Permission bits of what the name resolves to.
+    pub mode: u32,
+    /// Owner of what the name resolves to.
+    pub uid: u32,
+}
+
+impl DirEntry {
+    /// A regular file with `content` (for tests and tools that model a directory).
+    pub fn file(name: &str, content: &[u8], mode: u32) -> DirEntry {
+        DirEntry {
+            name: name.to_string(),
+            os_name: name.into(),
+            is_dir: false,
+            is_symlink: false,
+            content: Some(content.to_vec()),
+            unreadable: None,
+            refused: false,
+            mode,
+            uid: 0,
+        }
+    }
+
+    /// True when [`DirEntry::name`] is the exact name (the OS name is UTF-8).
+    pub fn utf8_name(&self) -> bool {
+        self.os_name.to_str().is_some()
+    }
+
+    /// The name, escaped for logs and terminals ([`shown_os`]).
+    pub fn shown(&self) -> String {
+        shown_os(&self.os_name)
+    }
+
+    /// True when a runtime would consider this entry.
+    pub fn is_config(&self) -> bool {
+        !self.is_dir && is_config_bytes(self.os_name.as_bytes())
+    }
+
+    /// Parses the content the way both runtimes do (list for `.conflist`, single config
+    /// otherwise). The error is a sentence naming the file.
+    pub fn parse(&self) -> Result<Parsed, String> {
+        let name = self.shown();
+        let Some(bytes) = &self.content else {
+            return Err(self
+                .unreadable
+                .clone()
+                .unwrap_or_else(|| format!("{name} was not read")));
+        };
+        if extension(self.os_name.as_bytes()) == b".conflist" {
+            conf::parse_conflist_with(bytes, Validation::Libcni)
+                .map(|list| Parsed {
+                    list,
+                    format: ConfFormat::Conflist,
+                })
+                .map_err(|e| format!("{name} is not a valid config list: {e}"))
+        } else {
+            conf::parse_conf_with(bytes, Validation::Libcni)
+                .map(|list| Parsed {
+                    list,
+                    format: ConfFormat::Conf,
+                })
+                .map_err(|e| {
+                    let hint = if e.field_name() == Some("type") {
+                        " (perhaps this is a .conflist?)"
+                    } else {
+                        ""
+                    };
+                    format!("{name} is not a valid network config: {e}{hint}")
+                })
+        }
+    }
+}
+
+/// A parsed config file: its list form with every foreign field in its original order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parsed {
+    /// The list form (a `.conf` lifted like libcni's `ConfListFromConf`).
+    pub list: NetworkConfigList,
+    /// On-disk format.
+    pub format: ConfFormat,
+}
+
+impl Parsed {
+    /// The file's top-level JSON object as written (for a `.conf`: the single config).
+    pub fn original(&self) -> &Map<String, Value> {
+        match self.format {
+            ConfFormat::Conflist => self.list.raw(),
+            ConfFormat::Conf => self
+                .list
+                .plugins()
+                .first()
+                .and_then(Value::as_object)
+                .unwrap_or_else(|| self.list.raw()),
+        }
+    }
+
+    /// The plugins of the list form.
+    pub fn plugins(&self) -> &[Value] {
+        self.list.plugins()
+    }
+
+    /// Plugin `type`s in order.
+    pub fn plugin_types(&self) -> Vec<String> {
+        self.list
+            .plugin_types()
+            .into_iter()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The list's `cniVersion` as written (empty when absent).
+    pub fn cni_version(&self) -> &str {
+        self.list.cni_version_raw().unwrap_or("")
+    }
+}
+
+/// A config file in the runtime's order, parsed when first asked.
+#[derive(Debug, Clone)]
+pub struct Candidate<'a> {
+    /// The directory entry.
+    pub entry: &'a DirEntry,
+    parsed: OnceCell<Result<Parsed, String>>,
+}
+
+impl<'a> Candidate<'a> {
+    /// A candidate for `entry`.
+    pub fn new(entry: &'a DirEntry) -> Candidate<'a> {
+        Candidate {
+            entry,
+            parsed: OnceCell::new(),
+        }
+    }
+
+    /// File name.
+    pub fn name(&self) -> &'a str {
+        &self.entry.name
+    }
+
+    /// Permission bits.
+    pub fn mode(&self) -> u32 {
+        self.entry.mode
+    }
+
+    /// Parse result (parsed once, on first use).
+    pub fn parsed(&self) -> &Result<Parsed, String> {
+        self.parsed.get_or_init(|| self.entry.parse())
+    }
+}
+
+/// The conf dir at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The directory.
+    pub dir: PathBuf,
+    /// Entries, in any order; [`Snapshot::candidates`] sorts them the runtime's way.
+    pub entries: Vec<DirEntry>,
+}
+
+impl Snapshot {
+    /// A snapshot of `(name, content)` files, all with permission bits `mode` (for tests
+    /// and tools that model a directory without touching the disk).
+    pub fn from_files(files: &[(&str, &str)], mode: u32) -> Snapshot {
+        Snapshot {
+            dir: PathBuf::new(),
+            entries: files
+                .iter()
+                .map(|(n, c)| DirEntry::file(n, c.as_bytes(), mode))
+                .collect(),
+        }
+    }
+
+    /// The config files sorted by name (bytewise, like Go's `sort.Strings`).
+    pub fn candidates(&self) -> Vec<Candidate<'_>> {
+        let mut out: Vec<&DirEntry> = self.entries.iter().filter(|e| e.is_config()).collect();
+        out.sort_by(|a, b| a.os_name.as_bytes().cmp(b.os_name.as_bytes()));
+        out.into_iter().map(Candidate::new).collect()
+    }
+
+    /// The entry called `name` (exact UTF-8 names only).
+    pub fn get(&self, name: &str) -> Option<&DirEntry> {
+        self.entries
+            .iter()
+            .find(|e| e.os_name.as_bytes() == name.as_bytes())
+    }
+
+    fn path_of(&self, e: &DirEntry) -> PathBuf {
+        self.dir.join(&e.os_name)
+    }
+}
+
+/// Reads `dir`: every entry, with the content of every config file (bounded, regular
+/// files only: [`crate::bounded`]). A missing directory is an error of kind `NotFound`.
+pub fn read(dir: &Path) -> io::Result<Snapshot> {
+    read_with(dir, &|_| false)
+}
+
+/// [`read`], also reading the content of entries for which `also_read(name)` is true
+/// (e.g. the agent's backups of wrapped files).
+pub fn read_with(dir: &Path, also_read: &dyn Fn(&str) -> bool) -> io::Result<Snapshot> {
+    read_until(dir, also_read, None)
+}
+
+/// [`read_with`], reading config files in the runtime's order only until `stop` says the
+/// decision has what it needs (e.g. containerd: the first file that parses). Config files
+/// after that are listed but not read (their content is `None`, they parse as "not
+/// read"), unless `also_read` names them.
+pub fn read_until(
+    dir: &Path,
+    also_read: &dyn Fn(&str) -> bool,
+    stop: Option<&dyn Fn(&DirEntry) -> bool>,
+) -> io::Result<Snapshot> {
+    let rd = fs::read_dir(dir).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("reading CNI config directory {}: {e}", dir.display()),
+        )
+    })?;
+    let mut entries = vec![];
+    for e in rd {
+        let e = e?;
+        let os_name = e.file_name();
+        // The listing's own type, not following links (Go's DirEntry.IsDir).
+        let Ok(t) = e.file_type() else { continue };
+        let name = os_name.to_string_lossy().into_owned();
+        let mut entry = DirEntry {
+            name,
+            os_name,
+            is_dir: t.is_dir(),
+            is_symlink: t.is_symlink(),
+            content: None,
+            unreadable: None,
+            refused: false,
+            mode: 0,
+            uid: 0,
+        };
+        let path = e.path();
+        if let Ok(m) = fs::metadata(&path).or_else(|_| fs::symlink_metadata(&path)) {
+            use std::os::unix::fs::MetadataExt;
+            entry.mode = m.permissions().mode() & 0o7777;
+            entry.uid = m.uid();
+        }
+        entries.push(entry);
+    }
+    // The runtime's order, so that reading can stop where the decision does.
+    entries.sort_by(|a, b| a.os_name.as_bytes().cmp(b.os_name.as_bytes()));
+    let mut stopped = false;
+    let mut gone = vec![];
+    for (i, entry) in entries.iter_mut().enumerate() {
+        let extra = entry.utf8_name() && also_read(&entry.name);
+        let config = entry.is_config() && !stopped;
+        if entry.is_dir || !(config || extra) {
+            continue;
+        }
+        match bounded::read_config(&dir.join(&entry.os_name)) {
+            Ok(c) => entry.content = Some(c),
+            // Gone between the listing and the read: as if never listed.
+            Err(err) if err.is_not_found() => gone.push(i),
+            Err(err) => {
+                entry.refused = matches!(
+                    err,
+                    bounded::BoundedReadError::NotRegular { .. }
+                        | bounded::BoundedReadError::TooLarge { .. }
+                );
+                entry.unreadable = Some(err.to_string());
+            }
+        }
+        if config && stop.is_some_and(|f| f(entry)) {
+            stopped = true;
+        }
+    }
+    for i in gone.into_iter().rev() {
+        entries.remove(i);
+    }
+    Ok(Snapshot {
+        dir: dir.to_path_buf(),
+        entries,
+    })
+}
+
+/// CRI-O's VERSION probe: the versions a plugin type answers, or why it did not.
+pub type VersionProbe<'a> = &'a dyn Fn(&str) -> Result<Vec<String>, String>;
+
+/// The plugin binaries as the judgement sees them.
+pub struct Binaries<'a> {
+    /// The runtime's plugin directories (named in reasons).
+    pub dirs: &'a [PathBuf],
+    /// Whether a plugin type has an executable in one of them.
+    pub present: &'a dyn Fn(&str) -> bool,
+    /// CRI-O's VERSION check (ocicni `ValidateNetworkList`): the versions a plugin type
+    /// answers, or why it did not. `None`: not probed.
+    pub versions: Option<VersionProbe<'a>>,
+}
+
+fn dir_list(dirs: &[PathBuf]) -> String {
+    dirs.iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// CRI-O's per-file rule: why a parsed list is unusable (missing binaries; with the
+/// probe, plugins that do not support the list's version), or `None` when usable.
+pub fn crio_unusable(p: &Parsed, bins: &Binaries<'_>) -> Option<String> {
+    let types = p.list.plugin_types();
+    let missing: Vec<&str> = types
+        .iter()
+        .copied()
+        .filter(|t| !(bins.present)(t))
+        .collect();
+    if !missing.is_empty() {
+        return Some(format!(
+            "plugin binary {} not found (or not executable) in {}",
+            missing.join(", "),
+            dir_list(bins.dirs)
+        ));
+    }
+    let probe = bins.versions?;
+    let mut version = p.list.effective_version();
+    if version.is_empty() {
+        version = "0.1.0".into();
+    }
+    let problems: Vec<String> = types
+        .iter()
+        .filter_map(|t| match probe(t) {
+            Ok(v) if v.contains(&version) => None,
+            Ok(v) => Some(format!(
+                "plugin {t} does not support config version {version:?} (it supports {})",
+                v.join(", ")
+            )),
+            Err(e) => Some(format!("plugin {t} VERSION failed: {e}")),
+        })
+        .collect();
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
+/// Whether `runtime` would load `c` if it got to it: `Ok` or why not.
+pub fn usable(c: &Candidate<'_>, runtime: Runtime, bins: &Binaries<'_>) -> Result<(), String> {
+    let p = c.parsed().as_ref().map_err(Clone::clone)?;
+    match runtime {
+        Runtime::Containerd => Ok(()),
+        Runtime::Crio => crio_unusable(p, bins).map_or(Ok(()), Err),
+    }
+}
+
+/// What a rule set decided: per candidate (same order) a verdict and reason, the index
+/// of the chosen one, and a summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Judgement {
+    /// `(verdict, reason)` per candidate, in order.
+    pub verdicts: Vec<(Verdict, String)>,
+    /// Index of the chosen candidate.
+    pub chosen: Option<usize>,
+    /// One sentence.
+    pub summary: String,
+}
+
+/// containerd's rules over `cands` (sorted). Parses only the first file.
+pub fn containerd_rules(cands: &[Candidate<'_>], dir: &Path) -> Judgement {
+    let Some(first) = cands.first() else {
+        return Judgement {
+            verdicts: vec![],
+            chosen: None,
+            summary: format!(
+                "containerd has NO network: no .conf/.conflist/.json file in {}",
+                dir.display()
+            ),
+        };
+    };
+    let name = first.entry.shown();
+    let (head, stop, summary, chosen) = match first.parsed() {
+        Ok(p) => (
+            (
+                Verdict::Chosen,
                 format!(
-                    "{} is not a valid network config: {e}{hint}",
-                    path.display()
-                )
-            })
+                    "first config file by name, and valid (plugins: {})",
+                    p.list.plugin_types().join(" → ")
+                ),
+            ),
+            format!("not used: containerd loads only the first config file ({name} sorts first)"),
+            format!(
+                "containerd uses network {:?} from {name}: it is the first config file by name",
+                p.list.name()
+            ),
+            Some(0),
+        ),
+        Err(e) => (
+            (
+                Verdict::FailedLoad,
+                format!("{e}; containerd fails the whole load on it"),
+            ),
+            format!("not read: containerd stopped at {name}, which sorts first and is invalid"),
+            format!(
+                "containerd has NO network: the first config file {name} is invalid and fails the whole load \
+                 (pods fail with \"cni plugin not initialized\"); fix or remove {name}"
+            ),
+            None,
+        ),
+    };
+    let mut verdicts = vec![head];
+    verdicts.extend(
+        cands[1..]
+            .iter()
+            .map(|_| (Verdict::NotReached, stop.clone())),
+    );
+    Judgement {
+        verdicts,
+        chosen,
+        summary,
+    }
+}
+
+/// CRI-O's rules over `cands` (sorted).
+pub fn crio_rules(cands: &[Candidate<'_>], dir: &Path, bins: &Binaries<'_>) -> Judgement {
+    let mut verdicts = Vec::with_capacity(cands.len());
+    let mut chosen: Option<usize> = None;
+    let mut loaded_names: Vec<(String, String)> = Vec::new();
+    let mut summary = String::new();
+    for (i, c) in cands.iter().enumerate() {
+        let name = c.entry.shown();
+        if c.entry.refused && chosen.is_some() {
+            let why = c.entry.unreadable.clone().unwrap_or_default();
+            verdicts.push((
+                Verdict::NotReached,
+                format!("{why}; it sorts after CRI-O's default network, so it does not change it"),
+            ));
+            continue;
+        }
+        if c.entry.refused {
+            // CRI-O would read it: it might block, run out of memory, or load it as the
+            // default network. Which network it uses is unknown: fail closed.
+            let why = c.entry.unreadable.clone().unwrap_or_default();
+            verdicts.push((
+                Verdict::FailedLoad,
+                format!("{why}; CRI-O would read it and might block on it or load it, so which network CRI-O uses is unknown"),
+            ));
+            let stop = format!(
+                "not judged: interlock cannot tell what CRI-O makes of {name}, which sorts before"
+            );
+            verdicts.extend(
+                cands[i + 1..]
+                    .iter()
+                    .map(|_| (Verdict::NotReached, stop.clone())),
+            );
+            return Judgement {
+                verdicts,
+                chosen: None,
+                summary: format!(
+                    "CRI-O's network is UNKNOWN: {name} sorts before any usable file and interlock refused to read it \
+                     (not a regular file, or over {} bytes); remove it",
+                    bounded::MAX_CONFIG_BYTES
+                ),
+            };
+        }
+        let p = match c.parsed() {
+            Ok(p) => p,
+            Err(e) => {
+                verdicts.push((Verdict::Skipped, format!("skipped by CRI-O: {e}")));
+                continue;
+            }
+        };
+        if let Some(why) = crio_unusable(p, bins) {
+            verdicts.push((Verdict::Skipped, format!("skipped by CRI-O: {why}")));
+            continue;
+        }
+        let net_name = if p.list.name().is_empty() {
+            c.entry.name.clone()
+        } else {
+            p.list.name().to_string()
+        };
+        if let Some((_, first_file)) = loaded_names.iter().find(|(n, _)| *n == net_name) {
+            verdicts.push((
+                Verdict::DuplicateName,
+                format!(
+                    "ignored by CRI-O: network {net_name:?} was already loaded from {first_file}"
+                ),
+            ));
+            continue;
+        }
+        loaded_names.push((net_name.clone(), name.clone()));
+        if let Some(first) = chosen {
+            verdicts.push((
+                Verdict::LoadedNotDefault,
+                format!(
+                    "valid, loaded as network {net_name:?} but not the default: {} is the first usable file",
+                    cands[first].entry.shown()
+                ),
+            ));
+            continue;
+        }
+        let skipped = verdicts
+            .iter()
+            .filter(|(v, _)| *v == Verdict::Skipped)
+            .count();
+        summary = if skipped == 0 {
+            format!("CRI-O uses network {net_name:?} from {name}: it is the first usable config file by name")
+        } else {
+            format!(
+                "CRI-O uses network {net_name:?} from {name} after skipping {skipped} unusable file(s) before it (fail-open)"
+            )
+        };
+        verdicts.push((
+            Verdict::Chosen,
+            format!(
+                "first usable config file by name (plugins: {})",
+                p.list.plugin_types().join(" → ")
+            ),
+        ));
+        chosen = Some(i);
+    }
+    if chosen.is_none() {
+        summary = if cands.is_empty() {
+            format!(
+                "CRI-O has NO network: no .conf/.conflist/.json file in {}",
+                dir.display()
+            )
+        } else {
+            format!(
+                "CRI-O has NO network: every config file in {} was skipped",
+                dir.display()
+            )
+        };
+    }
+    Judgement {
+        verdicts,
+        chosen,
+        summary,
+    }
+}
+
+/// `runtime`'s rules over `cands` (sorted).
+pub fn judge(
+    cands: &[Candidate<'_>],
+    runtime: Runtime,
+    dir: &Path,
+    bins: &Binaries<'_>,
+) -> Judgement {
+    match runtime {
+        Runtime::Containerd => containerd_rules(cands, dir),
+        Runtime::Crio => crio_rules(cands, dir, bins),
+    }
+}
+
+/// Which network `runtime` loads from `snap`, with a verdict for every entry. Pure: the
+/// binaries are seen only through `bins`.
+pub fn effective(snap: &Snapshot, runtime: Runtime, bins: &Binaries<'_>) -> Effective {
+    let cands = snap.candidates();
+    let j = judge(&cands, runtime, &snap.dir, bins);
+    let chosen = j.chosen.and_then(|i| {
+        let c = &cands[i];
+        let p = c.parsed().as_ref().ok()?;
+        Some(Chosen {
+            path: snap.path_of(c.entry),
+            list: p.list.clone(),
+            format: p.format,
+            network_name: if runtime == Runtime::Crio && p.list.name().is_empty() {
+                c.entry.name.clone()
+            } else {
+                p.list.name().to_string()
+            },
+        })
+    });
+    let mut files: Vec<FileVerdict> = cands
+        .iter()
+        .zip(j.verdicts)
+        .map(|(c, (verdict, reason))| FileVerdict {
+            path: snap.path_of(c.entry),
+            verdict,
+            reason,
+        })
+        .collect();
+    let mut ignored: Vec<&DirEntry> = snap.entries.iter().filter(|e| !e.is_config()).collect();
+    ignored.sort_by(|a, b| a.os_name.as_bytes().cmp(b.os_name.as_bytes()));
+    files.extend(ignored.into_iter().map(|e| FileVerdict {
+        path: snap.path_of(e),
+        verdict: Verdict::Ignored,
+        reason: if e.is_dir {
+            "a directory: runtimes only read files".to_string()
+        } else {
+            "not loaded: only .conf, .conflist and .json files are read".to_string()
+        },
+    }));
+    Effective {
+        runtime,
+        dir: snap.dir.clone(),
+        chosen,
+        files,
+        summary: j.summary,
     }
 }
 
@@ -184,97 +839,20 @@ pub fn find_plugin(plugin: &str, bin_dirs: &[PathBuf]) -> Option<PathBuf> {
         .find(|p| is_executable_file(p))
 }
 
-fn dir_list(dirs: &[PathBuf]) -> String {
-    dirs.iter()
-        .map(|d| d.display().to_string())
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-/// Directory entries no runtime loads, with the reason.
-type IgnoredEntries = Vec<(PathBuf, String)>;
-
-/// Lists a directory as the runtimes do: config files sorted by byte order of the name,
-/// plus the entries they ignore. A missing directory is empty (libcni `ConfFiles`).
-fn list_dir(dir: &Path) -> io::Result<(Vec<PathBuf>, IgnoredEntries)> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
-        Err(e) => {
-            return Err(io::Error::new(
-                e.kind(),
-                format!("reading CNI config directory {}: {e}", dir.display()),
-            ))
-        }
-    };
-    let mut configs = Vec::new();
-    let mut ignored = Vec::new();
-    for entry in entries {
-        let entry = entry?;
-        let path = entry.path();
-        let name = entry.file_name();
-        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-        if is_dir {
-            ignored.push((path, "a directory: runtimes only read files".to_string()));
-        } else if EXTENSIONS
-            .iter()
-            .any(|e| extension(name.as_bytes()) == e.as_bytes())
-        {
-            configs.push(path);
-        } else {
-            ignored.push((
-                path,
-                "not loaded: only .conf, .conflist and .json files are read".to_string(),
-            ));
-        }
-    }
-    configs.sort_by(|a, b| {
-        a.file_name()
-            .map(OsStrExt::as_bytes)
-            .cmp(&b.file_name().map(OsStrExt::as_bytes))
-    });
-    ignored.sort();
-    Ok((configs, ignored))
-}
-
 /// Options for [`load_with`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadOptions {
     /// CRI-O rules: also run each plugin's VERSION, as ocicni's `ValidateNetworkList`
     /// does, and skip lists whose version a plugin does not support (e.g. a 1.1.0 list
-    /// with plugins that stop at 1.0.0). Executes the binaries.
+    /// with plugins that stop at 1.0.0). Executes the binaries (time-boxed).
     pub probe_versions: bool,
 }
 
-/// Applies `runtime`'s rules to `dir` without executing anything. `bin_dirs` are the
-/// runtime's plugin directories (used by the CRI-O rules to skip lists whose binaries
-/// are missing).
+/// Reads `dir` and applies `runtime`'s rules without executing anything. `bin_dirs` are
+/// the runtime's plugin directories (used by the CRI-O rules to skip lists whose
+/// binaries are missing). A missing directory has no network.
 pub fn load(dir: &Path, runtime: Runtime, bin_dirs: &[PathBuf]) -> io::Result<Effective> {
     load_with(dir, runtime, bin_dirs, LoadOptions::default())
-}
-
-/// The version check of ocicni's `ValidateNetworkList`: every plugin must list the
-/// list's version (an empty one means 0.1.0) in its VERSION answer.
-fn unsupported_by_plugins(list: &NetworkConfigList, bin_dirs: &[PathBuf]) -> Option<String> {
-    let mut version = list.effective_version();
-    if version.is_empty() {
-        version = "0.1.0".into();
-    }
-    let mut problems = Vec::new();
-    for t in list.plugin_types() {
-        let Some(path) = find_plugin(t, bin_dirs) else {
-            continue;
-        };
-        match crate::exec::plugin_version(&path, bin_dirs) {
-            Ok(info) if info.supported_versions.contains(&version) => {}
-            Ok(info) => problems.push(format!(
-                "plugin {t} does not support config version {version:?} (it supports {})",
-                info.supported_versions.join(", ")
-            )),
-            Err(e) => problems.push(format!("plugin {t} VERSION failed: {e}")),
-        }
-    }
-    (!problems.is_empty()).then(|| problems.join("; "))
 }
 
 /// [`load`] with options.
@@ -284,208 +862,159 @@ pub fn load_with(
     bin_dirs: &[PathBuf],
     options: LoadOptions,
 ) -> io::Result<Effective> {
-    let (configs, ignored) = list_dir(dir)?;
-    let mut files = Vec::with_capacity(configs.len() + ignored.len());
-    let mut chosen: Option<Chosen> = None;
-    let mut summary = String::new();
-    match runtime {
-        Runtime::Containerd => {
-            let mut stop: Option<String> = None;
-            for path in configs {
-                if let Some(why) = &stop {
-                    files.push(FileVerdict {
-                        path,
-                        verdict: Verdict::NotReached,
-                        reason: why.clone(),
-                    });
-                    continue;
-                }
-                let name = path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                match load_file(&path) {
-                    Ok((list, format)) => {
-                        stop = Some(format!(
-                            "not used: containerd loads only the first config file ({name} sorts first)"
-                        ));
-                        summary = format!(
-                            "containerd uses network {:?} from {name}: it is the first config file by name",
-                            list.name()
-                        );
-                        files.push(FileVerdict {
-                            path: path.clone(),
-                            verdict: Verdict::Chosen,
-                            reason: format!(
-                                "first config file by name, and valid (plugins: {})",
-                                list.plugin_types().join(" → ")
-                            ),
-                        });
-                        chosen = Some(Chosen {
-                            network_name: list.name().to_string(),
-                            path,
-                            list,
-                            format,
-                        });
-                    }
-                    Err(e) => {
-                        stop = Some(format!(
-                            "not read: containerd stopped at {name}, which sorts first and is invalid"
-                        ));
-                        summary = format!(
-                            "containerd has NO network: the first config file {name} is invalid and fails the whole load \
-                             (pods fail with \"cni plugin not initialized\"); fix or remove {name}"
-                        );
-                        files.push(FileVerdict {
-                            path,
-                            verdict: Verdict::FailedLoad,
-                            reason: format!("{e}; containerd fails the whole load on it"),
-                        });
-                    }
-                }
-            }
-            if summary.is_empty() {
-                summary = format!(
-                    "containerd has NO network: no .conf/.conflist/.json file in {}",
-                    dir.display()
-                );
-            }
-        }
-        Runtime::Crio => {
-            let mut loaded_names: Vec<(String, String)> = Vec::new();
-            for path in configs {
-                let name = path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                let (list, format) = match load_file(&path) {
-                    Ok(x) => x,
-                    Err(e) => {
-                        files.push(FileVerdict {
-                            path,
-                            verdict: Verdict::Skipped,
-                            reason: format!("skipped by CRI-O: {e}"),
-                        });
-                        continue;
-                    }
-                };
-                let missing: Vec<&str> = list
-                    .plugin_types()
-                    .into_iter()
-                    .filter(|t| find_plugin(t, bin_dirs).is_none())
-                    .collect();
-                if !missing.is_empty() {
-                    files.push(FileVerdict {
-                        path,
-                        verdict: Verdict::Skipped,
-                        reason: format!(
-                            "skipped by CRI-O: plugin binary {} not found (or not executable) in {}",
-                            missing.join(", "),
-                            dir_list(bin_dirs)
-                        ),
-                    });
-                    continue;
-                }
-                if options.probe_versions {
-                    if let Some(problem) = unsupported_by_plugins(&list, bin_dirs) {
-                        files.push(FileVerdict {
-                            path,
-                            verdict: Verdict::Skipped,
-                            reason: format!("skipped by CRI-O: {problem}"),
-                        });
-                        continue;
-                    }
-                }
-                let net_name = if list.name().is_empty() {
-                    name.clone()
-                } else {
-                    list.name().to_string()
-                };
-                if let Some((_, first_file)) = loaded_names.iter().find(|(n, _)| *n == net_name) {
-                    files.push(FileVerdict {
-                        path,
-                        verdict: Verdict::DuplicateName,
-                        reason: format!(
-                            "ignored by CRI-O: network {net_name:?} was already loaded from {first_file}"
-                        ),
-                    });
-                    continue;
-                }
-                loaded_names.push((net_name.clone(), name.clone()));
-                if let Some(c) = &chosen {
-                    let first = c
-                        .path
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    files.push(FileVerdict {
-                        path,
-                        verdict: Verdict::LoadedNotDefault,
-                        reason: format!(
-                            "valid, loaded as network {net_name:?} but not the default: {first} is the first usable file"
-                        ),
-                    });
-                    continue;
-                }
-                let skipped = files
-                    .iter()
-                    .filter(|f| f.verdict == Verdict::Skipped)
-                    .count();
-                summary = if skipped == 0 {
-                    format!("CRI-O uses network {net_name:?} from {name}: it is the first usable config file by name")
-                } else {
-                    format!(
-                        "CRI-O uses network {net_name:?} from {name} after skipping {skipped} unusable file(s) before it (fail-open)"
-                    )
-                };
-                files.push(FileVerdict {
-                    path: path.clone(),
-                    verdict: Verdict::Chosen,
-                    reason: format!(
-                        "first usable config file by name (plugins: {})",
-                        list.plugin_types().join(" → ")
-                    ),
-                });
-                chosen = Some(Chosen {
-                    path,
-                    list,
-                    format,
-                    network_name: net_name,
-                });
-            }
-            if chosen.is_none() {
-                summary = if files.is_empty() {
-                    format!(
-                        "CRI-O has NO network: no .conf/.conflist/.json file in {}",
-                        dir.display()
-                    )
-                } else {
-                    format!(
-                        "CRI-O has NO network: every config file in {} was skipped",
-                        dir.display()
-                    )
-                };
-            }
-        }
+    let snap = match read(dir) {
+        Ok(s) => s,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Snapshot {
+            dir: dir.to_path_buf(),
+            entries: vec![],
+        },
+        Err(e) => return Err(e),
+    };
+    let present = |t: &str| find_plugin(t, bin_dirs).is_some();
+    let probe = |t: &str| -> Result<Vec<String>, String> {
+        let Some(path) = find_plugin(t, bin_dirs) else {
+            return Err(format!("{t} not found"));
+        };
+        crate::exec::plugin_version(&path, bin_dirs)
+            .map(|i| i.supported_versions)
+            .map_err(|e| e.to_string())
+    };
+    let bins = Binaries {
+        dirs: bin_dirs,
+        present: &present,
+        versions: options.probe_versions.then_some(&probe as VersionProbe<'_>),
+    };
+    Ok(effective(&snap, runtime, &bins))
+}
+
+/// Where in a list an entry runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// In the list's own `plugins`.
+    List,
+    /// In the first inline delegate of a thin Multus config (`delegates[0].plugins`).
+    MultusDelegate,
+}
+
+/// A plugin entry a list runs, and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunningEntry<'a> {
+    /// The entry as written.
+    pub entry: &'a Map<String, Value>,
+    /// Where it runs.
+    pub placement: Placement,
+    /// The `cniVersion` its chain runs with (empty: none, meaning 0.1.0).
+    pub version: String,
+}
+
+/// A thin Multus config's first inline delegate (`delegates[0]`, when it has `plugins`).
+pub fn multus_delegate(list: &NetworkConfigList) -> Option<&Map<String, Value>> {
+    let meta = list.plugins().first()?.as_object()?;
+    let t = meta.get("type")?.as_str()?;
+    if !META_PLUGIN_TYPES.contains(&t) {
+        return None;
     }
-    files.extend(ignored.into_iter().map(|(path, reason)| FileVerdict {
-        path,
-        verdict: Verdict::Ignored,
-        reason,
-    }));
-    Ok(Effective {
-        runtime,
-        dir: dir.to_path_buf(),
-        chosen,
-        files,
-        summary,
-    })
+    let d0 = meta.get("delegates")?.as_array()?.first()?.as_object()?;
+    d0.get("plugins")?.as_array()?;
+    Some(d0)
+}
+
+/// Does `list` (from file `name`) run the plugin `plugin_type` exactly once, after
+/// another plugin? Looks in the list itself and in a thin Multus config's first inline
+/// delegate, whose chain runs with the delegate's `cniVersion` (or else the meta
+/// plugin's). The error says why not, in words for `interlock check` and `/readyz`.
+pub fn runs_plugin<'a>(
+    list: &'a NetworkConfigList,
+    name: &str,
+    plugin_type: &str,
+) -> Result<RunningEntry<'a>, String> {
+    let is_ours = |p: &Value| p.get("type").and_then(Value::as_str) == Some(plugin_type);
+    let mut found: Vec<(usize, &'a Map<String, Value>, Placement)> = list
+        .plugins()
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| is_ours(p))
+        .filter_map(|(i, p)| Some((i, p.as_object()?, Placement::List)))
+        .collect();
+    let delegate = multus_delegate(list);
+    if let Some(d0) = delegate {
+        let ps = d0.get("plugins").and_then(Value::as_array);
+        found.extend(
+            ps.into_iter()
+                .flatten()
+                .enumerate()
+                .filter(|(_, p)| is_ours(p))
+                .filter_map(|(i, p)| Some((i, p.as_object()?, Placement::MultusDelegate))),
+        );
+    }
+    let types = list.plugin_types().join(" -> ");
+    match found.as_slice() {
+        [] => Err(format!("{name} ({types}) does not contain {plugin_type}")),
+        [(0, _, place)] => Err(format!(
+            "{name} runs {plugin_type} first{}: it must be chained after the primary plugin \
+             (it needs the primary's result), so every ADD would fail",
+            if *place == Placement::MultusDelegate {
+                " in its Multus delegate"
+            } else {
+                ""
+            }
+        )),
+        [(_, entry, placement)] => {
+            let version = match placement {
+                Placement::List => list.effective_version(),
+                Placement::MultusDelegate => delegate
+                    .and_then(|d| d.get("cniVersion"))
+                    .or_else(|| list.plugins().first()?.get("cniVersion"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            };
+            Ok(RunningEntry {
+                entry,
+                placement: *placement,
+                version,
+            })
+        }
+        many => Err(format!(
+            "{name} runs {plugin_type} {} times: every pod would be processed twice; remove the extra entries",
+            many.len()
+        )),
+    }
+}
+
+/// Why `plugin_type` refuses a chain at `version`, given the versions it `accepts`
+/// (empty: every version interlock knows), or `None` when it accepts it.
+pub fn version_refused(
+    file: &str,
+    plugin_type: &str,
+    version: &str,
+    accepts: &[String],
+) -> Option<String> {
+    let known: Vec<String> = CniVersion::all_strings()
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    let accepts = if accepts.is_empty() { &known } else { accepts };
+    if accepts.iter().any(|v| v == version) && version.parse::<CniVersion>().is_ok() {
+        return None;
+    }
+    Some(format!(
+        "{file} runs {plugin_type} with cniVersion {}, which it refuses (it accepts {}): every ADD would fail",
+        if version.is_empty() {
+            "none (meaning 0.1.0)".to_string()
+        } else {
+            format!("{version:?}")
+        },
+        accepts.join(", ")
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::os::unix::ffi::OsStrExt;
 
     fn good(name: &str, plugin: &str) -> String {
         format!(r#"{{"cniVersion":"1.0.0","name":"{name}","plugins":[{{"type":"{plugin}"}}]}}"#)
@@ -699,6 +1228,155 @@ mod tests {
             let e = load(&t.path().join("nope"), rt, &[]).unwrap();
             assert!(e.chosen.is_none());
         }
+    }
+
+    #[test]
+    fn hostile_entries_are_refused_without_blocking_and_fail_closed() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        nix::unistd::mkfifo(
+            &d.join("00-fifo.conflist"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("/dev/zero", d.join("01-zero.conflist")).unwrap();
+        let big = fs::File::create(d.join("02-big.json")).unwrap();
+        big.set_len(100 << 20).unwrap();
+        fs::write(d.join("10-good.conflist"), good("good", "bridge")).unwrap();
+        let bins = vec![bin_dir(d, &["bridge"])];
+        let c = load(d, Runtime::Containerd, &bins).unwrap();
+        assert!(
+            c.chosen.is_none(),
+            "containerd would block on the FIFO: fail closed"
+        );
+        let fifo = c.verdict_for("00-fifo.conflist").unwrap();
+        assert_eq!(fifo.verdict, Verdict::FailedLoad);
+        assert!(fifo.reason.contains("a FIFO"), "{}", fifo.reason);
+        // CRI-O would read them (and block, or run out of memory, or load one): fail
+        // closed instead of guessing that it skips them.
+        let o = load(d, Runtime::Crio, &bins).unwrap();
+        assert!(o.chosen.is_none(), "{o:?}");
+        assert!(
+            o.summary.contains("UNKNOWN") && o.summary.contains("00-fifo.conflist"),
+            "{}",
+            o.summary
+        );
+        fs::remove_file(d.join("00-fifo.conflist")).unwrap();
+        let o = load(d, Runtime::Crio, &bins).unwrap();
+        assert!(o.chosen.is_none());
+        let zero = o.verdict_for("01-zero.conflist").unwrap();
+        assert_eq!(zero.verdict, Verdict::FailedLoad);
+        assert!(zero.reason.contains("character device"), "{}", zero.reason);
+        fs::remove_file(d.join("01-zero.conflist")).unwrap();
+        let c = load(d, Runtime::Containerd, &bins).unwrap();
+        let big = c.verdict_for("02-big.json").unwrap();
+        assert_eq!(big.verdict, Verdict::FailedLoad);
+        assert!(
+            big.reason.contains("1048576") && big.reason.contains("02-big.json"),
+            "{}",
+            big.reason
+        );
+        // A file interlock cannot read after CRI-O's choice does not matter.
+        fs::rename(d.join("02-big.json"), d.join("20-big.json")).unwrap();
+        let o = load(d, Runtime::Crio, &bins).unwrap();
+        assert_eq!(o.chosen_name().as_deref(), Some("10-good.conflist"));
+    }
+
+    #[test]
+    fn names_are_escaped_for_terminals_and_json() {
+        assert_eq!(shown("05-\x1b[31mRED.conflist"), "05-\\x1b[31mRED.conflist");
+        assert_eq!(
+            shown("05-\u{1b}[31mRED.conflist"),
+            "05-\\x1b[31mRED.conflist"
+        );
+        let raw = std::ffi::OsStr::from_bytes(b"10-\xff.conflist");
+        assert_eq!(shown_os(raw), "10-\\xff.conflist");
+        let t = tempfile::tempdir().unwrap();
+        fs::write(t.path().join(raw), good("n", "bridge")).unwrap();
+        let e = load(t.path(), Runtime::Containerd, &[]).unwrap();
+        let json = serde_json::to_string(&e).unwrap();
+        let back: Value = serde_json::from_str(&json).unwrap();
+        assert!(back["chosen"]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("10-\\xff.conflist"));
+    }
+
+    #[test]
+    fn runtime_parses_from_the_command_line_spelling() {
+        assert_eq!("containerd".parse::<Runtime>(), Ok(Runtime::Containerd));
+        assert_eq!("crio".parse::<Runtime>(), Ok(Runtime::Crio));
+        assert_eq!("CRI-O".parse::<Runtime>(), Ok(Runtime::Crio));
+        assert!("docker"
+            .parse::<Runtime>()
+            .unwrap_err()
+            .contains("containerd, crio"));
+    }
+
+    fn list(v: Value) -> NetworkConfigList {
+        NetworkConfigList::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn runs_plugin_finds_the_entry_in_the_list_or_the_multus_delegate() {
+        let ok = list(
+            serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}),
+        );
+        let r = runs_plugin(&ok, "a", "interlock-cni").unwrap();
+        assert_eq!(
+            (r.placement, r.version.as_str()),
+            (Placement::List, "1.0.0")
+        );
+        let first = list(
+            serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"interlock-cni"},{"type":"bridge"}]}),
+        );
+        assert!(runs_plugin(&first, "a", "interlock-cni")
+            .unwrap_err()
+            .contains("first"));
+        let twice = list(
+            serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"},{"type":"interlock-cni"},{"type":"interlock-cni"}]}),
+        );
+        assert!(runs_plugin(&twice, "a", "interlock-cni")
+            .unwrap_err()
+            .contains("2 times"));
+        let none = list(
+            serde_json::json!({"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}),
+        );
+        assert!(runs_plugin(&none, "a", "interlock-cni")
+            .unwrap_err()
+            .contains("does not contain"));
+        let multus = list(
+            serde_json::json!({"cniVersion":"0.3.1","name":"m","plugins":[{"type":"multus","cniVersion":"0.3.1","delegates":[
+            {"cniVersion":"1.0.0","name":"d","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}]}]}),
+        );
+        let r = runs_plugin(&multus, "m", "interlock-cni").unwrap();
+        assert_eq!(
+            (r.placement, r.version.as_str()),
+            (Placement::MultusDelegate, "1.0.0")
+        );
+        // A delegate without its own version runs with the meta plugin's.
+        let inherit = list(
+            serde_json::json!({"cniVersion":"0.4.0","name":"m","plugins":[{"type":"multus","cniVersion":"0.4.0","delegates":[
+            {"name":"d","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}]}]}),
+        );
+        assert_eq!(
+            runs_plugin(&inherit, "m", "interlock-cni").unwrap().version,
+            "0.4.0"
+        );
+        // Only a meta plugin's delegates run.
+        let fake = list(
+            serde_json::json!({"cniVersion":"1.0.0","name":"m","plugins":[{"type":"bridge","delegates":[
+            {"plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}]}]}),
+        );
+        assert!(runs_plugin(&fake, "m", "interlock-cni").is_err());
+        assert!(version_refused("f", "interlock-cni", "1.0.0", &[]).is_none());
+        assert!(version_refused("f", "interlock-cni", "0.2.0", &[])
+            .unwrap()
+            .contains("\"0.2.0\""));
+        assert!(version_refused("f", "interlock-cni", "", &[])
+            .unwrap()
+            .contains("0.1.0"));
+        assert!(version_refused("f", "interlock-cni", "1.1.0", &["1.0.0".into()]).is_some());
     }
 
     #[derive(Debug, Clone, Copy)]

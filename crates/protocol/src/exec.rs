@@ -15,6 +15,7 @@ use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command as Process, Stdio};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -209,6 +210,16 @@ pub enum ExecError {
     /// The call was refused before any plugin ran (libcni's input validation).
     #[error("refused before running any plugin: {0}")]
     Rejected(Box<CniError>),
+    /// The plugin did not finish in time; it and its process group were killed.
+    #[error("plugin {path} {command} did not answer within {after:?}: killed it and every process it started")]
+    TimedOut {
+        /// Path of the binary.
+        path: PathBuf,
+        /// The verb.
+        command: Command,
+        /// The time box.
+        after: Duration,
+    },
     /// Reading or writing the result cache failed.
     #[error("result cache: {0}")]
     Cache(#[from] std::io::Error),
@@ -308,22 +319,197 @@ pub fn exec_plugin(
     Ok(out.stdout)
 }
 
-/// Asks a plugin binary which versions it supports (stdin `{"cniVersion": <latest>}`).
+/// How long a plugin may take to answer VERSION before it (and every process it
+/// started) is killed. A real plugin answers in milliseconds.
+pub const VERSION_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The most of a VERSION answer (or its stderr) that is kept.
+const MAX_VERSION_OUTPUT: usize = 64 * 1024;
+
+/// Asks a plugin binary which versions it supports (stdin `{"cniVersion": <latest>}`),
+/// within [`VERSION_TIMEOUT`].
 pub fn plugin_version(path: &Path, bin_dirs: &[PathBuf]) -> Result<PluginInfo, ExecError> {
+    plugin_version_within(path, bin_dirs, VERSION_TIMEOUT)
+}
+
+/// [`plugin_version`] with a time box. The plugin runs in a process group of its own;
+/// when it does not answer within `timeout`, or once it has exited, the whole group is
+/// killed, so a plugin that leaves children behind cannot hold the caller (nor its
+/// output pipe) open.
+pub fn plugin_version_within(
+    path: &Path,
+    bin_dirs: &[PathBuf],
+    timeout: Duration,
+) -> Result<PluginInfo, ExecError> {
     let stdin = format!("{{\"cniVersion\":\"{}\"}}", CniVersion::LATEST);
-    let out = exec_plugin(
-        path,
-        Command::Version,
-        &RuntimeConf::default(),
-        bin_dirs,
-        stdin.as_bytes(),
-    )?;
-    serde_json::from_slice(&out).map_err(|e| ExecError::BadResult {
-        plugin: path.display().to_string(),
+    let plugin = path.display().to_string();
+    let out = run_time_boxed(path, Command::Version, bin_dirs, stdin.as_bytes(), timeout)?;
+    if !out.status.success() {
+        return Err(ExecError::Failed {
+            plugin,
+            command: Command::Version,
+            error: Box::new(plugin_error(&out.stdout, &out.stderr, out.status)),
+            stderr: out.stderr,
+        });
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| ExecError::BadResult {
+        plugin,
         command: Command::Version,
         source: ResultError::Json(e),
-        stdout: String::from_utf8_lossy(&out).into_owned(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
     })
+}
+
+struct BoxedOutput {
+    status: std::process::ExitStatus,
+    stdout: Vec<u8>,
+    stderr: String,
+}
+
+/// Kills every process of the group `pgid` (ESRCH: none left).
+fn kill_group(pgid: u32) {
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+/// Reads what is available on a non-blocking pipe; `true` at end of file.
+fn drain(r: &mut impl std::io::Read, into: &mut Vec<u8>) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(n) => {
+                let room = MAX_VERSION_OUTPUT.saturating_sub(into.len());
+                into.extend_from_slice(&buf[..n.min(room)]);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+fn set_nonblocking(fd: &impl std::os::fd::AsRawFd) -> std::io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL).map_err(std::io::Error::from)?;
+    fcntl(
+        fd.as_raw_fd(),
+        FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK),
+    )
+    .map_err(std::io::Error::from)?;
+    Ok(())
+}
+
+/// Runs `path` with `command` in its own process group, feeding `stdin`, and collects
+/// its output until it exits and its pipes close, or `timeout` passes.
+fn run_time_boxed(
+    path: &Path,
+    command: Command,
+    bin_dirs: &[PathBuf],
+    stdin: &[u8],
+    timeout: Duration,
+) -> Result<BoxedOutput, ExecError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    use std::os::unix::process::CommandExt;
+    let spawn_err = |source| ExecError::Spawn {
+        path: path.to_path_buf(),
+        source,
+    };
+    let cni_path = bin_dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
+    let mut cmd = Process::new(path);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("CNI_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("CNI_COMMAND", command.as_str())
+        .env("CNI_PATH", cni_path)
+        .process_group(0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let deadline = Instant::now() + timeout;
+    let mut child = cmd.spawn().map_err(spawn_err)?;
+    let pgid = child.id();
+    let fail = |child: &mut std::process::Child, e: std::io::Error| {
+        kill_group(pgid);
+        let _ = child.wait();
+        spawn_err(e)
+    };
+    if let Some(mut input) = child.stdin.take() {
+        // The request fits in the pipe buffer, so this does not block; a plugin may exit
+        // without reading it (EPIPE).
+        if let Err(e) = input.write_all(stdin) {
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                return Err(fail(&mut child, e));
+            }
+        }
+    }
+    let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(fail(&mut child, std::io::Error::other("pipes missing")));
+    };
+    if let Err(e) = set_nonblocking(&out).and_then(|()| set_nonblocking(&err)) {
+        return Err(fail(&mut child, e));
+    }
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let (mut out_done, mut err_done) = (false, false);
+    let mut status = None;
+    loop {
+        if !out_done {
+            out_done = drain(&mut out, &mut stdout);
+        }
+        if !err_done {
+            err_done = drain(&mut err, &mut stderr);
+        }
+        if status.is_none() {
+            match child.try_wait() {
+                Ok(Some(s)) => {
+                    // Whatever it left behind goes with it.
+                    kill_group(pgid);
+                    status = Some(s);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(fail(&mut child, e)),
+            }
+        }
+        if let (Some(s), true, true) = (status, out_done, err_done) {
+            return Ok(BoxedOutput {
+                status: s,
+                stdout,
+                stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            });
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            kill_group(pgid);
+            let _ = child.wait();
+            return Err(ExecError::TimedOut {
+                path: path.to_path_buf(),
+                command,
+                after: timeout,
+            });
+        }
+        // Wake on output, or soon to look at the exit status.
+        let wait_ms = left.min(Duration::from_millis(5)).as_millis() as u16;
+        let mut fds = vec![];
+        if !out_done {
+            fds.push(PollFd::new(out.as_fd(), PollFlags::POLLIN));
+        }
+        if !err_done {
+            fds.push(PollFd::new(err.as_fd(), PollFlags::POLLIN));
+        }
+        if fds.is_empty() {
+            std::thread::sleep(Duration::from_millis(wait_ms.max(1) as u64));
+        } else {
+            let _ = poll(&mut fds, PollTimeout::from(wait_ms.max(1)));
+        }
+    }
 }
 
 /// A network configuration list bound to plugin directories, ready to run.
@@ -675,6 +861,61 @@ impl Chain {
 mod tests {
     use super::*;
     use crate::conf::parse_conflist;
+
+    #[test]
+    fn a_slow_version_is_cut_off_with_everything_it_started() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let pids = d.path().join("pids");
+        let plugin = d.path().join("slow");
+        // Leaves a grandchild holding its stdout, then waits for it.
+        std::fs::write(
+            &plugin,
+            format!(
+                "#!/bin/sh\nsleep 30 &\necho $! >> {}\nwait\n",
+                pids.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let t0 = Instant::now();
+        let e = plugin_version_within(&plugin, &[], Duration::from_millis(300)).unwrap_err();
+        assert!(matches!(e, ExecError::TimedOut { .. }), "{e}");
+        assert!(e.to_string().contains("did not answer within"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        let grandchild: i32 = std::fs::read_to_string(&pids)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let alive = || {
+            std::path::Path::new(&format!("/proc/{grandchild}")).exists()
+                && !std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+                    .unwrap_or_default()
+                    .contains(") Z ")
+        };
+        let until = Instant::now() + Duration::from_secs(2);
+        while alive() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            !alive(),
+            "the plugin's child {grandchild} survived the time box"
+        );
+
+        // A plugin that answers and leaves a child behind does not hold us either.
+        let quick = d.path().join("quick");
+        std::fs::write(
+            &quick,
+            "#!/bin/sh\nsleep 30 &\necho '{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"1.0.0\"]}'\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&quick, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let t0 = Instant::now();
+        let info = plugin_version_within(&quick, &[], Duration::from_secs(5)).unwrap();
+        assert_eq!(info.supported_versions, ["1.0.0"]);
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    }
 
     #[test]
     fn plugin_config_injects_like_libcni() {

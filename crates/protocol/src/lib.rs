@@ -8,6 +8,7 @@
 
 /// Atomic file writes (the contract's: every interlock file is written the same way).
 pub use interlock_contract::atomic;
+pub mod bounded;
 pub mod cache;
 pub mod conf;
 pub mod confdir;

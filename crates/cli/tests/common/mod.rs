@@ -326,3 +326,9 @@ pub fn without_us(v: &serde_json::Value) -> serde_json::Value {
         .retain(|p| p["type"] != "interlock-cni");
     v
 }
+
+/// Makes a FIFO at `p` (the mkfifo tool: no extra dependency for the tests).
+pub fn mkfifo(p: &Path) {
+    let st = Command::new("mkfifo").arg(p).status().unwrap();
+    assert!(st.success(), "mkfifo {}", p.display());
+}
