@@ -250,9 +250,11 @@ pub struct Guard {
 impl Guard {
     /// A guard for `cfg` installing the binary from `installer`.
     pub fn new(cfg: AgentConfig, installer: PluginInstaller, shared: Arc<Shared>) -> Guard {
-        for finding in writable_by_others(&dir_facts(&cfg)) {
+        let insecure = writable_by_others(&dir_facts(&cfg));
+        for finding in &insecure {
             warn!("{finding}");
         }
+        shared.insecure_dirs.set(insecure.len() as i64);
         Guard {
             settings: cfg.settings(),
             conflicts: ConflictTracker::new(cfg.conflict_window, cfg.conflict_threshold),
@@ -632,6 +634,11 @@ impl Guard {
             if full {
                 next_resync = now + self.cfg.resync_interval;
                 self.shared.resyncs.inc();
+                // Re-checked on every resync so the metric clears once an operator fixes
+                // the modes (logged only at start: the finding does not change by itself).
+                self.shared
+                    .insecure_dirs
+                    .set(writable_by_others(&dir_facts(&self.cfg)).len() as i64);
             }
             let retry = self.retry_at.is_some_and(|r| now >= r);
             if retry {

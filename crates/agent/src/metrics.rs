@@ -17,9 +17,10 @@ pub const REPAIR_BUCKETS: [f64; 9] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.
 
 /// Every series family the agent exports, by the name in its `# TYPE` line (counters get
 /// `_total` on their samples, the info metric `_info`).
-pub const SERIES: [&str; 13] = [
+pub const SERIES: [&str; 14] = [
     "interlock_build",
     "interlock_errors",
+    "interlock_insecure_dirs",
     "interlock_config_reconciles",
     "interlock_config_repairs",
     "interlock_config_writes",
@@ -78,6 +79,8 @@ struct BuildLabels {
 pub struct AgentMetrics {
     /// Failed steps of any subsystem (writes, renames, removes, installs, the marker).
     pub errors: Counter,
+    /// Conf, bin and state dirs a non-root user could write (see `guard::writable_by_others`).
+    pub insecure_dirs: Gauge,
 }
 
 impl AgentMetrics {
@@ -95,6 +98,11 @@ impl AgentMetrics {
             "interlock_errors",
             "Failed writes, renames, removes, installs and marker writes",
             m.errors.clone(),
+        );
+        r.register(
+            "interlock_insecure_dirs",
+            "Conf, bin and state dirs that a non-root user could write (should be 0)",
+            m.insecure_dirs.clone(),
         );
         m
     }

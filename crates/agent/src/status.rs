@@ -7,6 +7,7 @@
 
 use crate::metrics::{AgentMetrics, FileLabel, GuardMetrics, PluginMetrics, ReadinessMetrics};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -53,6 +54,8 @@ pub struct Shared {
     pub installs: Counter,
     /// Periodic full resyncs.
     pub resyncs: Counter,
+    /// Conf, bin and state dirs a non-root user could write.
+    pub insecure_dirs: Gauge,
 }
 
 impl Default for Shared {
@@ -75,6 +78,7 @@ impl Default for Shared {
             resyncs: guard.resyncs.clone(),
             errors: agent.errors.clone(),
             installs: plugin.installs.clone(),
+            insecure_dirs: agent.insecure_dirs.clone(),
             registry,
             guard,
             ready,

@@ -1045,6 +1045,11 @@ fn owned_config_is_not_writable_by_others_whatever_the_primary_mode() {
         log.contains("conf dir") && log.contains("writable by others") && log.contains("0777"),
         "{log}"
     );
+    assert_eq!(
+        a.metric("interlock_insecure_dirs"),
+        Some(1.0),
+        "the insecure conf dir is counted"
+    );
     set(&d.conf, 0o755);
 }
 
