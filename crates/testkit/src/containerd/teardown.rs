@@ -1,0 +1,499 @@
+//! Claiming a kit directory, and undoing everything a kit did: for a kit being dropped
+//! and for one whose test process died (found by its free `kit.lock`).
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use interlock_cri::{CriClient, SandboxFilter, Timeouts};
+use nix::fcntl::{Flock, FlockArg};
+
+use super::{block_on_thread, kits_dir, octets_in_use, pick_octet, wait_ready, Daemon, Layout};
+
+const KIT_JSON: &str = "kit.json";
+const KIT_LOCK: &str = "kit.lock";
+/// Where libcni (inside containerd) caches ADD results, named `<network>-<id>-<ifname>`.
+const CNI_RESULTS: &str = "/var/lib/cni/results";
+
+/// Creates and locks a new kit directory with a free subnet, after tearing down every kit
+/// whose owner is gone. All of it under the parent's allocation lock, so that no process
+/// sees a directory between its creation and its lock.
+pub(crate) fn claim_new_kit() -> io::Result<(Layout, Flock<File>)> {
+    let parent = kits_dir();
+    fs::create_dir_all(&parent)?;
+    let alloc = lock(&parent.join(".alloc.lock"), FlockArg::LockExclusive)
+        .map_err(|e| io::Error::other(format!("locking {}: {e}", parent.display())))?;
+    let mut live = Vec::new();
+    for entry in fs::read_dir(&parent)? {
+        let dir = entry?.path();
+        if !dir.is_dir() {
+            continue;
+        }
+        match lock(&dir.join(KIT_LOCK), FlockArg::LockExclusiveNonblock) {
+            // Its owner holds the lock: a live kit of another test.
+            Err(_) => {
+                if let Some(layout) = read_layout(&dir) {
+                    live.push(layout);
+                }
+            }
+            Ok(stale_lock) => {
+                clean_stale(&dir);
+                drop(stale_lock);
+            }
+        }
+    }
+    let name = crate::unique("ctd");
+    let octet = pick_octet(&octets_in_use(&live), rand::random())
+        .ok_or_else(|| io::Error::other("no free 10.97.n.0/24 for a containerd kit"))?;
+    let layout = Layout {
+        dir: parent.join(&name),
+        bridge: crate::unique("br"),
+        name,
+        subnet_octet: octet,
+    };
+    fs::create_dir(&layout.dir)?;
+    let kit_lock = lock(&layout.dir.join(KIT_LOCK), FlockArg::LockExclusiveNonblock)
+        .map_err(|e| io::Error::other(format!("locking {}: {e}", layout.dir.display())))?;
+    interlock_contract::atomic::write_file_atomic(
+        &layout.dir.join(KIT_JSON),
+        &serde_json::to_vec_pretty(&layout)?,
+        Some(0o644),
+    )?;
+    drop(alloc);
+    Ok((layout, kit_lock))
+}
+
+fn lock(path: &Path, how: FlockArg) -> Result<Flock<File>, String> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Flock::lock(file, how).map_err(|(_, errno)| format!("{}: {errno}", path.display()))
+}
+
+fn read_layout(dir: &Path) -> Option<Layout> {
+    serde_json::from_slice(&fs::read(dir.join(KIT_JSON)).ok()?).ok()
+}
+
+/// Tears down the kit in `dir`, whose owner died.
+fn clean_stale(dir: &Path) {
+    let problems = match read_layout(dir) {
+        Some(layout) => {
+            // A daemon on the old directory lets CRI stop and remove the sandboxes the
+            // normal way (CNI DEL, netns and IPAM freed); without one, the rest still runs.
+            let daemon = layout
+                .config()
+                .is_file()
+                .then(|| Daemon::spawn(&layout).ok())
+                .flatten()
+                .and_then(|mut d| {
+                    wait_ready(&layout, &mut d, Duration::from_secs(10))
+                        .is_ok()
+                        .then_some(d)
+                });
+            tear_down(&layout, daemon)
+        }
+        // Died before writing kit.json: nothing but the directory (and maybe mounts).
+        None => {
+            let mut problems = Vec::new();
+            unmount_under(dir, &mut problems);
+            remove_dir(dir, &mut problems);
+            problems
+        }
+    };
+    eprintln!(
+        "containerd kit: cleaned up {} left by a crashed test{}",
+        dir.display(),
+        if problems.is_empty() {
+            String::new()
+        } else {
+            format!("; left: {}", problems.join("; "))
+        }
+    );
+}
+
+/// Undoes everything the kit did, in the order that lets each step succeed; returns what
+/// could not be undone (empty when all is gone).
+pub(crate) fn tear_down(layout: &Layout, daemon: Option<Daemon>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut netns = Vec::new();
+    if let Some(daemon) = daemon {
+        let (seen, errors) = block_on_thread(|| sweep_sandboxes(layout.endpoint()));
+        netns = seen;
+        problems.extend(errors);
+        if let Err(e) = daemon.stop(Duration::from_secs(5)) {
+            problems.push(e);
+        }
+    }
+    delete_runc_containers(layout, &mut problems);
+    let shim_sockets = shim_sockets(layout);
+    for pid in shims_of(&layout.socket()) {
+        kill_and_wait(pid, &mut problems);
+    }
+    for socket in shim_sockets {
+        let _ = fs::remove_file(socket);
+    }
+    for path in &netns {
+        remove_netns(path, &mut problems);
+    }
+    unmount_under(&layout.dir, &mut problems);
+    delete_bridge(&layout.bridge, &mut problems);
+    remove_cni_cache(&layout.name, &mut problems);
+    remove_dir(&layout.dir, &mut problems);
+    let footprint = Footprint {
+        layout: layout.clone(),
+        netns,
+    };
+    for left in footprint.leftovers() {
+        if !problems.contains(&left) {
+            problems.push(left);
+        }
+    }
+    problems
+}
+
+/// Stops and removes every sandbox (NOTREADY ones too), twice if new ones appeared;
+/// returns the netns paths they had and what failed.
+async fn sweep_sandboxes(endpoint: String) -> (Vec<PathBuf>, Vec<String>) {
+    let mut netns = Vec::new();
+    let mut problems = Vec::new();
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(2),
+        call: Duration::from_secs(20),
+        ..Timeouts::default()
+    };
+    let client = match CriClient::connect_with(&endpoint, timeouts).await {
+        Ok(c) => c,
+        Err(e) => return (netns, vec![format!("sweeping sandboxes: {e}")]),
+    };
+    for _round in 0..2 {
+        let sandboxes = match client.list_sandboxes(&SandboxFilter::default()).await {
+            Ok(s) => s,
+            Err(e) => {
+                problems.push(e.to_string());
+                break;
+            }
+        };
+        if sandboxes.is_empty() {
+            return (netns, problems);
+        }
+        for sandbox in sandboxes {
+            if let Ok(status) = client.sandbox_status(&sandbox.id, true).await {
+                netns.extend(status.netns_path().cloned());
+            }
+            // Remove stops first; a failed stop (a CNI DEL failing) is retried by it.
+            if let Err(e) = client.stop_sandbox(&sandbox.id).await {
+                problems.push(e.to_string());
+            }
+            if let Err(e) = client.remove_sandbox(&sandbox.id).await {
+                problems.push(e.to_string());
+            }
+        }
+    }
+    match client.list_sandboxes(&SandboxFilter::default()).await {
+        Ok(left) if !left.is_empty() => problems.push(format!(
+            "sandboxes still listed after the sweep: {}",
+            left.iter()
+                .map(|s| s.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        Ok(_) => {}
+        Err(e) => problems.push(e.to_string()),
+    }
+    (netns, problems)
+}
+
+/// `runc delete --force` for every container in the kit's runc root (kills its
+/// processes, removes its cgroup). After a clean sweep there are none.
+fn delete_runc_containers(layout: &Layout, problems: &mut Vec<String>) {
+    let ns_root = layout.runc_root().join(super::K8S_NAMESPACE);
+    let Ok(entries) = fs::read_dir(&ns_root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let id = entry.file_name().to_string_lossy().into_owned();
+        let out = Command::new("runc")
+            .arg("--root")
+            .arg(&ns_root)
+            .args(["delete", "--force", &id])
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => problems.push(format!(
+                "runc delete --force {id}: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => problems.push(format!("runc delete --force {id}: {e}")),
+        }
+    }
+}
+
+/// The ttrpc sockets of the kit's shims (`/run/containerd/s/<hash>`, outside the kit
+/// directory), from the `address` file of each task bundle.
+fn shim_sockets(layout: &Layout) -> Vec<PathBuf> {
+    let bundles = layout
+        .state()
+        .join("io.containerd.runtime.v2.task")
+        .join(super::K8S_NAMESPACE);
+    let Ok(entries) = fs::read_dir(bundles) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| fs::read_to_string(e.path().join("address")).ok())
+        .filter_map(|a| a.trim().strip_prefix("unix://").map(PathBuf::from))
+        .collect()
+}
+
+/// PIDs of processes whose command line contains `needle` as one argument.
+fn processes_with_arg(needle: &str) -> Vec<(i32, String)> {
+    let Ok(proc_dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let me = std::process::id() as i32;
+    proc_dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != me)
+        .filter_map(|pid| {
+            let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<String> = raw
+                .split(|&b| b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            args.iter()
+                .any(|a| a == needle)
+                .then(|| (pid, args.join(" ").trim().to_string()))
+        })
+        .collect()
+}
+
+/// Shims started by the daemon on `socket` (`containerd-shim-runc-v2 … -address <socket>`).
+fn shims_of(socket: &Path) -> Vec<i32> {
+    processes_with_arg(&socket.to_string_lossy())
+        .into_iter()
+        .filter(|(_, cmdline)| cmdline.contains("containerd-shim"))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+fn kill_and_wait(pid: i32, problems: &mut Vec<String>) {
+    use nix::sys::signal::{kill, Signal};
+    let pid = nix::unistd::Pid::from_raw(pid);
+    let _ = kill(pid, Signal::SIGKILL);
+    // Not our child (shims re-parent themselves): wait for init to reap it.
+    for _ in 0..200 {
+        if kill(pid, None).is_err() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    problems.push(format!("shim {pid} survived SIGKILL for 2 s"));
+}
+
+fn remove_netns(path: &Path, problems: &mut Vec<String>) {
+    if fs::symlink_metadata(path).is_err() {
+        return;
+    }
+    let _ = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH);
+    if let Err(e) = fs::remove_file(path) {
+        problems.push(format!("removing netns {}: {e}", path.display()));
+    }
+}
+
+/// Mount points at or under `dir`, deepest first.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut found: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape_mountinfo(p)))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found.dedup();
+    found
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            let code: String = chars.by_ref().take(3).collect();
+            match u8::from_str_radix(&code, 8) {
+                Ok(b) => out.push(b as char),
+                Err(_) => {
+                    out.push('\\');
+                    out.push_str(&code);
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn unmount_under(dir: &Path, problems: &mut Vec<String>) {
+    // Stacked mounts need one pass per layer; three is plenty.
+    for _ in 0..3 {
+        let mounts = mounts_under(dir);
+        if mounts.is_empty() {
+            return;
+        }
+        for m in mounts {
+            let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    for m in mounts_under(dir) {
+        problems.push(format!("still mounted: {}", m.display()));
+    }
+}
+
+fn delete_bridge(bridge: &str, problems: &mut Vec<String>) {
+    if !Path::new("/sys/class/net").join(bridge).exists() {
+        return;
+    }
+    let out = Command::new("ip").args(["link", "del", bridge]).output();
+    if !matches!(out, Ok(ref o) if o.status.success()) {
+        problems.push(format!("deleting bridge {bridge} failed"));
+    }
+}
+
+fn cni_cache_entries(network: &str) -> Vec<PathBuf> {
+    let prefix = format!("{network}-");
+    fs::read_dir(CNI_RESULTS)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn remove_cni_cache(network: &str, problems: &mut Vec<String>) {
+    for entry in cni_cache_entries(network) {
+        if let Err(e) = fs::remove_file(&entry) {
+            problems.push(format!("removing {}: {e}", entry.display()));
+        }
+    }
+}
+
+fn remove_dir(dir: &Path, problems: &mut Vec<String>) {
+    if !dir.exists() {
+        return;
+    }
+    // Never delete through a mount that is still there (a netns, a rootfs).
+    if !mounts_under(dir).is_empty() {
+        problems.push(format!("{} kept: mounts remain under it", dir.display()));
+        return;
+    }
+    if let Err(e) = fs::remove_dir_all(dir) {
+        problems.push(format!("removing {}: {e}", dir.display()));
+    }
+}
+
+/// What a kit owns on the host, kept to check afterwards that none of it is left.
+#[derive(Debug, Clone)]
+pub struct Footprint {
+    layout: Layout,
+    netns: Vec<PathBuf>,
+}
+
+impl Footprint {
+    pub(crate) fn of(layout: &Layout) -> Footprint {
+        Footprint {
+            layout: layout.clone(),
+            netns: Vec::new(),
+        }
+    }
+
+    /// The footprint of the kit in `dir`, read from its `kit.json` (e.g. a kit that a
+    /// crashed process made).
+    pub fn load(dir: &Path) -> Option<Footprint> {
+        read_layout(dir).map(|layout| Footprint::of(&layout))
+    }
+
+    /// The kit's directory.
+    pub fn dir(&self) -> &Path {
+        &self.layout.dir
+    }
+
+    /// Also checks these netns files (e.g. the sandboxes' the test saw).
+    pub fn with_netns(mut self, paths: impl IntoIterator<Item = PathBuf>) -> Footprint {
+        self.netns.extend(paths);
+        self
+    }
+
+    /// Everything of the kit still on the host: its daemon or shims, processes whose root
+    /// is in the kit, mounts under its directory, the netns files, its bridge, its CNI
+    /// cache entries, its directory. Empty after a clean teardown.
+    pub fn leftovers(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        let socket = self.layout.socket();
+        for (pid, cmdline) in processes_with_arg(&socket.to_string_lossy())
+            .into_iter()
+            .chain(processes_with_arg(&self.layout.config().to_string_lossy()))
+        {
+            left.push(format!("process {pid} still runs: {cmdline}"));
+        }
+        for pid in processes_rooted_under(&self.layout.dir) {
+            left.push(format!("process {pid} still runs in a rootfs of the kit"));
+        }
+        for m in mounts_under(&self.layout.dir) {
+            left.push(format!("still mounted: {}", m.display()));
+        }
+        for ns in &self.netns {
+            if fs::symlink_metadata(ns).is_ok() {
+                left.push(format!("netns {} still exists", ns.display()));
+            }
+        }
+        if Path::new("/sys/class/net")
+            .join(&self.layout.bridge)
+            .exists()
+        {
+            left.push(format!("bridge {} still exists", self.layout.bridge));
+        }
+        for entry in cni_cache_entries(&self.layout.name) {
+            left.push(format!("CNI cache entry {} still exists", entry.display()));
+        }
+        if self.layout.dir.exists() {
+            left.push(format!("{} still exists", self.layout.dir.display()));
+        }
+        left
+    }
+}
+
+fn processes_rooted_under(dir: &Path) -> Vec<i32> {
+    let Ok(proc_dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    proc_dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            fs::read_link(format!("/proc/{pid}/root")).is_ok_and(|root| root.starts_with(dir))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape_mountinfo(r"/a\040b/c"), "/a b/c");
+        assert_eq!(unescape_mountinfo(r"/plain"), "/plain");
+        assert_eq!(unescape_mountinfo(r"/x\134y"), r"/x\y");
+    }
+}
