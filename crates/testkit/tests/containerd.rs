@@ -247,3 +247,59 @@ fn a_killed_test_is_cleaned_up_by_the_next_kit() {
     assert!(!dir.exists());
     drop(next);
 }
+
+/// A test that panics with a sandbox running still leaves nothing: the kit's Drop runs
+/// during unwinding.
+#[test]
+fn a_panicking_test_still_tears_everything_down() {
+    require_root!();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let outcome = std::panic::catch_unwind(move || {
+        let kit = Containerd::start().unwrap();
+        kit.install_primary_plugins().unwrap();
+        kit.write_primary_config().unwrap();
+        let netns = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let cri = kit.cri().await;
+                wait_network_ready(&cri, &kit).await;
+                let id = cri.run_sandbox(&kit.pod("panic")).await.unwrap();
+                let status = cri.sandbox_status(&id, true).await.unwrap();
+                status.netns_path().unwrap().clone()
+            });
+        tx.send(kit.footprint().with_netns([netns])).unwrap();
+        panic!("the test fails with the sandbox still running");
+    });
+    assert!(outcome.is_err());
+    let footprint = rx.recv().unwrap();
+    assert_eq!(footprint.leftovers(), Vec::<String>::new());
+}
+
+/// containerd killed under a running sandbox: the teardown restarts it on the same
+/// directory so the sandbox is still stopped and removed through CRI.
+#[tokio::test]
+async fn a_daemon_killed_mid_test_is_restarted_to_sweep() {
+    require_root!();
+    let kit = Containerd::start().unwrap();
+    kit.install_primary_plugins().unwrap();
+    kit.write_primary_config().unwrap();
+    let cri = kit.cri().await;
+    wait_network_ready(&cri, &kit).await;
+    let id = cri.run_sandbox(&kit.pod("orphan")).await.unwrap();
+    let netns = cri
+        .sandbox_status(&id, true)
+        .await
+        .unwrap()
+        .netns_path()
+        .unwrap()
+        .clone();
+    let pid = nix::unistd::Pid::from_raw(kit.daemon_pid().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    // The sandbox outlives its daemon (the shim keeps it).
+    assert!(is_network_namespace(&netns));
+    let footprint = kit.footprint().with_netns([netns]);
+    assert_eq!(kit.teardown(), Ok(()));
+    assert_eq!(footprint.leftovers(), Vec::<String>::new());
+}

@@ -82,21 +82,7 @@ fn read_layout(dir: &Path) -> Option<Layout> {
 /// Tears down the kit in `dir`, whose owner died.
 fn clean_stale(dir: &Path) {
     let problems = match read_layout(dir) {
-        Some(layout) => {
-            // A daemon on the old directory lets CRI stop and remove the sandboxes the
-            // normal way (CNI DEL, netns and IPAM freed); without one, the rest still runs.
-            let daemon = layout
-                .config()
-                .is_file()
-                .then(|| Daemon::spawn(&layout).ok())
-                .flatten()
-                .and_then(|mut d| {
-                    wait_ready(&layout, &mut d, Duration::from_secs(10))
-                        .is_ok()
-                        .then_some(d)
-                });
-            tear_down(&layout, daemon)
-        }
+        Some(layout) => tear_down(&layout, None),
         // Died before writing kit.json: nothing but the directory (and maybe mounts).
         None => {
             let mut problems = Vec::new();
@@ -121,6 +107,17 @@ fn clean_stale(dir: &Path) {
 pub(crate) fn tear_down(layout: &Layout, daemon: Option<Daemon>) -> Vec<String> {
     let mut problems = Vec::new();
     let mut netns = Vec::new();
+    // A daemon that crashed mid-test, or none (a kit whose process died): a daemon on
+    // the same directory lets CRI stop and remove the sandboxes the normal way (CNI DEL,
+    // netns and IPAM freed). Without one, the steps after the sweep still run.
+    let daemon = match daemon {
+        Some(d) if answers(layout) => Some(d),
+        Some(d) => {
+            let _ = d.stop(Duration::from_secs(1));
+            restart(layout)
+        }
+        None => restart(layout),
+    };
     if let Some(daemon) = daemon {
         let (seen, errors) = block_on_thread(|| sweep_sandboxes(layout.endpoint()));
         netns = seen;
@@ -154,6 +151,35 @@ pub(crate) fn tear_down(layout: &Layout, daemon: Option<Daemon>) -> Vec<String> 
         }
     }
     problems
+}
+
+/// True when CRI answers `Version` on the kit's socket within a second.
+fn answers(layout: &Layout) -> bool {
+    let quick = Timeouts {
+        connect: Duration::from_secs(1),
+        call: Duration::from_secs(1),
+        ..Timeouts::default()
+    };
+    block_on_thread(|| async {
+        match CriClient::connect_with(&layout.endpoint(), quick).await {
+            Ok(client) => client.version().await.is_ok(),
+            Err(_) => false,
+        }
+    })
+}
+
+fn restart(layout: &Layout) -> Option<Daemon> {
+    if !layout.config().is_file() {
+        return None;
+    }
+    let mut daemon = Daemon::spawn(layout).ok()?;
+    match wait_ready(layout, &mut daemon, Duration::from_secs(10)) {
+        Ok(()) => Some(daemon),
+        Err(_) => {
+            let _ = daemon.stop(Duration::from_secs(1));
+            None
+        }
+    }
 }
 
 /// Stops and removes every sandbox (NOTREADY ones too), twice if new ones appeared;
