@@ -198,6 +198,10 @@ async fn killed_child() {
     wait_network_ready(&cri, &kit).await;
     let id = cri.run_sandbox(&kit.pod("crash")).await.unwrap();
     let status = cri.sandbox_status(&id, true).await.unwrap();
+    if std::env::var_os("INTERLOCK_KIT_KILLED_CHILD").is_some_and(|v| v == "break") {
+        // containerd has read it; whoever cleans up after this process cannot restart it.
+        std::fs::write(kit.dir().join("config.toml"), "not = [toml").unwrap();
+    }
     println!(
         "KIT {} NETNS {}",
         kit.dir().display(),
@@ -209,9 +213,24 @@ async fn killed_child() {
 #[test]
 fn a_killed_test_is_cleaned_up_by_the_next_kit() {
     require_root!();
+    killed_test_is_cleaned_up(false);
+}
+
+/// The same when no daemon can be restarted on the dead kit's directory (its config is
+/// broken): the shims, runc containers, netns and mounts go without CRI.
+#[test]
+fn a_killed_test_is_cleaned_up_even_when_its_daemon_cannot_restart() {
+    require_root!();
+    killed_test_is_cleaned_up(true);
+}
+
+fn killed_test_is_cleaned_up(break_config: bool) {
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "killed_child", "--nocapture", "--test-threads=1"])
-        .env("INTERLOCK_KIT_KILLED_CHILD", "1")
+        .env(
+            "INTERLOCK_KIT_KILLED_CHILD",
+            if break_config { "break" } else { "1" },
+        )
         .output()
         .unwrap();
     // The harness may put a test's output on either stream.

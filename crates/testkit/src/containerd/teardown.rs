@@ -16,6 +16,8 @@ const KIT_JSON: &str = "kit.json";
 const KIT_LOCK: &str = "kit.lock";
 /// Where libcni (inside containerd) caches ADD results, named `<network>-<id>-<ifname>`.
 const CNI_RESULTS: &str = "/var/lib/cni/results";
+/// Where containerd (like `ip netns`) bind-mounts the netns it creates, as `cni-<uuid>`.
+const NETNS_DIR: &str = "/var/run/netns";
 
 /// Creates and locks a new kit directory with a free subnet, after tearing down every kit
 /// whose owner is gone. All of it under the parent's allocation lock, so that no process
@@ -126,6 +128,9 @@ pub(crate) fn tear_down(layout: &Layout, daemon: Option<Daemon>) -> Vec<String> 
             problems.push(e);
         }
     }
+    // Only a sweep that failed leaves containers here; their netns, found through their
+    // processes before runc kills them, go too.
+    netns.extend(netns_of_runc_containers(layout));
     delete_runc_containers(layout, &mut problems);
     let shim_sockets = shim_sockets(layout);
     for pid in shims_of(&layout.socket()) {
@@ -259,6 +264,38 @@ fn delete_runc_containers(layout: &Layout, problems: &mut Vec<String>) {
     }
 }
 
+/// The `/var/run/netns/cni-*` files that processes of the kit's runc containers are in
+/// (matched by namespace inode).
+fn netns_of_runc_containers(layout: &Layout) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let ns_root = layout.runc_root().join(super::K8S_NAMESPACE);
+    let Ok(entries) = fs::read_dir(ns_root) else {
+        return Vec::new();
+    };
+    let inodes: Vec<(u64, u64)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let state: serde_json::Value =
+                serde_json::from_slice(&fs::read(e.path().join("state.json")).ok()?).ok()?;
+            let pid = state.get("init_process_pid")?.as_u64()?;
+            let ns = fs::metadata(format!("/proc/{pid}/ns/net")).ok()?;
+            Some((ns.dev(), ns.ino()))
+        })
+        .collect();
+    if inodes.is_empty() {
+        return Vec::new();
+    }
+    let Ok(files) = fs::read_dir(NETNS_DIR) else {
+        return Vec::new();
+    };
+    files
+        .flatten()
+        .filter(|f| f.file_name().to_string_lossy().starts_with("cni-"))
+        .filter(|f| fs::metadata(f.path()).is_ok_and(|m| inodes.contains(&(m.dev(), m.ino()))))
+        .map(|f| f.path())
+        .collect()
+}
+
 /// The ttrpc sockets of the kit's shims (`/run/containerd/s/<hash>`, outside the kit
 /// directory), from the `address` file of each task bundle.
 fn shim_sockets(layout: &Layout) -> Vec<PathBuf> {
@@ -312,14 +349,26 @@ fn kill_and_wait(pid: i32, problems: &mut Vec<String>) {
     use nix::sys::signal::{kill, Signal};
     let pid = nix::unistd::Pid::from_raw(pid);
     let _ = kill(pid, Signal::SIGKILL);
-    // Not our child (shims re-parent themselves): wait for init to reap it.
+    // Not our child (shims re-parent themselves): dead once a zombie, whenever its new
+    // parent gets to reaping it.
     for _ in 0..200 {
-        if kill(pid, None).is_err() {
+        if kill(pid, None).is_err() || is_zombie(pid.as_raw()) {
             return;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
     problems.push(format!("shim {pid} survived SIGKILL for 2 s"));
+}
+
+fn is_zombie(pid: i32) -> bool {
+    // The state follows the parenthesised command name, which may itself hold spaces.
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let (_, rest) = stat.rsplit_once(')')?;
+            rest.split_whitespace().next().map(|state| state == "Z")
+        })
+        .unwrap_or(false)
 }
 
 fn remove_netns(path: &Path, problems: &mut Vec<String>) {
