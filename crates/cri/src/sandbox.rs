@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_cri::v1 as cri;
@@ -170,8 +170,8 @@ impl SandboxStatus {
     }
 
     /// The network namespace file's path, if the runtime named one.
-    pub fn netns_path(&self) -> Option<&PathBuf> {
-        self.verbose.netns.as_ref().map(|n| &n.path)
+    pub fn netns_path(&self) -> Option<&Path> {
+        self.verbose.netns.as_ref().map(|n| n.path.as_path())
     }
 
     /// The creation time.

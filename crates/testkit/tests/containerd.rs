@@ -143,7 +143,7 @@ async fn a_sandbox_gets_a_netns_and_an_ip_and_the_kit_leaves_nothing() {
         "{:?}",
         stopped.verbose
     );
-    assert_eq!(stopped.netns_path(), Some(&netns.path));
+    assert_eq!(stopped.netns_path(), Some(netns.path.as_path()));
     assert!(
         !netns.path.exists(),
         "{} outlived the stop",
@@ -173,7 +173,7 @@ async fn a_sandbox_gets_a_netns_and_an_ip_and_the_kit_leaves_nothing() {
     let mut seen = vec![netns.path.clone()];
     for id in [&running, &stopped] {
         let s = cri.sandbox_status(id, true).await.unwrap();
-        seen.push(s.netns_path().unwrap().clone());
+        seen.push(s.netns_path().unwrap().to_path_buf());
     }
     cri.stop_sandbox(&stopped).await.unwrap();
     let footprint = kit.footprint().with_netns(seen);
@@ -286,7 +286,7 @@ fn a_panicking_test_still_tears_everything_down() {
                 wait_network_ready(&cri, &kit).await;
                 let id = cri.run_sandbox(&kit.pod("panic")).await.unwrap();
                 let status = cri.sandbox_status(&id, true).await.unwrap();
-                status.netns_path().unwrap().clone()
+                status.netns_path().unwrap().to_path_buf()
             });
         tx.send(kit.footprint().with_netns([netns])).unwrap();
         panic!("the test fails with the sandbox still running");
@@ -313,7 +313,7 @@ async fn a_daemon_killed_mid_test_is_restarted_to_sweep() {
         .unwrap()
         .netns_path()
         .unwrap()
-        .clone();
+        .to_path_buf();
     let pid = nix::unistd::Pid::from_raw(kit.daemon_pid().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
     // The sandbox outlives its daemon (the shim keeps it).

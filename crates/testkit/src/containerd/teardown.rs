@@ -214,7 +214,7 @@ async fn sweep_sandboxes(endpoint: String) -> (Vec<PathBuf>, Vec<String>) {
         }
         for sandbox in sandboxes {
             if let Ok(status) = client.sandbox_status(&sandbox.id, true).await {
-                netns.extend(status.netns_path().cloned());
+                netns.extend(status.netns_path().map(Path::to_path_buf));
             }
             // Remove stops first; a failed stop (a CNI DEL failing) is retried by it.
             if let Err(e) = client.stop_sandbox(&sandbox.id).await {
