@@ -212,16 +212,20 @@ async fn sweep_sandboxes(endpoint: String) -> (Vec<PathBuf>, Vec<String>) {
         if sandboxes.is_empty() {
             return (netns, problems);
         }
+        // All at once: containerd runs the CNI DELs in parallel (20 sandboxes: 1.8 s one
+        // by one here).
+        let mut tasks = tokio::task::JoinSet::new();
         for sandbox in sandboxes {
-            if let Ok(status) = client.sandbox_status(&sandbox.id, true).await {
-                netns.extend(status.netns_path().map(Path::to_path_buf));
-            }
-            // Remove stops first; a failed stop (a CNI DEL failing) is retried by it.
-            if let Err(e) = client.stop_sandbox(&sandbox.id).await {
-                problems.push(e.to_string());
-            }
-            if let Err(e) = client.remove_sandbox(&sandbox.id).await {
-                problems.push(e.to_string());
+            let client = client.clone();
+            tasks.spawn(async move { remove_sandbox(&client, &sandbox.id).await });
+        }
+        while let Some(done) = tasks.join_next().await {
+            match done {
+                Ok((path, errors)) => {
+                    netns.extend(path);
+                    problems.extend(errors);
+                }
+                Err(e) => problems.push(format!("sweeping a sandbox: {e}")),
             }
         }
     }
@@ -235,6 +239,24 @@ async fn sweep_sandboxes(endpoint: String) -> (Vec<PathBuf>, Vec<String>) {
         )),
         Ok(_) => {}
         Err(e) => problems.push(e.to_string()),
+    }
+    (netns, problems)
+}
+
+/// Stops and removes one sandbox; returns its netns path (if the runtime named one) and
+/// what failed.
+async fn remove_sandbox(client: &CriClient, id: &str) -> (Option<PathBuf>, Vec<String>) {
+    let mut problems = Vec::new();
+    let netns = match client.sandbox_status(id, true).await {
+        Ok(status) => status.netns_path().map(Path::to_path_buf),
+        Err(_) => None,
+    };
+    // Remove stops first too; a failed stop (a CNI DEL failing) is retried by it.
+    if let Err(e) = client.stop_sandbox(id).await {
+        problems.push(e.to_string());
+    }
+    if let Err(e) = client.remove_sandbox(id).await {
+        problems.push(e.to_string());
     }
     (netns, problems)
 }
