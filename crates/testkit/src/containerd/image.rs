@@ -78,7 +78,6 @@ fn oci_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
-        "powerpc64" => "ppc64le",
         other => other,
     }
 }
