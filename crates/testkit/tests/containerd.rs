@@ -176,7 +176,10 @@ async fn a_sandbox_gets_a_netns_and_an_ip_and_the_kit_leaves_nothing() {
         seen.push(s.netns_path().unwrap().to_path_buf());
     }
     cri.stop_sandbox(&stopped).await.unwrap();
-    let footprint = kit.footprint().with_netns(seen);
+    let footprint = kit
+        .footprint()
+        .with_netns(seen)
+        .with_sandboxes([id.clone(), running, stopped]);
     let t = Instant::now();
     let result = kit.teardown();
     eprintln!("teardown with 2 sandboxes: {:?}", t.elapsed());
@@ -277,7 +280,7 @@ fn a_panicking_test_still_tears_everything_down() {
         let kit = Containerd::start().unwrap();
         kit.install_primary_plugins().unwrap();
         kit.write_primary_config().unwrap();
-        let netns = tokio::runtime::Builder::new_current_thread()
+        let sandbox = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap()
@@ -286,9 +289,11 @@ fn a_panicking_test_still_tears_everything_down() {
                 wait_network_ready(&cri, &kit).await;
                 let id = cri.run_sandbox(&kit.pod("panic")).await.unwrap();
                 let status = cri.sandbox_status(&id, true).await.unwrap();
-                status.netns_path().unwrap().to_path_buf()
+                (id, status.netns_path().unwrap().to_path_buf())
             });
-        tx.send(kit.footprint().with_netns([netns])).unwrap();
+        let (id, netns) = sandbox;
+        tx.send(kit.footprint().with_netns([netns]).with_sandboxes([id]))
+            .unwrap();
         panic!("the test fails with the sandbox still running");
     });
     assert!(outcome.is_err());
@@ -318,7 +323,7 @@ async fn a_daemon_killed_mid_test_is_restarted_to_sweep() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
     // The sandbox outlives its daemon (the shim keeps it).
     assert!(is_network_namespace(&netns));
-    let footprint = kit.footprint().with_netns([netns]);
+    let footprint = kit.footprint().with_netns([netns]).with_sandboxes([id]);
     assert_eq!(kit.teardown(), Ok(()));
     assert_eq!(footprint.leftovers(), Vec::<String>::new());
 }

@@ -131,6 +131,8 @@ pub(crate) fn tear_down(layout: &Layout, daemon: Option<Daemon>) -> Vec<String> 
     // Only a sweep that failed leaves containers here; their netns, found through their
     // processes before runc kills them, go too.
     netns.extend(netns_of_runc_containers(layout));
+    // Their CNI DELs never ran: libcni's cache still holds their results.
+    let unswept = runc_container_ids(layout);
     delete_runc_containers(layout, &mut problems);
     let shim_sockets = shim_sockets(layout);
     for pid in shims_of(&layout.socket()) {
@@ -144,11 +146,12 @@ pub(crate) fn tear_down(layout: &Layout, daemon: Option<Daemon>) -> Vec<String> 
     }
     unmount_under(&layout.dir, &mut problems);
     delete_bridge(&layout.bridge, &mut problems);
-    remove_cni_cache(&layout.name, &mut problems);
+    remove_cni_cache(&layout.name, &unswept, &mut problems);
     remove_dir(&layout.dir, &mut problems);
     let footprint = Footprint {
         layout: layout.clone(),
         netns,
+        sandboxes: unswept,
     };
     for left in footprint.leftovers() {
         if !problems.contains(&left) {
@@ -265,11 +268,7 @@ async fn remove_sandbox(client: &CriClient, id: &str) -> (Option<PathBuf>, Vec<S
 /// processes, removes its cgroup). After a clean sweep there are none.
 fn delete_runc_containers(layout: &Layout, problems: &mut Vec<String>) {
     let ns_root = layout.runc_root().join(super::K8S_NAMESPACE);
-    let Ok(entries) = fs::read_dir(&ns_root) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let id = entry.file_name().to_string_lossy().into_owned();
+    for id in runc_container_ids(layout) {
         let out = Command::new("runc")
             .arg("--root")
             .arg(&ns_root)
@@ -286,19 +285,30 @@ fn delete_runc_containers(layout: &Layout, problems: &mut Vec<String>) {
     }
 }
 
+/// The IDs of the containers in the kit's runc root (a sandbox's pause container has the
+/// sandbox's ID, which is also the `CNI_CONTAINERID` of its CNI calls).
+fn runc_container_ids(layout: &Layout) -> Vec<String> {
+    fs::read_dir(layout.runc_root().join(super::K8S_NAMESPACE))
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The `/var/run/netns/cni-*` files that processes of the kit's runc containers are in
 /// (matched by namespace inode).
 fn netns_of_runc_containers(layout: &Layout) -> Vec<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let ns_root = layout.runc_root().join(super::K8S_NAMESPACE);
-    let Ok(entries) = fs::read_dir(ns_root) else {
-        return Vec::new();
-    };
-    let inodes: Vec<(u64, u64)> = entries
-        .flatten()
-        .filter_map(|e| {
+    let inodes: Vec<(u64, u64)> = runc_container_ids(layout)
+        .into_iter()
+        .filter_map(|id| {
             let state: serde_json::Value =
-                serde_json::from_slice(&fs::read(e.path().join("state.json")).ok()?).ok()?;
+                serde_json::from_slice(&fs::read(ns_root.join(id).join("state.json")).ok()?)
+                    .ok()?;
             let pid = state.get("init_process_pid")?.as_u64()?;
             let ns = fs::metadata(format!("/proc/{pid}/ns/net")).ok()?;
             Some((ns.dev(), ns.ino()))
@@ -464,21 +474,27 @@ fn delete_bridge(bridge: &str, problems: &mut Vec<String>) {
     }
 }
 
-fn cni_cache_entries(network: &str) -> Vec<PathBuf> {
+/// libcni cache entries of the kit: those of its own network, and any (such as
+/// containerd's `cni-loopback`) of the given sandboxes.
+fn cni_cache_entries(network: &str, sandboxes: &[String]) -> Vec<PathBuf> {
     let prefix = format!("{network}-");
+    let ids: Vec<String> = sandboxes.iter().map(|id| format!("-{id}-")).collect();
     fs::read_dir(CNI_RESULTS)
         .map(|entries| {
             entries
                 .flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .filter(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.starts_with(&prefix) || ids.iter().any(|id| name.contains(id))
+                })
                 .map(|e| e.path())
                 .collect()
         })
         .unwrap_or_default()
 }
 
-fn remove_cni_cache(network: &str, problems: &mut Vec<String>) {
-    for entry in cni_cache_entries(network) {
+fn remove_cni_cache(network: &str, sandboxes: &[String], problems: &mut Vec<String>) {
+    for entry in cni_cache_entries(network, sandboxes) {
         if let Err(e) = fs::remove_file(&entry) {
             problems.push(format!("removing {}: {e}", entry.display()));
         }
@@ -504,6 +520,7 @@ fn remove_dir(dir: &Path, problems: &mut Vec<String>) {
 pub struct Footprint {
     layout: Layout,
     netns: Vec<PathBuf>,
+    sandboxes: Vec<String>,
 }
 
 impl Footprint {
@@ -511,13 +528,24 @@ impl Footprint {
         Footprint {
             layout: layout.clone(),
             netns: Vec::new(),
+            sandboxes: Vec::new(),
         }
     }
 
-    /// The footprint of the kit in `dir`, read from its `kit.json` (e.g. a kit that a
-    /// crashed process made).
+    /// The footprint of the kit in `dir`, read from its `kit.json` and its runc root
+    /// (e.g. a kit that a crashed process made).
     pub fn load(dir: &Path) -> Option<Footprint> {
-        read_layout(dir).map(|layout| Footprint::of(&layout))
+        read_layout(dir).map(|layout| {
+            let mut footprint = Footprint::of(&layout);
+            footprint.sandboxes = runc_container_ids(&layout);
+            footprint
+        })
+    }
+
+    /// Also checks what is left of these sandboxes (e.g. the ones the test ran).
+    pub fn with_sandboxes(mut self, ids: impl IntoIterator<Item = String>) -> Footprint {
+        self.sandboxes.extend(ids);
+        self
     }
 
     /// The kit's directory.
@@ -532,8 +560,8 @@ impl Footprint {
     }
 
     /// Everything of the kit still on the host: its daemon or shims, processes whose root
-    /// is in the kit, mounts under its directory, the netns files, its bridge, its CNI
-    /// cache entries, its directory. Empty after a clean teardown.
+    /// is in the kit, mounts under its directory, the netns files, its bridge, the CNI
+    /// cache entries of its network and of the sandboxes, its directory. Empty after a clean teardown.
     pub fn leftovers(&self) -> Vec<String> {
         let mut left = Vec::new();
         let socket = self.layout.socket();
@@ -560,7 +588,7 @@ impl Footprint {
         {
             left.push(format!("bridge {} still exists", self.layout.bridge));
         }
-        for entry in cni_cache_entries(&self.layout.name) {
+        for entry in cni_cache_entries(&self.layout.name, &self.sandboxes) {
             left.push(format!("CNI cache entry {} still exists", entry.display()));
         }
         if self.layout.dir.exists() {
