@@ -23,15 +23,18 @@
 //! the kit, so it dies with the process. A process killed outright (SIGKILL, a timeout,
 //! `panic = abort`) does not run the teardown and leaves: the shims and pause processes
 //! of its sandboxes, their `/var/run/netns/cni-*` namespaces, overlay and shm mounts
-//! under the kit directory, the bridge, `/var/lib/cni/results/<network>-*` and the kit
+//! under the kit directory, the bridge, libcni's cached results in
+//! `/var/lib/cni/results` (`<network>-<id>-eth0`, `cni-loopback-<id>-lo`) and the kit
 //! directory. Each kit holds an exclusive `flock` on `<dir>/kit.lock` for its lifetime;
 //! the next [`Containerd::start`] in any process takes the lock of every kit directory
 //! whose owner is gone, restarts a daemon on that directory so the normal CRI sweep can
 //! stop and remove the sandboxes (netns, IPAM and CNI cache included), and then runs the
-//! same teardown. Only a kit whose directory was deleted by hand is beyond reach (its
-//! shims and netns then need `ctr`/`ip netns del` by hand); on /dev/shm a reboot clears
-//! everything anyway. Always left, by design: the empty parent cgroup `k8s.io` that runc
-//! creates for sandbox cgroups (`/k8s.io/<id>`), shared with any containerd on the host.
+//! same teardown. When no daemon can be restarted there, the sandboxes' runc containers
+//! are force-deleted, their netns found by inode and their cache entries by ID. Only a
+//! kit whose directory was deleted by hand is beyond reach (its shims and netns then
+//! need `kill` and `ip netns del` by hand); on /dev/shm a reboot clears everything
+//! anyway. Always left, by design: the empty parent cgroup `k8s.io` that runc creates
+//! for sandbox cgroups (`/k8s.io/<id>`), shared with any containerd on the host.
 //!
 //! Two test processes never collide: names (kit, bridge, CNI network) come from
 //! [`crate::unique`], and subnets (`10.97.<n>.0/24`) are handed out under a lock in the
