@@ -14,8 +14,9 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use interlock_nft::netlink::Receiver;
 use nix::sys::socket::{
-    bind, recv, send, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr, SockFlag,
+    bind, send, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr, SockFlag,
     SockProtocol, SockType,
 };
 use nix::sys::time::{TimeVal, TimeValLike};
@@ -298,11 +299,11 @@ fn exchange(
     msg.extend_from_slice(&0u32.to_ne_bytes());
     msg.extend_from_slice(body);
     send(fd.as_raw_fd(), &msg, MsgFlags::empty())?;
-    let mut buf = vec![0u8; 32 * 1024];
+    let mut rx = Receiver::new();
     let mut out = Vec::new();
     loop {
-        let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
-        let mut rest = &buf[..n];
+        let datagram = rx.recv(fd, MsgFlags::empty())?;
+        let mut rest = &datagram[..];
         while rest.len() >= NLMSG_HDRLEN {
             let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
             if len < NLMSG_HDRLEN || len > rest.len() {
