@@ -17,6 +17,7 @@ mod attr;
 pub mod batch;
 pub mod error;
 pub mod expr;
+pub mod netlink;
 pub mod rule;
 pub mod socket;
 #[allow(dead_code)]

@@ -4,8 +4,14 @@
 //! A socket belongs to the network namespace of the thread that opened it, so open it on
 //! a thread that is already inside the target namespace.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
+
+use nix::sys::socket::{
+    bind, send, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr, SockFlag,
+    SockProtocol, SockType,
+};
+use nix::sys::time::TimeVal;
 
 use crate::attr::{AttrWriter, Attrs};
 use crate::batch::{
@@ -13,6 +19,7 @@ use crate::batch::{
 };
 use crate::error::NftError;
 use crate::expr::Expr;
+use crate::netlink::Receiver;
 use crate::rule::Rule;
 use crate::sys::*;
 
@@ -21,7 +28,7 @@ use crate::sys::*;
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Send buffer asked for, so a batch of thousands of rules fits one datagram.
-const SEND_BUFFER: i32 = 4 << 20;
+const SEND_BUFFER: usize = 4 << 20;
 
 /// Attempts when a dump is interrupted by concurrent changes (`NLM_F_DUMP_INTR`).
 const DUMP_ATTEMPTS: usize = 5;
@@ -85,28 +92,46 @@ impl std::fmt::Display for ChainInfo {
 
 /// A client for nf_tables in the current network namespace.
 ///
-/// Cheap to keep: one socket, one receive buffer. Reuse it for the read-back after a
-/// commit instead of opening another.
+/// Cheap to keep: one socket (receive buffers: [`crate::netlink`]). Reuse it for the
+/// read-back after a commit instead of opening another.
 #[derive(Debug)]
 pub struct Nft {
     fd: OwnedFd,
     seq: u32,
-    rbuf: Vec<u8>,
+    rx: Receiver,
 }
 
 impl Nft {
     /// Opens a netfilter netlink socket in the calling thread's network namespace.
     pub fn open() -> Result<Nft, NftError> {
-        let fd = sys_socket()?;
-        sys_bind(&fd)?;
+        let io = |op: &'static str| {
+            move |e: nix::Error| NftError::Io {
+                op,
+                source: e.into(),
+            }
+        };
+        let fd = socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::NetlinkNetFilter,
+        )
+        .map_err(io("socket(AF_NETLINK, NETLINK_NETFILTER)"))?;
+        // Port id 0: the kernel picks one.
+        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(io("bind"))?;
         // Best effort: error messages from the kernel, and short error acks.
-        let _ = sys_setsockopt_int(&fd, libc::SOL_NETLINK, NETLINK_EXT_ACK, 1);
-        let _ = sys_setsockopt_int(&fd, libc::SOL_NETLINK, NETLINK_CAP_ACK, 1);
-        sys_set_rcvtimeo(&fd, REPLY_TIMEOUT)?;
+        let _ = set_netlink_flag(&fd, NETLINK_EXT_ACK);
+        let _ = set_netlink_flag(&fd, NETLINK_CAP_ACK);
+        let timeout = TimeVal::new(
+            REPLY_TIMEOUT.as_secs() as libc::time_t,
+            REPLY_TIMEOUT.subsec_micros() as libc::suseconds_t,
+        );
+        setsockopt(&fd, sockopt::ReceiveTimeout, &timeout)
+            .map_err(io("setsockopt(SO_RCVTIMEO)"))?;
         // A batch must fit the send buffer in one datagram; allow large rule sets
         // (SO_SNDBUFFORCE needs CAP_NET_ADMIN, which nf_tables changes need anyway).
-        if sys_setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, SEND_BUFFER).is_err() {
-            let _ = sys_setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, SEND_BUFFER);
+        if setsockopt(&fd, sockopt::SndBufForce, &SEND_BUFFER).is_err() {
+            let _ = setsockopt(&fd, sockopt::SndBuf, &SEND_BUFFER);
         }
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -115,7 +140,7 @@ impl Nft {
         Ok(Nft {
             fd,
             seq: seed | 1,
-            rbuf: vec![0u8; 64 * 1024],
+            rx: Receiver::new(),
         })
     }
 
@@ -154,9 +179,14 @@ impl Nft {
         // (message index or None for the batch markers, errno, kernel message)
         let mut errors: Vec<(Option<usize>, i32, Option<String>)> = Vec::new();
         while !done {
-            let got = match sys_recv(&self.fd, &mut self.rbuf, !errors.is_empty()) {
-                Ok(0) => break,
-                Ok(len) => len,
+            let flags = if errors.is_empty() {
+                MsgFlags::empty()
+            } else {
+                MsgFlags::MSG_DONTWAIT
+            };
+            let got = match self.rx.recv(&self.fd, flags) {
+                Ok(d) if d.is_empty() => break,
+                Ok(d) => d,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && !errors.is_empty() => break,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     return Err(NftError::Timeout {
@@ -171,7 +201,7 @@ impl Nft {
                     })
                 }
             };
-            for msg in Messages::new(&self.rbuf[..got]) {
+            for msg in Messages::new(&got) {
                 let msg = msg?;
                 let rel = msg.seq.wrapping_sub(first);
                 if rel > n + 1 || msg.ty != NLMSG_ERROR {
@@ -235,8 +265,8 @@ impl Nft {
             let mut out = Vec::new();
             let mut interrupted = false;
             'recv: loop {
-                let got = match sys_recv(&self.fd, &mut self.rbuf, false) {
-                    Ok(len) => len,
+                let got = match self.rx.recv(&self.fd, MsgFlags::empty()) {
+                    Ok(d) => d,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         return Err(NftError::Timeout {
                             what: what.to_string(),
@@ -250,10 +280,10 @@ impl Nft {
                         })
                     }
                 };
-                if got == 0 {
+                if got.is_empty() {
                     return Err(NftError::Malformed(format!("{what}: socket closed")));
                 }
-                for m in Messages::new(&self.rbuf[..got]) {
+                for m in Messages::new(&got) {
                     let m = m?;
                     if m.seq != seq {
                         continue;
@@ -534,155 +564,50 @@ fn parse_error(msg: &Message<'_>) -> Result<(i32, Option<String>), NftError> {
     Ok((errno, text))
 }
 
-#[allow(unsafe_code)]
-fn sys_socket() -> Result<OwnedFd, NftError> {
-    // SAFETY: plain socket(2) call with constant arguments; no pointers involved.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            NETLINK_NETFILTER,
-        )
+/// Sends one whole datagram to the kernel (an unconnected netlink socket sends to port 0).
+fn sys_send(fd: &OwnedFd, buf: &[u8]) -> Result<(), NftError> {
+    let sent = loop {
+        match send(fd.as_raw_fd(), buf, MsgFlags::empty()) {
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => {
+                return Err(NftError::Io {
+                    op: "send",
+                    source: e.into(),
+                })
+            }
+            Ok(n) => break n,
+        }
     };
-    if fd < 0 {
-        return Err(NftError::Io {
-            op: "socket(AF_NETLINK, NETLINK_NETFILTER)",
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-#[allow(unsafe_code)]
-fn sys_bind(fd: &OwnedFd) -> Result<(), NftError> {
-    // SAFETY: sockaddr_nl is plain old data; all-zero is a valid value (pid 0 lets the
-    // kernel pick the port id, no groups).
-    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-    // SAFETY: `addr` is a valid sockaddr_nl that outlives the call, and the length passed
-    // is its size.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            &addr as *const libc::sockaddr_nl as *const libc::sockaddr,
-            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(NftError::Io {
-            op: "bind",
-            source: std::io::Error::last_os_error(),
-        });
+    if sent != buf.len() {
+        return Err(NftError::Malformed(format!(
+            "netlink send wrote {sent} of {} bytes",
+            buf.len()
+        )));
     }
     Ok(())
 }
 
+/// Turns on the boolean netlink socket option `opt` (`NETLINK_EXT_ACK`, `NETLINK_CAP_ACK`).
+/// nix 0.29 has no sockopt for these two, and its `SetSockOpt` trait cannot be implemented
+/// without the same raw call, so this is the crate's one `unsafe` block.
 #[allow(unsafe_code)]
-fn sys_setsockopt_int(fd: &OwnedFd, level: i32, opt: i32, value: i32) -> std::io::Result<()> {
-    // SAFETY: `value` is a live c_int and the length passed is its size.
+fn set_netlink_flag(fd: &OwnedFd, opt: i32) -> std::io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: `on` is a live c_int for the duration of the call and the length passed is
+    // its size; `fd` is an open socket owned by the caller.
     let rc = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
-            level,
+            libc::SOL_NETLINK,
             opt,
-            &value as *const i32 as *const libc::c_void,
-            std::mem::size_of::<i32>() as libc::socklen_t,
+            &on as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
     if rc < 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
-}
-
-#[allow(unsafe_code)]
-fn sys_set_rcvtimeo(fd: &OwnedFd, d: Duration) -> Result<(), NftError> {
-    let tv = libc::timeval {
-        tv_sec: d.as_secs() as libc::time_t,
-        tv_usec: d.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: `tv` is a live timeval and the length passed is its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            &tv as *const libc::timeval as *const libc::c_void,
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(NftError::Io {
-            op: "setsockopt(SO_RCVTIMEO)",
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(())
-}
-
-#[allow(unsafe_code)]
-fn sys_send(fd: &OwnedFd, buf: &[u8]) -> Result<(), NftError> {
-    loop {
-        // SAFETY: `buf` is a valid slice for the duration of the call; an unconnected
-        // netlink socket sends to the kernel (port id 0).
-        let rc = unsafe {
-            libc::send(
-                fd.as_raw_fd(),
-                buf.as_ptr() as *const libc::c_void,
-                buf.len(),
-                0,
-            )
-        };
-        if rc < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(NftError::Io {
-                op: "send",
-                source: e,
-            });
-        }
-        if rc as usize != buf.len() {
-            return Err(NftError::Malformed(format!(
-                "netlink send wrote {rc} of {} bytes",
-                buf.len()
-            )));
-        }
-        return Ok(());
-    }
-}
-
-/// Receives one datagram; `nonblocking` returns `WouldBlock` instead of waiting.
-#[allow(unsafe_code)]
-fn sys_recv(fd: &OwnedFd, buf: &mut [u8], nonblocking: bool) -> std::io::Result<usize> {
-    let flags = if nonblocking { libc::MSG_DONTWAIT } else { 0 };
-    loop {
-        // SAFETY: `buf` is a valid, writable slice for the duration of the call.
-        let rc = unsafe {
-            libc::recv(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr() as *mut libc::c_void,
-                buf.len(),
-                flags | libc::MSG_TRUNC,
-            )
-        };
-        if rc < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if rc as usize > buf.len() {
-            return Err(std::io::Error::other(format!(
-                "netlink reply of {rc} bytes exceeds the {}-byte receive buffer",
-                buf.len()
-            )));
-        }
-        return Ok(rc as usize);
-    }
 }
 
 #[cfg(test)]

@@ -322,13 +322,12 @@ pub fn protect(
             }
             None => {
                 let (kind, reason) = resolve_backend(config.backend, &config.state_dir);
-                let done = match engine::protect_in(
-                    &pod,
-                    &spec,
-                    kind,
-                    &gateways,
-                    &ProtectOptions::default(),
-                ) {
+                let options = ProtectOptions {
+                    // Nothing recorded for this netns: a new pod's, most likely empty.
+                    new_netns: record.is_none(),
+                    ..ProtectOptions::default()
+                };
+                let done = match engine::protect_in(&pod, &spec, kind, &gateways, &options) {
                     Ok(done) => done,
                     Err(e) => {
                         // No live reference: the record (if any) is stale.

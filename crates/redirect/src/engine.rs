@@ -25,6 +25,11 @@ pub struct ProtectOptions {
     /// nothing). `false` when another attachment of the same netns relies on them: a
     /// failed ADD of one attachment must not strip another's protection.
     pub remove_on_failure: bool,
+    /// The netns is believed to hold none of interlock's rules (nothing is recorded for
+    /// it): the backend may skip its read before the change
+    /// ([`crate::backend::Backend::create_and_verify`]). A wrong belief costs time, not
+    /// correctness.
+    pub new_netns: bool,
 }
 
 impl Default for ProtectOptions {
@@ -32,6 +37,7 @@ impl Default for ProtectOptions {
         ProtectOptions {
             probe_timeout: probe::DEFAULT_TIMEOUT,
             remove_on_failure: true,
+            new_netns: false,
         }
     }
 }
@@ -270,7 +276,12 @@ pub fn protect_in(
         };
 
         let t = Instant::now();
-        match backend.apply_and_verify(spec) {
+        let applied = if options.new_netns {
+            backend.create_and_verify(spec)
+        } else {
+            backend.apply_and_verify(spec)
+        };
+        match applied {
             Ok(Verification::Exact) => {}
             Ok(Verification::Mismatch(diffs)) => {
                 return Err(ProtectError::Mismatch {

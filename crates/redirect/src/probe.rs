@@ -86,7 +86,7 @@ use nix::sys::socket::{
 };
 use nix::sys::time::{TimeVal, TimeValLike};
 
-use crate::route::{Link, Route};
+use crate::route::{Link, Route, Rtnetlink};
 use crate::spec::{Family, PortSelection, RedirectSpec};
 
 /// Default time a probe waits for its connection to arrive.
@@ -463,15 +463,26 @@ pub fn probe(
     gateways: &[IpAddr],
     timeout: Duration,
 ) -> Result<ProbeReport, ProbeError> {
-    let (routes, links) =
-        crate::route::snapshot().map_err(|source| ProbeError::Routes { source })?;
+    // One socket for the dumps and every route lookup after them; the lookups take the
+    // links from the dump instead of asking the kernel again.
+    let snapshot = || -> io::Result<_> {
+        let mut rtnl = Rtnetlink::open()?;
+        let routes = rtnl.routes()?;
+        let links = rtnl.links()?;
+        Ok((rtnl, routes, links))
+    };
+    let (mut rtnl, routes, links) = snapshot().map_err(|source| ProbeError::Routes { source })?;
     let mut report = ProbeReport::default();
     for family in [Family::V4, Family::V6] {
         match plan(spec, family, gateways, &routes, &links)? {
             Plan::NotCaptured(why) => report.skipped.push((family, why)),
-            Plan::Connect(targets) => report
-                .proven
-                .push(connect_first(spec, family, &targets, timeout)?),
+            Plan::Connect(targets) => report.proven.push(connect_first(
+                spec,
+                family,
+                &targets,
+                timeout,
+                (&mut rtnl, &links),
+            )?),
             Plan::LinkLocal { target, via } => {
                 report.sealed.push((family, seal_link_local(target, via)?))
             }
@@ -489,10 +500,11 @@ fn connect_first(
     family: Family,
     targets: &[SocketAddr],
     timeout: Duration,
+    (rtnl, links): (&mut Rtnetlink, &[Link]),
 ) -> Result<ProbeResult, ProbeError> {
     let mut passed_over = Vec::new();
     for &target in targets {
-        match egress_checked(target)? {
+        match egress_checked(rtnl, links, target)? {
             None => passed_over.push(format!("{target}: no route")),
             Some(e) if spec.exclude_interfaces.contains(&e.name) => {
                 passed_over.push(format!("{target}: routed through excluded {}", e.name))
@@ -509,10 +521,14 @@ fn connect_first(
     })
 }
 
-/// The interface `target` leaves through, refusing links that bypass the node (see
-/// "Limit" in the module docs).
-fn egress_checked(target: SocketAddr) -> Result<Option<crate::route::Egress>, ProbeError> {
-    match crate::route::egress(target.ip()) {
+/// The interface `target` leaves through (its link looked up in `links` first), refusing
+/// links that bypass the node (see "Limit" in the module docs).
+fn egress_checked(
+    rtnl: &mut Rtnetlink,
+    links: &[Link],
+    target: SocketAddr,
+) -> Result<Option<crate::route::Egress>, ProbeError> {
+    match rtnl.egress(target.ip(), links) {
         Ok(Some(e)) if e.bypasses_node() => Err(ProbeError::LeavesNode {
             target,
             via: Box::new(e),
@@ -643,7 +659,13 @@ pub fn probe_one(
     target: SocketAddr,
     timeout: Duration,
 ) -> Result<ProbeResult, ProbeError> {
-    egress_checked(target)?;
+    let mut rtnl = Rtnetlink::open().map_err(|source| ProbeError::Socket {
+        step: "route lookup",
+        target,
+        source,
+    })?;
+    egress_checked(&mut rtnl, &[], target)?;
+    drop(rtnl);
     land(proxy_port, target, timeout)
 }
 

@@ -7,6 +7,9 @@
 //! destinations whose first hop is not the node (a pod whose route leaves through a
 //! macvlan or ipvlan interface talks to the physical network directly, so a TTL-1 packet
 //! reaches the external router) and names the interface a probe would leave through.
+//! [`Rtnetlink`] runs several of these on one socket, and finds an egress link among links
+//! it listed before instead of asking the kernel again (the probe: one socket, one
+//! `rtnl_lock`-taking lookup fewer per family).
 //! `/sys/class/net` and `/proc/net/*route` cannot answer this cheaply: sysfs shows the
 //! netns it was mounted in, and the proc files cost dentries on every read.
 
@@ -14,8 +17,9 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use interlock_nft::netlink::Receiver;
 use nix::sys::socket::{
-    bind, recv, send, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr, SockFlag,
+    bind, send, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr, SockFlag,
     SockProtocol, SockType,
 };
 use nix::sys::time::{TimeVal, TimeValLike};
@@ -104,39 +108,188 @@ pub struct Link {
 
 /// Every route of both families in every table of the calling thread's netns.
 pub fn routes() -> io::Result<Vec<Route>> {
-    dump_routes(&open()?)
+    Rtnetlink::open()?.routes()
 }
 
 /// Every interface of the calling thread's netns.
 pub fn links() -> io::Result<Vec<Link>> {
-    dump_links(&open()?)
+    Rtnetlink::open()?.links()
 }
 
-/// [`routes`] and [`links`] over one socket (what the probe needs, at the cost of one).
-pub fn snapshot() -> io::Result<(Vec<Route>, Vec<Link>)> {
-    let fd = open()?;
-    Ok((dump_routes(&fd)?, dump_links(&fd)?))
+/// The egress interface the current netns routes `dst` through. `Ok(None)` when there is
+/// no route (nothing could be sent there at all).
+pub fn egress(dst: IpAddr) -> io::Result<Option<Egress>> {
+    Rtnetlink::open()?.egress(dst, &[])
 }
 
-fn dump_routes(fd: &OwnedFd) -> io::Result<Vec<Route>> {
-    let mut out = Vec::new();
-    for (seq, family) in [(11, libc::AF_INET as u8), (12, libc::AF_INET6 as u8)] {
-        let body = [family, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        for msg in dump(fd, RTM_GETROUTE, seq, &body, RTM_NEWROUTE)? {
-            if let Some(r) = parse_route(&msg) {
-                out.push(r);
+/// An rtnetlink socket of the calling thread's netns, for several requests in a row (the
+/// probe's dumps and lookups: one socket instead of one per request).
+#[derive(Debug)]
+pub struct Rtnetlink {
+    fd: OwnedFd,
+    rx: Receiver,
+    seq: u32,
+}
+
+impl Rtnetlink {
+    /// Opens the socket in the calling thread's netns.
+    pub fn open() -> io::Result<Rtnetlink> {
+        let fd = socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::NetlinkRoute,
+        )?;
+        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))?;
+        setsockopt(&fd, sockopt::ReceiveTimeout, &TimeVal::milliseconds(1000))?;
+        Ok(Rtnetlink {
+            fd,
+            rx: Receiver::new(),
+            seq: 0,
+        })
+    }
+
+    /// [`routes`] on this socket.
+    pub fn routes(&mut self) -> io::Result<Vec<Route>> {
+        let mut out = Vec::new();
+        for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+            let body = [family, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+            for msg in self.exchange(RTM_GETROUTE, NLM_F_DUMP, &body, RTM_NEWROUTE)? {
+                if let Some(r) = parse_route(&msg) {
+                    out.push(r);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`links`] on this socket.
+    pub fn links(&mut self) -> io::Result<Vec<Link>> {
+        let body = [0u8; 16];
+        Ok(self
+            .exchange(RTM_GETLINK, NLM_F_DUMP, &body, RTM_NEWLINK)?
+            .iter()
+            .filter_map(|m| parse_link(m))
+            .collect())
+    }
+
+    /// [`egress`] on this socket; the link is looked up in `known` (a [`Self::links`]
+    /// taken earlier) and asked of the kernel only when it is not there.
+    pub fn egress(&mut self, dst: IpAddr, known: &[Link]) -> io::Result<Option<Egress>> {
+        let (family, addr) = match dst {
+            IpAddr::V4(a) => (libc::AF_INET as u8, a.octets().to_vec()),
+            IpAddr::V6(a) => (libc::AF_INET6 as u8, a.octets().to_vec()),
+        };
+        // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags(u32)
+        let mut body = vec![family, (addr.len() * 8) as u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        put_attr(&mut body, RTA_DST, &addr);
+        let reply = match self.request(RTM_GETROUTE, &body, RTM_NEWROUTE) {
+            Ok(r) => r,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ESRCH)
+                ) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(index) = attrs(reply.get(12..).unwrap_or(&[]))
+            .find(|(t, _)| *t == RTA_OIF)
+            .and_then(|(_, v)| u32_of(v))
+        else {
+            return Ok(None);
+        };
+        let link = match known.iter().find(|l| l.index == index) {
+            Some(l) => l.clone(),
+            None => {
+                // struct ifinfomsg: family, pad, type(u16), index(i32), flags(u32), change(u32)
+                let mut body = vec![0u8; 16];
+                body[4..8].copy_from_slice(&index.to_ne_bytes());
+                let reply = self.request(RTM_GETLINK, &body, RTM_NEWLINK)?;
+                parse_link(&reply).unwrap_or(Link {
+                    index,
+                    name: String::new(),
+                    kind: String::new(),
+                })
+            }
+        };
+        Ok(Some(Egress {
+            index,
+            name: link.name,
+            kind: link.kind,
+        }))
+    }
+
+    /// Sends one request and returns the payload (after the netlink header) of the reply
+    /// of type `want`; a kernel error becomes an `io::Error` with its errno.
+    fn request(&mut self, kind: u16, body: &[u8], want: u16) -> io::Result<Vec<u8>> {
+        self.exchange(kind, 0, body, want)?
+            .pop()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "empty rtnetlink reply"))
+    }
+
+    /// One rtnetlink round: sends the request (a dump when `flags` has `NLM_F_DUMP`),
+    /// reads the replies of its sequence number until the first message of type `want`
+    /// (a plain request) or `NLMSG_DONE` (a dump).
+    fn exchange(
+        &mut self,
+        kind: u16,
+        flags: u16,
+        body: &[u8],
+        want: u16,
+    ) -> io::Result<Vec<Vec<u8>>> {
+        let flags = NLM_F_REQUEST | flags;
+        let is_dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let mut msg = Vec::with_capacity(NLMSG_HDRLEN + body.len());
+        msg.extend_from_slice(&((NLMSG_HDRLEN + body.len()) as u32).to_ne_bytes());
+        msg.extend_from_slice(&kind.to_ne_bytes());
+        msg.extend_from_slice(&flags.to_ne_bytes());
+        msg.extend_from_slice(&seq.to_ne_bytes());
+        msg.extend_from_slice(&0u32.to_ne_bytes());
+        msg.extend_from_slice(body);
+        send(self.fd.as_raw_fd(), &msg, MsgFlags::empty())?;
+        let mut out = Vec::new();
+        loop {
+            let datagram = self.rx.recv(&self.fd, MsgFlags::empty())?;
+            let mut rest = &datagram[..];
+            while rest.len() >= NLMSG_HDRLEN {
+                let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+                if len < NLMSG_HDRLEN || len > rest.len() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "malformed rtnetlink reply",
+                    ));
+                }
+                let t = u16::from_ne_bytes([rest[4], rest[5]]);
+                let s = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
+                let payload = &rest[NLMSG_HDRLEN..len];
+                if s == seq {
+                    match t {
+                        NLMSG_ERROR => {
+                            let errno = payload
+                                .get(..4)
+                                .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                                .unwrap_or(-libc::EIO);
+                            return Err(io::Error::from_raw_os_error(-errno));
+                        }
+                        NLMSG_DONE => return Ok(out),
+                        t if t == want => {
+                            out.push(payload.to_vec());
+                            if !is_dump {
+                                return Ok(out);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                rest = &rest[align(len).min(rest.len())..];
             }
         }
     }
-    Ok(out)
-}
-
-fn dump_links(fd: &OwnedFd) -> io::Result<Vec<Link>> {
-    let body = [0u8; 16];
-    Ok(dump(fd, RTM_GETLINK, 13, &body, RTM_NEWLINK)?
-        .iter()
-        .filter_map(|m| parse_link(m))
-        .collect())
 }
 
 fn parse_route(msg: &[u8]) -> Option<Route> {
@@ -205,139 +358,6 @@ fn u32_of(v: &[u8]) -> Option<u32> {
     Some(u32::from_ne_bytes(v.get(..4)?.try_into().ok()?))
 }
 
-/// The egress interface the current netns routes `dst` through. `Ok(None)` when there is
-/// no route (nothing could be sent there at all).
-pub fn egress(dst: IpAddr) -> io::Result<Option<Egress>> {
-    let fd = open()?;
-    let (family, addr) = match dst {
-        IpAddr::V4(a) => (libc::AF_INET as u8, a.octets().to_vec()),
-        IpAddr::V6(a) => (libc::AF_INET6 as u8, a.octets().to_vec()),
-    };
-    // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags(u32)
-    let mut body = vec![family, (addr.len() * 8) as u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-    put_attr(&mut body, RTA_DST, &addr);
-    let reply = match request(&fd, RTM_GETROUTE, 1, &body, RTM_NEWROUTE) {
-        Ok(r) => r,
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ESRCH)
-            ) =>
-        {
-            return Ok(None)
-        }
-        Err(e) => return Err(e),
-    };
-    let Some(index) = attrs(reply.get(12..).unwrap_or(&[]))
-        .find(|(t, _)| *t == RTA_OIF)
-        .and_then(|(_, v)| {
-            v.get(..4)
-                .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-        })
-    else {
-        return Ok(None);
-    };
-    // struct ifinfomsg: family, pad, type(u16), index(i32), flags(u32), change(u32)
-    let mut body = vec![0u8; 16];
-    body[4..8].copy_from_slice(&index.to_ne_bytes());
-    let reply = request(&fd, RTM_GETLINK, 2, &body, RTM_NEWLINK)?;
-    let link = parse_link(&reply).unwrap_or(Link {
-        index,
-        name: String::new(),
-        kind: String::new(),
-    });
-    Ok(Some(Egress {
-        index,
-        name: link.name,
-        kind: link.kind,
-    }))
-}
-
-fn open() -> io::Result<OwnedFd> {
-    let fd = socket(
-        AddressFamily::Netlink,
-        SockType::Raw,
-        SockFlag::SOCK_CLOEXEC,
-        SockProtocol::NetlinkRoute,
-    )?;
-    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))?;
-    setsockopt(&fd, sockopt::ReceiveTimeout, &TimeVal::milliseconds(1000))?;
-    Ok(fd)
-}
-
-/// Sends one request and returns the payload (after the netlink header) of the reply of
-/// type `want`; a kernel error becomes an `io::Error` with its errno.
-fn request(fd: &OwnedFd, kind: u16, seq: u32, body: &[u8], want: u16) -> io::Result<Vec<u8>> {
-    exchange(fd, kind, NLM_F_REQUEST, seq, body, want)?
-        .pop()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "empty rtnetlink reply"))
-}
-
-/// Sends one dump request and collects the payloads of every reply of type `want` until
-/// `NLMSG_DONE`; a kernel error becomes an `io::Error` with its errno.
-fn dump(fd: &OwnedFd, kind: u16, seq: u32, body: &[u8], want: u16) -> io::Result<Vec<Vec<u8>>> {
-    exchange(fd, kind, NLM_F_REQUEST | NLM_F_DUMP, seq, body, want)
-}
-
-/// One rtnetlink round: sends the request, reads replies of sequence `seq` until the
-/// first message of type `want` (a plain request) or `NLMSG_DONE` (a dump).
-fn exchange(
-    fd: &OwnedFd,
-    kind: u16,
-    flags: u16,
-    seq: u32,
-    body: &[u8],
-    want: u16,
-) -> io::Result<Vec<Vec<u8>>> {
-    let is_dump = flags & NLM_F_DUMP == NLM_F_DUMP;
-    let mut msg = Vec::with_capacity(NLMSG_HDRLEN + body.len());
-    msg.extend_from_slice(&((NLMSG_HDRLEN + body.len()) as u32).to_ne_bytes());
-    msg.extend_from_slice(&kind.to_ne_bytes());
-    msg.extend_from_slice(&flags.to_ne_bytes());
-    msg.extend_from_slice(&seq.to_ne_bytes());
-    msg.extend_from_slice(&0u32.to_ne_bytes());
-    msg.extend_from_slice(body);
-    send(fd.as_raw_fd(), &msg, MsgFlags::empty())?;
-    let mut buf = vec![0u8; 32 * 1024];
-    let mut out = Vec::new();
-    loop {
-        let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
-        let mut rest = &buf[..n];
-        while rest.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-            if len < NLMSG_HDRLEN || len > rest.len() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "malformed rtnetlink reply",
-                ));
-            }
-            let t = u16::from_ne_bytes([rest[4], rest[5]]);
-            let s = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
-            let payload = &rest[NLMSG_HDRLEN..len];
-            if s == seq {
-                match t {
-                    NLMSG_ERROR => {
-                        let errno = payload
-                            .get(..4)
-                            .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                            .unwrap_or(-libc::EIO);
-                        return Err(io::Error::from_raw_os_error(-errno));
-                    }
-                    NLMSG_DONE => return Ok(out),
-                    t if t == want => {
-                        out.push(payload.to_vec());
-                        if !is_dump {
-                            return Ok(out);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            rest = &rest[align(len).min(rest.len())..];
-        }
-    }
-}
-
 fn align(n: usize) -> usize {
     (n + 3) & !3
 }
@@ -403,5 +423,22 @@ mod tests {
         let e = egress("127.0.0.1".parse().unwrap()).unwrap().unwrap();
         assert_eq!(e.name, "lo");
         assert!(!e.bypasses_node());
+    }
+
+    #[test]
+    fn one_socket_answers_dumps_and_lookups_in_a_row() {
+        let mut rtnl = Rtnetlink::open().unwrap();
+        let routes = rtnl.routes().unwrap();
+        let links = rtnl.links().unwrap();
+        assert!(routes.iter().any(Route::is_local), "{routes:?}");
+        assert!(links.iter().any(|l| l.name == "lo"), "{links:?}");
+        // The link taken from the dump equals the one the kernel is asked for.
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let from_dump = rtnl.egress(lo, &links).unwrap().unwrap();
+        let asked = rtnl.egress(lo, &[]).unwrap().unwrap();
+        assert_eq!(from_dump, asked);
+        assert_eq!(from_dump, egress(lo).unwrap().unwrap());
+        // Later requests on the same socket still get their own replies.
+        assert_eq!(rtnl.links().unwrap(), links);
     }
 }

@@ -290,6 +290,12 @@ pub trait Backend {
         self.apply(spec)?;
         self.verify(spec)
     }
+    /// [`Backend::apply_and_verify`] in a netns believed to hold none of interlock's rules
+    /// (a new pod): a backend may then change first and read only afterwards. Still
+    /// correct, only slower, when the belief is wrong.
+    fn create_and_verify(&self, spec: &RedirectSpec) -> Result<Verification, BackendError> {
+        self.apply_and_verify(spec)
+    }
 }
 
 #[cfg(test)]
