@@ -375,6 +375,17 @@ fn uid_matches(want: Option<&str>, have: Option<&str>) -> bool {
     }
 }
 
+/// What the agent holds of the cluster when it runs with a Kubernetes API: the pod cache
+/// (current annotations for the audit and the agent socket) and the pod actions (label,
+/// Events, delete, evict).
+#[derive(Clone)]
+pub struct Cluster {
+    /// The pods on this node.
+    pub pods: PodCache,
+    /// Acting on them.
+    pub actions: Arc<PodActions>,
+}
+
 /// Acting on pods: the `unprotected` label, Events, delete and evict.
 pub struct PodActions {
     client: Client,

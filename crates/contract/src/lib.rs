@@ -17,6 +17,7 @@ pub mod layout;
 pub mod marker;
 pub mod names;
 pub mod profile;
+pub mod rbac;
 pub mod state;
 pub mod time;
 
