@@ -9,6 +9,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub mod http;
+pub mod kubeapi;
 pub mod traffic;
 
 pub use tempfile::{tempdir, TempDir};
