@@ -427,6 +427,13 @@ fn serve(
         Ok(Route::Resource(t)) => t,
         Err(e) => return error(e, counters),
     };
+    // Count what was asked, failed or not: the load a client puts on the server.
+    match (method, &target.name) {
+        ("GET", None) if query.flag("watch") => counters.watches.fetch_add(1, Ordering::Relaxed),
+        ("GET", None) => counters.lists.fetch_add(1, Ordering::Relaxed),
+        ("POST" | "PUT" | "PATCH" | "DELETE", _) => counters.writes.fetch_add(1, Ordering::Relaxed),
+        _ => 0,
+    };
     if let Some(code) = take_fault(shared, method, path) {
         return error(
             ApiError::injected(code, Some(target.rt), target.name.as_deref().unwrap_or("")),
@@ -442,10 +449,8 @@ fn serve(
                 Err(e) => return error(e, counters),
             };
             if query.flag("watch") {
-                counters.watches.fetch_add(1, Ordering::Relaxed);
                 return start_watch(shared, scope, query, counters);
             }
-            counters.lists.fetch_add(1, Ordering::Relaxed);
             list(shared, &scope, query).map(|v| (200, v))
         }
         ("GET", Some(name), None | Some("status")) => lock(&shared.store)
@@ -454,7 +459,6 @@ fn serve(
             .map(|o| (200, o))
             .ok_or_else(|| ApiError::not_found(rt, name)),
         ("POST", None, None) if rt.namespaced == target.namespace.is_some() => {
-            counters.writes.fetch_add(1, Ordering::Relaxed);
             parse_body(body).and_then(|obj| {
                 lock(&shared.store)
                     .create(rt, &ns, obj, query.dry_run())
@@ -462,13 +466,11 @@ fn serve(
             })
         }
         ("POST", Some(name), Some("eviction")) => {
-            counters.writes.fetch_add(1, Ordering::Relaxed);
             evict(&mut lock(&shared.store), &ns, name, body, query.dry_run()).map(|()| {
                 (201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}))
             })
         }
         ("PUT", Some(name), sub @ (None | Some("status"))) => {
-            counters.writes.fetch_add(1, Ordering::Relaxed);
             let part = if sub.is_some() {
                 Part::Status
             } else {
@@ -481,7 +483,6 @@ fn serve(
             })
         }
         ("PATCH", Some(name), sub @ (None | Some("status"))) => {
-            counters.writes.fetch_add(1, Ordering::Relaxed);
             let part = if sub.is_some() {
                 Part::Status
             } else {
@@ -500,7 +501,6 @@ fn serve(
             }
         }
         ("DELETE", Some(name), None) => {
-            counters.writes.fetch_add(1, Ordering::Relaxed);
             delete(&mut lock(&shared.store), rt, &ns, name, body, query)
         }
         _ => Err(ApiError::method_not_allowed()),
