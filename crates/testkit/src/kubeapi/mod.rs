@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -186,6 +186,7 @@ impl KubeApi {
             faults: Mutex::new(Vec::new()),
             restart,
             active_watches: AtomicUsize::new(0),
+            down: AtomicBool::new(false),
             addr,
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -330,10 +331,25 @@ impl KubeApi {
     /// at once. With `forget_history`, the history is dropped too, as a fresh watch cache
     /// has none: clients resuming from an older version get 410 and must re-list.
     pub fn restart(&self, forget_history: bool) {
+        self.stop();
+        self.resume(forget_history);
+    }
+
+    /// Takes the server down: every open connection and watch stream is closed, and new
+    /// connections are closed at once (as refused) until [`resume`](Self::resume). Writes
+    /// through this handle still work: they are what other clients did meanwhile.
+    pub fn stop(&self) {
+        self.shared.down.store(true, Ordering::SeqCst);
+        self.shared.restart.send_modify(|g| *g += 1);
+    }
+
+    /// Brings the server back after [`stop`](Self::stop); with `forget_history`, clients
+    /// that watched from before get 410 Gone.
+    pub fn resume(&self, forget_history: bool) {
         if forget_history {
             self.compact_history();
         }
-        self.shared.restart.send_modify(|g| *g += 1);
+        self.shared.down.store(false, Ordering::SeqCst);
     }
 
     /// Watch streams open now.
@@ -370,6 +386,9 @@ impl KubeApi {
 }
 
 async fn serve_connection(shared: Arc<Shared>, stream: tokio::net::TcpStream) {
+    if shared.down.load(Ordering::SeqCst) {
+        return;
+    }
     let mut restart = shared.restart.subscribe();
     let sh = shared.clone();
     let svc = hyper::service::service_fn(move |req| server::handle(sh.clone(), req));

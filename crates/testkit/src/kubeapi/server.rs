@@ -57,6 +57,8 @@ pub(crate) struct Shared {
     /// Bumped by `restart()`: every connection and watch stream ends.
     pub restart: watch::Sender<u64>,
     pub active_watches: AtomicUsize,
+    /// Between `stop()` and `resume()`: connections are closed as soon as accepted.
+    pub down: std::sync::atomic::AtomicBool,
     pub addr: SocketAddr,
 }
 
