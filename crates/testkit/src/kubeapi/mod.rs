@@ -139,7 +139,7 @@ impl FailRule {
             && self
                 .path_contains
                 .as_deref()
-                .is_none_or(|p| path.contains(p))
+                .map_or(true, |p| path.contains(p))
     }
 }
 

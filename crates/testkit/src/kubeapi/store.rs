@@ -277,7 +277,7 @@ impl Store {
         };
         check_type(rt, &obj)?;
         let mut obj = with_type(rt, obj);
-        if obj.get("metadata").is_none_or(|m| !m.is_object()) {
+        if !obj.get("metadata").is_some_and(Value::is_object) {
             obj["metadata"] = json!({});
         }
         check_namespace(rt, ns, &mut obj)?;
@@ -349,7 +349,7 @@ impl Store {
         }
         check_type(rt, &new)?;
         let mut new = with_type(rt, new);
-        if new.get("metadata").is_none_or(|m| !m.is_object()) {
+        if !new.get("metadata").is_some_and(Value::is_object) {
             new["metadata"] = json!({});
         }
         match name_of(&new) {
@@ -594,9 +594,9 @@ fn validate(
             }
         }
         "pods" => {
-            if obj["spec"]["containers"]
+            if !obj["spec"]["containers"]
                 .as_array()
-                .is_none_or(Vec::is_empty)
+                .is_some_and(|c| !c.is_empty())
             {
                 errs.push(("spec.containers", "Required value".into()));
             }
