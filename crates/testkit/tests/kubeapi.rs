@@ -593,15 +593,6 @@ async fn patches_by_content_type_and_status_subresource() {
     let (code, _) = call(
         &api,
         "PATCH",
-        "/api/v1/nodes/n1",
-        Some("application/apply-patch+yaml"),
-        Some(json!({})),
-    )
-    .await;
-    assert_eq!(code, 415, "server-side apply is not implemented");
-    let (code, _) = call(
-        &api,
-        "PATCH",
         "/api/v1/nodes/nope",
         Some("application/merge-patch+json"),
         Some(json!({})),
@@ -941,4 +932,133 @@ async fn restart_drops_every_watch() {
     )
     .await;
     assert_eq!(w.next().await.unwrap()["object"]["code"], 410);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_side_apply_and_field_ownership() {
+    let api = KubeApi::start().unwrap();
+    let mut n = node("n1");
+    n.as_object_mut().unwrap().remove("status");
+    let (code, created) = call(
+        &api,
+        "POST",
+        "/api/v1/nodes?fieldManager=kubelet",
+        Some("application/json"),
+        Some(n),
+    )
+    .await;
+    assert_eq!(code, 201);
+    let mf = &created["metadata"]["managedFields"][0];
+    assert_eq!(
+        (mf["manager"].as_str(), mf["operation"].as_str()),
+        (Some("kubelet"), Some("Update"))
+    );
+    assert_eq!(
+        mf["fieldsV1"]["f:spec"],
+        json!({"f:taints": {}}),
+        "taints are owned whole"
+    );
+
+    // Applying a taint list without kubelet's taint conflicts: taints are atomic.
+    let ours = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+                      "spec": {"taints": [{"key": "interlock.dev/not-ready", "effect": "NoSchedule"}]}});
+    let apply = "application/apply-patch+yaml";
+    let (code, e) = call(
+        &api,
+        "PATCH",
+        "/api/v1/nodes/n1?fieldManager=interlock",
+        Some(apply),
+        Some(ours.clone()),
+    )
+    .await;
+    assert_eq!(code, 409);
+    assert_eq!(e["reason"], "Conflict");
+    assert_eq!(
+        e["message"],
+        "Apply failed with 1 conflict: conflict with \"kubelet\" using v1: .spec.taints"
+    );
+    assert_eq!(
+        e["details"]["causes"][0],
+        json!({"reason": "FieldManagerConflict", "message": "conflict with \"kubelet\" using v1", "field": ".spec.taints"})
+    );
+    assert_eq!(
+        api.get_object("nodes", "", "n1").unwrap()["spec"]["taints"][0]["key"],
+        "other.io/x"
+    );
+    let (code, _) = call(
+        &api,
+        "PATCH",
+        "/api/v1/nodes/n1",
+        Some(apply),
+        Some(ours.clone()),
+    )
+    .await;
+    assert_eq!(code, 400, "an apply needs a fieldManager");
+    // Forced, it takes the list (and kubelet's taint is gone: why the agent must not).
+    let (code, forced) = call(
+        &api,
+        "PATCH",
+        "/api/v1/nodes/n1?fieldManager=interlock&force=true",
+        Some(apply),
+        Some(ours),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        forced["spec"]["taints"],
+        json!([{"key": "interlock.dev/not-ready", "effect": "NoSchedule"}])
+    );
+
+    // Conditions are keyed by type: applying ours through /status leaves Ready alone.
+    api.put_object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}));
+    let cond = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"},
+                      "status": {"conditions": [{"type": "InterlockReady", "status": "True", "reason": "Protected"}]}});
+    let (code, out) = call(
+        &api,
+        "PATCH",
+        "/api/v1/nodes/n2/status?fieldManager=interlock",
+        Some(apply),
+        Some(cond),
+    )
+    .await;
+    assert_eq!(code, 200, "{out}");
+    let types: Vec<&str> = out["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["Ready", "InterlockReady"]);
+
+    // Labels are granular; a label no longer applied is removed, others' stay.
+    api.put_object(pod("ns", "p", "n1"));
+    let label = |v: Value| json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "labels": v}});
+    let (code, out) = call(
+        &api,
+        "PATCH",
+        "/api/v1/namespaces/ns/pods/p?fieldManager=interlock",
+        Some(apply),
+        Some(label(json!({"interlock.dev/unprotected": "true"}))),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        out["metadata"]["labels"],
+        json!({"app": "web", "interlock.dev/unprotected": "true"})
+    );
+    let (_, out) = call(
+        &api,
+        "PATCH",
+        "/api/v1/namespaces/ns/pods/p?fieldManager=interlock",
+        Some(apply),
+        Some(label(json!({}))),
+    )
+    .await;
+    assert_eq!(out["metadata"]["labels"], json!({"app": "web"}));
+
+    // An apply to a missing object creates it.
+    let (code, made) = call(&api, "PATCH", "/api/v1/nodes/n3?fieldManager=interlock", Some(apply),
+        Some(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n3", "labels": {"a": "b"}}}))).await;
+    assert_eq!(code, 201);
+    assert_eq!(made["metadata"]["managedFields"][0]["operation"], "Apply");
 }

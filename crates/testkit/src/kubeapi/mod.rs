@@ -14,6 +14,7 @@
 //! The test side: direct object access, a request log, per-client load counters, and
 //! fault injection (`fail_next`, `compact_history`, `restart`).
 
+mod apply;
 mod meta;
 mod patch;
 mod select;

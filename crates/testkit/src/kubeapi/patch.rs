@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 /// How a strategic merge patch combines a list field.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum ListStrategy {
+pub(crate) enum ListStrategy {
     /// No merge key declared: the patch's list replaces the whole list.
     Replace,
     /// Elements with the same value of this field are merged; others are appended.
@@ -19,7 +19,7 @@ enum ListStrategy {
 
 /// The merge strategy the real Go types declare for the list at `path` (field names,
 /// list indices left out) in resource `plural`.
-fn list_strategy(plural: &str, path: &[&str]) -> ListStrategy {
+pub(crate) fn list_strategy(plural: &str, path: &[&str]) -> ListStrategy {
     use ListStrategy::*;
     match path {
         ["metadata", "ownerReferences"] => MergeByKey("uid"),
@@ -118,6 +118,20 @@ pub(crate) fn apply(
             Ok(doc)
         }
         _ => Err(ApiError::unsupported_media_type(&mt)),
+    }
+}
+
+/// Merges `patch` into `doc` with the strategic rules (server-side apply merges this way).
+pub(crate) fn merge_strategic(
+    plural: &str,
+    doc: &mut Value,
+    patch: &Value,
+) -> Result<(), ApiError> {
+    match (doc, patch) {
+        (Value::Object(d), Value::Object(p)) => merge_map(plural, d, p, &mut Vec::new()).map(drop),
+        _ => Err(ApiError::bad_request(
+            "an apply configuration must be an object",
+        )),
     }
 }
 

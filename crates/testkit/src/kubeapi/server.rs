@@ -385,6 +385,7 @@ pub(crate) async fn handle(
         &path,
         &query,
         content_type.as_deref(),
+        &user_agent,
         &body,
         &counters,
     );
@@ -414,15 +415,24 @@ fn take_fault(shared: &Shared, method: &str, path: &str) -> Option<u16> {
     Some(code)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn serve(
     shared: &Arc<Shared>,
     method: &str,
     path: &str,
     query: &Query,
     content_type: Option<&str>,
+    user_agent: &str,
     body: &[u8],
     counters: &Arc<Counters>,
 ) -> Response<ApiBody> {
+    // Who owns what this request writes: `fieldManager`, else the User-Agent's product.
+    let manager_name = query
+        .get("fieldManager")
+        .filter(|m| !m.is_empty())
+        .map(String::from)
+        .unwrap_or_else(|| user_agent.split('/').next().unwrap_or("").to_string());
+    let manager = Some(manager_name.as_str());
     let target = match route(path, shared.addr) {
         Ok(Route::Doc(d)) if method == "GET" => return respond(200, &d, counters),
         Ok(Route::Doc(_)) => return error(ApiError::method_not_allowed(), counters),
@@ -463,7 +473,7 @@ fn serve(
         ("POST", None, None) if rt.namespaced == target.namespace.is_some() => {
             parse_body(body).and_then(|obj| {
                 lock(&shared.store)
-                    .create(rt, &ns, obj, query.dry_run())
+                    .create(rt, &ns, obj, query.dry_run(), manager)
                     .map(|o| (201, o))
             })
         }
@@ -480,7 +490,7 @@ fn serve(
             };
             parse_body(body).and_then(|obj| {
                 lock(&shared.store)
-                    .update(rt, &ns, name, part, query.dry_run(), |_| Ok(obj))
+                    .update(rt, &ns, name, part, query.dry_run(), manager, |_| Ok(obj))
                     .map(|(o, created)| (if created { 201 } else { 200 }, o))
             })
         }
@@ -492,10 +502,10 @@ fn serve(
             };
             let ct = content_type.unwrap_or("");
             if patch::media_type(ct) == "application/apply-patch+yaml" {
-                Err(ApiError::unsupported_media_type("application/apply-patch+yaml (server-side apply is not implemented by this fake)"))
+                server_side_apply(&mut lock(&shared.store), rt, &ns, name, part, query, body)
             } else {
                 lock(&shared.store)
-                    .update(rt, &ns, name, part, query.dry_run(), |cur| match cur {
+                    .update(rt, &ns, name, part, query.dry_run(), manager, |cur| match cur {
                         Some(cur) => patch::apply(rt, ct, cur, body),
                         None => Err(ApiError::not_found(rt, name)),
                     })
@@ -511,6 +521,55 @@ fn serve(
         Ok((code, v)) => respond(code, &v, counters),
         Err(e) => error(e, counters),
     }
+}
+
+/// PATCH with `application/apply-patch+yaml`: creates the object or applies to it. The
+/// configuration must be JSON (YAML's JSON form), as kube-rs and the Python client send.
+fn server_side_apply(
+    store: &mut Store,
+    rt: &'static ResourceType,
+    ns: &str,
+    name: &str,
+    part: Part,
+    q: &Query,
+    body: &[u8],
+) -> Result<(u16, Value), ApiError> {
+    let manager = q
+        .get("fieldManager")
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "PATCH with apply-patch+yaml requires the fieldManager query parameter",
+            )
+        })?;
+    let config: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "error decoding YAML: this fake reads apply configurations in their JSON form: {e}"
+        ))
+    })?;
+    match config["metadata"]["name"].as_str() {
+        Some(n) if n == name => {}
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object must match the name on the URL ({name})"
+            )))
+        }
+    }
+    let force = q.flag("force");
+    let status = part == Part::Status;
+    let current = store.get(rt, ns, name).cloned();
+    let merged = super::apply::apply(rt, current.as_ref(), &config, manager, force, status)?;
+    if current.is_none() {
+        if status {
+            return Err(ApiError::not_found(rt, name));
+        }
+        return store
+            .create(rt, ns, merged, q.dry_run(), None)
+            .map(|o| (201, o));
+    }
+    store
+        .update(rt, ns, name, part, q.dry_run(), None, |_| Ok(merged))
+        .map(|(o, _)| (200, o))
 }
 
 fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
@@ -924,12 +983,20 @@ fn evict(
     // Check the pod's preconditions before spending the budget.
     store.delete(pods, ns, name, uid, rv, true)?;
     if !dry_run {
-        store.update(pdbs_rt, ns, &pdb_name, Part::Status, false, |cur| {
-            let mut p = cur.cloned().unwrap_or(pdb.clone());
-            p["status"]["disruptionsAllowed"] = json!(allowed - 1);
-            p["status"]["disruptedPods"][name] = json!(super::meta::now());
-            Ok(p)
-        })?;
+        store.update(
+            pdbs_rt,
+            ns,
+            &pdb_name,
+            Part::Status,
+            false,
+            Some("kube-controller-manager"),
+            |cur| {
+                let mut p = cur.cloned().unwrap_or(pdb.clone());
+                p["status"]["disruptionsAllowed"] = json!(allowed - 1);
+                p["status"]["disruptedPods"][name] = json!(super::meta::now());
+                Ok(p)
+            },
+        )?;
     }
     store.delete(pods, ns, name, uid, rv, dry_run).map(drop)
 }

@@ -262,13 +262,15 @@ impl Store {
         self.commit(kind, rt, obj, prev)
     }
 
-    /// POST: creates `obj` in namespace `ns`.
+    /// POST: creates `obj` in namespace `ns`. `manager` records the creator's field
+    /// ownership; `None` when the caller (an apply) has recorded it already.
     pub fn create(
         &mut self,
         rt: &'static ResourceType,
         ns: &str,
         obj: Value,
         dry_run: bool,
+        manager: Option<&str>,
     ) -> Result<Value, ApiError> {
         let Value::Object(_) = obj else {
             return Err(ApiError::bad_request(
@@ -322,6 +324,12 @@ impl Store {
             obj["status"] = json!({ "phase": "Pending" });
         }
         validate(rt, &name, &obj, None)?;
+        if let Some(m) = manager {
+            if let Value::Object(meta) = &mut obj["metadata"] {
+                meta.remove("managedFields");
+            }
+            super::apply::record_update(rt, None, &mut obj, m, "");
+        }
         if dry_run {
             return Ok(obj);
         }
@@ -338,6 +346,7 @@ impl Store {
         name: &str,
         part: Part,
         dry_run: bool,
+        manager: Option<&str>,
         make: impl FnOnce(Option<&Value>) -> Result<Value, ApiError>,
     ) -> Result<(Value, bool), ApiError> {
         let old = self.get(rt, ns, name).cloned();
@@ -367,7 +376,9 @@ impl Store {
                 if let Value::Object(m) = &mut new["metadata"] {
                     m.remove("resourceVersion");
                 }
-                return self.create(rt, ns, new, dry_run).map(|o| (o, true));
+                return self
+                    .create(rt, ns, new, dry_run, manager)
+                    .map(|o| (o, true));
             }
             return Err(ApiError::not_found(rt, name));
         };
@@ -388,6 +399,10 @@ impl Store {
         let mut result = match part {
             Part::Status => {
                 let mut r = old.clone();
+                if manager.is_none() {
+                    // An apply to the status subresource brings its ownership record.
+                    r["metadata"]["managedFields"] = new["metadata"]["managedFields"].clone();
+                }
                 match new.get("status") {
                     Some(s) => r["status"] = s.clone(),
                     None => {
@@ -400,6 +415,12 @@ impl Store {
             }
             Part::Main => {
                 let mut r = new;
+                // A write that does not send managedFields keeps the recorded ones.
+                if r["metadata"].get("managedFields").is_none() {
+                    if let Some(mf) = old["metadata"].get("managedFields") {
+                        r["metadata"]["managedFields"] = mf.clone();
+                    }
+                }
                 if rt.status_subresource {
                     match old.get("status") {
                         Some(s) => r["status"] = s.clone(),
@@ -434,7 +455,16 @@ impl Store {
             }
         };
         result["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+        if result["metadata"]["managedFields"].is_null() {
+            if let Value::Object(m) = &mut result["metadata"] {
+                m.remove("managedFields");
+            }
+        }
         validate(rt, name, &result, Some(&old))?;
+        if let Some(m) = manager {
+            let sub = if part == Part::Status { "status" } else { "" };
+            super::apply::record_update(rt, Some(&old), &mut result, m, sub);
+        }
         if result == old || dry_run {
             return Ok((result, false));
         }
