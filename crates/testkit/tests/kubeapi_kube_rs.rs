@@ -51,6 +51,29 @@ async fn typed_api_calls() {
         .unwrap();
     let conds = patched.status.unwrap().conditions.unwrap();
     assert_eq!(conds[0].type_, "InterlockReady");
+    // Server-side apply of a taint list that drops the creator's taint: a conflict.
+    let ssa = PatchParams::apply("interlock");
+    let ours = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+                      "spec": {"taints": [{"key": "interlock.dev/not-ready", "effect": "NoSchedule"}]}});
+    match nodes
+        .patch("n1", &ssa, &Patch::Apply(&ours))
+        .await
+        .unwrap_err()
+    {
+        kube::Error::Api(s) => {
+            assert_eq!(s.code, 409);
+            assert!(s.message.contains(".spec.taints"), "{}", s.message);
+        }
+        other => panic!("expected a 409, got {other}"),
+    }
+    let forced = nodes
+        .patch("n1", &ssa.clone().force(), &Patch::Apply(&ours))
+        .await
+        .unwrap();
+    assert_eq!(
+        forced.spec.unwrap().taints.unwrap()[0].key,
+        "interlock.dev/not-ready"
+    );
     let list = nodes.list(&Default::default()).await.unwrap();
     assert_eq!(list.items.len(), 1);
     assert_eq!(
@@ -58,7 +81,10 @@ async fn typed_api_calls() {
         Some(api.resource_version().to_string())
     );
     let log = api.requests();
-    let p = log.iter().find(|r| r.method == "PATCH").unwrap();
+    let p = log
+        .iter()
+        .find(|r| r.method == "PATCH" && r.path.ends_with("/status"))
+        .unwrap();
     assert_eq!(p.path, "/api/v1/nodes/n1/status");
     assert_eq!(
         p.content_type.as_deref(),

@@ -320,6 +320,60 @@ fn kubectl_cross_check() {
         "true"
     );
 
+    // Server-side apply: kubectl's own manager conflicts on the taints it does not own.
+    let applied = dir.path().join("node.json");
+    std::fs::write(
+        &applied,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+        "spec": {"taints": [{"key": "interlock.dev/not-ready", "effect": "NoSchedule"}]}})
+        .to_string(),
+    )
+    .unwrap();
+    let (ok, out, err) = kubectl(
+        &kc,
+        &[
+            "apply",
+            "--server-side",
+            "--validate=false",
+            "--field-manager=other",
+            "-f",
+            applied.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        ok,
+        "the first apply by a manager that owns nothing yet, on a seeded node: {out} {err}"
+    );
+    let (ok, _, err) = kubectl(
+        &kc,
+        &[
+            "patch",
+            "node",
+            "n1",
+            "--field-manager=kubelet",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"taints":[{"key":"other.io/x","effect":"NoSchedule"}]}}"#,
+        ],
+    );
+    assert!(ok, "{err}");
+    let (ok, _, err) = kubectl(
+        &kc,
+        &[
+            "apply",
+            "--server-side",
+            "--validate=false",
+            "--field-manager=other",
+            "-f",
+            applied.to_str().unwrap(),
+        ],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("conflict") && err.contains(".spec.taints"),
+        "{err}"
+    );
+
     // A field-selected watch sees a change made while it runs.
     let mut watch = Command::new("kubectl")
         .arg("--kubeconfig")
