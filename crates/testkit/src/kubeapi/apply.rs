@@ -94,7 +94,7 @@ fn collect(
     }
 }
 
-fn find_element<'a>(list: &'a [Value], seg: &str) -> Option<usize> {
+fn find_element(list: &[Value], seg: &str) -> Option<usize> {
     if let Some(k) = seg.strip_prefix("k:") {
         let key: Map<String, Value> = serde_json::from_str(k).ok()?;
         list.iter()

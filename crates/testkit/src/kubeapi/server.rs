@@ -6,7 +6,7 @@
 use super::meta::{resource, resource_by_plural, ApiError, ResourceType, RESOURCES};
 use super::patch;
 use super::select::{FieldSelector, LabelSelector};
-use super::store::{name_of, Change, ChangeType, Part, Scope, Store};
+use super::store::{name_of, Change, ChangeType, Part, Scope, Store, WriteMode};
 use super::{ClientLoad, Config, FailRule, RequestRecord};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -379,16 +379,15 @@ pub(crate) async fn handle(
     let params = parse_query(&raw_query);
     let query = Query(params.clone());
 
-    let resp = serve(
-        &shared,
-        &method,
-        &path,
-        &query,
-        content_type.as_deref(),
-        &user_agent,
-        &body,
-        &counters,
-    );
+    let call = Call {
+        method: &method,
+        path: &path,
+        query: &query,
+        content_type: content_type.as_deref(),
+        user_agent: &user_agent,
+        body: &body,
+    };
+    let resp = serve(&shared, &call, &counters);
     let status = resp.status().as_u16();
     lock(&shared.log).push(RequestRecord {
         method,
@@ -415,17 +414,25 @@ fn take_fault(shared: &Shared, method: &str, path: &str) -> Option<u16> {
     Some(code)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn serve(
-    shared: &Arc<Shared>,
-    method: &str,
-    path: &str,
-    query: &Query,
-    content_type: Option<&str>,
-    user_agent: &str,
-    body: &[u8],
-    counters: &Arc<Counters>,
-) -> Response<ApiBody> {
+/// One request, read.
+struct Call<'a> {
+    method: &'a str,
+    path: &'a str,
+    query: &'a Query,
+    content_type: Option<&'a str>,
+    user_agent: &'a str,
+    body: &'a [u8],
+}
+
+fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Response<ApiBody> {
+    let &Call {
+        method,
+        path,
+        query,
+        content_type,
+        user_agent,
+        body,
+    } = call;
     // Who owns what this request writes: `fieldManager`, else the User-Agent's product.
     let manager_name = query
         .get("fieldManager")
@@ -490,7 +497,7 @@ fn serve(
             };
             parse_body(body).and_then(|obj| {
                 lock(&shared.store)
-                    .update(rt, &ns, name, part, query.dry_run(), manager, |_| Ok(obj))
+                    .update(rt, &ns, name, WriteMode { part, dry_run: query.dry_run(), manager }, |_| Ok(obj))
                     .map(|(o, created)| (if created { 201 } else { 200 }, o))
             })
         }
@@ -505,7 +512,7 @@ fn serve(
                 server_side_apply(&mut lock(&shared.store), rt, &ns, name, part, query, body)
             } else {
                 lock(&shared.store)
-                    .update(rt, &ns, name, part, query.dry_run(), manager, |cur| match cur {
+                    .update(rt, &ns, name, WriteMode { part, dry_run: query.dry_run(), manager }, |cur| match cur {
                         Some(cur) => patch::apply(rt, ct, cur, body),
                         None => Err(ApiError::not_found(rt, name)),
                     })
@@ -568,7 +575,17 @@ fn server_side_apply(
             .map(|o| (201, o));
     }
     store
-        .update(rt, ns, name, part, q.dry_run(), None, |_| Ok(merged))
+        .update(
+            rt,
+            ns,
+            name,
+            WriteMode {
+                part,
+                dry_run: q.dry_run(),
+                manager: None,
+            },
+            |_| Ok(merged),
+        )
         .map(|(o, _)| (200, o))
 }
 
@@ -987,9 +1004,11 @@ fn evict(
             pdbs_rt,
             ns,
             &pdb_name,
-            Part::Status,
-            false,
-            Some("kube-controller-manager"),
+            WriteMode {
+                part: Part::Status,
+                dry_run: false,
+                manager: Some("kube-controller-manager"),
+            },
             |cur| {
                 let mut p = cur.cloned().unwrap_or(pdb.clone());
                 p["status"]["disruptionsAllowed"] = json!(allowed - 1);

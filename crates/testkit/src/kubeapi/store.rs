@@ -43,6 +43,15 @@ pub(crate) enum Part {
     Status,
 }
 
+/// How a PUT or PATCH writes: which part, only tried (`dryRun`) or not, and the field
+/// manager it records (`None`: an apply that recorded ownership itself).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriteMode<'a> {
+    pub part: Part,
+    pub dry_run: bool,
+    pub manager: Option<&'a str>,
+}
+
 type Key = (&'static str, String, String);
 
 /// Selects objects of one resource in one namespace (or all).
@@ -344,11 +353,14 @@ impl Store {
         rt: &'static ResourceType,
         ns: &str,
         name: &str,
-        part: Part,
-        dry_run: bool,
-        manager: Option<&str>,
+        mode: WriteMode<'_>,
         make: impl FnOnce(Option<&Value>) -> Result<Value, ApiError>,
     ) -> Result<(Value, bool), ApiError> {
+        let WriteMode {
+            part,
+            dry_run,
+            manager,
+        } = mode;
         let old = self.get(rt, ns, name).cloned();
         let new = make(old.as_ref())?;
         if !new.is_object() {
