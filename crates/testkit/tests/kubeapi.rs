@@ -644,15 +644,26 @@ async fn delete_with_preconditions_and_watch() {
     .await;
     assert_eq!(code, 200);
     assert_eq!(gone["kind"], "Pod", "a pod DELETE answers with the pod");
-    let ev = w.next().await.unwrap();
     assert_eq!(
-        (
-            ev["type"].as_str(),
-            ev["object"]["metadata"]["name"].as_str()
-        ),
-        (Some("DELETED"), Some("a"))
+        gone["metadata"]["deletionGracePeriodSeconds"], 30,
+        "a bound pod is deleted gracefully"
     );
-    assert!(api.get_object("pods", "ns", "a").is_none());
+    assert!(gone["metadata"]["deletionTimestamp"].is_string());
+    // Marked Terminating first, then removed by the (simulated) kubelet.
+    let evs = w.next_n(2).await;
+    let seen: Vec<(&str, bool)> = evs
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap(),
+                e["object"]["metadata"]["deletionTimestamp"].is_string(),
+            )
+        })
+        .collect();
+    assert_eq!(seen, [("MODIFIED", true), ("DELETED", true)]);
+    assert!(api.wait_until(Duration::from_secs(2), |a| a
+        .get_object("pods", "ns", "a")
+        .is_none()));
 
     api.put_object(node("n1"));
     let (code, st) = call(&api, "DELETE", "/api/v1/nodes/n1", None, None).await;
@@ -716,7 +727,9 @@ async fn eviction_blocked_by_pdb_is_429() {
         (ok["kind"].as_str(), ok["status"].as_str()),
         (Some("Status"), Some("Success"))
     );
-    assert!(api.get_object("pods", "ns", "a").is_none());
+    assert!(api.wait_until(Duration::from_secs(2), |a| a
+        .get_object("pods", "ns", "a")
+        .is_none()));
     let b = api
         .get_object("poddisruptionbudgets", "ns", "web-pdb")
         .unwrap();
@@ -1061,4 +1074,98 @@ async fn server_side_apply_and_field_ownership() {
         Some(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n3", "labels": {"a": "b"}}}))).await;
     assert_eq!(code, 201);
     assert_eq!(made["metadata"]["managedFields"][0]["operation"], "Apply");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn paginated_lists_and_graceful_pod_deletion() {
+    let api = KubeApi::start_with(Config {
+        kubelet_deletes_after: None,
+        ..Config::default()
+    })
+    .unwrap();
+    for n in ["a", "b", "c", "d", "e"] {
+        api.put_object(pod("ns", n, "n1"));
+    }
+    let (_, first) = get(&api, "/api/v1/pods?limit=2").await;
+    assert_eq!(first["metadata"]["remainingItemCount"], 3);
+    let token = first["metadata"]["continue"].as_str().unwrap().to_string();
+    api.put_object(pod("ns", "aa", "n1"));
+    let (_, second) = get(&api, &format!("/api/v1/pods?limit=2&continue={token}")).await;
+    let names = |l: &Value| -> Vec<String> {
+        l["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(&second),
+        ["c", "d"],
+        "later pages show the first page's snapshot"
+    );
+    assert_eq!(
+        second["metadata"]["resourceVersion"],
+        first["metadata"]["resourceVersion"]
+    );
+    let (_, third) = get(
+        &api,
+        &format!(
+            "/api/v1/pods?limit=2&continue={}",
+            second["metadata"]["continue"].as_str().unwrap()
+        ),
+    )
+    .await;
+    assert_eq!(names(&third), ["e"]);
+    assert!(third["metadata"].get("continue").is_none());
+    let (_, all) = get(&api, "/api/v1/pods?limit=2&resourceVersion=0").await;
+    assert_eq!(
+        all["items"].as_array().unwrap().len(),
+        6,
+        "resourceVersion=0 ignores limit"
+    );
+    api.compact_history();
+    api.put_object(pod("ns", "f", "n1"));
+    let (code, e) = get(&api, &format!("/api/v1/pods?limit=2&continue={token}")).await;
+    assert_eq!((code, e["reason"].as_str()), (410, Some("Expired")));
+    let (code, _) = get(&api, "/api/v1/pods?continue=zz").await;
+    assert_eq!(code, 400);
+
+    // With no kubelet, a deleted bound pod stays Terminating; grace 0 removes it.
+    let (code, t) = call(
+        &api,
+        "DELETE",
+        "/api/v1/namespaces/ns/pods/a?gracePeriodSeconds=5",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(t["metadata"]["deletionGracePeriodSeconds"], 5);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(api.get_object("pods", "ns", "a").is_some());
+    let rv_before = api.resource_version();
+    let (code, _) = call(&api, "DELETE", "/api/v1/namespaces/ns/pods/a", None, None).await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        api.resource_version(),
+        rv_before,
+        "a longer grace period changes nothing"
+    );
+    let (code, _) = call(
+        &api,
+        "DELETE",
+        "/api/v1/namespaces/ns/pods/a",
+        Some("application/json"),
+        Some(json!({"gracePeriodSeconds": 0})),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert!(api.get_object("pods", "ns", "a").is_none());
+    // An unbound pod goes at once.
+    let mut unbound = pod("ns", "u", "");
+    unbound["spec"].as_object_mut().unwrap().remove("nodeName");
+    api.put_object(unbound);
+    call(&api, "DELETE", "/api/v1/namespaces/ns/pods/u", None, None).await;
+    assert!(api.get_object("pods", "ns", "u").is_none());
 }

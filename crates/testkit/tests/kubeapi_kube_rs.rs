@@ -100,7 +100,10 @@ async fn watcher_and_reflector_recover_after_compaction_and_restart() {
     let client = kube_client(&api).await;
     let pods: Api<Pod> = Api::all(client);
     let (reader, writer) = reflector::store::<Pod>();
-    let cfg = watcher::Config::default().fields("spec.nodeName=n1");
+    // Pages of one item, so the re-list also walks continue tokens.
+    let cfg = watcher::Config::default()
+        .fields("spec.nodeName=n1")
+        .page_size(1);
     let stream = reflector(writer, watcher(pods, cfg).default_backoff()).applied_objects();
     let task = tokio::spawn(async move {
         futures::pin_mut!(stream);

@@ -45,6 +45,9 @@ pub struct Config {
     pub bookmark_interval: Duration,
     /// How long a watch without `timeoutSeconds` stays open (30–60 min on a real server).
     pub default_watch_timeout: Duration,
+    /// How long after a graceful pod deletion (or eviction) the simulated kubelet removes
+    /// the pod; `None`: it stays Terminating until the test calls `delete_object`.
+    pub kubelet_deletes_after: Option<Duration>,
 }
 
 impl Default for Config {
@@ -53,6 +56,7 @@ impl Default for Config {
             history_limit: 10_000,
             bookmark_interval: Duration::from_secs(60),
             default_watch_timeout: Duration::from_secs(1800),
+            kubelet_deletes_after: Some(Duration::ZERO),
         }
     }
 }
@@ -277,11 +281,21 @@ impl KubeApi {
         lock(&self.shared.store).all(resource_type(plural))
     }
 
-    /// Deletes an object as a controller would (watchers see DELETED).
+    /// Deletes an object at once, as a controller (or, for a terminating pod, its
+    /// kubelet) would: watchers see DELETED.
     pub fn delete_object(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
         lock(&self.shared.store)
-            .delete(resource_type(plural), namespace, name, None, None, false)
+            .delete(
+                resource_type(plural),
+                namespace,
+                name,
+                &store::DeleteOpts {
+                    grace_seconds: Some(0),
+                    ..Default::default()
+                },
+            )
             .ok()
+            .map(|d| d.object().clone())
     }
 
     /// The current global `resourceVersion`.

@@ -6,7 +6,9 @@
 use super::meta::{resource, resource_by_plural, ApiError, ResourceType, RESOURCES};
 use super::patch;
 use super::select::{FieldSelector, LabelSelector};
-use super::store::{name_of, Change, ChangeType, Part, Scope, Store, WriteMode};
+use super::store::{
+    name_of, Change, ChangeType, DeleteOpts, Deleted, Part, Scope, Store, WriteMode,
+};
 use super::{ClientLoad, Config, FailRule, RequestRecord};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -485,7 +487,7 @@ fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Res
             })
         }
         ("POST", Some(name), Some("eviction")) => {
-            evict(&mut lock(&shared.store), &ns, name, body, query.dry_run()).map(|()| {
+            evict(shared, &ns, name, body, query.dry_run()).map(|()| {
                 (201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}))
             })
         }
@@ -520,7 +522,7 @@ fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Res
             }
         }
         ("DELETE", Some(name), None) => {
-            delete(&mut lock(&shared.store), rt, &ns, name, body, query)
+            delete(shared, rt, &ns, name, body, query)
         }
         _ => Err(ApiError::method_not_allowed()),
     };
@@ -618,7 +620,29 @@ fn list_kind(rt: &ResourceType) -> String {
 fn list(shared: &Shared, scope: &Scope, q: &Query) -> Result<Value, ApiError> {
     let rv = q.get("resourceVersion").filter(|s| !s.is_empty());
     let rv_match = q.get("resourceVersionMatch").filter(|s| !s.is_empty());
+    let limit = q
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0);
     let store = lock(&shared.store);
+    // A later page: the state at the first page's version, after its last key.
+    if let Some(token) = q.get("continue").filter(|c| !c.is_empty()) {
+        if rv.is_some() {
+            return Err(ApiError::bad_request(
+                "specifying resource version is not allowed when using continue",
+            ));
+        }
+        let (at, after) = decode_continue(token)?;
+        let items = store.list_at(scope, at).map_err(|_| {
+            ApiError::expired(
+                "The provided continue parameter is too old to display a consistent list result. \
+                 You can start a new list without the continue parameter."
+                    .into(),
+            )
+        })?;
+        let rest: Vec<Value> = items.into_iter().filter(|o| item_key(o) > after).collect();
+        return Ok(list_doc(scope.rt, rest, at, limit));
+    }
     let (items, at) = match (rv, rv_match) {
         (None, Some(_)) => {
             return Err(ApiError::bad_request(
@@ -658,23 +682,65 @@ fn list(shared: &Shared, scope: &Scope, q: &Query) -> Result<Value, ApiError> {
             )))
         }
     };
-    let items: Vec<Value> = items
-        .into_iter()
-        .map(|mut o| {
-            // List items carry no kind/apiVersion on the wire; the list does.
-            if let Value::Object(m) = &mut o {
-                m.remove("kind");
-                m.remove("apiVersion");
-            }
-            o
+    // resourceVersion=0 is served from the cache, which ignores limit.
+    let limit = if rv == Some("0") { None } else { limit };
+    Ok(list_doc(scope.rt, items, at, limit))
+}
+
+fn item_key(o: &Value) -> (String, String) {
+    (
+        o["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string(),
+        name_of(o).to_string(),
+    )
+}
+
+/// An opaque continue token: the list's version and the last key served, hex-encoded.
+fn encode_continue(at: u64, last: &(String, String)) -> String {
+    json!({"rv": at, "ns": last.0, "name": last.1})
+        .to_string()
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn decode_continue(token: &str) -> Result<(u64, (String, String)), ApiError> {
+    let bad = || ApiError::bad_request(format!("continue key is not valid: {token:?}"));
+    let bytes: Option<Vec<u8>> = (0..token.len())
+        .step_by(2)
+        .map(|i| {
+            token
+                .get(i..i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
         })
         .collect();
-    Ok(json!({
-        "kind": list_kind(scope.rt),
-        "apiVersion": scope.rt.api_version(),
-        "metadata": {"resourceVersion": at.to_string()},
-        "items": items,
-    }))
+    let v: Value = serde_json::from_slice(&bytes.ok_or_else(bad)?).map_err(|_| bad())?;
+    let at = v["rv"].as_u64().ok_or_else(bad)?;
+    let ns = v["ns"].as_str().ok_or_else(bad)?.to_string();
+    let name = v["name"].as_str().ok_or_else(bad)?.to_string();
+    Ok((at, (ns, name)))
+}
+
+/// The list document: items without kind/apiVersion (as on the wire), at most `limit`
+/// of them with a continue token and the count left when there are more.
+fn list_doc(rt: &ResourceType, mut items: Vec<Value>, at: u64, limit: Option<usize>) -> Value {
+    let mut meta = json!({"resourceVersion": at.to_string()});
+    if let Some(limit) = limit.filter(|l| items.len() > *l) {
+        let left = items.len() - limit;
+        items.truncate(limit);
+        let last = item_key(items.last().expect("limit is at least 1"));
+        meta["continue"] = json!(encode_continue(at, &last));
+        meta["remainingItemCount"] = json!(left);
+    }
+    for o in &mut items {
+        if let Value::Object(m) = o {
+            m.remove("kind");
+            m.remove("apiVersion");
+        }
+    }
+    json!({"kind": list_kind(rt), "apiVersion": rt.api_version(), "metadata": meta, "items": items})
 }
 
 /// The watch event a change makes for this scope, if any: an object that moves into the
@@ -859,39 +925,47 @@ fn start_watch(
         .expect("static headers are valid")
 }
 
-fn delete_options(
-    body: &[u8],
-    q: &Query,
-) -> Result<(Option<String>, Option<String>, bool), ApiError> {
+fn delete_options(body: &[u8], q: &Query) -> Result<DeleteOpts, ApiError> {
     let opts: Value = if body.iter().all(u8::is_ascii_whitespace) {
         json!({})
     } else {
         parse_body(body)?
     };
     let s = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(String::from);
-    let dry = q.dry_run()
+    let dry_run = q.dry_run()
         || opts["dryRun"]
             .as_array()
             .is_some_and(|a| a.iter().any(|x| x == "All"));
-    Ok((
-        s(&opts["preconditions"]["uid"]),
-        s(&opts["preconditions"]["resourceVersion"]),
-        dry,
-    ))
+    let grace_seconds = q
+        .get("gracePeriodSeconds")
+        .and_then(|g| g.parse().ok())
+        .or_else(|| opts["gracePeriodSeconds"].as_i64());
+    Ok(DeleteOpts {
+        uid: s(&opts["preconditions"]["uid"]),
+        rv: s(&opts["preconditions"]["resourceVersion"]),
+        dry_run,
+        grace_seconds,
+    })
 }
 
 fn delete(
-    store: &mut Store,
+    shared: &Arc<Shared>,
     rt: &'static ResourceType,
     ns: &str,
     name: &str,
     body: &[u8],
     q: &Query,
 ) -> Result<(u16, Value), ApiError> {
-    let (uid, rv, dry) = delete_options(body, q)?;
-    let gone = store.delete(rt, ns, name, uid.as_deref(), rv.as_deref(), dry)?;
+    let opts = delete_options(body, q)?;
+    let done = lock(&shared.store).delete(rt, ns, name, &opts)?;
+    if let Deleted::Terminating(pod) = &done {
+        if !opts.dry_run {
+            kubelet_finishes(shared, pod);
+        }
+    }
+    let gone = done.object();
     if rt.delete_returns_object {
-        return Ok((200, gone));
+        return Ok((200, gone.clone()));
     }
     let mut details = json!({"name": name, "kind": rt.plural, "uid": gone["metadata"]["uid"]});
     if !rt.group.is_empty() {
@@ -903,15 +977,57 @@ fn delete(
     ))
 }
 
+/// The simulated kubelet: removes a terminating pod (grace 0, its UID) after the
+/// configured delay.
+fn kubelet_finishes(shared: &Arc<Shared>, pod: &Value) {
+    let Some(after) = shared.config.kubelet_deletes_after else {
+        return;
+    };
+    let pods = resource_by_plural("pods").expect("pods are served");
+    let ns = pod["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let name = name_of(pod).to_string();
+    let opts = DeleteOpts {
+        uid: pod["metadata"]["uid"].as_str().map(String::from),
+        grace_seconds: Some(0),
+        ..Default::default()
+    };
+    let sh = shared.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let _ = lock(&sh.store).delete(pods, &ns, &name, &opts);
+    });
+}
+
 /// POST pods/<name>/eviction: deletes the pod unless the one PodDisruptionBudget that
 /// selects it allows no disruption, which is a 429 with a DisruptionBudget cause.
 fn evict(
-    store: &mut Store,
+    shared: &Arc<Shared>,
     ns: &str,
     name: &str,
     body: &[u8],
     dry_run: bool,
 ) -> Result<(), ApiError> {
+    let mut store = lock(&shared.store);
+    let done = evict_locked(&mut store, ns, name, body, dry_run)?;
+    drop(store);
+    if let Some(Deleted::Terminating(pod)) = &done {
+        if !dry_run {
+            kubelet_finishes(shared, pod);
+        }
+    }
+    Ok(())
+}
+
+fn evict_locked(
+    store: &mut Store,
+    ns: &str,
+    name: &str,
+    body: &[u8],
+    dry_run: bool,
+) -> Result<Option<Deleted>, ApiError> {
     let pods = resource_by_plural("pods").expect("pods are served");
     let pdbs_rt = resource_by_plural("poddisruptionbudgets").expect("PDBs are served");
     let eviction: Value = if body.is_empty() {
@@ -926,16 +1042,26 @@ fn evict(
             ));
         }
     }
-    let pre = &eviction["deleteOptions"]["preconditions"];
-    let uid = pre["uid"].as_str().filter(|s| !s.is_empty());
-    let rv = pre["resourceVersion"].as_str().filter(|s| !s.is_empty());
+    let del = &eviction["deleteOptions"];
+    let pre = &del["preconditions"];
+    let s = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(String::from);
+    let opts = DeleteOpts {
+        uid: s(&pre["uid"]),
+        rv: s(&pre["resourceVersion"]),
+        dry_run,
+        grace_seconds: del["gracePeriodSeconds"].as_i64(),
+    };
+    let check_only = DeleteOpts {
+        dry_run: true,
+        ..opts.clone()
+    };
     let Some(pod) = store.get(pods, ns, name).cloned() else {
         return Err(ApiError::not_found(pods, name));
     };
     let phase = pod["status"]["phase"].as_str().unwrap_or("");
     let terminal_or_pending = matches!(phase, "Succeeded" | "Failed" | "Pending");
     if terminal_or_pending || pod["metadata"].get("deletionTimestamp").is_some() {
-        return store.delete(pods, ns, name, uid, rv, dry_run).map(drop);
+        return store.delete(pods, ns, name, &opts).map(Some);
     }
     let labels = pod["metadata"].get("labels");
     let matching: Vec<Value> = store
@@ -950,7 +1076,7 @@ fn evict(
         })
         .collect();
     let pdb = match matching.as_slice() {
-        [] => return store.delete(pods, ns, name, uid, rv, dry_run).map(drop),
+        [] => return store.delete(pods, ns, name, &opts).map(Some),
         [one] => one.clone(),
         _ => {
             return Err(ApiError::internal(
@@ -969,7 +1095,7 @@ fn evict(
         let always = pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow";
         let desired = int(&st["desiredHealthy"]);
         if always || (desired > 0 && int(&st["currentHealthy"]) >= desired) {
-            return store.delete(pods, ns, name, uid, rv, dry_run).map(drop);
+            return store.delete(pods, ns, name, &opts).map(Some);
         }
     }
     let cause = |m: String| Some(json!([{"reason": "DisruptionBudget", "message": m}]));
@@ -998,7 +1124,7 @@ fn evict(
         ));
     }
     // Check the pod's preconditions before spending the budget.
-    store.delete(pods, ns, name, uid, rv, true)?;
+    store.delete(pods, ns, name, &check_only)?;
     if !dry_run {
         store.update(
             pdbs_rt,
@@ -1017,7 +1143,7 @@ fn evict(
             },
         )?;
     }
-    store.delete(pods, ns, name, uid, rv, dry_run).map(drop)
+    store.delete(pods, ns, name, &opts).map(Some)
 }
 
 #[cfg(test)]

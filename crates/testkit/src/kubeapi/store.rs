@@ -52,6 +52,32 @@ pub(crate) struct WriteMode<'a> {
     pub manager: Option<&'a str>,
 }
 
+/// A DELETE's options: preconditions, `dryRun`, and a pod's grace period.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DeleteOpts {
+    pub uid: Option<String>,
+    pub rv: Option<String>,
+    pub dry_run: bool,
+    pub grace_seconds: Option<i64>,
+}
+
+/// What a DELETE did.
+#[derive(Debug)]
+pub(crate) enum Deleted {
+    /// The object is gone; its last state.
+    Gone(Value),
+    /// A pod marked for graceful deletion, still stored.
+    Terminating(Value),
+}
+
+impl Deleted {
+    pub fn object(&self) -> &Value {
+        match self {
+            Deleted::Gone(v) | Deleted::Terminating(v) => v,
+        }
+    }
+}
+
 type Key = (&'static str, String, String);
 
 /// Selects objects of one resource in one namespace (or all).
@@ -486,21 +512,22 @@ impl Store {
         ))
     }
 
-    /// DELETE with optional UID and `resourceVersion` preconditions.
+    /// DELETE with optional UID and `resourceVersion` preconditions. A pod bound to a
+    /// node is deleted gracefully, as on a real cluster: it gets `deletionTimestamp` and
+    /// `deletionGracePeriodSeconds` (MODIFIED) and stays until a delete with grace 0 (the
+    /// kubelet's) removes it.
     pub fn delete(
         &mut self,
         rt: &'static ResourceType,
         ns: &str,
         name: &str,
-        uid: Option<&str>,
-        rv: Option<&str>,
-        dry_run: bool,
-    ) -> Result<Value, ApiError> {
+        opts: &DeleteOpts,
+    ) -> Result<Deleted, ApiError> {
         let Some(old) = self.get(rt, ns, name).cloned() else {
             return Err(ApiError::not_found(rt, name));
         };
         let have_uid = old["metadata"]["uid"].as_str().unwrap_or("");
-        if let Some(uid) = uid.filter(|u| *u != have_uid) {
+        if let Some(uid) = opts.uid.as_deref().filter(|u| *u != have_uid) {
             return Err(ApiError::conflict(
                 rt,
                 name,
@@ -508,7 +535,7 @@ impl Store {
             ));
         }
         let have_rv = rv_of(&old);
-        if let Some(rv) = rv.filter(|r| *r != have_rv) {
+        if let Some(rv) = opts.rv.as_deref().filter(|r| *r != have_rv) {
             return Err(ApiError::conflict(
                 rt,
                 name,
@@ -517,10 +544,47 @@ impl Store {
                 ),
             ));
         }
-        if dry_run {
-            return Ok(old);
+        if rt.plural == "pods" {
+            let grace = opts
+                .grace_seconds
+                .or_else(|| old["spec"]["terminationGracePeriodSeconds"].as_i64())
+                .unwrap_or(30)
+                .max(0);
+            let unbound = old["spec"]["nodeName"].as_str().unwrap_or("").is_empty();
+            let finished = matches!(
+                old["status"]["phase"].as_str(),
+                Some("Succeeded" | "Failed")
+            );
+            if grace > 0 && !unbound && !finished {
+                let current = old["metadata"]["deletionGracePeriodSeconds"].as_i64();
+                if current.is_some_and(|c| c <= grace) || opts.dry_run {
+                    return Ok(Deleted::Terminating(old));
+                }
+                let mut marked = old.clone();
+                let at = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0)
+                    + grace as u64;
+                marked["metadata"]["deletionTimestamp"] = json!(super::meta::rfc3339(at));
+                marked["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+                return Ok(Deleted::Terminating(self.commit(
+                    ChangeType::Modified,
+                    rt,
+                    marked,
+                    Some(old),
+                )));
+            }
         }
-        Ok(self.commit(ChangeType::Deleted, rt, old.clone(), Some(old)))
+        if opts.dry_run {
+            return Ok(Deleted::Gone(old));
+        }
+        Ok(Deleted::Gone(self.commit(
+            ChangeType::Deleted,
+            rt,
+            old.clone(),
+            Some(old),
+        )))
     }
 
     /// Every stored object of `rt`.
