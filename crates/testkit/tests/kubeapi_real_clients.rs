@@ -103,6 +103,22 @@ except ApiException as e:
     body = json.loads(e.body)
     out["eviction"] = [e.status, body["reason"], body["details"]["causes"][0]["reason"]]
 
+# Pages: limit and _continue.
+page = v1.list_namespaced_pod("ns", limit=1)
+names = [p.metadata.name for p in page.items]
+while page.metadata._continue:
+    page = v1.list_namespaced_pod("ns", limit=1, _continue=page.metadata._continue)
+    names += [p.metadata.name for p in page.items]
+out["paged"] = names
+
+# A delete whose UID precondition does not hold: 409, the pod stays.
+try:
+    v1.delete_namespaced_pod("b", "ns", body=client.V1DeleteOptions(
+        preconditions=client.V1Preconditions(uid="00000000-0000-4000-8000-000000000000")))
+    out["delete_precondition"] = "deleted"
+except ApiException as e:
+    out["delete_precondition"] = e.status
+
 # An event through events.k8s.io/v1.
 ev = client.EventsV1Event(metadata=client.V1ObjectMeta(name="a.1", namespace="ns"),
     event_time="2026-11-24T07:00:00.000000Z", reporting_controller="interlock.dev/agent",
@@ -168,6 +184,9 @@ fn python_client_cross_check() {
         json!([429, "TooManyRequests", "DisruptionBudget"])
     );
     assert_eq!(got["event_uid"], true);
+    assert_eq!(got["paged"], json!(["a", "b", "elsewhere"]));
+    assert_eq!(got["delete_precondition"], 409);
+    assert!(api.get_object("pods", "ns", "b").is_some());
 
     // The server's side of it.
     let node = api.get_object("nodes", "", "n1").unwrap();

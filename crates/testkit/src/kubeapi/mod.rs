@@ -5,11 +5,14 @@
 //! all-namespaces list/watch), events.k8s.io/v1 `events`, policy/v1
 //! `poddisruptionbudgets` (+ `status`), and the discovery documents clients read.
 //! Lists and watches honour `resourceVersion` (unset, `"0"`, a version, `Exact`),
-//! `fieldSelector`, `labelSelector`, `allowWatchBookmarks`, `timeoutSeconds` and
-//! `sendInitialEvents`; a version older than the retained history is 410 Gone. Writes
-//! stamp `uid`, `creationTimestamp`, `generation` and a global `resourceVersion`, enforce
-//! `resourceVersion`/UID preconditions (409), and patch by content type (merge, strategic
-//! merge, JSON patch). Server-side apply is not implemented (415).
+//! `limit`/`continue`, `fieldSelector`, `labelSelector`, `allowWatchBookmarks`,
+//! `timeoutSeconds` and `sendInitialEvents`; a version older than the retained history is
+//! 410 Gone. Writes stamp `uid`, `creationTimestamp`, `generation`, `managedFields` and a
+//! global `resourceVersion`, enforce `resourceVersion`/UID preconditions (409), and patch
+//! by content type (merge, strategic merge, JSON patch, server-side apply with field
+//! ownership). A bound pod is deleted gracefully (Terminating, then a simulated kubelet
+//! removes it); an eviction is refused (429) while a PodDisruptionBudget allows no
+//! disruption.
 //!
 //! The test side: direct object access, a request log, per-client load counters, and
 //! fault injection (`fail_next`, `compact_history`, `restart`).
