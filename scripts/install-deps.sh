@@ -42,8 +42,23 @@ check_toolchain() {
     done
 }
 
+install_kube_python() {
+    # The official Python Kubernetes client, a real client the fake API server's tests
+    # (crates/testkit/tests/kubeapi_real_clients.rs) cross-check it with. It lives in its
+    # own venv so the system's Python packages are left as they are.
+    local venv="${INTERLOCK_KUBE_VENV:-$HOME/.cache/interlock/kube-python}"
+    local version=37.0.2
+    if "$venv/bin/python" -c "import kubernetes, sys; sys.exit(kubernetes.__version__ != '$version')" 2>/dev/null; then
+        return 0
+    fi
+    echo "install-deps: installing the Python Kubernetes client $version in $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "kubernetes==$version"
+}
+
 if ((${#missing[@]} == 0)); then
     check_toolchain
+    install_kube_python
     exit $?
 fi
 
@@ -57,3 +72,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
 check_toolchain
+install_kube_python

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 pub mod containerd;
 pub mod http;
+pub mod kubeapi;
 pub mod traffic;
 
 pub use tempfile::{tempdir, TempDir};
