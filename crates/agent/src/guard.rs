@@ -325,7 +325,7 @@ impl Guard {
                 t == plan::PLUGIN_TYPE || confdir::find_plugin(t, &self.cfg.bin_dirs).is_some()
             });
             types.extend(these);
-            if !owned && all_present && target.map_or(true, |t| t == c.name()) {
+            if !owned && all_present && target.is_none_or(|t| t == c.name()) {
                 reached_primary = true;
             }
         }
@@ -650,7 +650,7 @@ impl Guard {
             if conf || bins || full || retry || backoff_ended {
                 self.reconcile(bins, full);
             }
-            if self.last_marker.map_or(true, |t| t.elapsed() >= heartbeat) {
+            if self.last_marker.is_none_or(|t| t.elapsed() >= heartbeat) {
                 self.write_marker();
             }
         }

@@ -179,9 +179,9 @@ fn kill_9_during_repairs_never_exposes_a_partial_or_invalid_file() {
             .any(|n| n.starts_with(&format!(".{OWNED}")) && n.contains(&own_temp));
         // (The adversary may have clobbered the file after the kill, so "unrepaired" alone
         // is only a hint; a temp file of the killed pid is proof of a kill mid-write.)
-        let unrepaired = d.read(OWNED).map_or(true, |b| {
-            !String::from_utf8_lossy(&b).contains("interlock-cni")
-        });
+        let unrepaired = d
+            .read(OWNED)
+            .is_none_or(|b| !String::from_utf8_lossy(&b).contains("interlock-cni"));
         mid_write += u32::from(temp_left);
         mid_repair += u32::from(temp_left || unrepaired);
         writes_logged += std::fs::read_to_string(&log)

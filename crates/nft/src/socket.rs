@@ -443,7 +443,7 @@ impl Nft {
         let mut rules = Vec::with_capacity(replies.len());
         for body in replies {
             let (in_table, rule) = decode_rule(&body)?;
-            if in_table == table && chain.map_or(true, |c| c == rule.chain) {
+            if in_table == table && chain.is_none_or(|c| c == rule.chain) {
                 rules.push(rule);
             }
         }

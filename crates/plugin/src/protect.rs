@@ -140,7 +140,7 @@ fn is_live<'a>(
     keep: Option<&'a BTreeSet<AttachmentKey>>,
 ) -> impl Fn(&AttachmentKey) -> bool + 'a {
     move |k| {
-        keep.map_or(true, |v| v.contains(k))
+        keep.is_none_or(|v| v.contains(k))
             && store.load(k).ok().flatten().is_some_and(|s| {
                 s.netns_id.as_deref() == Some(record.netns_id.as_str())
                     && matches!(s.protection, Protection::Protected(_))

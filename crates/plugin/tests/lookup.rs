@@ -224,9 +224,7 @@ fn a_socket_served_by_another_user_is_not_trusted() {
     let open = interlock_testkit::tempdir().unwrap();
     std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     // A copy of this test binary the unprivileged user can run.
-    let exe = open.path().join("forger");
-    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = interlock_testkit::copy_of_this_test_binary(open.path(), "forger");
     let forged = open.path().join("agent.sock");
     struct Kill(std::process::Child);
     impl Drop for Kill {

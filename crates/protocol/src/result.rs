@@ -195,7 +195,7 @@ impl CniResult {
             }
         } else {
             for ip in &mut self.ips {
-                if ip.version.as_deref().map_or(true, str::is_empty) {
+                if ip.version.as_deref().is_none_or(str::is_empty) {
                     ip.version = ip.family().map(str::to_string);
                 }
             }

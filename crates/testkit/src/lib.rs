@@ -77,6 +77,34 @@ pub fn unique(tag: &str) -> String {
     format!("il{tag}{:08x}", salt)
 }
 
+/// Copies this test binary to `dir/name`, mode 0755, for a test that runs it as another
+/// user.
+///
+/// The copy is written by a `cp` child, never through a descriptor of this process:
+/// another test thread forking at the same moment would inherit an open write descriptor
+/// to the copy, and exec'ing it would then fail with "Text file busy" (seen in CI-like
+/// runs).
+pub fn copy_of_this_test_binary(dir: &Path, name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let exe = dir.join(name);
+    let me = std::env::current_exe().expect("current_exe");
+    let out = Command::new("cp")
+        .arg("--")
+        .arg(&me)
+        .arg(&exe)
+        .output()
+        .expect("run cp");
+    assert!(
+        out.status.success(),
+        "cp {} {}: {}",
+        me.display(),
+        exe.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    exe
+}
+
 /// A network namespace created for one test and deleted when dropped.
 #[derive(Debug)]
 pub struct Netns {
@@ -186,10 +214,8 @@ mod tests {
             // (e.g. /root) that the unprivileged child cannot traverse.
             use std::os::unix::fs::PermissionsExt;
             let dir = tempdir().unwrap();
-            let exe = dir.path().join("testkit-child");
-            std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+            let exe = copy_of_this_test_binary(dir.path(), "testkit-child");
             std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-            std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
             for (ci, expect_ok) in [("true", false), ("", true)] {
                 let out = Command::new("setpriv")
                     .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])

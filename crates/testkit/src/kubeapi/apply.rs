@@ -305,9 +305,7 @@ pub(crate) fn record_update(
     let after = fields_of(rt.plural, new);
     let changed: FieldSet = after
         .iter()
-        .filter(|p| {
-            old.map_or(true, |o| value_at(o, p) != value_at(new, p)) || !before.contains(*p)
-        })
+        .filter(|p| old.is_none_or(|o| value_at(o, p) != value_at(new, p)) || !before.contains(*p))
         .cloned()
         .collect();
     let removed: FieldSet = before.difference(&after).cloned().collect();

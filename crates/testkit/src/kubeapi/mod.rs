@@ -147,7 +147,7 @@ impl FailRule {
             && self
                 .path_contains
                 .as_deref()
-                .map_or(true, |p| path.contains(p))
+                .is_none_or(|p| path.contains(p))
     }
 }
 

@@ -700,9 +700,9 @@ fn validate(
             }
         }
         "pods" => {
-            if !obj["spec"]["containers"]
+            if obj["spec"]["containers"]
                 .as_array()
-                .is_some_and(|c| !c.is_empty())
+                .is_none_or(|c| c.is_empty())
             {
                 errs.push(("spec.containers", "Required value".into()));
             }
