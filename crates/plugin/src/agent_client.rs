@@ -154,6 +154,7 @@ pub fn query(socket: &Path, pod: &PodRef, timeout: Duration) -> Result<PodLookup
             }
         }
         Response::NotFound { .. } => Ok(PodLookup::NotFound),
+        Response::Noted { .. } => Err(err("answered a lookup with a note's reply".into())),
         Response::Undecided { reason, .. } => Err(LookupError::AgentUndecided {
             socket: socket.display().to_string(),
             pod: pod.to_string(),
