@@ -119,12 +119,18 @@ pub struct Auditor {
     history: Mutex<RepairHistory>,
 }
 
-/// What reading one netns showed.
-enum Inspection {
+/// What reading one netns showed ([`inspect`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inspection {
     /// The netns is gone (the sandbox is being torn down): skip quietly.
     Gone,
     /// Read.
-    Seen { netns_id: NetnsId, rules: RulesSeen },
+    Seen {
+        /// Its identity (`0-0` when it could not even be opened).
+        netns_id: NetnsId,
+        /// The read-back, cross-checked with the plugin's record.
+        rules: RulesSeen,
+    },
 }
 
 impl Auditor {
@@ -374,10 +380,14 @@ impl Auditor {
                 let Some(netns) = status.netns_path().map(Path::to_path_buf) else {
                     return Err(ActionError::escalate("the sandbox's netns path is unknown"));
                 };
-                let (plugin, status2, decision2) =
-                    (self.plugin.clone(), status.clone(), decision.clone());
+                let (plugin, id, meta, decision2) = (
+                    self.plugin.clone(),
+                    status.id.clone(),
+                    status.metadata.clone(),
+                    decision.clone(),
+                );
                 let done = tokio::task::spawn_blocking(move || {
-                    repair_in_place(&plugin, &status2, &decision2, &netns)
+                    repair_in_place(&plugin, &id, &meta, &decision2, &netns)
                 })
                 .await
                 .map_err(|e| ActionError::escalate(format!("the repair thread failed: {e}")))??;
@@ -528,8 +538,10 @@ pub fn read_record(state_dir: &Path, id: NetnsId) -> Option<NetnsRecord> {
     serde_json::from_slice(&bytes).ok()
 }
 
-/// Reads one netns's rules back (blocking: enters the netns on a dedicated thread).
-fn inspect(
+/// Reads one netns's rules back against `spec` (blocking: enters the netns on a
+/// dedicated thread) with the backend the plugin recorded for it, else `backend`, and
+/// cross-checks the plugin's record for sandbox `sandbox`.
+pub fn inspect(
     path: &Path,
     spec: &RedirectSpec,
     state_dir: &Path,
@@ -576,19 +588,30 @@ pub struct RepairDone {
 
 /// The in-place repair of one sandbox (blocking): the plugin's protect (lock, apply, read
 /// back, probe), its attachment state and netns record written as its ADD writes them,
-/// then the connections opened before the rules ended inside the netns.
+/// then the connections opened before the rules ended inside the netns. `Err` says why;
+/// every failure escalates to a restart.
+pub fn repair_netns(
+    plugin: &PluginConfig,
+    sandbox: &str,
+    pod: &interlock_cri::SandboxMetadata,
+    decision: &Decision,
+    netns: &Path,
+) -> Result<RepairDone, String> {
+    repair_in_place(plugin, sandbox, pod, decision, netns).map_err(|e| e.message)
+}
+
 fn repair_in_place(
     plugin: &PluginConfig,
-    status: &SandboxStatus,
+    sandbox: &str,
+    meta: &interlock_cri::SandboxMetadata,
     decision: &Decision,
     netns: &Path,
 ) -> Result<RepairDone, ActionError> {
     let start = Instant::now();
-    let meta = &status.metadata;
     let netns_str = netns.to_string_lossy().into_owned();
     let store = StateStore::new(&plugin.state_dir);
     let key = AttachmentKey {
-        container_id: status.id.clone(),
+        container_id: sandbox.to_string(),
         ifname: REPAIR_IFNAME.to_string(),
     };
     let prev = CniResult::empty(CniVersion::V1_0_0);
@@ -716,8 +739,19 @@ pub async fn run(
         if let Some(a) = &auditor {
             // A note for a sandbox audits it alone (it may not be listed as ready yet
             // for a few ms: then the next tick covers it).
-            if let Err(e) = a.audit(only.as_deref()).await {
-                warn!(error = %e, "audit: cannot list the sandboxes");
+            match a.audit(only.as_deref()).await {
+                Ok(reports) if only.is_some() => {
+                    for r in reports {
+                        info!(
+                            pod = %r.pod,
+                            sandbox = %r.sandbox,
+                            verdict = r.verdict.label(),
+                            "audited on the plugin's ADD note"
+                        );
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "audit: cannot list the sandboxes"),
             }
         }
     }
