@@ -699,9 +699,16 @@ fn ended_list(ended: &sockdiag::Ended) -> String {
     }
 }
 
+/// How long a sandbox named by an ADD note is looked for: the plugin sends the note from
+/// inside `RunPodSandbox`, so the runtime lists the sandbox as ready only a little later.
+pub const NOTE_PATIENCE: Duration = Duration::from_secs(5);
+/// How often a noted sandbox that is not ready yet is looked for again.
+pub const NOTE_RETRY: Duration = Duration::from_millis(20);
+
 /// Runs the audit loop: connects to CRI (retrying on each tick), audits at once, then on
 /// every `interval` tick and whenever a sandbox ID arrives on `wake` (the plugin's ADD
-/// notes), one audit at a time.
+/// notes; a noted sandbox not ready yet is looked for again every [`NOTE_RETRY`] for up
+/// to [`NOTE_PATIENCE`]), one audit at a time.
 pub async fn run(
     settings: AuditSettings,
     plugin: PluginConfig,
@@ -713,18 +720,29 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut auditor: Option<Auditor> = None;
     let mut parts = Some((plugin, cluster, metrics));
+    let mut pending: BTreeMap<String, Instant> = BTreeMap::new();
     loop {
-        let only = tokio::select! {
+        let retry = async {
+            if pending.is_empty() {
+                std::future::pending::<()>().await
+            } else {
+                tokio::time::sleep(NOTE_RETRY).await
+            }
+        };
+        let noted: Option<Vec<String>> = tokio::select! {
             _ = tick.tick() => None,
-            Some(id) = wake.recv() => Some(id),
+            Some(id) = wake.recv() => {
+                pending.entry(id.clone()).or_insert_with(|| Instant::now() + NOTE_PATIENCE);
+                Some(vec![id])
+            }
+            () = retry => Some(pending.keys().cloned().collect()),
         };
         if auditor.is_none() {
             match CriClient::connect(&settings.cri_endpoint).await {
                 Ok(cri) => {
                     if let Some((plugin, cluster, metrics)) = parts.take() {
                         info!(endpoint = %settings.cri_endpoint, policy = %settings.policy, interval = ?settings.interval, "audit: connected to CRI");
-                        auditor =
-                            Some(Auditor::new(cri, plugin, settings.policy, cluster, metrics));
+                        auditor = Some(Auditor::new(cri, plugin, settings.policy, cluster, metrics));
                     }
                 }
                 Err(e) => {
@@ -736,22 +754,39 @@ pub async fn run(
                 }
             }
         }
-        if let Some(a) = &auditor {
-            // A note for a sandbox audits it alone (it may not be listed as ready yet
-            // for a few ms: then the next tick covers it).
-            match a.audit(only.as_deref()).await {
-                Ok(reports) if only.is_some() => {
-                    for r in reports {
-                        info!(
-                            pod = %r.pod,
-                            sandbox = %r.sandbox,
-                            verdict = r.verdict.label(),
-                            "audited on the plugin's ADD note"
-                        );
+        let Some(a) = &auditor else { continue };
+        match noted {
+            None => {
+                if let Err(e) = a.audit(None).await {
+                    warn!(error = %e, "audit: cannot list the sandboxes");
+                }
+            }
+            Some(ids) => {
+                for id in ids {
+                    match a.audit(Some(&id)).await {
+                        Ok(reports) if !reports.is_empty() => {
+                            pending.remove(&id);
+                            for r in reports {
+                                info!(
+                                    pod = %r.pod,
+                                    sandbox = %r.sandbox,
+                                    verdict = r.verdict.label(),
+                                    "audited on the plugin's ADD note"
+                                );
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => warn!(error = %e, "audit: cannot list the sandboxes"),
                     }
                 }
-                Ok(_) => {}
-                Err(e) => warn!(error = %e, "audit: cannot list the sandboxes"),
+                let now = Instant::now();
+                pending.retain(|id, until| {
+                    let keep = *until > now;
+                    if !keep {
+                        info!(sandbox = %id, "audit: the sandbox of an ADD note never became ready; the periodic audit covers it if it does");
+                    }
+                    keep
+                });
             }
         }
     }

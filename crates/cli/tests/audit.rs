@@ -349,3 +349,54 @@ async fn restart_stops_the_sandbox_and_report_changes_nothing() {
     drop(reported);
     kit.teardown().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plugins_add_note_gets_the_sandbox_audited_at_once() {
+    require_root!();
+    let kit = kit_with_primary();
+    let cri = kit.cri().await;
+    let d = agent_dirs(&kit);
+    let socket = d.state.join("agent.sock");
+    let plugin_config = d.tmp.path().join("plugin.json");
+    std::fs::write(
+        &plugin_config,
+        serde_json::to_vec(&serde_json::json!({ "agentSocket": socket })).unwrap(),
+    )
+    .unwrap();
+    // No periodic audit within the test: only the start-up one and the notes.
+    let a = Agent::start(
+        &d,
+        &[
+            "--cri-endpoint",
+            &kit.endpoint(),
+            "--audit-interval",
+            "600",
+            "--plugin-config",
+            plugin_config.to_str().unwrap(),
+        ],
+    );
+    wait_until(
+        Duration::from_secs(10),
+        || a.ready() == Some(true),
+        || a.log_text(),
+    );
+    network_ready(&cri).await;
+    let id = cri
+        .run_sandbox(&kit.pod("noted").annotation(ISTIO.0, ISTIO.1))
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(2),
+        || {
+            a.log_text().lines().any(|l| {
+                l.contains("audited on the plugin's ADD note")
+                    && l.contains(&id)
+                    && l.contains("verdict=\"protected\"")
+            })
+        },
+        || format!("no audit of {id} after its ADD; log:\n{}", a.log_text()),
+    );
+    assert!(state_file(&d.state, &id).exists());
+    drop(a);
+    kit.teardown().unwrap();
+}
