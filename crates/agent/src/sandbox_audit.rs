@@ -742,7 +742,8 @@ pub async fn run(
                 Ok(cri) => {
                     if let Some((plugin, cluster, metrics)) = parts.take() {
                         info!(endpoint = %settings.cri_endpoint, policy = %settings.policy, interval = ?settings.interval, "audit: connected to CRI");
-                        auditor = Some(Auditor::new(cri, plugin, settings.policy, cluster, metrics));
+                        auditor =
+                            Some(Auditor::new(cri, plugin, settings.policy, cluster, metrics));
                     }
                 }
                 Err(e) => {

@@ -117,8 +117,8 @@ pub const NOTE_TIMEOUT: Duration = Duration::from_millis(20);
 /// Tells the agent at `socket` that the ADD of a meshed pod in sandbox `sandbox` (netns
 /// `netns`) succeeded, so that it audits that sandbox at once
 /// (`interlock_contract::agent_socket::AddedNote`). Best effort: only to a trusted
-/// socket ([`connect_trusted`]), the line is sent without waiting for the answer, and
-/// every failure is returned for the log, never for the ADD.
+/// socket ([`connect_trusted`]), sending and waiting for the answer each bounded by
+/// [`NOTE_TIMEOUT`], and every failure is returned for the log, never for the ADD.
 pub fn note_added(socket: &Path, sandbox: &str, netns: &str) -> Result<(), LookupError> {
     let err = |msg: String| LookupError::Agent {
         socket: socket.display().to_string(),
@@ -133,7 +133,21 @@ pub fn note_added(socket: &Path, sandbox: &str, netns: &str) -> Result<(), Looku
     line.push(b'\n');
     stream
         .write_all(&line)
-        .map_err(|e| err(format!("send: {e}")))
+        .map_err(|e| err(format!("send: {e}")))?;
+    // Waiting for the answer (bounded) keeps the connection until the agent has taken the
+    // note: a connection closed at once may be dropped unread by an agent at its cap.
+    stream
+        .set_read_timeout(Some(NOTE_TIMEOUT))
+        .map_err(|e| err(e.to_string()))?;
+    let mut answer = String::new();
+    let _ = BufReader::new(&stream).read_line(&mut answer);
+    match serde_json::from_str::<Response>(answer.trim()) {
+        Ok(Response::Noted { .. }) => Ok(()),
+        _ => Err(err(format!(
+            "the note was not taken (answer {:?})",
+            answer.trim()
+        ))),
+    }
 }
 
 /// Asks the agent at `socket` about `pod`, giving up after `timeout` in total. The answer
