@@ -40,6 +40,13 @@ pub struct AuditArgs {
     /// Pretty-print the JSON.
     #[arg(long)]
     pub pretty: bool,
+    /// Instead: the resident memory of a real agent auditing this many sandboxes of a
+    /// private containerd (half of them meshed and unprotected: it repairs them).
+    #[arg(long)]
+    pub agent_rss_sandboxes: Option<usize>,
+    /// The `interlock` binary for `--agent-rss-sandboxes` (default: next to this one).
+    #[arg(long)]
+    pub interlock: Option<PathBuf>,
 }
 
 /// The audit of 250 sandboxes must take at most this long.
@@ -57,6 +64,9 @@ fn peak_rss_kib() -> Option<u64> {
 pub fn run(a: AuditArgs) -> anyhow::Result<()> {
     if !interlock_testkit::is_root() {
         bail!("needs root (it creates network namespaces and netfilter rules)");
+    }
+    if let Some(n) = a.agent_rss_sandboxes {
+        return agent_rss(n, a.interlock, a.pretty);
     }
     let state = tempfile::Builder::new()
         .prefix("il-bench-audit")
@@ -170,5 +180,144 @@ pub fn run(a: AuditArgs) -> anyhow::Result<()> {
             out.to_string()
         }
     );
+    Ok(())
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A real agent on a private containerd with `n` ready sandboxes: its RSS after it has
+/// audited (and repaired) them all, and after three more periodic audits.
+fn agent_rss(n: usize, interlock: Option<PathBuf>, pretty: bool) -> anyhow::Result<()> {
+    use interlock_testkit::containerd::Containerd;
+    let interlock = match interlock {
+        Some(p) => p,
+        None => std::env::current_exe()?.with_file_name("interlock"),
+    };
+    let kit = Containerd::start().context("starting containerd")?;
+    kit.install_primary_plugins()?;
+    kit.write_primary_config()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    eprintln!("running {n} sandboxes …");
+    let t = Instant::now();
+    rt.block_on(async {
+        let cri = kit.cri().await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cri.status().await?.network_ready() {
+            if Instant::now() > deadline {
+                bail!("containerd never loaded the primary's config");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let configs: Vec<_> = (0..n)
+            .map(|i| {
+                let c = kit.pod(&format!("rss{i}"));
+                if i % 2 == 0 {
+                    c.annotation("sidecar.istio.io/status", "{}")
+                } else {
+                    c
+                }
+            })
+            .collect();
+        let results: Vec<_> = futures::StreamExt::collect(futures::StreamExt::buffer_unordered(
+            futures::stream::iter(configs.iter().map(|c| cri.run_sandbox(c))),
+            8,
+        ))
+        .await;
+        for r in results {
+            r.context("running a sandbox")?;
+        }
+        anyhow::Ok(())
+    })?;
+    eprintln!("{n} sandboxes in {:?}; starting the agent …", t.elapsed());
+    let state = tempfile::Builder::new()
+        .prefix("il-bench-rss")
+        .tempdir_in("/dev/shm")?;
+    let log = state.path().join("agent.log");
+    let mut child = std::process::Command::new(&interlock)
+        .arg("agent")
+        .arg("--cni-conf-dir")
+        .arg(kit.conf_dir())
+        .arg("--cni-bin-dir")
+        .arg(kit.bin_dir())
+        .arg("--state-dir")
+        .arg(state.path().join("state"))
+        .args([
+            "--kube",
+            "none",
+            "--health-addr",
+            "127.0.0.1:0",
+            "--audit-interval",
+            "1",
+        ])
+        .arg("--cri-endpoint")
+        .arg(kit.endpoint())
+        .arg("--plugin-source")
+        .arg(interlock.with_file_name("interlock-cni"))
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .with_context(|| format!("starting {}", interlock.display()))?;
+    let pid = child.id();
+    let audits = |log: &std::path::Path| {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("audit done"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut first = None;
+    while audits(&log) < 4 {
+        if first.is_none() && audits(&log) >= 1 {
+            first = rss_kib(pid);
+        }
+        if Instant::now() > deadline || child.try_wait()?.is_some() {
+            let _ = child.kill();
+            bail!(
+                "the agent did not audit 4 times; log:\n{}",
+                std::fs::read_to_string(&log)?
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let after = rss_kib(pid);
+    let text = std::fs::read_to_string(&log)?;
+    let repaired = text
+        .lines()
+        .filter(|l| l.contains("audit action done"))
+        .count();
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| l.contains("audit done"))
+        .unwrap_or("")
+        .to_string();
+    let _ = child.kill();
+    let _ = child.wait();
+    let out = json!({
+        "sandboxes": n,
+        "repaired": repaired,
+        "agent_rss_kib_after_first_audit": first,
+        "agent_rss_kib_after_four_audits": after,
+        "budget_rss_kib": 40 * 1024,
+        "rss_within": after.is_some_and(|r| r <= 40 * 1024),
+        "last_audit": last,
+        "agent": interlock.display().to_string(),
+    });
+    println!(
+        "{}",
+        if pretty {
+            serde_json::to_string_pretty(&out)?
+        } else {
+            out.to_string()
+        }
+    );
+    drop(kit);
     Ok(())
 }
