@@ -17,7 +17,7 @@
 //! removes the rules and the records. Then it ends the connections opened before the
 //! rules (`SOCK_DESTROY` inside the netns); a refusal or survivors escalate to a restart.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -791,17 +791,6 @@ pub async fn run(
             }
         }
     }
-}
-
-/// The sandbox IDs of `reports` by verdict label (for tests and `check`).
-pub fn by_verdict(reports: &[SandboxReport]) -> BTreeMap<&'static str, BTreeSet<String>> {
-    let mut out: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
-    for r in reports {
-        out.entry(r.verdict.label())
-            .or_default()
-            .insert(r.sandbox.clone());
-    }
-    out
 }
 
 /// The agent socket's path under `state_dir`.
