@@ -9,9 +9,9 @@
 //! quietly. Audits run one at a time ([`run`]): at start, on the interval, and at once
 //! for a sandbox the plugin reports over the agent socket.
 //!
-//! The in-place repair is the plugin's own ADD path (`interlock_cni::protect::protect`:
+//! The in-place repair is the plugin's own ADD path (`interlock_attach::protect::protect`:
 //! the netns lock, the same spec for both families, apply, read back, probe) and writes
-//! the plugin's own attachment state (`interlock_cni::state::AttachmentState`, key
+//! the plugin's own attachment state (`interlock_attach::state::AttachmentState`, key
 //! `(sandbox ID, eth0)`) and netns record, so the plugin's CHECK, DEL and GC treat a
 //! repaired netns exactly like one its ADD protected: the runtime's DEL of the sandbox
 //! removes the rules and the records. Then it ends the connections opened before the
@@ -23,10 +23,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use interlock_cni::identity::PodIdentity;
-use interlock_cni::lookup::Source;
-use interlock_cni::protection::Protection;
-use interlock_cni::state::{AttachmentKey, AttachmentState, StateStore};
+use interlock_attach::identity::PodIdentity;
+use interlock_attach::identity::Source;
+use interlock_attach::protection::Protection;
+use interlock_attach::state::{AttachmentKey, AttachmentState, StateStore};
 use interlock_contract::config::PluginConfig;
 use interlock_contract::names::LABEL_UNPROTECTED;
 use interlock_contract::state::NetnsRecord;
@@ -145,7 +145,7 @@ impl Auditor {
         metrics: AuditMetrics,
     ) -> Auditor {
         let (backend, why) =
-            interlock_cni::protect::resolve_backend(plugin.backend, &plugin.state_dir);
+            interlock_attach::protect::resolve_backend(plugin.backend, &plugin.state_dir);
         info!(%backend, reason = %why, "audit: backend for netns the plugin has not recorded");
         Auditor {
             cri,
@@ -615,7 +615,7 @@ fn repair_in_place(
         ifname: REPAIR_IFNAME.to_string(),
     };
     let prev = CniResult::empty(CniVersion::V1_0_0);
-    let (protection, claim) = interlock_cni::protect::protect(
+    let (protection, claim) = interlock_attach::protect::protect(
         plugin,
         &store,
         &key,
