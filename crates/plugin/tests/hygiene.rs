@@ -170,10 +170,14 @@ fn annotations_that_exclude_everything_are_honoured() {
                 .starts_with("IPv4: not probed: every IPv4 destination is excluded (0.0.0.0/0")),
             "{probe:?}"
         );
+        // The veth's link-local route appears when the kernel configures the address on
+        // link up, asynchronously: on a loaded machine the probe may run before it, and
+        // then IPv6 honestly has no route yet (its rules are installed either way).
         assert!(
             probe
                 .iter()
-                .any(|l| l.starts_with("IPv6: routed only link-locally")),
+                .any(|l| l.starts_with("IPv6: routed only link-locally")
+                    || l.starts_with("IPv6: no route")),
             "{probe:?}"
         );
         assert!(reaches_node_directly(&n, &p, port), "{name}: IPv4 excluded");
