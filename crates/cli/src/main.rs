@@ -11,7 +11,7 @@ use interlock_agent::telemetry::{self, LogFormat};
 
 /// interlock: race-free, verifiable service-mesh traffic redirection for Kubernetes nodes.
 #[derive(Debug, Parser)]
-#[command(name = "interlock", version, about)]
+#[command(name = "interlock", version = interlock_buildinfo::VERSION, about)]
 struct Cli {
     /// How log lines look (the filter comes from INTERLOCK_LOG or RUST_LOG, default info).
     #[arg(
