@@ -40,12 +40,29 @@ enum Command {
     /// Remove exactly what interlock added to the CNI conf dir and bin dirs.
     Uninstall(agent_cmd::UninstallArgs),
     /// Explain what this node's runtime will load and whether a pod started now is
-    /// protected (exit 0 protected, 1 not protected, 2 error).
+    /// protected (exit 0 protected, 1 at risk, 2 unprotected, 3 could not check, 64 usage).
     Check(check::CheckArgs),
 }
 
+/// The exit code of a command line that does not parse (sysexits' EX_USAGE), apart from
+/// every verdict `check` can give.
+const USAGE_ERROR: u8 = 64;
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp
+                | clap::error::ErrorKind::DisplayVersion
+                | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    std::process::ExitCode::SUCCESS
+                }
+                _ => std::process::ExitCode::from(USAGE_ERROR),
+            };
+        }
+    };
     let format = match cli.log_format {
         LogFormatArg::Text => LogFormat::Text,
         LogFormatArg::Json => LogFormat::Json,
@@ -55,9 +72,10 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(2);
     }
     let command = cli.command;
-    // `check` reserves 1 for "not protected"; its own failures exit 2.
+    // `check` answers every verdict itself (3: could not check); what is left is an
+    // error writing its output.
     let error_code = if matches!(command, Command::Check(_)) {
-        2
+        3
     } else {
         1
     };
