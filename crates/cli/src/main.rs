@@ -5,6 +5,7 @@
 
 mod agent_cmd;
 mod check;
+mod manifests;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use interlock_agent::telemetry::{self, LogFormat};
@@ -42,6 +43,9 @@ enum Command {
     /// Explain what this node's runtime will load and whether a pod started now is
     /// protected (exit 0 protected, 1 at risk, 2 unprotected, 3 could not check, 64 usage).
     Check(check::CheckArgs),
+    /// Print the Kubernetes objects that install interlock (`| kubectl apply -f -`);
+    /// `--set key=value` changes a setting.
+    Manifests(manifests::ManifestsArgs),
 }
 
 /// The exit code of a command line that does not parse (sysexits' EX_USAGE), apart from
@@ -74,10 +78,11 @@ fn main() -> std::process::ExitCode {
     let command = cli.command;
     // `check` answers every verdict itself (3: could not check); what is left is an
     // error writing its output.
-    let error_code = if matches!(command, Command::Check(_)) {
-        3
-    } else {
-        1
+    let error_code = match command {
+        Command::Check(_) => 3,
+        // A refused `--set` is a usage error.
+        Command::Manifests(_) => USAGE_ERROR,
+        _ => 1,
     };
     let result = match command {
         Command::Agent(a) => agent_cmd::run_agent(a).map(|()| std::process::ExitCode::SUCCESS),
@@ -85,6 +90,7 @@ fn main() -> std::process::ExitCode {
             agent_cmd::run_uninstall(a).map(|()| std::process::ExitCode::SUCCESS)
         }
         Command::Check(a) => check::run(a),
+        Command::Manifests(a) => manifests::run(a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("interlock: {e:#}");
