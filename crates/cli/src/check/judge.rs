@@ -256,7 +256,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                         "config",
                         Fail,
                         Hole,
-                        format!("{rt} loads {why}: {by}"),
+                        format!("{rt} loads {name} ({chain}), which does not contain interlock-cni: {by}"),
                         HINT_NO_INTERLOCK,
                     )
                 }
@@ -531,13 +531,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
         .filter(|x| x.status == Fail)
         .min_by_key(|x| x.effect);
     let (verdict, summary) = match worst {
-        Some(x) if x.effect == Hole => (
-            Verdict::Unprotected,
-            format!(
-                "a meshed pod started on this node now could run WITHOUT redirection: {}",
-                x.message
-            ),
-        ),
+        Some(x) if x.effect == Hole => (Verdict::Unprotected, x.message.clone()),
         Some(x) => (Verdict::AtRisk, x.message.clone()),
         None if config_runs_us && binary_ok => {
             let warns: Vec<&str> = f

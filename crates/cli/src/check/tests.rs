@@ -585,7 +585,7 @@ CNI conf dir /etc/cni/net.d as containerd loads it:
   ok    binary.ok                 /opt/cni/bin/interlock-cni is interlock-cni 0.1.0 (answers VERSION: 1.0.0), byte for byte the plugin this interlock ships
   ok    agent.ready               ready (pid 42, marker 0.4 s old)
 
-UNPROTECTED: a meshed pod started on this node now could run WITHOUT redirection: 00-interlock.conflist runs istio-cni in the same chain as interlock-cni: each pod's traffic is redirected twice, by two rule sets neither of which knows the other; interlock cannot vouch for the result
+UNPROTECTED: 00-interlock.conflist runs istio-cni in the same chain as interlock-cni: each pod's traffic is redirected twice, by two rule sets neither of which knows the other; interlock cannot vouch for the result
 "
     );
     // On a terminal: the status and the verdict in colour, nothing else changes.
