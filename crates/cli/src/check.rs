@@ -24,7 +24,7 @@ use interlock_contract::layout::marker_path;
 use interlock_contract::marker::ReadinessMarker;
 use interlock_contract::time::now_ms;
 use interlock_protocol::confdir::{self, Effective, Runtime};
-use judge::{BinaryFacts, Content, Judgement, Observed, Readyz, Stale};
+use judge::{chain_types, BinaryFacts, Content, Judgement, Observed, Readyz, Stale};
 use report::{AgentDoc, BinaryDoc, EffectiveDoc, NodeReport, Parts, ReadyzDoc, Settings, Style};
 use serde_json::Value;
 
@@ -302,21 +302,6 @@ fn ask_readyz(addr: &str) -> Readyz {
         Ok(code) => Readyz::Answered(code),
         Err(e) => Readyz::Unreachable(format!("nobody answered at {sa}: {e}")),
     }
-}
-
-/// Every plugin type the loaded chain runs (its Multus delegate's too).
-fn chain_types(list: &interlock_protocol::NetworkConfigList) -> Vec<String> {
-    let mut types: Vec<String> = list.plugin_types().iter().map(|t| t.to_string()).collect();
-    if let Some(d) = confdir::multus_delegate(list) {
-        types.extend(
-            d.get("plugins")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(|p| Some(p.get("type")?.as_str()?.to_string())),
-        );
-    }
-    types
 }
 
 /// Plugin types of the loaded chain that no bin dir has, besides interlock-cni (its own

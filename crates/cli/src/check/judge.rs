@@ -219,21 +219,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
         ),
         Some(c) => {
             let name = confdir::shown_os(c.path.file_name().unwrap_or_default());
-            let mut types: Vec<String> = c
-                .list
-                .plugin_types()
-                .iter()
-                .map(|t| t.to_string())
-                .collect();
-            if let Some(d) = confdir::multus_delegate(&c.list) {
-                types.extend(
-                    d.get("plugins")
-                        .and_then(|p| p.as_array())
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|p| Some(p.get("type")?.as_str()?.to_string())),
-                );
-            }
+            let types = chain_types(&c.list);
             let chain = c.list.plugin_types().join(" → ");
             let others: Vec<&str> = OTHER_MESH_PLUGINS
                 .iter()
@@ -559,6 +545,21 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
         summary: format!("{}: {summary}", verdict.word()),
         findings: f,
     }
+}
+
+/// Every plugin type a chain runs, its thin Multus delegate's too.
+pub fn chain_types(list: &interlock_protocol::NetworkConfigList) -> Vec<String> {
+    let mut types: Vec<String> = list.plugin_types().iter().map(|t| t.to_string()).collect();
+    if let Some(d) = confdir::multus_delegate(list) {
+        types.extend(
+            d.get("plugins")
+                .and_then(|p| p.as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|p| Some(p.get("type")?.as_str()?.to_string())),
+        );
+    }
+    types
 }
 
 fn shown_dirs(dirs: &[PathBuf]) -> String {
