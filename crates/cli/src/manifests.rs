@@ -327,13 +327,25 @@ data:
   INTERLOCK_TAINT_EFFECT: {taint}
   INTERLOCK_CRI_ENDPOINT: {cri_endpoint}
   INTERLOCK_KUBE: "auto"
-  # The plugin's own settings (the file below), merged into the entry the agent writes.
+  # The plugin's own settings (ConfigMap interlock-plugin-config), merged into the
+  # entry the agent writes.
   INTERLOCK_PLUGIN_CONFIG: "/etc/interlock/plugin-config.json"
   INTERLOCK_PLUGIN_SOURCE: "/usr/local/bin/interlock-cni"
   # All addresses: the pod is hostNetwork, so this is the node's port {port}. It serves
   # only /healthz, /readyz and /metrics, all read-only GETs, so Prometheus can scrape it;
   # restrict who reaches the port with the node's firewall if metrics are sensitive.
   INTERLOCK_HEALTH_ADDR: "0.0.0.0:{port}"
+---
+# The plugin's settings, a file (apart from the environment above: envFrom would skip
+# a key that is not a variable name, with a warning Event).
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: interlock-plugin-config
+  namespace: {ns}
+  labels:
+    {labels}
+data:
   plugin-config.json: {plugin_config}
 ---
 apiVersion: apps/v1
@@ -477,7 +489,7 @@ spec:
             type: Socket
         - name: config
           configMap:
-            name: interlock-config
+            name: interlock-plugin-config
             items:
               - key: plugin-config.json
                 path: plugin-config.json

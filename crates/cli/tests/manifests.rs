@@ -117,7 +117,8 @@ fn every_object_validates_against_the_kubernetes_schemas() {
                 "serviceaccount/",
                 "clusterrole/",
                 "clusterrolebinding/",
-                "configmap/",
+                "configmap/interlock-config",
+                "configmap/interlock-plugin-config",
                 "daemonset/",
             ] {
                 assert!(
@@ -304,8 +305,22 @@ fn settings_rbac_and_namespace_are_as_the_agent_expects() {
             want.verbs.iter().map(|s| s.to_string()).collect::<Vec<_>>()
         );
     }
-    let cm: ConfigMap = object(&d, "ConfigMap");
-    let data = cm.data.unwrap();
+    let config_map = |name: &str| -> ConfigMap {
+        let d = d
+            .iter()
+            .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no ConfigMap {name}"));
+        serde_json::from_value(d.clone()).unwrap()
+    };
+    let data = config_map("interlock-config").data.unwrap();
+    // Every key is a variable name (envFrom skips the others).
+    for k in data.keys() {
+        assert!(
+            k.starts_with("INTERLOCK_") && k.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'),
+            "{k}"
+        );
+    }
+    let plugin = config_map("interlock-plugin-config").data.unwrap();
     assert_eq!(data["INTERLOCK_RUNTIME"], "crio");
     assert_eq!(
         data["INTERLOCK_CRI_ENDPOINT"],
@@ -316,7 +331,7 @@ fn settings_rbac_and_namespace_are_as_the_agent_expects() {
     // The plugin config is one the agent accepts.
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("plugin-config.json");
-    std::fs::write(&f, &data["plugin-config.json"]).unwrap();
+    std::fs::write(&f, &plugin["plugin-config.json"]).unwrap();
     let pc = interlock_agent::load_plugin_config(&f).unwrap();
     assert_eq!(pc["profiles"], serde_json::json!(["linkerd", "istio"]));
     assert!(d
