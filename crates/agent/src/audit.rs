@@ -95,6 +95,67 @@ pub fn judge(decision: &Decision, rules: Option<&RulesSeen>) -> Verdict {
     }
 }
 
+/// What the plugin's record of a netns (`interlock_contract::state::NetnsRecord`) says,
+/// as far as the audit cross-checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordView<'a> {
+    /// The record lists an attachment of this sandbox (container ID = sandbox ID).
+    pub lists_sandbox: bool,
+    /// The spec hash recorded as installed.
+    pub spec_hash: &'a str,
+}
+
+/// Cross-checks a read-back with the plugin's record of the netns, when there is one.
+/// Rules that read back exactly but are not what the record says (another spec), or a
+/// record that does not list this sandbox (the plugin's DEL and GC would remove the
+/// rules with another attachment's last reference), are not the pod's protection as the
+/// plugin treats it, so they count as a mismatch; the repair records them properly.
+pub fn cross_check(
+    read_back: RulesSeen,
+    record: Option<RecordView<'_>>,
+    spec_hash: &str,
+) -> RulesSeen {
+    let Some(record) = record else {
+        return read_back;
+    };
+    let mut diffs = match read_back {
+        RulesSeen::Exact => Vec::new(),
+        RulesSeen::Mismatch(d) => d,
+        e @ RulesSeen::Error(_) => return e,
+    };
+    if !record.lists_sandbox {
+        diffs.push("the plugin's record of this netns does not list this sandbox".to_string());
+    }
+    if record.spec_hash != spec_hash {
+        diffs.push(format!(
+            "the plugin recorded spec {} but the pod's annotations now ask for {}",
+            short(record.spec_hash),
+            short(spec_hash)
+        ));
+    }
+    if diffs.is_empty() {
+        RulesSeen::Exact
+    } else {
+        RulesSeen::Mismatch(diffs)
+    }
+}
+
+fn short(hash: &str) -> &str {
+    &hash[..12.min(hash.len())]
+}
+
+/// What an in-place repair that could not end the connections opened before the rules
+/// becomes: a restart, saying why (the rules are in place, but the pod still holds
+/// plaintext connections that bypass them).
+pub fn after_failed_repair(reason: &str) -> RepairAction {
+    RepairAction {
+        policy: RepairPolicy::Restart,
+        because: Some(format!(
+            "the in-place repair did not finish ({reason}): restarting the sandbox instead"
+        )),
+    }
+}
+
 fn summarize(diffs: &[String]) -> String {
     match diffs {
         [] => "the rules differ".into(),
@@ -306,6 +367,45 @@ mod tests {
             None,
         );
         assert_eq!(judge(&unknown, None).label(), "unknown");
+    }
+
+    #[test]
+    fn the_plugins_record_is_cross_checked() {
+        let rec = |lists_sandbox, spec_hash| {
+            Some(RecordView {
+                lists_sandbox,
+                spec_hash,
+            })
+        };
+        assert_eq!(cross_check(RulesSeen::Exact, None, "h1"), RulesSeen::Exact);
+        assert_eq!(
+            cross_check(RulesSeen::Exact, rec(true, "h1"), "h1"),
+            RulesSeen::Exact
+        );
+        let RulesSeen::Mismatch(d) = cross_check(RulesSeen::Exact, rec(true, "h0"), "h1") else {
+            unreachable!()
+        };
+        assert!(d[0].contains("recorded spec h0"), "{d:?}");
+        let RulesSeen::Mismatch(d) = cross_check(
+            RulesSeen::Mismatch(vec!["table missing".into()]),
+            rec(false, "h1"),
+            "h1",
+        ) else {
+            unreachable!()
+        };
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(d[1].contains("does not list"), "{d:?}");
+        assert_eq!(
+            cross_check(RulesSeen::Error("EPERM".into()), rec(false, "h0"), "h1"),
+            RulesSeen::Error("EPERM".into())
+        );
+    }
+
+    #[test]
+    fn a_failed_repair_becomes_a_restart_with_its_reason() {
+        let a = after_failed_repair("the kernel refused SOCK_DESTROY");
+        assert_eq!(a.policy, RepairPolicy::Restart);
+        assert!(a.because.unwrap().contains("refused SOCK_DESTROY"));
     }
 
     #[test]

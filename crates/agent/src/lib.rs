@@ -29,6 +29,7 @@ pub mod metrics;
 pub mod plan;
 pub mod probes;
 pub mod readiness;
+pub mod sandbox_audit;
 pub mod socket;
 pub mod status;
 pub mod telemetry;
@@ -107,6 +108,9 @@ pub struct AgentConfig {
     pub conflict_threshold: u32,
     /// Window for counting conflicts (another writer taking interlock out of a file).
     pub conflict_window: Duration,
+    /// The sandbox audit (`--cri-endpoint`, `--audit-interval`, `--repair-policy`);
+    /// `None`: no audit (`--cri-endpoint none`).
+    pub audit: Option<sandbox_audit::AuditSettings>,
 }
 
 impl AgentConfig {
@@ -130,6 +134,7 @@ impl AgentConfig {
             marker_stale_after: Duration::from_secs(3),
             conflict_threshold: 20,
             conflict_window: Duration::from_secs(1),
+            audit: Some(sandbox_audit::AuditSettings::default()),
         }
     }
 
@@ -362,6 +367,24 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
             "health endpoints listening"
         );
         tokio::spawn(health::serve(listener, admin, limits));
+        // The Kubernetes wiring hands its cluster here once it exists; without it the
+        // audit uses the sandboxes' own annotations and the socket cannot answer lookups.
+        let cluster: Option<kubernetes::Cluster> = None;
+        let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        serve_agent_socket(&cfg.state_dir, cluster.clone(), wake_tx)?;
+        if let Some(settings) = cfg.audit.clone() {
+            let plugin = interlock_contract::PluginConfig::from_map(&cfg.entry())
+                .map_err(|e| AgentError::Runtime(format!("the plugin entry is invalid: {e}")))?;
+            tokio::spawn(sandbox_audit::run(
+                settings,
+                plugin,
+                cluster,
+                shared.audit.clone(),
+                wake_rx,
+            ));
+        } else {
+            info!("sandbox audit disabled (--cri-endpoint none)");
+        }
         let (tx, rx) = std::sync::mpsc::channel();
         guard::spawn_watcher(&cfg.conf_dir, &cfg.bin_dirs, tx.clone()).map_err(|e| {
             AgentError::Dir {
@@ -433,6 +456,27 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
             }
         );
     }
+    Ok(())
+}
+
+/// Serves `<state dir>/agent.sock`: pod lookups from the cluster's pod cache (else an
+/// `undecided` answer saying why), and the plugin's ADD notes, sent on to the audit.
+fn serve_agent_socket(
+    state_dir: &Path,
+    cluster: Option<kubernetes::Cluster>,
+    added: tokio::sync::mpsc::UnboundedSender<String>,
+) -> Result<(), AgentError> {
+    let path = sandbox_audit::socket_path(state_dir);
+    let listener = socket::bind(&path).map_err(|e| AgentError::Runtime(e.to_string()))?;
+    let source: Arc<dyn socket::PodSource> = match cluster {
+        Some(c) => Arc::new(c.pods),
+        None => Arc::new(socket::NoSource(
+            "the agent runs without a Kubernetes API (--kube none): it cannot look up pod annotations"
+                .into(),
+        )),
+    };
+    info!(path = %path.display(), "agent socket listening");
+    tokio::spawn(socket::serve(listener, source, Some(added)));
     Ok(())
 }
 

@@ -17,7 +17,7 @@ pub const REPAIR_BUCKETS: [f64; 9] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.
 
 /// Every series family the agent exports, by the name in its `# TYPE` line (counters get
 /// `_total` on their samples, the info metric `_info`).
-pub const SERIES: [&str; 14] = [
+pub const SERIES: [&str; 19] = [
     "interlock_build",
     "interlock_errors",
     "interlock_insecure_dirs",
@@ -32,7 +32,16 @@ pub const SERIES: [&str; 14] = [
     "interlock_agent_ready",
     "interlock_not_ready_transitions",
     "interlock_effective_config_info",
+    "interlock_sandboxes",
+    "interlock_sandbox_repairs",
+    "interlock_connections_ended",
+    "interlock_audit_duration_seconds",
+    "interlock_audit_errors",
 ];
+
+/// Upper bounds (seconds) of the audit-duration histogram: the budget is 250 ms for 250
+/// sandboxes.
+pub const AUDIT_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 
 /// A label naming one file in the conf dir.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -229,5 +238,103 @@ impl ReadinessMetrics {
             m.effective_config.clone(),
         );
         m
+    }
+}
+
+/// The verdict of one sandbox, as a label (`interlock_sandboxes{verdict=…}`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabel {
+    /// `protected`, `unprotected`, `not_meshed` or `unknown` (`audit::Verdict::label`).
+    pub verdict: String,
+}
+
+/// What was done about one unprotected sandbox (`interlock_sandbox_repairs`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RepairLabels {
+    /// The policy acted on (after fallbacks and escalation): `repair`, `restart`, ….
+    pub policy: String,
+    /// `done`, `failed` or `escalated`.
+    pub result: String,
+}
+
+/// Series of the sandbox audit.
+#[derive(Debug, Clone)]
+pub struct AuditMetrics {
+    /// Sandboxes by verdict at the last audit.
+    pub sandboxes: Family<VerdictLabel, Gauge>,
+    /// Actions on unprotected sandboxes, by policy and result.
+    pub repairs: Family<RepairLabels, Counter>,
+    /// Connections ended by in-place repairs.
+    pub connections_ended: Counter,
+    /// Duration of one audit pass.
+    pub duration: Histogram,
+    /// Audit failures (CRI unreachable, a sandbox whose status or netns could not be read).
+    pub errors: Counter,
+}
+
+impl AuditMetrics {
+    /// Registers the audit's series into `r` (every verdict reported, zero included).
+    pub fn register(r: &mut Registry) -> AuditMetrics {
+        let m = AuditMetrics {
+            sandboxes: Family::default(),
+            repairs: Family::default(),
+            connections_ended: Counter::default(),
+            duration: Histogram::new(AUDIT_BUCKETS),
+            errors: Counter::default(),
+        };
+        for v in crate::audit::Verdict::LABELS {
+            m.sandboxes
+                .get_or_create(&VerdictLabel {
+                    verdict: v.to_string(),
+                })
+                .set(0);
+        }
+        r.register(
+            "interlock_sandboxes",
+            "Ready pod sandboxes on this node at the last audit, by verdict",
+            m.sandboxes.clone(),
+        );
+        r.register(
+            "interlock_sandbox_repairs",
+            "Actions on unprotected meshed sandboxes, by policy and result",
+            m.repairs.clone(),
+        );
+        r.register(
+            "interlock_connections_ended",
+            "Connections opened before the redirection that in-place repairs ended",
+            m.connections_ended.clone(),
+        );
+        r.register(
+            "interlock_audit_duration_seconds",
+            "Duration of one audit of the node's sandboxes",
+            m.duration.clone(),
+        );
+        r.register(
+            "interlock_audit_errors",
+            "Audit failures: CRI unreachable, or a sandbox whose status or netns could not be read",
+            m.errors.clone(),
+        );
+        m
+    }
+
+    /// Publishes one pass's count per verdict label.
+    pub fn set_verdicts(&self, counts: &std::collections::BTreeMap<&'static str, i64>) {
+        for v in crate::audit::Verdict::LABELS {
+            self.sandboxes
+                .get_or_create(&VerdictLabel {
+                    verdict: v.to_string(),
+                })
+                .set(counts.get(v).copied().unwrap_or(0));
+        }
+    }
+
+    /// Counts one action.
+    pub fn repaired(&self, policy: &str, result: &str) {
+        self.repairs
+            .get_or_create(&RepairLabels {
+                policy: policy.to_string(),
+                result: result.to_string(),
+            })
+            .inc();
     }
 }

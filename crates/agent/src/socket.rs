@@ -1,6 +1,7 @@
 //! The agent socket (`<state dir>/agent.sock`): answers the plugin's "annotations of pod
-//! X" when the runtime passed none (protocol: `interlock_contract::agent_socket`, one JSON
-//! line each way, versioned).
+//! X" when the runtime passed none, and takes its "ADD done for sandbox S" notes, which it
+//! hands to the audit (protocol: `interlock_contract::agent_socket`, one JSON line each
+//! way, versioned).
 //!
 //! The plugin trusts the answer only from a root-owned socket, mode 0600, in a directory
 //! nobody else can write, served by a root peer: the server creates it so. Every
@@ -13,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use interlock_contract::agent_socket::{answer_line, PodRef, Response, PROTOCOL_VERSION};
+use interlock_contract::agent_socket::{answer_request, PodRef, Response, PROTOCOL_VERSION};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
@@ -96,8 +97,12 @@ pub fn bind(path: &Path) -> Result<UnixListener, SocketError> {
     Ok(listener)
 }
 
-/// Serves `listener` with `source` until the task is dropped.
-pub async fn serve(listener: UnixListener, source: Arc<dyn PodSource>) {
+/// Where the plugin's ADD notes go: the sandbox IDs, to the audit.
+pub type AddedNotes = tokio::sync::mpsc::UnboundedSender<String>;
+
+/// Serves `listener` with `source` until the task is dropped; ADD notes go to `added`
+/// (without it they are answered `undecided`).
+pub async fn serve(listener: UnixListener, source: Arc<dyn PodSource>, added: Option<AddedNotes>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
@@ -113,21 +118,37 @@ pub async fn serve(listener: UnixListener, source: Arc<dyn PodSource>) {
             drop(stream);
             continue;
         };
-        let source = source.clone();
+        let (source, added) = (source.clone(), added.clone());
         tokio::spawn(async move {
             let _slot = slot;
-            let _ = tokio::time::timeout(DEADLINE, answer(stream, source)).await;
+            let _ = tokio::time::timeout(DEADLINE, answer(stream, source, added)).await;
         });
     }
 }
 
-async fn answer(stream: tokio::net::UnixStream, source: Arc<dyn PodSource>) -> std::io::Result<()> {
+async fn answer(
+    stream: tokio::net::UnixStream,
+    source: Arc<dyn PodSource>,
+    added: Option<AddedNotes>,
+) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     BufReader::new(read.take(MAX_REQUEST))
         .read_line(&mut line)
         .await?;
-    let reply = answer_line(&line, |pod| source.answer(pod));
+    let reply = answer_request(
+        &line,
+        |pod| source.answer(pod),
+        |note| match &added {
+            Some(tx) if tx.send(note.sandbox.clone()).is_ok() => Response::Noted {
+                v: PROTOCOL_VERSION,
+            },
+            _ => Response::Undecided {
+                v: PROTOCOL_VERSION,
+                reason: "the agent's audit is not running (--cri-endpoint none)".into(),
+            },
+        },
+    );
     write.write_all(reply.as_bytes()).await?;
     write.shutdown().await
 }
@@ -177,9 +198,10 @@ mod tests {
         let listener = bind(&path).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let server = tokio::spawn(serve(listener, Arc::new(OnePod)));
+        let (tx, mut notes) = tokio::sync::mpsc::unbounded_channel();
+        let server = tokio::spawn(serve(listener, Arc::new(OnePod), Some(tx)));
         let p = path.clone();
-        let (found, missing, garbage) = tokio::task::spawn_blocking(move || {
+        let (found, missing, garbage, noted) = tokio::task::spawn_blocking(move || {
             (
                 ask(
                     &p,
@@ -190,6 +212,10 @@ mod tests {
                     "{\"v\":1,\"op\":\"pod\",\"namespace\":\"shop\",\"name\":\"db-0\"}\n",
                 ),
                 ask(&p, "garbage\n"),
+                ask(
+                    &p,
+                    "{\"v\":1,\"op\":\"added\",\"sandbox\":\"sb-9\",\"netns\":\"/x\"}\n",
+                ),
             )
         })
         .await
@@ -199,6 +225,8 @@ mod tests {
         assert_eq!(found["annotations"]["sidecar.istio.io/status"], "{}");
         assert!(missing.contains("notFound"), "{missing}");
         assert!(garbage.contains("undecided"), "{garbage}");
+        assert!(noted.contains("noted"), "{noted}");
+        assert_eq!(notes.recv().await.as_deref(), Some("sb-9"));
         server.abort();
     }
 
@@ -206,7 +234,7 @@ mod tests {
     async fn a_silent_client_is_dropped_after_the_deadline_and_others_are_served() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.sock");
-        let server = tokio::spawn(serve(bind(&path).unwrap(), Arc::new(OnePod)));
+        let server = tokio::spawn(serve(bind(&path).unwrap(), Arc::new(OnePod), None));
         let p = path.clone();
         let answered = tokio::task::spawn_blocking(move || {
             let silent: Vec<_> = (0..MAX_CONNECTIONS * 2)

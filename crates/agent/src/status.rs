@@ -5,7 +5,9 @@
 //! `prometheus-client` series, registered once per subsystem (see [`crate::metrics`]);
 //! the fields here are handles on the same series.
 
-use crate::metrics::{AgentMetrics, FileLabel, GuardMetrics, PluginMetrics, ReadinessMetrics};
+use crate::metrics::{
+    AgentMetrics, AuditMetrics, FileLabel, GuardMetrics, PluginMetrics, ReadinessMetrics,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -56,6 +58,8 @@ pub struct Shared {
     pub resyncs: Counter,
     /// Conf, bin and state dirs a non-root user could write.
     pub insecure_dirs: Gauge,
+    /// The sandbox audit's series.
+    pub audit: AuditMetrics,
 }
 
 impl Default for Shared {
@@ -65,7 +69,9 @@ impl Default for Shared {
         let guard = GuardMetrics::register(&mut registry);
         let plugin = PluginMetrics::register(&mut registry);
         let ready = ReadinessMetrics::register(&mut registry);
+        let audit = AuditMetrics::register(&mut registry);
         Shared {
+            audit,
             readiness: Mutex::new(Readiness {
                 ready: false,
                 reason: "starting".into(),

@@ -19,8 +19,10 @@
 //! budget verdicts, all computed from this run).
 //!
 //! [`repair`] measures the agent instead: how fast it repairs its config after another
-//! writer clobbers it (`interlock-bench repair`, `make bench-repair`).
+//! writer clobbers it (`interlock-bench repair`, `make bench-repair`); [`audit`] the
+//! sandbox audit of many meshed netns and one in-place repair (`interlock-bench audit`).
 
+pub mod audit;
 pub mod repair;
 pub mod report;
 pub mod run;

@@ -4,7 +4,8 @@
 //! Progress goes to stderr. Needs root.
 //!
 //! `interlock-bench repair …` measures the agent's config repair instead
-//! ([`interlock_bench::repair`]; no root needed).
+//! ([`interlock_bench::repair`]; no root needed); `interlock-bench audit` the sandbox
+//! audit and the in-place repair of a pod ([`interlock_bench::audit`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +32,8 @@ struct Cli {
 enum Command {
     /// Measure the agent's config repair, follow and /readyz latencies (one JSON line).
     Repair(interlock_bench::repair::RepairArgs),
+    /// Measure the sandbox audit over many meshed netns and the in-place repair (JSON).
+    Audit(interlock_bench::audit::AuditArgs),
 }
 
 /// The plugin ADD benchmark's flags.
@@ -65,6 +68,15 @@ struct Args {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Audit(a)) = cli.command {
+        return match interlock_bench::audit::run(a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("interlock-bench audit: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Command::Repair(a)) = cli.command {
         return match interlock_bench::repair::run(a) {
             Ok(()) => ExitCode::SUCCESS,

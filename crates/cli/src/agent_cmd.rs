@@ -3,7 +3,9 @@
 
 use anyhow::Context;
 use clap::Args;
+use interlock_agent::audit::RepairPolicy;
 use interlock_agent::plan::ConfigMode;
+use interlock_agent::sandbox_audit::AuditSettings;
 use interlock_agent::{AgentConfig, KubeMode, Runtime};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -97,6 +99,28 @@ pub struct AgentArgs {
         hide = true
     )]
     pub conflict_threshold: u32,
+    // The sandbox audit.
+    /// The runtime's CRI socket the audit lists sandboxes through (CRI-O's works the
+    /// same); `none` turns the audit off.
+    #[arg(
+        long,
+        env = "INTERLOCK_CRI_ENDPOINT",
+        default_value = interlock_cri_default()
+    )]
+    pub cri_endpoint: String,
+    /// Seconds between full audits of the node's sandboxes (also at start and at once
+    /// after each ADD the plugin reports).
+    #[arg(long, env = "INTERLOCK_AUDIT_INTERVAL", default_value_t = 10.0)]
+    pub audit_interval: f64,
+    /// What to do with a meshed sandbox running unprotected: repair (rules in place and
+    /// its earlier connections ended), restart (stop the sandbox over CRI), delete, evict
+    /// (need the Kubernetes API; without it: restart), report (only log, metric, label).
+    #[arg(long, env = "INTERLOCK_REPAIR_POLICY", default_value = "repair")]
+    pub repair_policy: RepairPolicy,
+}
+
+fn interlock_cri_default() -> &'static str {
+    interlock_agent::sandbox_audit::DEFAULT_CRI_ENDPOINT
 }
 
 #[derive(Debug, Args)]
@@ -133,7 +157,26 @@ pub fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     cfg.resync_interval = Duration::from_secs(a.resync_seconds.max(1));
     cfg.marker_stale_after = Duration::from_millis(a.marker_stale_ms.max(30));
     cfg.conflict_threshold = a.conflict_threshold;
+    cfg.audit = audit_settings(&a.cri_endpoint, a.audit_interval, a.repair_policy)?;
     interlock_agent::run(cfg).context("interlock agent failed")
+}
+
+fn audit_settings(
+    endpoint: &str,
+    interval: f64,
+    policy: RepairPolicy,
+) -> anyhow::Result<Option<AuditSettings>> {
+    if endpoint == "none" {
+        return Ok(None);
+    }
+    if !(interval.is_finite() && interval >= 0.1) {
+        anyhow::bail!("--audit-interval {interval}: must be at least 0.1 seconds");
+    }
+    Ok(Some(AuditSettings {
+        cri_endpoint: endpoint.to_string(),
+        interval: Duration::from_secs_f64(interval),
+        policy,
+    }))
 }
 
 pub fn run_uninstall(a: UninstallArgs) -> anyhow::Result<()> {

@@ -1,10 +1,19 @@
 //! The agent socket protocol (`<stateDir>/agent.sock`, [`crate::layout::AGENT_SOCKET_FILE`]):
 //! one JSON request line, one JSON response line, then close.
 //!
-//! Request: `{"v":1,"op":"pod","namespace":"default","name":"web-0","uid":"…"}`.
-//! Responses: `{"v":1,"status":"found","uid":"…","annotations":{…}}`,
-//! `{"v":1,"status":"notFound"}`, or `{"v":1,"status":"undecided","reason":"…"}` when the
-//! agent cannot answer with authority (for example its pod cache has not synced yet).
+//! Two operations (`op`), both in protocol version 1; operations are only ever added, and
+//! an agent that does not know one answers `undecided` naming it:
+//!
+//! - `pod`, the plugin's lookup when the runtime passed no annotations:
+//!   `{"v":1,"op":"pod","namespace":"default","name":"web-0","uid":"…"}`. Responses:
+//!   `{"v":1,"status":"found","uid":"…","annotations":{…}}`, `{"v":1,"status":"notFound"}`,
+//!   or `{"v":1,"status":"undecided","reason":"…"}` when the agent cannot answer with
+//!   authority (for example its pod cache has not synced yet).
+//! - `added` ([`AddedNote`]), the plugin's note after a successful ADD of a meshed pod:
+//!   `{"v":1,"op":"added","sandbox":"<CNI_CONTAINERID>","netns":"<CNI_NETNS>"}`; the agent
+//!   answers `{"v":1,"status":"noted"}` and audits that sandbox at once. Best effort: the
+//!   plugin never waits long for it nor fails because of it.
+//!
 //! Unknown fields are ignored both ways so either side can grow.
 //!
 //! The plugin trusts an answer only from a socket that root owns, in a directory root
@@ -35,6 +44,36 @@ pub struct PodRef {
 impl std::fmt::Display for PodRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The `pod` operation.
+pub const OP_POD: &str = "pod";
+/// The `added` operation.
+pub const OP_ADDED: &str = "added";
+
+/// The plugin's note that an ADD for a meshed pod succeeded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddedNote {
+    /// Protocol version.
+    pub v: u32,
+    /// Always [`OP_ADDED`].
+    pub op: String,
+    /// `CNI_CONTAINERID`: the sandbox ID.
+    pub sandbox: String,
+    /// `CNI_NETNS`.
+    pub netns: String,
+}
+
+impl AddedNote {
+    /// The note about `sandbox` in `netns`.
+    pub fn new(sandbox: &str, netns: &str) -> AddedNote {
+        AddedNote {
+            v: PROTOCOL_VERSION,
+            op: OP_ADDED.into(),
+            sandbox: sandbox.into(),
+            netns: netns.into(),
+        }
     }
 }
 
@@ -70,6 +109,11 @@ pub enum Response {
         /// Protocol version.
         v: u32,
     },
+    /// An [`AddedNote`] was taken.
+    Noted {
+        /// Protocol version.
+        v: u32,
+    },
     /// The agent cannot answer with authority.
     Undecided {
         /// Protocol version.
@@ -80,17 +124,40 @@ pub enum Response {
 }
 
 /// Server side: turns one request line into one response line using `lookup`.
-/// Malformed requests get an `undecided` answer naming the problem, never a panic.
+/// Malformed requests get an `undecided` answer naming the problem, never a panic; an
+/// `added` note is answered `undecided` (this server takes none; see [`answer_request`]).
 pub fn answer_line(line: &str, lookup: impl FnOnce(&PodRef) -> Response) -> String {
-    let resp = match serde_json::from_str::<Request>(line.trim()) {
-        Ok(req) if req.op == "pod" => lookup(&req.pod),
-        Ok(req) => Response::Undecided {
-            v: PROTOCOL_VERSION,
-            reason: format!("unknown op {:?}", req.op),
-        },
-        Err(e) => Response::Undecided {
-            v: PROTOCOL_VERSION,
-            reason: format!("bad request: {e}"),
+    answer_request(line, lookup, |_| Response::Undecided {
+        v: PROTOCOL_VERSION,
+        reason: "this server takes no ADD notes".into(),
+    })
+}
+
+/// Server side: [`answer_line`] that also takes `added` notes with `on_added`.
+pub fn answer_request(
+    line: &str,
+    lookup: impl FnOnce(&PodRef) -> Response,
+    on_added: impl FnOnce(&AddedNote) -> Response,
+) -> String {
+    let bad = |e: serde_json::Error| Response::Undecided {
+        v: PROTOCOL_VERSION,
+        reason: format!("bad request: {e}"),
+    };
+    let resp = match serde_json::from_str::<serde_json::Value>(line.trim()) {
+        Err(e) => bad(e),
+        Ok(v) => match v.get("op").and_then(|o| o.as_str()) {
+            Some(OP_POD) => match serde_json::from_value::<Request>(v) {
+                Ok(req) => lookup(&req.pod),
+                Err(e) => bad(e),
+            },
+            Some(OP_ADDED) => match serde_json::from_value::<AddedNote>(v) {
+                Ok(note) => on_added(&note),
+                Err(e) => bad(e),
+            },
+            other => Response::Undecided {
+                v: PROTOCOL_VERSION,
+                reason: format!("unknown op {:?}", other.unwrap_or("")),
+            },
         },
     };
     let mut s = serde_json::to_string(&resp).unwrap_or_else(|_| {
@@ -138,5 +205,39 @@ mod tests {
             |_| Response::NotFound { v: 1 },
         );
         assert!(out.contains("unknown op"), "{out}");
+    }
+
+    #[test]
+    fn added_notes_are_taken_only_by_a_server_that_takes_them() {
+        let note = serde_json::to_string(&AddedNote::new("sb-1", "/var/run/netns/cni-1")).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&note).unwrap(),
+            serde_json::json!({"v": 1, "op": "added", "sandbox": "sb-1", "netns": "/var/run/netns/cni-1"})
+        );
+        let out = answer_request(
+            &note,
+            |_| unreachable!(),
+            |n| {
+                assert_eq!(
+                    (n.sandbox.as_str(), n.netns.as_str()),
+                    ("sb-1", "/var/run/netns/cni-1")
+                );
+                Response::Noted {
+                    v: PROTOCOL_VERSION,
+                }
+            },
+        );
+        assert_eq!(out, "{\"status\":\"noted\",\"v\":1}\n");
+        let out = answer_line(&note, |_| unreachable!());
+        assert!(
+            out.contains("undecided") && out.contains("no ADD notes"),
+            "{out}"
+        );
+        let out = answer_request(
+            r#"{"v":1,"op":"added"}"#,
+            |_| unreachable!(),
+            |_| unreachable!(),
+        );
+        assert!(out.contains("bad request"), "{out}");
     }
 }

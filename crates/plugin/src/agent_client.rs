@@ -110,6 +110,46 @@ pub fn connect_trusted(socket: &Path) -> Result<UnixStream, LookupError> {
     Ok(stream)
 }
 
+/// How long the ADD note may take, connect to send: it is best effort, and an ADD must
+/// not wait on a slow agent.
+pub const NOTE_TIMEOUT: Duration = Duration::from_millis(20);
+
+/// Tells the agent at `socket` that the ADD of a meshed pod in sandbox `sandbox` (netns
+/// `netns`) succeeded, so that it audits that sandbox at once
+/// (`interlock_contract::agent_socket::AddedNote`). Best effort: only to a trusted
+/// socket ([`connect_trusted`]), sending and waiting for the answer each bounded by
+/// [`NOTE_TIMEOUT`], and every failure is returned for the log, never for the ADD.
+pub fn note_added(socket: &Path, sandbox: &str, netns: &str) -> Result<(), LookupError> {
+    let err = |msg: String| LookupError::Agent {
+        socket: socket.display().to_string(),
+        msg,
+    };
+    let mut stream = connect_trusted(socket)?;
+    stream
+        .set_write_timeout(Some(NOTE_TIMEOUT))
+        .map_err(|e| err(e.to_string()))?;
+    let note = interlock_contract::agent_socket::AddedNote::new(sandbox, netns);
+    let mut line = serde_json::to_vec(&note).map_err(|e| err(e.to_string()))?;
+    line.push(b'\n');
+    stream
+        .write_all(&line)
+        .map_err(|e| err(format!("send: {e}")))?;
+    // Waiting for the answer (bounded) keeps the connection until the agent has taken the
+    // note: a connection closed at once may be dropped unread by an agent at its cap.
+    stream
+        .set_read_timeout(Some(NOTE_TIMEOUT))
+        .map_err(|e| err(e.to_string()))?;
+    let mut answer = String::new();
+    let _ = BufReader::new(&stream).read_line(&mut answer);
+    match serde_json::from_str::<Response>(answer.trim()) {
+        Ok(Response::Noted { .. }) => Ok(()),
+        _ => Err(err(format!(
+            "the note was not taken (answer {:?})",
+            answer.trim()
+        ))),
+    }
+}
+
 /// Asks the agent at `socket` about `pod`, giving up after `timeout` in total. The answer
 /// counts only from a trusted socket ([`connect_trusted`]).
 pub fn query(socket: &Path, pod: &PodRef, timeout: Duration) -> Result<PodLookup, LookupError> {
@@ -154,6 +194,7 @@ pub fn query(socket: &Path, pod: &PodRef, timeout: Duration) -> Result<PodLookup
             }
         }
         Response::NotFound { .. } => Ok(PodLookup::NotFound),
+        Response::Noted { .. } => Err(err("answered a lookup with a note's reply".into())),
         Response::Undecided { reason, .. } => Err(LookupError::AgentUndecided {
             socket: socket.display().to_string(),
             pod: pod.to_string(),

@@ -74,15 +74,14 @@
 //! failed:` followed by the cause.
 
 pub mod agent_client;
-pub mod backend_cache;
 pub mod decide;
-pub mod identity;
 pub mod log;
 pub mod lookup;
-pub mod protect;
-pub mod protection;
-pub mod state;
 pub mod verbs;
+
+// The attachment's protection is shared with the agent's in-place repair: one definition,
+// in `interlock-attach`, re-exported here under the names the plugin always used.
+pub use interlock_attach::{backend_cache, identity, protect, protection, state};
 
 use interlock_contract::codes;
 use interlock_protocol::error::CniError;

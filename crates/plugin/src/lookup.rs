@@ -19,7 +19,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::agent_client::{self, PodLookup, PodRef};
-use serde::{Deserialize, Serialize};
 
 use crate::identity::PodIdentity;
 use interlock_contract::config::PluginConfig;
@@ -27,31 +26,7 @@ use interlock_contract::config::PluginConfig;
 /// How long the agent may take to answer (it answers from memory).
 pub const AGENT_TIMEOUT: Duration = Duration::from_millis(300);
 
-/// Where the annotations the decision used came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Source {
-    /// The runtime passed them (or no lookup was needed).
-    RuntimeConfig,
-    /// The node agent's socket.
-    Agent,
-    /// Nothing answered.
-    None,
-    /// A source of an earlier version (the Kubernetes API), in state it recorded.
-    #[serde(other)]
-    Other,
-}
-
-impl std::fmt::Display for Source {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Source::RuntimeConfig => "runtimeConfig",
-            Source::Agent => "the agent",
-            Source::Other => "an earlier version's source",
-            Source::None => "no source",
-        })
-    }
-}
+pub use interlock_attach::identity::Source;
 
 /// The outcome of [`resolve`].
 #[derive(Debug, Clone, PartialEq, Eq)]

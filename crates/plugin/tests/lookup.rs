@@ -13,31 +13,52 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use interlock_contract::agent_socket::{answer_line, PodRef, Response};
+use interlock_contract::agent_socket::{answer_line, answer_request, PodRef, Response};
 use interlock_redirect::probe::original_dst;
 use interlock_testkit::require_root;
 use serde_json::{json, Value};
 
-/// A fake agent on a Unix socket; counts the connections it gets.
+/// A fake agent on a Unix socket; counts the lookups it gets (a connection that only
+/// brings an ADD note is not a lookup) and keeps the notes' sandbox IDs.
 fn fake_agent(
     dir: &Path,
     reply: impl Fn(&PodRef) -> Response + Send + Sync + 'static,
 ) -> (PathBuf, Arc<AtomicUsize>) {
+    fake_agent_with_notes(dir, reply).0
+}
+
+type Notes = Arc<std::sync::Mutex<Vec<String>>>;
+
+fn fake_agent_with_notes(
+    dir: &Path,
+    reply: impl Fn(&PodRef) -> Response + Send + Sync + 'static,
+) -> ((PathBuf, Arc<AtomicUsize>), Notes) {
     let sock = dir.join("agent.sock");
     let l = UnixListener::bind(&sock).unwrap();
     let seen = Arc::new(AtomicUsize::new(0));
-    let count = seen.clone();
+    let notes: Notes = Arc::default();
+    let (count, noted) = (seen.clone(), notes.clone());
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(mut s) = s else { return };
-            count.fetch_add(1, Ordering::SeqCst);
             let mut line = String::new();
             if BufReader::new(&s).read_line(&mut line).is_ok() {
-                let _ = s.write_all(answer_line(&line, &reply).as_bytes());
+                let answer = answer_request(
+                    &line,
+                    |p| {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        reply(p)
+                    },
+                    |n| {
+                        noted.lock().unwrap().push(n.sandbox.clone());
+                        Response::Noted { v: 1 }
+                    },
+                );
+                let _ = s.write_all(answer.as_bytes());
             }
         }
     });
-    (sock, seen)
+    ((sock, seen), notes)
 }
 
 fn found(annotations: &[(&str, &str)], uid: &str) -> Response {
@@ -75,7 +96,7 @@ fn agent_answers_when_the_runtime_passed_no_annotations() {
     require_root!();
     let n = Node::new(false);
     let dir = interlock_testkit::tempdir().unwrap();
-    let (sock, calls) = fake_agent(dir.path(), |p| match p.name.as_str() {
+    let ((sock, calls), notes) = fake_agent_with_notes(dir.path(), |p| match p.name.as_str() {
         "a" => found(ISTIO.annotations, "uid-a"),
         _ => found(&[("team", "shop")], &format!("uid-{}", p.name)),
     });
@@ -107,6 +128,16 @@ fn agent_answers_when_the_runtime_passed_no_annotations() {
         n.state_of(&d.rt).unwrap()["protection"]["protection"],
         "protected"
     );
+    // Each meshed ADD (a, d) told the agent, and only those.
+    let wait = std::time::Instant::now();
+    while notes.lock().unwrap().len() < 2 && wait.elapsed() < WAIT {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let mut got = notes.lock().unwrap().clone();
+    got.sort();
+    let mut want = vec![a.rt.container_id.clone(), d.rt.container_id.clone()];
+    want.sort();
+    assert_eq!(got, want);
     for p in [&a, &b, &c, &d] {
         n.del(&chain, p).unwrap();
     }

@@ -142,6 +142,13 @@ pub(super) fn add(call: &Call) -> Result<CniResult, CniError> {
         "pod {name}: {what}; annotations from {source}; total {}",
         ms(total)
     ));
+    if let (Some(socket), Protection::Protected(_)) = (&call.config.agent_socket, &protection) {
+        if let Err(e) = crate::agent_client::note_added(socket, &call.key().container_id, netns) {
+            call.log.debug(&format!(
+                "pod {name}: the ADD note to the agent was not sent: {e}"
+            ));
+        }
+    }
     Ok(prev)
 }
 

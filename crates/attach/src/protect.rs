@@ -26,7 +26,7 @@ use interlock_redirect::netns::{pod_netns_id, NetnsError, NetnsId, PodNetns};
 use interlock_redirect::netns_record::{NetnsLock, NetnsStore};
 use interlock_redirect::{engine, ProtectError, ProtectOptions, Unprotected, Verification};
 
-use crate::decide::Decision;
+use interlock_redirect::decision::Decision;
 
 use crate::protection::{Protected, Protection, Timings};
 use crate::state::{AttachmentKey, AttachmentState, StateStore};

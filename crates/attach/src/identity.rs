@@ -124,6 +124,32 @@ fn annotations_from(
     }
 }
 
+/// Where the annotations the decision used came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Source {
+    /// The runtime passed them (or no lookup was needed).
+    RuntimeConfig,
+    /// The node agent's socket.
+    Agent,
+    /// Nothing answered.
+    None,
+    /// A source of an earlier version (the Kubernetes API), in state it recorded.
+    #[serde(other)]
+    Other,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Source::RuntimeConfig => "runtimeConfig",
+            Source::Agent => "the agent",
+            Source::Other => "an earlier version's source",
+            Source::None => "no source",
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

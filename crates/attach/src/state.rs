@@ -19,10 +19,10 @@ use interlock_contract::atomic::write_file_atomic;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::decide::Decision;
 use crate::identity::PodIdentity;
-use crate::lookup::Source;
+use crate::identity::Source;
 use crate::protection::Protection;
+use interlock_redirect::decision::Decision;
 
 pub use interlock_contract::state::AttachmentKey;
 

@@ -1,0 +1,823 @@
+//! The sandbox audit, the thin layer that acts ([`crate::audit`] decides): list the
+//! node's ready sandboxes over CRI, read each meshed one's rules back inside its netns,
+//! and apply the repair policy to every unprotected one.
+//!
+//! Everything is keyed by sandbox ID and netns identity (dev+inode), never by pod UID (a
+//! replaced sandbox keeps its pod's UID). Statuses are fetched concurrently; netns work
+//! runs on blocking threads (`PodNetns::run` enters the netns on a dedicated thread), never
+//! across an `.await`. A sandbox that is gone, or whose netns is closed or gone, is skipped
+//! quietly. Audits run one at a time ([`run`]): at start, on the interval, and at once
+//! for a sandbox the plugin reports over the agent socket.
+//!
+//! The in-place repair is the plugin's own ADD path (`interlock_attach::protect::protect`:
+//! the netns lock, the same spec for both families, apply, read back, probe) and writes
+//! the plugin's own attachment state (`interlock_attach::state::AttachmentState`, key
+//! `(sandbox ID, eth0)`) and netns record, so the plugin's CHECK, DEL and GC treat a
+//! repaired netns exactly like one its ADD protected: the runtime's DEL of the sandbox
+//! removes the rules and the records. Then it ends the connections opened before the
+//! rules (`SOCK_DESTROY` inside the netns); a refusal or survivors escalate to a restart.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use interlock_attach::identity::PodIdentity;
+use interlock_attach::identity::Source;
+use interlock_attach::protection::Protection;
+use interlock_attach::state::{AttachmentKey, AttachmentState, StateStore};
+use interlock_contract::config::PluginConfig;
+use interlock_contract::names::LABEL_UNPROTECTED;
+use interlock_contract::state::NetnsRecord;
+use interlock_cri::{CriClient, CriError, SandboxFilter, SandboxState, SandboxStatus};
+use interlock_protocol::{CniResult, CniVersion};
+use interlock_redirect::backend::BackendKind;
+use interlock_redirect::decision::Decision;
+use interlock_redirect::netns::{NetnsId, PodNetns};
+use interlock_redirect::{engine, sockdiag, RedirectSpec, Verification};
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use crate::audit::{
+    self, RecordView, RepairAction, RepairHistory, RepairPolicy, RulesSeen, Verdict,
+};
+use crate::kubernetes::Cluster;
+use crate::metrics::AuditMetrics;
+
+/// The interface name of the attachment an in-place repair records (the runtime's
+/// `CNI_IFNAME` of a pod's primary network: its DEL then finds the state).
+pub const REPAIR_IFNAME: &str = "eth0";
+/// The network name recorded in the state of an in-place repair.
+pub const REPAIR_NETWORK: &str = "interlock-audit";
+/// Sandboxes whose status is fetched and whose netns is read at once.
+pub const CONCURRENCY: usize = 32;
+/// How long an eviction may be blocked by a PodDisruptionBudget before it is reported.
+pub const EVICT_BUDGET: Duration = Duration::from_secs(30);
+
+/// containerd's CRI socket, the default of `--cri-endpoint`.
+pub const DEFAULT_CRI_ENDPOINT: &str = interlock_cri::DEFAULT_ENDPOINT;
+
+/// What the audit is told on the command line.
+#[derive(Debug, Clone)]
+pub struct AuditSettings {
+    /// The CRI endpoint (`--cri-endpoint`).
+    pub cri_endpoint: String,
+    /// The period of the full audit (`--audit-interval`).
+    pub interval: Duration,
+    /// What to do with an unprotected sandbox (`--repair-policy`).
+    pub policy: RepairPolicy,
+}
+
+impl Default for AuditSettings {
+    fn default() -> AuditSettings {
+        AuditSettings {
+            cri_endpoint: interlock_cri::DEFAULT_ENDPOINT.to_string(),
+            interval: Duration::from_secs(10),
+            policy: RepairPolicy::Repair,
+        }
+    }
+}
+
+/// What was done about one unprotected sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionReport {
+    /// The policy acted on (after fallbacks and escalation).
+    pub policy: RepairPolicy,
+    /// Why it is not the configured policy, when it is not.
+    pub because: Option<String>,
+    /// What happened (`Ok`: done, with details; `Err`: why it failed).
+    pub result: Result<String, String>,
+    /// How long it took.
+    pub duration: Duration,
+}
+
+/// The audit of one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxReport {
+    /// The sandbox ID.
+    pub sandbox: String,
+    /// `namespace/name` of its pod.
+    pub pod: String,
+    /// Its netns identity (`<dev>-<ino>`), when it was read.
+    pub netns_id: Option<String>,
+    /// The verdict before any action.
+    pub verdict: Verdict,
+    /// What was done about it (unprotected sandboxes only).
+    pub actions: Vec<ActionReport>,
+}
+
+/// The audit: a CRI client, the plugin's configuration (profiles, excluded namespaces,
+/// state dir, backend) and what it remembers between passes.
+pub struct Auditor {
+    cri: CriClient,
+    plugin: PluginConfig,
+    backend: BackendKind,
+    policy: RepairPolicy,
+    cluster: Option<Cluster>,
+    metrics: AuditMetrics,
+    history: Mutex<RepairHistory>,
+}
+
+/// What reading one netns showed ([`inspect`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inspection {
+    /// The netns is gone (the sandbox is being torn down): skip quietly.
+    Gone,
+    /// Read.
+    Seen {
+        /// Its identity (`0-0` when it could not even be opened).
+        netns_id: NetnsId,
+        /// The read-back, cross-checked with the plugin's record.
+        rules: RulesSeen,
+    },
+}
+
+impl Auditor {
+    /// An audit through `cri` of the pods `plugin` (the entry the agent writes) meshes.
+    /// The backend to read rules with when the plugin recorded none for a netns is the
+    /// one the plugin's `auto` would pick (the node's detected one) or the configured one.
+    pub fn new(
+        cri: CriClient,
+        plugin: PluginConfig,
+        policy: RepairPolicy,
+        cluster: Option<Cluster>,
+        metrics: AuditMetrics,
+    ) -> Auditor {
+        let (backend, why) =
+            interlock_attach::protect::resolve_backend(plugin.backend, &plugin.state_dir);
+        info!(%backend, reason = %why, "audit: backend for netns the plugin has not recorded");
+        Auditor {
+            cri,
+            plugin,
+            backend,
+            policy,
+            cluster,
+            metrics,
+            history: Mutex::new(RepairHistory::default()),
+        }
+    }
+
+    /// Audits every ready sandbox (or only `only`) and acts on the unprotected ones.
+    /// Fails only when the sandboxes cannot be listed.
+    pub async fn audit(&self, only: Option<&str>) -> Result<Vec<SandboxReport>, CriError> {
+        let start = Instant::now();
+        let listed = match self.cri.list_sandboxes(&SandboxFilter::ready()).await {
+            Ok(l) => l,
+            Err(e) => {
+                self.metrics.errors.inc();
+                return Err(e);
+            }
+        };
+        let ids: Vec<String> = listed
+            .into_iter()
+            .map(|s| s.id)
+            .filter(|id| only.is_none_or(|o| o == id))
+            .collect();
+        let reports: Vec<SandboxReport> = futures::stream::iter(ids.iter().cloned())
+            .map(|id| self.audit_one(id))
+            .buffer_unordered(CONCURRENCY)
+            .filter_map(|r| async move { r })
+            .collect()
+            .await;
+        if only.is_none() {
+            let mut counts: BTreeMap<&'static str, i64> = BTreeMap::new();
+            for r in &reports {
+                *counts.entry(r.verdict.label()).or_default() += 1;
+            }
+            self.metrics.set_verdicts(&counts);
+            lock(&self.history).retain_running(ids.iter().map(String::as_str));
+            self.metrics.duration.observe(start.elapsed().as_secs_f64());
+            info!(
+                sandboxes = reports.len(),
+                protected = counts.get("protected").copied().unwrap_or(0),
+                unprotected = counts.get("unprotected").copied().unwrap_or(0),
+                not_meshed = counts.get("not_meshed").copied().unwrap_or(0),
+                unknown = counts.get("unknown").copied().unwrap_or(0),
+                duration_ms = start.elapsed().as_secs_f64() * 1e3,
+                "audit done"
+            );
+        }
+        Ok(reports)
+    }
+
+    async fn audit_one(&self, id: String) -> Option<SandboxReport> {
+        let status = match self.cri.sandbox_status(&id, true).await {
+            Ok(s) => s,
+            Err(e) if e.is_not_found() => return None,
+            Err(e) => {
+                self.metrics.errors.inc();
+                warn!(sandbox = %id, error = %e, "audit: cannot read the sandbox's status");
+                return Some(SandboxReport {
+                    sandbox: id,
+                    pod: String::new(),
+                    netns_id: None,
+                    verdict: Verdict::Unknown {
+                        reason: e.to_string(),
+                    },
+                    actions: vec![],
+                });
+            }
+        };
+        if status.state != SandboxState::Ready || status.verbose.netns_closed == Some(true) {
+            return None;
+        }
+        let meta = &status.metadata;
+        let pod = format!("{}/{}", meta.namespace, meta.name);
+        let current = self.cluster.as_ref().and_then(|c| {
+            c.pods
+                .annotations(&meta.namespace, &meta.name, Some(&meta.uid))
+        });
+        let annotations = current.unwrap_or_else(|| status.annotations.clone());
+        let decision = if status.host_network {
+            Decision::NotMeshed {
+                reason: "host-network sandbox: no pod netns to redirect in".into(),
+            }
+        } else {
+            interlock_redirect::decision::decide(
+                &self.plugin,
+                &meta.namespace,
+                &pod,
+                Some(&annotations),
+            )
+        };
+        let (verdict, netns_id) = match (&decision, status.netns_path()) {
+            (Decision::Meshed { spec, .. }, Some(path)) => {
+                let spec = both_families(spec);
+                let (path, state_dir, backend, sandbox) = (
+                    path.to_path_buf(),
+                    self.plugin.state_dir.clone(),
+                    self.backend,
+                    id.clone(),
+                );
+                let seen = tokio::task::spawn_blocking(move || {
+                    inspect(&path, &spec, &state_dir, backend, &sandbox)
+                })
+                .await;
+                match seen {
+                    Ok(Inspection::Gone) => return None,
+                    Ok(Inspection::Seen { netns_id, rules }) => {
+                        if matches!(rules, RulesSeen::Error(_)) {
+                            self.metrics.errors.inc();
+                        }
+                        (
+                            audit::judge(&decision, Some(&rules)),
+                            Some(netns_id.to_string()),
+                        )
+                    }
+                    Err(e) => {
+                        self.metrics.errors.inc();
+                        (
+                            audit::judge(&decision, Some(&RulesSeen::Error(e.to_string()))),
+                            None,
+                        )
+                    }
+                }
+            }
+            _ => (audit::judge(&decision, None), None),
+        };
+        let mut report = SandboxReport {
+            sandbox: id,
+            pod,
+            netns_id,
+            verdict,
+            actions: vec![],
+        };
+        match &report.verdict {
+            Verdict::Unprotected { reason } => {
+                warn!(
+                    pod = %report.pod,
+                    sandbox = %report.sandbox,
+                    netns_id = report.netns_id.as_deref().unwrap_or(""),
+                    reason = %reason,
+                    "UNPROTECTED meshed sandbox"
+                );
+                report.actions = self.act(&status, &decision, reason).await;
+            }
+            Verdict::Unknown { reason } => {
+                warn!(pod = %report.pod, sandbox = %report.sandbox, reason = %reason, "audit: cannot decide")
+            }
+            Verdict::Protected => self.mark_repaired(&status, None).await,
+            Verdict::NotMeshed { .. } => {}
+        }
+        Some(report)
+    }
+
+    /// Applies the policy (with the loop guard) to an unprotected sandbox.
+    async fn act(
+        &self,
+        status: &SandboxStatus,
+        decision: &Decision,
+        reason: &str,
+    ) -> Vec<ActionReport> {
+        let now = Instant::now();
+        let recent = lock(&self.history).recent(&status.id, now);
+        let mut action = audit::choose(self.policy, self.cluster.is_some(), recent);
+        lock(&self.history).record(&status.id, now);
+        let mut done = Vec::new();
+        loop {
+            let start = Instant::now();
+            let result = self.perform(&action, status, decision, reason).await;
+            let report = ActionReport {
+                policy: action.policy,
+                because: action.because.clone(),
+                result: result.clone().map_err(|e| e.message),
+                duration: start.elapsed(),
+            };
+            let escalate = match &result {
+                Err(e) if e.escalate => Some(audit::after_failed_repair(&e.message)),
+                _ => None,
+            };
+            let outcome = match (&result, &escalate) {
+                (Ok(_), _) => "done",
+                (Err(_), Some(_)) => "escalated",
+                (Err(_), None) => "failed",
+            };
+            self.metrics.repaired(action.policy.as_str(), outcome);
+            let (ns, name) = (&status.metadata.namespace, &status.metadata.name);
+            match &report.result {
+                Ok(what) => info!(
+                    pod = %format!("{ns}/{name}"),
+                    sandbox = %status.id,
+                    policy = %action.policy,
+                    because = action.because.as_deref().unwrap_or(""),
+                    result = %what,
+                    duration_ms = report.duration.as_secs_f64() * 1e3,
+                    "audit action done"
+                ),
+                Err(why) => {
+                    self.metrics.errors.inc();
+                    error!(
+                        pod = %format!("{ns}/{name}"),
+                        sandbox = %status.id,
+                        policy = %action.policy,
+                        because = action.because.as_deref().unwrap_or(""),
+                        result = %why,
+                        duration_ms = report.duration.as_secs_f64() * 1e3,
+                        "audit action failed"
+                    )
+                }
+            }
+            done.push(report);
+            match escalate {
+                Some(next) => action = next,
+                None => break,
+            }
+        }
+        done
+    }
+
+    async fn perform(
+        &self,
+        action: &RepairAction,
+        status: &SandboxStatus,
+        decision: &Decision,
+        reason: &str,
+    ) -> Result<String, ActionError> {
+        let meta = &status.metadata;
+        match action.policy {
+            RepairPolicy::Repair => {
+                let Some(netns) = status.netns_path().map(Path::to_path_buf) else {
+                    return Err(ActionError::escalate("the sandbox's netns path is unknown"));
+                };
+                let (plugin, id, meta, decision2) = (
+                    self.plugin.clone(),
+                    status.id.clone(),
+                    status.metadata.clone(),
+                    decision.clone(),
+                );
+                let done = tokio::task::spawn_blocking(move || {
+                    repair_in_place(&plugin, &id, &meta, &decision2, &netns)
+                })
+                .await
+                .map_err(|e| ActionError::escalate(format!("the repair thread failed: {e}")))??;
+                self.metrics.connections_ended.inc_by(done.ended as u64);
+                self.mark_repaired(status, Some(&done.summary)).await;
+                Ok(done.summary)
+            }
+            RepairPolicy::Restart => {
+                self.cri
+                    .stop_sandbox(&status.id)
+                    .await
+                    .map_err(|e| ActionError::fail(e.to_string()))?;
+                Ok("sandbox stopped over CRI; the kubelet creates a new one through the current CNI config \
+                    (a finished pod with restartPolicy Never is not recreated)"
+                    .into())
+            }
+            RepairPolicy::Delete => {
+                let c = self
+                    .cluster
+                    .as_ref()
+                    .ok_or_else(|| ActionError::fail("no Kubernetes API"))?;
+                c.actions
+                    .delete(&meta.namespace, &meta.name, &meta.uid)
+                    .await
+                    .map_err(|e| ActionError::fail(e.to_string()))?;
+                Ok("pod deleted (UID precondition)".into())
+            }
+            RepairPolicy::Evict => {
+                let c = self
+                    .cluster
+                    .as_ref()
+                    .ok_or_else(|| ActionError::fail("no Kubernetes API"))?;
+                match c
+                    .actions
+                    .evict(&meta.namespace, &meta.name, EVICT_BUDGET)
+                    .await
+                    .map_err(|e| ActionError::fail(e.to_string()))?
+                {
+                    crate::kubernetes::Evicted::Done => Ok("pod evicted".into()),
+                    crate::kubernetes::Evicted::Blocked(why) => Err(ActionError::fail(format!(
+                        "eviction blocked by a PodDisruptionBudget: {why}"
+                    ))),
+                }
+            }
+            RepairPolicy::Report => {
+                if let Some(c) = &self.cluster {
+                    if let Some(pod) = c.pods.get(&meta.namespace, &meta.name) {
+                        c.actions
+                            .label(
+                                &meta.namespace,
+                                &meta.name,
+                                pod.metadata.labels.as_ref(),
+                                true,
+                            )
+                            .await
+                            .map_err(|e| ActionError::fail(e.to_string()))?;
+                        c.actions.event(&pod, true, "Unprotected", reason).await;
+                        return Ok(format!(
+                            "reported: labelled {LABEL_UNPROTECTED}=true and an Unprotected Event"
+                        ));
+                    }
+                }
+                Ok("reported (log and metrics only)".into())
+            }
+        }
+    }
+
+    /// With a Kubernetes API: removes the `unprotected` label of a pod that is protected
+    /// now and sends a `Repaired` Event.
+    async fn mark_repaired(&self, status: &SandboxStatus, how: Option<&str>) {
+        let Some(c) = &self.cluster else { return };
+        let meta = &status.metadata;
+        let Some(pod) = c.pods.get(&meta.namespace, &meta.name) else {
+            return;
+        };
+        let labelled = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_UNPROTECTED))
+            .is_some_and(|v| v == "true");
+        if !labelled && how.is_none() {
+            return;
+        }
+        match c
+            .actions
+            .label(
+                &meta.namespace,
+                &meta.name,
+                pod.metadata.labels.as_ref(),
+                false,
+            )
+            .await
+        {
+            Ok(_) => {
+                let note = how.unwrap_or("the pod's redirection is in place again");
+                c.actions.event(&pod, false, "Repaired", note).await;
+            }
+            Err(e) => {
+                self.metrics.errors.inc();
+                warn!(pod = %format!("{}/{}", meta.namespace, meta.name), error = %e, "cannot remove the unprotected label");
+            }
+        }
+    }
+}
+
+/// Why an action failed, and whether an in-place repair escalates to a restart.
+#[derive(Debug, Clone)]
+struct ActionError {
+    message: String,
+    escalate: bool,
+}
+
+impl ActionError {
+    fn fail(m: impl Into<String>) -> ActionError {
+        ActionError {
+            message: m.into(),
+            escalate: false,
+        }
+    }
+    fn escalate(m: impl Into<String>) -> ActionError {
+        ActionError {
+            message: m.into(),
+            escalate: true,
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The spec the plugin installs for a meshed decision: the profile's, for both families.
+fn both_families(spec: &RedirectSpec) -> RedirectSpec {
+    let mut spec = spec.clone();
+    spec.ipv4 = true;
+    spec.ipv6 = true;
+    spec
+}
+
+/// Reads the plugin's record of netns `id` (without its lock: records are replaced
+/// atomically). A missing or unreadable record counts as none, as for the plugin.
+pub fn read_record(state_dir: &Path, id: NetnsId) -> Option<NetnsRecord> {
+    let path = state_dir
+        .join(interlock_contract::layout::NETNS_DIR)
+        .join(format!("{id}.json"));
+    let bytes = std::fs::read(path).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Reads one netns's rules back against `spec` (blocking: enters the netns on a
+/// dedicated thread) with the backend the plugin recorded for it, else `backend`, and
+/// cross-checks the plugin's record for sandbox `sandbox`.
+pub fn inspect(
+    path: &Path,
+    spec: &RedirectSpec,
+    state_dir: &Path,
+    backend: BackendKind,
+    sandbox: &str,
+) -> Inspection {
+    let pod = match PodNetns::open(path) {
+        Ok(p) => p,
+        Err(e) if e.is_gone() => return Inspection::Gone,
+        Err(e) => {
+            return Inspection::Seen {
+                netns_id: NetnsId { dev: 0, ino: 0 },
+                rules: RulesSeen::Error(e.to_string()),
+            }
+        }
+    };
+    let netns_id = pod.id();
+    let record = read_record(state_dir, netns_id);
+    let backend = record.as_ref().map_or(backend, |r| r.backend);
+    let rules = match engine::check_in(&pod, spec, backend) {
+        Ok(Verification::Exact) => RulesSeen::Exact,
+        Ok(Verification::Mismatch(d)) => RulesSeen::Mismatch(d),
+        Err(engine::ProtectError::Netns(e)) if e.is_gone() => return Inspection::Gone,
+        Err(e) => RulesSeen::Error(e.to_string()),
+    };
+    let view = record.as_ref().map(|r| RecordView {
+        lists_sandbox: r.attachments.iter().any(|k| k.container_id == sandbox),
+        spec_hash: &r.spec_hash,
+    });
+    Inspection::Seen {
+        netns_id,
+        rules: audit::cross_check(rules, view, &spec.hash()),
+    }
+}
+
+/// What an in-place repair did.
+#[derive(Debug, Clone)]
+pub struct RepairDone {
+    /// Connections ended.
+    pub ended: usize,
+    /// One line for the log and the Event.
+    pub summary: String,
+}
+
+/// The in-place repair of one sandbox (blocking): the plugin's protect (lock, apply, read
+/// back, probe), its attachment state and netns record written as its ADD writes them,
+/// then the connections opened before the rules ended inside the netns. `Err` says why;
+/// every failure escalates to a restart.
+pub fn repair_netns(
+    plugin: &PluginConfig,
+    sandbox: &str,
+    pod: &interlock_cri::SandboxMetadata,
+    decision: &Decision,
+    netns: &Path,
+) -> Result<RepairDone, String> {
+    repair_in_place(plugin, sandbox, pod, decision, netns).map_err(|e| e.message)
+}
+
+fn repair_in_place(
+    plugin: &PluginConfig,
+    sandbox: &str,
+    meta: &interlock_cri::SandboxMetadata,
+    decision: &Decision,
+    netns: &Path,
+) -> Result<RepairDone, ActionError> {
+    let start = Instant::now();
+    let netns_str = netns.to_string_lossy().into_owned();
+    let store = StateStore::new(&plugin.state_dir);
+    let key = AttachmentKey {
+        container_id: sandbox.to_string(),
+        ifname: REPAIR_IFNAME.to_string(),
+    };
+    let prev = CniResult::empty(CniVersion::V1_0_0);
+    let (protection, claim) = interlock_attach::protect::protect(
+        plugin,
+        &store,
+        &key,
+        &netns_str,
+        decision,
+        &prev,
+        REPAIR_IFNAME,
+    )
+    .map_err(|f| ActionError::escalate(format!("applying the rules: {}", f.message)))?;
+    let claim = claim.ok_or_else(|| ActionError::fail("the decision needed no rules"))?;
+    let Protection::Protected(p) = &protection else {
+        return Err(ActionError::fail("the decision needed no rules"));
+    };
+    let spec = p
+        .installed_spec()
+        .map_err(|e| ActionError::escalate(format!("reading back the installed spec: {e}")))?;
+    let state = AttachmentState {
+        key: key.clone(),
+        netns: netns_str.clone(),
+        netns_id: Some(claim.netns_id().to_string()),
+        network: REPAIR_NETWORK.to_string(),
+        cni_version: CniVersion::V1_0_0.as_str().to_string(),
+        pod: PodIdentity {
+            namespace: meta.namespace.clone(),
+            name: meta.name.clone(),
+            uid: meta.uid.clone(),
+            annotations: None,
+        },
+        annotations_source: Source::Agent,
+        decision: decision.clone(),
+        protection: protection.clone(),
+        added_at_ms: interlock_contract::time::now_ms(),
+        add_us: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
+    };
+    if let Err(e) = store.save(&state) {
+        let left = claim.abort();
+        return Err(ActionError::escalate(format!(
+            "writing the attachment state {}: {e}{}",
+            store.path_for(&key).display(),
+            left.map(|l| format!(" ({l})")).unwrap_or_default()
+        )));
+    }
+    claim
+        .commit()
+        .map_err(|e| ActionError::escalate(format!("writing the netns record: {e}")))?;
+    let uid = spec.proxy_uid;
+    let ended = PodNetns::open(netns)
+        .and_then(|pod| pod.run(move || sockdiag::end_connections(uid)))
+        .map_err(|e| ActionError::escalate(format!("entering the netns to end connections: {e}")))?
+        // A refusal (EPERM, EOPNOTSUPP), survivors or any other failure: the pod still
+        // holds plaintext connections that bypass the rules, so it escalates.
+        .map_err(|e| {
+            ActionError::escalate(format!(
+                "ending the connections opened before the rules{}: {e}",
+                if e.is_refusal() { " (refused)" } else { "" }
+            ))
+        })?;
+    Ok(RepairDone {
+        ended: ended.ended.len(),
+        summary: format!(
+            "rules applied in place ({}, proven: {}), {} connection(s) opened before them ended{}, in {:.1} ms",
+            p.backend,
+            p.probe.join("; "),
+            ended.ended.len(),
+            ended_list(&ended),
+            start.elapsed().as_secs_f64() * 1e3
+        ),
+    })
+}
+
+/// ` (a, b)` naming the ended connections, plus how many closed meanwhile.
+fn ended_list(ended: &sockdiag::Ended) -> String {
+    let mut parts: Vec<String> = ended.ended.iter().map(|s| s.to_string()).collect();
+    if ended.already_gone > 0 {
+        parts.push(format!("{} closed meanwhile", ended.already_gone));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
+}
+
+/// How long a sandbox named by an ADD note is looked for: the plugin sends the note from
+/// inside `RunPodSandbox`, so the runtime lists the sandbox as ready only a little later.
+pub const NOTE_PATIENCE: Duration = Duration::from_secs(5);
+/// How often a noted sandbox that is not ready yet is looked for again.
+pub const NOTE_RETRY: Duration = Duration::from_millis(20);
+
+/// Runs the audit loop: connects to CRI (retrying on each tick), audits at once, then on
+/// every `interval` tick and whenever a sandbox ID arrives on `wake` (the plugin's ADD
+/// notes; a noted sandbox not ready yet is looked for again every [`NOTE_RETRY`] for up
+/// to [`NOTE_PATIENCE`]), one audit at a time.
+pub async fn run(
+    settings: AuditSettings,
+    plugin: PluginConfig,
+    cluster: Option<Cluster>,
+    metrics: AuditMetrics,
+    mut wake: mpsc::UnboundedReceiver<String>,
+) {
+    let mut tick = tokio::time::interval(settings.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut auditor: Option<Auditor> = None;
+    let mut parts = Some((plugin, cluster, metrics));
+    let mut pending: BTreeMap<String, Instant> = BTreeMap::new();
+    loop {
+        let retry = async {
+            if pending.is_empty() {
+                std::future::pending::<()>().await
+            } else {
+                tokio::time::sleep(NOTE_RETRY).await
+            }
+        };
+        let noted: Option<Vec<String>> = tokio::select! {
+            _ = tick.tick() => None,
+            Some(id) = wake.recv() => {
+                pending.entry(id.clone()).or_insert_with(|| Instant::now() + NOTE_PATIENCE);
+                Some(vec![id])
+            }
+            () = retry => Some(pending.keys().cloned().collect()),
+        };
+        if auditor.is_none() {
+            match CriClient::connect(&settings.cri_endpoint).await {
+                Ok(cri) => {
+                    if let Some((plugin, cluster, metrics)) = parts.take() {
+                        info!(endpoint = %settings.cri_endpoint, policy = %settings.policy, interval = ?settings.interval, "audit: connected to CRI");
+                        auditor =
+                            Some(Auditor::new(cri, plugin, settings.policy, cluster, metrics));
+                    }
+                }
+                Err(e) => {
+                    if let Some((_, _, m)) = &parts {
+                        m.errors.inc();
+                    }
+                    warn!(endpoint = %settings.cri_endpoint, error = %e, "audit: cannot reach the runtime over CRI; retrying on the next tick");
+                    continue;
+                }
+            }
+        }
+        let Some(a) = &auditor else { continue };
+        match noted {
+            None => {
+                if let Err(e) = a.audit(None).await {
+                    warn!(error = %e, "audit: cannot list the sandboxes");
+                }
+            }
+            Some(ids) => {
+                for id in ids {
+                    match a.audit(Some(&id)).await {
+                        Ok(reports) if !reports.is_empty() => {
+                            pending.remove(&id);
+                            for r in reports {
+                                info!(
+                                    pod = %r.pod,
+                                    sandbox = %r.sandbox,
+                                    verdict = r.verdict.label(),
+                                    "audited on the plugin's ADD note"
+                                );
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => warn!(error = %e, "audit: cannot list the sandboxes"),
+                    }
+                }
+                let now = Instant::now();
+                pending.retain(|id, until| {
+                    let keep = *until > now;
+                    if !keep {
+                        info!(sandbox = %id, "audit: the sandbox of an ADD note never became ready; the periodic audit covers it if it does");
+                    }
+                    keep
+                });
+            }
+        }
+    }
+}
+
+/// The agent socket's path under `state_dir`.
+pub fn socket_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(interlock_contract::layout::AGENT_SOCKET_FILE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_or_corrupt_record_is_none() {
+        let t = interlock_testkit::tempdir().unwrap();
+        let id = NetnsId { dev: 4, ino: 9 };
+        assert!(read_record(t.path(), id).is_none());
+        let dir = t.path().join(interlock_contract::layout::NETNS_DIR);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("{id}.json")), "{not json").unwrap();
+        assert!(read_record(t.path(), id).is_none());
+    }
+
+    #[test]
+    fn settings_default_to_the_documented_values() {
+        let s = AuditSettings::default();
+        assert_eq!(s.cri_endpoint, "unix:///run/containerd/containerd.sock");
+        assert_eq!(s.interval, Duration::from_secs(10));
+        assert_eq!(s.policy, RepairPolicy::Repair);
+    }
+}

@@ -1,0 +1,402 @@
+//! The sandbox audit end to end: a private containerd (the test kit) runs meshed and
+//! plain sandboxes while only the primary's config exists, so they run unprotected; a
+//! real `interlock agent` started afterwards finds them over CRI and, per policy, repairs
+//! them in place (rules proven by a real connection, earlier connections ended, listeners
+//! kept), stops them, or only reports them. The plugin's DEL then treats a repaired netns
+//! like one its own ADD protected.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{wait_until, Agent, Dirs};
+use interlock_cri::{CriClient, SandboxState};
+use interlock_redirect::netns::in_netns;
+use interlock_testkit::containerd::Containerd;
+use interlock_testkit::require_root;
+
+const ISTIO: (&str, &str) = ("sidecar.istio.io/status", "{}");
+
+/// Waits until containerd has loaded a CNI config.
+async fn network_ready(cri: &CriClient) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cri.status().await.unwrap().network_ready() {
+        assert!(Instant::now() < deadline, "NetworkReady never came");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// One sandbox of the test, with what it holds open from before the agent.
+struct Pod {
+    id: String,
+    netns: PathBuf,
+    /// A connection from inside the pod to the test's server on the kit's bridge.
+    client: TcpStream,
+    /// Its other end.
+    server_end: TcpStream,
+    /// A listener inside the pod (the app's).
+    listener: TcpListener,
+}
+
+async fn run_pod(
+    kit: &Containerd,
+    cri: &CriClient,
+    tag: &str,
+    meshed: bool,
+    server: &TcpListener,
+) -> Pod {
+    let mut config = kit.pod(tag);
+    if meshed {
+        config = config.annotation(ISTIO.0, ISTIO.1);
+    }
+    let id = cri.run_sandbox(&config).await.unwrap();
+    let status = cri.sandbox_status(&id, true).await.unwrap();
+    let netns = status.netns_path().expect("netns path").to_path_buf();
+    let target = SocketAddr::new(kit.gateway().into(), server.local_addr().unwrap().port());
+    let (client, listener) = in_netns(&netns, move || {
+        (
+            TcpStream::connect_timeout(&target, Duration::from_secs(2)).unwrap(),
+            TcpListener::bind("0.0.0.0:8080").unwrap(),
+        )
+    })
+    .unwrap();
+    let (server_end, _) = server.accept().unwrap();
+    Pod {
+        id,
+        netns,
+        client,
+        server_end,
+        listener,
+    }
+}
+
+/// Everything interlock may have installed in `netns`, as text (nft and iptables).
+fn ruleset(netns: &Path) -> String {
+    let mut out = String::new();
+    for cmd in [
+        &["nft", "list", "ruleset"][..],
+        &["iptables-save"],
+        &["ip6tables-save"],
+    ] {
+        let o = Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .args(cmd)
+            .output()
+            .unwrap();
+        out.push_str(&String::from_utf8_lossy(&o.stdout));
+    }
+    out.to_lowercase()
+}
+
+/// A connection from inside `netns` to the kit's gateway lands on the outbound proxy
+/// port with `SO_ORIGINAL_DST` = the destination.
+fn capture_proven(netns: &Path, gateway: Ipv4Addr) -> Result<(), String> {
+    let target = SocketAddr::V4(SocketAddrV4::new(gateway, 9));
+    let r = in_netns(netns, move || {
+        interlock_redirect::probe::probe_one(15001, target, Duration::from_millis(500))
+    })
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    if r.original_dst == target && r.landed_on.port() == 15001 {
+        Ok(())
+    } else {
+        Err(format!("{r:?}"))
+    }
+}
+
+fn state_file(state: &Path, sandbox: &str) -> PathBuf {
+    state
+        .join("attachments")
+        .join(format!("{sandbox}+eth0.json"))
+}
+
+/// The agent on the kit's conf and bin dirs, with its own state dir.
+fn agent_dirs(kit: &Containerd) -> Dirs {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    Dirs {
+        conf: kit.conf_dir(),
+        bin: kit.bin_dir(),
+        state,
+        tmp,
+    }
+}
+
+/// The agent's sample of `interlock_sandboxes{verdict="…"}`.
+fn verdicts(a: &Agent, verdict: &str) -> Option<f64> {
+    a.metric(&format!("interlock_sandboxes{{verdict=\"{verdict}\"}}"))
+}
+
+fn kit_with_primary() -> Containerd {
+    let kit = Containerd::start().unwrap();
+    kit.install_primary_plugins().unwrap();
+    kit.write_primary_config().unwrap();
+    kit
+}
+
+/// The test's server, reached from the pods at the kit's gateway (the bridge exists only
+/// once the first sandbox has run, so it listens on the host's wildcard address).
+fn server_on() -> TcpListener {
+    TcpListener::bind("0.0.0.0:0").unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_policy_repairs_unprotected_sandboxes_in_place() {
+    require_root!();
+    let kit = kit_with_primary();
+    let cri = kit.cri().await;
+    network_ready(&cri).await;
+    let server = server_on();
+    let mut meshed = Vec::new();
+    for i in 0..2 {
+        meshed.push(run_pod(&kit, &cri, &format!("mesh{i}"), true, &server).await);
+    }
+    let mut plain = run_pod(&kit, &cri, "plain", false, &server).await;
+    for p in meshed.iter().chain([&plain]) {
+        assert!(
+            !ruleset(&p.netns).contains("interlock"),
+            "unprotected before the agent"
+        );
+        assert!(capture_proven(&p.netns, kit.gateway()).is_err());
+    }
+
+    let d = agent_dirs(&kit);
+    let t0 = Instant::now();
+    let a = Agent::start(
+        &d,
+        &["--cri-endpoint", &kit.endpoint(), "--audit-interval", "1"],
+    );
+    wait_until(
+        Duration::from_secs(2).saturating_sub(t0.elapsed()),
+        || {
+            // Done means the connections were ended too (the state is written before).
+            let log = a.log_text();
+            meshed.iter().all(|p| {
+                log.lines()
+                    .any(|l| l.contains("audit action done") && l.contains(&p.id))
+            })
+        },
+        || {
+            format!(
+                "not every meshed sandbox was repaired within 2 s; log:\n{}",
+                a.log_text()
+            )
+        },
+    );
+    eprintln!(
+        "all meshed sandboxes repaired {:?} after the agent was started",
+        t0.elapsed()
+    );
+    for p in &mut meshed {
+        capture_proven(&p.netns, kit.gateway())
+            .unwrap_or_else(|e| panic!("{}: capture not proven: {e}\n{}", p.id, a.log_text()));
+        // The connection opened before the repair was ended.
+        let used = p.client.write_all(b"after").and_then(|()| {
+            let mut b = [0u8; 1];
+            p.client.set_read_timeout(Some(Duration::from_secs(1)))?;
+            p.client.read(&mut b).map(drop)
+        });
+        let e = used.expect_err("the pre-repair connection still works");
+        // ECONNABORTED is SOCK_DESTROY's mark (a reset from the peer would be ECONNRESET).
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e:?}");
+        // The app's listener still accepts (a connection from inside, over loopback).
+        let l = p.listener.try_clone().unwrap();
+        in_netns(&p.netns, || {
+            TcpStream::connect_timeout(&"127.0.0.1:8080".parse().unwrap(), Duration::from_secs(1))
+                .unwrap()
+        })
+        .unwrap();
+        l.set_nonblocking(false).unwrap();
+        l.accept().expect("the listener was destroyed");
+        let state = std::fs::read_to_string(state_file(&d.state, &p.id)).unwrap();
+        assert!(state.contains("\"protection\": \"protected\""), "{state}");
+    }
+    // The plain sandbox is untouched: no rules, its connection alive.
+    assert!(!ruleset(&plain.netns).contains("interlock"));
+    assert!(!state_file(&d.state, &plain.id).exists());
+    plain.client.write_all(b"still here").unwrap();
+    let mut b = [0u8; 10];
+    plain
+        .server_end
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    plain.server_end.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"still here");
+
+    wait_until(
+        Duration::from_secs(5),
+        || verdicts(&a, "protected") == Some(2.0) && verdicts(&a, "not_meshed") == Some(1.0),
+        || a.get("/metrics").map(|m| m.1).unwrap_or_default(),
+    );
+    assert_eq!(verdicts(&a, "unprotected"), Some(0.0));
+    assert_eq!(
+        a.metric("interlock_connections_ended_total"),
+        Some(2.0),
+        "{}",
+        a.log_text()
+    );
+    assert_eq!(
+        a.metric("interlock_sandbox_repairs_total{policy=\"repair\",result=\"done\"}"),
+        Some(2.0)
+    );
+    let log = a.log_text();
+    assert!(
+        log.contains("audit action done") && log.contains(&meshed[0].id),
+        "{log}"
+    );
+
+    // The plugin's DEL (the agent's config is in effect by now) treats the repaired netns
+    // as its own: the rules and both records go.
+    common::wait_protected(&d, &a);
+    network_ready(&cri).await;
+    let gone = &meshed[0];
+    let netns_files = || std::fs::read_dir(d.state.join("netns")).map_or(0, |r| r.count());
+    assert_eq!(netns_files(), 4, "a record and a lock per repaired netns");
+    cri.stop_sandbox(&gone.id).await.unwrap();
+    assert!(
+        !state_file(&d.state, &gone.id).exists(),
+        "DEL removed the state"
+    );
+    assert_eq!(
+        netns_files(),
+        2,
+        "DEL removed the record and lock of its netns"
+    );
+    assert!(state_file(&d.state, &meshed[1].id).exists());
+    drop(a);
+    drop(meshed);
+    kit.teardown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_stops_the_sandbox_and_report_changes_nothing() {
+    require_root!();
+    let kit = kit_with_primary();
+    let cri = kit.cri().await;
+    network_ready(&cri).await;
+    let server = server_on();
+    let mut reported = run_pod(&kit, &cri, "rep", true, &server).await;
+
+    // report: the verdict is in /metrics and the log; nothing else changes.
+    let d = agent_dirs(&kit);
+    let a = Agent::start(
+        &d,
+        &[
+            "--cri-endpoint",
+            &kit.endpoint(),
+            "--repair-policy",
+            "report",
+        ],
+    );
+    wait_until(
+        Duration::from_secs(3),
+        || verdicts(&a, "unprotected") == Some(1.0),
+        || a.get("/metrics").map(|m| m.1).unwrap_or_default(),
+    );
+    assert_eq!(
+        a.metric("interlock_sandbox_repairs_total{policy=\"report\",result=\"done\"}"),
+        Some(1.0)
+    );
+    let log = a.log_text();
+    assert!(
+        log.contains("UNPROTECTED") && log.contains(&reported.id),
+        "{log}"
+    );
+    assert!(!ruleset(&reported.netns).contains("interlock"));
+    assert!(!state_file(&d.state, &reported.id).exists());
+    reported.client.write_all(b"x").unwrap();
+    let mut b = [0u8; 1];
+    reported.server_end.read_exact(&mut b).unwrap();
+    drop(a);
+
+    // restart: the sandbox is stopped over CRI.
+    let a = Agent::start(
+        &d,
+        &[
+            "--cri-endpoint",
+            &kit.endpoint(),
+            "--repair-policy",
+            "restart",
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let s = cri.sandbox_status(&reported.id, false).await.unwrap();
+        if s.state == SandboxState::NotReady {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not stopped; log:\n{}",
+            a.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_until(
+        Duration::from_secs(3),
+        || a.log_text().contains("audit action done"),
+        || a.log_text(),
+    );
+    let log = a.log_text();
+    assert!(log.contains("restartPolicy Never"), "{log}");
+    assert!(log.contains("policy=restart"), "{log}");
+    drop(a);
+    drop(reported);
+    kit.teardown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plugins_add_note_gets_the_sandbox_audited_at_once() {
+    require_root!();
+    let kit = kit_with_primary();
+    let cri = kit.cri().await;
+    let d = agent_dirs(&kit);
+    let socket = d.state.join("agent.sock");
+    let plugin_config = d.tmp.path().join("plugin.json");
+    std::fs::write(
+        &plugin_config,
+        serde_json::to_vec(&serde_json::json!({ "agentSocket": socket })).unwrap(),
+    )
+    .unwrap();
+    // No periodic audit within the test: only the start-up one and the notes.
+    let a = Agent::start(
+        &d,
+        &[
+            "--cri-endpoint",
+            &kit.endpoint(),
+            "--audit-interval",
+            "600",
+            "--plugin-config",
+            plugin_config.to_str().unwrap(),
+        ],
+    );
+    wait_until(
+        Duration::from_secs(10),
+        || a.ready() == Some(true),
+        || a.log_text(),
+    );
+    network_ready(&cri).await;
+    let id = cri
+        .run_sandbox(&kit.pod("noted").annotation(ISTIO.0, ISTIO.1))
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(2),
+        || {
+            a.log_text().lines().any(|l| {
+                l.contains("audited on the plugin's ADD note")
+                    && l.contains(&id)
+                    && l.contains("verdict=\"protected\"")
+            })
+        },
+        || format!("no audit of {id} after its ADD; log:\n{}", a.log_text()),
+    );
+    assert!(state_file(&d.state, &id).exists());
+    drop(a);
+    kit.teardown().unwrap();
+}
