@@ -215,9 +215,12 @@ impl Values {
 
     /// The plugin settings the agent merges into its entry (`INTERLOCK_PLUGIN_CONFIG`).
     pub fn plugin_config(&self) -> String {
+        // The agent socket: the plugin asks it when the runtime passed no annotations,
+        // and notes each meshed ADD there so the audit looks at once.
         serde_json::json!({
             "profiles": self.profiles,
             "excludeNamespaces": self.exclude_namespaces,
+            "agentSocket": format!("{STATE_DIR}/{}", interlock_contract::layout::AGENT_SOCKET_FILE),
         })
         .to_string()
     }

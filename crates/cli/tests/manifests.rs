@@ -334,6 +334,7 @@ fn settings_rbac_and_namespace_are_as_the_agent_expects() {
     std::fs::write(&f, &plugin["plugin-config.json"]).unwrap();
     let pc = interlock_agent::load_plugin_config(&f).unwrap();
     assert_eq!(pc["profiles"], serde_json::json!(["linkerd", "istio"]));
+    assert_eq!(pc["agentSocket"], "/var/run/interlock/agent.sock");
     assert!(d
         .iter()
         .any(|o| o["kind"] == "PodMonitor"
