@@ -10,7 +10,7 @@ HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 STATIC_RUSTFLAGS := -C target-feature=+crt-static -C relocation-model=static
 STATIC_PLUGIN := target/static/$(HOST_TRIPLE)/plugin/interlock-cni
 
-.PHONY: all deps build lint test demo bench bench-json bench-repair plugin-static clean
+.PHONY: all deps build lint test demo bench bench-json bench-repair plugin-static image-rootfs clean
 
 all: build
 
@@ -39,6 +39,13 @@ demo: deps
 ## plugin-static: the interlock-cni binary to ship ($(STATIC_PLUGIN))
 plugin-static:
 	@RUSTFLAGS="$(STATIC_RUSTFLAGS)" $(CARGO) build --profile plugin -p interlock-cni --target $(HOST_TRIPLE) --target-dir target/static
+
+## image-rootfs: the image's filesystem in target/image-rootfs, built as the Dockerfile
+## builds it (both binaries static); `docker build .` runs the same script
+image-rootfs:
+	@rm -rf target/image-rootfs
+	@scripts/image-rootfs.sh target/image-rootfs
+	@file target/image-rootfs/usr/local/bin/*
 
 ## bench: criterion benchmarks (root for the netns ones)
 bench: deps

@@ -56,9 +56,23 @@ install_kube_python() {
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "kubernetes==$version"
 }
 
+install_kube_validate() {
+    # kubernetes-validate checks `interlock manifests` against the Kubernetes API schemas
+    # offline (crates/cli/tests/manifests.rs); its own venv, like the client's.
+    local venv="${INTERLOCK_KUBE_VALIDATE_VENV:-$HOME/.cache/interlock/kube-validate}"
+    local version=1.37.0
+    if [[ "$("$venv/bin/kubernetes-validate" --version 2>/dev/null)" == *"$version"* ]]; then
+        return 0
+    fi
+    echo "install-deps: installing kubernetes-validate $version in $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "kubernetes-validate==$version"
+}
+
 if ((${#missing[@]} == 0)); then
     check_toolchain
     install_kube_python
+    install_kube_validate
     exit $?
 fi
 
@@ -73,3 +87,4 @@ apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
 check_toolchain
 install_kube_python
+install_kube_validate

@@ -290,8 +290,9 @@ impl PluginInstaller {
 }
 
 /// True when `path` holds exactly `data`, read in small chunks: the periodic resync must not
-/// allocate a second copy of the plugin (it would double the agent's peak memory).
-fn same_content(path: &Path, data: &[u8]) -> bool {
+/// allocate a second copy of the plugin (it would double the agent's peak memory). The one
+/// test of "this is interlock's plugin": the guard's and `interlock check`'s.
+pub fn same_content(path: &Path, data: &[u8]) -> bool {
     use std::io::Read;
     // Opened without blocking and only if it is a regular file of our size: anyone who
     // can write the bin dir could have put a FIFO there.

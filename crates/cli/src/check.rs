@@ -1,38 +1,66 @@
-//! `interlock check`: what this node's runtime will load, and whether a pod started now
-//! would be protected — in plain words, or as JSON (`-o json`, a public interface).
+//! `interlock check [node]`: what this node's runtime will load, and whether a pod started
+//! now would be protected — as a table for people or as a versioned JSON document
+//! (`-o json`, a public interface: [`report`]). Exit codes: 0 protected, 1 at risk,
+//! 2 unprotected, 3 could not check (64, a usage error, comes from `main`).
 //!
-//! Gathering (files, the plugin binary, the agent's marker and `/readyz`) is kept apart
-//! from judging ([`judge`], pure), so every verdict is unit-tested without root.
+//! Settings come from the agent's own `INTERLOCK_*` environment (so `kubectl exec` into
+//! the agent's pod needs no flags), then from the agent's readiness marker (the conf dir
+//! it guards), then from the defaults. Gathering (files, binaries, the marker, `/readyz`,
+//! what the agent would write) is kept apart from judging ([`judge::judge`], pure).
 
-use std::io::Write;
+pub mod judge;
+pub mod report;
+
+use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
-use interlock_contract::config::{PLUGIN_TYPE, POD_ANNOTATIONS_CAPABILITY};
+use clap::{Args, Subcommand, ValueEnum};
+use interlock_agent::plan::{self, Action, ConfigMode, Facts};
+use interlock_agent::AgentConfig;
+use interlock_contract::config::PLUGIN_TYPE;
 use interlock_contract::layout::marker_path;
 use interlock_contract::marker::ReadinessMarker;
 use interlock_contract::time::now_ms;
 use interlock_protocol::confdir::{self, Effective, Runtime};
-use interlock_protocol::exec::plugin_version;
-use serde::Serialize;
+use judge::{chain_types, BinaryFacts, Content, Judgement, Observed, Readyz, Stale};
+use report::{AgentDoc, BinaryDoc, EffectiveDoc, NodeReport, Parts, ReadyzDoc, Settings, Style};
+use serde_json::Value;
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     /// A table for people.
     Text,
-    /// One JSON document for machines.
+    /// One JSON document for machines (schemaVersion 1).
     Json,
 }
 
-/// `interlock check` flags.
+/// `interlock check`: `node` (the default).
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct CheckArgs {
-    /// The runtime's CNI conf dir.
-    #[arg(long, env = "INTERLOCK_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
-    cni_conf_dir: PathBuf,
+    #[command(subcommand)]
+    which: Option<CheckCommand>,
+    #[command(flatten)]
+    node: NodeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum CheckCommand {
+    /// This node: the conf dir as the runtime loads it, the plugin binary, the agent
+    /// (the default when no subcommand is given).
+    Node(NodeArgs),
+}
+
+/// `interlock check node` flags; each defaults to the agent's own environment variable.
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// The runtime's CNI conf dir [env: INTERLOCK_CNI_CONF_DIR; else the dir of the
+    /// config the agent's marker names; else /etc/cni/net.d].
+    #[arg(long)]
+    cni_conf_dir: Option<PathBuf>,
     /// Where the runtime looks for plugin binaries (repeatable; in the environment
     /// variable, ':'-separated like CNI_PATH, the same as for `agent`).
     #[arg(
@@ -52,470 +80,381 @@ pub struct CheckArgs {
     /// Whose loading rules decide what is effective: containerd or crio.
     #[arg(long, env = "INTERLOCK_RUNTIME", default_value = "containerd")]
     runtime: Runtime,
-    /// The agent's health address (`/readyz`); `none` skips asking it.
+    /// The agent's health address (`/readyz`; an unspecified address such as 0.0.0.0 is
+    /// asked on loopback); `none` skips asking it.
     #[arg(long, env = "INTERLOCK_HEALTH_ADDR", default_value = "127.0.0.1:9102")]
     health_addr: String,
+    /// The agent's config mode, to tell what it would write [default: owned when the
+    /// loaded file is interlock's own, else chain].
+    #[arg(long, env = "INTERLOCK_CONFIG_MODE")]
+    config_mode: Option<ConfigMode>,
+    /// As for `agent`: the file chain mode chains into.
+    #[arg(long, env = "INTERLOCK_CHAIN_TARGET")]
+    chain_target: Option<String>,
+    /// As for `agent`: config files allowed to sort ahead of interlock's.
+    #[arg(long, env = "INTERLOCK_ALLOW_AHEAD", value_delimiter = ',')]
+    allow_ahead: Vec<String>,
+    /// As for `agent`: the highest cniVersion the agent writes.
+    #[arg(long, env = "INTERLOCK_MAX_CNI_VERSION")]
+    max_cni_version: Option<String>,
+    /// As for `agent`: the plugin settings the agent writes into its entry (without it,
+    /// the entry found in the loaded file is taken as intended).
+    #[arg(long, env = "INTERLOCK_PLUGIN_CONFIG")]
+    plugin_config: Option<PathBuf>,
+    /// The interlock-cni this interlock ships, to compare the installed one with
+    /// [default: interlock-cni next to this binary].
+    #[arg(long, env = "INTERLOCK_PLUGIN_SOURCE")]
+    plugin_source: Option<PathBuf>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     output: Output,
 }
 
-/// One finding about the node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Finding {
-    /// What was looked at: `config`, `binary`, `agent`.
-    pub area: &'static str,
-    /// `ok`, `warn` or `fail`.
-    pub status: Status,
-    /// What was found, in words an operator can act on.
-    pub message: String,
-}
-
-/// Severity of a finding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    /// As it should be.
-    Ok,
-    /// Not a hole today, but worth fixing.
-    Warn,
-    /// Pods started now could run unprotected, or would not start.
-    Fail,
-}
-
-/// The report `-o json` prints.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeReport {
-    /// `true` when a meshed pod started now gets interlock-cni and the agent vouches.
-    pub protected: bool,
-    /// One sentence.
-    pub verdict: String,
-    /// Every finding, worst first.
-    pub findings: Vec<Finding>,
-    /// The conf dir as the runtime sees it.
-    pub effective: Effective,
-    /// The plugin binary found, if any.
-    pub binary: Option<BinaryFacts>,
-    /// The agent's readiness marker, if present.
-    pub marker: Option<ReadinessMarker>,
-    /// `/readyz` status code, if the agent answered.
-    pub readyz: Option<u16>,
-}
-
-fn shown_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&confdir::shown_os(p.as_os_str()))
-}
-
-/// What the plugin binary said about itself.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BinaryFacts {
-    /// Where the runtime would find it.
-    #[serde(serialize_with = "shown_path")]
-    pub path: PathBuf,
-    /// Versions from its VERSION answer, or the error.
-    pub versions: Result<Vec<String>, String>,
-}
-
-/// Everything [`judge`] looks at.
-pub struct Observed<'a> {
-    /// The effective config.
-    pub effective: &'a Effective,
-    /// The binary, if found in a bin dir.
-    pub binary: Option<&'a BinaryFacts>,
-    /// The marker, or why it could not be read.
-    pub marker: Result<&'a ReadinessMarker, String>,
-    /// Now, unix ms.
-    pub now_ms: u64,
-    /// `/readyz` code, if asked and answered.
-    pub readyz: Option<u16>,
-}
-
-/// The verdict on a node, from what was observed. Pure.
-pub fn judge(o: &Observed<'_>) -> (bool, String, Vec<Finding>) {
-    let mut f = Vec::new();
-    let mut push = |area, status, message: String| {
-        f.push(Finding {
-            area,
-            status,
-            message,
-        })
-    };
-    let rt = o.effective.runtime;
-    let mut config_ok = false;
-    match &o.effective.chosen {
-        None => push(
-            "config",
-            Status::Fail,
-            format!("{rt} has no network: {}", o.effective.summary),
-        ),
-        Some(c) => {
-            let name = confdir::shown_os(c.path.file_name().unwrap_or_default());
-            let chain = c.list.plugin_types().join(" -> ");
-            // The same predicate the agent's readiness uses (thin Multus included).
-            match confdir::runs_plugin(&c.list, &name, PLUGIN_TYPE) {
-                Err(why) => push(
-                    "config",
-                    Status::Fail,
-                    format!("{rt} loads {why}: pods started now get NO redirection"),
-                ),
-                Ok(running) => {
-                    let accepts = o
-                        .binary
-                        .and_then(|b| b.versions.as_ref().ok())
-                        .cloned()
-                        .unwrap_or_default();
-                    match confdir::version_refused(&name, PLUGIN_TYPE, &running.version, &accepts) {
-                        Some(why) => push("config", Status::Fail, format!("{rt} loads {why}")),
-                        None => {
-                            config_ok = true;
-                            let place = match running.placement {
-                                confdir::Placement::List => String::new(),
-                                confdir::Placement::MultusDelegate => {
-                                    " (interlock-cni runs in its Multus delegate)".to_string()
-                                }
-                            };
-                            push(
-                                "config",
-                                Status::Ok,
-                                format!("{rt} loads {name}: {chain}{place}"),
-                            );
-                            let declares = running
-                                .entry
-                                .get("capabilities")
-                                .and_then(|c| c.get(POD_ANNOTATIONS_CAPABILITY))
-                                .and_then(|v| v.as_bool())
-                                .unwrap_or(false);
-                            if !declares {
-                                push(
-                                    "config",
-                                    Status::Warn,
-                                    format!("the interlock-cni entry in {name} does not declare the {POD_ANNOTATIONS_CAPABILITY} capability: every ADD must ask the agent or the API"),
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    let mut binary_ok = false;
-    match o.binary {
-        None => push(
-            "binary",
-            Status::Fail,
-            "interlock-cni is in none of the bin dirs: ADD would fail".into(),
-        ),
-        Some(b) => match &b.versions {
-            Ok(v) => {
-                binary_ok = true;
-                push(
-                    "binary",
-                    Status::Ok,
-                    format!("{} answers VERSION ({})", b.path.display(), v.join(", ")),
-                )
-            }
-            Err(e) => push(
-                "binary",
-                Status::Fail,
-                format!("{} does not answer VERSION: {e}", b.path.display()),
-            ),
-        },
-    }
-    let mut agent_ok = false;
-    match &o.marker {
-        Err(e) => push("agent", Status::Fail, format!("no readiness from the agent: {e}")),
-        Ok(m) if !m.ready => push(
-            "agent",
-            Status::Fail,
-            format!(
-                "the agent (pid {}) reports not ready: {} (marker {:.1} s old)",
-                m.pid,
-                m.reason,
-                o.now_ms.saturating_sub(m.updated_at_ms) as f64 / 1e3
-            ),
-        ),
-        Ok(m) if !m.is_fresh(o.now_ms) => push(
-            "agent",
-            Status::Fail,
-            format!(
-                "the agent's marker is {:.1} s old (stale after {:.1} s): the agent (pid {}) is gone or hung",
-                o.now_ms.saturating_sub(m.updated_at_ms) as f64 / 1e3,
-                m.stale_after_ms as f64 / 1e3,
-                m.pid
-            ),
-        ),
-        Ok(m) => {
-            agent_ok = true;
-            push(
-                "agent",
-                Status::Ok,
-                format!("ready (pid {}, marker {:.1} s old)", m.pid, o.now_ms.saturating_sub(m.updated_at_ms) as f64 / 1e3),
-            )
-        }
-    }
-    match o.readyz {
-        Some(200) | None => {}
-        Some(code) => push("agent", Status::Warn, format!("/readyz answers {code}")),
-    }
-    f.sort_by_key(|x| match x.status {
-        Status::Fail => 0,
-        Status::Warn => 1,
-        Status::Ok => 2,
-    });
-    let protected = config_ok && binary_ok && agent_ok;
-    let verdict = if protected {
-        "PROTECTED: a meshed pod started on this node now gets its redirection before it runs"
-            .to_string()
-    } else {
-        "NOT PROTECTED: a meshed pod started on this node now could run without redirection or fail to start".to_string()
-    };
-    (protected, verdict, f)
-}
-
-/// Runs `interlock check`; the exit code is 0 when protected, 1 when not.
+/// Runs `interlock check`; the exit code follows the verdict.
 pub fn run(a: CheckArgs) -> anyhow::Result<std::process::ExitCode> {
-    let runtime = a.runtime;
-    if !a.cni_conf_dir.is_dir() {
-        anyhow::bail!(
-            "CNI conf dir {} does not exist or is not a directory (the runtime would have no network); pass --cni-conf-dir",
-            a.cni_conf_dir.display()
-        );
-    }
-    let effective = confdir::load(&a.cni_conf_dir, runtime, &a.cni_bin_dirs)
-        .map_err(|e| anyhow::anyhow!("reading {}: {e}", a.cni_conf_dir.display()))?;
-    let binary = confdir::find_plugin(PLUGIN_TYPE, &a.cni_bin_dirs).map(|path| BinaryFacts {
-        versions: plugin_version(&path, &a.cni_bin_dirs)
-            .map(|i| i.supported_versions)
-            .map_err(|e| e.to_string()),
-        path,
-    });
-    let mpath = marker_path(&a.state_dir);
-    let marker = ReadinessMarker::read(&mpath).map_err(|e| format!("{}: {e}", mpath.display()));
-    let readyz = if a.health_addr == "none" {
-        None
-    } else {
-        readyz(&a.health_addr)
+    let args = match a.which {
+        Some(CheckCommand::Node(n)) => n,
+        None => a.node,
     };
     let now = now_ms();
-    let (protected, verdict, findings) = judge(&Observed {
-        effective: &effective,
-        binary: binary.as_ref(),
-        marker: marker.as_ref().map_err(Clone::clone),
-        now_ms: now,
-        readyz,
-    });
-    let report = NodeReport {
-        protected,
-        verdict,
-        findings,
-        effective,
-        binary,
-        marker: marker.ok(),
-        readyz,
-    };
+    let report = check_node(&args, now, &node_name());
     let mut out = std::io::stdout().lock();
-    let written = match a.output {
-        // Indented only so deep that a 10,000-deep config (the runtimes load one) stays
-        // its own size.
+    let written = match args.output {
+        // Indented only so deep that a 10,000-deep config stays its own size.
         Output::Json => out
             .write_all(&interlock_protocol::conf::pretty_json(&report))
             .and_then(|()| writeln!(out)),
-        Output::Text => render(&mut out, &report, &a.cni_conf_dir),
+        Output::Text => {
+            let colour = std::io::stdout().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+            report::render(&mut out, &report, Style { colour })
+        }
     };
     // A reader that stops early (`| head`) is not an error of ours.
     match written {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
         _ => {}
     }
-    Ok(if report.protected {
-        std::process::ExitCode::SUCCESS
+    Ok(std::process::ExitCode::from(report.exit_code))
+}
+
+/// `NODE_NAME` (the downward API in the agent's pod), else the host name.
+fn node_name() -> String {
+    std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+fn runtime_word(r: Runtime) -> String {
+    match r {
+        Runtime::Containerd => "containerd".into(),
+        Runtime::Crio => "crio".into(),
+    }
+}
+
+/// Gathers everything about the node and judges it. Never fails: what could not be
+/// looked at becomes a `could-not-check` report.
+fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
+    let mpath = marker_path(&a.state_dir);
+    let marker = ReadinessMarker::read(&mpath).map_err(|e| format!("{}: {e}", mpath.display()));
+    let (conf_dir, from) = match (&a.cni_conf_dir, std::env::var_os("INTERLOCK_CNI_CONF_DIR")) {
+        (Some(d), _) => (d.clone(), "flag"),
+        (None, Some(d)) if !d.is_empty() => (PathBuf::from(d), "env"),
+        _ => match marker
+            .as_ref()
+            .ok()
+            .and_then(|m| Path::new(&m.config_path).parent().map(Path::to_path_buf))
+            .filter(|p| p.is_absolute())
+        {
+            Some(d) => (d, "marker"),
+            None => (PathBuf::from("/etc/cni/net.d"), "default"),
+        },
+    };
+    let settings = Settings {
+        cni_conf_dir: conf_dir.clone(),
+        cni_bin_dirs: a.cni_bin_dirs.clone(),
+        state_dir: a.state_dir.clone(),
+        runtime: runtime_word(a.runtime),
+        health_addr: a.health_addr.clone(),
+        cni_conf_dir_from: from,
+    };
+    let binary = binary_facts(a);
+    let readyz = ask_readyz(&a.health_addr);
+    let agent = AgentDoc {
+        marker: marker.as_ref().ok().cloned(),
+        marker_error: marker.as_ref().err().cloned(),
+        readyz: ReadyzDoc::new(&a.health_addr, &readyz),
+    };
+    let parts = |effective, binary: &Option<BinaryFacts>| Parts {
+        node: node.to_string(),
+        now_ms: now,
+        settings: settings.clone(),
+        effective,
+        binary: binary.as_ref().map(BinaryDoc::from),
+        agent,
+    };
+    if !conf_dir.is_dir() {
+        let j = judge::could_not_check(
+            "check.conf-dir-missing",
+            format!(
+                "CNI conf dir {} does not exist or is not a directory (from {from}): if it is the runtime's, the runtime has no network",
+                conf_dir.display()
+            ),
+            "point check at the runtime's conf dir: INTERLOCK_CNI_CONF_DIR or --cni-conf-dir (in the agent's pod, its environment already does)",
+        );
+        return NodeReport::new(parts(None, &binary), j);
+    }
+    let effective = match confdir::load(&conf_dir, a.runtime, &a.cni_bin_dirs) {
+        Ok(e) => e,
+        Err(e) => {
+            let j = judge::could_not_check(
+                "check.conf-dir-unreadable",
+                format!("reading {}: {e}", conf_dir.display()),
+                "run check as root (the conf dir is root's), or fix the path",
+            );
+            return NodeReport::new(parts(None, &binary), j);
+        }
+    };
+    let missing = missing_plugins(&effective, a);
+    let stale = stale_copy(a, &conf_dir, &effective, binary.as_ref());
+    let j: Judgement = judge::judge(&Observed {
+        effective: &effective,
+        binary: binary.as_ref(),
+        bin_dirs: &a.cni_bin_dirs,
+        marker: marker.as_ref().map_err(Clone::clone),
+        now_ms: now,
+        readyz: &readyz,
+        missing_plugins: &missing,
+        stale: stale.as_ref(),
+    });
+    let doc = EffectiveDoc::new(&effective, &missing, stale.as_ref());
+    NodeReport::new(parts(Some(doc), &binary), j)
+}
+
+/// The plugin this interlock ships: `--plugin-source`, else `interlock-cni` next to
+/// this binary (where the image puts it, and where the agent takes it from).
+fn plugin_source(a: &NodeArgs) -> Result<PathBuf, String> {
+    let p = match &a.plugin_source {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("cannot find this binary's path: {e}"))?
+            .with_file_name(interlock_agent::install::PLUGIN_FILE),
+    };
+    if p.is_file() {
+        Ok(p)
     } else {
-        std::process::ExitCode::from(1)
+        Err(format!("no plugin source: {} does not exist", p.display()))
+    }
+}
+
+/// The file at `interlock-cni` in the bin dirs: its VERSION answer, and whether it is
+/// byte for byte the plugin this interlock ships (the agent's own content check).
+fn binary_facts(a: &NodeArgs) -> Option<BinaryFacts> {
+    let path = confdir::find_plugin(PLUGIN_TYPE, &a.cni_bin_dirs)?;
+    let answer = interlock_protocol::exec::plugin_version(&path, &a.cni_bin_dirs);
+    let source = plugin_source(a);
+    let content = match &source {
+        Err(_) => Content::Unverified,
+        Ok(src) => match interlock_protocol::bounded::read_regular(
+            src,
+            interlock_agent::install::MAX_PLUGIN_BYTES,
+        ) {
+            Ok(data) if interlock_agent::install::same_content(&path, &data) => Content::Matches,
+            Ok(_) => Content::Differs,
+            Err(_) => Content::Unverified,
+        },
+    };
+    Some(BinaryFacts {
+        versions: answer
+            .as_ref()
+            .map(|i| i.supported_versions.clone())
+            .map_err(|e| e.to_string()),
+        build: answer.ok().and_then(|i| i.interlock_version),
+        content,
+        source,
+        path,
     })
 }
 
-fn render(out: &mut impl Write, r: &NodeReport, dir: &Path) -> std::io::Result<()> {
-    writeln!(
-        out,
-        "CNI conf dir {} as {} loads it:",
-        confdir::shown_os(dir.as_os_str()),
-        r.effective.runtime
-    )?;
-    for f in &r.effective.files {
-        // Escaped: a file name can carry terminal escape sequences.
-        let name = confdir::shown_os(f.path.file_name().unwrap_or_default());
-        let verdict = serde_json::to_value(f.verdict)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
-        writeln!(out, "  {name:<28} {verdict:<12} {}", f.reason)?;
+fn ask_readyz(addr: &str) -> Readyz {
+    if addr == "none" {
+        return Readyz::NotAsked;
     }
-    if r.effective.files.is_empty() {
-        writeln!(out, "  (empty)")?;
+    let mut sa: SocketAddr = match addr.parse() {
+        Ok(a) => a,
+        Err(e) => return Readyz::Unreachable(format!("{addr:?} is not an address ({e})")),
+    };
+    // The agent in its pod listens on 0.0.0.0; a client asks it on loopback.
+    if sa.ip().is_unspecified() {
+        sa.set_ip(if sa.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
     }
-    writeln!(out)?;
-    for f in &r.findings {
-        let tag = match f.status {
-            Status::Ok => "ok  ",
-            Status::Warn => "WARN",
-            Status::Fail => "FAIL",
-        };
-        writeln!(out, "{tag} {:<7} {}", f.area, f.message)?;
+    match interlock_agent::health::readyz_status(sa, Duration::from_millis(500)) {
+        Ok(code) => Readyz::Answered(code),
+        Err(e) => Readyz::Unreachable(format!("nobody answered at {sa}: {e}")),
     }
-    writeln!(out, "\n{}", r.verdict)
 }
 
-fn readyz(addr: &str) -> Option<u16> {
-    let addr: SocketAddr = addr.parse().ok()?;
-    interlock_agent::health::readyz_status(addr, Duration::from_millis(500)).ok()
+/// Plugin types of the loaded chain that no bin dir has, besides interlock-cni (its own
+/// finding). containerd loads such a file and fails every ADD; CRI-O skips it (the
+/// conf-dir judgement already says so).
+fn missing_plugins(e: &Effective, a: &NodeArgs) -> Vec<String> {
+    let Some(c) = &e.chosen else { return vec![] };
+    let mut out: Vec<String> = chain_types(&c.list)
+        .into_iter()
+        .filter(|t| t != PLUGIN_TYPE && confdir::find_plugin(t, &a.cni_bin_dirs).is_none())
+        .collect();
+    out.dedup();
+    out
+}
+
+/// Whether the agent, with these settings, would rewrite the file the runtime loads:
+/// the agent's own planner run on the conf dir as it is, with the binaries' VERSION
+/// answers asked now.
+fn stale_copy(
+    a: &NodeArgs,
+    conf_dir: &Path,
+    e: &Effective,
+    binary: Option<&BinaryFacts>,
+) -> Option<Stale> {
+    let chosen = e.chosen.as_ref()?;
+    let name = chosen.path.file_name()?.to_str()?.to_string();
+    let running = confdir::runs_plugin(&chosen.list, &name, PLUGIN_TYPE).ok()?;
+    let mut cfg = AgentConfig::new(PathBuf::new());
+    cfg.conf_dir = conf_dir.to_path_buf();
+    cfg.bin_dirs = a.cni_bin_dirs.clone();
+    cfg.state_dir = a.state_dir.clone();
+    cfg.runtime = a.runtime;
+    cfg.mode = a.config_mode.unwrap_or(if plan::is_owned_name(&name) {
+        ConfigMode::Owned
+    } else {
+        ConfigMode::Chain
+    });
+    cfg.chain_target = a.chain_target.clone();
+    cfg.allow_ahead = a.allow_ahead.clone();
+    cfg.max_cni_version = a.max_cni_version.clone();
+    let mut settings = match &a.plugin_config {
+        Some(p) => {
+            cfg.plugin_config = interlock_agent::load_plugin_config(p).ok()?;
+            cfg.settings()
+        }
+        None => {
+            let mut s = cfg.settings();
+            s.entry = running.entry.clone();
+            s
+        }
+    };
+    settings.runtime = a.runtime;
+    let snap = interlock_agent::guard::snapshot_for(&cfg).ok()?;
+    let mut facts = Facts::default();
+    let mut types: Vec<String> = snap
+        .candidates()
+        .iter()
+        .filter_map(|c| c.parsed().as_ref().ok().map(|p| chain_types(&p.list)))
+        .flatten()
+        .collect();
+    types.sort();
+    types.dedup();
+    for t in types {
+        if t == PLUGIN_TYPE {
+            let v = binary.and_then(|b| b.versions.as_ref().ok()).cloned()?;
+            facts.present_types.insert(t.clone());
+            facts.versions.insert(t, v);
+        } else if let Some(bin) = confdir::find_plugin(&t, &a.cni_bin_dirs) {
+            facts.present_types.insert(t.clone());
+            if let Ok(v) = interlock_agent::install::query_versions(&bin) {
+                facts.versions.insert(t, v);
+            }
+        }
+    }
+    let p = plan::plan(&snap, &settings, &facts);
+    let bytes = p.actions.iter().find_map(|act| match act {
+        Action::Write { name: n, bytes, .. } if *n == name => Some(bytes),
+        _ => None,
+    })?;
+    let now: Value = serde_json::from_slice(snap.get(&name)?.content.as_ref()?).ok()?;
+    let would: Value = serde_json::from_slice(bytes).ok()?;
+    let source = (cfg.mode == ConfigMode::Owned)
+        .then(|| {
+            snap.candidates()
+                .iter()
+                .find(|c| !plan::is_owned_name(c.name()) && c.parsed().is_ok())
+                .map(|c| c.name().to_string())
+        })
+        .flatten();
+    Some(Stale {
+        file: name,
+        source,
+        difference: first_difference("", &now, &would)
+            .unwrap_or_else(|| "the same JSON, written differently".into()),
+    })
+}
+
+/// The first place two JSON values differ, as `path: old → new`.
+pub fn first_difference(at: &str, a: &Value, b: &Value) -> Option<String> {
+    let here = |a: &Value, b: &Value| {
+        let short = |v: &Value| {
+            let s = v.to_string();
+            if s.chars().count() > 60 {
+                format!("{}…", s.chars().take(60).collect::<String>())
+            } else {
+                s
+            }
+        };
+        let at = if at.is_empty() {
+            "(the whole file)"
+        } else {
+            at
+        };
+        Some(format!("{at}: {} → {}", short(a), short(b)))
+    };
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, v) in x {
+                let p = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                match y.get(k) {
+                    Some(w) => {
+                        if let Some(d) = first_difference(&p, v, w) {
+                            return Some(d);
+                        }
+                    }
+                    None => return Some(format!("{p}: {} → (none)", v)),
+                }
+            }
+            y.iter().find(|(k, _)| !x.contains_key(*k)).map(|(k, w)| {
+                let p = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                format!("{p}: (none) → {w}")
+            })
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            for (i, (v, w)) in x.iter().zip(y).enumerate() {
+                if let Some(d) = first_difference(&format!("{at}[{i}]"), v, w) {
+                    return Some(d);
+                }
+            }
+            (x.len() != y.len()).then(|| format!("{at}: {} entries → {}", x.len(), y.len()))
+        }
+        _ if a == b => None,
+        _ => here(a, b),
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn judge_at(
-        effective: &Effective,
-        binary: Option<&BinaryFacts>,
-        marker: Result<&ReadinessMarker, String>,
-        now_ms: u64,
-        readyz: Option<u16>,
-    ) -> (bool, String, Vec<Finding>) {
-        judge(&Observed {
-            effective,
-            binary,
-            marker,
-            now_ms,
-            readyz,
-        })
-    }
-
-    fn effective(files: &[(&str, &str)]) -> (tempfile::TempDir, Effective) {
-        let d = tempfile::tempdir().unwrap();
-        for (n, c) in files {
-            std::fs::write(d.path().join(n), c).unwrap();
-        }
-        let e = confdir::load(d.path(), Runtime::Containerd, &[]).unwrap();
-        (d, e)
-    }
-
-    fn marker(ready: bool, age_ms: u64, now: u64) -> ReadinessMarker {
-        ReadinessMarker {
-            ready,
-            reason: if ready {
-                "ok".into()
-            } else {
-                "10-calico.conflist sorts ahead".into()
-            },
-            updated_at_ms: now - age_ms,
-            stale_after_ms: 3000,
-            pid: 42,
-            pid_namespace: None,
-            config_path: String::new(),
-        }
-    }
-
-    const OURS: &str = r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"interlock-cni","capabilities":{"io.kubernetes.cri.pod-annotations":true}}]}"#;
-    const PRIMARY: &str = r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"bridge"}]}"#;
-
-    fn bin() -> BinaryFacts {
-        BinaryFacts {
-            path: "/opt/cni/bin/interlock-cni".into(),
-            versions: Ok(vec!["1.0.0".into()]),
-        }
-    }
-
-    #[test]
-    fn protected_only_when_config_binary_and_agent_agree() {
-        let now = 1_000_000;
-        let (_d, e) = effective(&[
-            ("00-interlock.conflist", OURS),
-            ("10-calico.conflist", PRIMARY),
-        ]);
-        let m = marker(true, 500, now);
-        let b = bin();
-        let (ok, verdict, f) = judge_at(&e, Some(&b), Ok(&m), now, Some(200));
-        assert!(ok, "{f:?}");
-        assert!(verdict.starts_with("PROTECTED"));
-        assert!(f.iter().all(|x| x.status == Status::Ok), "{f:?}");
-
-        // A foreign file sorting first: the hole the design is about.
-        let (_d, e2) = effective(&[
-            ("00-calico.conflist", PRIMARY),
-            ("01-interlock.conflist", OURS),
-        ]);
-        let (ok, verdict, f) = judge_at(&e2, Some(&b), Ok(&m), now, Some(200));
-        assert!(!ok);
-        assert!(verdict.starts_with("NOT PROTECTED"));
-        assert_eq!(f[0].status, Status::Fail);
-        assert!(
-            f[0].message.contains("00-calico.conflist") && f[0].message.contains("NO redirection"),
-            "{}",
-            f[0].message
-        );
-
-        // Stale marker: agent gone.
-        let stale = marker(true, 10_000, now);
-        let (ok, _, f) = judge_at(&e, Some(&b), Ok(&stale), now, None);
-        assert!(!ok);
-        assert!(
-            f[0].message.contains("gone or hung") && f[0].message.contains("pid 42"),
-            "{}",
-            f[0].message
-        );
-
-        // Not ready, with the agent's reason.
-        let nr = marker(false, 100, now);
-        let (ok, _, f) = judge_at(&e, Some(&b), Ok(&nr), now, Some(503));
-        assert!(!ok);
-        assert!(f
-            .iter()
-            .any(|x| x.message.contains("10-calico.conflist sorts ahead")));
-        assert!(f.iter().any(|x| x.message.contains("/readyz answers 503")));
-
-        // Missing binary.
-        let (ok, _, f) = judge_at(&e, None, Ok(&m), now, None);
-        assert!(!ok);
-        assert!(f[0].message.contains("none of the bin dirs"));
-    }
-
-    #[test]
-    fn broken_first_file_and_plugin_order_are_failures() {
-        let now = 1_000_000;
-        let m = marker(true, 0, now);
-        let b = bin();
-        let (_d, e) = effective(&[
-            ("00-broken.conflist", "{\"cniVersion\":"),
-            ("10-x.conflist", OURS),
-        ]);
-        let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
-        assert!(!ok);
-        assert!(f[0].message.contains("has no network"), "{}", f[0].message);
-
-        let first = r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"interlock-cni"},{"type":"bridge"}]}"#;
-        let (_d, e) = effective(&[("00-x.conflist", first)]);
-        let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
-        assert!(!ok);
-        assert!(f[0].message.contains("chained after"), "{}", f[0].message);
-
-        let old = r#"{"cniVersion":"0.2.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}"#;
-        let (_d, e) = effective(&[("00-x.conflist", old)]);
-        let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
-        assert!(!ok);
-        assert!(
-            f[0].message.contains("\"0.2.0\"") && f[0].message.contains("refuses"),
-            "{}",
-            f[0].message
-        );
-
-        let nocap = r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}"#;
-        let (_d, e) = effective(&[("00-x.conflist", nocap)]);
-        let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
-        assert!(ok);
-        assert!(f
-            .iter()
-            .any(|x| x.status == Status::Warn && x.message.contains("pod-annotations")));
-    }
-}
+mod tests;

@@ -5,13 +5,14 @@
 
 mod agent_cmd;
 mod check;
+mod manifests;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use interlock_agent::telemetry::{self, LogFormat};
 
 /// interlock: race-free, verifiable service-mesh traffic redirection for Kubernetes nodes.
 #[derive(Debug, Parser)]
-#[command(name = "interlock", version, about)]
+#[command(name = "interlock", version = interlock_buildinfo::VERSION, about)]
 struct Cli {
     /// How log lines look (the filter comes from INTERLOCK_LOG or RUST_LOG, default info).
     #[arg(
@@ -40,12 +41,32 @@ enum Command {
     /// Remove exactly what interlock added to the CNI conf dir and bin dirs.
     Uninstall(agent_cmd::UninstallArgs),
     /// Explain what this node's runtime will load and whether a pod started now is
-    /// protected (exit 0 protected, 1 not protected, 2 error).
+    /// protected (exit 0 protected, 1 at risk, 2 unprotected, 3 could not check, 64 usage).
     Check(check::CheckArgs),
+    /// Print the Kubernetes objects that install interlock (`| kubectl apply -f -`);
+    /// `--set key=value` changes a setting.
+    Manifests(manifests::ManifestsArgs),
 }
 
+/// The exit code of a command line that does not parse (sysexits' EX_USAGE), apart from
+/// every verdict `check` can give.
+const USAGE_ERROR: u8 = 64;
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp
+                | clap::error::ErrorKind::DisplayVersion
+                | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    std::process::ExitCode::SUCCESS
+                }
+                _ => std::process::ExitCode::from(USAGE_ERROR),
+            };
+        }
+    };
     let format = match cli.log_format {
         LogFormatArg::Text => LogFormat::Text,
         LogFormatArg::Json => LogFormat::Json,
@@ -55,11 +76,13 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(2);
     }
     let command = cli.command;
-    // `check` reserves 1 for "not protected"; its own failures exit 2.
-    let error_code = if matches!(command, Command::Check(_)) {
-        2
-    } else {
-        1
+    // `check` answers every verdict itself (3: could not check); what is left is an
+    // error writing its output.
+    let error_code = match command {
+        Command::Check(_) => 3,
+        // A refused `--set` is a usage error.
+        Command::Manifests(_) => USAGE_ERROR,
+        _ => 1,
     };
     let result = match command {
         Command::Agent(a) => agent_cmd::run_agent(a).map(|()| std::process::ExitCode::SUCCESS),
@@ -67,6 +90,7 @@ fn main() -> std::process::ExitCode {
             agent_cmd::run_uninstall(a).map(|()| std::process::ExitCode::SUCCESS)
         }
         Command::Check(a) => check::run(a),
+        Command::Manifests(a) => manifests::run(a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("interlock: {e:#}");

@@ -12,7 +12,11 @@ fn check(d: &Dirs, a: Option<&Agent>, json: bool) -> (i32, String) {
         .map(|a| format!("127.0.0.1:{}", a.port))
         .unwrap_or_else(|| "none".into());
     let mut cmd = d.interlock("check");
-    cmd.arg("--health-addr").arg(health);
+    cmd.arg("--health-addr")
+        .arg(health)
+        // What the agent installs (the real plugin, or the stand-in when it is not built).
+        .arg("--plugin-source")
+        .arg(plugin());
     if json {
         cmd.args(["-o", "json"]);
     }
@@ -28,10 +32,10 @@ fn check_follows_the_node_from_unprotected_to_protected_and_back() {
     let d = Dirs::new();
     d.write("10-calico.conflist", CALICO);
 
-    // Before the agent: the race window, stated plainly.
+    // Before the agent: the race window, stated plainly (2: unprotected).
     let (code, text) = check(&d, None, false);
-    assert_eq!(code, 1, "{text}");
-    assert!(text.contains("NOT PROTECTED"), "{text}");
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("UNPROTECTED"), "{text}");
     assert!(
         text.contains("10-calico.conflist") && text.contains("does not contain interlock-cni"),
         "{text}"
@@ -48,7 +52,9 @@ fn check_follows_the_node_from_unprotected_to_protected_and_back() {
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["protected"], true);
-    assert_eq!(v["readyz"], 200);
+    assert_eq!(v["verdict"], "protected");
+    assert_eq!(v["agent"]["readyz"]["status"], 200);
+    assert_eq!(v["binary"]["content"], "matches");
     assert_eq!(
         v["effective"]["chosen"]["path"].as_str().unwrap(),
         d.conf.join(&owned).to_str().unwrap()
@@ -63,7 +69,7 @@ fn check_follows_the_node_from_unprotected_to_protected_and_back() {
     );
 
     // The agent dies: its marker goes stale and check says so, even though the config
-    // file is still in place.
+    // file is still in place (1: at risk).
     a.kill9();
     wait_until(
         Duration::from_secs(10),
@@ -74,17 +80,57 @@ fn check_follows_the_node_from_unprotected_to_protected_and_back() {
     assert!(text.contains("gone or hung"), "{text}");
 }
 
+/// A check that cannot look exits 3 and still prints its document (issue 12: it printed
+/// nothing on stdout with `-o json`).
 #[test]
-fn check_reports_a_missing_conf_dir_as_an_error() {
+fn check_reports_a_missing_conf_dir_as_could_not_check() {
     let d = Dirs::new();
+    for json in [false, true] {
+        let mut cmd = Command::new(interlock());
+        cmd.args(["check", "--health-addr", "none", "--cni-conf-dir"])
+            .arg(d.tmp.path().join("nope"));
+        if json {
+            cmd.args(["-o", "json"]);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(3), "{stdout}");
+        assert!(stdout.contains("nope"), "{stdout}");
+        if json {
+            let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+            assert_eq!(v["verdict"], "could-not-check");
+            assert_eq!(v["schemaVersion"], 1);
+            assert_eq!(v["findings"][0]["id"], "check.conf-dir-missing");
+            assert_eq!(v["effective"], serde_json::Value::Null);
+        } else {
+            assert!(stdout.contains("COULD NOT CHECK"), "{stdout}");
+        }
+    }
+}
+
+/// Usage errors exit 64, apart from every verdict (issue 12: both were 2).
+#[test]
+fn usage_errors_exit_64_and_version_carries_the_build() {
+    for args in [
+        &["check", "-o", "yaml"][..],
+        &["check", "--no-such-flag"],
+        &["nope"],
+    ] {
+        let out = Command::new(interlock()).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args:?}");
+    }
     let out = Command::new(interlock())
-        .args(["check", "--health-addr", "none", "--cni-conf-dir"])
-        .arg(d.tmp.path().join("nope"))
+        .env("INTERLOCK_RUNTIME", "docker")
+        .args(["check", "--health-addr", "none"])
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("nope"), "{stderr}");
+    assert_eq!(out.status.code(), Some(64));
+    let out = Command::new(interlock()).arg("--version").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("interlock {}", interlock_buildinfo::VERSION)
+    );
 }
 
 /// The config half of `check -o json` for `d` (no agent): `(ok, message)`.
@@ -96,7 +142,18 @@ fn check_config(d: &Dirs) -> (bool, String) {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|f| f["area"] == "config" && f["status"] != "warn")
+        // The runs-interlock judgement (the one the agent's readiness shares); missing
+        // binaries and a stale copy are findings of their own.
+        .filter(|f| {
+            [
+                "config.loaded",
+                "config.no-interlock",
+                "config.interlock-misplaced",
+                "config.version-refused",
+                "config.no-network",
+            ]
+            .contains(&f["id"].as_str().unwrap())
+        })
         .collect();
     assert_eq!(config.len(), 1, "{json}");
     (
@@ -364,5 +421,215 @@ fn bin_dir_env_is_split_alike_by_agent_and_check() {
         v["binary"]["path"].as_str().unwrap(),
         bin2.join("interlock-cni").to_str().unwrap(),
         "check looked in the first of the agent's dirs"
+    );
+}
+
+/// `check -o json` on `d` with extra args: `(exit code, document)`.
+fn check_json(d: &Dirs, extra: &[&str]) -> (i32, serde_json::Value) {
+    let out = d
+        .interlock("check")
+        .args(["-o", "json", "--plugin-source"])
+        .arg(plugin())
+        .args(extra)
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "check -o json: {e}\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap_or(-1), v)
+}
+
+fn finding<'a>(v: &'a serde_json::Value, id: &str) -> Option<&'a serde_json::Value> {
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == id)
+}
+
+/// issue 12, wrong answer: the owned copy kept the old pod CIDR after the primary changed
+/// (while no agent ran) and check said "ok config". Now: `config.stale`, naming the
+/// difference — and nothing stale while the agent keeps the copy current.
+#[test]
+fn a_stale_owned_copy_is_reported_with_its_difference() {
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let a = d.agent(&[]);
+    let owned = wait_protected(&d, &a);
+    let health = format!("127.0.0.1:{}", a.port);
+    let (code, v) = check_json(&d, &["--health-addr", &health]);
+    assert_eq!(code, 0, "{v:#}");
+    assert!(finding(&v, "config.stale").is_none(), "{v:#}");
+    a.kill9();
+    d.rename_in(
+        "10-calico.conflist",
+        &CALICO.replace("10.99.0.0/24", "10.250.7.0/24"),
+    );
+    let (code, v) = check_json(&d, &["--health-addr", "none"]);
+    assert_eq!(code, 1, "{v:#}");
+    let f = finding(&v, "config.stale").unwrap_or_else(|| panic!("no config.stale: {v:#}"));
+    let msg = f["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&owned) && msg.contains("10.99.0.0/24") && msg.contains("10.250.7.0/24"),
+        "{msg}"
+    );
+    assert_eq!(v["effective"]["stale"]["file"], owned.as_str());
+}
+
+/// issue 12, wrong answer: the `bridge` plugin renamed `interlock-cni` was "ok binary".
+/// Now the agent's content check (and the VERSION answer) tell it apart: unprotected.
+#[test]
+fn another_binary_installed_as_interlock_cni_is_unprotected() {
+    let d = Dirs::new();
+    let bridge = interlock_testkit::cni_plugins_dir().join("bridge");
+    if !bridge.exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{} missing",
+            bridge.display()
+        );
+        eprintln!("skipped: no reference bridge plugin");
+        return;
+    }
+    d.write("10-calico.conflist", CALICO);
+    let a = d.agent(&[]);
+    wait_protected(&d, &a);
+    a.terminate();
+    std::fs::remove_file(d.bin.join("interlock-cni")).unwrap();
+    std::fs::copy(&bridge, d.bin.join("interlock-cni")).unwrap();
+    let (code, v) = check_json(&d, &["--health-addr", "none"]);
+    assert_eq!(code, 2, "{v:#}");
+    assert_eq!(v["verdict"], "unprotected");
+    assert_eq!(v["findings"][0]["id"], "binary.not-interlock", "{v:#}");
+    assert_eq!(v["binary"]["content"], "differs");
+    assert_eq!(v["binary"]["interlockVersion"], serde_json::Value::Null);
+}
+
+/// issue 12, wrong answer: the chain needs `portmap` and `bandwidth`, the bin dir lacks
+/// them, and containerd mode said "ok config".
+#[test]
+fn a_missing_primary_plugin_binary_is_reported() {
+    let d = Dirs::new();
+    std::fs::copy(plugin(), d.bin.join("interlock-cni")).unwrap();
+    let _ = std::fs::remove_file(d.bin.join("portmap"));
+    let list = r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"portmap"},{"type":"bandwidth"},{"type":"interlock-cni","capabilities":{"io.kubernetes.cri.pod-annotations":true}}]}"#;
+    d.write("00-interlock.conflist", list);
+    let (code, v) = check_json(&d, &["--health-addr", "none"]);
+    assert_eq!(code, 1, "{v:#}");
+    let f = finding(&v, "config.plugin-missing").unwrap_or_else(|| panic!("{v:#}"));
+    assert!(
+        f["message"]
+            .as_str()
+            .unwrap()
+            .contains("portmap, bandwidth"),
+        "{f}"
+    );
+    assert_eq!(
+        v["effective"]["missingPlugins"],
+        serde_json::json!(["portmap", "bandwidth"])
+    );
+}
+
+/// issue 12, wrong answer: with the agent running and `/readyz` asked at the wrong
+/// address, check said PROTECTED without mentioning it.
+#[test]
+fn an_unreachable_readyz_is_mentioned() {
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let a = d.agent(&[]);
+    wait_protected(&d, &a);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (code, v) = check_json(&d, &["--health-addr", &format!("127.0.0.1:{closed}")]);
+    assert_eq!(code, 0, "{v:#}");
+    let f = finding(&v, "agent.readyz-unreachable").unwrap_or_else(|| panic!("{v:#}"));
+    assert_eq!(f["status"], "warn");
+    assert!(
+        v["summary"]
+            .as_str()
+            .unwrap()
+            .contains("agent.readyz-unreachable"),
+        "{v:#}"
+    );
+    assert_eq!(v["agent"]["readyz"]["status"], serde_json::Value::Null);
+    // Not an address at all: said too.
+    let (_, v) = check_json(&d, &["--health-addr", "localhost:abc"]);
+    let f = finding(&v, "agent.readyz-unreachable").unwrap();
+    assert!(
+        f["message"].as_str().unwrap().contains("not an address"),
+        "{f}"
+    );
+}
+
+/// issue 12, wrong answer: istio-cni or linkerd-cni in the chain with interlock-cni (the
+/// agent copies a primary that carries it) was PROTECTED.
+#[test]
+fn another_meshs_plugin_in_the_chain_is_unprotected() {
+    for mesh in ["istio-cni", "linkerd-cni"] {
+        let d = Dirs::new();
+        // The mesh's binary, as its DaemonSet would have installed it (a stand-in).
+        std::fs::copy(plugin(), d.bin.join(mesh)).unwrap();
+        let primary = CALICO.replace(
+            r#"{"type": "portmap""#,
+            &format!(r#"{{"type": "{mesh}"}}, {{"type": "portmap""#),
+        );
+        d.write("10-calico.conflist", &primary);
+        let a = d.agent(&[]);
+        wait_protected(&d, &a);
+        let health = format!("127.0.0.1:{}", a.port);
+        let (code, v) = check_json(&d, &["--health-addr", &health]);
+        assert_eq!(code, 2, "{mesh}: {v:#}");
+        let f = &v["findings"][0];
+        assert_eq!(f["id"], "config.other-mesh", "{v:#}");
+        assert!(f["message"].as_str().unwrap().contains(mesh), "{f}");
+        assert!(f["hint"].as_str().unwrap().contains("Migrating"), "{f}");
+    }
+}
+
+/// `kubectl exec … interlock check` in the agent's pod: the agent's INTERLOCK_*
+/// environment is all check needs; without it, the marker names the conf dir.
+#[test]
+fn settings_come_from_the_agents_environment_then_the_marker() {
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let a = d.agent(&[]);
+    let owned = wait_protected(&d, &a);
+    let health = format!("127.0.0.1:{}", a.port);
+    let out = Command::new(interlock())
+        .args(["check", "node", "-o", "json"])
+        .env("INTERLOCK_CNI_CONF_DIR", &d.conf)
+        .env("INTERLOCK_CNI_BIN_DIR", &d.bin)
+        .env("INTERLOCK_STATE_DIR", &d.state)
+        .env("INTERLOCK_HEALTH_ADDR", &health)
+        .env("INTERLOCK_PLUGIN_SOURCE", plugin())
+        .env("NODE_NAME", "node-from-downward-api")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{v:#}");
+    assert_eq!(v["node"], "node-from-downward-api");
+    assert_eq!(v["settings"]["cniConfDirFrom"], "env");
+    assert_eq!(v["interlockVersion"], interlock_buildinfo::VERSION);
+    // No conf dir setting at all: the one the agent's marker names.
+    let out = Command::new(interlock())
+        .args(["check", "-o", "json", "--health-addr", "none"])
+        .env_remove("INTERLOCK_CNI_CONF_DIR")
+        .env("INTERLOCK_CNI_BIN_DIR", &d.bin)
+        .env("INTERLOCK_STATE_DIR", &d.state)
+        .env("INTERLOCK_PLUGIN_SOURCE", plugin())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["settings"]["cniConfDirFrom"], "marker", "{v:#}");
+    assert_eq!(
+        v["effective"]["chosen"]["path"].as_str().unwrap(),
+        d.conf.join(&owned).to_str().unwrap()
     );
 }

@@ -121,6 +121,8 @@ fn version_lists_every_supported_version() {
         json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
     );
     assert_eq!(v["cniVersion"], "1.1.0");
+    // The build, so `interlock check` can tell this binary from another plugin renamed.
+    assert_eq!(v["interlockVersion"], interlock_buildinfo::VERSION);
 }
 
 #[test]

@@ -148,6 +148,14 @@ pub struct PluginInfo {
     /// Every spec version the plugin accepts.
     #[serde(rename = "supportedVersions", default)]
     pub supported_versions: Vec<String>,
+    /// The build an interlock plugin says it is ([`crate::skel::Plugin::build_version`]);
+    /// other plugins do not answer it.
+    #[serde(
+        rename = "interlockVersion",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub interlock_version: Option<String>,
 }
 
 /// What went wrong running a plugin or a chain.

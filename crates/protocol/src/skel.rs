@@ -218,14 +218,25 @@ pub trait Plugin {
 
     /// The error printed for a bug (a panic in a verb).
     fn internal_error(&self) -> CniError;
+
+    /// The plugin's build, answered to VERSION as `interlockVersion` (a `const`: VERSION
+    /// stays as fast as the bare protocol answer).
+    fn build_version(&self) -> Option<&'static str> {
+        None
+    }
 }
 
-/// The VERSION answer.
-pub fn version_info() -> Value {
-    serde_json::json!({
+/// The VERSION answer, with the plugin's build when it has one (runtimes ignore the
+/// extra field; `interlock check` reads it).
+pub fn version_info(build: Option<&str>) -> Value {
+    let mut v = serde_json::json!({
         "cniVersion": CniVersion::LATEST.as_str(),
         "supportedVersions": CniVersion::all_strings(),
-    })
+    });
+    if let (Some(b), Some(m)) = (build, v.as_object_mut()) {
+        m.insert("interlockVersion".into(), Value::String(b.into()));
+    }
+    v
 }
 
 fn json_line(v: &Value) -> Vec<u8> {
@@ -272,7 +283,7 @@ fn run_inner<P: Plugin>(plugin: &P, env: &CniEnv, stdin: &[u8]) -> Result<Vec<u8
             .map_err(|e: String| CniError::new(latest, INVALID_ENVIRONMENT, e))?,
     };
     if command == Command::Version {
-        return Ok(json_line(&version_info()));
+        return Ok(json_line(&version_info(plugin.build_version())));
     }
     let conf: Map<String, Value> = match serde_json::from_slice::<Value>(stdin) {
         Ok(Value::Object(m)) => m,
@@ -343,7 +354,7 @@ fn run_inner<P: Plugin>(plugin: &P, env: &CniEnv, stdin: &[u8]) -> Result<Vec<u8
         Command::Check => plugin.check(&inv, &ctx).map(|()| Vec::new()),
         Command::Gc => plugin.gc(&inv, &ctx).map(|()| Vec::new()),
         Command::Status => plugin.status(&inv, &ctx).map(|()| Vec::new()),
-        Command::Version => Ok(json_line(&version_info())),
+        Command::Version => Ok(json_line(&version_info(plugin.build_version()))),
     });
     if let Err(e) = &result {
         plugin.failed(&inv, &ctx, e);

@@ -125,4 +125,8 @@ impl Plugin for InterlockCni {
     fn internal_error(&self) -> CniError {
         crate::internal_error()
     }
+
+    fn build_version(&self) -> Option<&'static str> {
+        Some(interlock_buildinfo::VERSION)
+    }
 }

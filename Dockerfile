@@ -1,0 +1,30 @@
+# The interlock image: `interlock` (agent and CLI) and `interlock-cni` (the plugin the
+# agent installs onto the host), both static, on an empty base.
+#
+#   docker build --build-arg INTERLOCK_BUILD_COMMIT=$(git rev-parse --short=12 HEAD) \
+#       -t <registry>/interlock:v<version> .
+#
+# The build steps are scripts/image-rootfs.sh, which a test runs on every CI run
+# (crates/cli/tests/image.rs); this file itself is not built by the tests (no container
+# engine runs there).
+
+# Pinned by exact tag: the workspace's MSRV, on Debian 12.
+FROM docker.io/library/rust:1.89.0-slim-bookworm AS build
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends protobuf-compiler \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+# No .git in the context: the commit comes in as a build argument (empty: version only).
+ARG INTERLOCK_BUILD_COMMIT=""
+ENV INTERLOCK_BUILD_COMMIT=${INTERLOCK_BUILD_COMMIT}
+RUN scripts/image-rootfs.sh /rootfs
+
+# Nothing but the two static binaries: no shell, no libc, no package manager. `scratch`
+# is the empty image, so there is nothing to pin or patch.
+FROM scratch
+COPY --from=build /rootfs/ /
+# The agent copies this file into the host's CNI bin dir (INTERLOCK_PLUGIN_SOURCE).
+ENV INTERLOCK_PLUGIN_SOURCE=/usr/local/bin/interlock-cni
+ENTRYPOINT ["/usr/local/bin/interlock"]
+CMD ["agent"]

@@ -1,0 +1,586 @@
+//! The verdict on a node from what `check` observed: pure, so every case is unit-tested
+//! without root. Each finding has a stable id and a hint (the README's troubleshooting
+//! section has one entry per id); the verdict follows from the worst finding.
+
+use interlock_contract::config::{PLUGIN_TYPE, POD_ANNOTATIONS_CAPABILITY};
+use interlock_contract::marker::ReadinessMarker;
+use interlock_protocol::confdir::{self, Effective};
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// Plugin types of other meshes' redirectors: with one in the same chain as
+/// interlock-cni, a pod's traffic is redirected twice (two rule sets, two owners).
+pub const OTHER_MESH_PLUGINS: &[&str] = &["istio-cni", "linkerd-cni"];
+
+/// Severity of a finding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Pods started now could run unprotected, could not start, or protection is not
+    /// kept up (see [`Finding::effect`]).
+    Fail,
+    /// Not a hole today, but worth fixing.
+    Warn,
+    /// As it should be.
+    Ok,
+}
+
+/// What a failed finding means for a pod started now; decides the verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Effect {
+    /// It could run without its redirection: UNPROTECTED.
+    Hole,
+    /// It cannot start, or protection is not kept up: AT RISK.
+    Risk,
+    /// Nothing (ok and warn findings).
+    None,
+}
+
+/// One finding about the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// Stable id (`area.what`), for scripts and the troubleshooting guide.
+    pub id: &'static str,
+    /// What was looked at: `config`, `binary`, `agent`.
+    pub area: &'static str,
+    /// `ok`, `warn` or `fail`.
+    pub status: Status,
+    /// What was found, in words an operator can act on.
+    pub message: String,
+    /// What to do (empty for `ok`).
+    pub hint: &'static str,
+    #[serde(skip)]
+    effect: Effect,
+}
+
+/// The node's verdict (`-o json` spells it in kebab-case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// A meshed pod started now gets its redirection, and the agent keeps it so.
+    Protected,
+    /// Pods started now are redirected or do not start, but something is wrong.
+    AtRisk,
+    /// A meshed pod started now could run without redirection.
+    Unprotected,
+    /// `check` itself could not look (the conf dir is missing, …).
+    CouldNotCheck,
+}
+
+impl Verdict {
+    /// The process exit code: 0 protected, 1 at risk, 2 unprotected, 3 could not check.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Verdict::Protected => 0,
+            Verdict::AtRisk => 1,
+            Verdict::Unprotected => 2,
+            Verdict::CouldNotCheck => 3,
+        }
+    }
+
+    /// The word the verdict line starts with.
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Protected => "PROTECTED",
+            Verdict::AtRisk => "AT RISK",
+            Verdict::Unprotected => "UNPROTECTED",
+            Verdict::CouldNotCheck => "COULD NOT CHECK",
+        }
+    }
+}
+
+/// Whether the file at `interlock-cni` is interlock's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Content {
+    /// Byte for byte the plugin this interlock installs (the agent's own check).
+    Matches,
+    /// Not the plugin this interlock installs.
+    Differs,
+    /// Nothing to compare with (no plugin source next to this binary).
+    Unverified,
+}
+
+/// What the plugin binary said about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BinaryFacts {
+    /// Where the runtime would find it.
+    pub path: PathBuf,
+    /// Versions from its VERSION answer, or the error.
+    pub versions: Result<Vec<String>, String>,
+    /// The build it answered to VERSION (`interlockVersion`): only interlock's plugin has one.
+    pub build: Option<String>,
+    /// The content check against the plugin source.
+    pub content: Content,
+    /// The plugin source compared with (or why there was none).
+    pub source: Result<PathBuf, String>,
+}
+
+/// `/readyz`, as asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readyz {
+    /// Not asked (`--health-addr none`).
+    NotAsked,
+    /// The agent answered with this HTTP status.
+    Answered(u16),
+    /// Nobody answered at the address (or it is not an address).
+    Unreachable(String),
+}
+
+/// The agent would rewrite the file the runtime loads: it no longer matches its source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stale {
+    /// The file the runtime loads.
+    pub file: String,
+    /// The file it is derived from, if the plan names one.
+    pub source: Option<String>,
+    /// The first difference, `where: now → would be`.
+    pub difference: String,
+}
+
+/// Everything [`judge`] looks at.
+pub struct Observed<'a> {
+    /// The effective config.
+    pub effective: &'a Effective,
+    /// The binary, if found in a bin dir.
+    pub binary: Option<&'a BinaryFacts>,
+    /// The bin dirs searched (for messages).
+    pub bin_dirs: &'a [PathBuf],
+    /// The marker, or why it could not be read.
+    pub marker: Result<&'a ReadinessMarker, String>,
+    /// Now, unix ms.
+    pub now_ms: u64,
+    /// `/readyz`.
+    pub readyz: &'a Readyz,
+    /// Plugin types the chosen chain runs that no bin dir has (containerd loads the
+    /// file anyway; every ADD then fails).
+    pub missing_plugins: &'a [String],
+    /// What the agent would rewrite, if anything.
+    pub stale: Option<&'a Stale>,
+}
+
+/// The outcome of [`judge`].
+#[derive(Debug, Clone)]
+pub struct Judgement {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// One line: the verdict word and why.
+    pub summary: String,
+    /// Every finding, worst first.
+    pub findings: Vec<Finding>,
+}
+
+const HINT_NO_NETWORK: &str = "make the primary CNI plugin write a valid config (its DaemonSet); fix or remove the file named above";
+const HINT_NO_INTERLOCK: &str = "start the interlock agent on this node (it writes the config); if a file sorts ahead on purpose, list it in INTERLOCK_ALLOW_AHEAD";
+const HINT_MISPLACED: &str = "let the agent write the entry (remove hand-written interlock-cni entries); it goes after the primary plugin, once";
+const HINT_VERSION: &str = "use a cniVersion interlock-cni supports (INTERLOCK_MAX_CNI_VERSION caps what the agent writes)";
+const HINT_CAPABILITY: &str = "let the agent write the entry, or add \"capabilities\": {\"io.kubernetes.cri.pod-annotations\": true} to it";
+const HINT_PLUGIN_MISSING: &str = "install the primary's plugin binaries into the bin dir (the primary CNI's DaemonSet does this), or fix INTERLOCK_CNI_BIN_DIR";
+const HINT_OTHER_MESH: &str = "remove the mesh's own CNI plugin (its CNI DaemonSet) before relying on interlock: see README, Migrating";
+const HINT_STALE: &str = "start the interlock agent (it rewrites the copy at once); until then pods get the old settings";
+const HINT_BINARY_MISSING: &str =
+    "start the interlock agent (it installs the plugin), or fix INTERLOCK_CNI_BIN_DIR";
+const HINT_BINARY_BROKEN: &str =
+    "start the interlock agent (it reinstalls and verifies the plugin)";
+const HINT_NOT_INTERLOCK: &str = "another binary is installed as interlock-cni: find who wrote it; the agent replaces it with its own";
+const HINT_OTHER_BUILD: &str =
+    "the agent replaces it with the build it ships; if it does not, check that the agent runs";
+const HINT_UNVERIFIED: &str = "run check where the plugin it ships is next to it (the agent's pod), or set INTERLOCK_PLUGIN_SOURCE";
+const HINT_AGENT: &str =
+    "look at the agent: kubectl -n interlock-system logs ds/interlock-node (or its journal)";
+const HINT_READYZ: &str = "set INTERLOCK_HEALTH_ADDR (or --health-addr) to the agent's health address, or `none` not to ask";
+
+/// The verdict on a node, from what was observed. Pure.
+pub fn judge(o: &Observed<'_>) -> Judgement {
+    let mut f: Vec<Finding> = Vec::new();
+    let mut push = |id, area, status, effect, message: String, hint: &'static str| {
+        f.push(Finding {
+            id,
+            area,
+            status,
+            message,
+            hint: if status == Status::Ok { "" } else { hint },
+            effect,
+        })
+    };
+    use Effect::{Hole, Risk};
+    use Status::{Fail, Ok as Good, Warn};
+    let rt = o.effective.runtime;
+    let mut config_runs_us = false;
+    match &o.effective.chosen {
+        None => push(
+            "config.no-network",
+            "config",
+            Fail,
+            Risk,
+            // The summary already says "<runtime> has NO network: …".
+            format!("{}: no pod can start", o.effective.summary),
+            HINT_NO_NETWORK,
+        ),
+        Some(c) => {
+            let name = confdir::shown_os(c.path.file_name().unwrap_or_default());
+            let types = chain_types(&c.list);
+            let chain = c.list.plugin_types().join(" → ");
+            let others: Vec<&str> = OTHER_MESH_PLUGINS
+                .iter()
+                .copied()
+                .filter(|m| types.iter().any(|t| t == m))
+                .collect();
+            // The same predicate the agent's readiness uses (thin Multus included).
+            match confdir::runs_plugin(&c.list, &name, PLUGIN_TYPE) {
+                Err(why) if why.contains("does not contain") => {
+                    let by = if others.is_empty() {
+                        "pods started now get NO redirection".to_string()
+                    } else {
+                        format!(
+                            "pods started now are redirected by {}, not by interlock",
+                            others.join(" and ")
+                        )
+                    };
+                    push(
+                        "config.no-interlock",
+                        "config",
+                        Fail,
+                        Hole,
+                        format!("{rt} loads {name} ({chain}), which does not contain interlock-cni: {by}"),
+                        HINT_NO_INTERLOCK,
+                    )
+                }
+                Err(why) => push(
+                    "config.interlock-misplaced",
+                    "config",
+                    Fail,
+                    Risk,
+                    format!("{rt} loads {why}"),
+                    HINT_MISPLACED,
+                ),
+                Ok(running) => {
+                    let accepts = o
+                        .binary
+                        .and_then(|b| b.versions.as_ref().ok())
+                        .cloned()
+                        .unwrap_or_default();
+                    match confdir::version_refused(&name, PLUGIN_TYPE, &running.version, &accepts) {
+                        Some(why) => push(
+                            "config.version-refused",
+                            "config",
+                            Fail,
+                            Risk,
+                            format!("{rt} loads {why}"),
+                            HINT_VERSION,
+                        ),
+                        None => {
+                            config_runs_us = true;
+                            let place = match running.placement {
+                                confdir::Placement::List => String::new(),
+                                confdir::Placement::MultusDelegate => {
+                                    " (interlock-cni runs in its Multus delegate)".to_string()
+                                }
+                            };
+                            push(
+                                "config.loaded",
+                                "config",
+                                Good,
+                                Effect::None,
+                                format!("{rt} loads {name}: {chain}{place}"),
+                                "",
+                            );
+                            let declares = running
+                                .entry
+                                .get("capabilities")
+                                .and_then(|c| c.get(POD_ANNOTATIONS_CAPABILITY))
+                                .and_then(|v| v.as_bool())
+                                .unwrap_or(false);
+                            if !declares {
+                                push(
+                                    "config.no-annotations-capability",
+                                    "config",
+                                    Warn,
+                                    Effect::None,
+                                    format!("the interlock-cni entry in {name} does not declare the {POD_ANNOTATIONS_CAPABILITY} capability: every ADD must ask the agent or the API"),
+                                    HINT_CAPABILITY,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            if !others.is_empty() && config_runs_us {
+                push(
+                    "config.other-mesh",
+                    "config",
+                    Fail,
+                    Hole,
+                    format!(
+                        "{name} runs {} in the same chain as interlock-cni: each pod's traffic is redirected twice, by two rule sets neither of which knows the other; interlock cannot vouch for the result",
+                        others.join(" and ")
+                    ),
+                    HINT_OTHER_MESH,
+                );
+            }
+            if !o.missing_plugins.is_empty() {
+                push(
+                    "config.plugin-missing",
+                    "config",
+                    Fail,
+                    Risk,
+                    format!(
+                        "{name} runs {} but no bin dir ({}) has {}: {rt} loads the file anyway and every ADD fails, so no pod can start",
+                        o.missing_plugins.join(", "),
+                        shown_dirs(o.bin_dirs),
+                        if o.missing_plugins.len() == 1 { "it" } else { "them" }
+                    ),
+                    HINT_PLUGIN_MISSING,
+                );
+            }
+            if let (Some(s), true) = (o.stale, config_runs_us) {
+                let from = s
+                    .source
+                    .as_deref()
+                    .map(|p| format!(" (from {})", confdir::shown(p)))
+                    .unwrap_or_default();
+                push(
+                    "config.stale",
+                    "config",
+                    Fail,
+                    Risk,
+                    format!(
+                        "{} is not what the agent would write now{from}: {}; pods started now get the old settings",
+                        confdir::shown(&s.file),
+                        s.difference
+                    ),
+                    HINT_STALE,
+                );
+            }
+        }
+    }
+    let mut binary_ok = false;
+    match o.binary {
+        None => push(
+            "binary.missing",
+            "binary",
+            Fail,
+            Risk,
+            format!(
+                "interlock-cni is in none of the bin dirs ({}), or is not executable: ADD would fail",
+                shown_dirs(o.bin_dirs)
+            ),
+            HINT_BINARY_MISSING,
+        ),
+        Some(b) => {
+            let path = confdir::shown_os(b.path.as_os_str());
+            match (&b.versions, &b.content, &b.build) {
+                (_, Content::Differs, None) | (Ok(_), Content::Unverified, None) => push(
+                    "binary.not-interlock",
+                    "binary",
+                    Fail,
+                    Hole,
+                    format!(
+                        "{path} is not interlock's plugin: {}; whatever it does, it does not redirect pods",
+                        match &b.source {
+                            Ok(src) if b.content == Content::Differs => format!(
+                                "its content differs from {} and it does not answer VERSION as interlock-cni",
+                                confdir::shown_os(src.as_os_str())
+                            ),
+                            _ => "it does not answer VERSION as interlock-cni".to_string(),
+                        }
+                    ),
+                    HINT_NOT_INTERLOCK,
+                ),
+                (Err(e), _, _) => push(
+                    "binary.no-version",
+                    "binary",
+                    Fail,
+                    Risk,
+                    format!("{path} does not answer VERSION: {e}"),
+                    HINT_BINARY_BROKEN,
+                ),
+                (Ok(_), Content::Differs, Some(build)) => push(
+                    "binary.other-build",
+                    "binary",
+                    Fail,
+                    Risk,
+                    format!(
+                        "{path} is interlock-cni {build}, not the build this interlock ships ({}): it differs from {}",
+                        interlock_buildinfo::VERSION,
+                        b.source
+                            .as_ref()
+                            .map(|s| confdir::shown_os(s.as_os_str()))
+                            .unwrap_or_default()
+                    ),
+                    HINT_OTHER_BUILD,
+                ),
+                (Ok(v), content, build) => {
+                    binary_ok = true;
+                    push(
+                        "binary.ok",
+                        "binary",
+                        Good,
+                        Effect::None,
+                        format!(
+                            "{path} is interlock-cni {} (answers VERSION: {}){}",
+                            build.as_deref().unwrap_or("?"),
+                            v.join(", "),
+                            if *content == Content::Matches {
+                                ", byte for byte the plugin this interlock ships"
+                            } else {
+                                ""
+                            }
+                        ),
+                        "",
+                    );
+                    if *content == Content::Unverified {
+                        push(
+                            "binary.unverified",
+                            "binary",
+                            Warn,
+                            Effect::None,
+                            format!(
+                                "{path} answers as interlock-cni but its content was not compared: {}",
+                                b.source.as_ref().err().cloned().unwrap_or_default()
+                            ),
+                            HINT_UNVERIFIED,
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let age = |m: &ReadinessMarker| o.now_ms.saturating_sub(m.updated_at_ms) as f64 / 1e3;
+    match &o.marker {
+        Err(e) => push(
+            "agent.no-marker",
+            "agent",
+            Fail,
+            Risk,
+            format!("no readiness from the agent: {e}"),
+            HINT_AGENT,
+        ),
+        Ok(m) if !m.ready => push(
+            "agent.not-ready",
+            "agent",
+            Fail,
+            Risk,
+            format!(
+                "the agent (pid {}) reports not ready: {} (marker {:.1} s old)",
+                m.pid,
+                m.reason,
+                age(m)
+            ),
+            HINT_AGENT,
+        ),
+        Ok(m) if !m.is_fresh(o.now_ms) => push(
+            "agent.stale",
+            "agent",
+            Fail,
+            Risk,
+            format!(
+                "the agent's marker is {:.1} s old (stale after {:.1} s): the agent (pid {}) is gone or hung",
+                age(m),
+                m.stale_after_ms as f64 / 1e3,
+                m.pid
+            ),
+            HINT_AGENT,
+        ),
+        Ok(m) => push(
+            "agent.ready",
+            "agent",
+            Good,
+            Effect::None,
+            format!("ready (pid {}, marker {:.1} s old)", m.pid, age(m)),
+            "",
+        ),
+    }
+    match o.readyz {
+        Readyz::NotAsked | Readyz::Answered(200) => {}
+        Readyz::Answered(code) => push(
+            "agent.readyz-not-ready",
+            "agent",
+            Warn,
+            Effect::None,
+            format!("/readyz answers {code}"),
+            HINT_AGENT,
+        ),
+        Readyz::Unreachable(why) => push(
+            "agent.readyz-unreachable",
+            "agent",
+            Warn,
+            Effect::None,
+            format!("/readyz could not be asked: {why}; the verdict rests on the marker alone"),
+            HINT_READYZ,
+        ),
+    }
+    // Worst first; equal findings keep their order.
+    f.sort_by_key(|x| (x.status, x.effect));
+    let worst = f
+        .iter()
+        .filter(|x| x.status == Fail)
+        .min_by_key(|x| x.effect);
+    let (verdict, summary) = match worst {
+        Some(x) if x.effect == Hole => (Verdict::Unprotected, x.message.clone()),
+        Some(x) => (Verdict::AtRisk, x.message.clone()),
+        None if config_runs_us && binary_ok => {
+            let warns: Vec<&str> = f
+                .iter()
+                .filter(|x| x.status == Warn)
+                .map(|x| x.id)
+                .collect();
+            let mut s = "a meshed pod started on this node now gets its redirection before it runs"
+                .to_string();
+            if !warns.is_empty() {
+                s.push_str(&format!(
+                    " (with {} warning{}: {})",
+                    warns.len(),
+                    if warns.len() == 1 { "" } else { "s" },
+                    warns.join(", ")
+                ));
+            }
+            (Verdict::Protected, s)
+        }
+        // Unreachable: without a failure, config and binary are ok.
+        None => (Verdict::AtRisk, "the node could not be judged".to_string()),
+    };
+    Judgement {
+        verdict,
+        summary: format!("{}: {summary}", verdict.word()),
+        findings: f,
+    }
+}
+
+/// Every plugin type a chain runs, its thin Multus delegate's too.
+pub fn chain_types(list: &interlock_protocol::NetworkConfigList) -> Vec<String> {
+    let mut types: Vec<String> = list.plugin_types().iter().map(|t| t.to_string()).collect();
+    if let Some(d) = confdir::multus_delegate(list) {
+        types.extend(
+            d.get("plugins")
+                .and_then(|p| p.as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|p| Some(p.get("type")?.as_str()?.to_string())),
+        );
+    }
+    types
+}
+
+fn shown_dirs(dirs: &[PathBuf]) -> String {
+    dirs.iter()
+        .map(|d| confdir::shown_os(d.as_os_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The finding `check` reports when it could not look at all.
+pub fn could_not_check(id: &'static str, message: String, hint: &'static str) -> Judgement {
+    Judgement {
+        verdict: Verdict::CouldNotCheck,
+        summary: format!("{}: {message}", Verdict::CouldNotCheck.word()),
+        findings: vec![Finding {
+            id,
+            area: "check",
+            status: Status::Fail,
+            message,
+            hint,
+            effect: Effect::Risk,
+        }],
+    }
+}

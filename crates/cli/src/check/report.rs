@@ -1,0 +1,443 @@
+//! What `interlock check node` prints: the versioned JSON document (`-o json`, a public
+//! interface) and the table for people, both from one [`NodeReport`].
+//!
+//! Schema rules (`schemaVersion` 1): keys are camelCase, enumerated values kebab-case;
+//! a field is never wrapped as `{"Ok": …}`/`{"Err": …}` (an error is a sibling string
+//! field); absent facts are `null`. New fields may be added without a version bump
+//! (readers ignore unknown keys) — the per-sandbox verdicts will arrive as a top-level
+//! `sandboxes` array that way; renaming or removing a field bumps `schemaVersion`.
+
+use super::judge::{BinaryFacts, Content, Finding, Judgement, Readyz, Stale, Status, Verdict};
+use interlock_contract::marker::ReadinessMarker;
+use interlock_protocol::confdir::{self, Effective};
+use serde::Serialize;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The schema version of the JSON document.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The document `check node -o json` prints.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReport {
+    /// [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// Always `NodeCheck`.
+    pub kind: &'static str,
+    /// The build of the `interlock` that checked.
+    pub interlock_version: &'static str,
+    /// The node (`NODE_NAME`, else the host name).
+    pub node: String,
+    /// When, RFC 3339 in UTC with milliseconds.
+    pub checked_at: String,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// True only for `protected`.
+    pub protected: bool,
+    /// The process exit code for this verdict.
+    pub exit_code: u8,
+    /// One line: the verdict and why.
+    pub summary: String,
+    /// Every finding, worst first.
+    pub findings: Vec<Finding>,
+    /// Where `check` looked, and where each setting came from.
+    pub settings: Settings,
+    /// The conf dir as the runtime sees it (`null` when it could not be read).
+    pub effective: Option<EffectiveDoc>,
+    /// The file at `interlock-cni` in the bin dirs (`null`: none).
+    pub binary: Option<BinaryDoc>,
+    /// The agent's marker and `/readyz`.
+    pub agent: AgentDoc,
+}
+
+/// Where `check` looked.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Settings {
+    /// The CNI conf dir.
+    #[serde(serialize_with = "shown_path")]
+    pub cni_conf_dir: PathBuf,
+    /// The bin dirs, in search order.
+    #[serde(serialize_with = "shown_paths")]
+    pub cni_bin_dirs: Vec<PathBuf>,
+    /// The agent's state dir.
+    #[serde(serialize_with = "shown_path")]
+    pub state_dir: PathBuf,
+    /// `containerd` or `crio`.
+    pub runtime: String,
+    /// The agent's health address asked, or `none`.
+    pub health_addr: String,
+    /// Where the conf dir setting came from: `flag`, `env`, `marker` or `default`.
+    pub cni_conf_dir_from: &'static str,
+}
+
+fn shown_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&confdir::shown_os(p.as_os_str()))
+}
+
+fn shown_paths<S: serde::Serializer>(p: &[PathBuf], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(p.iter().map(|p| confdir::shown_os(p.as_os_str())))
+}
+
+/// One file of the conf dir.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileDoc {
+    /// Its path.
+    pub path: String,
+    /// `chosen`, `failed-load`, `skipped`, `loaded-not-default`, `duplicate-name`,
+    /// `not-reached` or `ignored`.
+    pub verdict: String,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// The network the runtime uses.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChosenDoc {
+    /// Its path.
+    pub path: String,
+    /// `conflist` or `conf` (wrapped).
+    pub format: String,
+    /// The network name.
+    pub network_name: String,
+    /// The list's `cniVersion`.
+    pub cni_version: String,
+    /// Plugin types in order.
+    pub plugins: Vec<String>,
+}
+
+/// The conf dir as the runtime sees it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectiveDoc {
+    /// Whose rules.
+    pub runtime: String,
+    /// The dir.
+    pub dir: String,
+    /// The network used, or `null` (no network).
+    pub chosen: Option<ChosenDoc>,
+    /// Every entry, with its verdict.
+    pub files: Vec<FileDoc>,
+    /// One sentence.
+    pub summary: String,
+    /// Plugin types the chosen chain runs that no bin dir has.
+    pub missing_plugins: Vec<String>,
+    /// The file the agent would rewrite now, if any.
+    pub stale: Option<StaleDoc>,
+}
+
+/// A stale owned copy.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StaleDoc {
+    /// The file the runtime loads.
+    pub file: String,
+    /// What it is derived from.
+    pub source: Option<String>,
+    /// The first difference.
+    pub difference: String,
+}
+
+impl EffectiveDoc {
+    /// The document for `e`.
+    pub fn new(e: &Effective, missing: &[String], stale: Option<&Stale>) -> EffectiveDoc {
+        let word = |v: &dyn erased::Word| v.word();
+        EffectiveDoc {
+            runtime: e.runtime.to_string(),
+            dir: confdir::shown_os(e.dir.as_os_str()),
+            chosen: e.chosen.as_ref().map(|c| ChosenDoc {
+                path: confdir::shown_os(c.path.as_os_str()),
+                format: word(&c.format),
+                network_name: c.network_name.clone(),
+                cni_version: c.list.effective_version(),
+                plugins: c
+                    .list
+                    .plugin_types()
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect(),
+            }),
+            files: e
+                .files
+                .iter()
+                .map(|f| FileDoc {
+                    path: confdir::shown_os(f.path.as_os_str()),
+                    verdict: word(&f.verdict),
+                    reason: f.reason.clone(),
+                })
+                .collect(),
+            summary: e.summary.clone(),
+            missing_plugins: missing.to_vec(),
+            stale: stale.map(|s| StaleDoc {
+                file: s.file.clone(),
+                source: s.source.clone(),
+                difference: s.difference.clone(),
+            }),
+        }
+    }
+}
+
+/// Serde enums as their one JSON word.
+mod erased {
+    pub trait Word {
+        fn word(&self) -> String;
+    }
+    impl<T: serde::Serialize> Word for T {
+        fn word(&self) -> String {
+            serde_json::to_value(self)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default()
+        }
+    }
+}
+
+/// The plugin binary.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BinaryDoc {
+    /// Where.
+    pub path: String,
+    /// Its VERSION answer's `supportedVersions` (`null` when it did not answer).
+    pub supported_versions: Option<Vec<String>>,
+    /// Why it did not answer VERSION.
+    pub version_error: Option<String>,
+    /// The build it reports (`null`: not an interlock plugin, or one too old to say).
+    pub interlock_version: Option<String>,
+    /// `matches`, `differs` or `unverified`.
+    pub content: Content,
+    /// The plugin compared with.
+    pub plugin_source: Option<String>,
+}
+
+impl From<&BinaryFacts> for BinaryDoc {
+    fn from(b: &BinaryFacts) -> BinaryDoc {
+        BinaryDoc {
+            path: confdir::shown_os(b.path.as_os_str()),
+            supported_versions: b.versions.as_ref().ok().cloned(),
+            version_error: b.versions.as_ref().err().cloned(),
+            interlock_version: b.build.clone(),
+            content: b.content.clone(),
+            plugin_source: b
+                .source
+                .as_ref()
+                .ok()
+                .map(|p| confdir::shown_os(p.as_os_str())),
+        }
+    }
+}
+
+/// The agent as `check` saw it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentDoc {
+    /// The readiness marker (`null`: none, see `markerError`).
+    pub marker: Option<ReadinessMarker>,
+    /// Why the marker could not be read.
+    pub marker_error: Option<String>,
+    /// `/readyz` (`null`: not asked).
+    pub readyz: Option<ReadyzDoc>,
+}
+
+/// `/readyz` as asked.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadyzDoc {
+    /// The address asked.
+    pub address: String,
+    /// The HTTP status (`null`: nobody answered).
+    pub status: Option<u16>,
+    /// Why nobody answered.
+    pub error: Option<String>,
+}
+
+impl ReadyzDoc {
+    /// The document for `r` asked at `address` (`None` when not asked).
+    pub fn new(address: &str, r: &Readyz) -> Option<ReadyzDoc> {
+        match r {
+            Readyz::NotAsked => None,
+            Readyz::Answered(code) => Some(ReadyzDoc {
+                address: address.to_string(),
+                status: Some(*code),
+                error: None,
+            }),
+            Readyz::Unreachable(e) => Some(ReadyzDoc {
+                address: address.to_string(),
+                status: None,
+                error: Some(e.clone()),
+            }),
+        }
+    }
+}
+
+/// Assembles the report (everything but the judgement is passed through).
+pub struct Parts {
+    /// The node name.
+    pub node: String,
+    /// Unix ms of the check.
+    pub now_ms: u64,
+    /// Settings.
+    pub settings: Settings,
+    /// The conf dir document.
+    pub effective: Option<EffectiveDoc>,
+    /// The binary.
+    pub binary: Option<BinaryDoc>,
+    /// The agent.
+    pub agent: AgentDoc,
+}
+
+impl NodeReport {
+    /// The report from its parts and the judgement.
+    pub fn new(p: Parts, j: Judgement) -> NodeReport {
+        NodeReport {
+            schema_version: SCHEMA_VERSION,
+            kind: "NodeCheck",
+            interlock_version: interlock_buildinfo::VERSION,
+            node: p.node,
+            checked_at: rfc3339_ms(p.now_ms),
+            verdict: j.verdict,
+            protected: j.verdict == Verdict::Protected,
+            exit_code: j.verdict.exit_code(),
+            summary: j.summary,
+            findings: j.findings,
+            settings: p.settings,
+            effective: p.effective,
+            binary: p.binary,
+            agent: p.agent,
+        }
+    }
+}
+
+/// `ms` since the epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ` (civil-from-days, proleptic Gregorian).
+pub fn rfc3339_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// Colours for a terminal (none when the output is not one, or `NO_COLOR` is set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Style {
+    /// Whether to emit ANSI colour codes.
+    pub colour: bool,
+}
+
+impl Style {
+    fn paint(self, code: &str, s: &str) -> String {
+        if self.colour {
+            format!("\u{1b}[{code}m{s}\u{1b}[0m")
+        } else {
+            s.to_string()
+        }
+    }
+}
+
+fn status_tag(s: Status) -> (&'static str, &'static str) {
+    match s {
+        Status::Ok => ("ok", "32"),
+        Status::Warn => ("WARN", "33"),
+        Status::Fail => ("FAIL", "31"),
+    }
+}
+
+/// The table for people. Names from the conf dir are escaped (they can carry terminal
+/// escape sequences).
+pub fn render(out: &mut impl Write, r: &NodeReport, style: Style) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "interlock check node {} ({}, interlock {})",
+        r.node, r.checked_at, r.interlock_version
+    )?;
+    writeln!(out)?;
+    match &r.effective {
+        Some(e) => {
+            writeln!(out, "CNI conf dir {} as {} loads it:", e.dir, e.runtime)?;
+            let names: Vec<String> = e
+                .files
+                .iter()
+                .map(|f| {
+                    Path::new(&f.path)
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_else(|| f.path.clone())
+                })
+                .collect();
+            let nw = names
+                .iter()
+                .map(|n| n.chars().count())
+                .max()
+                .unwrap_or(0)
+                .max(4);
+            let vw = e
+                .files
+                .iter()
+                .map(|f| f.verdict.len())
+                .max()
+                .unwrap_or(0)
+                .max(7);
+            if e.files.is_empty() {
+                writeln!(out, "  (empty)")?;
+            } else {
+                writeln!(out, "  {:<nw$}  {:<vw$}  REASON", "FILE", "VERDICT")?;
+            }
+            for (f, name) in e.files.iter().zip(&names) {
+                writeln!(out, "  {name:<nw$}  {:<vw$}  {}", f.verdict, f.reason)?;
+            }
+        }
+        None => writeln!(
+            out,
+            "CNI conf dir {}: not read",
+            r.settings.cni_conf_dir.display()
+        )?,
+    }
+    writeln!(out)?;
+    let iw = r.findings.iter().map(|f| f.id.len()).max().unwrap_or(0);
+    writeln!(out, "  {:<4}  {:<iw$}  FINDING", "", "ID")?;
+    for f in &r.findings {
+        let (tag, code) = status_tag(f.status);
+        // Pad before painting: escape codes have no width.
+        let tag = style.paint(code, &format!("{tag:<4}"));
+        writeln!(out, "  {tag}  {:<iw$}  {}", f.id, f.message)?;
+        if !f.hint.is_empty() {
+            writeln!(out, "  {:<4}  {:<iw$}  hint: {}", "", "", f.hint)?;
+        }
+    }
+    writeln!(out)?;
+    let code = match r.verdict {
+        Verdict::Protected => "1;32",
+        Verdict::AtRisk => "1;33",
+        Verdict::Unprotected | Verdict::CouldNotCheck => "1;31",
+    };
+    writeln!(out, "{}", style.paint(code, &r.summary))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339_ms;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_ms(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339_ms(1_795_938_576_042), "2026-11-29T07:49:36.042Z");
+    }
+}

@@ -1,0 +1,655 @@
+//! The judgement on every case `check` meets, and the human output as a snapshot.
+
+use super::judge::*;
+use super::report::*;
+use super::*;
+use interlock_protocol::confdir::{Binaries, Snapshot};
+
+fn judge_full(o: &Observed<'_>) -> (bool, String, Vec<Finding>) {
+    let j = judge(o);
+    (j.verdict == Verdict::Protected, j.summary, j.findings)
+}
+
+const NO_DIRS: &[PathBuf] = &[];
+
+fn judge_at(
+    effective: &Effective,
+    binary: Option<&BinaryFacts>,
+    marker: Result<&ReadinessMarker, String>,
+    now_ms: u64,
+    readyz: Option<u16>,
+) -> (bool, String, Vec<Finding>) {
+    let readyz = readyz.map(Readyz::Answered).unwrap_or(Readyz::NotAsked);
+    judge_full(&Observed {
+        effective,
+        binary,
+        bin_dirs: NO_DIRS,
+        marker,
+        now_ms,
+        readyz: &readyz,
+        missing_plugins: &[],
+        stale: None,
+    })
+}
+
+/// The conf dir `files` as containerd loads it, under `dir` (nothing on disk).
+fn effective_in(dir: &str, files: &[(&str, &str)]) -> Effective {
+    let mut snap = Snapshot::from_files(files, 0o644);
+    snap.dir = dir.into();
+    let present = |_: &str| true;
+    confdir::effective(
+        &snap,
+        Runtime::Containerd,
+        &Binaries {
+            dirs: &[],
+            present: &present,
+            versions: None,
+        },
+    )
+}
+
+fn effective(files: &[(&str, &str)]) -> ((), Effective) {
+    ((), effective_in("/etc/cni/net.d", files))
+}
+
+fn marker(ready: bool, age_ms: u64, now: u64) -> ReadinessMarker {
+    ReadinessMarker {
+        ready,
+        reason: if ready {
+            "ok".into()
+        } else {
+            "10-calico.conflist sorts ahead".into()
+        },
+        updated_at_ms: now - age_ms,
+        stale_after_ms: 3000,
+        pid: 42,
+        pid_namespace: None,
+        config_path: String::new(),
+    }
+}
+
+const OURS: &str = r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"interlock-cni","capabilities":{"io.kubernetes.cri.pod-annotations":true}}]}"#;
+const PRIMARY: &str = r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"bridge"}]}"#;
+
+fn bin() -> BinaryFacts {
+    BinaryFacts {
+        path: "/opt/cni/bin/interlock-cni".into(),
+        versions: Ok(vec!["1.0.0".into()]),
+        build: Some("0.1.0".into()),
+        content: Content::Matches,
+        source: Ok("/usr/local/bin/interlock-cni".into()),
+    }
+}
+
+fn ids(f: &[Finding]) -> Vec<&'static str> {
+    f.iter().map(|x| x.id).collect()
+}
+
+#[test]
+fn protected_only_when_config_binary_and_agent_agree() {
+    let now = 1_000_000;
+    let (_d, e) = effective(&[
+        ("00-interlock.conflist", OURS),
+        ("10-calico.conflist", PRIMARY),
+    ]);
+    let m = marker(true, 500, now);
+    let b = bin();
+    let (ok, verdict, f) = judge_at(&e, Some(&b), Ok(&m), now, Some(200));
+    assert!(ok, "{f:?}");
+    assert!(verdict.starts_with("PROTECTED"));
+    assert!(f.iter().all(|x| x.status == Status::Ok), "{f:?}");
+
+    // A foreign file sorting first: the hole the design is about.
+    let (_d, e2) = effective(&[
+        ("00-calico.conflist", PRIMARY),
+        ("01-interlock.conflist", OURS),
+    ]);
+    let (ok, verdict, f) = judge_at(&e2, Some(&b), Ok(&m), now, Some(200));
+    assert!(!ok);
+    assert!(verdict.starts_with("UNPROTECTED"), "{verdict}");
+    assert_eq!(f[0].status, Status::Fail);
+    assert_eq!(f[0].id, "config.no-interlock");
+    assert!(
+        f[0].message.contains("00-calico.conflist") && f[0].message.contains("NO redirection"),
+        "{}",
+        f[0].message
+    );
+
+    // Stale marker: agent gone.
+    let stale = marker(true, 10_000, now);
+    let (ok, _, f) = judge_at(&e, Some(&b), Ok(&stale), now, None);
+    assert!(!ok);
+    assert!(
+        f[0].message.contains("gone or hung") && f[0].message.contains("pid 42"),
+        "{}",
+        f[0].message
+    );
+
+    // Not ready, with the agent's reason.
+    let nr = marker(false, 100, now);
+    let (ok, _, f) = judge_at(&e, Some(&b), Ok(&nr), now, Some(503));
+    assert!(!ok);
+    assert!(f
+        .iter()
+        .any(|x| x.message.contains("10-calico.conflist sorts ahead")));
+    assert!(f.iter().any(|x| x.message.contains("/readyz answers 503")));
+
+    // Missing binary.
+    let (ok, _, f) = judge_at(&e, None, Ok(&m), now, None);
+    assert!(!ok);
+    assert!(f[0].message.contains("none of the bin dirs"));
+}
+
+#[test]
+fn broken_first_file_and_plugin_order_are_failures() {
+    let now = 1_000_000;
+    let m = marker(true, 0, now);
+    let b = bin();
+    let (_d, e) = effective(&[
+        ("00-broken.conflist", "{\"cniVersion\":"),
+        ("10-x.conflist", OURS),
+    ]);
+    let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
+    assert!(!ok);
+    assert!(f[0].message.contains("has NO network"), "{}", f[0].message);
+    // The summary's own words, once (it used to say "has no network: … has NO network").
+    assert_eq!(
+        f[0].message.matches("network").count(),
+        1,
+        "{}",
+        f[0].message
+    );
+
+    let first = r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"interlock-cni"},{"type":"bridge"}]}"#;
+    let (_d, e) = effective(&[("00-x.conflist", first)]);
+    let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
+    assert!(!ok);
+    assert!(f[0].message.contains("chained after"), "{}", f[0].message);
+
+    let old = r#"{"cniVersion":"0.2.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}"#;
+    let (_d, e) = effective(&[("00-x.conflist", old)]);
+    let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
+    assert!(!ok);
+    assert!(
+        f[0].message.contains("\"0.2.0\"") && f[0].message.contains("refuses"),
+        "{}",
+        f[0].message
+    );
+
+    let nocap = r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"interlock-cni"}]}"#;
+    let (_d, e) = effective(&[("00-x.conflist", nocap)]);
+    let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
+    assert!(ok);
+    assert!(f
+        .iter()
+        .any(|x| x.status == Status::Warn && x.message.contains("pod-annotations")));
+}
+
+/// Every verdict has its exit code, and the worst finding decides.
+#[test]
+fn verdicts_map_to_exit_codes_and_follow_the_worst_finding() {
+    let now = 1_000_000;
+    let m = marker(true, 0, now);
+    let (_d, ours) = effective(&[("00-interlock.conflist", OURS), ("10-c.conflist", PRIMARY)]);
+    let (_d, theirs) = effective(&[("10-c.conflist", PRIMARY)]);
+    let b = bin();
+    let at = |e: &Effective, m: Result<&ReadinessMarker, String>| {
+        judge(&Observed {
+            effective: e,
+            binary: Some(&b),
+            bin_dirs: NO_DIRS,
+            marker: m,
+            now_ms: now,
+            readyz: &Readyz::NotAsked,
+            missing_plugins: &[],
+            stale: None,
+        })
+    };
+    assert_eq!(at(&ours, Ok(&m)).verdict.exit_code(), 0);
+    // The config carries interlock but nobody keeps it so: at risk.
+    let j = at(&ours, Err("no marker".into()));
+    assert_eq!((j.verdict, j.verdict.exit_code()), (Verdict::AtRisk, 1));
+    assert!(
+        j.summary.starts_with("AT RISK: no readiness"),
+        "{}",
+        j.summary
+    );
+    // No interlock in the loaded config outranks the agent's absence.
+    let j = at(&theirs, Err("no marker".into()));
+    assert_eq!(
+        (j.verdict, j.verdict.exit_code()),
+        (Verdict::Unprotected, 2)
+    );
+    assert_eq!(
+        ids(&j.findings)[..2],
+        ["config.no-interlock", "agent.no-marker"]
+    );
+    let j = could_not_check("check.conf-dir-missing", "x".into(), "y");
+    assert_eq!(j.verdict.exit_code(), 3);
+}
+
+/// issue 12: the owned copy kept the old pod CIDR after the primary changed, and check
+/// said "ok config". What the agent would write is now compared (see `stale_copy`).
+#[test]
+fn a_stale_owned_copy_is_at_risk_and_names_the_difference() {
+    let now = 1_000_000;
+    let m = marker(false, 0, now);
+    let (_d, e) = effective(&[("00-interlock.conflist", OURS), ("10-c.conflist", PRIMARY)]);
+    let s = Stale {
+        file: "00-interlock.conflist".into(),
+        source: Some("10-c.conflist".into()),
+        difference: "plugins[0].ipam.subnet: \"10.250.7.0/24\" → \"10.99.3.0/24\"".into(),
+    };
+    let b = bin();
+    let j = judge(&Observed {
+        effective: &e,
+        binary: Some(&b),
+        bin_dirs: NO_DIRS,
+        marker: Ok(&m),
+        now_ms: now,
+        readyz: &Readyz::NotAsked,
+        missing_plugins: &[],
+        stale: Some(&s),
+    });
+    assert_eq!(j.verdict, Verdict::AtRisk);
+    let f = j.findings.iter().find(|f| f.id == "config.stale").unwrap();
+    assert!(
+        f.message.contains("10.99.3.0/24") && f.message.contains("from 10-c.conflist"),
+        "{}",
+        f.message
+    );
+    assert!(!f.hint.is_empty());
+}
+
+#[test]
+fn first_difference_names_the_path() {
+    let a = serde_json::json!({"plugins": [{"type": "bridge", "ipam": {"ranges": [[{"subnet": "10.250.7.0/24"}]]}}]});
+    let b = serde_json::json!({"plugins": [{"type": "bridge", "ipam": {"ranges": [[{"subnet": "10.99.3.0/24"}]]}}]});
+    assert_eq!(
+        first_difference("", &a, &b).unwrap(),
+        "plugins[0].ipam.ranges[0][0].subnet: \"10.250.7.0/24\" → \"10.99.3.0/24\""
+    );
+    assert_eq!(first_difference("", &a, &a), None);
+    let c = serde_json::json!({"plugins": [{"type": "bridge"}, {"type": "portmap"}]});
+    let d = serde_json::json!({"plugins": [{"type": "bridge"}]});
+    assert_eq!(
+        first_difference("", &c, &d).unwrap(),
+        "plugins: 2 entries → 1"
+    );
+}
+
+/// issue 12: the `bridge` plugin renamed `interlock-cni` passed as "ok binary".
+#[test]
+fn another_binary_at_interlock_cni_is_unprotected() {
+    let now = 1_000_000;
+    let m = marker(true, 0, now);
+    let (_d, e) = effective(&[("00-interlock.conflist", OURS), ("10-c.conflist", PRIMARY)]);
+    let run = |b: &BinaryFacts| {
+        judge(&Observed {
+            effective: &e,
+            binary: Some(b),
+            bin_dirs: NO_DIRS,
+            marker: Ok(&m),
+            now_ms: now,
+            readyz: &Readyz::NotAsked,
+            missing_plugins: &[],
+            stale: None,
+        })
+    };
+    let impostor = BinaryFacts {
+        build: None,
+        content: Content::Differs,
+        ..bin()
+    };
+    let j = run(&impostor);
+    assert_eq!(j.verdict, Verdict::Unprotected, "{}", j.summary);
+    assert_eq!(j.findings[0].id, "binary.not-interlock");
+    // Without a source to compare with, the VERSION answer still tells it apart.
+    let unverified = BinaryFacts {
+        build: None,
+        content: Content::Unverified,
+        source: Err("no plugin source".into()),
+        ..bin()
+    };
+    assert_eq!(run(&unverified).findings[0].id, "binary.not-interlock");
+    // An older interlock build (an upgrade under way): at risk, not a hole.
+    let older = BinaryFacts {
+        build: Some("0.0.9".into()),
+        content: Content::Differs,
+        ..bin()
+    };
+    let j = run(&older);
+    assert_eq!(
+        (j.verdict, j.findings[0].id),
+        (Verdict::AtRisk, "binary.other-build")
+    );
+    // Interlock's, but not compared: protected, with a warning that says so.
+    let j = run(&BinaryFacts {
+        content: Content::Unverified,
+        source: Err("no plugin source: /x/interlock-cni does not exist".into()),
+        ..bin()
+    });
+    assert_eq!(j.verdict, Verdict::Protected);
+    assert!(j.summary.contains("binary.unverified"), "{}", j.summary);
+}
+
+/// issue 12: `portmap`/`bandwidth` missing on containerd passed as "ok config".
+#[test]
+fn a_missing_primary_plugin_binary_is_at_risk() {
+    let now = 1_000_000;
+    let m = marker(true, 0, now);
+    let (_d, e) = effective(&[("00-interlock.conflist", OURS), ("10-c.conflist", PRIMARY)]);
+    let b = bin();
+    let missing = vec!["portmap".to_string(), "bandwidth".to_string()];
+    let dirs = vec![PathBuf::from("/opt/cni/bin")];
+    let j = judge(&Observed {
+        effective: &e,
+        binary: Some(&b),
+        bin_dirs: &dirs,
+        marker: Ok(&m),
+        now_ms: now,
+        readyz: &Readyz::NotAsked,
+        missing_plugins: &missing,
+        stale: None,
+    });
+    assert_eq!(j.verdict, Verdict::AtRisk);
+    assert_eq!(j.findings[0].id, "config.plugin-missing");
+    assert!(
+        j.findings[0].message.contains("portmap, bandwidth")
+            && j.findings[0].message.contains("/opt/cni/bin")
+            && j.findings[0].message.contains("no pod can start"),
+        "{}",
+        j.findings[0].message
+    );
+}
+
+/// issue 12: `/readyz` unreachable while check said PROTECTED without a word.
+#[test]
+fn an_unreachable_readyz_is_said_even_when_protected() {
+    let now = 1_000_000;
+    let m = marker(true, 0, now);
+    let (_d, e) = effective(&[("00-interlock.conflist", OURS), ("10-c.conflist", PRIMARY)]);
+    let b = bin();
+    let r = Readyz::Unreachable("nobody answered at 127.0.0.1:9102: connection refused".into());
+    let j = judge(&Observed {
+        effective: &e,
+        binary: Some(&b),
+        bin_dirs: NO_DIRS,
+        marker: Ok(&m),
+        now_ms: now,
+        readyz: &r,
+        missing_plugins: &[],
+        stale: None,
+    });
+    assert_eq!(j.verdict, Verdict::Protected);
+    assert!(
+        j.summary.contains("agent.readyz-unreachable"),
+        "{}",
+        j.summary
+    );
+    let f = j
+        .findings
+        .iter()
+        .find(|f| f.id == "agent.readyz-unreachable")
+        .unwrap();
+    assert_eq!(f.status, Status::Warn);
+    assert!(f.message.contains("connection refused"), "{}", f.message);
+}
+
+/// issue 12: istio-cni or linkerd-cni in the chain with interlock-cni (before or after
+/// it) was "PROTECTED"; it is a failure that says what to do.
+#[test]
+fn another_mesh_plugin_in_the_chain_is_unprotected() {
+    let now = 1_000_000;
+    let m = marker(true, 0, now);
+    let b = bin();
+    let ic =
+        r#"{"type":"interlock-cni","capabilities":{"io.kubernetes.cri.pod-annotations":true}}"#;
+    for mesh in ["istio-cni", "linkerd-cni"] {
+        for (what, plugins) in [
+            (
+                "before",
+                format!(r#"{{"type":"bridge"}},{{"type":"{mesh}"}},{ic}"#),
+            ),
+            (
+                "after",
+                format!(r#"{{"type":"bridge"}},{ic},{{"type":"{mesh}"}}"#),
+            ),
+        ] {
+            let list = format!(r#"{{"cniVersion":"1.0.0","name":"k8s","plugins":[{plugins}]}}"#);
+            let (_d, e) = effective(&[("00-interlock.conflist", &list)]);
+            let j = judge(&Observed {
+                effective: &e,
+                binary: Some(&b),
+                bin_dirs: NO_DIRS,
+                marker: Ok(&m),
+                now_ms: now,
+                readyz: &Readyz::NotAsked,
+                missing_plugins: &[],
+                stale: None,
+            });
+            assert_eq!(
+                j.verdict,
+                Verdict::Unprotected,
+                "{mesh} {what}: {}",
+                j.summary
+            );
+            let f = &j.findings[0];
+            assert_eq!(f.id, "config.other-mesh", "{mesh} {what}");
+            assert!(
+                f.message.contains(mesh) && f.message.contains("twice"),
+                "{}",
+                f.message
+            );
+            assert!(f.hint.contains("Migrating"), "{}", f.hint);
+        }
+        // The mesh alone: its redirection, not interlock's — said as such.
+        let list = format!(
+            r#"{{"cniVersion":"1.0.0","name":"k8s","plugins":[{{"type":"bridge"}},{{"type":"{mesh}"}}]}}"#
+        );
+        let (_d, e) = effective(&[("10-c.conflist", &list)]);
+        let (_, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
+        assert!(
+            f[0].message
+                .contains(&format!("redirected by {mesh}, not by interlock")),
+            "{}",
+            f[0].message
+        );
+    }
+}
+
+/// Every id has a hint, and ids are unique per finding kind (stable: the README's
+/// troubleshooting guide lists them).
+#[test]
+fn every_failed_or_warned_finding_has_a_hint() {
+    let now = 1_000_000;
+    let m = marker(false, 0, now);
+    let (_d, e) = effective(&[("10-c.conflist", PRIMARY)]);
+    let (_, _, f) = judge_at(&e, None, Ok(&m), now, Some(503));
+    for x in &f {
+        assert!(
+            x.status == Status::Ok || !x.hint.is_empty(),
+            "{} has no hint",
+            x.id
+        );
+        assert!(x.id.starts_with(x.area), "{}", x.id);
+    }
+}
+
+fn fixed_report(files: &[(&str, &str)], binary: Option<BinaryFacts>, readyz: Readyz) -> NodeReport {
+    let now = 1_795_938_576_042;
+    let e = effective_in("/etc/cni/net.d", files);
+    let m = marker(true, 400, now);
+    let dirs = vec![PathBuf::from("/opt/cni/bin")];
+    let j = judge(&Observed {
+        effective: &e,
+        binary: binary.as_ref(),
+        bin_dirs: &dirs,
+        marker: Ok(&m),
+        now_ms: now,
+        readyz: &readyz,
+        missing_plugins: &[],
+        stale: None,
+    });
+    let mut r = NodeReport::new(
+        Parts {
+            node: "node-a".into(),
+            now_ms: now,
+            settings: Settings {
+                cni_conf_dir: "/etc/cni/net.d".into(),
+                cni_bin_dirs: dirs.clone(),
+                state_dir: "/var/run/interlock".into(),
+                runtime: "containerd".into(),
+                health_addr: "127.0.0.1:9102".into(),
+                cni_conf_dir_from: "env",
+            },
+            effective: Some(EffectiveDoc::new(&e, &[], None)),
+            binary: binary.as_ref().map(BinaryDoc::from),
+            agent: AgentDoc {
+                marker: Some(m),
+                marker_error: None,
+                readyz: ReadyzDoc::new("127.0.0.1:9102", &readyz),
+            },
+        },
+        j,
+    );
+    // The build differs per commit; the snapshot pins it.
+    r.interlock_version = "0.1.0 (git 0123456789ab)";
+    r
+}
+
+fn rendered(r: &NodeReport, colour: bool) -> String {
+    let mut out = Vec::new();
+    render(&mut out, r, Style { colour }).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+const ISTIO: &str = r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"istio-cni"},{"type":"interlock-cni","capabilities":{"io.kubernetes.cri.pod-annotations":true}}]}"#;
+
+/// The human output, whole: a fixed clock, node and paths.
+#[test]
+fn human_output_snapshot() {
+    let r = fixed_report(
+        &[
+            ("00-interlock.conflist", OURS),
+            ("10-calico.conflist", PRIMARY),
+        ],
+        Some(bin()),
+        Readyz::Answered(200),
+    );
+    assert_eq!(
+        rendered(&r, false),
+        "\
+interlock check node node-a (2026-11-29T07:49:36.042Z, interlock 0.1.0 (git 0123456789ab))
+
+CNI conf dir /etc/cni/net.d as containerd loads it:
+  FILE                   VERDICT      REASON
+  00-interlock.conflist  chosen       first config file by name, and valid (plugins: bridge → interlock-cni)
+  10-calico.conflist     not-reached  not used: containerd loads only the first config file (00-interlock.conflist sorts first)
+
+        ID             FINDING
+  ok    config.loaded  containerd loads 00-interlock.conflist: bridge → interlock-cni
+  ok    binary.ok      /opt/cni/bin/interlock-cni is interlock-cni 0.1.0 (answers VERSION: 1.0.0), byte for byte the plugin this interlock ships
+  ok    agent.ready    ready (pid 42, marker 0.4 s old)
+
+PROTECTED: a meshed pod started on this node now gets its redirection before it runs
+"
+    );
+
+    let r = fixed_report(
+        &[
+            ("00-interlock.conflist", ISTIO),
+            ("10-calico.conflist", PRIMARY),
+        ],
+        Some(bin()),
+        Readyz::Unreachable(
+            "nobody answered at 127.0.0.1:9102: Connection refused (os error 111)".into(),
+        ),
+    );
+    assert_eq!(
+        rendered(&r, false),
+        "\
+interlock check node node-a (2026-11-29T07:49:36.042Z, interlock 0.1.0 (git 0123456789ab))
+
+CNI conf dir /etc/cni/net.d as containerd loads it:
+  FILE                   VERDICT      REASON
+  00-interlock.conflist  chosen       first config file by name, and valid (plugins: bridge → istio-cni → interlock-cni)
+  10-calico.conflist     not-reached  not used: containerd loads only the first config file (00-interlock.conflist sorts first)
+
+        ID                        FINDING
+  FAIL  config.other-mesh         00-interlock.conflist runs istio-cni in the same chain as interlock-cni: each pod's traffic is redirected twice, by two rule sets neither of which knows the other; interlock cannot vouch for the result
+                                  hint: remove the mesh's own CNI plugin (its CNI DaemonSet) before relying on interlock: see README, Migrating
+  WARN  agent.readyz-unreachable  /readyz could not be asked: nobody answered at 127.0.0.1:9102: Connection refused (os error 111); the verdict rests on the marker alone
+                                  hint: set INTERLOCK_HEALTH_ADDR (or --health-addr) to the agent's health address, or `none` not to ask
+  ok    config.loaded             containerd loads 00-interlock.conflist: bridge → istio-cni → interlock-cni
+  ok    binary.ok                 /opt/cni/bin/interlock-cni is interlock-cni 0.1.0 (answers VERSION: 1.0.0), byte for byte the plugin this interlock ships
+  ok    agent.ready               ready (pid 42, marker 0.4 s old)
+
+UNPROTECTED: 00-interlock.conflist runs istio-cni in the same chain as interlock-cni: each pod's traffic is redirected twice, by two rule sets neither of which knows the other; interlock cannot vouch for the result
+"
+    );
+    // On a terminal: the status and the verdict in colour, nothing else changes.
+    let coloured = rendered(&r, true);
+    assert!(coloured.contains("\u{1b}[31mFAIL\u{1b}[0m"), "{coloured}");
+    assert!(coloured.contains("\u{1b}[1;31mUNPROTECTED"), "{coloured}");
+    let plain: String = coloured
+        .replace("\u{1b}[31m", "")
+        .replace("\u{1b}[33m", "")
+        .replace("\u{1b}[32m", "")
+        .replace("\u{1b}[1;31m", "")
+        .replace("\u{1b}[0m", "");
+    assert_eq!(plain, rendered(&r, false));
+}
+
+/// The JSON document's shape: versioned, camelCase keys, no Ok/Err wrapping.
+#[test]
+fn json_document_is_versioned_and_camel_case() {
+    let r = fixed_report(
+        &[
+            ("00-interlock.conflist", OURS),
+            ("10-calico.conflist", PRIMARY),
+        ],
+        Some(BinaryFacts {
+            versions: Err("garbage".into()),
+            ..bin()
+        }),
+        Readyz::Answered(200),
+    );
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["schemaVersion"], 1);
+    assert_eq!(v["kind"], "NodeCheck");
+    assert_eq!(v["node"], "node-a");
+    assert_eq!(v["checkedAt"], "2026-11-29T07:49:36.042Z");
+    assert_eq!(v["verdict"], "at-risk");
+    assert_eq!(v["exitCode"], 1);
+    assert_eq!(v["binary"]["versionError"], "garbage");
+    assert_eq!(v["binary"]["supportedVersions"], Value::Null);
+    assert_eq!(v["agent"]["readyz"]["status"], 200);
+    assert_eq!(v["effective"]["chosen"]["networkName"], "k8s");
+    let text = v.to_string();
+    assert!(
+        !text.contains("\"Ok\"") && !text.contains("\"Err\""),
+        "{text}"
+    );
+    fn keys(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    // The marker's keys are the agent's contract (camelCase too).
+                    out.push(k.clone());
+                    keys(x, out);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| keys(x, out)),
+            _ => {}
+        }
+    }
+    let mut all = vec![];
+    keys(&v, &mut all);
+    for k in all {
+        assert!(
+            !k.contains('_') && !k.contains('-') && k.chars().next().unwrap().is_ascii_lowercase(),
+            "key {k:?} is not camelCase"
+        );
+    }
+}

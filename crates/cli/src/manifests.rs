@@ -1,0 +1,605 @@
+//! `interlock manifests [--set key=value …]`: the Kubernetes objects that install
+//! interlock — the source of truth (`deploy/interlock.yaml` is the default rendering,
+//! kept identical by a test). The settings are few and validated here ([`Values`]); the
+//! rendering ([`render`]) is pure, so tests check the fields that matter and validate
+//! every object against the Kubernetes schemas.
+
+use clap::Args;
+use interlock_contract::rbac::{Rule, AGENT_RULES};
+use std::fmt::Write as _;
+
+/// `interlock manifests` flags.
+#[derive(Debug, Args)]
+pub struct ManifestsArgs {
+    /// A setting, `key=value` (repeatable): image, namespace, configMode, runtime,
+    /// repairPolicy, taintEffect, profiles, excludeNamespaces, cniConfDir, cniBinDir,
+    /// criSocket, healthPort, podMonitor.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+/// The settings `interlock manifests` renders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Values {
+    /// The image holding both binaries, by full name (registry/path:tag or @digest).
+    pub image: String,
+    /// The namespace interlock runs in.
+    pub namespace: String,
+    /// `owned` or `chain`.
+    pub config_mode: String,
+    /// `containerd` or `crio`.
+    pub runtime: String,
+    /// `repair`, `restart`, `delete`, `evict` or `report`.
+    pub repair_policy: String,
+    /// `NoSchedule`, `PreferNoSchedule`, `NoExecute` or `none`.
+    pub taint_effect: String,
+    /// Mesh profiles in priority order (`istio`, `linkerd`, `generic`).
+    pub profiles: Vec<String>,
+    /// Namespaces whose pods the plugin never redirects.
+    pub exclude_namespaces: Vec<String>,
+    /// The runtime's CNI conf dir on the host.
+    pub cni_conf_dir: String,
+    /// The runtime's CNI bin dir on the host.
+    pub cni_bin_dir: String,
+    /// The runtime's CRI socket on the host (`""`: the runtime's default).
+    pub cri_socket: String,
+    /// The health and metrics port on the node.
+    pub health_port: u16,
+    /// Also render a prometheus-operator `PodMonitor`.
+    pub pod_monitor: bool,
+}
+
+/// The image the default rendering names: the release of this version.
+pub const DEFAULT_IMAGE_REPOSITORY: &str = "ghcr.io/interlock-dev/interlock";
+
+impl Default for Values {
+    fn default() -> Values {
+        Values {
+            image: format!(
+                "{DEFAULT_IMAGE_REPOSITORY}:v{}",
+                interlock_buildinfo::CRATE_VERSION
+            ),
+            namespace: "interlock-system".into(),
+            config_mode: "owned".into(),
+            runtime: "containerd".into(),
+            repair_policy: "repair".into(),
+            taint_effect: "NoSchedule".into(),
+            profiles: vec!["istio".into(), "linkerd".into(), "generic".into()],
+            exclude_namespaces: vec!["kube-system".into()],
+            cni_conf_dir: "/etc/cni/net.d".into(),
+            cni_bin_dir: "/opt/cni/bin".into(),
+            cri_socket: String::new(),
+            health_port: 9102,
+            pod_monitor: false,
+        }
+    }
+}
+
+fn one_of(key: &str, v: &str, allowed: &[&str]) -> Result<String, String> {
+    if allowed.contains(&v) {
+        Ok(v.to_string())
+    } else {
+        Err(format!(
+            "{key}={v:?}: expected one of {}",
+            allowed.join(", ")
+        ))
+    }
+}
+
+/// A DNS-1123 label (namespace names).
+fn dns_label(key: &str, v: &str) -> Result<String, String> {
+    let ok = !v.is_empty()
+        && v.len() <= 63
+        && v.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !v.starts_with('-')
+        && !v.ends_with('-');
+    if ok {
+        Ok(v.to_string())
+    } else {
+        Err(format!(
+            "{key}={v:?}: not a namespace name (lower-case letters, digits and '-', at most 63)"
+        ))
+    }
+}
+
+fn host_path(key: &str, v: &str) -> Result<String, String> {
+    if v.starts_with('/') && !v.contains("..") && !v.chars().any(|c| c.is_control()) {
+        Ok(v.trim_end_matches('/').to_string()).map(|p| if p.is_empty() { "/".into() } else { p })
+    } else {
+        Err(format!("{key}={v:?}: expected an absolute host path"))
+    }
+}
+
+fn list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+impl Values {
+    /// Applies one `key=value`; the error names the key and what it accepts.
+    pub fn set(&mut self, kv: &str) -> Result<(), String> {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--set {kv:?}: expected key=value"))?;
+        match k {
+            "image" => {
+                // A full reference: a registry host (with a dot or a port, or localhost)
+                // and a tag or digest. A bare name would be resolved through registry
+                // defaults (Docker Hub, CRI-O's short-name search) for a node agent.
+                let (name, tagged) = match v.split_once('@') {
+                    Some((n, d)) => (n, d.starts_with("sha256:") && d.len() == 71),
+                    None => {
+                        let last = v.rsplit('/').next().unwrap_or(v);
+                        (v, last.contains(':'))
+                    }
+                };
+                let host = name.split('/').next().unwrap_or("");
+                let qualified = name.contains('/')
+                    && (host.contains('.') || host.contains(':') || host == "localhost");
+                if !qualified || !tagged || v.chars().any(|c| c.is_whitespace() || c == '"') {
+                    return Err(format!(
+                        "image={v:?}: expected a full reference with a registry and a tag or digest, e.g. {DEFAULT_IMAGE_REPOSITORY}:v{} or …@sha256:<64 hex>",
+                        interlock_buildinfo::CRATE_VERSION
+                    ));
+                }
+                self.image = v.to_string();
+            }
+            "namespace" => self.namespace = dns_label(k, v)?,
+            "configMode" => self.config_mode = one_of(k, v, &["owned", "chain"])?,
+            "runtime" => self.runtime = one_of(k, v, &["containerd", "crio"])?,
+            "repairPolicy" => {
+                self.repair_policy =
+                    one_of(k, v, &["repair", "restart", "delete", "evict", "report"])?
+            }
+            "taintEffect" => {
+                self.taint_effect =
+                    one_of(k, v, &["NoSchedule", "PreferNoSchedule", "NoExecute", "none"])?
+            }
+            "profiles" => {
+                let ps = list(v);
+                for p in &ps {
+                    one_of(k, p, &["istio", "linkerd", "generic"])?;
+                }
+                if ps.is_empty() {
+                    return Err(format!("{k}: name at least one profile"));
+                }
+                self.profiles = ps;
+            }
+            "excludeNamespaces" => {
+                let ns = list(v);
+                for n in &ns {
+                    dns_label(k, n)?;
+                }
+                self.exclude_namespaces = ns;
+            }
+            "cniConfDir" => self.cni_conf_dir = host_path(k, v)?,
+            "cniBinDir" => self.cni_bin_dir = host_path(k, v)?,
+            "criSocket" => self.cri_socket = host_path(k, v)?,
+            "healthPort" => {
+                self.health_port = v
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|p| *p >= 1024)
+                    .ok_or_else(|| format!("{k}={v:?}: expected a port from 1024 to 65535"))?
+            }
+            "podMonitor" => {
+                self.pod_monitor = match v {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(format!("{k}={v:?}: expected true or false")),
+                }
+            }
+            other => {
+                return Err(format!(
+                    "--set {other}: unknown setting (known: image, namespace, configMode, runtime, repairPolicy, taintEffect, profiles, excludeNamespaces, cniConfDir, cniBinDir, criSocket, healthPort, podMonitor)"
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// The CRI socket on the host: the setting, else the runtime's default.
+    pub fn cri_socket(&self) -> &str {
+        if !self.cri_socket.is_empty() {
+            &self.cri_socket
+        } else if self.runtime == "crio" {
+            "/var/run/crio/crio.sock"
+        } else {
+            "/run/containerd/containerd.sock"
+        }
+    }
+
+    /// The plugin settings the agent merges into its entry (`INTERLOCK_PLUGIN_CONFIG`).
+    pub fn plugin_config(&self) -> String {
+        // The agent socket: the plugin asks it when the runtime passed no annotations,
+        // and notes each meshed ADD there so the audit looks at once.
+        serde_json::json!({
+            "profiles": self.profiles,
+            "excludeNamespaces": self.exclude_namespaces,
+            "agentSocket": format!("{STATE_DIR}/{}", interlock_contract::layout::AGENT_SOCKET_FILE),
+        })
+        .to_string()
+    }
+}
+
+/// A YAML scalar that is always a string (JSON string syntax is valid YAML).
+fn q(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+fn rules_yaml(rules: &[Rule]) -> String {
+    let mut out = String::new();
+    for r in rules {
+        let words = |xs: &[&str]| xs.iter().map(|x| q(x)).collect::<Vec<_>>().join(", ");
+        let _ = write!(
+            out,
+            "  - apiGroups: [{}]\n    resources: [{}]\n    verbs: [{}]\n",
+            q(r.group),
+            words(r.resources),
+            words(r.verbs)
+        );
+    }
+    out
+}
+
+/// Where the host's dirs appear in the container.
+const CONF_MOUNT: &str = "/host/etc/cni/net.d";
+const BIN_MOUNT: &str = "/host/opt/cni/bin";
+/// The state dir: the same path on the host and in the container (see the comment in
+/// the DaemonSet).
+const STATE_DIR: &str = "/var/run/interlock";
+
+/// The objects, as one YAML stream.
+pub fn render(v: &Values) -> String {
+    let ns = &v.namespace;
+    let port = v.health_port;
+    let version = interlock_buildinfo::CRATE_VERSION;
+    let labels = format!(
+        "app.kubernetes.io/name: interlock\n    app.kubernetes.io/part-of: interlock\n    app.kubernetes.io/version: {}",
+        q(version)
+    );
+    let cri = v.cri_socket();
+    let mut out = format!(
+        r#"# interlock: the node agent and the interlock-cni plugin, as a DaemonSet.
+# Rendered by `interlock manifests` (the source of truth); change settings with
+# `interlock manifests --set key=value … | kubectl apply -f -`.
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: {ns}
+  labels:
+    {labels}
+    # The agent needs hostNetwork, hostPath mounts and capabilities: Pod Security
+    # "baseline" and "restricted" would reject it.
+    pod-security.kubernetes.io/enforce: privileged
+    pod-security.kubernetes.io/audit: privileged
+    pod-security.kubernetes.io/warn: privileged
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: interlock
+  namespace: {ns}
+  labels:
+    {labels}
+---
+# The agent's API access: exactly interlock_contract::rbac::AGENT_RULES.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: interlock-agent
+  labels:
+    {labels}
+rules:
+{rules}---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: interlock-agent
+  labels:
+    {labels}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: interlock-agent
+subjects:
+  - kind: ServiceAccount
+    name: interlock
+    namespace: {ns}
+---
+# The agent's settings as its INTERLOCK_* environment: `kubectl exec … interlock check`
+# in the agent's pod sees the same ones and needs no flags.
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: interlock-config
+  namespace: {ns}
+  labels:
+    {labels}
+data:
+  INTERLOCK_CNI_CONF_DIR: {conf_mount}
+  INTERLOCK_CNI_BIN_DIR: {bin_mount}
+  INTERLOCK_STATE_DIR: {state}
+  INTERLOCK_CONFIG_MODE: {mode}
+  INTERLOCK_RUNTIME: {runtime}
+  INTERLOCK_REPAIR_POLICY: {repair}
+  INTERLOCK_TAINT_EFFECT: {taint}
+  INTERLOCK_CRI_ENDPOINT: {cri_endpoint}
+  INTERLOCK_KUBE: "auto"
+  # The plugin's own settings (ConfigMap interlock-plugin-config), merged into the
+  # entry the agent writes.
+  INTERLOCK_PLUGIN_CONFIG: "/etc/interlock/plugin-config.json"
+  INTERLOCK_PLUGIN_SOURCE: "/usr/local/bin/interlock-cni"
+  # All addresses: the pod is hostNetwork, so this is the node's port {port}. It serves
+  # only /healthz, /readyz and /metrics, all read-only GETs, so Prometheus can scrape it;
+  # restrict who reaches the port with the node's firewall if metrics are sensitive.
+  INTERLOCK_HEALTH_ADDR: "0.0.0.0:{port}"
+---
+# The plugin's settings, a file (apart from the environment above: envFrom would skip
+# a key that is not a variable name, with a warning Event).
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: interlock-plugin-config
+  namespace: {ns}
+  labels:
+    {labels}
+data:
+  plugin-config.json: {plugin_config}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: interlock-node
+  namespace: {ns}
+  labels:
+    {labels}
+spec:
+  selector:
+    matchLabels:
+      app.kubernetes.io/name: interlock
+  updateStrategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxUnavailable: 1
+  template:
+    metadata:
+      labels:
+        {pod_labels}
+      annotations:
+        prometheus.io/scrape: "true"
+        prometheus.io/port: "{port}"
+        prometheus.io/path: "/metrics"
+    spec:
+      serviceAccountName: interlock
+      # The agent must run while pod networking is broken (that is when it is needed),
+      # and hostNetwork pods never go through CNI.
+      hostNetwork: true
+      dnsPolicy: ClusterFirstWithHostNet
+      priorityClassName: system-node-critical
+      nodeSelector:
+        kubernetes.io/os: linux
+      tolerations:
+        # Run before anything else, on every node, whatever its taints (including
+        # interlock's own startup taint).
+        - operator: Exists
+      terminationGracePeriodSeconds: 30
+      containers:
+        - name: agent
+          image: {image}
+          imagePullPolicy: IfNotPresent
+          command: ["/usr/local/bin/interlock", "agent"]
+          envFrom:
+            - configMapRef:
+                name: interlock-config
+          env:
+            - name: NODE_NAME
+              valueFrom:
+                fieldRef:
+                  fieldPath: spec.nodeName
+          ports:
+            - name: metrics
+              containerPort: {port}
+              hostPort: {port}
+              protocol: TCP
+          securityContext:
+            privileged: false
+            allowPrivilegeEscalation: false
+            readOnlyRootFilesystem: true
+            runAsUser: 0
+            seccompProfile:
+              type: RuntimeDefault
+            capabilities:
+              drop: ["ALL"]
+              add:
+                # The audit's in-place repair: nftables/iptables rules inside a pod's
+                # network namespace, and ending the connections opened before them.
+                - NET_ADMIN
+                # setns(2) into a pod's network namespace (the audit and its repair).
+                - SYS_ADMIN
+                # Opening another process's /proc/<pid>/ns/net (PTRACE_MODE_READ).
+                - SYS_PTRACE
+          readinessProbe:
+            httpGet:
+              path: /readyz
+              port: metrics
+            periodSeconds: 2
+          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: metrics
+            periodSeconds: 10
+            failureThreshold: 3
+          resources:
+            requests:
+              cpu: 10m
+              memory: 24Mi
+            limits:
+              memory: 64Mi
+          volumeMounts:
+            - name: cni-conf
+              mountPath: {conf_mount_plain}
+            - name: cni-bin
+              mountPath: {bin_mount_plain}
+            # The same path on the host and in the container: the agent writes it into
+            # the plugin entry (stateDir) that the plugin, run by the runtime on the
+            # host, reads — with its readiness marker and the agent socket in it.
+            - name: state
+              mountPath: {state_plain}
+            # The audit enters pod network namespaces by the paths the runtime reports.
+            - name: netns
+              mountPath: /var/run/netns
+              mountPropagation: HostToContainer
+              readOnly: true
+            # Network namespaces the runtime reports as /proc/<pid>/ns/net (host PIDs).
+            - name: host-proc
+              mountPath: /host/proc
+              readOnly: true
+            # The audit lists the node's pod sandboxes over CRI.
+            - name: cri-socket
+              mountPath: {cri_plain}
+            - name: config
+              mountPath: /etc/interlock
+              readOnly: true
+      volumes:
+        - name: cni-conf
+          hostPath:
+            path: {conf_dir}
+            type: DirectoryOrCreate
+        - name: cni-bin
+          hostPath:
+            path: {bin_dir}
+            type: DirectoryOrCreate
+        - name: state
+          hostPath:
+            path: {state}
+            type: DirectoryOrCreate
+        - name: netns
+          hostPath:
+            path: /var/run/netns
+            type: DirectoryOrCreate
+        - name: host-proc
+          hostPath:
+            path: /proc
+            type: Directory
+        - name: cri-socket
+          hostPath:
+            path: {cri_q}
+            type: Socket
+        - name: config
+          configMap:
+            name: interlock-plugin-config
+            items:
+              - key: plugin-config.json
+                path: plugin-config.json
+"#,
+        rules = rules_yaml(AGENT_RULES),
+        pod_labels = labels.replace("\n    ", "\n        "),
+        conf_mount = q(CONF_MOUNT),
+        bin_mount = q(BIN_MOUNT),
+        conf_mount_plain = CONF_MOUNT,
+        bin_mount_plain = BIN_MOUNT,
+        state = q(STATE_DIR),
+        state_plain = STATE_DIR,
+        mode = q(&v.config_mode),
+        runtime = q(&v.runtime),
+        repair = q(&v.repair_policy),
+        taint = q(&v.taint_effect),
+        cri_endpoint = q(&format!("unix://{cri}")),
+        cri_plain = q(cri),
+        cri_q = q(cri),
+        plugin_config = q(&v.plugin_config()),
+        image = q(&v.image),
+        conf_dir = q(&v.cni_conf_dir),
+        bin_dir = q(&v.cni_bin_dir),
+    );
+    if v.pod_monitor {
+        let _ = write!(
+            out,
+            r#"---
+# For the prometheus-operator (its CRD must be installed).
+apiVersion: monitoring.coreos.com/v1
+kind: PodMonitor
+metadata:
+  name: interlock
+  namespace: {ns}
+  labels:
+    {labels}
+spec:
+  selector:
+    matchLabels:
+      app.kubernetes.io/name: interlock
+  podMetricsEndpoints:
+    - port: metrics
+      path: /metrics
+"#
+        );
+    }
+    out
+}
+
+/// Runs `interlock manifests`.
+pub fn run(a: ManifestsArgs) -> anyhow::Result<std::process::ExitCode> {
+    let mut v = Values::default();
+    for kv in &a.set {
+        v.set(kv).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(render(&v).as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(std::process::ExitCode::SUCCESS),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_validated_with_a_message_naming_the_key() {
+        let mut v = Values::default();
+        for (kv, needle) in [
+            ("image=interlock:dev", "full reference"),
+            ("image=ghcr.io/x/interlock", "tag or digest"),
+            ("image=ghcr.io/x/interlock@sha256:abc", "tag or digest"),
+            ("configMode=inline", "owned, chain"),
+            ("runtime=docker", "containerd, crio"),
+            ("repairPolicy=kill", "repair, restart"),
+            ("taintEffect=NoWay", "NoSchedule"),
+            ("profiles=consul", "istio, linkerd, generic"),
+            ("excludeNamespaces=Kube_System", "namespace name"),
+            ("cniConfDir=etc/cni", "absolute"),
+            ("healthPort=80", "1024"),
+            ("podMonitor=yes", "true or false"),
+            ("nope=1", "unknown setting"),
+            ("image", "key=value"),
+        ] {
+            let e = v.set(kv).unwrap_err();
+            assert!(e.contains(needle), "{kv}: {e}");
+        }
+        assert_eq!(v, Values::default(), "a refused setting changes nothing");
+        v.set("image=registry.example.com:5000/team/interlock@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
+            .unwrap();
+        v.set("image=localhost/interlock:test").unwrap();
+        v.set("profiles=linkerd, istio").unwrap();
+        assert_eq!(v.profiles, ["linkerd", "istio"]);
+        v.set("runtime=crio").unwrap();
+        assert_eq!(v.cri_socket(), "/var/run/crio/crio.sock");
+    }
+
+    #[test]
+    fn the_default_image_is_a_full_reference_with_this_version() {
+        let v = Values::default();
+        assert!(v.image.starts_with("ghcr.io/"), "{}", v.image);
+        assert!(v
+            .image
+            .ends_with(&format!(":v{}", interlock_buildinfo::CRATE_VERSION)));
+        let mut w = Values::default();
+        w.set(&format!("image={}", v.image)).unwrap();
+    }
+}

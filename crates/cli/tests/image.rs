@@ -1,0 +1,86 @@
+//! The image's build steps, without a container engine: the Dockerfile runs
+//! `scripts/image-rootfs.sh`; this test runs it too and checks the filesystem it lays
+//! out — both binaries there, static (`file`, `ldd`), answering with this build.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn tool(name: &str, arg: &Path) -> String {
+    let out = Command::new(name)
+        .arg(arg)
+        .output()
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn the_dockerfile_runs_the_rootfs_script() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    assert!(dockerfile.contains("RUN scripts/image-rootfs.sh /rootfs"));
+    assert!(dockerfile.contains("COPY --from=build /rootfs/ /"));
+    // Every FROM is pinned: an exact tag (with a patch version) or the empty image.
+    for from in dockerfile.lines().filter(|l| l.starts_with("FROM ")) {
+        let image = from.split_whitespace().nth(1).unwrap();
+        let tag = image.rsplit(':').next().unwrap();
+        assert!(
+            image == "scratch"
+                || image.contains("@sha256:")
+                || tag.split('-').next().unwrap().matches('.').count() == 2,
+            "{from}: not pinned"
+        );
+    }
+}
+
+#[test]
+fn the_image_rootfs_holds_both_binaries_static() {
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(repo().join("scripts/image-rootfs.sh"))
+        .arg(out.path())
+        .env("CARGO", env!("CARGO"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "scripts/image-rootfs.sh failed");
+    let bin = out.path().join("usr/local/bin");
+    for name in ["interlock", "interlock-cni"] {
+        let p = bin.join(name);
+        let file = tool("file", &p);
+        assert!(
+            file.contains("statically linked") || file.contains("static-pie linked"),
+            "{file}"
+        );
+        let ldd = tool("ldd", &p);
+        assert!(
+            ldd.contains("not a dynamic executable") || ldd.contains("statically linked"),
+            "{name}: {ldd}"
+        );
+    }
+    // The plugin stays non-PIE, as `make plugin-static` ships it.
+    assert!(tool("file", &bin.join("interlock-cni")).contains("LSB executable"));
+    // Both carry this build.
+    let v = Command::new(bin.join("interlock"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&v.stdout).trim(),
+        format!("interlock {}", interlock_buildinfo::VERSION)
+    );
+    let v = Command::new(bin.join("interlock-cni"))
+        .env("CNI_COMMAND", "VERSION")
+        .output()
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
+    assert_eq!(answer["interlockVersion"], interlock_buildinfo::VERSION);
+    // The manifests run the agent from there and install the plugin from there.
+    let yaml = std::fs::read_to_string(repo().join("deploy/interlock.yaml")).unwrap();
+    assert!(yaml.contains(r#"command: ["/usr/local/bin/interlock", "agent"]"#));
+    assert!(yaml.contains(r#"INTERLOCK_PLUGIN_SOURCE: "/usr/local/bin/interlock-cni""#));
+}
