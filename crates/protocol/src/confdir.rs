@@ -34,6 +34,9 @@ use std::str::FromStr;
 
 use serde_json::{Map, Value};
 
+mod cache;
+pub use cache::{CacheWork, DirCache};
+
 use crate::bounded;
 use crate::conf::{self, ConfFormat, NetworkConfigList, Validation};
 use crate::version::CniVersion;
