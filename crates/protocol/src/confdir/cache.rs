@@ -342,10 +342,11 @@ mod tests {
     }
 
     type Stop = fn(&DirEntry) -> bool;
+    type Also = fn(&str) -> bool;
 
     /// The reads every check makes: plain, with extra names, and stopping at the first
     /// config file that parses (as the guard and containerd do).
-    fn variants() -> Vec<(fn(&str) -> bool, Option<Stop>)> {
+    fn variants() -> Vec<(Also, Option<Stop>)> {
         vec![
             (|_| false, None),
             (|n| n.ends_with(".orig"), None),
