@@ -149,13 +149,11 @@ impl DirCache {
         also_read: &dyn Fn(&str) -> bool,
         stop: Option<&dyn Fn(&DirEntry) -> bool>,
     ) -> io::Result<Snapshot> {
-        if self.relist || self.entries.is_none() {
+        if self.relist || self.entries.is_none() || !self.restat_dirty() {
             if let Err(e) = self.list() {
                 self.entries = None;
                 return Err(e);
             }
-        } else {
-            self.restat_dirty();
         }
         self.dirty.clear();
         let dir = self.dir.clone();
@@ -266,19 +264,25 @@ impl DirCache {
         Ok(())
     }
 
-    /// Stats the named entries again and forgets what was read of them.
-    fn restat_dirty(&mut self) {
+    /// Stats the named entries again and forgets what was read of them; false when one
+    /// could not be stat'ed for another reason than being gone (list the directory).
+    fn restat_dirty(&mut self) -> bool {
         let Some(entries) = self.entries.as_mut() else {
-            return;
+            return false;
         };
-        for name in self.dirty.drain() {
-            let path = self.dir.join(&name);
+        // Not drained: if this gives up, the listing must still know what was named.
+        for name in &self.dirty {
+            let path = self.dir.join(name);
             let key = name.as_bytes().to_vec();
             self.work.stats += 1;
-            let Ok(l) = fs::symlink_metadata(&path) else {
-                // Gone (or unreachable, as a fresh listing would not show it either).
-                entries.remove(&key);
-                continue;
+            let l = match fs::symlink_metadata(&path) {
+                Ok(l) => l,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    entries.remove(&key);
+                    continue;
+                }
+                // A listing shows it without a stat: let the listing decide.
+                Err(_) => return false,
             };
             let t = l.file_type();
             let meta = if t.is_symlink() {
@@ -287,8 +291,12 @@ impl DirCache {
                 Some(l)
             };
             let meta = meta.or_else(|| fs::symlink_metadata(&path).ok());
-            entries.insert(key, listed(name, t.is_dir(), t.is_symlink(), meta.as_ref()));
+            entries.insert(
+                key,
+                listed(name.clone(), t.is_dir(), t.is_symlink(), meta.as_ref()),
+            );
         }
+        true
     }
 }
 
