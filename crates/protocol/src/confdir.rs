@@ -18,7 +18,8 @@
 //! The layers: [`read`] takes a [`Snapshot`] of the directory (bounded reads of regular
 //! files only, see [`crate::bounded`]); [`effective`] judges it, purely — the plugin
 //! binaries are seen through a [`Binaries`] the caller provides (CRI-O's VERSION probe is
-//! a closure); [`load`] is the two together. [`runs_plugin`] answers "does this list run
+//! a closure); [`load`] is the two together. [`DirCache`] gives the same snapshot to a
+//! long-lived reader (the agent) re-reading only what changed. [`runs_plugin`] answers "does this list run
 //! interlock's entry, and at which `cniVersion`" (thin Multus delegates included) for the
 //! agent's readiness and for `interlock check` alike.
 
