@@ -58,13 +58,19 @@ bench-json: deps plugin-static
 
 ## bench-repair: the agent's repair, follow and /readyz latencies, one JSON line each
 ## (in the system temp dir: on disk, with fsync, like /etc/cni/net.d on a node;
-## CLOBBERS=50 for a short run)
+## CLOBBERS=50 for a short run), then the same repair and a primary rewritten 100 times
+## a second with FOREIGN further foreign files in the conf dir (agent CPU share reported)
 CLOBBERS ?= 1000
+FOREIGN ?= 1000
 bench-repair: deps
 	@$(CARGO) build --release -p interlock -p interlock-cni -p interlock-bench
 	@for run in "clobber chain" "clobber owned" "follow chain" "follow owned" "readyz owned"; do \
 		set -- $$run; \
 		./target/release/interlock-bench repair --clobbers $(CLOBBERS) --scenario $$1 --mode $$2 || exit 1; \
+	done
+	@./target/release/interlock-bench repair --clobbers $(CLOBBERS) --scenario clobber --mode owned --foreign $(FOREIGN)
+	@for f in 0 $(FOREIGN); do \
+		./target/release/interlock-bench repair --scenario writer --mode owned --foreign $$f || exit 1; \
 	done
 
 clean:

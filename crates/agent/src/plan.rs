@@ -931,9 +931,9 @@ pub fn check_effective_with(
     bins: &Binaries<'_>,
     accepts: &[String],
 ) -> Result<String, String> {
-    let eff = confdir::effective(snap, settings.runtime, bins);
-    let Some(chosen) = &eff.chosen else {
-        return Err(eff.summary);
+    let (chosen, summary) = confdir::effective_outcome(snap, settings.runtime, bins);
+    let Some(chosen) = &chosen else {
+        return Err(summary);
     };
     let name = chosen
         .path

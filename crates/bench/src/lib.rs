@@ -9,20 +9,24 @@
 //! - `engine_protect_<backend>`: the in-process engine (`interlock_redirect::protect`:
 //!   apply, verify, probe);
 //! - `add_unmeshed`: the binary for a pod no profile claims;
-//! - `spawn_floor_true`: `/bin/true` started the same way (what any exec'd plugin costs);
+//! - `spawn_floor_static`: a static no-op (`gcc -static -Os`, like the shipped static
+//!   plugin) started the same way: the exec floor the budgets are measured against;
+//! - `spawn_floor_true`: `/bin/true` (dynamic) started the same way, for comparison;
 //! - `iptables_restore_per_family_<flavour>`: one `iptables-restore --noflush` and one
 //!   `ip6tables-restore --noflush` with the same rules, rendered by the redirect crate;
 //! - `iptables_per_rule_<flavour>`: one `iptables`/`ip6tables` process per rule.
 //!
 //! [`run::run`] samples every scenario in interleaved rounds and [`report`] turns the
 //! samples into the JSON document `interlock-bench` prints (medians, tails, ratios and
-//! budget verdicts, all computed from this run).
+//! budget verdicts, all computed from this run); [`concurrent`] adds ADDs started
+//! together at N = 1, 8, 32, 64.
 //!
 //! [`repair`] measures the agent instead: how fast it repairs its config after another
 //! writer clobbers it (`interlock-bench repair`, `make bench-repair`); [`audit`] the
 //! sandbox audit of many meshed netns and one in-place repair (`interlock-bench audit`).
 
 pub mod audit;
+pub mod concurrent;
 pub mod repair;
 pub mod report;
 pub mod run;
@@ -86,6 +90,9 @@ pub enum Scenario {
     Engine(BackendKind),
     /// `interlock-cni` ADD for a pod without mesh annotations.
     AddUnmeshed,
+    /// Reference: a static no-op binary (`int main(void){return 0;}`, `gcc -static -Os`)
+    /// started exactly like the plugin: the exec floor of a static plugin.
+    StaticFloor,
     /// Reference: `/bin/true` started exactly like the plugin (same environment, stdin
     /// and pipes): the floor of any exec'd CNI plugin on this machine.
     SpawnFloor,
@@ -125,6 +132,7 @@ impl Scenario {
         v.extend(BackendKind::ALL.map(Scenario::AddMeshed));
         v.extend(BackendKind::ALL.map(Scenario::Engine));
         v.push(Scenario::AddUnmeshed);
+        v.push(Scenario::StaticFloor);
         v.push(Scenario::SpawnFloor);
         v.extend([Flavour::Nft, Flavour::Legacy].map(Scenario::RestorePerFamily));
         v.extend([Flavour::Nft, Flavour::Legacy].map(Scenario::PerRule));
@@ -138,6 +146,7 @@ impl Scenario {
             Scenario::Engine(k) => format!("engine_protect_{}", kind_key(*k)),
             Scenario::AddUnmeshed => "add_unmeshed".into(),
             Scenario::SpawnFloor => "spawn_floor_true".into(),
+            Scenario::StaticFloor => "spawn_floor_static".into(),
             Scenario::RestorePerFamily(f) => {
                 format!("iptables_restore_per_family_{}", flavour_key(*f))
             }
@@ -158,7 +167,10 @@ impl Scenario {
                 "interlock-cni binary, CNI ADD of a pod without mesh annotations; spawn to exit".into()
             }
             Scenario::SpawnFloor => {
-                "/bin/true through the same exec path as the plugin: the floor of any exec'd plugin".into()
+                "/bin/true (dynamic) through the same exec path as the plugin".into()
+            }
+            Scenario::StaticFloor => {
+                "a static no-op (gcc -static -Os) through the same exec path as the plugin: the exec floor".into()
             }
             Scenario::RestorePerFamily(f) => format!(
                 "baseline: iptables-{0}-restore --noflush + ip6tables-{0}-restore --noflush with the same rules",
@@ -185,7 +197,7 @@ impl Scenario {
     pub fn rules_backend(&self) -> Option<BackendKind> {
         match self {
             Scenario::AddMeshed(k) | Scenario::Engine(k) => Some(*k),
-            Scenario::AddUnmeshed | Scenario::SpawnFloor => None,
+            Scenario::AddUnmeshed | Scenario::SpawnFloor | Scenario::StaticFloor => None,
             Scenario::RestorePerFamily(f) | Scenario::PerRule(f) => Some(flavour_kind(*f)),
         }
     }
@@ -315,6 +327,31 @@ pub fn default_state_parent() -> PathBuf {
     }
 }
 
+/// Builds the static no-op floor with `gcc -static -Os` in a temp dir.
+fn build_static_noop() -> Result<(tempfile::TempDir, PathBuf), String> {
+    let dir = tempfile::Builder::new()
+        .prefix("ilbench-noop")
+        .tempdir()
+        .map_err(|e| format!("creating a temp dir for the static no-op: {e}"))?;
+    let src = dir.path().join("noop.c");
+    std::fs::write(&src, "int main(void) { return 0; }\n")
+        .map_err(|e| format!("writing {}: {e}", src.display()))?;
+    let bin = dir.path().join("noop-static");
+    let out = Command::new("gcc")
+        .args(["-static", "-Os", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("no static no-op floor: running gcc: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "no static no-op floor: gcc -static failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok((dir, bin))
+}
+
 /// Finds `name` on `PATH` or in the sbin directories; the bare name if nowhere.
 fn tool_path(name: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -371,6 +408,8 @@ pub struct Bench {
     spec: RedirectSpec,
     plugin: PathBuf,
     true_bin: PathBuf,
+    /// The static no-op and the directory it was built in (`Err`: why there is none).
+    static_noop: Result<(tempfile::TempDir, PathBuf), String>,
     bin_dirs: Vec<PathBuf>,
     state: tempfile::TempDir,
     /// Per flavour: (restore tool, its input) per family.
@@ -430,6 +469,7 @@ impl Bench {
             spec,
             plugin: plugin.to_path_buf(),
             true_bin: tool_path("true"),
+            static_noop: build_static_noop(),
             bin_dirs,
             state,
             restore,
@@ -496,6 +536,13 @@ impl Bench {
                 .map(|a| self.with_plugin_timings(&a))
                 .map_err(fail),
             Scenario::SpawnFloor => self.spawn_floor(pod).map(Sample::plain).map_err(fail),
+            Scenario::StaticFloor => self
+                .static_noop
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|(_, bin)| self.spawn_timed(bin, pod))
+                .map(Sample::plain)
+                .map_err(fail),
             Scenario::Engine(kind) => self.engine_protect(pod, kind).map_err(fail),
             Scenario::RestorePerFamily(f) => self
                 .restore_per_family(pod, f)
@@ -656,18 +703,17 @@ impl Bench {
     /// `/bin/true` run through the same exec path as [`Bench::plugin_add`] (environment,
     /// stdin with a meshed ADD's config, piped stdout/stderr), timed the same way.
     pub fn spawn_floor(&self, pod: &Pod) -> Result<Duration, String> {
+        self.spawn_timed(&self.true_bin, pod)
+    }
+
+    /// `bin` run through the same exec path as [`Bench::plugin_add`], timed the same way.
+    pub fn spawn_timed(&self, bin: &Path, pod: &Pod) -> Result<Duration, String> {
         let stdin = self.add_stdin(pod, Some(BackendKind::Nftables), &istio_annotations());
         let rt = self.runtime_conf(pod);
         let t = Instant::now();
-        let out = exec::exec_plugin(
-            &self.true_bin,
-            exec::Command::Add,
-            &rt,
-            &self.bin_dirs,
-            &stdin,
-        );
+        let out = exec::exec_plugin(bin, exec::Command::Add, &rt, &self.bin_dirs, &stdin);
         let elapsed = t.elapsed();
-        out.map_err(|e| format!("{} failed: {e}", self.true_bin.display()))?;
+        out.map_err(|e| format!("{} failed: {e}", bin.display()))?;
         Ok(elapsed)
     }
 

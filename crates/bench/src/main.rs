@@ -61,6 +61,10 @@ struct Args {
     /// node's /run, where the plugin's default /var/run/interlock lives).
     #[arg(long)]
     state_parent: Option<PathBuf>,
+    /// Concurrent ADD levels (comma-separated N; default 1,8,32,64 for a full run, none
+    /// with --only; 0 for none).
+    #[arg(long, value_delimiter = ',')]
+    concurrency: Vec<usize>,
     /// Pretty-print the JSON.
     #[arg(long)]
     pretty: bool,
@@ -158,7 +162,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let doc = report::report(&bench, &plan, &collected, &loadavg);
+    let levels: Vec<usize> = match args.concurrency.as_slice() {
+        [] if args.quick => vec![1, 8],
+        [] if args.only.is_empty() => interlock_bench::concurrent::LEVELS.to_vec(),
+        given => given.iter().copied().filter(|n| *n > 0).collect(),
+    };
+    let concurrency = match interlock_bench::concurrent::run(&bench, &levels, &mut |line| {
+        eprintln!("interlock-bench: {line}")
+    }) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("interlock-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let doc = report::report(&bench, &plan, &collected, &loadavg, concurrency);
     let text = if args.pretty {
         serde_json::to_string_pretty(&doc)
     } else {

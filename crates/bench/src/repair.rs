@@ -5,14 +5,20 @@
 //! With `--scenario follow` it changes the primary's subnet instead and measures until
 //! the effective config carries the new subnet and interlock; with `--scenario readyz` it
 //! renames in a foreign file that sorts first and measures until `/readyz` answers 503,
-//! then removes it and measures until 200 again.
+//! then removes it and measures until 200 again; with `--scenario writer` the primary
+//! is rewritten `--writes-per-sec` times a second for `--seconds` (alternating two
+//! subnets) and the agent's CPU share is measured. `--foreign N` puts N further valid
+//! foreign files in the conf dir (sorting after the primary, as other networks do), to
+//! show that the agent's cost does not grow with the directory. Every scenario reports
+//! the agent's CPU (`/proc/<pid>/stat` utime + stime) over its run.
 //! Prints `{"p50_ms", "p99_ms", "max_ms", "mean_ms", "n", "idle_rss_kib", ...}`. Needs no
 //! root: everything happens in a temp dir and on a loopback port.
 
 use crate::stats::Summary;
 use anyhow::{bail, Context};
 use clap::Args;
-use interlock_protocol::confdir::{self, Runtime};
+use interlock_protocol::confdir;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -41,8 +47,17 @@ pub struct RepairArgs {
     pub dir: Option<PathBuf>,
     /// clobber: a foreign writer replaces the file; follow: the primary changes its
     /// subnet; readyz: a foreign file takes first place and goes away again.
-    #[arg(long, default_value = "clobber", value_parser = ["clobber", "follow", "readyz"])]
+    #[arg(long, default_value = "clobber", value_parser = ["clobber", "follow", "readyz", "writer"])]
     pub scenario: String,
+    /// Further valid foreign config files in the conf dir (`50-foreign-NNNN.conflist`).
+    #[arg(long, default_value_t = 0)]
+    pub foreign: usize,
+    /// writer: rewrites of the primary per second.
+    #[arg(long, default_value_t = 100)]
+    pub writes_per_sec: u64,
+    /// writer: how long it writes, in seconds.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
 }
 
 const PRIMARY: &str = r#"{
@@ -64,11 +79,45 @@ impl Drop for Agent {
     }
 }
 
+/// The list containerd loads from `dir` (its first config file by name, parsed), read
+/// without stat'ing or reading the other files: with a large directory the bench's own
+/// check must not be what it measures.
+fn containerd_list(dir: &Path) -> Option<confdir::Parsed> {
+    let first = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+        .map(|e| e.file_name())
+        .filter(|n| confdir::is_config_name(&n.to_string_lossy()))
+        .min_by(|a, b| a.as_bytes().cmp(b.as_bytes()))?;
+    let content = interlock_protocol::bounded::read_config(&dir.join(&first)).ok()?;
+    let entry = confdir::DirEntry {
+        content: Some(content),
+        ..confdir::DirEntry::file(&first.to_string_lossy(), b"", 0o644)
+    };
+    let entry = confdir::DirEntry {
+        os_name: first,
+        ..entry
+    };
+    entry.parse().ok()
+}
+
 fn has_interlock(dir: &Path) -> bool {
-    confdir::load(dir, Runtime::Containerd, &[])
+    containerd_list(dir).is_some_and(|p| p.list.plugin_types().contains(&"interlock-cni"))
+}
+
+/// User + system CPU time of `pid` so far (`/proc/<pid>/stat` utime + stime).
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
-        .and_then(|e| e.chosen)
-        .is_some_and(|c| c.list.plugin_types().contains(&"interlock-cni"))
+        .flatten()
+        .unwrap_or(100) as u64;
+    Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
 }
 
 fn rename_in(dir: &Path, name: &str, data: &[u8]) -> std::io::Result<()> {
@@ -103,6 +152,17 @@ impl Session {
     /// Starts `exe agent` in `mode` (chain or owned) under `base`, installing `plugin`,
     /// and waits until interlock is in effect.
     pub fn start(exe: &Path, plugin: &Path, mode: &str, base: &Path) -> anyhow::Result<Session> {
+        Session::start_with(exe, plugin, mode, base, 0)
+    }
+
+    /// [`Session::start`] with `foreign` further valid foreign files in the conf dir.
+    pub fn start_with(
+        exe: &Path,
+        plugin: &Path,
+        mode: &str,
+        base: &Path,
+        foreign: usize,
+    ) -> anyhow::Result<Session> {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let root = base.join(format!("interlock-bench-{}-{n}", std::process::id()));
@@ -113,6 +173,13 @@ impl Session {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
         }
         std::fs::write(conf.join("10-primary.conflist"), PRIMARY)?;
+        for i in 0..foreign {
+            let body = PRIMARY
+                .replace("\"ilbench\"", &format!("\"foreign{i}\""))
+                .replace("ilbench0", &format!("fb{i}"))
+                .replace("10.99.250.0/24", &format!("10.98.{}.0/24", i % 250));
+            std::fs::write(conf.join(format!("50-foreign-{i:04}.conflist")), body)?;
+        }
         let health = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let child = Command::new(exe)
             .args([
@@ -173,6 +240,11 @@ impl Session {
         })
     }
 
+    /// The agent's CPU time so far.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        cpu_time(self.agent.0.id())
+    }
+
     /// VmRSS of the agent in KiB.
     pub fn rss_kib(&self) -> Option<u64> {
         rss_kib(self.agent.0.id())
@@ -215,13 +287,10 @@ impl Session {
         let t0 = Instant::now();
         rename_in(&self.conf, "10-primary.conflist", body.as_bytes())?;
         loop {
-            let followed = confdir::load(&self.conf, Runtime::Containerd, &[])
-                .ok()
-                .and_then(|e| e.chosen)
-                .is_some_and(|c| {
-                    c.list.plugin_types().contains(&"interlock-cni")
-                        && c.list.plugins()[0]["ipam"]["subnet"] == subnet.as_str()
-                });
+            let followed = containerd_list(&self.conf).is_some_and(|c| {
+                c.list.plugin_types().contains(&"interlock-cni")
+                    && c.list.plugins()[0]["ipam"]["subnet"] == subnet.as_str()
+            });
             if followed {
                 return Ok(t0.elapsed());
             }
@@ -230,6 +299,42 @@ impl Session {
             }
             let _ = self.events.recv_timeout(Duration::from_millis(20));
         }
+    }
+
+    /// The primary rewritten `per_sec` times a second for `secs` seconds (two subnets in
+    /// turn); returns the agent's CPU share of one core over that time and whether the
+    /// effective config follows the last subnet (within 5 s of the last write).
+    pub fn writer(&mut self, per_sec: u64, secs: u64) -> anyhow::Result<(f64, bool)> {
+        let period = Duration::from_nanos(1_000_000_000 / per_sec.max(1));
+        let bodies =
+            ["10.99.251.0/24", "10.99.252.0/24"].map(|s| (s, PRIMARY.replace("10.99.250.0/24", s)));
+        let cpu0 = self.cpu_time().context("reading the agent's CPU time")?;
+        let t0 = Instant::now();
+        let n = per_sec * secs;
+        for i in 0..n {
+            rename_in(
+                &self.conf,
+                "10-primary.conflist",
+                bodies[(i % 2) as usize].1.as_bytes(),
+            )?;
+            let next = t0 + period * (i as u32 + 1);
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        let wall = t0.elapsed();
+        let cpu = self.cpu_time().context("reading the agent's CPU time")? - cpu0;
+        let last = bodies[((n + 1) % 2) as usize].0;
+        let until = Instant::now() + Duration::from_secs(5);
+        let followed = loop {
+            let ok = containerd_list(&self.conf).is_some_and(|c| {
+                c.list.plugin_types().contains(&"interlock-cni")
+                    && c.list.plugins()[0]["ipam"]["subnet"] == last
+            });
+            if ok || Instant::now() > until {
+                break ok;
+            }
+            let _ = self.events.recv_timeout(Duration::from_millis(20));
+        };
+        Ok((cpu.as_secs_f64() / wall.as_secs_f64(), followed))
     }
 
     fn wait_readyz(&self, want: u16, t0: Instant) -> anyhow::Result<Duration> {
@@ -286,9 +391,27 @@ pub fn run(a: RepairArgs) -> anyhow::Result<()> {
         bail!("--scenario readyz needs --mode owned (chain mode joins the new first file)");
     }
     let base = a.dir.unwrap_or_else(std::env::temp_dir);
-    let mut s = Session::start(&exe, &plugin, &a.mode, &base)?;
+    let mut s = Session::start_with(&exe, &plugin, &a.mode, &base, a.foreign)?;
     std::thread::sleep(Duration::from_millis(1500));
     let idle_rss = s.rss_kib();
+    if a.scenario == "writer" {
+        let (share, followed) = s.writer(a.writes_per_sec, a.seconds)?;
+        let out = serde_json::json!({
+            "scenario": "writer",
+            "mode": a.mode,
+            "foreign_files": a.foreign,
+            "writes_per_sec": a.writes_per_sec,
+            "seconds": a.seconds,
+            "agent_cpu_pct_of_core": (share * 1000.0).round() / 10.0,
+            "followed_last_write": followed,
+            "idle_rss_kib": idle_rss,
+            "rss_after_kib": s.rss_kib(),
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    let cpu0 = s.cpu_time();
+    let t0 = Instant::now();
     let (mut samples, mut ups) = (Vec::with_capacity(a.clobbers), vec![]);
     for _ in 0..a.clobbers {
         match a.scenario.as_str() {
@@ -307,6 +430,12 @@ pub fn run(a: RepairArgs) -> anyhow::Result<()> {
         // samples: until 503; ready_again: until 200 after the foreign file left.
         out["ready_again"] = summary(&ups);
     }
+    let wall = t0.elapsed().as_secs_f64();
+    if let (Some(c0), Some(c1)) = (cpu0, s.cpu_time()) {
+        out["agent_cpu_pct_of_core"] =
+            (((c1 - c0).as_secs_f64() / wall * 1000.0).round() / 10.0).into();
+    }
+    out["foreign_files"] = a.foreign.into();
     out["scenario"] = a.scenario.clone().into();
     out["mode"] = a.mode.clone().into();
     out["idle_rss_kib"] = idle_rss.into();

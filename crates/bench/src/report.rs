@@ -27,9 +27,13 @@ pub const UNMESHED_ADD_LIMIT_US: f64 = 500.0;
 pub const RESTORE_RATIO_MIN: f64 = 5.0;
 /// Minimum speed-up over one `iptables` call per rule.
 pub const PER_RULE_RATIO_MIN: f64 = 20.0;
+/// DESIGN.md: a meshed ADD within this much of the static exec floor (µs).
+pub const MESHED_OVER_FLOOR_GOAL_US: f64 = 300.0;
+/// DESIGN.md: an unmeshed ADD within this much of the static exec floor (µs).
+pub const UNMESHED_OVER_FLOOR_LIMIT_US: f64 = 100.0;
 
 /// Every top-level key of the document.
-pub const TOP_LEVEL_KEYS: [&str; 19] = [
+pub const TOP_LEVEL_KEYS: [&str; 20] = [
     "tool",
     "version",
     "unit",
@@ -47,6 +51,7 @@ pub const TOP_LEVEL_KEYS: [&str; 19] = [
     "ratios",
     "budgets",
     "derived",
+    "concurrency",
     "notes",
     "duration_s",
 ];
@@ -155,7 +160,13 @@ fn host_info() -> Value {
 }
 
 /// The JSON document for a finished run. `loadavg_start` is `/proc/loadavg` before it.
-pub fn report(bench: &Bench, plan: &Plan, c: &Collected, loadavg_start: &str) -> Value {
+pub fn report(
+    bench: &Bench,
+    plan: &Plan,
+    c: &Collected,
+    loadavg_start: &str,
+    concurrency: Value,
+) -> Value {
     // Per-scenario statistics.
     let mut results = Map::new();
     for (s, samples) in &c.samples {
@@ -279,6 +290,42 @@ pub fn report(bench: &Bench, plan: &Plan, c: &Collected, loadavg_start: &str) ->
             round2(u - f).into(),
         );
     }
+    // Against the static no-op floor (the one DESIGN.md's budgets mean).
+    let static_floor = median_of(c, Scenario::StaticFloor);
+    if let Some(f) = static_floor {
+        if let Some(u) = unmeshed_med {
+            derived.insert(
+                "add_unmeshed_over_static_floor".into(),
+                json!({"us": round2(u - f), "limit_us": UNMESHED_OVER_FLOOR_LIMIT_US, "met": u - f <= UNMESHED_OVER_FLOOR_LIMIT_US}),
+            );
+        }
+        if let Some(m) = median_of(c, PRIMARY_SUBJECT) {
+            derived.insert(
+                "add_meshed_nftables_over_static_floor".into(),
+                json!({"us": round2(m - f), "goal_us": MESHED_OVER_FLOOR_GOAL_US, "met": valid(c, PRIMARY_SUBJECT).then_some(m - f <= MESHED_OVER_FLOOR_GOAL_US)}),
+            );
+        }
+        if let Some(t) = floor {
+            derived.insert(
+                "spawn_floor_true_over_static_us".into(),
+                round2(t - f).into(),
+            );
+        }
+        // istio-cni is itself an exec'd binary: its ADD is its own start + the restores.
+        // The baseline scenario times only the restores; here the static floor is added.
+        if let (Some(b), Some(m)) = (median_of(c, restore_base), median_of(c, PRIMARY_SUBJECT)) {
+            derived.insert(
+                "restore_per_family_with_cni_exec".into(),
+                json!({
+                    "median_us": round2(b + f),
+                    "how": "iptables_restore_per_family_nft median + spawn_floor_static median (the CNI binary's own exec, as istio-cni pays it)",
+                    "ratio_to_add_meshed_nftables": round2((b + f) / m),
+                    "ratio_without_cni_exec": round2(b / m),
+                    "min_ratio": RESTORE_RATIO_MIN,
+                }),
+            );
+        }
+    }
     if !valid(c, PRIMARY_SUBJECT) {
         if let (Some(u), Some(e)) = (unmeshed_med, engine_nft) {
             // What a wired meshed ADD would cost: the binary's fixed cost plus the engine.
@@ -338,6 +385,7 @@ pub fn report(bench: &Bench, plan: &Plan, c: &Collected, loadavg_start: &str) ->
         "ratios": ratios,
         "budgets": budgets,
         "derived": derived,
+        "concurrency": concurrency,
         "notes": dedup(&c.notes),
         "duration_s": round2(c.elapsed.as_secs_f64()),
     })

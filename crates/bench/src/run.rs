@@ -144,7 +144,7 @@ fn after_check(
                 ));
             }
         }
-        Scenario::SpawnFloor => {}
+        Scenario::SpawnFloor | Scenario::StaticFloor => {}
         Scenario::AddUnmeshed => {
             if let Some(k) = BackendKind::ALL
                 .into_iter()

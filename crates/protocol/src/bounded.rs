@@ -117,6 +117,16 @@ pub fn open_regular(path: &Path, cap: u64) -> Result<(File, std::fs::Metadata), 
 /// Reads a regular file of at most `cap` bytes (see the module docs). A file that grows
 /// past the cap while being read is refused too.
 pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>, BoundedReadError> {
+    read_regular_with_meta(path, cap).map(|(content, _)| content)
+}
+
+/// [`read_regular`], also returning the opened file's metadata, taken before the read:
+/// a change after it changes the metadata (ctime at least), so a cache keyed by it
+/// never keeps content older than its key.
+pub fn read_regular_with_meta(
+    path: &Path,
+    cap: u64,
+) -> Result<(Vec<u8>, std::fs::Metadata), BoundedReadError> {
     let (f, meta) = open_regular(path, cap)?;
     let mut out = Vec::with_capacity(meta.size() as usize);
     f.take(cap + 1)
@@ -132,7 +142,7 @@ pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>, BoundedReadError> 
             cap,
         });
     }
-    Ok(out)
+    Ok((out, meta))
 }
 
 /// [`read_regular`] with [`MAX_CONFIG_BYTES`].

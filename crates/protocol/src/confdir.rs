@@ -18,7 +18,8 @@
 //! The layers: [`read`] takes a [`Snapshot`] of the directory (bounded reads of regular
 //! files only, see [`crate::bounded`]); [`effective`] judges it, purely — the plugin
 //! binaries are seen through a [`Binaries`] the caller provides (CRI-O's VERSION probe is
-//! a closure); [`load`] is the two together. [`runs_plugin`] answers "does this list run
+//! a closure); [`load`] is the two together. [`DirCache`] gives the same snapshot to a
+//! long-lived reader (the agent) re-reading only what changed. [`runs_plugin`] answers "does this list run
 //! interlock's entry, and at which `cniVersion`" (thin Multus delegates included) for the
 //! agent's readiness and for `interlock check` alike.
 
@@ -33,6 +34,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use serde_json::{Map, Value};
+
+mod cache;
+pub use cache::{CacheWork, DirCache};
 
 use crate::bounded;
 use crate::conf::{self, ConfFormat, NetworkConfigList, Validation};
@@ -420,7 +424,12 @@ impl Snapshot {
     }
 
     fn path_of(&self, e: &DirEntry) -> PathBuf {
-        self.dir.join(&e.os_name)
+        // One allocation (`join` allocates and then grows): this runs once per file of
+        // the directory on every judgement.
+        let mut p = PathBuf::with_capacity(self.dir.as_os_str().len() + e.os_name.len() + 1);
+        p.push(&self.dir);
+        p.push(&e.os_name);
+        p
     }
 }
 
@@ -632,7 +641,8 @@ pub fn containerd_rules(cands: &[Candidate<'_>], dir: &Path) -> Judgement {
             None,
         ),
     };
-    let mut verdicts = vec![head];
+    let mut verdicts = Vec::with_capacity(cands.len());
+    verdicts.push(head);
     verdicts.extend(
         cands[1..]
             .iter()
@@ -776,12 +786,13 @@ pub fn judge(
     }
 }
 
-/// Which network `runtime` loads from `snap`, with a verdict for every entry. Pure: the
-/// binaries are seen only through `bins`.
-pub fn effective(snap: &Snapshot, runtime: Runtime, bins: &Binaries<'_>) -> Effective {
-    let cands = snap.candidates();
-    let j = judge(&cands, runtime, &snap.dir, bins);
-    let chosen = j.chosen.and_then(|i| {
+fn chosen_of(
+    snap: &Snapshot,
+    cands: &[Candidate<'_>],
+    j: &Judgement,
+    runtime: Runtime,
+) -> Option<Chosen> {
+    j.chosen.and_then(|i| {
         let c = &cands[i];
         let p = c.parsed().as_ref().ok()?;
         Some(Chosen {
@@ -794,7 +805,29 @@ pub fn effective(snap: &Snapshot, runtime: Runtime, bins: &Binaries<'_>) -> Effe
                 p.list.name().to_string()
             },
         })
-    });
+    })
+}
+
+/// The outcome of [`effective`] without a verdict per file: the network in effect (or
+/// `None`) and the summary, exactly as [`effective`] gives them. For a caller that judges
+/// on every change (the agent): in a large directory the per-file verdicts are most of
+/// the work.
+pub fn effective_outcome(
+    snap: &Snapshot,
+    runtime: Runtime,
+    bins: &Binaries<'_>,
+) -> (Option<Chosen>, String) {
+    let cands = snap.candidates();
+    let j = judge(&cands, runtime, &snap.dir, bins);
+    (chosen_of(snap, &cands, &j, runtime), j.summary)
+}
+
+/// Which network `runtime` loads from `snap`, with a verdict for every entry. Pure: the
+/// binaries are seen only through `bins`.
+pub fn effective(snap: &Snapshot, runtime: Runtime, bins: &Binaries<'_>) -> Effective {
+    let cands = snap.candidates();
+    let j = judge(&cands, runtime, &snap.dir, bins);
+    let chosen = chosen_of(snap, &cands, &j, runtime);
     let mut files: Vec<FileVerdict> = cands
         .iter()
         .zip(j.verdicts)
@@ -1300,6 +1333,45 @@ mod tests {
             .as_str()
             .unwrap()
             .ends_with("10-\\xff.conflist"));
+    }
+
+    #[test]
+    fn the_outcome_alone_equals_the_full_judgement() {
+        let bridge = r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}"#;
+        let missing = r#"{"cniVersion":"1.0.0","name":"m","plugins":[{"type":"nosuch"}]}"#;
+        let dirs: Vec<Vec<(&str, &str)>> = vec![
+            vec![],
+            vec![("10-a.conflist", bridge)],
+            vec![("05-x.conflist", "{"), ("10-a.conflist", bridge)],
+            vec![
+                ("05-m.conflist", missing),
+                ("10-a.conflist", bridge),
+                ("20-b.conflist", bridge),
+            ],
+            vec![("05-m.conflist", missing), ("notes.txt", "x")],
+            vec![(
+                "10-a.conf",
+                r#"{"cniVersion":"1.0.0","name":"","type":"bridge"}"#,
+            )],
+        ];
+        let present = |t: &str| t == "bridge";
+        let bins = Binaries {
+            dirs: &[],
+            present: &present,
+            versions: None,
+        };
+        for files in dirs {
+            let snap = Snapshot::from_files(&files, 0o644);
+            for rt in [Runtime::Containerd, Runtime::Crio] {
+                let full = effective(&snap, rt, &bins);
+                let (chosen, summary) = effective_outcome(&snap, rt, &bins);
+                assert_eq!(
+                    (chosen, summary),
+                    (full.chosen, full.summary),
+                    "{rt} {files:?}"
+                );
+            }
+        }
     }
 
     #[test]
