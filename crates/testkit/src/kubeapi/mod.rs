@@ -192,6 +192,7 @@ impl KubeApi {
             log: Mutex::new(Vec::new()),
             load: Mutex::new(BTreeMap::new()),
             faults: Mutex::new(Vec::new()),
+            interpose: Mutex::new(Vec::new()),
             restart,
             active_watches: AtomicUsize::new(0),
             down: AtomicBool::new(false),
@@ -332,6 +333,22 @@ impl KubeApi {
         if rule.remaining > 0 {
             lock(&self.shared.faults).push(rule);
         }
+    }
+
+    /// Another writer's change, made at the worst moment: `obj` is stored (as by
+    /// [`put_object`](Self::put_object)) just before the next `method` request whose path
+    /// contains `path_contains` is served — between a client's read and its write, so a
+    /// write with a `resourceVersion` precondition from that read meets a real conflict.
+    pub fn put_before_next(&self, method: &str, path_contains: &str, obj: Value) {
+        assert!(
+            meta::resource_of(&obj).is_some(),
+            "kubeapi: put_before_next needs the apiVersion and kind of a served type, got {obj}"
+        );
+        lock(&self.shared.interpose).push(server::Interpose {
+            method: method.to_string(),
+            path_contains: path_contains.to_string(),
+            object: obj,
+        });
     }
 
     /// Forgets every change up to now: a watch or `Exact` list from any older
