@@ -245,17 +245,33 @@ mod tests {
         let ok = node_state(&r(true, "ok"));
         assert!(ok.ready);
         assert_eq!(ok.reason, "ConfigEffective");
-        assert!(ok.message.contains("00-interlock.conflist"), "{}", ok.message);
+        assert!(
+            ok.message.contains("00-interlock.conflist"),
+            "{}",
+            ok.message
+        );
         for (words, reason) in [
             ("starting", "Starting"),
-            ("backing off: another writer keeps rewriting 10-a.conflist in /d", "ConfigConflict"),
+            (
+                "backing off: another writer keeps rewriting 10-a.conflist in /d",
+                "ConfigConflict",
+            ),
             ("plugin binary not verified: missing", "PluginNotVerified"),
-            ("repairing: the effective config 10-a.conflist lacks interlock-cni", "Repairing"),
+            (
+                "repairing: the effective config 10-a.conflist lacks interlock-cni",
+                "Repairing",
+            ),
             ("cannot read conf dir /d: EACCES", "ConfDirUnreadable"),
-            ("the effective config !first.conflist does not run interlock-cni", "ConfigNotEffective"),
+            (
+                "the effective config !first.conflist does not run interlock-cni",
+                "ConfigNotEffective",
+            ),
         ] {
             let s = node_state(&r(false, words));
-            assert_eq!((s.ready, s.reason.as_str(), s.message.as_str()), (false, reason, words));
+            assert_eq!(
+                (s.ready, s.reason.as_str(), s.message.as_str()),
+                (false, reason, words)
+            );
         }
     }
 

@@ -86,15 +86,36 @@ pub async fn connect() -> Result<Option<(Client, Credentials)>, String> {
             p.exists().then(|| p.display().to_string())
         });
         let Some(path) = path else { return Ok(None) };
-        let kc = kube::config::Kubeconfig::read_from(&path)
-            .map_err(|e| format!("kubeconfig {path}: {e}"))?;
-        let c = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .map_err(|e| format!("kubeconfig {path}: {e}"))?;
-        (c, Credentials::Kubeconfig(path))
+        (
+            config_from_kubeconfig(&path).await?,
+            Credentials::Kubeconfig(path),
+        )
     };
+    let mut config = config;
+    without_client_retries(&mut config);
     let client = Client::try_from(config).map_err(|e| format!("{creds}: {e}"))?;
     Ok(Some((client, creds)))
+}
+
+/// The client settings of kubeconfig `path` (its current context).
+pub async fn config_from_kubeconfig(path: &str) -> Result<kube::Config, String> {
+    let kc =
+        kube::config::Kubeconfig::read_from(path).map_err(|e| format!("kubeconfig {path}: {e}"))?;
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .map_err(|e| format!("kubeconfig {path}: {e}"))?;
+    without_client_retries(&mut config);
+    Ok(config)
+}
+
+/// kube-rs retries 429, 503 and 504 inside every request by default (up to 15 times,
+/// delays growing towards 1000 s): an eviction blocked by a PodDisruptionBudget would hold
+/// the audit for minutes instead of being reported within its budget, and a gate write
+/// would stall readiness changes behind it. The agent retries where it acts (the
+/// watchers' back-off, the gate's back-off, the eviction's budget), so the client does
+/// not.
+fn without_client_retries(config: &mut kube::Config) {
+    config.default_retry = false;
 }
 
 /// The node's taint and condition, kept in step with the agent's readiness.

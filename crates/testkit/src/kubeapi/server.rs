@@ -403,7 +403,9 @@ pub(crate) async fn handle(
         let mut pending = lock(&shared.interpose);
         pending
             .iter()
-            .position(|i| i.method.eq_ignore_ascii_case(call.method) && call.path.contains(&i.path_contains))
+            .position(|i| {
+                i.method.eq_ignore_ascii_case(call.method) && call.path.contains(&i.path_contains)
+            })
             .map(|i| pending.remove(i))
     };
     if let Some(i) = interposed {
