@@ -253,7 +253,7 @@ impl NodeGate {
             ..GateWrites::default()
         };
         for attempt in 0..=CONFLICT_RETRIES {
-            let node = self
+            let mut node = self
                 .nodes
                 .get(&self.name)
                 .await
@@ -266,9 +266,11 @@ impl NodeGate {
                     Time(k8s_openapi::jiff::Timestamp::now()),
                 ) {
                     // Conditions merge by `type` in a strategic merge patch: no precondition
-                    // is needed, nobody else's condition is touched.
+                    // is needed, nobody else's condition is touched. The node it returns is
+                    // the one the taint edit starts from: its own resourceVersion moved.
                     let patch = json!({"status": {"conditions": [cond]}});
-                    self.nodes
+                    node = self
+                        .nodes
                         .patch_status(
                             &self.name,
                             &PatchParams::default(),

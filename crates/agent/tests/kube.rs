@@ -170,6 +170,15 @@ async fn taint_goes_on_ready_and_returns_only_after_the_debounce() {
         after >= LOSS_DEBOUNCE - Duration::from_millis(50),
         "taint back after {after:?}, before the debounce"
     );
+    // The condition write moves the node's resourceVersion: the taint edit after it
+    // starts from the node that write returned, not from a self-inflicted 409.
+    let conflicts: Vec<String> = api
+        .requests()
+        .iter()
+        .filter(|r| r.status == 409)
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(conflicts.is_empty(), "{conflicts:?}");
     let c = condition(&api, "n1").unwrap();
     assert_eq!(
         (c["status"].as_str(), c["reason"].as_str()),

@@ -21,6 +21,7 @@
 //! [`repair`] measures the agent instead: how fast it repairs its config after another
 //! writer clobbers it (`interlock-bench repair`, `make bench-repair`).
 
+pub mod api_load;
 pub mod repair;
 pub mod report;
 pub mod run;

@@ -4,7 +4,8 @@
 //! Progress goes to stderr. Needs root.
 //!
 //! `interlock-bench repair …` measures the agent's config repair instead
-//! ([`interlock_bench::repair`]; no root needed).
+//! ([`interlock_bench::repair`]; no root needed), and `interlock-bench api-load …` the
+//! Kubernetes API load per node ([`interlock_bench::api_load`]; no root needed).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +32,8 @@ struct Cli {
 enum Command {
     /// Measure the agent's config repair, follow and /readyz latencies (one JSON line).
     Repair(interlock_bench::repair::RepairArgs),
+    /// Measure the Kubernetes API load per node of N simulated agents (one JSON document).
+    ApiLoad(interlock_bench::api_load::ApiLoadArgs),
 }
 
 /// The plugin ADD benchmark's flags.
@@ -65,6 +68,15 @@ struct Args {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::ApiLoad(a)) = cli.command {
+        return match interlock_bench::api_load::run(a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("interlock-bench api-load: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Command::Repair(a)) = cli.command {
         return match interlock_bench::repair::run(a) {
             Ok(()) => ExitCode::SUCCESS,

@@ -414,9 +414,12 @@ impl KubeApi {
             .collect()
     }
 
-    /// Zeroes the load counters (streams still open count into fresh counters).
+    /// Zeroes the load counters; watch streams still open keep counting (their later
+    /// bytes show in the next [`load`](Self::load)).
     pub fn reset_load(&self) {
-        lock(&self.shared.load).clear();
+        for c in lock(&self.shared.load).values() {
+            c.reset();
+        }
     }
 }
 

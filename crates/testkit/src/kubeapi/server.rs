@@ -37,6 +37,20 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
+    /// Zeroes every counter in place: bodies still streaming keep counting into it.
+    pub fn reset(&self) {
+        for c in [
+            &self.requests,
+            &self.lists,
+            &self.watches,
+            &self.writes,
+            &self.bytes_in,
+            &self.bytes_out,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
     pub fn snapshot(&self) -> ClientLoad {
         ClientLoad {
             requests: self.requests.load(Ordering::Relaxed),
