@@ -10,7 +10,7 @@ HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 STATIC_RUSTFLAGS := -C target-feature=+crt-static -C relocation-model=static
 STATIC_PLUGIN := target/static/$(HOST_TRIPLE)/plugin/interlock-cni
 
-.PHONY: all deps build lint test demo bench bench-json bench-repair plugin-static clean
+.PHONY: all deps build lint test demo bench bench-json bench-repair bench-api-load plugin-static clean
 
 all: build
 
@@ -59,6 +59,12 @@ bench-repair: deps
 		set -- $$run; \
 		./target/release/interlock-bench repair --clobbers $(CLOBBERS) --scenario $$1 --mode $$2 || exit 1; \
 	done
+
+## bench-api-load: Kubernetes API requests and bytes per node for N = 50, 100, 200
+## simulated agents against the fake API server (one JSON document; about 5 minutes)
+bench-api-load: deps
+	@$(CARGO) build --release -p interlock-bench
+	@./target/release/interlock-bench api-load --nodes 50,100,200 --pretty
 
 clean:
 	$(CARGO) clean

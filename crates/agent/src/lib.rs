@@ -14,7 +14,8 @@
 //! [`telemetry`] sets up the logs, and [`marker`] is the readiness file `interlock check`
 //! reads. The sandbox audit's decisions are [`audit`]; node gating's are [`gating`], and
 //! [`kubernetes`] acts on the API; [`socket`] serves the plugin's pod lookups. Threads: the
-//! tokio runtime (health server, signals), one guard thread, one inotify thread.
+//! tokio runtime (health server, signals, and the Kubernetes tasks: pod watch, node watch,
+//! node gate), one guard thread, one inotify thread.
 
 pub mod audit;
 pub mod conflict;
@@ -366,6 +367,9 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
             "health endpoints listening"
         );
         tokio::spawn(health::serve(listener, admin, limits));
+        // Before the guard writes anything: a missing node name stops the agent here. The
+        // audit and the agent socket take this (`None`: no Kubernetes API).
+        let _cluster = start_kubernetes(&cfg, &shared).await?;
         let (tx, rx) = std::sync::mpsc::channel();
         guard::spawn_watcher(&cfg.conf_dir, &cfg.bin_dirs, tx.clone()).map_err(|e| {
             AgentError::Dir {
@@ -385,8 +389,6 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
                 let _ = done_tx.send(());
             })
             .map_err(|e| AgentError::Runtime(format!("cannot start guard thread: {e}")))?;
-        // The audit and the agent socket take this (`None`: no Kubernetes API).
-        let _cluster = start_kubernetes(&cfg, &shared).await?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| AgentError::Runtime(format!("cannot handle SIGTERM: {e}")))?;
         let sig = tokio::select! {

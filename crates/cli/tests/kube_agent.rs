@@ -58,6 +58,11 @@ fn node_is_gated_by_the_agents_readiness() {
         err.contains("--node-name") && err.contains("NODE_NAME"),
         "{err}"
     );
+    assert_eq!(
+        d.names(),
+        Vec::<String>::new(),
+        "the refused agent wrote a config"
+    );
 
     // The primary's config is not there yet: the agent cannot be ready, the taint stays.
     let a = Agent::start_env(
