@@ -402,6 +402,9 @@ pub async fn run_gate(mut gate: NodeGate, client: Client, shared: Arc<Shared>, r
                     let wait = backoff(failures);
                     tracing::warn!(error = %e, retry_in = ?wait, "cannot update the node's taint and condition; retrying");
                     retry_at = Some(Instant::now() + wait);
+                    // The retry covers a pending debounce: a deadline already past must
+                    // not wake the loop again before the back-off.
+                    again_at = None;
                 }
             }
         }

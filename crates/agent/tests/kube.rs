@@ -790,3 +790,47 @@ async fn requests_use_exactly_the_granted_rbac_verbs() {
         assert!(interlock_contract::rbac::grants(g, res, v));
     }
 }
+
+/// API failures are retried with back-off (not in a loop, not given up on): three
+/// failed writes during a pending debounce, then the edit lands.
+#[tokio::test(flavor = "multi_thread")]
+async fn api_failures_are_retried_with_back_off() {
+    let api = KubeApi::start().unwrap();
+    api.put_object(node("n1", json!([])));
+    let shared = Arc::new(Shared::default());
+    shared.set_readiness(readiness(true, "ok"));
+    let _cluster = kubernetes::start(
+        client(&api, "agent").await,
+        &settings("n1", Duration::from_secs(600)),
+        shared.clone(),
+    );
+    wait_for("condition True", Duration::from_secs(5), || {
+        condition(&api, "n1").is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    api.fail_next_matching(interlock_testkit::kubeapi::FailRule {
+        remaining: 3,
+        code: 500,
+        method: Some("PATCH".into()),
+        path_contains: Some("/api/v1/nodes/n1".into()),
+    });
+    api.clear_requests();
+    shared.set_readiness(readiness(
+        false,
+        "the effective config !first.conflist does not run interlock-cni",
+    ));
+    wait_for(
+        "taint back after the failures",
+        Duration::from_secs(15),
+        || taint_keys(&api, "n1") == [TAINT_NOT_READY],
+    )
+    .await;
+    let patches: Vec<u16> = api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.starts_with("/api/v1/nodes/n1"))
+        .map(|r| r.status)
+        .collect();
+    // Three failures, then the condition and the taint: no busy loop in between.
+    assert_eq!(patches, [500, 500, 500, 200, 200], "{patches:?}");
+}
