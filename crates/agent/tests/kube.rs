@@ -819,12 +819,23 @@ async fn api_failures_are_retried_with_back_off() {
         false,
         "the effective config !first.conflist does not run interlock-cni",
     ));
+    wait_for("the first failure", Duration::from_secs(10), || {
+        api.requests().iter().any(|r| r.status == 500)
+    })
+    .await;
+    let first_failure = Instant::now();
     wait_for(
         "taint back after the failures",
         Duration::from_secs(15),
         || taint_keys(&api, "n1") == [TAINT_NOT_READY],
     )
     .await;
+    // Back-off of 0.4 + 0.8 + 1.6 s; a loop without it would be done in milliseconds.
+    assert!(
+        first_failure.elapsed() >= Duration::from_secs(1),
+        "retried without back-off: {:?}",
+        first_failure.elapsed()
+    );
     let patches: Vec<u16> = api
         .requests()
         .iter()
