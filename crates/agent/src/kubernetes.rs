@@ -377,6 +377,9 @@ pub async fn run_gate(mut gate: NodeGate, client: Client, shared: Arc<Shared>, r
     let mut next_resync = Instant::now() + resync;
     let mut last_reason: Option<String> = None;
     loop {
+        // A change that arrived while another branch woke the loop is taken here, as
+        // `borrow_and_update` marks it seen and `changed()` will not report it again.
+        converge_now |= readiness.has_changed().unwrap_or(false);
         let current = node_state(&readiness.borrow_and_update());
         // A foreign file taking first place (nothing the guard can repair) is reported at
         // once; the taint and condition follow the debounce.

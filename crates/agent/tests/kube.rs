@@ -845,3 +845,42 @@ async fn api_failures_are_retried_with_back_off() {
     // Three failures, then the condition and the taint: no busy loop in between.
     assert_eq!(patches, [500, 500, 500, 200, 200], "{patches:?}");
 }
+
+/// Readiness flipping back while the gate is still writing the previous state (its own
+/// writes then come back through the node watch): the new state is written, every round.
+/// (The node watch's wake-up used to consume the readiness change unseen, leaving a
+/// ready node tainted until the next change.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flip_back_during_the_gates_writes_is_not_lost() {
+    let api = KubeApi::start().unwrap();
+    api.put_object(node("n1", json!([])));
+    let shared = Arc::new(Shared::default());
+    shared.set_readiness(readiness(true, "ok"));
+    let _cluster = kubernetes::start(
+        client(&api, "agent").await,
+        &settings("n1", Duration::from_secs(600)),
+        shared.clone(),
+    );
+    wait_for("condition True", Duration::from_secs(5), || {
+        condition(&api, "n1").is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    for round in 0..4 {
+        shared.set_readiness(readiness(
+            false,
+            "the effective config !first.conflist does not run interlock-cni",
+        ));
+        // Back to ready the moment the taint lands, while the gate publishes its Event.
+        wait_for("tainted", Duration::from_secs(10), || {
+            taint_keys(&api, "n1") == [TAINT_NOT_READY]
+        })
+        .await;
+        shared.set_readiness(readiness(true, "ok"));
+        wait_for(
+            &format!("untainted in round {round}"),
+            Duration::from_secs(5),
+            || taint_keys(&api, "n1").is_empty(),
+        )
+        .await;
+    }
+}

@@ -226,12 +226,19 @@ async fn one_size(n: usize, a: &ApiLoadArgs) -> anyhow::Result<Value> {
     for s in &agents.shared {
         s.set_readiness(readiness(true));
     }
-    wait(
+    if let Err(e) = wait(
         "every node untainted after the flip",
         Duration::from_secs(120),
         || (0..n).all(|i| taints_of(&api, i) == 0),
     )
-    .await?;
+    .await
+    {
+        let stuck: Vec<String> = (0..n)
+            .filter(|&i| taints_of(&api, i) != 0)
+            .map(node_name)
+            .collect();
+        bail!("{e}; still tainted: {}", stuck.join(", "));
+    }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let flip_seconds = t0.elapsed().as_secs_f64();
     let flip = per_node(&api.load(), n, 1.0);
