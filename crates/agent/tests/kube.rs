@@ -731,8 +731,11 @@ async fn requests_use_exactly_the_granted_rbac_verbs() {
         undos: 1,
         backing_off: false,
     }]);
-    wait_for("node Event", Duration::from_secs(5), || {
-        !api.objects("events").is_empty()
+    // The second takeover must come after the first is published, or the two collapse.
+    wait_for("first ConfigTakenOver", Duration::from_secs(5), || {
+        api.objects("events")
+            .iter()
+            .any(|e| e["reason"] == "ConfigTakenOver")
     })
     .await;
     shared.set_conflicts(vec![FileConflict {
