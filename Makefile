@@ -10,7 +10,7 @@ HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 STATIC_RUSTFLAGS := -C target-feature=+crt-static -C relocation-model=static
 STATIC_PLUGIN := target/static/$(HOST_TRIPLE)/plugin/interlock-cni
 
-.PHONY: all deps build lint test demo bench bench-json bench-repair plugin-static image-rootfs clean
+.PHONY: all deps build lint test demo bench bench-json bench-repair bench-api-load plugin-static image-rootfs clean
 
 all: build
 
@@ -72,6 +72,12 @@ bench-repair: deps
 	@for f in 0 $(FOREIGN); do \
 		./target/release/interlock-bench repair --scenario writer --mode owned --foreign $$f || exit 1; \
 	done
+
+## bench-api-load: Kubernetes API requests and bytes per node for N = 50, 100, 200
+## simulated agents against the fake API server (one JSON document; about 5 minutes)
+bench-api-load: deps
+	@$(CARGO) build --release -p interlock-bench
+	@./target/release/interlock-bench api-load --nodes 50,100,200 --pretty
 
 clean:
 	$(CARGO) clean

@@ -108,6 +108,43 @@ impl Debounce {
     }
 }
 
+/// The condition's reason when the runtime loads a config without interlock that the
+/// guard cannot repair (a foreign file took first place).
+pub const REASON_NOT_EFFECTIVE: &str = "ConfigNotEffective";
+
+/// What the node should say for the guard's readiness: a CamelCase reason for the
+/// condition, and the guard's own words as its message.
+pub fn node_state(r: &crate::status::Readiness) -> NodeState {
+    if r.ready {
+        return NodeState {
+            ready: true,
+            reason: "ConfigEffective".into(),
+            message: format!(
+                "the runtime loads {}, which runs interlock-cni",
+                r.effective.as_deref().unwrap_or("the interlock config")
+            ),
+        };
+    }
+    let reason = if r.reason == "starting" {
+        "Starting"
+    } else if r.reason.starts_with("backing off") {
+        "ConfigConflict"
+    } else if r.reason.starts_with("plugin binary not verified") {
+        "PluginNotVerified"
+    } else if r.reason.starts_with("repairing") {
+        "Repairing"
+    } else if r.reason.starts_with("cannot read conf dir") {
+        "ConfDirUnreadable"
+    } else {
+        REASON_NOT_EFFECTIVE
+    };
+    NodeState {
+        ready: false,
+        reason: reason.into(),
+        message: r.reason.clone(),
+    }
+}
+
 fn is_ours(t: &Taint) -> bool {
     t.key == TAINT_KEY
 }
@@ -195,6 +232,46 @@ mod tests {
             }
             .into(),
             message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn readiness_maps_to_a_camel_case_reason_and_keeps_its_words() {
+        let r = |ready: bool, reason: &str| crate::status::Readiness {
+            ready,
+            reason: reason.into(),
+            effective: ready.then(|| "00-interlock.conflist".to_string()),
+        };
+        let ok = node_state(&r(true, "ok"));
+        assert!(ok.ready);
+        assert_eq!(ok.reason, "ConfigEffective");
+        assert!(
+            ok.message.contains("00-interlock.conflist"),
+            "{}",
+            ok.message
+        );
+        for (words, reason) in [
+            ("starting", "Starting"),
+            (
+                "backing off: another writer keeps rewriting 10-a.conflist in /d",
+                "ConfigConflict",
+            ),
+            ("plugin binary not verified: missing", "PluginNotVerified"),
+            (
+                "repairing: the effective config 10-a.conflist lacks interlock-cni",
+                "Repairing",
+            ),
+            ("cannot read conf dir /d: EACCES", "ConfDirUnreadable"),
+            (
+                "the effective config !first.conflist does not run interlock-cni",
+                "ConfigNotEffective",
+            ),
+        ] {
+            let s = node_state(&r(false, words));
+            assert_eq!(
+                (s.ready, s.reason.as_str(), s.message.as_str()),
+                (false, reason, words)
+            );
         }
     }
 

@@ -14,7 +14,8 @@
 //! [`telemetry`] sets up the logs, and [`marker`] is the readiness file `interlock check`
 //! reads. The sandbox audit's decisions are [`audit`]; node gating's are [`gating`], and
 //! [`kubernetes`] acts on the API; [`socket`] serves the plugin's pod lookups. Threads: the
-//! tokio runtime (health server, signals), one guard thread, one inotify thread.
+//! tokio runtime (health server, signals, and the Kubernetes tasks: pod watch, node watch,
+//! node gate), one guard thread, one inotify thread.
 
 pub mod audit;
 pub mod conflict;
@@ -49,7 +50,8 @@ pub use interlock_protocol::confdir::Runtime;
 /// Whether to talk to the Kubernetes API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KubeMode {
-    /// Use the API when reachable (not implemented yet: behaves like `None`, says so).
+    /// The in-cluster service account when present, else `$KUBECONFIG`; without either,
+    /// as `None` (and the log says so).
     Auto,
     /// No Kubernetes API at all.
     None,
@@ -86,6 +88,10 @@ pub struct AgentConfig {
     pub runtime: Runtime,
     /// Kubernetes integration.
     pub kube: KubeMode,
+    /// This node's name in the API (required when a Kubernetes client is found).
+    pub node_name: Option<String>,
+    /// The startup taint's effect (`TaintEffect::None`: the condition only).
+    pub taint_effect: gating::TaintEffect,
     /// Address of `/healthz`, `/readyz`, `/metrics`.
     pub health_addr: SocketAddr,
     /// The `interlock-cni` binary to install.
@@ -124,6 +130,8 @@ impl AgentConfig {
             chain_target: None,
             runtime: Runtime::Containerd,
             kube: KubeMode::None,
+            node_name: None,
+            taint_effect: gating::TaintEffect::NoSchedule,
             health_addr: "127.0.0.1:9102".parse().expect("valid address"),
             plugin_source,
             uninstall_on_exit: false,
@@ -322,9 +330,6 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     for b in &cfg.bin_dirs {
         guard::sweep_stale_temps(b);
     }
-    if cfg.kube == KubeMode::Auto {
-        info!("Kubernetes integration is not available yet in this version; continuing without it (as --kube=none)");
-    }
     let nofile = raise_nofile_limit();
     let limits = health::ServerLimits::default().within_descriptors(nofile, RESERVED_DESCRIPTORS);
     let installer = install::PluginInstaller::new(&cfg.plugin_source)?;
@@ -367,9 +372,10 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
             "health endpoints listening"
         );
         tokio::spawn(health::serve(listener, admin, limits));
-        // The Kubernetes wiring hands its cluster here once it exists; without it the
-        // audit uses the sandboxes' own annotations and the socket cannot answer lookups.
-        let cluster: Option<kubernetes::Cluster> = None;
+        // Before the guard writes anything: a missing node name stops the agent here. The
+        // audit and the agent socket take the cluster (`None`: no Kubernetes API; the audit
+        // then uses the sandboxes' own annotations and the socket cannot answer lookups).
+        let cluster = start_kubernetes(&cfg, &shared).await?;
         let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         serve_agent_socket(&cfg.state_dir, cluster.clone(), wake_tx)?;
         if let Some(settings) = cfg.audit.clone() {
@@ -478,6 +484,48 @@ fn serve_agent_socket(
     info!(path = %path.display(), "agent socket listening");
     tokio::spawn(socket::serve(listener, source, Some(added)));
     Ok(())
+}
+
+/// Connects to the Kubernetes API as `--kube` says and starts the pod watch and the node
+/// gate; `None` when there is no API to talk to (logged). Only a missing node name stops
+/// the agent: API failures later are logged and retried, never fatal.
+pub async fn start_kubernetes(
+    cfg: &AgentConfig,
+    shared: &Arc<status::Shared>,
+) -> Result<Option<kubernetes::Cluster>, AgentError> {
+    if cfg.kube == KubeMode::None {
+        info!("Kubernetes integration off (--kube=none)");
+        return Ok(None);
+    }
+    let (client, creds) = match kubernetes::connect().await {
+        Ok(Some(c)) => c,
+        Ok(None) => {
+            info!("no Kubernetes credentials (no in-cluster service account, no $KUBECONFIG or ~/.kube/config); continuing without the API (as --kube=none)");
+            return Ok(None);
+        }
+        Err(e) => {
+            error!("cannot load Kubernetes credentials: {e}; continuing without the API (as --kube=none)");
+            return Ok(None);
+        }
+    };
+    let Some(node) = cfg.node_name.clone().filter(|n| !n.is_empty()) else {
+        return Err(AgentError::Runtime(format!(
+            "Kubernetes credentials found ({creds}) but no node name: pass --node-name or set NODE_NAME \
+             (in a DaemonSet: env NODE_NAME from fieldRef spec.nodeName), or --kube=none"
+        )));
+    };
+    info!(
+        credentials = %creds,
+        node = %node,
+        taint_effect = ?cfg.taint_effect,
+        "Kubernetes API: gating the node and watching its pods"
+    );
+    let settings = kubernetes::KubeSettings {
+        node,
+        effect: cfg.taint_effect,
+        resync: cfg.resync_interval,
+    };
+    Ok(Some(kubernetes::start(client, &settings, shared.clone())))
 }
 
 /// Removes exactly what interlock added: owned config files, our entries in foreign

@@ -36,10 +36,23 @@ pub struct FileConflict {
     pub backing_off: bool,
 }
 
+/// Another writer undid interlock's change to a file (the latest such file), for the
+/// node's `ConfigTakenOver` Event.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TakeOver {
+    /// The file's name in the conf dir.
+    pub file: String,
+    /// Times another writer undid interlock's change to it, since the agent started.
+    pub undos: u64,
+}
+
 /// Everything `/healthz`, `/readyz` and `/metrics` report.
 #[derive(Debug)]
 pub struct Shared {
     readiness: Mutex<Readiness>,
+    // The Kubernetes side follows these instead of polling the guard.
+    readiness_changes: tokio::sync::watch::Sender<Readiness>,
+    takeovers: tokio::sync::watch::Sender<Option<TakeOver>>,
     last_tick: Mutex<Instant>,
     registry: Registry,
     guard: GuardMetrics,
@@ -70,13 +83,16 @@ impl Default for Shared {
         let plugin = PluginMetrics::register(&mut registry);
         let ready = ReadinessMetrics::register(&mut registry);
         let audit = AuditMetrics::register(&mut registry);
+        let starting = Readiness {
+            ready: false,
+            reason: "starting".into(),
+            effective: None,
+        };
         Shared {
             audit,
-            readiness: Mutex::new(Readiness {
-                ready: false,
-                reason: "starting".into(),
-                effective: None,
-            }),
+            readiness_changes: tokio::sync::watch::Sender::new(starting.clone()),
+            takeovers: tokio::sync::watch::Sender::new(None),
+            readiness: Mutex::new(starting),
             last_tick: Mutex::new(Instant::now()),
             reconciles: guard.reconciles.clone(),
             repairs: guard.repairs.clone(),
@@ -122,8 +138,21 @@ impl Shared {
                     .set(1);
             }
         }
+        if changed {
+            self.readiness_changes.send_replace(r.clone());
+        }
         *cur = r;
         changed
+    }
+
+    /// Readiness as it changes (the guard publishes every change).
+    pub fn watch_readiness(&self) -> tokio::sync::watch::Receiver<Readiness> {
+        self.readiness_changes.subscribe()
+    }
+
+    /// The latest file another writer took interlock out of, as it happens.
+    pub fn watch_takeovers(&self) -> tokio::sync::watch::Receiver<Option<TakeOver>> {
+        self.takeovers.subscribe()
     }
 
     /// The guard loop completed a pass (it calls this once per loop iteration, at least
@@ -151,6 +180,10 @@ impl Shared {
             let seen = undos.get();
             if c.undos > seen {
                 undos.inc_by(c.undos - seen);
+                self.takeovers.send_replace(Some(TakeOver {
+                    file: c.file.clone(),
+                    undos: c.undos,
+                }));
             }
             self.guard
                 .backoff

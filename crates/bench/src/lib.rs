@@ -25,6 +25,7 @@
 //! writer clobbers it (`interlock-bench repair`, `make bench-repair`); [`audit`] the
 //! sandbox audit of many meshed netns and one in-place repair (`interlock-bench audit`).
 
+pub mod api_load;
 pub mod audit;
 pub mod concurrent;
 pub mod repair;

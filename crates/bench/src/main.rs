@@ -5,7 +5,9 @@
 //!
 //! `interlock-bench repair …` measures the agent's config repair instead
 //! ([`interlock_bench::repair`]; no root needed); `interlock-bench audit` the sandbox
-//! audit and the in-place repair of a pod ([`interlock_bench::audit`]).
+//! audit and the in-place repair of a pod ([`interlock_bench::audit`]); and
+//! `interlock-bench api-load …` the Kubernetes API load per node
+//! ([`interlock_bench::api_load`]; no root needed).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,6 +36,8 @@ enum Command {
     Repair(interlock_bench::repair::RepairArgs),
     /// Measure the sandbox audit over many meshed netns and the in-place repair (JSON).
     Audit(interlock_bench::audit::AuditArgs),
+    /// Measure the Kubernetes API load per node of N simulated agents (one JSON document).
+    ApiLoad(interlock_bench::api_load::ApiLoadArgs),
 }
 
 /// The plugin ADD benchmark's flags.
@@ -72,23 +76,18 @@ struct Args {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::Audit(a)) = cli.command {
-        return match interlock_bench::audit::run(a) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("interlock-bench audit: {e:#}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    if let Some(Command::Repair(a)) = cli.command {
-        return match interlock_bench::repair::run(a) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("interlock-bench repair: {e:#}");
-                ExitCode::FAILURE
-            }
-        };
+    let done = |name: &str, r: anyhow::Result<()>| match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("interlock-bench {name}: {e:#}");
+            ExitCode::FAILURE
+        }
+    };
+    match cli.command {
+        Some(Command::Audit(a)) => return done("audit", interlock_bench::audit::run(a)),
+        Some(Command::ApiLoad(a)) => return done("api-load", interlock_bench::api_load::run(a)),
+        Some(Command::Repair(a)) => return done("repair", interlock_bench::repair::run(a)),
+        None => {}
     }
     let args = cli.add;
     if !interlock_testkit::is_root() {

@@ -4,6 +4,7 @@
 use anyhow::Context;
 use clap::Args;
 use interlock_agent::audit::RepairPolicy;
+use interlock_agent::gating::TaintEffect;
 use interlock_agent::plan::ConfigMode;
 use interlock_agent::sandbox_audit::AuditSettings;
 use interlock_agent::{AgentConfig, KubeMode, Runtime};
@@ -52,9 +53,8 @@ pub struct AgentArgs {
     /// Whose loading rules decide which config is effective: containerd or crio.
     #[arg(long, env = "INTERLOCK_RUNTIME", default_value = "containerd")]
     pub runtime: Runtime,
-    /// Kubernetes API integration (auto is not available yet and behaves like none).
-    #[arg(long, env = "INTERLOCK_KUBE", default_value = "auto")]
-    pub kube: KubeMode,
+    #[command(flatten)]
+    pub kube: KubeArgs,
     /// Address for /healthz, /readyz and /metrics.
     #[arg(long, env = "INTERLOCK_HEALTH_ADDR", default_value = "127.0.0.1:9102")]
     pub health_addr: SocketAddr,
@@ -123,6 +123,23 @@ fn interlock_cri_default() -> &'static str {
     interlock_agent::sandbox_audit::DEFAULT_CRI_ENDPOINT
 }
 
+/// The Kubernetes side of `interlock agent`.
+#[derive(Debug, Args)]
+pub struct KubeArgs {
+    /// Kubernetes API: auto (in-cluster service account, else $KUBECONFIG; none when
+    /// neither exists) or none.
+    #[arg(long = "kube", env = "INTERLOCK_KUBE", default_value = "auto")]
+    pub mode: KubeMode,
+    /// This node's name in the API (required with a Kubernetes API; in a DaemonSet, from
+    /// fieldRef spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Effect of the startup taint interlock.dev/not-ready: NoSchedule, PreferNoSchedule,
+    /// NoExecute, or none (only the InterlockReady condition).
+    #[arg(long, env = "INTERLOCK_TAINT_EFFECT", default_value = "NoSchedule")]
+    pub taint_effect: TaintEffect,
+}
+
 #[derive(Debug, Args)]
 pub struct UninstallArgs {
     #[command(flatten)]
@@ -146,7 +163,9 @@ pub fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     cfg.mode = a.config_mode;
     cfg.chain_target = a.chain_target;
     cfg.runtime = a.runtime;
-    cfg.kube = a.kube;
+    cfg.kube = a.kube.mode;
+    cfg.node_name = a.kube.node_name;
+    cfg.taint_effect = a.kube.taint_effect;
     cfg.health_addr = a.health_addr;
     cfg.uninstall_on_exit = a.uninstall_on_exit;
     cfg.allow_ahead = a.allow_ahead;

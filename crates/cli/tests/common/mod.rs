@@ -190,6 +190,12 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(d: &Dirs, extra: &[&str]) -> Agent {
+        Agent::start_env(d, extra, &[])
+    }
+
+    /// Starts the agent with `env` added; `--kube=none` unless `extra` sets `--kube`.
+    pub fn start_env(d: &Dirs, extra: &[&str], env: &[(&str, &str)]) -> Agent {
+        let kube_given = extra.iter().any(|a| a.starts_with("--kube"));
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -198,7 +204,8 @@ impl Agent {
         let log = d.tmp.path().join(format!("agent-{port}.log"));
         let child = d
             .interlock("agent")
-            .arg("--kube=none")
+            .args((!kube_given).then_some("--kube=none"))
+            .envs(env.iter().copied())
             .arg("--plugin-source")
             .arg(plugin())
             .arg("--health-addr")

@@ -192,6 +192,7 @@ impl KubeApi {
             log: Mutex::new(Vec::new()),
             load: Mutex::new(BTreeMap::new()),
             faults: Mutex::new(Vec::new()),
+            interpose: Mutex::new(Vec::new()),
             restart,
             active_watches: AtomicUsize::new(0),
             down: AtomicBool::new(false),
@@ -334,6 +335,22 @@ impl KubeApi {
         }
     }
 
+    /// Another writer's change, made at the worst moment: `obj` is stored (as by
+    /// [`put_object`](Self::put_object)) just before the next `method` request whose path
+    /// contains `path_contains` is served — between a client's read and its write, so a
+    /// write with a `resourceVersion` precondition from that read meets a real conflict.
+    pub fn put_before_next(&self, method: &str, path_contains: &str, obj: Value) {
+        assert!(
+            meta::resource_of(&obj).is_some(),
+            "kubeapi: put_before_next needs the apiVersion and kind of a served type, got {obj}"
+        );
+        lock(&self.shared.interpose).push(server::Interpose {
+            method: method.to_string(),
+            path_contains: path_contains.to_string(),
+            object: obj,
+        });
+    }
+
     /// Forgets every change up to now: a watch or `Exact` list from any older
     /// `resourceVersion` is answered 410 Gone, as after an etcd compaction.
     pub fn compact_history(&self) {
@@ -397,9 +414,12 @@ impl KubeApi {
             .collect()
     }
 
-    /// Zeroes the load counters (streams still open count into fresh counters).
+    /// Zeroes the load counters; watch streams still open keep counting (their later
+    /// bytes show in the next [`load`](Self::load)).
     pub fn reset_load(&self) {
-        lock(&self.shared.load).clear();
+        for c in lock(&self.shared.load).values() {
+            c.reset();
+        }
     }
 }
 

@@ -37,6 +37,20 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
+    /// Zeroes every counter in place: bodies still streaming keep counting into it.
+    pub fn reset(&self) {
+        for c in [
+            &self.requests,
+            &self.lists,
+            &self.watches,
+            &self.writes,
+            &self.bytes_in,
+            &self.bytes_out,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
     pub fn snapshot(&self) -> ClientLoad {
         ClientLoad {
             requests: self.requests.load(Ordering::Relaxed),
@@ -56,12 +70,22 @@ pub(crate) struct Shared {
     pub log: Mutex<Vec<RequestRecord>>,
     pub load: Mutex<BTreeMap<String, Arc<Counters>>>,
     pub faults: Mutex<Vec<FailRule>>,
+    /// Objects another writer stores just before the next matching request is served.
+    pub interpose: Mutex<Vec<Interpose>>,
     /// Bumped by `restart()`: every connection and watch stream ends.
     pub restart: watch::Sender<u64>,
     pub active_watches: AtomicUsize,
     /// Between `stop()` and `resume()`: connections are closed as soon as accepted.
     pub down: std::sync::atomic::AtomicBool,
     pub addr: SocketAddr,
+}
+
+/// A write by another client, made just before the next request matching `method` and
+/// `path_contains` is served (between a client's read and its write).
+pub(crate) struct Interpose {
+    pub method: String,
+    pub path_contains: String,
+    pub object: serde_json::Value,
 }
 
 /// Locks a mutex, recovering it if a test thread panicked while holding it.
@@ -389,6 +413,20 @@ pub(crate) async fn handle(
         user_agent: &user_agent,
         body: &body,
     };
+    let interposed = {
+        let mut pending = lock(&shared.interpose);
+        pending
+            .iter()
+            .position(|i| {
+                i.method.eq_ignore_ascii_case(call.method) && call.path.contains(&i.path_contains)
+            })
+            .map(|i| pending.remove(i))
+    };
+    if let Some(i) = interposed {
+        if let Some(rt) = crate::kubeapi::meta::resource_of(&i.object) {
+            lock(&shared.store).put(rt, i.object);
+        }
+    }
     let resp = serve(&shared, &call, &counters);
     let status = resp.status().as_u16();
     lock(&shared.log).push(RequestRecord {
