@@ -514,6 +514,7 @@ async fn publish(
 pub struct PodCache {
     store: Store<Pod>,
     synced: Arc<AtomicBool>,
+    changed: Arc<tokio::sync::Notify>,
 }
 
 impl PodCache {
@@ -527,9 +528,11 @@ impl PodCache {
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let (store, writer) = reflector::store();
         let synced = Arc::new(AtomicBool::new(false));
+        let changed = Arc::new(tokio::sync::Notify::new());
         let cache = PodCache {
             store: store.clone(),
             synced: synced.clone(),
+            changed: changed.clone(),
         };
         let run = async move {
             let flag = synced.clone();
@@ -542,14 +545,31 @@ impl PodCache {
             watcher(api, config)
                 .default_backoff()
                 .reflect(writer)
-                .for_each(|event| async move {
-                    if let Err(e) = event {
-                        tracing::warn!(error = %e, "pod watch failed; it retries with back-off");
+                .for_each(|event| {
+                    let changed = changed.clone();
+                    async move {
+                        match event {
+                            // A pod on this node was added or changed (its annotations may
+                            // have too): whoever waits on `changed` audits now.
+                            Ok(watcher::Event::Apply(_)) | Ok(watcher::Event::InitDone) => {
+                                changed.notify_one()
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::warn!(error = %e, "pod watch failed; it retries with back-off")
+                            }
+                        }
                     }
                 })
                 .await;
         };
         (cache, run)
+    }
+
+    /// Signalled when a pod on this node is added or changes (and when a list completes);
+    /// the sandbox audit waits on it to audit at once instead of at its next period.
+    pub fn changes(&self) -> Arc<tokio::sync::Notify> {
+        self.changed.clone()
     }
 
     /// Whether the first list has been received (before, answers are not authoritative).

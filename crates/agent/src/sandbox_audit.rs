@@ -705,10 +705,15 @@ pub const NOTE_PATIENCE: Duration = Duration::from_secs(5);
 /// How often a noted sandbox that is not ready yet is looked for again.
 pub const NOTE_RETRY: Duration = Duration::from_millis(20);
 
+/// The shortest time between two audits woken by the pod watch (a burst of pod changes,
+/// e.g. a rollout, costs one audit per spacing, not one per change).
+const POD_CHANGE_SPACING: Duration = Duration::from_millis(500);
+
 /// Runs the audit loop: connects to CRI (retrying on each tick), audits at once, then on
 /// every `interval` tick and whenever a sandbox ID arrives on `wake` (the plugin's ADD
 /// notes; a noted sandbox not ready yet is looked for again every [`NOTE_RETRY`] for up
-/// to [`NOTE_PATIENCE`]), one audit at a time.
+/// to [`NOTE_PATIENCE`]) or the pod watch reports a pod on this node added or changed
+/// (a full audit, at most once per [`POD_CHANGE_SPACING`]), one audit at a time.
 pub async fn run(
     settings: AuditSettings,
     plugin: PluginConfig,
@@ -719,8 +724,12 @@ pub async fn run(
     let mut tick = tokio::time::interval(settings.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut auditor: Option<Auditor> = None;
+    let pod_changes = cluster.as_ref().map(|c| c.pods.changes());
     let mut parts = Some((plugin, cluster, metrics));
     let mut pending: BTreeMap<String, Instant> = BTreeMap::new();
+    // The pod watch (with a Kubernetes API) wakes a full audit when a pod on this node
+    // appears or changes, at most once per POD_CHANGE_SPACING.
+    let mut last_pod_audit: Option<Instant> = None;
     loop {
         let retry = async {
             if pending.is_empty() {
@@ -729,8 +738,24 @@ pub async fn run(
                 tokio::time::sleep(NOTE_RETRY).await
             }
         };
+        let pod_changed = async {
+            match &pod_changes {
+                Some(n) => {
+                    n.notified().await;
+                    if let Some(t) = last_pod_audit {
+                        let next = t + POD_CHANGE_SPACING;
+                        tokio::time::sleep_until(next.into()).await;
+                    }
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
         let noted: Option<Vec<String>> = tokio::select! {
             _ = tick.tick() => None,
+            () = pod_changed => {
+                last_pod_audit = Some(Instant::now());
+                None
+            }
             Some(id) = wake.recv() => {
                 pending.entry(id.clone()).or_insert_with(|| Instant::now() + NOTE_PATIENCE);
                 Some(vec![id])

@@ -887,3 +887,27 @@ async fn a_flip_back_during_the_gates_writes_is_not_lost() {
         .await;
     }
 }
+
+/// The pod watch tells the sandbox audit when a pod on this node is added or changes
+/// (so it audits at once, not at its next period), and stays quiet about other nodes.
+#[tokio::test(flavor = "multi_thread")]
+async fn pod_changes_on_this_node_wake_the_audit() {
+    let api = KubeApi::start().unwrap();
+    let (cache, run) = PodCache::start(client(&api, "agent").await, "n1");
+    let changes = cache.changes();
+    tokio::spawn(run);
+    wait_for("synced", Duration::from_secs(5), || cache.is_synced()).await;
+    // Whatever the first list signalled is consumed here.
+    let _ = tokio::time::timeout(Duration::from_millis(200), changes.notified()).await;
+    api.put_object(pod("ns", "elsewhere", "n2"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), changes.notified())
+            .await
+            .is_err(),
+        "a pod of another node woke the audit"
+    );
+    api.put_object(pod("ns", "new", "n1"));
+    tokio::time::timeout(Duration::from_secs(5), changes.notified())
+        .await
+        .expect("a new pod on this node wakes the audit");
+}
