@@ -279,6 +279,47 @@ pub fn choose(policy: RepairPolicy, kube: bool, recent: usize) -> RepairAction {
     action
 }
 
+/// The annotation the kubelet puts on the API copy (mirror) of a static pod.
+pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// A mirror (static) pod cannot be deleted or evicted through the API (the kubelet
+/// recreates it from its manifest at once): such actions become a restart over CRI, and
+/// say so.
+pub fn for_mirror_pod(action: RepairAction) -> RepairAction {
+    match action.policy {
+        RepairPolicy::Delete | RepairPolicy::Evict => RepairAction {
+            because: Some(format!(
+                "the pod is a static (mirror) pod, which the API cannot {}: restarting its sandbox over CRI instead",
+                action.policy
+            )),
+            policy: RepairPolicy::Restart,
+        },
+        _ => action,
+    }
+}
+
+/// The Event (reason, warning?) a finished action publishes on its pod: `Restarted`,
+/// `Deleted`, `Evicted` when done, `RepairFailed` when an action failed for good. An
+/// in-place repair that worked publishes `Repaired`, and `report` publishes
+/// `Unprotected`, where they happen; an action that escalates publishes nothing itself
+/// (the next one will).
+pub fn event_for(
+    policy: RepairPolicy,
+    done: bool,
+    escalates: bool,
+) -> Option<(&'static str, bool)> {
+    match (done, escalates) {
+        (true, _) => match policy {
+            RepairPolicy::Restart => Some(("Restarted", true)),
+            RepairPolicy::Delete => Some(("Deleted", true)),
+            RepairPolicy::Evict => Some(("Evicted", true)),
+            RepairPolicy::Repair | RepairPolicy::Report => None,
+        },
+        (false, true) => None,
+        (false, false) => Some(("RepairFailed", true)),
+    }
+}
+
 /// Remembers when each sandbox was acted on, for the loop guard ([`choose`]'s `recent`).
 #[derive(Debug, Default)]
 pub struct RepairHistory {
@@ -458,6 +499,57 @@ mod tests {
                 because: None
             }
         );
+    }
+
+    #[test]
+    fn mirror_pods_are_restarted_instead_of_deleted_or_evicted() {
+        for p in [RepairPolicy::Delete, RepairPolicy::Evict] {
+            let a = for_mirror_pod(RepairAction {
+                policy: p,
+                because: None,
+            });
+            assert_eq!(a.policy, RepairPolicy::Restart);
+            assert!(a.because.unwrap().contains("static (mirror) pod"));
+        }
+        let r = RepairAction {
+            policy: RepairPolicy::Repair,
+            because: None,
+        };
+        assert_eq!(for_mirror_pod(r.clone()), r);
+    }
+
+    #[test]
+    fn actions_publish_the_contract_events() {
+        assert_eq!(
+            event_for(RepairPolicy::Restart, true, false),
+            Some(("Restarted", true))
+        );
+        assert_eq!(
+            event_for(RepairPolicy::Delete, true, false),
+            Some(("Deleted", true))
+        );
+        assert_eq!(
+            event_for(RepairPolicy::Evict, true, false),
+            Some(("Evicted", true))
+        );
+        assert_eq!(
+            event_for(RepairPolicy::Repair, true, false),
+            None,
+            "Repaired is sent by the repair"
+        );
+        assert_eq!(
+            event_for(RepairPolicy::Report, true, false),
+            None,
+            "Unprotected is sent by the report"
+        );
+        assert_eq!(
+            event_for(RepairPolicy::Repair, false, true),
+            None,
+            "the escalation reports"
+        );
+        for p in RepairPolicy::ALL {
+            assert_eq!(event_for(p, false, false), Some(("RepairFailed", true)));
+        }
     }
 
     #[test]

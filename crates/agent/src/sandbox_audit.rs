@@ -313,6 +313,18 @@ impl Auditor {
         let now = Instant::now();
         let recent = lock(&self.history).recent(&status.id, now);
         let mut action = audit::choose(self.policy, self.cluster.is_some(), recent);
+        let cached = self.cluster.as_ref().and_then(|c| {
+            c.pods
+                .get(&status.metadata.namespace, &status.metadata.name)
+        });
+        if cached.as_ref().is_some_and(|p| {
+            p.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(audit::MIRROR_POD_ANNOTATION))
+        }) {
+            action = audit::for_mirror_pod(action);
+        }
         lock(&self.history).record(&status.id, now);
         let mut done = Vec::new();
         loop {
@@ -356,6 +368,22 @@ impl Auditor {
                         duration_ms = report.duration.as_secs_f64() * 1e3,
                         "audit action failed"
                     )
+                }
+            }
+            if let (Some(c), Some(pod)) = (&self.cluster, &cached) {
+                let event = audit::event_for(action.policy, result.is_ok(), escalate.is_some());
+                if let Some((reason_name, warning)) = event {
+                    let note = match &report.result {
+                        Ok(what) => format!("{reason}: {what}"),
+                        Err(why) => format!("{reason}: {} failed: {why}", action.policy),
+                    };
+                    c.actions.event(pod, warning, reason_name, &note).await;
+                    if reason_name == "RepairFailed" {
+                        let labels = pod.metadata.labels.as_ref();
+                        if let Err(e) = c.actions.label(ns, name, labels, true).await {
+                            warn!(pod = %format!("{ns}/{name}"), error = %e, "cannot label the unprotected pod");
+                        }
+                    }
                 }
             }
             done.push(report);
