@@ -400,3 +400,84 @@ async fn the_plugins_add_note_gets_the_sandbox_audited_at_once() {
     drop(a);
     kit.teardown().unwrap();
 }
+
+/// With a Kubernetes API the audit's action reaches the pod as its contract Event. A
+/// static (mirror) pod under `--repair-policy delete` cannot be deleted through the API
+/// (the kubelet would recreate it from its manifest): its sandbox is restarted over CRI
+/// instead, the pod gets a `Restarted` Event, and no delete is ever sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_pod_is_restarted_not_deleted_and_gets_its_event() {
+    require_root!();
+    use interlock_testkit::kubeapi::KubeApi;
+    use serde_json::json;
+    let kit = kit_with_primary();
+    let cri = kit.cri().await;
+    network_ready(&cri).await;
+    let config = kit.pod("mirror").annotation(ISTIO.0, ISTIO.1);
+    let (ns, name, uid) = (
+        config.metadata.namespace.clone(),
+        config.metadata.name.clone(),
+        config.metadata.uid.clone(),
+    );
+    let id = cri.run_sandbox(&config).await.unwrap();
+    let api = KubeApi::start().unwrap();
+    api.put_object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    api.put_object(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": uid,
+                     "annotations": {ISTIO.0: ISTIO.1, "kubernetes.io/config.mirror": "static"}},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+        "status": {"phase": "Running"}}));
+    let d = agent_dirs(&kit);
+    let kubeconfig = d.tmp.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let a = Agent::start_env(
+        &d,
+        &[
+            "--cri-endpoint",
+            &kit.endpoint(),
+            "--repair-policy",
+            "delete",
+            "--kube",
+            "auto",
+            "--node-name",
+            "n1",
+        ],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if cri.sandbox_status(&id, false).await.unwrap().state == SandboxState::NotReady {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not restarted; log:\n{}",
+            a.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let restarted = || {
+        api.objects("events")
+            .iter()
+            .any(|e| e["reason"] == "Restarted" && e["regarding"]["name"] == name.as_str())
+    };
+    wait_until(Duration::from_secs(5), restarted, || {
+        format!(
+            "events: {:?}\nlog:\n{}",
+            api.objects("events"),
+            a.log_text()
+        )
+    });
+    assert!(
+        api.get_object("pods", &ns, &name).is_some(),
+        "the mirror pod must not be deleted"
+    );
+    assert!(
+        !api.requests().iter().any(|r| r.method == "DELETE"),
+        "no delete may be sent for a mirror pod"
+    );
+    let log = a.log_text();
+    assert!(log.contains("static (mirror) pod"), "{log}");
+    drop(a);
+    kit.teardown().unwrap();
+}
