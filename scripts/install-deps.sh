@@ -42,6 +42,18 @@ check_toolchain() {
     done
 }
 
+ensure_venv() {
+    # A Python with venv and pip: the machine image's python3 has both; a plain Debian
+    # needs python3-venv (installed only when venv is missing).
+    if python3 -m venv --help >/dev/null 2>&1; then
+        return 0
+    fi
+    echo "install-deps: installing python3-venv"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3 python3-venv python3-pip
+}
+
 install_kube_python() {
     # The official Python Kubernetes client, a real client the fake API server's tests
     # (crates/testkit/tests/kubeapi_real_clients.rs) cross-check it with. It lives in its
@@ -52,6 +64,7 @@ install_kube_python() {
         return 0
     fi
     echo "install-deps: installing the Python Kubernetes client $version in $venv"
+    ensure_venv
     python3 -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "kubernetes==$version"
 }
@@ -65,6 +78,7 @@ install_kube_validate() {
         return 0
     fi
     echo "install-deps: installing kubernetes-validate $version in $venv"
+    ensure_venv
     python3 -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "kubernetes-validate==$version"
 }
