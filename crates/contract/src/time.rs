@@ -47,6 +47,7 @@ mod tests {
     fn formats_known_instants() {
         assert_eq!(format_ms(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(format_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(format_ms(951_782_400_123), "2000-02-29T00:00:00.123Z");
         assert_eq!(format_ms(1_795_477_951_689), "2026-11-23T23:52:31.689Z");
         assert_eq!(format_ms(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
         assert!(now_ms() > 1_700_000_000_000);

@@ -266,6 +266,25 @@ fn plugin_error(stdout: &[u8], stderr: &str, status: std::process::ExitStatus) -
     }
 }
 
+/// The process of plugin `path` for `command`: the caller's environment minus any stale
+/// `CNI_*`, with `CNI_COMMAND` and `CNI_PATH` (the bin dirs, `:`-separated) set.
+fn plugin_process(path: &Path, command: Command, bin_dirs: &[PathBuf]) -> Process {
+    let cni_path = bin_dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
+    let mut cmd = Process::new(path);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("CNI_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("CNI_COMMAND", command.as_str())
+        .env("CNI_PATH", cni_path);
+    cmd
+}
+
 /// Runs `path` once with `command`, the attachment's environment and `stdin`; returns
 /// its stdout on success. The caller's environment is passed on (minus stale `CNI_*`).
 pub fn exec_plugin(
@@ -279,23 +298,11 @@ pub fn exec_plugin(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let cni_path = bin_dirs
-        .iter()
-        .map(|d| d.display().to_string())
-        .collect::<Vec<_>>()
-        .join(":");
-    let mut cmd = Process::new(path);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("CNI_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("CNI_COMMAND", command.as_str())
-        .env("CNI_CONTAINERID", &rt.container_id)
+    let mut cmd = plugin_process(path, command, bin_dirs);
+    cmd.env("CNI_CONTAINERID", &rt.container_id)
         .env("CNI_NETNS", &rt.netns)
         .env("CNI_IFNAME", &rt.ifname)
         .env("CNI_ARGS", rt.cni_args())
-        .env("CNI_PATH", cni_path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -425,20 +432,8 @@ fn run_time_boxed(
         path: path.to_path_buf(),
         source,
     };
-    let cni_path = bin_dirs
-        .iter()
-        .map(|d| d.display().to_string())
-        .collect::<Vec<_>>()
-        .join(":");
-    let mut cmd = Process::new(path);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("CNI_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("CNI_COMMAND", command.as_str())
-        .env("CNI_PATH", cni_path)
-        .process_group(0)
+    let mut cmd = plugin_process(path, command, bin_dirs);
+    cmd.process_group(0)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -297,7 +297,7 @@ impl NodeReport {
             kind: "NodeCheck",
             interlock_version: interlock_buildinfo::VERSION,
             node: p.node,
-            checked_at: rfc3339_ms(p.now_ms),
+            checked_at: interlock_contract::time::format_ms(p.now_ms),
             verdict: j.verdict,
             protected: j.verdict == Verdict::Protected,
             exit_code: j.verdict.exit_code(),
@@ -309,29 +309,6 @@ impl NodeReport {
             agent: p.agent,
         }
     }
-}
-
-/// `ms` since the epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ` (civil-from-days, proleptic Gregorian).
-pub fn rfc3339_ms(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
 }
 
 /// Colours for a terminal (none when the output is not one, or `NO_COLOR` is set).
@@ -428,16 +405,4 @@ pub fn render(out: &mut impl Write, r: &NodeReport, style: Style) -> std::io::Re
         Verdict::Unprotected | Verdict::CouldNotCheck => "1;31",
     };
     writeln!(out, "{}", style.paint(code, &r.summary))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::rfc3339_ms;
-
-    #[test]
-    fn timestamps_are_rfc3339_utc() {
-        assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339_ms(951_782_400_123), "2000-02-29T00:00:00.123Z");
-        assert_eq!(rfc3339_ms(1_795_938_576_042), "2026-11-29T07:49:36.042Z");
-    }
 }
