@@ -114,18 +114,20 @@ fn node_is_gated_by_the_agents_readiness() {
         c["message"].as_str().unwrap().contains("!first.conflist"),
         "{c}"
     );
-    let reasons: Vec<String> = api
-        .objects("events")
-        .iter()
-        .map(|e| e["reason"].as_str().unwrap_or("").into())
-        .collect();
+    // The Events follow the node's writes (published after them): wait for them.
+    let reasons = |api: &KubeApi| -> Vec<String> {
+        api.objects("events")
+            .iter()
+            .map(|e| e["reason"].as_str().unwrap_or("").into())
+            .collect()
+    };
     assert!(
-        reasons.contains(&"ProtectionLost".to_string()),
-        "{reasons:?}"
-    );
-    assert!(
-        reasons.contains(&"ConfigTakenOver".to_string()),
-        "{reasons:?}"
+        api.wait_until(Duration::from_secs(5), |api| {
+            let r = reasons(api);
+            r.iter().any(|x| x == "ProtectionLost") && r.iter().any(|x| x == "ConfigTakenOver")
+        }),
+        "{:?}",
+        reasons(&api)
     );
 
     // Removed again: ready, the taint goes.
