@@ -64,6 +64,21 @@ fn default_source() -> Source {
     Source::RuntimeConfig
 }
 
+/// The largest state file read (a real one is a few KiB): like every file interlock
+/// reads, a state file is read only when it is a regular file, without blocking, and
+/// bounded, so a FIFO or a huge file planted in the state dir cannot stall DEL or GC.
+const MAX_STATE_BYTES: u64 = 1 << 20;
+
+/// Reads a state file with [`interlock_protocol::bounded::read_regular`]; a missing file
+/// is `NotFound`, a refused one (not regular, too large) `InvalidData`, each naming it.
+fn read_state(path: &Path) -> io::Result<Vec<u8>> {
+    use interlock_protocol::bounded::{read_regular, BoundedReadError};
+    read_regular(path, MAX_STATE_BYTES).map_err(|e| match &e {
+        BoundedReadError::Io { source, .. } => io::Error::new(source.kind(), e.to_string()),
+        _ => io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
+    })
+}
+
 /// The longest encoded file name used as is (`NAME_MAX` is 255, and the atomic write's
 /// temp name adds a dot, the PID and a counter).
 pub const MAX_NAME: usize = 200;
@@ -156,7 +171,7 @@ impl StateStore {
     /// Reads the state of one attachment; `Ok(None)` when there is none.
     pub fn load(&self, key: &AttachmentKey) -> io::Result<Option<AttachmentState>> {
         let path = self.path_for(key);
-        match fs::read(&path) {
+        match read_state(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -164,10 +179,7 @@ impl StateStore {
                 )
             }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io::Error::new(
-                e.kind(),
-                format!("reading {}: {e}", path.display()),
-            )),
+            Err(e) => Err(e),
         }
     }
 
@@ -205,7 +217,7 @@ impl StateStore {
             } else if name.starts_with("h-") && name.ends_with(".json") {
                 // A hashed name: the key is in the file (checked against the name, so a
                 // stray file cannot stand for another attachment).
-                if let Ok(bytes) = fs::read(self.dir.join(name)) {
+                if let Ok(bytes) = read_state(&self.dir.join(name)) {
                     if let Ok(s) = serde_json::from_slice::<AttachmentState>(&bytes) {
                         if self.path_for(&s.key).file_name().and_then(|n| n.to_str()) == Some(name)
                         {
@@ -289,6 +301,29 @@ pub fn sweep_abandoned_temps(dirs: &[PathBuf]) -> Vec<PathBuf> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_fifo_or_a_huge_file_in_place_of_a_state_file_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        fs::create_dir_all(store.dir()).unwrap();
+        let key = state("fifo", "eth0").key;
+        nix::unistd::mkfifo(
+            &store.path_for(&key),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        // A blocking open of a FIFO with no writer would hang here forever.
+        let e = store.load(&key).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        let big = state("big", "eth0").key;
+        let f = fs::File::create(store.path_for(&big)).unwrap();
+        f.set_len(MAX_STATE_BYTES + 1).unwrap();
+        let e = store.load(&big).unwrap_err();
+        assert!(e.to_string().contains("bytes"), "{e}");
+        assert!(store.load(&state("none", "eth0").key).unwrap().is_none());
+    }
 
     fn state(cid: &str, ifname: &str) -> AttachmentState {
         AttachmentState {

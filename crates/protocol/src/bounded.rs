@@ -31,7 +31,7 @@ pub enum BoundedReadError {
         kind: &'static str,
     },
     /// Larger than the cap.
-    #[error("{path} is {size} bytes, over interlock's cap of {cap} bytes for a CNI config: not read (no real config is that large; remove or shrink it)")]
+    #[error("{path} is {size} bytes, over interlock's cap of {cap} bytes for this kind of file: not read (no real CNI config or state file is that large; remove or shrink it)")]
     TooLarge {
         /// The file.
         path: String,

@@ -131,8 +131,12 @@ impl NetnsLock {
 
     /// The record, if there is one. A corrupt record counts as none (the references it
     /// held are then lost: their rules are re-verified or re-applied by the next ADD).
+    ///
+    /// Read only as a regular file of at most 1 MiB, opened without following a link and
+    /// without blocking: a FIFO or a huge file planted in its place is refused, not
+    /// waited on.
     pub fn load(&self) -> io::Result<Option<NetnsRecord>> {
-        match fs::read(&self.record_path) {
+        match read_bounded(&self.record_path) {
             Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io::Error::new(
@@ -165,6 +169,30 @@ impl NetnsLock {
         }
         Ok(())
     }
+}
+
+/// The largest record read (a real one is a few KiB).
+const MAX_RECORD_BYTES: u64 = 1 << 20;
+
+fn read_bounded(path: &Path) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() || meta.len() > MAX_RECORD_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} is not a regular file of at most {MAX_RECORD_BYTES} bytes: not read",
+                path.display()
+            ),
+        ));
+    }
+    let mut out = Vec::with_capacity(meta.len() as usize);
+    f.take(MAX_RECORD_BYTES).read_to_end(&mut out)?;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -215,6 +243,22 @@ mod tests {
 
     /// Lockers of one netns are serialised even while holders delete the lock file;
     /// another netns's lock is never waited for.
+    #[test]
+    fn a_fifo_in_place_of_the_record_is_refused_without_blocking() {
+        let t = interlock_testkit::tempdir().unwrap();
+        let store = NetnsStore::new(t.path());
+        let id = NetnsId { dev: 4, ino: 7 };
+        let lock = store.lock(id).unwrap();
+        nix::unistd::mkfifo(
+            &store.dir().join(format!("{id}.json")),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        // A blocking open of a FIFO with no writer would hang here forever.
+        let e = lock.load().unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+
     #[test]
     fn one_holder_per_netns_through_deletions() {
         let t = interlock_testkit::tempdir().unwrap();
