@@ -7,6 +7,7 @@
 //! original out of the runtime's way (`<name>.interlock-orig`), from where uninstall
 //! restores it unchanged. The thin layer in [`crate::guard`] executes a [`Plan`] in order.
 
+use interlock_contract::layout;
 use interlock_protocol::confdir::{self, Binaries, Candidate, DirEntry, Parsed, Runtime, Snapshot};
 use interlock_protocol::version::{CniVersion, SemVer};
 use interlock_protocol::ConfFormat;
@@ -593,14 +594,7 @@ fn plan_owned(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
     let cands = snap.candidates();
     let foreign: Vec<&Candidate> = cands.iter().filter(|c| !is_owned_name(c.name())).collect();
     let Some(first_foreign) = foreign.first() else {
-        return Plan {
-            actions: remove_owned(&cands, None),
-            target: None,
-            problem: Some(
-                "no CNI config from the primary plugin in the conf dir yet: waiting for it".into(),
-            ),
-            blocks_ready: false,
-        };
+        return plan_holding(snap, settings);
     };
     let bins = facts.binaries();
     let Some(primary) = foreign
@@ -719,9 +713,12 @@ fn plan_owned(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
 
 fn plan_chain(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
     let cands = snap.candidates();
-    let mut actions = remove_owned(&cands, None);
     // A file only named like ours is someone else's: the runtime reads it like any other.
     let foreign: Vec<Candidate> = cands.iter().filter(|c| !is_ours(c)).cloned().collect();
+    if foreign.is_empty() {
+        return plan_holding(snap, settings);
+    }
+    let mut actions = vec![];
     let target = match &settings.chain_target {
         Some(t) => {
             let wrapped = wrapped_name(t);
@@ -758,6 +755,9 @@ fn plan_chain(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
     match target.and_then(|c| chain_into(c, snap, settings, facts)) {
         Ok((more, target)) => {
             actions.extend(more);
+            // Only after our entry is in the target: until then the holding config (or
+            // an owned copy left by owned mode) is what keeps pods from starting bare.
+            actions.extend(remove_owned(&cands, None));
             Plan {
                 actions,
                 target: Some(target),
@@ -765,12 +765,103 @@ fn plan_chain(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
                 blocks_ready: false,
             }
         }
-        Err(problem) => Plan {
-            actions,
+        Err(problem) => {
+            // Keep the holding config while there is nothing to chain into: removing it
+            // would let the runtime load a config without our entry. Other owned copies
+            // (left by owned mode) go as before.
+            let holding = cands.iter().find(|c| is_holding(c)).map(|c| c.name());
+            actions.extend(remove_owned(&cands, holding));
+            Plan {
+                actions,
+                target: None,
+                problem: Some(problem),
+                blocks_ready: true,
+            }
+        }
+    }
+}
+
+/// True for the config the guard keeps first while there is no primary
+/// ([`layout::HOLDING_NETWORK`]).
+pub fn is_holding(c: &Candidate<'_>) -> bool {
+    is_ours(c)
+        && c.parsed().as_ref().is_ok_and(|p| {
+            p.list.raw().get("name").and_then(Value::as_str) == Some(layout::HOLDING_NETWORK)
+        })
+}
+
+/// The holding config: interlock-cni alone under [`layout::HOLDING_NETWORK`], whose ADD
+/// fails with "try again later". The `cniVersion` is one every runtime interlock supports
+/// loads (capped by `--max-cni-version`).
+pub fn holding_config(settings: &Settings) -> Vec<u8> {
+    let version = match settings.max_cni_version.as_deref() {
+        Some(max) if SemVer::parse(max).ok() < SemVer::parse(HOLDING_CNI_VERSION).ok() => max,
+        _ => HOLDING_CNI_VERSION,
+    };
+    let mut list = Map::new();
+    list.insert("cniVersion".into(), Value::String(version.to_string()));
+    list.insert(
+        "name".into(),
+        Value::String(layout::HOLDING_NETWORK.to_string()),
+    );
+    list.insert(
+        "plugins".into(),
+        Value::Array(vec![Value::Object(settings.entry.clone())]),
+    );
+    render(&list)
+}
+
+/// containerd 1.6 (libcni 1.1) and CRI-O load 1.0.0; 1.1.0 needs a newer libcni.
+const HOLDING_CNI_VERSION: &str = "1.0.0";
+
+/// No primary config at all (the node is booting, or the primary removed its file):
+/// keep a config of ours first that holds every pod back. When the primary then writes
+/// its file, the runtime goes on loading ours, which sorts first, until the guard has
+/// replaced it with the primary's chain plus interlock-cni (owned mode, one rename) or
+/// chained into the primary's file and then removed it (chain mode). Without it, every
+/// pod created between the primary's first write and the guard's reaction would start
+/// with the primary alone: an address and no redirection.
+fn plan_holding(snap: &Snapshot, settings: &Settings) -> Plan {
+    let cands = snap.candidates();
+    let first = cands.first().map(|c| c.name().to_string());
+    let existing = cands
+        .iter()
+        .find(|c| is_ours(c) && first.as_deref() == Some(c.name()))
+        .map(|c| c.name().to_string());
+    let problem = "no CNI config from the primary plugin in the conf dir yet: waiting for it; \
+                   pods are held back (their ADD fails) until it appears"
+        .to_string();
+    let Some(name) = existing.or_else(|| match &first {
+        Some(f) => owned_name_before(f),
+        None => Some("00-interlock.conflist".to_string()),
+    }) else {
+        return Plan {
+            actions: remove_owned(&cands, None),
             target: None,
-            problem: Some(problem),
-            blocks_ready: true,
-        },
+            problem: Some(format!(
+                "{problem}; cannot name the holding config so that it sorts first"
+            )),
+            blocks_ready: false,
+        };
+    };
+    let bytes = holding_config(settings);
+    let mut actions = vec![];
+    let current = snap.get(&name);
+    if current.and_then(|e| e.content.as_deref()) != Some(bytes.as_slice())
+        || current.is_some_and(|e| e.mode != written_mode(0o644))
+    {
+        actions.push(Action::Write {
+            name: name.clone(),
+            bytes,
+            mode: written_mode(0o644),
+        });
+    }
+    actions.extend(remove_owned(&cands, Some(&name)));
+    Plan {
+        actions,
+        target: None,
+        problem: Some(problem),
+        blocks_ready: false,
     }
 }
 

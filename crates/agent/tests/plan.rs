@@ -1,10 +1,11 @@
 //! The guard's pure decisions, exercised without touching the disk.
 
 use interlock_agent::plan::{
-    apply_in_memory, check_effective, choose_cni_version, is_owned_name, owned_name_before, plan,
-    plan_uninstall, Action, ConfigMode, Facts, Settings,
+    apply_in_memory, check_effective, choose_cni_version, holding_config, is_holding,
+    is_owned_name, owned_name_before, plan, plan_uninstall, Action, ConfigMode, Facts, Settings,
 };
 use interlock_agent::plugin_entry;
+use interlock_contract::layout::HOLDING_NETWORK;
 use interlock_protocol::confdir::{DirEntry, Runtime, Snapshot};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -300,7 +301,7 @@ fn unbeatable_name_is_a_problem_not_a_guess() {
 }
 
 #[test]
-fn owned_without_primary_removes_owned_copy_but_keeps_it_while_primary_is_invalid() {
+fn owned_without_primary_holds_pods_back_but_keeps_the_copy_while_primary_is_invalid() {
     let st = settings(ConfigMode::Owned);
     let (after, _) = converge(&snap(&[("10-calico.conflist", CALICO)]), &st, &facts());
     let mut half = after.clone();
@@ -315,14 +316,118 @@ fn owned_without_primary_removes_owned_copy_but_keeps_it_while_primary_is_invali
         "keep our copy while the primary is mid-rewrite"
     );
     assert!(p.problem.is_some());
+    // The primary removed its file: our copy is replaced, in one write at the same name,
+    // by the holding config (never removed first: the runtime would keep loading the
+    // copy, or load the next file without our entry).
     let mut gone = after;
     gone.entries.retain(|e| e.name != "10-calico.conflist");
     let p = plan(&gone, &st, &facts());
+    assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
+    assert!(
+        matches!(&p.actions[0], Action::Write { name, bytes, .. }
+            if name == "00-interlock.conflist" && bytes == &holding_config(&st)),
+        "{:?}",
+        p.actions
+    );
+    assert!(p.problem.unwrap().contains("waiting for it"));
+}
+
+/// The holding config is interlock-cni alone, under the holding network's name.
+fn assert_holding(s: &Snapshot, name: &str) {
+    let v = content(s, name);
+    assert_eq!(v["name"], HOLDING_NETWORK, "{v}");
+    assert_eq!(v["cniVersion"], "1.0.0", "{v}");
+    let plugins = v["plugins"].as_array().unwrap();
+    assert_eq!(plugins.len(), 1, "{v}");
+    assert_eq!(plugins[0]["type"], "interlock-cni", "{v}");
+}
+
+#[test]
+fn an_empty_conf_dir_gets_the_holding_config_in_both_modes() {
+    for mode in [ConfigMode::Owned, ConfigMode::Chain] {
+        let st = settings(mode);
+        let empty = snap(&[]);
+        let p = plan(&empty, &st, &facts());
+        assert!(p.target.is_none(), "{mode:?}: not ready without a primary");
+        assert!(
+            p.problem.as_deref().unwrap().contains("held back"),
+            "{mode:?}"
+        );
+        let after = apply_in_memory(&empty, &p.actions);
+        assert_holding(&after, "00-interlock.conflist");
+        assert!(
+            plan(&after, &st, &facts()).actions.is_empty(),
+            "{mode:?}: not idempotent"
+        );
+        // What the runtime loads is the holding config: every ADD is refused.
+        let view = after.candidates();
+        assert!(is_holding(&view[0]), "{mode:?}");
+    }
+}
+
+/// The primary's first write: the runtime must go from the holding config straight to a
+/// config with our entry, never through one without it.
+#[test]
+fn the_primarys_first_write_replaces_the_holding_config_without_a_gap() {
+    let held = apply_in_memory(
+        &snap(&[]),
+        &plan(&snap(&[]), &settings(ConfigMode::Owned), &facts()).actions,
+    );
+    let mut arrived = held.clone();
+    arrived
+        .entries
+        .extend(snap(&[("10-calico.conflist", CALICO)]).entries);
+    arrived.entries.sort_by(|a, b| a.name.cmp(&b.name));
+
+    // Owned: one write over the holding config, at its name.
+    let st = settings(ConfigMode::Owned);
+    let p = plan(&arrived, &st, &facts());
+    assert_eq!(p.target.as_deref(), Some("00-interlock.conflist"));
+    assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
+    assert!(matches!(&p.actions[0], Action::Write { name, .. } if name == "00-interlock.conflist"));
+
+    // Chain: our entry goes into the primary's file first, the holding config goes after.
+    let st = settings(ConfigMode::Chain);
+    let p = plan(&arrived, &st, &facts());
+    assert_eq!(p.target.as_deref(), Some("10-calico.conflist"));
+    let names: Vec<String> = p
+        .actions
+        .iter()
+        .map(|a| match a {
+            Action::Write { name, .. } => format!("write {name}"),
+            Action::Remove { name } => format!("remove {name}"),
+            other => format!("{other:?}"),
+        })
+        .collect();
     assert_eq!(
-        p.actions,
-        vec![Action::Remove {
-            name: "00-interlock.conflist".into()
-        }]
+        names,
+        vec!["write 10-calico.conflist", "remove 00-interlock.conflist"]
+    );
+    let after = apply_in_memory(&arrived, &p.actions);
+    assert_eq!(
+        check_effective(&after, &st, &facts()).as_deref().ok(),
+        Some("10-calico.conflist")
+    );
+}
+
+/// Chain mode with nothing it can chain into keeps the holding config.
+#[test]
+fn chain_mode_keeps_the_holding_config_while_its_target_is_unusable() {
+    let st = settings(ConfigMode::Chain);
+    let held = apply_in_memory(&snap(&[]), &plan(&snap(&[]), &st, &facts()).actions);
+    let mut broken = held.clone();
+    broken
+        .entries
+        .extend(snap(&[("10-calico.conflist", "{ broken")]).entries);
+    broken.entries.sort_by(|a, b| a.name.cmp(&b.name));
+    let p = plan(&broken, &st, &facts());
+    assert!(p.target.is_none());
+    assert!(
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Remove { name } if name == "00-interlock.conflist")),
+        "{:?}",
+        p.actions
     );
 }
 

@@ -20,6 +20,12 @@ pub const DEFAULT_CNI_CONF_DIR: &str = "/etc/cni/net.d";
 /// The runtime's usual CNI plugin directory.
 pub const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
 
+/// The network name of the config the agent keeps first while the node has no primary
+/// CNI config: a chain of interlock-cni alone, whose ADD fails ("try again later"), so
+/// that the moment the primary writes its file the runtime still loads a config that
+/// holds pods back until the agent has chained interlock-cni after the primary.
+pub const HOLDING_NETWORK: &str = "interlock-waiting-for-primary";
+
 /// The readiness marker's file name in the state dir.
 pub const MARKER_FILE: &str = "agent-ready.json";
 /// The agent socket's file name in the state dir.

@@ -10,8 +10,8 @@ mod status;
 
 pub use status::check_status;
 
-use interlock_contract::codes;
 use interlock_contract::config::PluginConfig;
+use interlock_contract::{codes, layout};
 use interlock_protocol::skel::{Invocation, Plugin};
 use interlock_protocol::{CniError, CniResult};
 
@@ -53,6 +53,16 @@ impl Call<'_> {
     /// `prevResult`, required: interlock-cni is a chained plugin.
     fn prev_result(&self, verb: &str) -> Result<CniResult, CniError> {
         self.inv.prev_result()?.ok_or_else(|| {
+            if self.inv.network() == layout::HOLDING_NETWORK {
+                return self.err(
+                    codes::TRY_AGAIN_LATER,
+                    format!(
+                        "{verb} refused: this node has no primary CNI config yet, so no pod can get \
+                         an address and its redirection; the interlock agent holds pod creation \
+                         until the primary plugin writes its config (fail closed)"
+                    ),
+                );
+            }
             self.err(
                 codes::INVALID_NETWORK_CONFIG,
                 format!(
