@@ -168,6 +168,26 @@ fn protocol_errors() {
     let v = r.json();
     assert_eq!(v["code"], 7);
     assert!(v["msg"].as_str().unwrap().starts_with("prevResult"), "{v}");
+    // The agent's holding config (no primary on the node yet): code 11, try again later,
+    // saying why; DEL of such a sandbox succeeds.
+    let holding = json!({"prevResult": null, "name": interlock_contract::layout::HOLDING_NETWORK});
+    let r = run(
+        "ADD",
+        &env,
+        &bytes(&conf("1.0.0", t.path(), holding.clone())),
+    );
+    let v = r.json();
+    assert_eq!(v["code"], 11, "{v}");
+    assert!(
+        v["msg"]
+            .as_str()
+            .unwrap()
+            .contains("no primary CNI config yet"),
+        "{v}"
+    );
+    let del = attach_env("c1", "", POD_ARGS);
+    let r = run("DEL", &del, &bytes(&conf("1.0.0", t.path(), holding)));
+    assert_eq!(r.code, 0, "{}", r.stderr);
     // Missing environment: code 4 naming the variable.
     let r = run(
         "ADD",
