@@ -72,18 +72,18 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStrea
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::sync::Mutex;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use interlock_cri::{CriClient, SandboxConfig, SandboxFilter, SandboxSummary};
 use serde_json::{json, Value};
 
-use crate::containerd::{Containerd, Footprint};
+use crate::containerd::{Containerd, Daemon, Footprint};
 use crate::kubeapi::KubeApi;
 
 pub use crate::containerd::PRIMARY_CONFLIST;
+/// The startup taint the agent removes once ready, and the node condition it writes.
+pub use interlock_contract::names::{CONDITION_READY, TAINT_NOT_READY};
 
 /// The annotation that makes a pod meshed: the Istio injector's status
 /// (`interlock_redirect::profile::istio_keys::STATUS`; the plugin's and the agent's
@@ -95,10 +95,6 @@ pub const PROXY_OUTBOUND_PORT: u16 = 15001;
 pub const CHECK_UID: u32 = 65534;
 /// The Node object's name in the fake API.
 pub const NODE_NAME: &str = "node-in-a-box";
-/// The startup taint the agent removes once ready (`interlock_contract::names`).
-pub const TAINT_NOT_READY: &str = "interlock.dev/not-ready";
-/// The node condition the agent writes (`interlock_contract::names`).
-pub const CONDITION_READY: &str = "InterlockReady";
 /// How long [`AgentProcess::wait_ready`] waits by default.
 pub const AGENT_READY_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -493,9 +489,10 @@ impl Node {
         wait_ready_at(health, &log, timeout)
     }
 
-    /// The current agent's `/readyz` verdict (`None`: not answering).
+    /// The current agent's `/readyz` verdict (`None`: not answering, or none started).
     pub fn agent_ready(&self) -> Option<bool> {
-        self.agent(|a| a.ready())
+        let slot = self.agent.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref().and_then(|a| a.ready())
     }
 
     /// SIGTERMs the current agent and waits up to `grace` for it (then SIGKILL).
@@ -641,11 +638,8 @@ impl Node {
 
     /// Stops containerd and starts it again on the same root, state and socket; returns
     /// how long until CRI answered again. Sandboxes survive.
-    pub fn restart_containerd(&mut self) -> io::Result<Duration> {
-        self.kit
-            .as_mut()
-            .expect("the node is torn down")
-            .restart_daemon()
+    pub fn restart_containerd(&self) -> io::Result<Duration> {
+        self.kit().restart_daemon()
     }
 
     /// The independent capture check on `sandbox` ([`check_capture`]).
@@ -784,12 +778,9 @@ fn free_port() -> io::Result<SocketAddr> {
 /// `setpriv --pdeathsig KILL` kills it with the test process) and reaped there.
 #[derive(Debug)]
 pub struct AgentProcess {
-    pid: u32,
+    process: Daemon,
     health: SocketAddr,
     log: PathBuf,
-    exited: mpsc::Receiver<io::Result<ExitStatus>>,
-    exit_status: Option<ExitStatus>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl AgentProcess {
@@ -813,36 +804,16 @@ impl AgentProcess {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        let (pid_tx, pid_rx) = mpsc::channel();
-        let (exit_tx, exit_rx) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("interlock-agent".into())
-            .spawn(move || match command.spawn() {
-                Err(e) => {
-                    let _ = pid_tx.send(Err(e));
-                }
-                Ok(mut child) => {
-                    let _ = pid_tx.send(Ok(child.id()));
-                    let _ = exit_tx.send(child.wait());
-                }
-            })?;
-        let pid = pid_rx
-            .recv()
-            .map_err(|_| io::Error::other("the agent's thread died"))?
-            .map_err(|e| io::Error::new(e.kind(), format!("starting {}: {e}", binary.display())))?;
         Ok(AgentProcess {
-            pid,
+            process: Daemon::spawn_command("interlock-agent".into(), command)?,
             health,
             log: log.to_path_buf(),
-            exited: exit_rx,
-            exit_status: None,
-            thread: Some(thread),
         })
     }
 
     /// The process ID.
     pub fn pid(&self) -> u32 {
-        self.pid
+        self.process.pid()
     }
 
     /// The health server's address.
@@ -862,47 +833,19 @@ impl AgentProcess {
 
     /// The exit status once it has exited.
     pub fn exited(&mut self) -> Option<ExitStatus> {
-        if self.exit_status.is_none() {
-            if let Ok(status) = self.exited.try_recv() {
-                self.exit_status = Some(status.unwrap_or_default());
-            }
-        }
-        self.exit_status
-    }
-
-    fn signal(&mut self, signal: nix::sys::signal::Signal) {
-        if self.exited().is_none() {
-            // Not reaped yet, so the PID is still this agent's.
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), signal);
-        }
-    }
-
-    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        if self.exit_status.is_none() {
-            if let Ok(status) = self.exited.recv_timeout(timeout) {
-                self.exit_status = Some(status.unwrap_or_default());
-                if let Some(t) = self.thread.take() {
-                    let _ = t.join();
-                }
-            }
-        }
-        self.exit_status
+        self.process.exited()
     }
 
     /// SIGTERM; SIGKILL if still running after `grace`. Returns the exit status (`None`
     /// only if even SIGKILL did not end it within 5 s).
     pub fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
-        self.signal(nix::sys::signal::Signal::SIGTERM);
-        if let Some(s) = self.wait_exit(grace) {
-            return Some(s);
-        }
-        self.kill()
+        self.process.terminate(grace)
     }
 
     /// SIGKILL, and waits up to 5 s for it to be reaped.
     pub fn kill(&mut self) -> Option<ExitStatus> {
-        self.signal(nix::sys::signal::Signal::SIGKILL);
-        self.wait_exit(Duration::from_secs(5))
+        self.process.signal(nix::sys::signal::Signal::SIGKILL);
+        self.process.wait_exit(Duration::from_secs(5))
     }
 
     /// GET `path` on the health server: (status, body), or `None` when not reachable.
@@ -986,80 +929,88 @@ pub fn check_capture(netns: &Path, proxy_port: u16, uid: u32, gateway: Ipv4Addr)
         Ok(SocketAddr::V4(a)) => a,
         other => return Capture::Failed(format!("host listener address: {other:?}")),
     };
-    let file = match File::open(netns) {
-        Ok(f) => f,
-        Err(_) => return Capture::NoNetwork,
-    };
+    let checked = in_netns(netns, || {
+        let Some(own_ip) = ipv4_address() else {
+            return Capture::NoNetwork;
+        };
+        let proxy = match bind_retrying(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, proxy_port)) {
+            Ok(l) => l,
+            Err(e) => return Capture::Failed(format!("listen on {proxy_port}: {e}")),
+        };
+        let mut child = match Command::new("timeout")
+            .args(["3", "bash", "-c"])
+            .arg(format!(
+                "exec 3<>/dev/tcp/{}/{} && sleep 0.3",
+                destination.ip(),
+                destination.port()
+            ))
+            .uid(uid)
+            .gid(uid)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => return Capture::Failed(format!("spawn the client: {e}")),
+        };
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let verdict = loop {
+            if let Ok((conn, peer)) = proxy.accept() {
+                if peer.ip() == IpAddr::V4(own_ip) || peer.ip().is_loopback() {
+                    break match original_dst(&conn) {
+                        Some(d) if d == destination => Capture::Redirected,
+                        other => Capture::Failed(format!(
+                            "landed on the proxy port with original destination {other:?}, \
+                                 not {destination}"
+                        )),
+                    };
+                }
+            }
+            if let Ok((_, peer)) = host.accept() {
+                if peer.ip() == IpAddr::V4(own_ip) {
+                    break Capture::NotRedirected;
+                }
+            }
+            if Instant::now() > deadline {
+                break Capture::Failed("no connection arrived anywhere".into());
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                if !status.success() {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    break Capture::Failed(format!("connect failed ({status}): {}", err.trim()));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        verdict
+    });
+    match checked {
+        Ok(verdict) => verdict,
+        // The sandbox's netns is gone (stopped sandbox).
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Capture::NoNetwork,
+        Err(e) => Capture::Failed(e.to_string()),
+    }
+}
+
+/// Runs `f` on a scratch thread that has entered the network namespace at `netns` (a
+/// sandbox's `/var/run/netns/cni-…`); sockets it opens stay in that namespace.
+pub fn in_netns<R: Send>(netns: &Path, f: impl FnOnce() -> R + Send) -> io::Result<R> {
+    let file = File::open(netns)
+        .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", netns.display())))?;
     std::thread::scope(|s| {
         s.spawn(|| {
-            if let Err(e) = nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET) {
-                return Capture::Failed(format!("setns {}: {e}", netns.display()));
-            }
-            let Some(own_ip) = ipv4_address() else {
-                return Capture::NoNetwork;
-            };
-            let proxy = match bind_retrying(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, proxy_port)) {
-                Ok(l) => l,
-                Err(e) => return Capture::Failed(format!("listen on {proxy_port}: {e}")),
-            };
-            let mut child = match Command::new("timeout")
-                .args(["3", "bash", "-c"])
-                .arg(format!(
-                    "exec 3<>/dev/tcp/{}/{} && sleep 0.3",
-                    destination.ip(),
-                    destination.port()
-                ))
-                .uid(uid)
-                .gid(uid)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-            {
-                Ok(c) => c,
-                Err(e) => return Capture::Failed(format!("spawn the client: {e}")),
-            };
-            let deadline = Instant::now() + Duration::from_secs(3);
-            let verdict = loop {
-                if let Ok((conn, peer)) = proxy.accept() {
-                    if peer.ip() == IpAddr::V4(own_ip) || peer.ip().is_loopback() {
-                        break match original_dst(&conn) {
-                            Some(d) if d == destination => Capture::Redirected,
-                            other => Capture::Failed(format!(
-                                "landed on the proxy port with original destination {other:?}, \
-                                 not {destination}"
-                            )),
-                        };
-                    }
-                }
-                if let Ok((_, peer)) = host.accept() {
-                    if peer.ip() == IpAddr::V4(own_ip) {
-                        break Capture::NotRedirected;
-                    }
-                }
-                if Instant::now() > deadline {
-                    break Capture::Failed("no connection arrived anywhere".into());
-                }
-                if let Ok(Some(status)) = child.try_wait() {
-                    if !status.success() {
-                        let mut err = String::new();
-                        if let Some(mut e) = child.stderr.take() {
-                            let _ = e.read_to_string(&mut err);
-                        }
-                        break Capture::Failed(format!(
-                            "connect failed ({status}): {}",
-                            err.trim()
-                        ));
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            };
-            let _ = child.kill();
-            let _ = child.wait();
-            verdict
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| io::Error::other(format!("setns {}: {e}", netns.display())))?;
+            Ok(f())
         })
         .join()
-        .unwrap_or_else(|_| Capture::Failed("the check's thread panicked".into()))
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
     })
 }
 
