@@ -203,6 +203,8 @@ pub struct Node {
     agent: Mutex<Option<AgentProcess>>,
     last_agent: Mutex<Option<(PathBuf, AgentArgs)>>,
     agent_starts: std::sync::atomic::AtomicU32,
+    /// Every sandbox run (ID, netns), for [`Node::footprint`].
+    created: Mutex<Vec<(String, Option<PathBuf>)>>,
     torn_down: bool,
 }
 
@@ -255,6 +257,7 @@ impl Node {
             agent: Mutex::new(None),
             last_agent: Mutex::new(None),
             agent_starts: std::sync::atomic::AtomicU32::new(0),
+            created: Mutex::new(Vec::new()),
             torn_down: false,
         })
     }
@@ -307,9 +310,14 @@ impl Node {
         self.kit().gateway()
     }
 
-    /// What the node leaves on the host, to check after [`Node::teardown`].
+    /// What the node leaves on the host, to check after [`Node::teardown`]: the kit's,
+    /// plus every sandbox [`Node::run_pod`] ran and its netns.
     pub fn footprint(&self) -> Footprint {
-        self.kit().footprint()
+        let created = self.created.lock().unwrap_or_else(|e| e.into_inner());
+        self.kit()
+            .footprint()
+            .with_sandboxes(created.iter().map(|(id, _)| id.clone()))
+            .with_netns(created.iter().filter_map(|(_, ns)| ns.clone()))
     }
 
     // ---- the primary's config ----
@@ -364,11 +372,13 @@ impl Node {
         self.kit().write_conf(file_name, config)
     }
 
-    /// A copy of the primary's config under another network name (a valid foreign
-    /// config for [`Node::write_sorting_first`]).
-    pub fn foreign_conflist(&self, network: &str) -> Value {
+    /// The primary's config as another component writes it (marked `"writtenBy":
+    /// writer`), for [`Node::write_sorting_first`]. It keeps the primary's network name,
+    /// so its pods share host-local's pool (no address handed out twice on the bridge)
+    /// and the kit's teardown finds their CNI cache entries.
+    pub fn foreign_conflist(&self, writer: &str) -> Value {
         let mut v = self.primary_conflist();
-        v["name"] = json!(network);
+        v["writtenBy"] = json!(writer);
         v
     }
 
@@ -573,6 +583,10 @@ impl Node {
                 .map_err(|e| format!("status of {id}: {e}"))?;
             Ok::<_, String>((id, status))
         })?;
+        self.created
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((id.clone(), status.netns_path().map(Path::to_path_buf)));
         Ok(Sandbox {
             id,
             namespace: status.metadata.namespace.clone(),
