@@ -94,6 +94,17 @@ fn primary_first_then_interlock_protects_every_meshed_sandbox() {
     }
     eprintln!("5 sandboxes in {:?}", t0.elapsed());
     assert_protection(&node, &sandboxes);
+    // Removing the pods leaves no attachment record and no address behind.
+    assert_eq!(
+        node.state_files().len(),
+        sandboxes.len(),
+        "one record per attachment"
+    );
+    for sb in &sandboxes {
+        node.remove_pod(sb).unwrap();
+    }
+    assert_eq!(node.state_files(), Vec::<String>::new());
+    assert_eq!(node.ipam_addresses(), Vec::<std::net::IpAddr>::new());
     finish(node);
 }
 
@@ -370,6 +381,23 @@ fn pods_started_before_interlock_are_repaired_and_the_node_stays_tainted() {
                 node.capture(sb),
                 Capture::NotRedirected,
                 "{sb:?} after the agent"
+            );
+        }
+    }
+    // The API tells the same story: each repaired pod has its Repaired Event.
+    for sb in &pods {
+        if sb.meshed {
+            common::wait_until(
+                Duration::from_secs(5),
+                || node.pod_events(sb).iter().any(|(r, _)| r == "Repaired"),
+                || format!("{}: events {:?}", sb.name, node.pod_events(sb)),
+            );
+        } else {
+            assert_eq!(
+                node.pod_events(sb),
+                Vec::<(String, String)>::new(),
+                "{}",
+                sb.name
             );
         }
     }

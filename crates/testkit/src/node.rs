@@ -38,6 +38,10 @@
 //!   injector's annotation [`MESHED_ANNOTATION`] (the one the plugin and the agent read
 //!   through `interlock_redirect::profile`); it returns a [`Sandbox`] (ID, pod, netns,
 //!   IP) or the runtime's error. [`Node::stop_pod`] / [`Node::remove_pod`] undo it.
+//!   With the fake API, [`Node::pod_object`] and [`Node::pod_events`] show what the agent
+//!   wrote about a pod, [`Node::taints`] and [`Node::condition`] about the node.
+//! - Leak checks while the node runs: [`Node::ipam_addresses`] (host-local's),
+//!   [`Node::state_files`] (interlock's attachment records), [`Node::sandboxes`].
 //! - containerd: [`Node::restart_containerd`] stops the daemon and starts it again on the
 //!   same root, state and socket; the sandboxes survive. [`Node::network_ready`] is CRI's
 //!   `NetworkReady`.
@@ -664,6 +668,37 @@ impl Node {
         }
     }
 
+    /// The addresses host-local holds for the primary's network (one per sandbox with
+    /// a network; 0 once all are stopped: a leak check).
+    pub fn ipam_addresses(&self) -> Vec<IpAddr> {
+        let dir = self.kit().ipam_dir().join(self.kit().network_name());
+        let mut v: Vec<IpAddr> = fs::read_dir(dir)
+            .map(|r| {
+                r.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// The attachment state files the plugin (or the audit) keeps in the agent's state
+    /// dir (one per protected sandbox; 0 once all are stopped: a leak check).
+    pub fn state_files(&self) -> Vec<String> {
+        let dir = self
+            .state_dir()
+            .join(interlock_contract::layout::ATTACHMENTS_DIR);
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .map(|r| {
+                r.filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_string()))
+                    .filter(|n| n.ends_with(".json"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
     // ---- the fake API ----
 
     /// The Node object's taint keys (empty without the fake API).
@@ -685,6 +720,33 @@ impl Node {
             .iter()
             .find(|c| c["type"] == CONDITION_READY)
             .cloned()
+    }
+
+    /// The sandbox's Pod object in the fake API (its labels, annotations, status).
+    pub fn pod_object(&self, sandbox: &Sandbox) -> Option<Value> {
+        self.api
+            .as_ref()?
+            .get_object("pods", &sandbox.namespace, &sandbox.name)
+    }
+
+    /// The Events about the sandbox's pod in the fake API, oldest first, as
+    /// (reason, note).
+    pub fn pod_events(&self, sandbox: &Sandbox) -> Vec<(String, String)> {
+        let Some(api) = &self.api else {
+            return Vec::new();
+        };
+        api.objects("events")
+            .iter()
+            .filter(|e| {
+                e["regarding"]["kind"] == "Pod"
+                    && e["regarding"]["name"] == sandbox.name.as_str()
+                    && e["regarding"]["namespace"] == sandbox.namespace.as_str()
+            })
+            .map(|e| {
+                let text = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+                (text("reason"), text("note"))
+            })
+            .collect()
     }
 
     fn node_object(&self) -> Option<Value> {

@@ -110,6 +110,8 @@ fn the_primarys_helpers_change_what_containerd_loads() {
         .unwrap();
     let sb = node.run_pod("completed", false).unwrap();
     assert!(sb.ip.is_some(), "{sb:?}");
+    assert_eq!(node.ipam_addresses(), [sb.ip.unwrap()]);
+    assert_eq!(node.state_files(), Vec::<String>::new());
     // Moved aside (a `.bak` is ignored) and deleted.
     std::fs::remove_file(node.conf_dir().join("00-half.conflist")).unwrap();
     node.rename_primary("10-calico.conflist.bak").unwrap();
@@ -140,6 +142,9 @@ fn the_primarys_helpers_change_what_containerd_loads() {
     node.remove_interlock_cni().unwrap();
     node.remove_interlock_cni().unwrap();
     assert!(!node.bin_dir().join("interlock-cni").exists());
+
+    node.stop_pod(&sb.id).unwrap();
+    assert_eq!(node.ipam_addresses(), Vec::<std::net::IpAddr>::new());
 
     let footprint = node.footprint();
     node.teardown().unwrap();
