@@ -20,13 +20,15 @@
 //!   dir, CRI endpoint, a health address of its own, `--plugin-source`
 //!   [`NodeOptions::plugin`], and `--kube=none` or (with the fake API) `--kube=auto
 //!   --node-name` plus `KUBECONFIG`; the caller adds flags and env ([`AgentArgs`]).
-//!   [`Node::start_agent_from`] runs another binary (an upgrade). The running agent is
-//!   [`Node::agent`]: [`AgentProcess::wait_ready`] (`/readyz` 200),
-//!   [`AgentProcess::terminate`] (SIGTERM), [`AgentProcess::kill`] (SIGKILL),
-//!   [`AgentProcess::metric`], [`AgentProcess::log_text`]. [`Node::restart_agent`] is
-//!   SIGTERM then a new agent with the same arguments. Every agent's stderr goes to its
-//!   own log file; [`Node::agent_logs`] returns them all, and they are printed when a
-//!   test panics with the node alive.
+//!   [`Node::start_agent_from`] runs another binary (an upgrade). One agent runs at a
+//!   time: [`Node::wait_agent_ready`] (`/readyz` 200), [`Node::agent_ready`],
+//!   [`Node::stop_agent`] (SIGTERM, SIGKILL after a grace), [`Node::kill_agent`]
+//!   (SIGKILL), [`Node::restart_agent`] (SIGTERM, then a new agent with the same binary
+//!   and arguments); [`Node::agent`] lends the [`AgentProcess`] itself
+//!   ([`AgentProcess::metric`], [`AgentProcess::get`], [`AgentProcess::pid`]). The agent
+//!   runs under `setpriv --pdeathsig KILL`, so it dies with the test process. Every
+//!   agent's stdout and stderr go to a log file of its own; [`Node::agent_logs`] returns
+//!   them all, and their tail is printed when a test panics with the node alive.
 //! - interlock-cni: [`Node::install_interlock_cni`] copies [`NodeOptions::plugin`] into
 //!   the bin dir (the agent also installs it from `--plugin-source`);
 //!   [`Node::remove_interlock_cni`] deletes it.
@@ -53,6 +55,8 @@
 //!   [`Capture::NotRedirected`] when the host listener got it, [`Capture::NoNetwork`]
 //!   when the netns has no IPv4 address besides loopback. [`Node::capture`] runs it on a
 //!   [`Sandbox`]. One check at a time per sandbox (each binds the proxy port there).
+//!   [`in_netns`] runs a closure inside a sandbox's netns (e.g. to hold a connection
+//!   open from before a repair).
 //!
 //! # Teardown
 //! Dropping the node (also on a panic) kills the agent, removes a half-written or
@@ -201,7 +205,7 @@ pub struct Node {
     options: NodeOptions,
     kit: Option<Containerd>,
     api: Option<KubeApi>,
-    runtime: Option<tokio::runtime::Runtime>,
+    runtime: OwnRuntime,
     cri: CriClient,
     dir: PathBuf,
     agent: Mutex<Option<AgentProcess>>,
@@ -225,17 +229,19 @@ impl Node {
     /// Starts containerd (no CNI config yet), installs the primary's plugins and, with
     /// [`NodeOptions::kube`], the fake API holding the Node object.
     pub fn start(options: NodeOptions) -> io::Result<Node> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .thread_name("node-cri")
-            .build()?;
+        let runtime = OwnRuntime(Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .thread_name("node-cri")
+                .build()?,
+        ));
         let kit = Containerd::start()?;
         kit.install_primary_plugins()?;
         let dir = kit.dir().join("node");
         fs::create_dir_all(dir.join("state"))?;
         let endpoint = kit.endpoint();
-        let cri = on_runtime(&runtime, CriClient::connect(&endpoint))
+        let cri = on_runtime(runtime.get(), CriClient::connect(&endpoint))
             .map_err(|e| io::Error::other(e.to_string()))?;
         let api = if options.kube {
             let api = KubeApi::start()?;
@@ -255,7 +261,7 @@ impl Node {
             options,
             kit: Some(kit),
             api,
-            runtime: Some(runtime),
+            runtime,
             cri,
             dir,
             agent: Mutex::new(None),
@@ -291,7 +297,7 @@ impl Node {
         F: std::future::Future + Send,
         F::Output: Send,
     {
-        on_runtime(self.runtime.as_ref().expect("the node is torn down"), fut)
+        on_runtime(self.runtime.get(), fut)
     }
 
     /// The CNI conf dir containerd watches.
@@ -785,9 +791,7 @@ impl Node {
         if let Some(api) = self.api.take() {
             api.stop();
         }
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
+        self.runtime.shut_down();
         problems
     }
 }
@@ -827,6 +831,28 @@ fn remove_unparsable_configs(conf_dir: &Path) {
         if is_config && !parses {
             let _ = fs::remove_file(&path);
         }
+    }
+}
+
+/// The node's tokio runtime, shut down without blocking when dropped: a test may drop
+/// the node inside its own runtime, where dropping a runtime the normal way panics.
+struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+impl OwnRuntime {
+    fn get(&self) -> &tokio::runtime::Runtime {
+        self.0.as_ref().expect("the node is torn down")
+    }
+
+    fn shut_down(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        self.shut_down();
     }
 }
 

@@ -198,3 +198,19 @@ fn the_agent_process_is_started_signalled_and_reaped() {
     assert_eq!(status.signal(), Some(9), "{status:?}");
     assert!(p.log_text().contains("started"));
 }
+
+/// The soak and the demo may drive a node from async code: its synchronous calls and its
+/// drop work inside a tokio runtime, and its CRI client serves the caller's runtime.
+#[tokio::test(flavor = "current_thread")]
+async fn the_node_works_from_inside_a_runtime() {
+    require_root!();
+    let node = node();
+    node.write_primary().unwrap();
+    node.wait_network_ready(true, Duration::from_secs(5))
+        .unwrap();
+    let sb = node.run_pod("async", false).unwrap();
+    let status = node.cri().sandbox_status(&sb.id, false).await.unwrap();
+    assert_eq!(status.state, SandboxState::Ready);
+    assert_eq!(node.capture(&sb), Capture::NotRedirected);
+    drop(node);
+}
