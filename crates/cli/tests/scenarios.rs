@@ -462,6 +462,11 @@ fn an_agent_restart_and_upgrade_never_drop_the_config() {
     // The "new version": the same build at another path.
     let upgrade = node.containerd().dir().join("interlock-v2");
     std::os::unix::fs::symlink(common::interlock(), &upgrade).unwrap();
+    // The watcher polls what containerd would load, and inotify tells it of any removal
+    // of interlock's file between two polls.
+    let (owned, v) = loaded_config(&node).unwrap();
+    assert!(runs_interlock(&v), "{owned}: {v}");
+    let mut watch = node.watch_conf_dir().unwrap();
     let stop = AtomicBool::new(false);
     let (made, lost, checks) = std::thread::scope(|s| {
         let watcher = s.spawn(|| {
@@ -470,6 +475,10 @@ fn an_agent_restart_and_upgrade_never_drop_the_config() {
                 match loaded_config(&node) {
                     Ok((_, v)) if runs_interlock(&v) => {}
                     other => lost.push(format!("{other:?}")),
+                }
+                let removed = watch.removed().unwrap();
+                if removed.contains(&owned) {
+                    lost.push(format!("{owned} removed ({removed:?})"));
                 }
                 checks += 1;
                 std::thread::sleep(Duration::from_millis(1));

@@ -42,6 +42,8 @@
 //!   IP) or the runtime's error. [`Node::stop_pod`] / [`Node::remove_pod`] undo it.
 //!   With the fake API, [`Node::pod_object`] and [`Node::pod_events`] show what the agent
 //!   wrote about a pod, [`Node::taints`] and [`Node::condition`] about the node.
+//! - [`Node::watch_conf_dir`] reports every file deleted or moved out of the conf dir
+//!   (inotify), so a test sees a config that vanished even for a microsecond.
 //! - Leak checks while the node runs: [`Node::ipam_addresses`] (host-local's),
 //!   [`Node::state_files`] (interlock's attachment records), [`Node::sandboxes`].
 //! - containerd: [`Node::restart_containerd`] stops the daemon and starts it again on the
@@ -410,6 +412,12 @@ impl Node {
         let have = f.metadata()?.len() as usize;
         f.write_all(&full[have.min(full.len())..])?;
         Ok(path)
+    }
+
+    /// Starts watching the conf dir for files removed or moved away (inotify: nothing
+    /// between two polls is missed); read with [`ConfDirWatch::removed`].
+    pub fn watch_conf_dir(&self) -> io::Result<ConfDirWatch> {
+        ConfDirWatch::new(&self.conf_dir())
     }
 
     /// The config file names in the conf dir, sorted.
@@ -830,6 +838,50 @@ fn remove_unparsable_configs(conf_dir: &Path) {
             .is_some();
         if is_config && !parses {
             let _ = fs::remove_file(&path);
+        }
+    }
+}
+
+/// Files that left a directory (deleted, or renamed to another name), in order, as
+/// inotify reports them; a file replaced by a rename onto its name does not count (it
+/// never left).
+#[derive(Debug)]
+pub struct ConfDirWatch {
+    inotify: inotify::Inotify,
+    buffer: Vec<u8>,
+}
+
+impl ConfDirWatch {
+    /// Watches `dir`.
+    pub fn new(dir: &Path) -> io::Result<ConfDirWatch> {
+        let inotify = inotify::Inotify::init()?;
+        inotify.watches().add(
+            dir,
+            inotify::WatchMask::DELETE | inotify::WatchMask::MOVED_FROM,
+        )?;
+        Ok(ConfDirWatch {
+            inotify,
+            buffer: vec![0; 16 * 1024],
+        })
+    }
+
+    /// The names removed or moved away since the last call (does not block).
+    pub fn removed(&mut self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        loop {
+            match self.inotify.read_events(&mut self.buffer) {
+                Ok(events) => {
+                    let before = names.len();
+                    names.extend(
+                        events.filter_map(|e| Some(e.name?.to_string_lossy().into_owned())),
+                    );
+                    if names.len() == before {
+                        return Ok(names);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(names),
+                Err(e) => return Err(e),
+            }
         }
     }
 }

@@ -112,9 +112,21 @@ fn the_primarys_helpers_change_what_containerd_loads() {
     assert!(sb.ip.is_some(), "{sb:?}");
     assert_eq!(node.ipam_addresses(), [sb.ip.unwrap()]);
     assert_eq!(node.state_files(), Vec::<String>::new());
-    // Moved aside (a `.bak` is ignored) and deleted.
+    // Moved aside (a `.bak` is ignored) and deleted; the watch sees both go, and not
+    // a file replaced by a rename onto it.
+    let mut watch = node.watch_conf_dir().unwrap();
+    node.rewrite_primary(PrimaryWrite::Rename).unwrap();
     std::fs::remove_file(node.conf_dir().join("00-half.conflist")).unwrap();
     node.rename_primary("10-calico.conflist.bak").unwrap();
+    assert_eq!(
+        watch.removed().unwrap(),
+        [
+            ".10-calico.conflist.tmp",
+            "00-half.conflist",
+            "10-calico.conflist"
+        ]
+    );
+    assert_eq!(watch.removed().unwrap(), Vec::<String>::new());
     node.wait_network_ready(false, Duration::from_secs(5))
         .unwrap();
     node.write_sorting_first("05-other.conflist", &node.foreign_conflist("other"))
