@@ -207,7 +207,13 @@ fn interlock_first_then_primary_never_starts_a_pod_unprotected() {
     assert_eq!(node.agent_ready(), Some(false), "{}", node.agent_logs());
     for (i, meshed) in [true, true, false].into_iter().enumerate() {
         match node.run_pod(&format!("early{i}"), meshed) {
-            Err(e) => assert!(e.contains("cni plugin not initialized"), "{e}"),
+            // Before the agent's first pass containerd has no config at all; after it,
+            // the agent's holding config refuses the ADD.
+            Err(e) => assert!(
+                e.contains("cni plugin not initialized")
+                    || e.contains("this node has no primary CNI config yet"),
+                "{e}"
+            ),
             Ok(sb) => {
                 assert_eq!(sb.ip, None, "{sb:?} got an IP without a primary");
                 assert_eq!(node.capture(&sb), Capture::NoNetwork, "{sb:?}");
@@ -234,20 +240,26 @@ fn interlock_first_then_primary_never_starts_a_pod_unprotected() {
 }
 
 /// The moment the primary first appears: a meshed pod created right then must not run
-/// with the primary alone. Today containerd loads `10-calico.conflist` within about a
-/// millisecond, and the agent's `00-interlock.conflist` follows some 15 ms later: a pod
-/// whose ADD falls in between runs unprotected until the periodic audit repairs it (the
-/// startup taint keeps scheduled pods off the node meanwhile, but not static pods, nor
-/// a node without the taint).
+/// with the primary alone. containerd loads a new `10-calico.conflist` within about a
+/// millisecond and the agent's copy follows some 15 ms later; what closes that window is
+/// the agent's holding config, which sorts first from the agent's first pass on and
+/// refuses every ADD until it is replaced, in one rename, by the primary's chain plus
+/// interlock-cni.
 #[test]
-#[ignore = "open: window between the primary's first write and the agent's owned config (issue 11 report)"]
 fn a_pod_created_as_the_primary_appears_is_protected_at_once() {
     require_root!();
     let node = node(false);
     node.start_agent(AgentArgs::default()).unwrap();
+    // The agent's first pass has put its holding config first (interlock-cni alone,
+    // whose ADD fails until the primary exists).
+    let holding = node.containerd().conf_dir().join("00-interlock.conflist");
     common::wait_until(
         Duration::from_secs(10),
-        || node.agent_ready().is_some(),
+        || {
+            std::fs::read_to_string(&holding).is_ok_and(|c| {
+                c.contains(interlock_contract::layout::HOLDING_NETWORK)
+            })
+        },
         || node.agent_logs(),
     );
     let stop = AtomicBool::new(false);
