@@ -256,9 +256,8 @@ fn a_pod_created_as_the_primary_appears_is_protected_at_once() {
     common::wait_until(
         Duration::from_secs(10),
         || {
-            std::fs::read_to_string(&holding).is_ok_and(|c| {
-                c.contains(interlock_contract::layout::HOLDING_NETWORK)
-            })
+            std::fs::read_to_string(&holding)
+                .is_ok_and(|c| c.contains(interlock_contract::layout::HOLDING_NETWORK))
         },
         || node.agent_logs(),
     );

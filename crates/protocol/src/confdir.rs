@@ -984,6 +984,14 @@ pub fn runs_plugin<'a>(
     let types = list.plugin_types().join(" -> ");
     match found.as_slice() {
         [] => Err(format!("{name} ({types}) does not contain {plugin_type}")),
+        [(0, _, Placement::List)]
+            if list.name() == interlock_contract::layout::HOLDING_NETWORK =>
+        {
+            Err(format!(
+                "{name} is interlock's holding config: the node has no primary CNI config \
+                 yet, so every ADD is refused until the primary writes one"
+            ))
+        }
         [(0, _, place)] => Err(format!(
             "{name} runs {plugin_type} first{}: it must be chained after the primary plugin \
              (it needs the primary's result), so every ADD would fail",
