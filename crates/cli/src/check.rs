@@ -10,6 +10,7 @@
 
 pub mod judge;
 pub mod report;
+pub mod sandboxes;
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -26,6 +27,7 @@ use interlock_contract::time::now_ms;
 use interlock_protocol::confdir::{self, Effective, Runtime};
 use judge::{chain_types, BinaryFacts, Content, Judgement, Observed, Readyz, Stale};
 use report::{AgentDoc, BinaryDoc, EffectiveDoc, NodeReport, Parts, ReadyzDoc, Settings, Style};
+use sandboxes::SandboxesSeen;
 use serde_json::Value;
 
 /// Output format.
@@ -105,6 +107,11 @@ pub struct NodeArgs {
     /// [default: interlock-cni next to this binary].
     #[arg(long, env = "INTERLOCK_PLUGIN_SOURCE")]
     plugin_source: Option<PathBuf>,
+    /// The runtime's CRI socket to list the node's sandboxes through; `none` skips
+    /// them [env: INTERLOCK_CRI_ENDPOINT; else the endpoint the agent's marker names;
+    /// else containerd's socket].
+    #[arg(long)]
+    cri_endpoint: Option<String>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     output: Output,
@@ -176,6 +183,15 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
             None => (PathBuf::from("/etc/cni/net.d"), "default"),
         },
     };
+    let (cri_endpoint, cri_from) = match (&a.cri_endpoint, std::env::var("INTERLOCK_CRI_ENDPOINT"))
+    {
+        (Some(e), _) => (e.clone(), "flag"),
+        (None, Ok(e)) if !e.is_empty() => (e, "env"),
+        _ => match marker.as_ref().ok().and_then(|m| m.cri_endpoint.clone()) {
+            Some(e) => (e, "marker"),
+            None => (interlock_cri::DEFAULT_ENDPOINT.to_string(), "default"),
+        },
+    };
     let settings = Settings {
         cni_conf_dir: conf_dir.clone(),
         cni_bin_dirs: a.cni_bin_dirs.clone(),
@@ -183,6 +199,8 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
         runtime: runtime_word(a.runtime),
         health_addr: a.health_addr.clone(),
         cni_conf_dir_from: from,
+        cri_endpoint: cri_endpoint.clone(),
+        cri_endpoint_from: cri_from,
     };
     let binary = binary_facts(a);
     let readyz = ask_readyz(&a.health_addr);
@@ -191,13 +209,17 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
         marker_error: marker.as_ref().err().cloned(),
         readyz: ReadyzDoc::new(&a.health_addr, &readyz),
     };
-    let parts = |effective, binary: &Option<BinaryFacts>| Parts {
+    let parts = |effective, binary: &Option<BinaryFacts>, sandboxes: &SandboxesSeen| Parts {
         node: node.to_string(),
         now_ms: now,
         settings: settings.clone(),
         effective,
         binary: binary.as_ref().map(BinaryDoc::from),
         agent,
+        sandboxes: match sandboxes {
+            SandboxesSeen::Listed(l) => Some(l.clone()),
+            _ => None,
+        },
     };
     if !conf_dir.is_dir() {
         let j = judge::could_not_check(
@@ -208,7 +230,7 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
             ),
             "point check at the runtime's conf dir: INTERLOCK_CNI_CONF_DIR or --cni-conf-dir (in the agent's pod, its environment already does)",
         );
-        return NodeReport::new(parts(None, &binary), j);
+        return NodeReport::new(parts(None, &binary, &SandboxesSeen::NotAsked), j);
     }
     let effective = match confdir::load(&conf_dir, a.runtime, &a.cni_bin_dirs) {
         Ok(e) => e,
@@ -218,11 +240,19 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
                 format!("reading {}: {e}", conf_dir.display()),
                 "run check as root (the conf dir is root's), or fix the path",
             );
-            return NodeReport::new(parts(None, &binary), j);
+            return NodeReport::new(parts(None, &binary, &SandboxesSeen::NotAsked), j);
         }
     };
     let missing = missing_plugins(&effective, a);
     let stale = stale_copy(a, &conf_dir, &effective, binary.as_ref());
+    let sandboxes = if cri_endpoint == "none" {
+        SandboxesSeen::NotAsked
+    } else {
+        match audit_plugin_config(a, &effective) {
+            Ok(plugin) => sandboxes::list(&cri_endpoint, &plugin),
+            Err(e) => SandboxesSeen::Unreachable(e),
+        }
+    };
     let j: Judgement = judge::judge(&Observed {
         effective: &effective,
         binary: binary.as_ref(),
@@ -232,9 +262,37 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
         readyz: &readyz,
         missing_plugins: &missing,
         stale: stale.as_ref(),
+        sandboxes: &sandboxes,
+        cri_endpoint: &cri_endpoint,
     });
     let doc = EffectiveDoc::new(&effective, &missing, stale.as_ref());
-    NodeReport::new(parts(Some(doc), &binary), j)
+    NodeReport::new(parts(Some(doc), &binary, &sandboxes), j)
+}
+
+/// The plugin settings the agent's audit judges sandboxes with: the entry the agent
+/// writes (`--plugin-config` merged into its entry), else the interlock-cni entry the
+/// runtime loads, else the agent's default entry.
+fn audit_plugin_config(
+    a: &NodeArgs,
+    e: &Effective,
+) -> Result<interlock_contract::config::PluginConfig, String> {
+    let entry = match &a.plugin_config {
+        Some(p) => {
+            let extra = interlock_agent::load_plugin_config(p).map_err(|e| e.to_string())?;
+            interlock_agent::plugin_entry_with(&a.state_dir, &extra)
+        }
+        None => e
+            .chosen
+            .as_ref()
+            .and_then(|c| {
+                let name = c.path.file_name()?.to_str()?.to_string();
+                confdir::runs_plugin(&c.list, &name, PLUGIN_TYPE).ok()
+            })
+            .map(|r| r.entry.clone())
+            .unwrap_or_else(|| interlock_agent::plugin_entry(&a.state_dir)),
+    };
+    interlock_contract::config::PluginConfig::from_map(&entry)
+        .map_err(|e| format!("the interlock-cni settings are invalid: {e}"))
 }
 
 /// The plugin this interlock ships: `--plugin-source`, else `interlock-cni` next to

@@ -2,6 +2,7 @@
 //! without root. Each finding has a stable id and a hint (the README's troubleshooting
 //! section has one entry per id); the verdict follows from the worst finding.
 
+use super::sandboxes::{SandboxVerdict, SandboxesSeen};
 use interlock_contract::config::{PLUGIN_TYPE, POD_ANNOTATIONS_CAPABILITY};
 use interlock_contract::marker::ReadinessMarker;
 use interlock_protocol::confdir::{self, Effective};
@@ -157,6 +158,10 @@ pub struct Observed<'a> {
     pub missing_plugins: &'a [String],
     /// What the agent would rewrite, if anything.
     pub stale: Option<&'a Stale>,
+    /// The node's sandboxes over CRI, with the audit's verdicts.
+    pub sandboxes: &'a SandboxesSeen,
+    /// The CRI endpoint asked (for messages).
+    pub cri_endpoint: &'a str,
 }
 
 /// The outcome of [`judge`].
@@ -188,6 +193,9 @@ const HINT_OTHER_BUILD: &str =
 const HINT_UNVERIFIED: &str = "run check where the plugin it ships is next to it (the agent's pod), or set INTERLOCK_PLUGIN_SOURCE";
 const HINT_AGENT: &str =
     "look at the agent: kubectl -n interlock-system logs ds/interlock-node (or its journal)";
+const HINT_CRI: &str = "set INTERLOCK_CRI_ENDPOINT (or --cri-endpoint) to the runtime's socket (kubelet's --container-runtime-endpoint) and run check as root, or `none` not to list sandboxes";
+const HINT_SANDBOX_UNPROTECTED: &str = "the agent repairs these per its --repair-policy within one audit interval; if they stay unprotected, read its log (kubectl -n interlock-system logs ds/interlock-node) or delete the pods so they start again through interlock";
+const HINT_SANDBOX_UNKNOWN: &str = "read each sandbox's reason above; fix the pod's annotations, or run check as root on the host (the agent's pod) so it can enter the pod's netns";
 const HINT_READYZ: &str = "set INTERLOCK_HEALTH_ADDR (or --health-addr) to the agent's health address, or `none` not to ask";
 
 /// The verdict on a node, from what was observed. Pure.
@@ -509,6 +517,80 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
             format!("/readyz could not be asked: {why}; the verdict rests on the marker alone"),
             HINT_READYZ,
         ),
+    }
+    match o.sandboxes {
+        SandboxesSeen::NotAsked => {}
+        // At risk, not "could not check": the config half was judged; what is not
+        // known is whether pods already running are protected, and the agent's audit,
+        // which asks the same runtime, cannot be repairing them either.
+        SandboxesSeen::Unreachable(why) => push(
+            "sandboxes.cri-unreachable",
+            "sandboxes",
+            Fail,
+            Risk,
+            format!(
+                "the running sandboxes could not be listed over CRI ({}): {why}; a pod already running could be unprotected unseen, and the agent's audit of the same runtime cannot repair it",
+                o.cri_endpoint
+            ),
+            HINT_CRI,
+        ),
+        SandboxesSeen::Listed(list) => {
+            let pods = |v: SandboxVerdict| -> Vec<&str> {
+                list.iter()
+                    .filter(|s| s.verdict == v)
+                    .map(|s| if s.pod.is_empty() { s.id.as_str() } else { s.pod.as_str() })
+                    .collect()
+            };
+            let bad = pods(SandboxVerdict::Unprotected);
+            if !bad.is_empty() {
+                push(
+                    "sandboxes.unprotected",
+                    "sandboxes",
+                    Fail,
+                    Hole,
+                    format!(
+                        "{} meshed pod{} running WITHOUT {} redirection: {}",
+                        bad.len(),
+                        if bad.len() == 1 { " is" } else { "s are" },
+                        if bad.len() == 1 { "its" } else { "their" },
+                        bad.join(", ")
+                    ),
+                    HINT_SANDBOX_UNPROTECTED,
+                );
+            }
+            let unknown = pods(SandboxVerdict::Unknown);
+            if !unknown.is_empty() {
+                push(
+                    "sandboxes.unknown",
+                    "sandboxes",
+                    Fail,
+                    Risk,
+                    format!(
+                        "{} sandbox{} could not be judged: {}",
+                        unknown.len(),
+                        if unknown.len() == 1 { "" } else { "es" },
+                        unknown.join(", ")
+                    ),
+                    HINT_SANDBOX_UNKNOWN,
+                );
+            }
+            if bad.is_empty() && unknown.is_empty() {
+                push(
+                    "sandboxes.ok",
+                    "sandboxes",
+                    Good,
+                    Effect::None,
+                    format!(
+                        "{} sandbox{}: {} meshed and protected, {} not meshed",
+                        list.len(),
+                        if list.len() == 1 { "" } else { "es" },
+                        pods(SandboxVerdict::Protected).len(),
+                        pods(SandboxVerdict::NotMeshed).len()
+                    ),
+                    "",
+                );
+            }
+        }
     }
     // Worst first; equal findings keep their order.
     f.sort_by_key(|x| (x.status, x.effect));

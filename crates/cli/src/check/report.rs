@@ -4,10 +4,11 @@
 //! Schema rules (`schemaVersion` 1): keys are camelCase, enumerated values kebab-case;
 //! a field is never wrapped as `{"Ok": …}`/`{"Err": …}` (an error is a sibling string
 //! field); absent facts are `null`. New fields may be added without a version bump
-//! (readers ignore unknown keys) — the per-sandbox verdicts will arrive as a top-level
+//! (readers ignore unknown keys) — the per-sandbox verdicts arrived as the top-level
 //! `sandboxes` array that way; renaming or removing a field bumps `schemaVersion`.
 
 use super::judge::{BinaryFacts, Content, Finding, Judgement, Readyz, Stale, Status, Verdict};
+use super::sandboxes::SandboxDoc;
 use interlock_contract::marker::ReadinessMarker;
 use interlock_protocol::confdir::{self, Effective};
 use serde::Serialize;
@@ -49,6 +50,9 @@ pub struct NodeReport {
     pub binary: Option<BinaryDoc>,
     /// The agent's marker and `/readyz`.
     pub agent: AgentDoc,
+    /// Every ready sandbox on the node with its verdict, worst first (`null`: not
+    /// listed, see `settings.criEndpoint` and the `sandboxes.*` finding).
+    pub sandboxes: Option<Vec<SandboxDoc>>,
 }
 
 /// Where `check` looked.
@@ -70,6 +74,10 @@ pub struct Settings {
     pub health_addr: String,
     /// Where the conf dir setting came from: `flag`, `env`, `marker` or `default`.
     pub cni_conf_dir_from: &'static str,
+    /// The CRI endpoint the sandboxes were listed through, or `none`.
+    pub cri_endpoint: String,
+    /// Where it came from: `flag`, `env`, `marker` or `default`.
+    pub cri_endpoint_from: &'static str,
 }
 
 fn shown_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
@@ -287,6 +295,8 @@ pub struct Parts {
     pub binary: Option<BinaryDoc>,
     /// The agent.
     pub agent: AgentDoc,
+    /// The sandboxes, when listed.
+    pub sandboxes: Option<Vec<SandboxDoc>>,
 }
 
 impl NodeReport {
@@ -307,6 +317,7 @@ impl NodeReport {
             effective: p.effective,
             binary: p.binary,
             agent: p.agent,
+            sandboxes: p.sandboxes,
         }
     }
 }
@@ -387,6 +398,10 @@ pub fn render(out: &mut impl Write, r: &NodeReport, style: Style) -> std::io::Re
         )?,
     }
     writeln!(out)?;
+    if let Some(list) = &r.sandboxes {
+        render_sandboxes(out, list, &r.settings.cri_endpoint, style)?;
+        writeln!(out)?;
+    }
     let iw = r.findings.iter().map(|f| f.id.len()).max().unwrap_or(0);
     writeln!(out, "  {:<4}  {:<iw$}  FINDING", "", "ID")?;
     for f in &r.findings {
@@ -405,4 +420,53 @@ pub fn render(out: &mut impl Write, r: &NodeReport, style: Style) -> std::io::Re
         Verdict::Unprotected | Verdict::CouldNotCheck => "1;31",
     };
     writeln!(out, "{}", style.paint(code, &r.summary))
+}
+
+/// The sandboxes table: pod, short sandbox ID, verdict, reason.
+fn render_sandboxes(
+    out: &mut impl Write,
+    list: &[SandboxDoc],
+    endpoint: &str,
+    style: Style,
+) -> std::io::Result<()> {
+    use super::sandboxes::SandboxVerdict;
+    writeln!(out, "Sandboxes on this node (CRI {endpoint}):")?;
+    if list.is_empty() {
+        return writeln!(out, "  (none ready)");
+    }
+    // Pod names come from the API: escape them like file names.
+    let pods: Vec<String> = list.iter().map(|s| confdir::shown(&s.pod)).collect();
+    let pw = pods
+        .iter()
+        .map(|p| p.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(3);
+    let vw = list
+        .iter()
+        .map(|s| s.verdict.word().len())
+        .max()
+        .unwrap_or(0)
+        .max(7);
+    writeln!(
+        out,
+        "  {:<pw$}  {:<12}  {:<vw$}  REASON",
+        "POD", "SANDBOX", "VERDICT"
+    )?;
+    for (s, pod) in list.iter().zip(&pods) {
+        let id: String = s.id.chars().take(12).collect();
+        let word = format!("{:<vw$}", s.verdict.word());
+        let word = match s.verdict {
+            SandboxVerdict::Unprotected => style.paint("31", &word),
+            SandboxVerdict::Unknown => style.paint("33", &word),
+            SandboxVerdict::Protected => style.paint("32", &word),
+            SandboxVerdict::NotMeshed => word,
+        };
+        writeln!(
+            out,
+            "  {pod:<pw$}  {id:<12}  {word}  {}",
+            confdir::shown(&s.reason)
+        )?;
+    }
+    Ok(())
 }
