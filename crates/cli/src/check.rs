@@ -8,6 +8,7 @@
 //! it guards), then from the defaults. Gathering (files, binaries, the marker, `/readyz`,
 //! what the agent would write) is kept apart from judging ([`judge::judge`], pure).
 
+pub mod cluster;
 pub mod judge;
 pub mod report;
 pub mod sandboxes;
@@ -54,6 +55,9 @@ enum CheckCommand {
     /// This node: the conf dir as the runtime loads it, the plugin binary, the agent
     /// (the default when no subcommand is given).
     Node(NodeArgs),
+    /// The cluster through the Kubernetes API: per node the InterlockReady condition,
+    /// the startup taint and the agent pod; pods labelled unprotected.
+    Cluster(cluster::ClusterArgs),
 }
 
 /// `interlock check node` flags; each defaults to the agent's own environment variable.
@@ -119,22 +123,40 @@ pub struct NodeArgs {
 
 /// Runs `interlock check`; the exit code follows the verdict.
 pub fn run(a: CheckArgs) -> anyhow::Result<std::process::ExitCode> {
+    let now = now_ms();
     let args = match a.which {
         Some(CheckCommand::Node(n)) => n,
+        Some(CheckCommand::Cluster(c)) => {
+            let report = cluster::check_cluster(&c, now);
+            return emit(&report, report.head.exit_code, c.output, |out, style| {
+                cluster::render(out, &report, style)
+            });
+        }
         None => a.node,
     };
-    let now = now_ms();
     let report = check_node(&args, now, &node_name());
+    emit(&report, report.head.exit_code, args.output, |out, style| {
+        report::render(out, &report, style)
+    })
+}
+
+/// Prints `doc` as JSON or as the table `render` draws; the exit code is `code`.
+pub fn emit<T: serde::Serialize>(
+    doc: &T,
+    code: u8,
+    output: Output,
+    render: impl FnOnce(&mut std::io::StdoutLock<'static>, Style) -> std::io::Result<()>,
+) -> anyhow::Result<std::process::ExitCode> {
     let mut out = std::io::stdout().lock();
-    let written = match args.output {
+    let written = match output {
         // Indented only so deep that a 10,000-deep config stays its own size.
         Output::Json => out
-            .write_all(&interlock_protocol::conf::pretty_json(&report))
+            .write_all(&interlock_protocol::conf::pretty_json(doc))
             .and_then(|()| writeln!(out)),
         Output::Text => {
             let colour = std::io::stdout().is_terminal()
                 && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-            report::render(&mut out, &report, Style { colour })
+            render(&mut out, Style { colour })
         }
     };
     // A reader that stops early (`| head`) is not an error of ours.
@@ -142,7 +164,7 @@ pub fn run(a: CheckArgs) -> anyhow::Result<std::process::ExitCode> {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
         _ => {}
     }
-    Ok(std::process::ExitCode::from(report.exit_code))
+    Ok(std::process::ExitCode::from(code))
 }
 
 /// `NODE_NAME` (the downward API in the agent's pod), else the host name.

@@ -54,6 +54,27 @@ pub struct Finding {
     effect: Effect,
 }
 
+impl Finding {
+    /// A finding; an `ok` one carries no hint.
+    pub fn new(
+        id: &'static str,
+        area: &'static str,
+        status: Status,
+        effect: Effect,
+        message: String,
+        hint: &'static str,
+    ) -> Finding {
+        Finding {
+            id,
+            area,
+            status,
+            message,
+            hint: if status == Status::Ok { "" } else { hint },
+            effect,
+        }
+    }
+}
+
 /// The node's verdict (`-o json` spells it in kebab-case).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -202,14 +223,7 @@ const HINT_READYZ: &str = "set INTERLOCK_HEALTH_ADDR (or --health-addr) to the a
 pub fn judge(o: &Observed<'_>) -> Judgement {
     let mut f: Vec<Finding> = Vec::new();
     let mut push = |id, area, status, effect, message: String, hint: &'static str| {
-        f.push(Finding {
-            id,
-            area,
-            status,
-            message,
-            hint: if status == Status::Ok { "" } else { hint },
-            effect,
-        })
+        f.push(Finding::new(id, area, status, effect, message, hint))
     };
     use Effect::{Hole, Risk};
     use Status::{Fail, Ok as Good, Warn};
@@ -592,35 +606,44 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
             }
         }
     }
-    // Worst first; equal findings keep their order.
+    let warns: Vec<&str> = f
+        .iter()
+        .filter(|x| x.status == Warn)
+        .map(|x| x.id)
+        .collect();
+    let protected = (config_runs_us && binary_ok).then(|| {
+        let mut s =
+            "a meshed pod started on this node now gets its redirection before it runs".to_string();
+        if !warns.is_empty() {
+            s.push_str(&format!(
+                " (with {} warning{}: {})",
+                warns.len(),
+                if warns.len() == 1 { "" } else { "s" },
+                warns.join(", ")
+            ));
+        }
+        s
+    });
+    conclude(f, protected)
+}
+
+/// The judgement from a list of findings: sorted worst first (equal findings keep their
+/// order); the verdict follows the worst failure (a hole: unprotected; else at risk),
+/// and without one is protected with `protected_summary` (`None`: nothing vouched for
+/// protection, so at risk).
+pub fn conclude(mut f: Vec<Finding>, protected_summary: Option<String>) -> Judgement {
     f.sort_by_key(|x| (x.status, x.effect));
     let worst = f
         .iter()
-        .filter(|x| x.status == Fail)
+        .filter(|x| x.status == Status::Fail)
         .min_by_key(|x| x.effect);
     let (verdict, summary) = match worst {
-        Some(x) if x.effect == Hole => (Verdict::Unprotected, x.message.clone()),
+        Some(x) if x.effect == Effect::Hole => (Verdict::Unprotected, x.message.clone()),
         Some(x) => (Verdict::AtRisk, x.message.clone()),
-        None if config_runs_us && binary_ok => {
-            let warns: Vec<&str> = f
-                .iter()
-                .filter(|x| x.status == Warn)
-                .map(|x| x.id)
-                .collect();
-            let mut s = "a meshed pod started on this node now gets its redirection before it runs"
-                .to_string();
-            if !warns.is_empty() {
-                s.push_str(&format!(
-                    " (with {} warning{}: {})",
-                    warns.len(),
-                    if warns.len() == 1 { "" } else { "s" },
-                    warns.join(", ")
-                ));
-            }
-            (Verdict::Protected, s)
-        }
-        // Unreachable: without a failure, config and binary are ok.
-        None => (Verdict::AtRisk, "the node could not be judged".to_string()),
+        None => match protected_summary {
+            Some(s) => (Verdict::Protected, s),
+            None => (Verdict::AtRisk, "the node could not be judged".to_string()),
+        },
     };
     Judgement {
         verdict,

@@ -18,18 +18,17 @@ use std::path::{Path, PathBuf};
 /// The schema version of the JSON document.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// The document `check node -o json` prints.
+/// What every `check` document starts with: the schema, the build, the time, the verdict
+/// and the findings.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct NodeReport {
+pub struct Head {
     /// [`SCHEMA_VERSION`].
     pub schema_version: u32,
-    /// Always `NodeCheck`.
+    /// `NodeCheck` or `ClusterCheck`.
     pub kind: &'static str,
     /// The build of the `interlock` that checked.
     pub interlock_version: &'static str,
-    /// The node (`NODE_NAME`, else the host name).
-    pub node: String,
     /// When, RFC 3339 in UTC with milliseconds.
     pub checked_at: String,
     /// The verdict.
@@ -42,6 +41,34 @@ pub struct NodeReport {
     pub summary: String,
     /// Every finding, worst first.
     pub findings: Vec<Finding>,
+}
+
+impl Head {
+    /// The head of a `kind` document checked at `now_ms` with judgement `j`.
+    pub fn new(kind: &'static str, now_ms: u64, j: Judgement) -> Head {
+        Head {
+            schema_version: SCHEMA_VERSION,
+            kind,
+            interlock_version: interlock_buildinfo::VERSION,
+            checked_at: interlock_contract::time::format_ms(now_ms),
+            verdict: j.verdict,
+            protected: j.verdict == Verdict::Protected,
+            exit_code: j.verdict.exit_code(),
+            summary: j.summary,
+            findings: j.findings,
+        }
+    }
+}
+
+/// The document `check node -o json` prints.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReport {
+    /// Schema, build, time, verdict, findings.
+    #[serde(flatten)]
+    pub head: Head,
+    /// The node (`NODE_NAME`, else the host name).
+    pub node: String,
     /// Where `check` looked, and where each setting came from.
     pub settings: Settings,
     /// The conf dir as the runtime sees it (`null` when it could not be read).
@@ -303,16 +330,8 @@ impl NodeReport {
     /// The report from its parts and the judgement.
     pub fn new(p: Parts, j: Judgement) -> NodeReport {
         NodeReport {
-            schema_version: SCHEMA_VERSION,
-            kind: "NodeCheck",
-            interlock_version: interlock_buildinfo::VERSION,
+            head: Head::new("NodeCheck", p.now_ms, j),
             node: p.node,
-            checked_at: interlock_contract::time::format_ms(p.now_ms),
-            verdict: j.verdict,
-            protected: j.verdict == Verdict::Protected,
-            exit_code: j.verdict.exit_code(),
-            summary: j.summary,
-            findings: j.findings,
             settings: p.settings,
             effective: p.effective,
             binary: p.binary,
@@ -330,7 +349,8 @@ pub struct Style {
 }
 
 impl Style {
-    fn paint(self, code: &str, s: &str) -> String {
+    /// `s` in the ANSI colour `code` when colour is on.
+    pub fn paint(self, code: &str, s: &str) -> String {
         if self.colour {
             format!("\u{1b}[{code}m{s}\u{1b}[0m")
         } else {
@@ -353,7 +373,7 @@ pub fn render(out: &mut impl Write, r: &NodeReport, style: Style) -> std::io::Re
     writeln!(
         out,
         "interlock check node {} ({}, interlock {})",
-        r.node, r.checked_at, r.interlock_version
+        r.node, r.head.checked_at, r.head.interlock_version
     )?;
     writeln!(out)?;
     match &r.effective {
@@ -402,9 +422,20 @@ pub fn render(out: &mut impl Write, r: &NodeReport, style: Style) -> std::io::Re
         render_sandboxes(out, list, &r.settings.cri_endpoint, style)?;
         writeln!(out)?;
     }
-    let iw = r.findings.iter().map(|f| f.id.len()).max().unwrap_or(0);
+    render_findings(out, &r.head.findings, style)?;
+    writeln!(out)?;
+    render_verdict(out, r.head.verdict, &r.head.summary, style)
+}
+
+/// The findings table: status, id, message and hint.
+pub fn render_findings(
+    out: &mut impl Write,
+    findings: &[Finding],
+    style: Style,
+) -> std::io::Result<()> {
+    let iw = findings.iter().map(|f| f.id.len()).max().unwrap_or(0);
     writeln!(out, "  {:<4}  {:<iw$}  FINDING", "", "ID")?;
-    for f in &r.findings {
+    for f in findings {
         let (tag, code) = status_tag(f.status);
         // Pad before painting: escape codes have no width.
         let tag = style.paint(code, &format!("{tag:<4}"));
@@ -413,13 +444,22 @@ pub fn render(out: &mut impl Write, r: &NodeReport, style: Style) -> std::io::Re
             writeln!(out, "  {:<4}  {:<iw$}  hint: {}", "", "", f.hint)?;
         }
     }
-    writeln!(out)?;
-    let code = match r.verdict {
+    Ok(())
+}
+
+/// The one-line verdict, in the verdict's colour.
+pub fn render_verdict(
+    out: &mut impl Write,
+    verdict: Verdict,
+    summary: &str,
+    style: Style,
+) -> std::io::Result<()> {
+    let code = match verdict {
         Verdict::Protected => "1;32",
         Verdict::AtRisk => "1;33",
         Verdict::Unprotected | Verdict::CouldNotCheck => "1;31",
     };
-    writeln!(out, "{}", style.paint(code, &r.summary))
+    writeln!(out, "{}", style.paint(code, summary))
 }
 
 /// The sandboxes table: pod, short sandbox ID, verdict, reason.

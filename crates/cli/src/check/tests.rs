@@ -535,7 +535,7 @@ fn fixed_report(files: &[(&str, &str)], binary: Option<BinaryFacts>, readyz: Rea
         j,
     );
     // The build differs per commit; the snapshot pins it.
-    r.interlock_version = "0.1.0 (git 0123456789ab)";
+    r.head.interlock_version = "0.1.0 (git 0123456789ab)";
     r
 }
 
@@ -784,10 +784,8 @@ fn human_output_with_sandboxes_snapshot() {
         ),
     ];
     let j = judge_sandboxes(&SandboxesSeen::Listed(docs.clone()));
-    r.verdict = j.verdict;
-    r.summary = j.summary;
-    r.findings = j.findings;
-    r.exit_code = j.verdict.exit_code();
+    r.head = Head::new("NodeCheck", 1_795_938_576_042, j);
+    r.head.interlock_version = "0.1.0 (git 0123456789ab)";
     r.sandboxes = Some(docs);
     r.settings.cri_endpoint = "unix:///run/containerd/containerd.sock".into();
     assert_eq!(
