@@ -192,28 +192,9 @@ fn runtime_word(r: Runtime) -> String {
 fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
     let mpath = marker_path(&a.state_dir);
     let marker = ReadinessMarker::read(&mpath).map_err(|e| format!("{}: {e}", mpath.display()));
-    let (conf_dir, from) = match (&a.cni_conf_dir, std::env::var_os("INTERLOCK_CNI_CONF_DIR")) {
-        (Some(d), _) => (d.clone(), "flag"),
-        (None, Some(d)) if !d.is_empty() => (PathBuf::from(d), "env"),
-        _ => match marker
-            .as_ref()
-            .ok()
-            .and_then(|m| Path::new(&m.config_path).parent().map(Path::to_path_buf))
-            .filter(|p| p.is_absolute())
-        {
-            Some(d) => (d, "marker"),
-            None => (PathBuf::from("/etc/cni/net.d"), "default"),
-        },
-    };
-    let (cri_endpoint, cri_from) = match (&a.cri_endpoint, std::env::var("INTERLOCK_CRI_ENDPOINT"))
-    {
-        (Some(e), _) => (e.clone(), "flag"),
-        (None, Ok(e)) if !e.is_empty() => (e, "env"),
-        _ => match marker.as_ref().ok().and_then(|m| m.cri_endpoint.clone()) {
-            Some(e) => (e, "marker"),
-            None => (interlock_cri::DEFAULT_ENDPOINT.to_string(), "default"),
-        },
-    };
+    let (conf_dir, from) = resolve_conf_dir(a.cni_conf_dir.as_deref(), marker.as_ref().ok());
+    let (cri_endpoint, cri_from) =
+        resolve_cri_endpoint(a.cri_endpoint.as_deref(), marker.as_ref().ok());
     let settings = Settings {
         cni_conf_dir: conf_dir.clone(),
         cni_bin_dirs: a.cni_bin_dirs.clone(),
@@ -270,7 +251,7 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
     let sandboxes = if cri_endpoint == "none" {
         SandboxesSeen::NotAsked
     } else {
-        match audit_plugin_config(a, &effective) {
+        match audit_plugin_config(a.plugin_config.as_deref(), &a.state_dir, Some(&effective)) {
             Ok(plugin) => sandboxes::list(&cri_endpoint, &plugin),
             Err(e) => SandboxesSeen::Unreachable(e),
         }
@@ -291,27 +272,64 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
     NodeReport::new(parts(Some(doc), &binary, &sandboxes), j)
 }
 
+/// The runtime's CNI conf dir and where the setting came from: the flag, else
+/// `INTERLOCK_CNI_CONF_DIR`, else the dir of the config the agent's marker names, else
+/// `/etc/cni/net.d`.
+pub fn resolve_conf_dir(
+    flag: Option<&Path>,
+    marker: Option<&ReadinessMarker>,
+) -> (PathBuf, &'static str) {
+    match (flag, std::env::var_os("INTERLOCK_CNI_CONF_DIR")) {
+        (Some(d), _) => (d.to_path_buf(), "flag"),
+        (None, Some(d)) if !d.is_empty() => (PathBuf::from(d), "env"),
+        _ => match marker
+            .and_then(|m| Path::new(&m.config_path).parent().map(Path::to_path_buf))
+            .filter(|p| p.is_absolute())
+        {
+            Some(d) => (d, "marker"),
+            None => (PathBuf::from("/etc/cni/net.d"), "default"),
+        },
+    }
+}
+
+/// The CRI endpoint and where it came from: the flag, else `INTERLOCK_CRI_ENDPOINT`,
+/// else the endpoint the agent's marker names (`none` when the agent audits nothing),
+/// else containerd's socket.
+pub fn resolve_cri_endpoint(
+    flag: Option<&str>,
+    marker: Option<&ReadinessMarker>,
+) -> (String, &'static str) {
+    match (flag, std::env::var("INTERLOCK_CRI_ENDPOINT")) {
+        (Some(e), _) => (e.to_string(), "flag"),
+        (None, Ok(e)) if !e.is_empty() => (e, "env"),
+        _ => match marker.and_then(|m| m.cri_endpoint.clone()) {
+            Some(e) => (e, "marker"),
+            None => (interlock_cri::DEFAULT_ENDPOINT.to_string(), "default"),
+        },
+    }
+}
+
 /// The plugin settings the agent's audit judges sandboxes with: the entry the agent
 /// writes (`--plugin-config` merged into its entry), else the interlock-cni entry the
 /// runtime loads, else the agent's default entry.
-fn audit_plugin_config(
-    a: &NodeArgs,
-    e: &Effective,
+pub fn audit_plugin_config(
+    plugin_config: Option<&Path>,
+    state_dir: &Path,
+    e: Option<&Effective>,
 ) -> Result<interlock_contract::config::PluginConfig, String> {
-    let entry = match &a.plugin_config {
+    let entry = match plugin_config {
         Some(p) => {
             let extra = interlock_agent::load_plugin_config(p).map_err(|e| e.to_string())?;
-            interlock_agent::plugin_entry_with(&a.state_dir, &extra)
+            interlock_agent::plugin_entry_with(state_dir, &extra)
         }
         None => e
-            .chosen
-            .as_ref()
+            .and_then(|e| e.chosen.as_ref())
             .and_then(|c| {
                 let name = c.path.file_name()?.to_str()?.to_string();
                 confdir::runs_plugin(&c.list, &name, PLUGIN_TYPE).ok()
             })
             .map(|r| r.entry.clone())
-            .unwrap_or_else(|| interlock_agent::plugin_entry(&a.state_dir)),
+            .unwrap_or_else(|| interlock_agent::plugin_entry(state_dir)),
     };
     interlock_contract::config::PluginConfig::from_map(&entry)
         .map_err(|e| format!("the interlock-cni settings are invalid: {e}"))

@@ -730,6 +730,41 @@ async fn check_lists_the_nodes_sandboxes_with_the_audits_verdicts() {
             "{text}"
         );
     }
+    // `inspect pod` finds the same sandbox over CRI: its spec, no rules, the difference.
+    let inspect = |pod: &str| {
+        let out = Command::new(interlock())
+            .args([
+                "inspect",
+                "pod",
+                pod,
+                "-o",
+                "json",
+                "--cri-endpoint",
+                &endpoint,
+            ])
+            .arg("--state-dir")
+            .arg(&d.state)
+            .arg("--cni-conf-dir")
+            .arg(&d.conf)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code().unwrap_or(-1), v)
+    };
+    let (code, iv) = inspect(&meshed[0].1);
+    assert_eq!(code, 2, "{iv:#}");
+    assert_eq!(iv["sandbox"], meshed[0].0.as_str());
+    assert_eq!(iv["spec"]["source"], "pod annotations");
+    assert!(!iv["difference"].as_array().unwrap().is_empty(), "{iv:#}");
+    let (code, iv) = inspect(&plain_pod);
+    assert_eq!(
+        (code, iv["verdict"].as_str()),
+        (0, Some("not-meshed")),
+        "{iv:#}"
+    );
+    let (code, iv) = inspect("nowhere/none");
+    assert_eq!(code, 3, "{iv:#}");
     // Read-only: check installed nothing in the pods' netns.
     let again: serde_json::Value =
         serde_json::from_str(&check(&["--cri-endpoint", &endpoint, "-o", "json"]).1).unwrap();
@@ -772,6 +807,12 @@ async fn check_lists_the_nodes_sandboxes_with_the_audits_verdicts() {
         assert_eq!(by_pod(&v, pod)["verdict"], "protected", "{v:#}");
     }
     assert_eq!(by_pod(&v, &plain_pod)["verdict"], "not-meshed");
+    // After the repair, inspect sees the rules and the plugin's record of them.
+    let (code, iv) = inspect(&meshed[1].1);
+    assert_eq!(code, 0, "{iv:#}");
+    assert_eq!(iv["difference"], serde_json::json!([]));
+    assert!(iv["record"]["specHash"].is_string(), "{iv:#}");
+    assert!(!iv["rulesPresent"].as_array().unwrap().is_empty(), "{iv:#}");
     let ok = finding(&v, "sandboxes.ok").expect("sandboxes.ok");
     assert!(
         ok["message"]

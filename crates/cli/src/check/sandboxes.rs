@@ -95,7 +95,7 @@ pub fn doc(id: &str, pod: &str, netns: Option<&Path>, v: &audit::Verdict) -> San
 /// The backend to read a netns with when the plugin recorded none for it: the configured
 /// one, or the node's detected one for `auto` (detected here, without writing the
 /// agent's cache: `check` writes nothing).
-fn backend_for(plugin: &PluginConfig) -> BackendKind {
+pub(crate) fn backend_for(plugin: &PluginConfig) -> BackendKind {
     match plugin.backend {
         BackendChoice::Auto => interlock_redirect::backend::detect().kind,
         fixed => interlock_attach::protect::resolve_backend(fixed, &plugin.state_dir).0,
@@ -104,7 +104,7 @@ fn backend_for(plugin: &PluginConfig) -> BackendKind {
 
 /// The pod's mesh decision as the audit makes it: a host-network sandbox has no netns
 /// of its own to redirect in.
-fn decision_of(plugin: &PluginConfig, s: &SandboxStatus) -> Decision {
+pub(crate) fn decision_of(plugin: &PluginConfig, s: &SandboxStatus) -> Decision {
     let meta = &s.metadata;
     if s.host_network {
         return Decision::NotMeshed {
@@ -115,26 +115,32 @@ fn decision_of(plugin: &PluginConfig, s: &SandboxStatus) -> Decision {
     interlock_redirect::decision::decide(plugin, &meta.namespace, &pod, Some(&s.annotations))
 }
 
-/// Lists the ready sandboxes at `endpoint` and judges each with `plugin` (the entry the
-/// agent writes). Never fails: an unreachable runtime is [`SandboxesSeen::Unreachable`].
-pub fn list(endpoint: &str, plugin: &PluginConfig) -> SandboxesSeen {
-    let rt = match tokio::runtime::Builder::new_current_thread()
+/// A sandbox's status, or why it could not be read.
+pub(crate) type StatusRead = Result<SandboxStatus, String>;
+
+/// The status (verbose: with the netns) of every ready sandbox at `endpoint`, or only of
+/// pod `(namespace, name)`'s; a sandbox gone since the list is left out, one whose status
+/// cannot be read carries the error. Fails when the runtime cannot be asked.
+pub(crate) fn ready_statuses(
+    endpoint: &str,
+    pod: Option<(&str, &str)>,
+) -> Result<Vec<(String, StatusRead)>, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return SandboxesSeen::Unreachable(format!("cannot start a runtime: {e}")),
-    };
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
     let timeouts = Timeouts {
         connect: Duration::from_secs(2),
         call: Duration::from_secs(5),
         ..Timeouts::default()
     };
-    let statuses = rt.block_on(async {
+    rt.block_on(async {
         let cri = CriClient::connect_with(endpoint, timeouts).await?;
         let listed = cri.list_sandboxes(&SandboxFilter::ready()).await?;
         let mut out = Vec::with_capacity(listed.len());
-        for s in listed {
+        for s in listed.into_iter().filter(|s| {
+            pod.is_none_or(|(ns, name)| s.metadata.namespace == ns && s.metadata.name == name)
+        }) {
             match cri.sandbox_status(&s.id, true).await {
                 Ok(st) => out.push((s.id, Ok(st))),
                 // Gone between the list and the status: not on the node any more.
@@ -143,10 +149,16 @@ pub fn list(endpoint: &str, plugin: &PluginConfig) -> SandboxesSeen {
             }
         }
         Ok::<_, interlock_cri::CriError>(out)
-    });
-    let statuses = match statuses {
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// Lists the ready sandboxes at `endpoint` and judges each with `plugin` (the entry the
+/// agent writes). Never fails: an unreachable runtime is [`SandboxesSeen::Unreachable`].
+pub fn list(endpoint: &str, plugin: &PluginConfig) -> SandboxesSeen {
+    let statuses = match ready_statuses(endpoint, None) {
         Ok(s) => s,
-        Err(e) => return SandboxesSeen::Unreachable(e.to_string()),
+        Err(e) => return SandboxesSeen::Unreachable(e),
     };
     let backend = backend_for(plugin);
     let mut docs = Vec::new();
