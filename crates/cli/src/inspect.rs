@@ -104,7 +104,8 @@ fn parse_pod(s: &str) -> Result<(String, String), String> {
     }
 }
 
-fn parse_annotation(s: &str) -> Result<(String, String), String> {
+/// `key=value`, for `--annotation`.
+pub(crate) fn parse_annotation(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .filter(|(k, _)| !k.is_empty())
         .map(|(k, v)| (k.to_string(), v.to_string()))
