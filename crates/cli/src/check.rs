@@ -83,9 +83,10 @@ pub struct NodeArgs {
         default_value = "/var/run/interlock"
     )]
     state_dir: PathBuf,
-    /// Whose loading rules decide what is effective: containerd or crio.
-    #[arg(long, env = "INTERLOCK_RUNTIME", default_value = "containerd")]
-    runtime: Runtime,
+    /// Whose loading rules decide what is effective: containerd or crio [else the
+    /// runtime the agent's marker names; else containerd].
+    #[arg(long, env = "INTERLOCK_RUNTIME")]
+    runtime: Option<Runtime>,
     /// The agent's health address (`/readyz`; an unspecified address such as 0.0.0.0 is
     /// asked on loopback); `none` skips asking it.
     #[arg(long, env = "INTERLOCK_HEALTH_ADDR", default_value = "127.0.0.1:9102")]
@@ -195,11 +196,18 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
     let (conf_dir, from) = resolve_conf_dir(a.cni_conf_dir.as_deref(), marker.as_ref().ok());
     let (cri_endpoint, cri_from) =
         resolve_cri_endpoint(a.cri_endpoint.as_deref(), marker.as_ref().ok());
+    let runtime = a
+        .runtime
+        .or_else(|| {
+            let m = marker.as_ref().ok()?;
+            m.runtime.as_deref()?.parse().ok()
+        })
+        .unwrap_or(Runtime::Containerd);
     let settings = Settings {
         cni_conf_dir: conf_dir.clone(),
         cni_bin_dirs: a.cni_bin_dirs.clone(),
         state_dir: a.state_dir.clone(),
-        runtime: runtime_word(a.runtime),
+        runtime: runtime_word(runtime),
         health_addr: a.health_addr.clone(),
         cni_conf_dir_from: from,
         cri_endpoint: cri_endpoint.clone(),
@@ -235,7 +243,7 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
         );
         return NodeReport::new(parts(None, &binary, &SandboxesSeen::NotAsked), j);
     }
-    let effective = match confdir::load(&conf_dir, a.runtime, &a.cni_bin_dirs) {
+    let effective = match confdir::load(&conf_dir, runtime, &a.cni_bin_dirs) {
         Ok(e) => e,
         Err(e) => {
             let j = judge::could_not_check(
@@ -431,7 +439,7 @@ fn stale_copy(
     cfg.conf_dir = conf_dir.to_path_buf();
     cfg.bin_dirs = a.cni_bin_dirs.clone();
     cfg.state_dir = a.state_dir.clone();
-    cfg.runtime = a.runtime;
+    cfg.runtime = e.runtime;
     cfg.mode = a.config_mode.unwrap_or(if plan::is_owned_name(&name) {
         ConfigMode::Owned
     } else {
@@ -451,7 +459,7 @@ fn stale_copy(
             s
         }
     };
-    settings.runtime = a.runtime;
+    settings.runtime = e.runtime;
     let snap = interlock_agent::guard::snapshot_for(&cfg).ok()?;
     let mut facts = Facts::default();
     let mut types: Vec<String> = snap

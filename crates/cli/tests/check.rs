@@ -827,11 +827,12 @@ async fn check_lists_the_nodes_sandboxes_with_the_audits_verdicts() {
 
 /// A runtime that cannot be asked is a finding (at risk: running pods cannot be vouched
 /// for, and the agent's audit cannot reach them either), never a crash; `none` skips.
+/// Without flags or environment, the CRI endpoint and the runtime are the marker's.
 #[test]
 fn an_unreachable_cri_endpoint_is_at_risk_not_a_crash() {
     let d = Dirs::new();
     d.write("10-calico.conflist", CALICO);
-    let a = d.agent(&["--cri-endpoint", "none"]);
+    let a = d.agent(&["--cri-endpoint", "none", "--runtime", "crio"]);
     wait_protected(&d, &a);
     let health = format!("127.0.0.1:{}", a.port);
     let missing = format!("unix://{}", d.tmp.path().join("no.sock").display());
@@ -862,10 +863,13 @@ fn an_unreachable_cri_endpoint_is_at_risk_not_a_crash() {
         .args(["-o", "json", "--health-addr", &health, "--plugin-source"])
         .arg(plugin())
         .env_remove("INTERLOCK_CRI_ENDPOINT")
+        .env_remove("INTERLOCK_RUNTIME")
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(out.status.code(), Some(0), "{v:#}");
+    // The runtime too comes from the marker.
+    assert_eq!(v["settings"]["runtime"], "crio");
     assert_eq!(v["settings"]["criEndpoint"], "none");
     assert_eq!(v["settings"]["criEndpointFrom"], "marker");
     assert!(finding(&v, "sandboxes.cri-unreachable").is_none());
