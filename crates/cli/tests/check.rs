@@ -721,6 +721,7 @@ async fn check_lists_the_nodes_sandboxes_with_the_audits_verdicts() {
     }
     // The table says the same, by pod name.
     let (code, text) = check(&["--cri-endpoint", &endpoint]);
+    eprintln!("{text}");
     assert_eq!(code, 2, "{text}");
     assert!(text.contains("Sandboxes on this node"), "{text}");
     for (_, pod) in &meshed {

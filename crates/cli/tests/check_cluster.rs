@@ -128,6 +128,7 @@ fn check_cluster_judges_every_node_from_the_api() {
     }
 
     let (code, text) = check_cluster(&d, false);
+    eprintln!("{text}");
     assert_eq!(code, 2, "{text}");
     assert!(
         text.lines()

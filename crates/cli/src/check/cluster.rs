@@ -182,7 +182,7 @@ const HINT_NOT_READY: &str =
     "the node takes no new pods until the agent is ready: see the condition's message and `interlock check node` on it";
 const HINT_NO_CONDITION: &str = "the agent on that node never wrote its condition: does it run with --kube=auto and the RBAC of `interlock manifests`?";
 const HINT_TAINTED: &str = "the agent removes the taint once ready; if it stays, the agent cannot patch the node (RBAC) — see its log";
-const HINT_UNPROTECTED: &str = "the agents label these pods after failing to repair them: see the pods' Events (reason Unprotected/RepairFailed) and delete them so they start again through interlock";
+const HINT_UNPROTECTED: &str = "an agent found these pods unprotected and, by its repair policy (report, or repairs that kept failing), left them so: see the pods' Events (Unprotected, RepairFailed) and delete them so they start again through interlock";
 
 /// Judges the cluster from what the API showed. Pure.
 pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
