@@ -630,6 +630,13 @@ impl Guard {
                 .effective
                 .map(|e| self.cfg.conf_dir.join(e).display().to_string())
                 .unwrap_or_default(),
+            runtime: Some(self.cfg.runtime.to_string()),
+            cri_endpoint: Some(
+                self.cfg
+                    .audit
+                    .as_ref()
+                    .map_or_else(|| "none".into(), |a| a.cri_endpoint.clone()),
+            ),
         };
         if let Err(e) = marker::write(&self.cfg.state_dir, &m) {
             self.shared.errors.inc();

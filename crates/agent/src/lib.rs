@@ -447,6 +447,12 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         pid: std::process::id(),
         pid_namespace: None,
         config_path: String::new(),
+        runtime: Some(cfg.runtime.to_string()),
+        cri_endpoint: Some(
+            cfg.audit
+                .as_ref()
+                .map_or_else(|| "none".into(), |a| a.cri_endpoint.clone()),
+        ),
     };
     if let Err(e) = marker::write(&cfg.state_dir, &stopped) {
         error!(state_dir = %cfg.state_dir.display(), error = %e, "cannot mark the agent stopped");

@@ -40,6 +40,8 @@ mod tests {
             pid: 7,
             pid_namespace: None,
             config_path: "/etc/cni/net.d/00-interlock.conflist".into(),
+            runtime: Some("containerd".into()),
+            cri_endpoint: Some("unix:///run/containerd/containerd.sock".into()),
         };
         write(d.path(), &m).unwrap();
         // The bytes on disk are the plugin's contract (field names: tested in the plugin).

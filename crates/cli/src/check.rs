@@ -8,8 +8,10 @@
 //! it guards), then from the defaults. Gathering (files, binaries, the marker, `/readyz`,
 //! what the agent would write) is kept apart from judging ([`judge::judge`], pure).
 
+pub mod cluster;
 pub mod judge;
 pub mod report;
+pub mod sandboxes;
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -26,6 +28,7 @@ use interlock_contract::time::now_ms;
 use interlock_protocol::confdir::{self, Effective, Runtime};
 use judge::{chain_types, BinaryFacts, Content, Judgement, Observed, Readyz, Stale};
 use report::{AgentDoc, BinaryDoc, EffectiveDoc, NodeReport, Parts, ReadyzDoc, Settings, Style};
+use sandboxes::SandboxesSeen;
 use serde_json::Value;
 
 /// Output format.
@@ -52,6 +55,9 @@ enum CheckCommand {
     /// This node: the conf dir as the runtime loads it, the plugin binary, the agent
     /// (the default when no subcommand is given).
     Node(NodeArgs),
+    /// The cluster through the Kubernetes API: per node the InterlockReady condition,
+    /// the startup taint and the agent pod; pods labelled unprotected.
+    Cluster(cluster::ClusterArgs),
 }
 
 /// `interlock check node` flags; each defaults to the agent's own environment variable.
@@ -77,9 +83,10 @@ pub struct NodeArgs {
         default_value = "/var/run/interlock"
     )]
     state_dir: PathBuf,
-    /// Whose loading rules decide what is effective: containerd or crio.
-    #[arg(long, env = "INTERLOCK_RUNTIME", default_value = "containerd")]
-    runtime: Runtime,
+    /// Whose loading rules decide what is effective: containerd or crio [else the
+    /// runtime the agent's marker names; else containerd].
+    #[arg(long, env = "INTERLOCK_RUNTIME")]
+    runtime: Option<Runtime>,
     /// The agent's health address (`/readyz`; an unspecified address such as 0.0.0.0 is
     /// asked on loopback); `none` skips asking it.
     #[arg(long, env = "INTERLOCK_HEALTH_ADDR", default_value = "127.0.0.1:9102")]
@@ -105,6 +112,11 @@ pub struct NodeArgs {
     /// [default: interlock-cni next to this binary].
     #[arg(long, env = "INTERLOCK_PLUGIN_SOURCE")]
     plugin_source: Option<PathBuf>,
+    /// The runtime's CRI socket to list the node's sandboxes through; `none` skips
+    /// them [env: INTERLOCK_CRI_ENDPOINT; else the endpoint the agent's marker names;
+    /// else containerd's socket].
+    #[arg(long)]
+    cri_endpoint: Option<String>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     output: Output,
@@ -112,22 +124,40 @@ pub struct NodeArgs {
 
 /// Runs `interlock check`; the exit code follows the verdict.
 pub fn run(a: CheckArgs) -> anyhow::Result<std::process::ExitCode> {
+    let now = now_ms();
     let args = match a.which {
         Some(CheckCommand::Node(n)) => n,
+        Some(CheckCommand::Cluster(c)) => {
+            let report = cluster::check_cluster(&c, now);
+            return emit(&report, report.head.exit_code, c.output, |out, style| {
+                cluster::render(out, &report, style)
+            });
+        }
         None => a.node,
     };
-    let now = now_ms();
     let report = check_node(&args, now, &node_name());
+    emit(&report, report.head.exit_code, args.output, |out, style| {
+        report::render(out, &report, style)
+    })
+}
+
+/// Prints `doc` as JSON or as the table `render` draws; the exit code is `code`.
+pub fn emit<T: serde::Serialize>(
+    doc: &T,
+    code: u8,
+    output: Output,
+    render: impl FnOnce(&mut std::io::StdoutLock<'static>, Style) -> std::io::Result<()>,
+) -> anyhow::Result<std::process::ExitCode> {
     let mut out = std::io::stdout().lock();
-    let written = match args.output {
+    let written = match output {
         // Indented only so deep that a 10,000-deep config stays its own size.
         Output::Json => out
-            .write_all(&interlock_protocol::conf::pretty_json(&report))
+            .write_all(&interlock_protocol::conf::pretty_json(doc))
             .and_then(|()| writeln!(out)),
         Output::Text => {
             let colour = std::io::stdout().is_terminal()
                 && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-            report::render(&mut out, &report, Style { colour })
+            render(&mut out, Style { colour })
         }
     };
     // A reader that stops early (`| head`) is not an error of ours.
@@ -135,7 +165,7 @@ pub fn run(a: CheckArgs) -> anyhow::Result<std::process::ExitCode> {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
         _ => {}
     }
-    Ok(std::process::ExitCode::from(report.exit_code))
+    Ok(std::process::ExitCode::from(code))
 }
 
 /// `NODE_NAME` (the downward API in the agent's pod), else the host name.
@@ -163,26 +193,25 @@ fn runtime_word(r: Runtime) -> String {
 fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
     let mpath = marker_path(&a.state_dir);
     let marker = ReadinessMarker::read(&mpath).map_err(|e| format!("{}: {e}", mpath.display()));
-    let (conf_dir, from) = match (&a.cni_conf_dir, std::env::var_os("INTERLOCK_CNI_CONF_DIR")) {
-        (Some(d), _) => (d.clone(), "flag"),
-        (None, Some(d)) if !d.is_empty() => (PathBuf::from(d), "env"),
-        _ => match marker
-            .as_ref()
-            .ok()
-            .and_then(|m| Path::new(&m.config_path).parent().map(Path::to_path_buf))
-            .filter(|p| p.is_absolute())
-        {
-            Some(d) => (d, "marker"),
-            None => (PathBuf::from("/etc/cni/net.d"), "default"),
-        },
-    };
+    let (conf_dir, from) = resolve_conf_dir(a.cni_conf_dir.as_deref(), marker.as_ref().ok());
+    let (cri_endpoint, cri_from) =
+        resolve_cri_endpoint(a.cri_endpoint.as_deref(), marker.as_ref().ok());
+    let runtime = a
+        .runtime
+        .or_else(|| {
+            let m = marker.as_ref().ok()?;
+            m.runtime.as_deref()?.parse().ok()
+        })
+        .unwrap_or(Runtime::Containerd);
     let settings = Settings {
         cni_conf_dir: conf_dir.clone(),
         cni_bin_dirs: a.cni_bin_dirs.clone(),
         state_dir: a.state_dir.clone(),
-        runtime: runtime_word(a.runtime),
+        runtime: runtime_word(runtime),
         health_addr: a.health_addr.clone(),
         cni_conf_dir_from: from,
+        cri_endpoint: cri_endpoint.clone(),
+        cri_endpoint_from: cri_from,
     };
     let binary = binary_facts(a);
     let readyz = ask_readyz(&a.health_addr);
@@ -191,13 +220,17 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
         marker_error: marker.as_ref().err().cloned(),
         readyz: ReadyzDoc::new(&a.health_addr, &readyz),
     };
-    let parts = |effective, binary: &Option<BinaryFacts>| Parts {
+    let parts = |effective, binary: &Option<BinaryFacts>, sandboxes: &SandboxesSeen| Parts {
         node: node.to_string(),
         now_ms: now,
         settings: settings.clone(),
         effective,
         binary: binary.as_ref().map(BinaryDoc::from),
         agent,
+        sandboxes: match sandboxes {
+            SandboxesSeen::Listed(l) => Some(l.clone()),
+            _ => None,
+        },
     };
     if !conf_dir.is_dir() {
         let j = judge::could_not_check(
@@ -208,9 +241,9 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
             ),
             "point check at the runtime's conf dir: INTERLOCK_CNI_CONF_DIR or --cni-conf-dir (in the agent's pod, its environment already does)",
         );
-        return NodeReport::new(parts(None, &binary), j);
+        return NodeReport::new(parts(None, &binary, &SandboxesSeen::NotAsked), j);
     }
-    let effective = match confdir::load(&conf_dir, a.runtime, &a.cni_bin_dirs) {
+    let effective = match confdir::load(&conf_dir, runtime, &a.cni_bin_dirs) {
         Ok(e) => e,
         Err(e) => {
             let j = judge::could_not_check(
@@ -218,11 +251,19 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
                 format!("reading {}: {e}", conf_dir.display()),
                 "run check as root (the conf dir is root's), or fix the path",
             );
-            return NodeReport::new(parts(None, &binary), j);
+            return NodeReport::new(parts(None, &binary, &SandboxesSeen::NotAsked), j);
         }
     };
     let missing = missing_plugins(&effective, a);
     let stale = stale_copy(a, &conf_dir, &effective, binary.as_ref());
+    let sandboxes = if cri_endpoint == "none" {
+        SandboxesSeen::NotAsked
+    } else {
+        match audit_plugin_config(a.plugin_config.as_deref(), &a.state_dir, Some(&effective)) {
+            Ok(plugin) => sandboxes::list(&cri_endpoint, &plugin),
+            Err(e) => SandboxesSeen::Unreachable(e),
+        }
+    };
     let j: Judgement = judge::judge(&Observed {
         effective: &effective,
         binary: binary.as_ref(),
@@ -232,9 +273,74 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
         readyz: &readyz,
         missing_plugins: &missing,
         stale: stale.as_ref(),
+        sandboxes: &sandboxes,
+        cri_endpoint: &cri_endpoint,
     });
     let doc = EffectiveDoc::new(&effective, &missing, stale.as_ref());
-    NodeReport::new(parts(Some(doc), &binary), j)
+    NodeReport::new(parts(Some(doc), &binary, &sandboxes), j)
+}
+
+/// The runtime's CNI conf dir and where the setting came from: the flag, else
+/// `INTERLOCK_CNI_CONF_DIR`, else the dir of the config the agent's marker names, else
+/// `/etc/cni/net.d`.
+pub fn resolve_conf_dir(
+    flag: Option<&Path>,
+    marker: Option<&ReadinessMarker>,
+) -> (PathBuf, &'static str) {
+    match (flag, std::env::var_os("INTERLOCK_CNI_CONF_DIR")) {
+        (Some(d), _) => (d.to_path_buf(), "flag"),
+        (None, Some(d)) if !d.is_empty() => (PathBuf::from(d), "env"),
+        _ => match marker
+            .and_then(|m| Path::new(&m.config_path).parent().map(Path::to_path_buf))
+            .filter(|p| p.is_absolute())
+        {
+            Some(d) => (d, "marker"),
+            None => (PathBuf::from("/etc/cni/net.d"), "default"),
+        },
+    }
+}
+
+/// The CRI endpoint and where it came from: the flag, else `INTERLOCK_CRI_ENDPOINT`,
+/// else the endpoint the agent's marker names (`none` when the agent audits nothing),
+/// else containerd's socket.
+pub fn resolve_cri_endpoint(
+    flag: Option<&str>,
+    marker: Option<&ReadinessMarker>,
+) -> (String, &'static str) {
+    match (flag, std::env::var("INTERLOCK_CRI_ENDPOINT")) {
+        (Some(e), _) => (e.to_string(), "flag"),
+        (None, Ok(e)) if !e.is_empty() => (e, "env"),
+        _ => match marker.and_then(|m| m.cri_endpoint.clone()) {
+            Some(e) => (e, "marker"),
+            None => (interlock_cri::DEFAULT_ENDPOINT.to_string(), "default"),
+        },
+    }
+}
+
+/// The plugin settings the agent's audit judges sandboxes with: the entry the agent
+/// writes (`--plugin-config` merged into its entry), else the interlock-cni entry the
+/// runtime loads, else the agent's default entry.
+pub fn audit_plugin_config(
+    plugin_config: Option<&Path>,
+    state_dir: &Path,
+    e: Option<&Effective>,
+) -> Result<interlock_contract::config::PluginConfig, String> {
+    let entry = match plugin_config {
+        Some(p) => {
+            let extra = interlock_agent::load_plugin_config(p).map_err(|e| e.to_string())?;
+            interlock_agent::plugin_entry_with(state_dir, &extra)
+        }
+        None => e
+            .and_then(|e| e.chosen.as_ref())
+            .and_then(|c| {
+                let name = c.path.file_name()?.to_str()?.to_string();
+                confdir::runs_plugin(&c.list, &name, PLUGIN_TYPE).ok()
+            })
+            .map(|r| r.entry.clone())
+            .unwrap_or_else(|| interlock_agent::plugin_entry(state_dir)),
+    };
+    interlock_contract::config::PluginConfig::from_map(&entry)
+        .map_err(|e| format!("the interlock-cni settings are invalid: {e}"))
 }
 
 /// The plugin this interlock ships: `--plugin-source`, else `interlock-cni` next to
@@ -333,7 +439,7 @@ fn stale_copy(
     cfg.conf_dir = conf_dir.to_path_buf();
     cfg.bin_dirs = a.cni_bin_dirs.clone();
     cfg.state_dir = a.state_dir.clone();
-    cfg.runtime = a.runtime;
+    cfg.runtime = e.runtime;
     cfg.mode = a.config_mode.unwrap_or(if plan::is_owned_name(&name) {
         ConfigMode::Owned
     } else {
@@ -353,7 +459,7 @@ fn stale_copy(
             s
         }
     };
-    settings.runtime = a.runtime;
+    settings.runtime = e.runtime;
     let snap = interlock_agent::guard::snapshot_for(&cfg).ok()?;
     let mut facts = Facts::default();
     let mut types: Vec<String> = snap

@@ -5,7 +5,9 @@
 
 mod agent_cmd;
 mod check;
+mod inspect;
 mod manifests;
+mod validate;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use interlock_agent::telemetry::{self, LogFormat};
@@ -43,6 +45,13 @@ enum Command {
     /// Explain what this node's runtime will load and whether a pod started now is
     /// protected (exit 0 protected, 1 at risk, 2 unprotected, 3 could not check, 64 usage).
     Check(check::CheckArgs),
+    /// One pod or netns on this node: the spec that applies, the rules present, the
+    /// difference (exit 0 protected or not meshed, 2 unprotected, 3 could not decide).
+    Inspect(inspect::InspectArgs),
+    /// Init-container mode: prove from inside the pod's netns that its outbound traffic
+    /// is redirected to the proxy (exit 0 proven or not meshed, 2 NOT protected, 3 could
+    /// not validate, 64 usage). Run as a UID the rules capture, before the proxy.
+    Validate(validate::ValidateArgs),
     /// Print the Kubernetes objects that install interlock (`| kubectl apply -f -`);
     /// `--set key=value` changes a setting.
     Manifests(manifests::ManifestsArgs),
@@ -79,7 +88,7 @@ fn main() -> std::process::ExitCode {
     // `check` answers every verdict itself (3: could not check); what is left is an
     // error writing its output.
     let error_code = match command {
-        Command::Check(_) => 3,
+        Command::Check(_) | Command::Inspect(_) | Command::Validate(_) => 3,
         // A refused `--set` is a usage error.
         Command::Manifests(_) => USAGE_ERROR,
         _ => 1,
@@ -90,6 +99,8 @@ fn main() -> std::process::ExitCode {
             agent_cmd::run_uninstall(a).map(|()| std::process::ExitCode::SUCCESS)
         }
         Command::Check(a) => check::run(a),
+        Command::Inspect(a) => inspect::run(a),
+        Command::Validate(a) => validate::run(a),
         Command::Manifests(a) => manifests::run(a),
     };
     result.unwrap_or_else(|e| {

@@ -415,14 +415,18 @@ spec:
               type: RuntimeDefault
             capabilities:
               drop: ["ALL"]
+              # Each one shown needed, and the set enough, by running the real agent's
+              # audit and repair with exactly it (crates/cli/tests/capabilities.rs).
               add:
-                # The audit's in-place repair: nftables/iptables rules inside a pod's
-                # network namespace, and ending the connections opened before them.
+                # The audit's read-back and in-place repair: nftables/iptables rules
+                # inside a pod's network namespace, and ending the connections opened
+                # before them (SOCK_DESTROY).
                 - NET_ADMIN
+                # The iptables-legacy backend (nodes whose rules are legacy iptables):
+                # its tools talk to the kernel through a raw socket.
+                - NET_RAW
                 # setns(2) into a pod's network namespace (the audit and its repair).
                 - SYS_ADMIN
-                # Opening another process's /proc/<pid>/ns/net (PTRACE_MODE_READ).
-                - SYS_PTRACE
           readinessProbe:
             httpGet:
               path: /readyz
@@ -455,10 +459,6 @@ spec:
               mountPath: /var/run/netns
               mountPropagation: HostToContainer
               readOnly: true
-            # Network namespaces the runtime reports as /proc/<pid>/ns/net (host PIDs).
-            - name: host-proc
-              mountPath: /host/proc
-              readOnly: true
             # The audit lists the node's pod sandboxes over CRI.
             - name: cri-socket
               mountPath: {cri_plain}
@@ -482,10 +482,6 @@ spec:
           hostPath:
             path: /var/run/netns
             type: DirectoryOrCreate
-        - name: host-proc
-          hostPath:
-            path: /proc
-            type: Directory
         - name: cri-socket
           hostPath:
             path: {cri_q}

@@ -12,7 +12,9 @@ fn check(d: &Dirs, a: Option<&Agent>, json: bool) -> (i32, String) {
         .map(|a| format!("127.0.0.1:{}", a.port))
         .unwrap_or_else(|| "none".into());
     let mut cmd = d.interlock("check");
-    cmd.arg("--health-addr")
+    // No runtime in these tests: the sandboxes are not listed (tested with containerd
+    // in check_sandboxes.rs).
+    cmd.args(["--cri-endpoint", "none", "--health-addr"])
         .arg(health)
         // What the agent installs (the real plugin, or the stand-in when it is not built).
         .arg("--plugin-source")
@@ -428,7 +430,7 @@ fn bin_dir_env_is_split_alike_by_agent_and_check() {
 fn check_json(d: &Dirs, extra: &[&str]) -> (i32, serde_json::Value) {
     let out = d
         .interlock("check")
-        .args(["-o", "json", "--plugin-source"])
+        .args(["-o", "json", "--cri-endpoint", "none", "--plugin-source"])
         .arg(plugin())
         .args(extra)
         .output()
@@ -608,6 +610,7 @@ fn settings_come_from_the_agents_environment_then_the_marker() {
         .env("INTERLOCK_CNI_BIN_DIR", &d.bin)
         .env("INTERLOCK_STATE_DIR", &d.state)
         .env("INTERLOCK_HEALTH_ADDR", &health)
+        .env("INTERLOCK_CRI_ENDPOINT", "none")
         .env("INTERLOCK_PLUGIN_SOURCE", plugin())
         .env("NODE_NAME", "node-from-downward-api")
         .output()
@@ -632,4 +635,243 @@ fn settings_come_from_the_agents_environment_then_the_marker() {
         v["effective"]["chosen"]["path"].as_str().unwrap(),
         d.conf.join(&owned).to_str().unwrap()
     );
+}
+
+/// The sandboxes half of `check node` against a real containerd (issue 12): meshed
+/// sandboxes created while only the primary's config existed are listed as UNPROTECTED by
+/// name (exit 2) and check changes nothing in them; once the agent, started with the same
+/// CRI endpoint, has repaired them, check (taking the endpoint from the agent's marker)
+/// says protected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_lists_the_nodes_sandboxes_with_the_audits_verdicts() {
+    interlock_testkit::require_root!();
+    let kit = interlock_testkit::containerd::Containerd::start().unwrap();
+    kit.install_primary_plugins().unwrap();
+    kit.write_primary_config().unwrap();
+    let cri = kit.cri().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !cri.status().await.unwrap().network_ready() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "NetworkReady never came"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut meshed = Vec::new();
+    for tag in ["mesh0", "mesh1"] {
+        let config = kit.pod(tag).annotation("sidecar.istio.io/status", "{}");
+        let pod = format!("{}/{}", config.metadata.namespace, config.metadata.name);
+        meshed.push((cri.run_sandbox(&config).await.unwrap(), pod));
+    }
+    let plain_config = kit.pod("plain");
+    let plain_pod = format!(
+        "{}/{}",
+        plain_config.metadata.namespace, plain_config.metadata.name
+    );
+    cri.run_sandbox(&plain_config).await.unwrap();
+    let d = Dirs {
+        conf: kit.conf_dir(),
+        bin: kit.bin_dir(),
+        ..Dirs::new()
+    };
+    let check = |extra: &[&str]| {
+        let out = d
+            .interlock("check")
+            .args(["--health-addr", "none", "--plugin-source"])
+            .arg(plugin())
+            .args(extra)
+            .env_remove("INTERLOCK_CRI_ENDPOINT")
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let endpoint = kit.endpoint();
+    let by_pod = |v: &serde_json::Value, pod: &str| {
+        v["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["pod"] == pod)
+            .cloned()
+            .unwrap_or_else(|| panic!("{pod} not listed: {v:#}"))
+    };
+
+    // Before the agent: every meshed pod is named as unprotected (2).
+    let (code, json) = check(&["--cri-endpoint", &endpoint, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(code, 2, "{v:#}");
+    assert_eq!(v["verdict"], "unprotected");
+    assert_eq!(v["settings"]["criEndpoint"], endpoint.as_str());
+    assert_eq!(v["settings"]["criEndpointFrom"], "flag");
+    assert_eq!(v["sandboxes"].as_array().unwrap().len(), 3, "{v:#}");
+    for (_, pod) in &meshed {
+        let s = by_pod(&v, pod);
+        assert_eq!(s["verdict"], "unprotected", "{s:#}");
+        assert!(s["reason"].as_str().unwrap().contains("istio"), "{s:#}");
+        assert!(s["netns"].is_string(), "{s:#}");
+    }
+    assert_eq!(by_pod(&v, &plain_pod)["verdict"], "not-meshed");
+    let f = finding(&v, "sandboxes.unprotected").expect("sandboxes.unprotected");
+    assert_eq!(f["status"], "fail");
+    for (_, pod) in &meshed {
+        assert!(f["message"].as_str().unwrap().contains(pod.as_str()), "{f}");
+    }
+    // The table says the same, by pod name.
+    let (code, text) = check(&["--cri-endpoint", &endpoint]);
+    eprintln!("{text}");
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("Sandboxes on this node"), "{text}");
+    for (_, pod) in &meshed {
+        assert!(
+            text.lines()
+                .any(|l| l.contains(pod.as_str()) && l.contains("UNPROTECTED")),
+            "{text}"
+        );
+    }
+    // `inspect pod` finds the same sandbox over CRI: its spec, no rules, the difference.
+    let inspect = |pod: &str| {
+        let out = Command::new(interlock())
+            .args([
+                "inspect",
+                "pod",
+                pod,
+                "-o",
+                "json",
+                "--cri-endpoint",
+                &endpoint,
+            ])
+            .arg("--state-dir")
+            .arg(&d.state)
+            .arg("--cni-conf-dir")
+            .arg(&d.conf)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code().unwrap_or(-1), v)
+    };
+    let (code, iv) = inspect(&meshed[0].1);
+    assert_eq!(code, 2, "{iv:#}");
+    assert_eq!(iv["sandbox"], meshed[0].0.as_str());
+    assert_eq!(iv["spec"]["source"], "pod annotations");
+    assert!(!iv["difference"].as_array().unwrap().is_empty(), "{iv:#}");
+    let (code, iv) = inspect(&plain_pod);
+    assert_eq!(
+        (code, iv["verdict"].as_str()),
+        (0, Some("not-meshed")),
+        "{iv:#}"
+    );
+    let (code, iv) = inspect("nowhere/none");
+    assert_eq!(code, 3, "{iv:#}");
+    // Read-only: check installed nothing in the pods' netns.
+    let again: serde_json::Value =
+        serde_json::from_str(&check(&["--cri-endpoint", &endpoint, "-o", "json"]).1).unwrap();
+    assert_eq!(again["sandboxes"], v["sandboxes"]);
+
+    // The agent, on the same runtime, repairs them; check then says protected, with the
+    // endpoint from the agent's marker (no flag, no environment).
+    let a = Agent::start(&d, &["--cri-endpoint", &endpoint, "--audit-interval", "1"]);
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            let log = a.log_text();
+            meshed.iter().all(|(id, _)| {
+                log.lines()
+                    .any(|l| l.contains("audit action done") && l.contains(id.as_str()))
+            })
+        },
+        || {
+            format!(
+                "the agent did not repair the sandboxes; log:\n{}",
+                a.log_text()
+            )
+        },
+    );
+    wait_protected(&d, &a);
+    let last = std::cell::RefCell::new(serde_json::Value::Null);
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            let (code, json) = check(&["-o", "json"]);
+            *last.borrow_mut() = serde_json::from_str(&json).unwrap();
+            code == 0
+        },
+        || format!("check never said protected: {:#}", last.borrow()),
+    );
+    let v = last.into_inner();
+    assert_eq!(v["verdict"], "protected", "{v:#}");
+    assert_eq!(v["settings"]["criEndpointFrom"], "marker");
+    for (_, pod) in &meshed {
+        assert_eq!(by_pod(&v, pod)["verdict"], "protected", "{v:#}");
+    }
+    assert_eq!(by_pod(&v, &plain_pod)["verdict"], "not-meshed");
+    // After the repair, inspect sees the rules and the plugin's record of them.
+    let (code, iv) = inspect(&meshed[1].1);
+    assert_eq!(code, 0, "{iv:#}");
+    assert_eq!(iv["difference"], serde_json::json!([]));
+    assert!(iv["record"]["specHash"].is_string(), "{iv:#}");
+    assert!(!iv["rulesPresent"].as_array().unwrap().is_empty(), "{iv:#}");
+    let ok = finding(&v, "sandboxes.ok").expect("sandboxes.ok");
+    assert!(
+        ok["message"]
+            .as_str()
+            .unwrap()
+            .contains("3 sandboxes: 2 meshed and protected, 1 not meshed"),
+        "{ok}"
+    );
+    drop(a);
+    kit.teardown().unwrap();
+}
+
+/// A runtime that cannot be asked is a finding (at risk: running pods cannot be vouched
+/// for, and the agent's audit cannot reach them either), never a crash; `none` skips.
+/// Without flags or environment, the CRI endpoint and the runtime are the marker's.
+#[test]
+fn an_unreachable_cri_endpoint_is_at_risk_not_a_crash() {
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let a = d.agent(&["--cri-endpoint", "none", "--runtime", "crio"]);
+    wait_protected(&d, &a);
+    let health = format!("127.0.0.1:{}", a.port);
+    let missing = format!("unix://{}", d.tmp.path().join("no.sock").display());
+    let out = d
+        .interlock("check")
+        .args([
+            "-o",
+            "json",
+            "--health-addr",
+            &health,
+            "--cri-endpoint",
+            &missing,
+        ])
+        .arg("--plugin-source")
+        .arg(plugin())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{v:#}");
+    assert_eq!(v["verdict"], "at-risk");
+    let f = finding(&v, "sandboxes.cri-unreachable").expect("sandboxes.cri-unreachable");
+    assert!(f["message"].as_str().unwrap().contains("no.sock"), "{f}");
+    assert!(!f["hint"].as_str().unwrap().is_empty());
+    assert_eq!(v["sandboxes"], serde_json::Value::Null);
+    // The agent runs without an audit: its marker says `none`, and check follows it.
+    let out = d
+        .interlock("check")
+        .args(["-o", "json", "--health-addr", &health, "--plugin-source"])
+        .arg(plugin())
+        .env_remove("INTERLOCK_CRI_ENDPOINT")
+        .env_remove("INTERLOCK_RUNTIME")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{v:#}");
+    // The runtime too comes from the marker.
+    assert_eq!(v["settings"]["runtime"], "crio");
+    assert_eq!(v["settings"]["criEndpoint"], "none");
+    assert_eq!(v["settings"]["criEndpointFrom"], "marker");
+    assert!(finding(&v, "sandboxes.cri-unreachable").is_none());
 }

@@ -181,7 +181,9 @@ fn the_daemonset_is_not_privileged_and_has_only_the_capabilities_it_needs() {
     let added: BTreeSet<&str> = caps.add.iter().flatten().map(String::as_str).collect();
     assert_eq!(
         added,
-        BTreeSet::from(["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"])
+        // Each needed and together enough: tests/capabilities.rs runs the real agent
+        // with exactly this set.
+        BTreeSet::from(["NET_ADMIN", "NET_RAW", "SYS_ADMIN"])
     );
     // Probes on the named metrics port, which the node exposes (hostNetwork).
     let port = &c.ports.as_ref().unwrap()[0];
@@ -216,8 +218,9 @@ fn the_daemonset_is_not_privileged_and_has_only_the_capabilities_it_needs() {
             "/etc/cni/net.d",
             "/opt/cni/bin",
             "/var/run/interlock",
+            // No /proc: the runtime reports pinned netns files under /var/run/netns,
+            // which the audit enters; nothing reads another process's /proc.
             "/var/run/netns",
-            "/proc",
             "/run/containerd/containerd.sock"
         ]
         .into_iter()
@@ -240,7 +243,7 @@ fn the_daemonset_is_not_privileged_and_has_only_the_capabilities_it_needs() {
             .unwrap()
     };
     assert_eq!(mount_of("state").mount_path, host_of("state"));
-    assert_eq!(mount_of("host-proc").read_only, Some(true));
+    assert!(!mounts.iter().any(|m| m.mount_path.contains("proc")));
     assert_eq!(
         mount_of("netns").mount_propagation.as_deref(),
         Some("HostToContainer")

@@ -1,6 +1,6 @@
 //! The agent's readiness marker: `<stateDir>/agent-ready.json`
 //! ([`crate::layout::MARKER_FILE`]), `{"ready", "reason", "updatedAtMs", "staleAfterMs",
-//! "pid", "pidNamespace", "configPath"}`, written atomically by the agent (temp file and
+//! "pid", "pidNamespace", "configPath", "runtime", "criEndpoint"}`, written atomically by the agent (temp file and
 //! rename, root-owned, mode 0644; [`ReadinessMarker::to_bytes`]) and refreshed at least
 //! every `staleAfterMs / 3`; read by `interlock check`.
 //!
@@ -50,6 +50,15 @@ pub struct ReadinessMarker {
     /// The CNI config file the agent guards.
     #[serde(default)]
     pub config_path: String,
+    /// Whose loading rules the agent applies (`containerd`, `crio`); absent from markers
+    /// of older agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    /// The CRI endpoint the agent's audit lists sandboxes through, `none` when it runs
+    /// without an audit (absent: an older agent), so `interlock check` asks the same
+    /// runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cri_endpoint: Option<String>,
 }
 
 /// The inode of this process's PID namespace.
@@ -193,6 +202,8 @@ mod tests {
             pid: 42,
             pid_namespace: None,
             config_path: "/etc/cni/net.d/00-interlock.conflist".into(),
+            runtime: Some("containerd".into()),
+            cri_endpoint: Some("unix:///run/containerd/containerd.sock".into()),
         }
     }
 
@@ -308,6 +319,8 @@ mod tests {
             "pid",
             "pidNamespace",
             "configPath",
+            "runtime",
+            "criEndpoint",
         ] {
             assert!(v.get(k).is_some(), "{k}");
         }

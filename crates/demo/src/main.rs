@@ -155,6 +155,9 @@ fn run() -> Result<()> {
                 "--kube=none",
                 "--config-mode=owned",
                 "--runtime=containerd",
+                // No runtime on this throwaway node: no sandbox audit (check then
+                // lists no sandboxes either, from the agent's marker).
+                "--cri-endpoint=none",
             ])
             .arg("--cni-conf-dir")
             .arg(&conf_dir)

@@ -438,6 +438,8 @@ fn status_fails_only_when_an_add_could_not_protect() {
         pid: 1,
         pid_namespace: None,
         config_path: String::new(),
+        runtime: None,
+        cri_endpoint: None,
     };
     std::fs::write(
         interlock_contract::layout::marker_path(t.path()),

@@ -578,6 +578,8 @@ fn status_and_a_meshed_add_need_no_agent() {
         pid: 999_999,
         pid_namespace: None,
         config_path: String::new(),
+        runtime: None,
+        cri_endpoint: None,
     };
     std::fs::write(
         interlock_contract::layout::marker_path(n.state.path()),

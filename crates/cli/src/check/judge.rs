@@ -2,6 +2,7 @@
 //! without root. Each finding has a stable id and a hint (the README's troubleshooting
 //! section has one entry per id); the verdict follows from the worst finding.
 
+use super::sandboxes::{SandboxVerdict, SandboxesSeen};
 use interlock_contract::config::{PLUGIN_TYPE, POD_ANNOTATIONS_CAPABILITY};
 use interlock_contract::marker::ReadinessMarker;
 use interlock_protocol::confdir::{self, Effective};
@@ -51,6 +52,27 @@ pub struct Finding {
     pub hint: &'static str,
     #[serde(skip)]
     effect: Effect,
+}
+
+impl Finding {
+    /// A finding; an `ok` one carries no hint.
+    pub fn new(
+        id: &'static str,
+        area: &'static str,
+        status: Status,
+        effect: Effect,
+        message: String,
+        hint: &'static str,
+    ) -> Finding {
+        Finding {
+            id,
+            area,
+            status,
+            message,
+            hint: if status == Status::Ok { "" } else { hint },
+            effect,
+        }
+    }
 }
 
 /// The node's verdict (`-o json` spells it in kebab-case).
@@ -157,6 +179,10 @@ pub struct Observed<'a> {
     pub missing_plugins: &'a [String],
     /// What the agent would rewrite, if anything.
     pub stale: Option<&'a Stale>,
+    /// The node's sandboxes over CRI, with the audit's verdicts.
+    pub sandboxes: &'a SandboxesSeen,
+    /// The CRI endpoint asked (for messages).
+    pub cri_endpoint: &'a str,
 }
 
 /// The outcome of [`judge`].
@@ -188,20 +214,16 @@ const HINT_OTHER_BUILD: &str =
 const HINT_UNVERIFIED: &str = "run check where the plugin it ships is next to it (the agent's pod), or set INTERLOCK_PLUGIN_SOURCE";
 const HINT_AGENT: &str =
     "look at the agent: kubectl -n interlock-system logs ds/interlock-node (or its journal)";
+const HINT_CRI: &str = "set INTERLOCK_CRI_ENDPOINT (or --cri-endpoint) to the runtime's socket (kubelet's --container-runtime-endpoint) and run check as root, or `none` not to list sandboxes";
+const HINT_SANDBOX_UNPROTECTED: &str = "the agent repairs these per its --repair-policy within one audit interval; if they stay unprotected, read its log (kubectl -n interlock-system logs ds/interlock-node) or delete the pods so they start again through interlock";
+const HINT_SANDBOX_UNKNOWN: &str = "read each sandbox's reason above; fix the pod's annotations, or run check as root on the host (the agent's pod) so it can enter the pod's netns";
 const HINT_READYZ: &str = "set INTERLOCK_HEALTH_ADDR (or --health-addr) to the agent's health address, or `none` not to ask";
 
 /// The verdict on a node, from what was observed. Pure.
 pub fn judge(o: &Observed<'_>) -> Judgement {
     let mut f: Vec<Finding> = Vec::new();
     let mut push = |id, area, status, effect, message: String, hint: &'static str| {
-        f.push(Finding {
-            id,
-            area,
-            status,
-            message,
-            hint: if status == Status::Ok { "" } else { hint },
-            effect,
-        })
+        f.push(Finding::new(id, area, status, effect, message, hint))
     };
     use Effect::{Hole, Risk};
     use Status::{Fail, Ok as Good, Warn};
@@ -510,35 +532,118 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
             HINT_READYZ,
         ),
     }
-    // Worst first; equal findings keep their order.
+    match o.sandboxes {
+        SandboxesSeen::NotAsked => {}
+        // At risk, not "could not check": the config half was judged; what is not
+        // known is whether pods already running are protected, and the agent's audit,
+        // which asks the same runtime, cannot be repairing them either.
+        SandboxesSeen::Unreachable(why) => push(
+            "sandboxes.cri-unreachable",
+            "sandboxes",
+            Fail,
+            Risk,
+            format!(
+                "the running sandboxes could not be listed over CRI ({}): {why}; a pod already running could be unprotected unseen, and the agent's audit of the same runtime cannot repair it",
+                o.cri_endpoint
+            ),
+            HINT_CRI,
+        ),
+        SandboxesSeen::Listed(list) => {
+            let pods = |v: SandboxVerdict| -> Vec<&str> {
+                list.iter()
+                    .filter(|s| s.verdict == v)
+                    .map(|s| if s.pod.is_empty() { s.id.as_str() } else { s.pod.as_str() })
+                    .collect()
+            };
+            let bad = pods(SandboxVerdict::Unprotected);
+            if !bad.is_empty() {
+                push(
+                    "sandboxes.unprotected",
+                    "sandboxes",
+                    Fail,
+                    Hole,
+                    format!(
+                        "{} meshed pod{} running WITHOUT {} redirection: {}",
+                        bad.len(),
+                        if bad.len() == 1 { " is" } else { "s are" },
+                        if bad.len() == 1 { "its" } else { "their" },
+                        bad.join(", ")
+                    ),
+                    HINT_SANDBOX_UNPROTECTED,
+                );
+            }
+            let unknown = pods(SandboxVerdict::Unknown);
+            if !unknown.is_empty() {
+                push(
+                    "sandboxes.unknown",
+                    "sandboxes",
+                    Fail,
+                    Risk,
+                    format!(
+                        "{} sandbox{} could not be judged: {}",
+                        unknown.len(),
+                        if unknown.len() == 1 { "" } else { "es" },
+                        unknown.join(", ")
+                    ),
+                    HINT_SANDBOX_UNKNOWN,
+                );
+            }
+            if bad.is_empty() && unknown.is_empty() {
+                push(
+                    "sandboxes.ok",
+                    "sandboxes",
+                    Good,
+                    Effect::None,
+                    format!(
+                        "{} sandbox{}: {} meshed and protected, {} not meshed",
+                        list.len(),
+                        if list.len() == 1 { "" } else { "es" },
+                        pods(SandboxVerdict::Protected).len(),
+                        pods(SandboxVerdict::NotMeshed).len()
+                    ),
+                    "",
+                );
+            }
+        }
+    }
+    let warns: Vec<&str> = f
+        .iter()
+        .filter(|x| x.status == Warn)
+        .map(|x| x.id)
+        .collect();
+    let protected = (config_runs_us && binary_ok).then(|| {
+        let mut s =
+            "a meshed pod started on this node now gets its redirection before it runs".to_string();
+        if !warns.is_empty() {
+            s.push_str(&format!(
+                " (with {} warning{}: {})",
+                warns.len(),
+                if warns.len() == 1 { "" } else { "s" },
+                warns.join(", ")
+            ));
+        }
+        s
+    });
+    conclude(f, protected)
+}
+
+/// The judgement from a list of findings: sorted worst first (equal findings keep their
+/// order); the verdict follows the worst failure (a hole: unprotected; else at risk),
+/// and without one is protected with `protected_summary` (`None`: nothing vouched for
+/// protection, so at risk).
+pub fn conclude(mut f: Vec<Finding>, protected_summary: Option<String>) -> Judgement {
     f.sort_by_key(|x| (x.status, x.effect));
     let worst = f
         .iter()
-        .filter(|x| x.status == Fail)
+        .filter(|x| x.status == Status::Fail)
         .min_by_key(|x| x.effect);
     let (verdict, summary) = match worst {
-        Some(x) if x.effect == Hole => (Verdict::Unprotected, x.message.clone()),
+        Some(x) if x.effect == Effect::Hole => (Verdict::Unprotected, x.message.clone()),
         Some(x) => (Verdict::AtRisk, x.message.clone()),
-        None if config_runs_us && binary_ok => {
-            let warns: Vec<&str> = f
-                .iter()
-                .filter(|x| x.status == Warn)
-                .map(|x| x.id)
-                .collect();
-            let mut s = "a meshed pod started on this node now gets its redirection before it runs"
-                .to_string();
-            if !warns.is_empty() {
-                s.push_str(&format!(
-                    " (with {} warning{}: {})",
-                    warns.len(),
-                    if warns.len() == 1 { "" } else { "s" },
-                    warns.join(", ")
-                ));
-            }
-            (Verdict::Protected, s)
-        }
-        // Unreachable: without a failure, config and binary are ok.
-        None => (Verdict::AtRisk, "the node could not be judged".to_string()),
+        None => match protected_summary {
+            Some(s) => (Verdict::Protected, s),
+            None => (Verdict::AtRisk, "the node could not be judged".to_string()),
+        },
     };
     Judgement {
         verdict,

@@ -4,10 +4,11 @@
 //! Schema rules (`schemaVersion` 1): keys are camelCase, enumerated values kebab-case;
 //! a field is never wrapped as `{"Ok": …}`/`{"Err": …}` (an error is a sibling string
 //! field); absent facts are `null`. New fields may be added without a version bump
-//! (readers ignore unknown keys) — the per-sandbox verdicts will arrive as a top-level
+//! (readers ignore unknown keys) — the per-sandbox verdicts arrived as the top-level
 //! `sandboxes` array that way; renaming or removing a field bumps `schemaVersion`.
 
 use super::judge::{BinaryFacts, Content, Finding, Judgement, Readyz, Stale, Status, Verdict};
+use super::sandboxes::SandboxDoc;
 use interlock_contract::marker::ReadinessMarker;
 use interlock_protocol::confdir::{self, Effective};
 use serde::Serialize;
@@ -17,18 +18,17 @@ use std::path::{Path, PathBuf};
 /// The schema version of the JSON document.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// The document `check node -o json` prints.
+/// What every `check` document starts with: the schema, the build, the time, the verdict
+/// and the findings.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct NodeReport {
+pub struct Head {
     /// [`SCHEMA_VERSION`].
     pub schema_version: u32,
-    /// Always `NodeCheck`.
+    /// `NodeCheck` or `ClusterCheck`.
     pub kind: &'static str,
     /// The build of the `interlock` that checked.
     pub interlock_version: &'static str,
-    /// The node (`NODE_NAME`, else the host name).
-    pub node: String,
     /// When, RFC 3339 in UTC with milliseconds.
     pub checked_at: String,
     /// The verdict.
@@ -41,6 +41,34 @@ pub struct NodeReport {
     pub summary: String,
     /// Every finding, worst first.
     pub findings: Vec<Finding>,
+}
+
+impl Head {
+    /// The head of a `kind` document checked at `now_ms` with judgement `j`.
+    pub fn new(kind: &'static str, now_ms: u64, j: Judgement) -> Head {
+        Head {
+            schema_version: SCHEMA_VERSION,
+            kind,
+            interlock_version: interlock_buildinfo::VERSION,
+            checked_at: interlock_contract::time::format_ms(now_ms),
+            verdict: j.verdict,
+            protected: j.verdict == Verdict::Protected,
+            exit_code: j.verdict.exit_code(),
+            summary: j.summary,
+            findings: j.findings,
+        }
+    }
+}
+
+/// The document `check node -o json` prints.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReport {
+    /// Schema, build, time, verdict, findings.
+    #[serde(flatten)]
+    pub head: Head,
+    /// The node (`NODE_NAME`, else the host name).
+    pub node: String,
     /// Where `check` looked, and where each setting came from.
     pub settings: Settings,
     /// The conf dir as the runtime sees it (`null` when it could not be read).
@@ -49,6 +77,9 @@ pub struct NodeReport {
     pub binary: Option<BinaryDoc>,
     /// The agent's marker and `/readyz`.
     pub agent: AgentDoc,
+    /// Every ready sandbox on the node with its verdict, worst first (`null`: not
+    /// listed, see `settings.criEndpoint` and the `sandboxes.*` finding).
+    pub sandboxes: Option<Vec<SandboxDoc>>,
 }
 
 /// Where `check` looked.
@@ -70,6 +101,10 @@ pub struct Settings {
     pub health_addr: String,
     /// Where the conf dir setting came from: `flag`, `env`, `marker` or `default`.
     pub cni_conf_dir_from: &'static str,
+    /// The CRI endpoint the sandboxes were listed through, or `none`.
+    pub cri_endpoint: String,
+    /// Where it came from: `flag`, `env`, `marker` or `default`.
+    pub cri_endpoint_from: &'static str,
 }
 
 fn shown_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
@@ -287,26 +322,21 @@ pub struct Parts {
     pub binary: Option<BinaryDoc>,
     /// The agent.
     pub agent: AgentDoc,
+    /// The sandboxes, when listed.
+    pub sandboxes: Option<Vec<SandboxDoc>>,
 }
 
 impl NodeReport {
     /// The report from its parts and the judgement.
     pub fn new(p: Parts, j: Judgement) -> NodeReport {
         NodeReport {
-            schema_version: SCHEMA_VERSION,
-            kind: "NodeCheck",
-            interlock_version: interlock_buildinfo::VERSION,
+            head: Head::new("NodeCheck", p.now_ms, j),
             node: p.node,
-            checked_at: interlock_contract::time::format_ms(p.now_ms),
-            verdict: j.verdict,
-            protected: j.verdict == Verdict::Protected,
-            exit_code: j.verdict.exit_code(),
-            summary: j.summary,
-            findings: j.findings,
             settings: p.settings,
             effective: p.effective,
             binary: p.binary,
             agent: p.agent,
+            sandboxes: p.sandboxes,
         }
     }
 }
@@ -319,7 +349,8 @@ pub struct Style {
 }
 
 impl Style {
-    fn paint(self, code: &str, s: &str) -> String {
+    /// `s` in the ANSI colour `code` when colour is on.
+    pub fn paint(self, code: &str, s: &str) -> String {
         if self.colour {
             format!("\u{1b}[{code}m{s}\u{1b}[0m")
         } else {
@@ -342,7 +373,7 @@ pub fn render(out: &mut impl Write, r: &NodeReport, style: Style) -> std::io::Re
     writeln!(
         out,
         "interlock check node {} ({}, interlock {})",
-        r.node, r.checked_at, r.interlock_version
+        r.node, r.head.checked_at, r.head.interlock_version
     )?;
     writeln!(out)?;
     match &r.effective {
@@ -387,9 +418,24 @@ pub fn render(out: &mut impl Write, r: &NodeReport, style: Style) -> std::io::Re
         )?,
     }
     writeln!(out)?;
-    let iw = r.findings.iter().map(|f| f.id.len()).max().unwrap_or(0);
+    if let Some(list) = &r.sandboxes {
+        render_sandboxes(out, list, &r.settings.cri_endpoint, style)?;
+        writeln!(out)?;
+    }
+    render_findings(out, &r.head.findings, style)?;
+    writeln!(out)?;
+    render_verdict(out, r.head.verdict, &r.head.summary, style)
+}
+
+/// The findings table: status, id, message and hint.
+pub fn render_findings(
+    out: &mut impl Write,
+    findings: &[Finding],
+    style: Style,
+) -> std::io::Result<()> {
+    let iw = findings.iter().map(|f| f.id.len()).max().unwrap_or(0);
     writeln!(out, "  {:<4}  {:<iw$}  FINDING", "", "ID")?;
-    for f in &r.findings {
+    for f in findings {
         let (tag, code) = status_tag(f.status);
         // Pad before painting: escape codes have no width.
         let tag = style.paint(code, &format!("{tag:<4}"));
@@ -398,11 +444,69 @@ pub fn render(out: &mut impl Write, r: &NodeReport, style: Style) -> std::io::Re
             writeln!(out, "  {:<4}  {:<iw$}  hint: {}", "", "", f.hint)?;
         }
     }
-    writeln!(out)?;
-    let code = match r.verdict {
+    Ok(())
+}
+
+/// The one-line verdict, in the verdict's colour.
+pub fn render_verdict(
+    out: &mut impl Write,
+    verdict: Verdict,
+    summary: &str,
+    style: Style,
+) -> std::io::Result<()> {
+    let code = match verdict {
         Verdict::Protected => "1;32",
         Verdict::AtRisk => "1;33",
         Verdict::Unprotected | Verdict::CouldNotCheck => "1;31",
     };
-    writeln!(out, "{}", style.paint(code, &r.summary))
+    writeln!(out, "{}", style.paint(code, summary))
+}
+
+/// The sandboxes table: pod, short sandbox ID, verdict, reason.
+fn render_sandboxes(
+    out: &mut impl Write,
+    list: &[SandboxDoc],
+    endpoint: &str,
+    style: Style,
+) -> std::io::Result<()> {
+    use super::sandboxes::SandboxVerdict;
+    writeln!(out, "Sandboxes on this node (CRI {endpoint}):")?;
+    if list.is_empty() {
+        return writeln!(out, "  (none ready)");
+    }
+    // Pod names come from the API: escape them like file names.
+    let pods: Vec<String> = list.iter().map(|s| confdir::shown(&s.pod)).collect();
+    let pw = pods
+        .iter()
+        .map(|p| p.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(3);
+    let vw = list
+        .iter()
+        .map(|s| s.verdict.word().len())
+        .max()
+        .unwrap_or(0)
+        .max(7);
+    writeln!(
+        out,
+        "  {:<pw$}  {:<12}  {:<vw$}  REASON",
+        "POD", "SANDBOX", "VERDICT"
+    )?;
+    for (s, pod) in list.iter().zip(&pods) {
+        let id: String = s.id.chars().take(12).collect();
+        let word = format!("{:<vw$}", s.verdict.word());
+        let word = match s.verdict {
+            SandboxVerdict::Unprotected => style.paint("31", &word),
+            SandboxVerdict::Unknown => style.paint("33", &word),
+            SandboxVerdict::Protected => style.paint("32", &word),
+            SandboxVerdict::NotMeshed => word,
+        };
+        writeln!(
+            out,
+            "  {pod:<pw$}  {id:<12}  {word}  {}",
+            confdir::shown(&s.reason)
+        )?;
+    }
+    Ok(())
 }

@@ -29,6 +29,8 @@ fn judge_at(
         readyz: &readyz,
         missing_plugins: &[],
         stale: None,
+        sandboxes: &SandboxesSeen::NotAsked,
+        cri_endpoint: "none",
     })
 }
 
@@ -65,6 +67,8 @@ fn marker(ready: bool, age_ms: u64, now: u64) -> ReadinessMarker {
         pid: 42,
         pid_namespace: None,
         config_path: String::new(),
+        runtime: None,
+        cri_endpoint: None,
     }
 }
 
@@ -203,6 +207,8 @@ fn verdicts_map_to_exit_codes_and_follow_the_worst_finding() {
             readyz: &Readyz::NotAsked,
             missing_plugins: &[],
             stale: None,
+            sandboxes: &SandboxesSeen::NotAsked,
+            cri_endpoint: "none",
         })
     };
     assert_eq!(at(&ours, Ok(&m)).verdict.exit_code(), 0);
@@ -250,6 +256,8 @@ fn a_stale_owned_copy_is_at_risk_and_names_the_difference() {
         readyz: &Readyz::NotAsked,
         missing_plugins: &[],
         stale: Some(&s),
+        sandboxes: &SandboxesSeen::NotAsked,
+        cri_endpoint: "none",
     });
     assert_eq!(j.verdict, Verdict::AtRisk);
     let f = j.findings.iter().find(|f| f.id == "config.stale").unwrap();
@@ -294,6 +302,8 @@ fn another_binary_at_interlock_cni_is_unprotected() {
             readyz: &Readyz::NotAsked,
             missing_plugins: &[],
             stale: None,
+            sandboxes: &SandboxesSeen::NotAsked,
+            cri_endpoint: "none",
         })
     };
     let impostor = BinaryFacts {
@@ -351,6 +361,8 @@ fn a_missing_primary_plugin_binary_is_at_risk() {
         readyz: &Readyz::NotAsked,
         missing_plugins: &missing,
         stale: None,
+        sandboxes: &SandboxesSeen::NotAsked,
+        cri_endpoint: "none",
     });
     assert_eq!(j.verdict, Verdict::AtRisk);
     assert_eq!(j.findings[0].id, "config.plugin-missing");
@@ -380,6 +392,8 @@ fn an_unreachable_readyz_is_said_even_when_protected() {
         readyz: &r,
         missing_plugins: &[],
         stale: None,
+        sandboxes: &SandboxesSeen::NotAsked,
+        cri_endpoint: "none",
     });
     assert_eq!(j.verdict, Verdict::Protected);
     assert!(
@@ -427,6 +441,8 @@ fn another_mesh_plugin_in_the_chain_is_unprotected() {
                 readyz: &Readyz::NotAsked,
                 missing_plugins: &[],
                 stale: None,
+                sandboxes: &SandboxesSeen::NotAsked,
+                cri_endpoint: "none",
             });
             assert_eq!(
                 j.verdict,
@@ -490,6 +506,8 @@ fn fixed_report(files: &[(&str, &str)], binary: Option<BinaryFacts>, readyz: Rea
         readyz: &readyz,
         missing_plugins: &[],
         stale: None,
+        sandboxes: &SandboxesSeen::NotAsked,
+        cri_endpoint: "none",
     });
     let mut r = NodeReport::new(
         Parts {
@@ -502,9 +520,12 @@ fn fixed_report(files: &[(&str, &str)], binary: Option<BinaryFacts>, readyz: Rea
                 runtime: "containerd".into(),
                 health_addr: "127.0.0.1:9102".into(),
                 cni_conf_dir_from: "env",
+                cri_endpoint: "none".into(),
+                cri_endpoint_from: "flag",
             },
             effective: Some(EffectiveDoc::new(&e, &[], None)),
             binary: binary.as_ref().map(BinaryDoc::from),
+            sandboxes: None,
             agent: AgentDoc {
                 marker: Some(m),
                 marker_error: None,
@@ -514,7 +535,7 @@ fn fixed_report(files: &[(&str, &str)], binary: Option<BinaryFacts>, readyz: Rea
         j,
     );
     // The build differs per commit; the snapshot pins it.
-    r.interlock_version = "0.1.0 (git 0123456789ab)";
+    r.head.interlock_version = "0.1.0 (git 0123456789ab)";
     r
 }
 
@@ -652,4 +673,146 @@ fn json_document_is_versioned_and_camel_case() {
             "key {k:?} is not camelCase"
         );
     }
+}
+
+/// The judgement of a protected node (our config, our binary, a fresh marker) with
+/// these sandboxes.
+fn judge_sandboxes(s: &super::sandboxes::SandboxesSeen) -> Judgement {
+    let now = 1_795_938_576_042;
+    let e = effective_in("/etc/cni/net.d", &[("00-interlock.conflist", OURS)]);
+    let m = marker(true, 400, now);
+    let dirs = vec![PathBuf::from("/opt/cni/bin")];
+    let b = bin();
+    judge(&Observed {
+        effective: &e,
+        binary: Some(&b),
+        bin_dirs: &dirs,
+        marker: Ok(&m),
+        now_ms: now,
+        readyz: &Readyz::NotAsked,
+        missing_plugins: &[],
+        stale: None,
+        sandboxes: s,
+        cri_endpoint: "unix:///run/containerd/containerd.sock",
+    })
+}
+
+/// The sandboxes as the report lists them: worst first, the unprotected pods named in
+/// the finding and the verdict line (exit 2).
+#[test]
+fn unprotected_sandboxes_make_the_node_unprotected_and_are_named() {
+    use super::sandboxes::{doc, SandboxesSeen};
+    use interlock_agent::audit::Verdict as V;
+    let list = |docs| SandboxesSeen::Listed(docs);
+    let bad = V::Unprotected {
+        reason: "meshed (istio) but its redirection is not in place: table inet interlock missing"
+            .into(),
+    };
+    let j = judge_sandboxes(&list(vec![
+        doc("a1", "shop/web", None, &bad),
+        doc("a2", "shop/cart", None, &bad),
+        doc(
+            "a3",
+            "kube-system/dns",
+            None,
+            &V::NotMeshed {
+                reason: "no mesh annotation".into(),
+            },
+        ),
+    ]));
+    assert_eq!(j.verdict, Verdict::Unprotected);
+    assert_eq!(j.verdict.exit_code(), 2);
+    assert!(
+        j.summary
+            .contains("2 meshed pods are running WITHOUT their redirection: shop/web, shop/cart"),
+        "{}",
+        j.summary
+    );
+    let j = judge_sandboxes(&list(vec![doc("a1", "shop/web", None, &V::Protected)]));
+    assert_eq!(j.verdict, Verdict::Protected, "{}", j.summary);
+    assert!(ids(&j.findings).contains(&"sandboxes.ok"));
+    let j = judge_sandboxes(&list(vec![doc(
+        "a1",
+        "shop/web",
+        None,
+        &V::Unknown {
+            reason: "EPERM".into(),
+        },
+    )]));
+    assert_eq!(j.verdict, Verdict::AtRisk, "{}", j.summary);
+    assert!(ids(&j.findings).contains(&"sandboxes.unknown"));
+    let j = judge_sandboxes(&SandboxesSeen::Unreachable("connection refused".into()));
+    assert_eq!(j.verdict, Verdict::AtRisk, "{}", j.summary);
+    assert!(j.summary.contains("unix:///run/containerd/containerd.sock"));
+    let j = judge_sandboxes(&SandboxesSeen::NotAsked);
+    assert_eq!(j.verdict, Verdict::Protected);
+    assert!(!ids(&j.findings).iter().any(|i| i.starts_with("sandboxes")));
+}
+
+/// The human output with the sandboxes table, whole.
+#[test]
+fn human_output_with_sandboxes_snapshot() {
+    use super::sandboxes::{doc, SandboxesSeen};
+    use interlock_agent::audit::Verdict as V;
+    let mut r = fixed_report(
+        &[("00-interlock.conflist", OURS)],
+        Some(bin()),
+        Readyz::NotAsked,
+    );
+    let docs = vec![
+        doc(
+            "9f2c41d0a7e3b5c6d8e9f0a1b2c3d4e5",
+            "shop/web-7d9f",
+            Some(Path::new("/var/run/netns/cni-1")),
+            &V::Unprotected {
+                reason: "meshed (istio) but its redirection is not in place: table inet interlock missing".into(),
+            },
+        ),
+        doc(
+            "0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e",
+            "shop/cart-5c4b",
+            Some(Path::new("/var/run/netns/cni-2")),
+            &V::Protected,
+        ),
+        doc(
+            "77aa88bb99cc00dd11ee22ff33aa44bb",
+            "kube-system/coredns-1",
+            Some(Path::new("/var/run/netns/cni-3")),
+            &V::NotMeshed {
+                reason: "no mesh annotation (istio, linkerd, interlock.dev)".into(),
+            },
+        ),
+    ];
+    let j = judge_sandboxes(&SandboxesSeen::Listed(docs.clone()));
+    r.head = Head::new("NodeCheck", 1_795_938_576_042, j);
+    r.head.interlock_version = "0.1.0 (git 0123456789ab)";
+    r.sandboxes = Some(docs);
+    r.settings.cri_endpoint = "unix:///run/containerd/containerd.sock".into();
+    assert_eq!(
+        rendered(&r, false),
+        "\
+interlock check node node-a (2026-11-29T07:49:36.042Z, interlock 0.1.0 (git 0123456789ab))
+
+CNI conf dir /etc/cni/net.d as containerd loads it:
+  FILE                   VERDICT  REASON
+  00-interlock.conflist  chosen   first config file by name, and valid (plugins: bridge → interlock-cni)
+
+Sandboxes on this node (CRI unix:///run/containerd/containerd.sock):
+  POD                    SANDBOX       VERDICT      REASON
+  shop/web-7d9f          9f2c41d0a7e3  UNPROTECTED  meshed (istio) but its redirection is not in place: table inet interlock missing
+  shop/cart-5c4b         0b1c2d3e4f5a  protected    meshed; its redirection reads back exactly as its spec
+  kube-system/coredns-1  77aa88bb99cc  not meshed   no mesh annotation (istio, linkerd, interlock.dev)
+
+        ID                     FINDING
+  FAIL  sandboxes.unprotected  1 meshed pod is running WITHOUT its redirection: shop/web-7d9f
+                               hint: the agent repairs these per its --repair-policy within one audit interval; if they stay unprotected, read its log (kubectl -n interlock-system logs ds/interlock-node) or delete the pods so they start again through interlock
+  ok    config.loaded          containerd loads 00-interlock.conflist: bridge → interlock-cni
+  ok    binary.ok              /opt/cni/bin/interlock-cni is interlock-cni 0.1.0 (answers VERSION: 1.0.0), byte for byte the plugin this interlock ships
+  ok    agent.ready            ready (pid 42, marker 0.4 s old)
+
+UNPROTECTED: 1 meshed pod is running WITHOUT its redirection: shop/web-7d9f
+"
+    );
+    let coloured = rendered(&r, true);
+    assert!(coloured.contains("\u{1b}[31mUNPROTECTED"), "{coloured}");
 }
