@@ -545,6 +545,10 @@ fn a_half_written_file_sorting_first_is_reported_and_the_node_recovers() {
     assert!(api.wait_until(Duration::from_secs(5), |_| node.taints().is_empty()));
     let owned = loaded_config(&node).unwrap().0;
     assert!(half < owned.as_str());
+    let mut sandboxes = Vec::new();
+    for (i, meshed) in [true, false, true].into_iter().enumerate() {
+        sandboxes.push(node.run_pod(&format!("before{i}"), meshed).unwrap());
+    }
     node.write_half_written(half).unwrap();
     let t0 = Instant::now();
     common::wait_until(
@@ -592,9 +596,11 @@ fn a_half_written_file_sorting_first_is_reported_and_the_node_recovers() {
         .unwrap();
     let (loaded, v) = loaded_config(&node).unwrap();
     assert!(runs_interlock(&v), "{loaded} is loaded: {v}");
-    let sb = node.run_pod("after", true).unwrap();
-    let plain = node.run_pod("afterplain", false).unwrap();
-    assert_protection(&node, &[sb, plain]);
+    // The sandboxes from before kept their protection; new ones get theirs.
+    for (i, meshed) in [true, false, true].into_iter().enumerate() {
+        sandboxes.push(node.run_pod(&format!("after{i}"), meshed).unwrap());
+    }
+    assert_protection(&node, &sandboxes);
     finish(node);
 }
 
