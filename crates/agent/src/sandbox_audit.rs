@@ -9,8 +9,10 @@
 //! quietly. Audits run one at a time ([`run`]): at start, on the interval, and at once
 //! for a sandbox the plugin reports over the agent socket.
 //!
-//! The in-place repair is the plugin's own ADD path (`interlock_attach::protect::protect`:
-//! the netns lock, the same spec for both families, apply, read back, probe) and writes
+//! The in-place repair is the plugin's own ADD path
+//! (`interlock_attach::protect::protect_running`: the netns lock, the same spec for both
+//! families, apply, read back, probe — through the proxy's own listener when the pod's
+//! proxy already owns its port, see `interlock_redirect::probe`) and writes
 //! the plugin's own attachment state (`interlock_attach::state::AttachmentState`, key
 //! `(sandbox ID, eth0)`) and netns record, so the plugin's CHECK, DEL and GC treat a
 //! repaired netns exactly like one its ADD protected: the runtime's DEL of the sandbox
@@ -31,10 +33,11 @@ use interlock_contract::config::PluginConfig;
 use interlock_contract::names::LABEL_UNPROTECTED;
 use interlock_contract::state::NetnsRecord;
 use interlock_cri::{CriClient, CriError, SandboxFilter, SandboxState, SandboxStatus};
-use interlock_protocol::{CniResult, CniVersion};
+use interlock_protocol::CniVersion;
 use interlock_redirect::backend::BackendKind;
 use interlock_redirect::decision::Decision;
 use interlock_redirect::netns::{NetnsId, PodNetns};
+use interlock_redirect::probe::ProxyPort;
 use interlock_redirect::{engine, sockdiag, RedirectSpec, Verification};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
@@ -642,15 +645,15 @@ fn repair_in_place(
         container_id: sandbox.to_string(),
         ifname: REPAIR_IFNAME.to_string(),
     };
-    let prev = CniResult::empty(CniVersion::V1_0_0);
-    let (protection, claim) = interlock_attach::protect::protect(
+    // The pod runs: its proxy may listen on the outbound port already, and the probe
+    // then proves capture through that listener (see `interlock_redirect::probe`).
+    let (protection, claim) = interlock_attach::protect::protect_running(
         plugin,
         &store,
         &key,
         &netns_str,
         decision,
-        &prev,
-        REPAIR_IFNAME,
+        ProxyPort::MaybeTaken,
     )
     .map_err(|f| ActionError::escalate(format!("applying the rules: {}", f.message)))?;
     let claim = claim.ok_or_else(|| ActionError::fail("the decision needed no rules"))?;

@@ -20,6 +20,8 @@ use interlock_testkit::containerd::Containerd;
 use interlock_testkit::require_root;
 
 const ISTIO: (&str, &str) = ("sidecar.istio.io/status", "{}");
+/// The Istio profile's proxy UID.
+const PROXY_UID: u32 = 1337;
 
 /// Waits until containerd has loaded a CNI config.
 async fn network_ready(cri: &CriClient) {
@@ -270,6 +272,107 @@ async fn the_default_policy_repairs_unprotected_sandboxes_in_place() {
     assert!(state_file(&d.state, &meshed[1].id).exists());
     drop(a);
     drop(meshed);
+    kit.teardown().unwrap();
+}
+
+/// The case of every real meshed pod: its proxy (sidecar) already listens on the
+/// outbound and inbound ports when the agent finds the sandbox unprotected. The default
+/// policy still repairs it in place — the probe proves capture through the proxy's own
+/// listener instead of binding the port — and never restarts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_proxy_already_listens_is_repaired_in_place() {
+    require_root!();
+    use interlock_testkit::traffic::{accept_within, listen_as};
+    let kit = kit_with_primary();
+    let cri = kit.cri().await;
+    network_ready(&cri).await;
+    let server = server_on();
+    let mut pods = Vec::new();
+    let mut proxies = Vec::new();
+    for i in 0..2 {
+        let p = run_pod(&kit, &cri, &format!("side{i}"), true, &server).await;
+        let listen = |port: u16| {
+            listen_as(
+                &p.netns,
+                PROXY_UID,
+                SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
+            )
+        };
+        proxies.push((listen(15001), listen(15006)));
+        pods.push(p);
+    }
+
+    let d = agent_dirs(&kit);
+    let a = Agent::start(
+        &d,
+        &["--cri-endpoint", &kit.endpoint(), "--audit-interval", "1"],
+    );
+    let done_line = |id: &str| {
+        a.log_text()
+            .lines()
+            .find(|l| l.contains("audit action done") && l.contains(id))
+            .map(str::to_string)
+    };
+    wait_until(
+        Duration::from_secs(2),
+        || pods.iter().all(|p| done_line(&p.id).is_some()),
+        || format!("not repaired within 2 s; log:\n{}", a.log_text()),
+    );
+    let target = SocketAddr::new(kit.gateway().into(), server.local_addr().unwrap().port());
+    for (p, (proxy, _)) in pods.iter_mut().zip(&proxies) {
+        let line = done_line(&p.id).unwrap();
+        assert!(line.contains("policy=repair"), "{line}");
+        assert!(line.contains("running proxy's listener"), "{line}");
+        // Repaired in place: the same sandbox is still ready (no StopPodSandbox).
+        let status = cri.sandbox_status(&p.id, false).await.unwrap();
+        assert_eq!(status.state, SandboxState::Ready, "{}", a.log_text());
+        let state = std::fs::read_to_string(state_file(&d.state, &p.id)).unwrap();
+        assert!(state.contains("\"protection\": \"protected\""), "{state}");
+        // The connection opened before the repair was ended.
+        let used = p.client.write_all(b"after").and_then(|()| {
+            let mut b = [0u8; 1];
+            p.client.set_read_timeout(Some(Duration::from_secs(1)))?;
+            p.client.read(&mut b).map(drop)
+        });
+        let e = used.expect_err("the pre-repair connection still works");
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e:?}");
+        // A new connection from inside lands on the proxy's listener, with the
+        // destination as SO_ORIGINAL_DST (the probe's own connections queued there
+        // before it are skipped).
+        let local = in_netns(&p.netns, move || {
+            let c = TcpStream::connect_timeout(&target, Duration::from_secs(1)).unwrap();
+            let local = c.local_addr().unwrap();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(1));
+                drop(c);
+            });
+            local
+        })
+        .unwrap();
+        let accepted = loop {
+            let (s, peer) = accept_within(proxy, Duration::from_secs(2))
+                .expect("the connection never reached the proxy's listener");
+            if peer == local {
+                break s;
+            }
+        };
+        let dst = interlock_redirect::probe::original_dst(
+            &accepted,
+            interlock_redirect::spec::Family::V4,
+        )
+        .unwrap();
+        assert_eq!(dst, target);
+    }
+    let log = a.log_text();
+    assert!(!log.contains("policy=restart"), "{log}");
+    assert_eq!(
+        a.metric("interlock_sandbox_repairs_total{policy=\"repair\",result=\"done\"}"),
+        Some(2.0),
+        "{log}"
+    );
+    drop(a);
+    drop(proxies);
+    drop(pods);
     kit.teardown().unwrap();
 }
 
