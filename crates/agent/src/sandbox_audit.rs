@@ -18,8 +18,13 @@
 //! repaired netns exactly like one its ADD protected: the runtime's DEL of the sandbox
 //! removes the rules and the records. Then it ends the connections opened before the
 //! rules (`SOCK_DESTROY` inside the netns); a refusal or survivors escalate to a restart.
+//!
+//! When that sandbox is later deleted through a chain that still lacks interlock, no DEL
+//! of interlock's removes that state: every full pass therefore removes the state and
+//! netns references of sandboxes the runtime no longer lists and whose netns is gone
+//! (`interlock_attach::collect`), never of one it still lists.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -165,15 +170,19 @@ impl Auditor {
     /// Fails only when the sandboxes cannot be listed.
     pub async fn audit(&self, only: Option<&str>) -> Result<Vec<SandboxReport>, CriError> {
         let start = Instant::now();
-        let listed = match self.cri.list_sandboxes(&SandboxFilter::ready()).await {
+        // Every sandbox, ready or not: the ones not listed at all are gone (see
+        // `collect_gone`).
+        let listed = match self.cri.list_sandboxes(&SandboxFilter::default()).await {
             Ok(l) => l,
             Err(e) => {
                 self.metrics.errors.inc();
                 return Err(e);
             }
         };
+        let all: BTreeSet<String> = listed.iter().map(|s| s.id.clone()).collect();
         let ids: Vec<String> = listed
             .into_iter()
+            .filter(|s| s.state == SandboxState::Ready)
             .map(|s| s.id)
             .filter(|id| only.is_none_or(|o| o == id))
             .collect();
@@ -190,6 +199,7 @@ impl Auditor {
             }
             self.metrics.set_verdicts(&counts);
             lock(&self.history).retain_running(ids.iter().map(String::as_str));
+            self.collect_gone(all).await;
             self.metrics.duration.observe(start.elapsed().as_secs_f64());
             info!(
                 sandboxes = reports.len(),
@@ -483,6 +493,36 @@ impl Auditor {
                 }
                 Ok("reported (log and metrics only)".into())
             }
+        }
+    }
+
+    /// Removes the attachment state and netns references of sandboxes the runtime no
+    /// longer lists (`listed`: every sandbox it does) and whose netns is gone: an
+    /// in-place repair wrote them, and the sandbox's DEL ran through a chain without
+    /// interlock (`interlock_attach::collect`).
+    async fn collect_gone(&self, listed: BTreeSet<String>) {
+        let state_dir = self.plugin.state_dir.clone();
+        let (done, failed) = match tokio::task::spawn_blocking(move || {
+            interlock_attach::collect::collect_dead(&state_dir, &listed)
+        })
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => (vec![], vec![format!("the collecting thread failed: {e}")]),
+        };
+        for c in done {
+            info!(
+                pod = %c.pod,
+                sandbox = %c.key.container_id,
+                ifname = %c.key.ifname,
+                netns = %c.netns,
+                undone = %c.undone,
+                "audit: removed the state of a sandbox that is gone (not listed by the runtime, its netns gone)"
+            );
+        }
+        for why in failed {
+            self.metrics.errors.inc();
+            warn!(error = %why, "audit: cannot remove the state of a sandbox that is gone");
         }
     }
 

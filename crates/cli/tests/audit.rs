@@ -116,6 +116,27 @@ fn state_file(state: &Path, sandbox: &str) -> PathBuf {
         .join(format!("{sandbox}+eth0.json"))
 }
 
+/// The netns identity the state of `sandbox`'s attachment records.
+fn recorded_netns(state: &Path, sandbox: &str) -> String {
+    let s: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state_file(state, sandbox)).unwrap()).unwrap();
+    s["netnsId"].as_str().unwrap().to_string()
+}
+
+/// How many files (record, lock) the state dir holds for netns `id`.
+fn netns_files(state: &Path, id: &str) -> usize {
+    std::fs::read_dir(state.join("netns"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{id}."))
+        })
+        .count()
+}
+
 /// The agent on the kit's conf and bin dirs, with its own state dir.
 fn agent_dirs(kit: &Containerd) -> Dirs {
     let tmp = tempfile::tempdir().unwrap();
@@ -147,17 +168,24 @@ fn server_on() -> TcpListener {
     TcpListener::bind("0.0.0.0:0").unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_default_policy_repairs_unprotected_sandboxes_in_place() {
-    require_root!();
+/// A kit running the primary alone, its CRI client, the test's server, and one meshed
+/// sandbox per tag, each with a connection to the server open.
+async fn kit_with_meshed_pods(tags: &[&str]) -> (Containerd, CriClient, TcpListener, Vec<Pod>) {
     let kit = kit_with_primary();
     let cri = kit.cri().await;
     network_ready(&cri).await;
     let server = server_on();
-    let mut meshed = Vec::new();
-    for i in 0..2 {
-        meshed.push(run_pod(&kit, &cri, &format!("mesh{i}"), true, &server).await);
+    let mut pods = Vec::new();
+    for tag in tags {
+        pods.push(run_pod(&kit, &cri, tag, true, &server).await);
     }
+    (kit, cri, server, pods)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_policy_repairs_unprotected_sandboxes_in_place() {
+    require_root!();
+    let (kit, cri, server, mut meshed) = kit_with_meshed_pods(&["mesh0", "mesh1"]).await;
     let mut plain = run_pod(&kit, &cri, "plain", false, &server).await;
     for p in meshed.iter().chain([&plain]) {
         assert!(
@@ -283,24 +311,20 @@ async fn the_default_policy_repairs_unprotected_sandboxes_in_place() {
 async fn a_pod_whose_proxy_already_listens_is_repaired_in_place() {
     require_root!();
     use interlock_testkit::traffic::{accept_within, listen_as};
-    let kit = kit_with_primary();
-    let cri = kit.cri().await;
-    network_ready(&cri).await;
-    let server = server_on();
-    let mut pods = Vec::new();
-    let mut proxies = Vec::new();
-    for i in 0..2 {
-        let p = run_pod(&kit, &cri, &format!("side{i}"), true, &server).await;
-        let listen = |port: u16| {
-            listen_as(
-                &p.netns,
-                PROXY_UID,
-                SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
-            )
-        };
-        proxies.push((listen(15001), listen(15006)));
-        pods.push(p);
-    }
+    let (kit, cri, server, mut pods) = kit_with_meshed_pods(&["side0", "side1"]).await;
+    let proxies: Vec<_> = pods
+        .iter()
+        .map(|p| {
+            let listen = |port: u16| {
+                listen_as(
+                    &p.netns,
+                    PROXY_UID,
+                    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
+                )
+            };
+            (listen(15001), listen(15006))
+        })
+        .collect();
 
     let d = agent_dirs(&kit);
     let a = Agent::start(
@@ -372,6 +396,80 @@ async fn a_pod_whose_proxy_already_listens_is_repaired_in_place() {
     );
     drop(a);
     drop(proxies);
+    drop(pods);
+    kit.teardown().unwrap();
+}
+
+/// The state an in-place repair writes belongs to a sandbox whose chain lacks interlock,
+/// so when the runtime deletes the sandbox no DEL of interlock's comes. The audit removes
+/// that state and its netns record once the runtime no longer lists the sandbox and its
+/// netns is gone — never while the sandbox is listed (stopped) or runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_of_a_repaired_sandbox_that_is_gone_is_removed() {
+    require_root!();
+    let (kit, cri, _server, pods) = kit_with_meshed_pods(&["gone", "stopped", "running"]).await;
+    // The agent writes its config into a conf dir of its own: containerd keeps running
+    // the primary alone, so interlock-cni never sees these sandboxes' DEL.
+    let mut d = agent_dirs(&kit);
+    d.conf = d.tmp.path().join("net.d");
+    std::fs::create_dir_all(&d.conf).unwrap();
+    for f in std::fs::read_dir(kit.conf_dir()).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, d.conf.join(f.file_name().unwrap())).unwrap();
+    }
+    let a = Agent::start(
+        &d,
+        &["--cri-endpoint", &kit.endpoint(), "--audit-interval", "1"],
+    );
+    // Done means the state and the netns record are written.
+    wait_until(
+        Duration::from_secs(3),
+        || {
+            let log = a.log_text();
+            pods.iter().all(|p| {
+                log.lines()
+                    .any(|l| l.contains("audit action done") && l.contains(&p.id))
+            })
+        },
+        || format!("not every sandbox was repaired; log:\n{}", a.log_text()),
+    );
+    // The netns record and lock of each repaired netns.
+    let records = |p: &Pod| netns_files(&d.state, &recorded_netns(&d.state, &p.id));
+    let before: Vec<usize> = pods.iter().map(records).collect();
+    assert_eq!(before, [2, 2, 2], "a record and a lock per repaired netns");
+    let gone_netns = recorded_netns(&d.state, &pods[0].id);
+
+    let (gone, stopped, running) = (&pods[0], &pods[1], &pods[2]);
+    cri.stop_sandbox(&gone.id).await.unwrap();
+    cri.remove_sandbox(&gone.id).await.unwrap();
+    cri.stop_sandbox(&stopped.id).await.unwrap();
+    assert!(!gone.netns.exists() && !stopped.netns.exists());
+    wait_until(
+        Duration::from_secs(3),
+        || {
+            a.log_text().lines().any(|l| {
+                l.contains(&gone.id) && l.contains("removed the state of a sandbox that is gone")
+            })
+        },
+        || format!("the gone sandbox's state stayed; log:\n{}", a.log_text()),
+    );
+    assert!(!state_file(&d.state, &gone.id).exists());
+    let left = netns_files(&d.state, &gone_netns);
+    assert_eq!(left, 0, "the gone netns's record and lock stayed");
+    // Two more full passes: the stopped (still listed) and the running sandbox keep
+    // their state and records.
+    let passes = || a.log_text().matches("audit done").count();
+    let now = passes();
+    wait_until(
+        Duration::from_secs(4),
+        || passes() >= now + 2,
+        || a.log_text(),
+    );
+    for p in [stopped, running] {
+        assert!(state_file(&d.state, &p.id).exists(), "{}", a.log_text());
+        assert_eq!(records(p), 2, "{}", p.id);
+    }
+    drop(a);
     drop(pods);
     kit.teardown().unwrap();
 }
