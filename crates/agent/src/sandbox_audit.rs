@@ -60,6 +60,9 @@ pub const REPAIR_IFNAME: &str = "eth0";
 pub const REPAIR_NETWORK: &str = "interlock-audit";
 /// Sandboxes whose status is fetched and whose netns is read at once.
 pub const CONCURRENCY: usize = 32;
+/// How long an action through the Kubernetes API waits for the pod cache's first sync
+/// before it is left to a later pass.
+pub const SYNC_PATIENCE: Duration = Duration::from_secs(2);
 /// How long an eviction may be blocked by a PodDisruptionBudget before it is reported.
 pub const EVICT_BUDGET: Duration = Duration::from_secs(30);
 
@@ -326,10 +329,42 @@ impl Auditor {
         let now = Instant::now();
         let recent = lock(&self.history).recent(&status.id, now);
         let mut action = audit::choose(self.policy, self.cluster.is_some(), recent);
+        if let Some(c) = &self.cluster {
+            // The pod watch is usually seconds from its first sync at start-up: an API
+            // policy waits for it a little rather than a whole audit period.
+            let deadline = Instant::now() + SYNC_PATIENCE;
+            while audit::wait_for_api(action.policy, audit::PodSeen::NotSynced).is_some()
+                && !c.pods.is_synced()
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         let cached = self.cluster.as_ref().and_then(|c| {
             c.pods
                 .get(&status.metadata.namespace, &status.metadata.name)
         });
+        let seen = match &self.cluster {
+            None => audit::PodSeen::NoApi,
+            Some(c) if !c.pods.is_synced() => audit::PodSeen::NotSynced,
+            Some(_)
+                if cached
+                    .as_ref()
+                    .is_some_and(|p| p.metadata.deletion_timestamp.is_some()) =>
+            {
+                audit::PodSeen::Terminating
+            }
+            Some(_) => audit::PodSeen::Known,
+        };
+        if let Some(why) = audit::wait_for_api(action.policy, seen) {
+            info!(
+                pod = %format!("{}/{}", status.metadata.namespace, status.metadata.name),
+                sandbox = %status.id,
+                policy = %action.policy,
+                "audit: not acting on this pass: {why}"
+            );
+            return Vec::new();
+        }
         if cached.as_ref().is_some_and(|p| {
             p.metadata
                 .annotations

@@ -602,42 +602,53 @@ async fn the_plugins_add_note_gets_the_sandbox_audited_at_once() {
     kit.teardown().unwrap();
 }
 
-/// With a Kubernetes API the audit's action reaches the pod as its contract Event. A
-/// static (mirror) pod under `--repair-policy delete` cannot be deleted through the API
-/// (the kubelet would recreate it from its manifest): its sandbox is restarted over CRI
-/// instead, the pod gets a `Restarted` Event, and no delete is ever sent.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_mirror_pod_is_restarted_not_deleted_and_gets_its_event() {
-    require_root!();
-    use interlock_testkit::kubeapi::KubeApi;
+/// A meshed sandbox of a private containerd whose pod (same namespace, name and UID) is
+/// on node `n1` of a fake Kubernetes API, with `extra` annotations, and an agent with
+/// `--repair-policy policy` using that API.
+struct ApiScene {
+    kit: Containerd,
+    cri: CriClient,
+    api: interlock_testkit::kubeapi::KubeApi,
+    sandbox: String,
+    namespace: String,
+    name: String,
+    agent: Agent,
+    _dirs: Dirs,
+}
+
+async fn api_scene(tag: &str, extra: &[(&str, &str)], policy: &str) -> ApiScene {
     use serde_json::json;
     let kit = kit_with_primary();
     let cri = kit.cri().await;
     network_ready(&cri).await;
-    let config = kit.pod("mirror").annotation(ISTIO.0, ISTIO.1);
+    let config = kit.pod(tag).annotation(ISTIO.0, ISTIO.1);
     let (ns, name, uid) = (
         config.metadata.namespace.clone(),
         config.metadata.name.clone(),
         config.metadata.uid.clone(),
     );
-    let id = cri.run_sandbox(&config).await.unwrap();
-    let api = KubeApi::start().unwrap();
+    let sandbox = cri.run_sandbox(&config).await.unwrap();
+    let api = interlock_testkit::kubeapi::KubeApi::start().unwrap();
     api.put_object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(ISTIO.0.into(), ISTIO.1.into());
+    for (k, v) in extra {
+        annotations.insert(k.to_string(), v.to_string().into());
+    }
     api.put_object(json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "uid": uid,
-                     "annotations": {ISTIO.0: ISTIO.1, "kubernetes.io/config.mirror": "static"}},
+        "metadata": {"name": name, "namespace": ns, "uid": uid, "annotations": annotations},
         "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
         "status": {"phase": "Running"}}));
     let d = agent_dirs(&kit);
     let kubeconfig = d.tmp.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig).unwrap();
-    let a = Agent::start_env(
+    let agent = Agent::start_env(
         &d,
         &[
             "--cri-endpoint",
             &kit.endpoint(),
             "--repair-policy",
-            "delete",
+            policy,
             "--kube",
             "auto",
             "--node-name",
@@ -645,9 +656,74 @@ async fn a_mirror_pod_is_restarted_not_deleted_and_gets_its_event() {
         ],
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
     );
+    ApiScene {
+        kit,
+        cri,
+        api,
+        sandbox,
+        namespace: ns,
+        name,
+        agent,
+        _dirs: d,
+    }
+}
+
+impl ApiScene {
+    /// Waits for the Event with `reason` about the pod.
+    fn event(&self, reason: &str) -> serde_json::Value {
+        let find = || {
+            self.api
+                .objects("events")
+                .into_iter()
+                .find(|e| e["reason"] == reason && e["regarding"]["name"] == self.name.as_str())
+        };
+        wait_until(
+            Duration::from_secs(5),
+            || find().is_some(),
+            || {
+                let requests: Vec<String> = self
+                    .api
+                    .requests()
+                    .iter()
+                    .map(|r| format!("{} {}?{} {}", r.method, r.path, r.query, r.body))
+                    .collect();
+                format!(
+                    "no {reason} Event; events: {:?}\nrequests:\n{}\nlog:\n{}",
+                    self.api.objects("events"),
+                    requests.join("\n"),
+                    self.agent.log_text()
+                )
+            },
+        );
+        find().unwrap()
+    }
+}
+
+/// With a Kubernetes API the audit's action reaches the pod as its contract Event. A
+/// static (mirror) pod under `--repair-policy delete` cannot be deleted through the API
+/// (the kubelet would recreate it from its manifest): its sandbox is restarted over CRI
+/// instead, the pod gets a `Restarted` Event, and no delete is ever sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_pod_is_restarted_not_deleted_and_gets_its_event() {
+    require_root!();
+    let scene = api_scene(
+        "mirror",
+        &[("kubernetes.io/config.mirror", "static")],
+        "delete",
+    )
+    .await;
+    let ApiScene {
+        cri,
+        api,
+        sandbox: id,
+        namespace: ns,
+        name,
+        agent: a,
+        ..
+    } = &scene;
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        if cri.sandbox_status(&id, false).await.unwrap().state == SandboxState::NotReady {
+        if cri.sandbox_status(id, false).await.unwrap().state == SandboxState::NotReady {
             break;
         }
         assert!(
@@ -657,20 +733,9 @@ async fn a_mirror_pod_is_restarted_not_deleted_and_gets_its_event() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let restarted = || {
-        api.objects("events")
-            .iter()
-            .any(|e| e["reason"] == "Restarted" && e["regarding"]["name"] == name.as_str())
-    };
-    wait_until(Duration::from_secs(5), restarted, || {
-        format!(
-            "events: {:?}\nlog:\n{}",
-            api.objects("events"),
-            a.log_text()
-        )
-    });
+    scene.event("Restarted");
     assert!(
-        api.get_object("pods", &ns, &name).is_some(),
+        api.get_object("pods", ns, name).is_some(),
         "the mirror pod must not be deleted"
     );
     assert!(
@@ -679,6 +744,66 @@ async fn a_mirror_pod_is_restarted_not_deleted_and_gets_its_event() {
     );
     let log = a.log_text();
     assert!(log.contains("static (mirror) pod"), "{log}");
-    drop(a);
+    let ApiScene { kit, agent, .. } = scene;
+    drop(agent);
     kit.teardown().unwrap();
+}
+
+/// `--repair-policy delete` and `evict` act through the API: the pod is deleted with a
+/// UID precondition, or evicted through the Eviction subresource, and gets its `Deleted`
+/// or `Evicted` Event; its sandbox is left to the kubelet (not stopped over CRI).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_and_evict_act_through_the_api_with_an_event() {
+    require_root!();
+    for (policy, reason) in [("delete", "Deleted"), ("evict", "Evicted")] {
+        let scene = api_scene(policy, &[], policy).await;
+        let pod_path = format!("/api/v1/namespaces/{}/pods/{}", scene.namespace, scene.name);
+        let event = scene.event(reason);
+        assert_eq!(event["type"], "Warning", "{event}");
+        let requests = scene.api.requests();
+        match policy {
+            "delete" => {
+                let deletes: Vec<_> = requests
+                    .iter()
+                    .filter(|r| r.method == "DELETE" && r.path == pod_path)
+                    .collect();
+                assert_eq!(deletes.len(), 1, "{requests:?}");
+                let del = deletes[0];
+                let uid = scene
+                    .cri
+                    .sandbox_status(&scene.sandbox, false)
+                    .await
+                    .unwrap();
+                assert!(del.body.contains(&uid.metadata.uid), "{}", del.body);
+                assert!(!requests.iter().any(|r| r.path.ends_with("/eviction")));
+            }
+            _ => {
+                let path = format!("{pod_path}/eviction");
+                let evictions = requests
+                    .iter()
+                    .filter(|r| r.method == "POST" && r.path == path)
+                    .count();
+                assert_eq!(evictions, 1, "POST {path}: {requests:?}");
+                assert!(!requests.iter().any(|r| r.method == "DELETE"));
+            }
+        }
+        let log = scene.agent.log_text();
+        assert!(
+            log.lines().any(|l| l.contains("audit action done")
+                && l.contains(&scene.sandbox)
+                && l.contains(&format!("policy={policy}"))),
+            "{log}"
+        );
+        // No restart over CRI: the kubelet stops the sandbox of a deleted pod.
+        let state = scene
+            .cri
+            .sandbox_status(&scene.sandbox, false)
+            .await
+            .unwrap()
+            .state;
+        assert_eq!(state, SandboxState::Ready, "{log}");
+        let ApiScene { kit, agent, .. } = scene;
+        drop(agent);
+        kit.teardown().unwrap();
+    }
 }
