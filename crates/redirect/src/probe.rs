@@ -164,7 +164,9 @@ pub enum ProxyPort {
     Free,
     /// The pod runs (the agent's in-place repair): its proxy may listen on the port.
     /// The probe binds the port when it is free, else it proves the delivery with
-    /// sock_diag, sending only to the pod's gateways.
+    /// sock_diag, sending only to the pod's gateways. (A proxy that starts during the
+    /// probe's bind, at most the probe's timeout, fails to bind and is restarted by its
+    /// kubelet.)
     #[cfg(feature = "sockdiag")]
     MaybeTaken,
 }
