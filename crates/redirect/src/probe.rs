@@ -240,8 +240,9 @@ pub enum ProbeError {
         /// Why.
         source: io::Error,
     },
-    /// The proxy's outbound port cannot be bound (already in use in the pod's netns?).
-    #[error("cannot listen on {addr} for the probe (is the proxy port already in use in the pod's netns?): {source}")]
+    /// The proxy's outbound port cannot be bound (already in use in the pod's netns? no
+    /// loopback address, `lo` being down?).
+    #[error("cannot listen on {addr} for the probe (is the proxy port already in use in the pod's netns, or is its loopback interface down?): {source}")]
     Bind {
         /// Address.
         addr: SocketAddr,
@@ -819,10 +820,23 @@ fn land(proxy_port: u16, target: SocketAddr, timeout: Duration) -> Result<ProbeR
         Family::V4 => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), proxy_port),
         Family::V6 => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), proxy_port),
     };
-    let listener = TcpListener::bind(listen_addr).map_err(|source| ProbeError::Bind {
-        addr: listen_addr,
-        source,
-    })?;
+    // containerd runs the loopback plugin alongside the chain (go-cni sets networks up
+    // in parallel): until it has brought `lo` up, the loopback address does not exist.
+    // Wait for it within the probe's time.
+    let listener = loop {
+        match TcpListener::bind(listen_addr) {
+            Ok(l) => break l,
+            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable && start.elapsed() < timeout => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(source) => {
+                return Err(ProbeError::Bind {
+                    addr: listen_addr,
+                    source,
+                })
+            }
+        }
+    };
     let sock_err = |step: &'static str| {
         move |e: nix::Error| ProbeError::Socket {
             step,

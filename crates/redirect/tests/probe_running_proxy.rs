@@ -138,3 +138,42 @@ fn a_running_proxys_listener_proves_capture_without_binding() {
     );
     assert_eq!(by_family(Family::V6), Some(Evidence::OriginalDst));
 }
+
+/// containerd runs the loopback plugin alongside the chain, so during ADD the pod's `lo`
+/// may come up only after interlock's probe started: the probe waits for the loopback
+/// address within its time instead of failing to bind it.
+#[test]
+fn the_probe_waits_for_the_loopback_interface_to_come_up() {
+    require_root!();
+    let topo = Topology::new();
+    let a = &topo.a;
+    let spec = istio_spec();
+    // As in a netns whose lo was never up: down, without the loopback addresses (the
+    // kernel gives them back when it comes up).
+    a.ns.exec_ok(&["ip", "link", "set", "lo", "down"]);
+    a.ns.exec_ok(&["ip", "addr", "flush", "dev", "lo"]);
+    let ns = a.ns.name().to_string();
+    let up = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let st = std::process::Command::new("ip")
+            .args(["-n", &ns, "link", "set", "lo", "up"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    });
+    let done = protect_with(
+        &a.ns.path(),
+        &spec,
+        BackendKind::Nftables,
+        &topo.gateways(),
+        &ProtectOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    up.join().unwrap();
+    assert_eq!(done.probe.proven.len(), 2, "{:?}", done.probe);
+    assert!(done
+        .probe
+        .proven
+        .iter()
+        .all(|r| r.evidence == Evidence::OriginalDst));
+}
