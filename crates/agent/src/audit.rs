@@ -298,6 +298,40 @@ pub fn for_mirror_pod(action: RepairAction) -> RepairAction {
     }
 }
 
+/// What the pod cache shows of an unprotected sandbox's pod, for [`wait_for_api`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodSeen {
+    /// No Kubernetes API.
+    NoApi,
+    /// The pod cache has not synced with the API yet.
+    NotSynced,
+    /// The pod, being deleted already (it has a deletion timestamp).
+    Terminating,
+    /// Anything else (the pod, or no such pod in a synced cache).
+    Known,
+}
+
+/// Why acting through the API on a sandbox must wait for a later pass, if it must
+/// (pure). Before the pod cache has synced, the API policies (`delete`, `evict`,
+/// `report`'s label) cannot tell a static pod (which must not be deleted) and would act
+/// without the pod's Event; a pod being deleted already needs no second delete or
+/// eviction. An in-place repair or a restart never waits.
+pub fn wait_for_api(policy: RepairPolicy, pod: PodSeen) -> Option<&'static str> {
+    let through_api = matches!(
+        policy,
+        RepairPolicy::Delete | RepairPolicy::Evict | RepairPolicy::Report
+    );
+    match pod {
+        PodSeen::NotSynced if through_api => Some(
+            "the pod cache has not synced with the Kubernetes API yet (a static pod cannot be told, and the pod's Event would be lost)",
+        ),
+        PodSeen::Terminating if matches!(policy, RepairPolicy::Delete | RepairPolicy::Evict) => {
+            Some("the pod is being deleted already")
+        }
+        _ => None,
+    }
+}
+
 /// The Event (reason, warning?) a finished action publishes on its pod: `Restarted`,
 /// `Deleted`, `Evicted` when done, `RepairFailed` when an action failed for good. An
 /// in-place repair that worked publishes `Repaired`, and `report` publishes
@@ -361,6 +395,33 @@ impl RepairHistory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn api_policies_wait_for_the_pod_cache_and_never_act_twice_on_a_deleted_pod() {
+        use RepairPolicy::*;
+        for policy in [Delete, Evict, Report] {
+            assert!(
+                wait_for_api(policy, PodSeen::NotSynced).is_some(),
+                "{policy}"
+            );
+        }
+        for policy in [Delete, Evict] {
+            assert!(
+                wait_for_api(policy, PodSeen::Terminating).is_some(),
+                "{policy}"
+            );
+        }
+        // Report still reports a terminating pod; repair and restart never wait.
+        assert_eq!(wait_for_api(Report, PodSeen::Terminating), None);
+        for pod in [PodSeen::NotSynced, PodSeen::Terminating, PodSeen::NoApi] {
+            assert_eq!(wait_for_api(Repair, pod), None);
+            assert_eq!(wait_for_api(Restart, pod), None);
+        }
+        for policy in [Repair, Restart, Delete, Evict, Report] {
+            assert_eq!(wait_for_api(policy, PodSeen::Known), None);
+            assert_eq!(wait_for_api(policy, PodSeen::NoApi), None);
+        }
+    }
     use interlock_contract::config::PluginConfig;
 
     fn meshed() -> Decision {

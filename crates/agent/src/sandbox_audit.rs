@@ -9,15 +9,22 @@
 //! quietly. Audits run one at a time ([`run`]): at start, on the interval, and at once
 //! for a sandbox the plugin reports over the agent socket.
 //!
-//! The in-place repair is the plugin's own ADD path (`interlock_attach::protect::protect`:
-//! the netns lock, the same spec for both families, apply, read back, probe) and writes
+//! The in-place repair is the plugin's own ADD path
+//! (`interlock_attach::protect::protect_running`: the netns lock, the same spec for both
+//! families, apply, read back, probe — through the proxy's own listener when the pod's
+//! proxy already owns its port, see `interlock_redirect::probe`) and writes
 //! the plugin's own attachment state (`interlock_attach::state::AttachmentState`, key
 //! `(sandbox ID, eth0)`) and netns record, so the plugin's CHECK, DEL and GC treat a
 //! repaired netns exactly like one its ADD protected: the runtime's DEL of the sandbox
 //! removes the rules and the records. Then it ends the connections opened before the
 //! rules (`SOCK_DESTROY` inside the netns); a refusal or survivors escalate to a restart.
+//!
+//! When that sandbox is later deleted through a chain that still lacks interlock, no DEL
+//! of interlock's removes that state: every full pass therefore removes the state and
+//! netns references of sandboxes the runtime no longer lists and whose netns is gone
+//! (`interlock_attach::collect`), never of one it still lists.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -31,10 +38,11 @@ use interlock_contract::config::PluginConfig;
 use interlock_contract::names::LABEL_UNPROTECTED;
 use interlock_contract::state::NetnsRecord;
 use interlock_cri::{CriClient, CriError, SandboxFilter, SandboxState, SandboxStatus};
-use interlock_protocol::{CniResult, CniVersion};
+use interlock_protocol::CniVersion;
 use interlock_redirect::backend::BackendKind;
 use interlock_redirect::decision::Decision;
 use interlock_redirect::netns::{NetnsId, PodNetns};
+use interlock_redirect::probe::ProxyPort;
 use interlock_redirect::{engine, sockdiag, RedirectSpec, Verification};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
@@ -52,6 +60,9 @@ pub const REPAIR_IFNAME: &str = "eth0";
 pub const REPAIR_NETWORK: &str = "interlock-audit";
 /// Sandboxes whose status is fetched and whose netns is read at once.
 pub const CONCURRENCY: usize = 32;
+/// How long an action through the Kubernetes API waits for the pod cache's first sync
+/// before it is left to a later pass.
+pub const SYNC_PATIENCE: Duration = Duration::from_secs(2);
 /// How long an eviction may be blocked by a PodDisruptionBudget before it is reported.
 pub const EVICT_BUDGET: Duration = Duration::from_secs(30);
 
@@ -162,15 +173,19 @@ impl Auditor {
     /// Fails only when the sandboxes cannot be listed.
     pub async fn audit(&self, only: Option<&str>) -> Result<Vec<SandboxReport>, CriError> {
         let start = Instant::now();
-        let listed = match self.cri.list_sandboxes(&SandboxFilter::ready()).await {
+        // Every sandbox, ready or not: the ones not listed at all are gone (see
+        // `collect_gone`).
+        let listed = match self.cri.list_sandboxes(&SandboxFilter::default()).await {
             Ok(l) => l,
             Err(e) => {
                 self.metrics.errors.inc();
                 return Err(e);
             }
         };
+        let all: BTreeSet<String> = listed.iter().map(|s| s.id.clone()).collect();
         let ids: Vec<String> = listed
             .into_iter()
+            .filter(|s| s.state == SandboxState::Ready)
             .map(|s| s.id)
             .filter(|id| only.is_none_or(|o| o == id))
             .collect();
@@ -187,6 +202,7 @@ impl Auditor {
             }
             self.metrics.set_verdicts(&counts);
             lock(&self.history).retain_running(ids.iter().map(String::as_str));
+            self.collect_gone(all).await;
             self.metrics.duration.observe(start.elapsed().as_secs_f64());
             info!(
                 sandboxes = reports.len(),
@@ -313,10 +329,42 @@ impl Auditor {
         let now = Instant::now();
         let recent = lock(&self.history).recent(&status.id, now);
         let mut action = audit::choose(self.policy, self.cluster.is_some(), recent);
+        if let Some(c) = &self.cluster {
+            // The pod watch is usually seconds from its first sync at start-up: an API
+            // policy waits for it a little rather than a whole audit period.
+            let deadline = Instant::now() + SYNC_PATIENCE;
+            while audit::wait_for_api(action.policy, audit::PodSeen::NotSynced).is_some()
+                && !c.pods.is_synced()
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         let cached = self.cluster.as_ref().and_then(|c| {
             c.pods
                 .get(&status.metadata.namespace, &status.metadata.name)
         });
+        let seen = match &self.cluster {
+            None => audit::PodSeen::NoApi,
+            Some(c) if !c.pods.is_synced() => audit::PodSeen::NotSynced,
+            Some(_)
+                if cached
+                    .as_ref()
+                    .is_some_and(|p| p.metadata.deletion_timestamp.is_some()) =>
+            {
+                audit::PodSeen::Terminating
+            }
+            Some(_) => audit::PodSeen::Known,
+        };
+        if let Some(why) = audit::wait_for_api(action.policy, seen) {
+            info!(
+                pod = %format!("{}/{}", status.metadata.namespace, status.metadata.name),
+                sandbox = %status.id,
+                policy = %action.policy,
+                "audit: not acting on this pass: {why}"
+            );
+            return Vec::new();
+        }
         if cached.as_ref().is_some_and(|p| {
             p.metadata
                 .annotations
@@ -483,6 +531,36 @@ impl Auditor {
         }
     }
 
+    /// Removes the attachment state and netns references of sandboxes the runtime no
+    /// longer lists (`listed`: every sandbox it does) and whose netns is gone: an
+    /// in-place repair wrote them, and the sandbox's DEL ran through a chain without
+    /// interlock (`interlock_attach::collect`).
+    async fn collect_gone(&self, listed: BTreeSet<String>) {
+        let state_dir = self.plugin.state_dir.clone();
+        let (done, failed) = match tokio::task::spawn_blocking(move || {
+            interlock_attach::collect::collect_dead(&state_dir, &listed)
+        })
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => (vec![], vec![format!("the collecting thread failed: {e}")]),
+        };
+        for c in done {
+            info!(
+                pod = %c.pod,
+                sandbox = %c.key.container_id,
+                ifname = %c.key.ifname,
+                netns = %c.netns,
+                undone = %c.undone,
+                "audit: removed the state of a sandbox that is gone (not listed by the runtime, its netns gone)"
+            );
+        }
+        for why in failed {
+            self.metrics.errors.inc();
+            warn!(error = %why, "audit: cannot remove the state of a sandbox that is gone");
+        }
+    }
+
     /// With a Kubernetes API: removes the `unprotected` label of a pod that is protected
     /// now and sends a `Repaired` Event.
     async fn mark_repaired(&self, status: &SandboxStatus, how: Option<&str>) {
@@ -642,15 +720,15 @@ fn repair_in_place(
         container_id: sandbox.to_string(),
         ifname: REPAIR_IFNAME.to_string(),
     };
-    let prev = CniResult::empty(CniVersion::V1_0_0);
-    let (protection, claim) = interlock_attach::protect::protect(
+    // The pod runs: its proxy may listen on the outbound port already, and the probe
+    // then proves capture through that listener (see `interlock_redirect::probe`).
+    let (protection, claim) = interlock_attach::protect::protect_running(
         plugin,
         &store,
         &key,
         &netns_str,
         decision,
-        &prev,
-        REPAIR_IFNAME,
+        ProxyPort::MaybeTaken,
     )
     .map_err(|f| ActionError::escalate(format!("applying the rules: {}", f.message)))?;
     let claim = claim.ok_or_else(|| ActionError::fail("the decision needed no rules"))?;

@@ -7,10 +7,11 @@
 //! the same netns, release a reference and remove the rules with the last one),
 //! [`state`] (one file per attachment: what was decided and done), [`protection`] (what
 //! the state records), [`identity`] (which pod an attachment belongs to, and where its
-//! annotations came from) and [`backend_cache`] (the host's netfilter backend, detected
-//! once a minute).
+//! annotations came from), [`backend_cache`] (the host's netfilter backend, detected
+//! once a minute) and [`collect`] (the agent's removal of what gone sandboxes left).
 
 pub mod backend_cache;
+pub mod collect;
 pub mod identity;
 pub mod protect;
 pub mod protection;

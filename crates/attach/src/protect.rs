@@ -24,6 +24,7 @@ use interlock_protocol::{CniError, CniResult, CniVersion};
 use interlock_redirect::backend::{self, BackendKind};
 use interlock_redirect::netns::{pod_netns_id, NetnsError, NetnsId, PodNetns};
 use interlock_redirect::netns_record::{NetnsLock, NetnsStore};
+use interlock_redirect::probe::ProxyPort;
 use interlock_redirect::{engine, ProtectError, ProtectOptions, Unprotected, Verification};
 
 use interlock_redirect::decision::Decision;
@@ -235,6 +236,9 @@ impl Claim {
 /// primary may not list every address the pod gets); the probe proves every family the
 /// pod can route (see `interlock_redirect::probe`), trying the pod's gateways from `prev`
 /// on `ifname` first. Non-meshed decisions need nothing and touch nothing.
+///
+/// For CNI ADD: no container of the pod runs yet, so the probe binds the proxy's port
+/// ([`ProxyPort::Free`]).
 pub fn protect(
     config: &PluginConfig,
     store: &StateStore,
@@ -243,6 +247,50 @@ pub fn protect(
     decision: &Decision,
     prev: &CniResult,
     ifname: &str,
+) -> Result<(Protection, Option<Claim>), Failure> {
+    protect_pod(
+        config,
+        store,
+        key,
+        netns,
+        decision,
+        (prev, ifname),
+        ProxyPort::Free,
+    )
+}
+
+/// [`protect`] for a pod that is running (the agent's in-place repair): no CNI result
+/// (the probe takes the pod's gateways from its routes), and the proxy may own its port
+/// already: `proxy_port` says what the probe may assume (the agent passes
+/// `ProxyPort::MaybeTaken`).
+pub fn protect_running(
+    config: &PluginConfig,
+    store: &StateStore,
+    key: &AttachmentKey,
+    netns: &str,
+    decision: &Decision,
+    proxy_port: ProxyPort,
+) -> Result<(Protection, Option<Claim>), Failure> {
+    let prev = CniResult::empty(CniVersion::V1_0_0);
+    protect_pod(
+        config,
+        store,
+        key,
+        netns,
+        decision,
+        (&prev, &key.ifname),
+        proxy_port,
+    )
+}
+
+fn protect_pod(
+    config: &PluginConfig,
+    store: &StateStore,
+    key: &AttachmentKey,
+    netns: &str,
+    decision: &Decision,
+    (prev, ifname): (&CniResult, &str),
+    proxy_port: ProxyPort,
 ) -> Result<(Protection, Option<Claim>), Failure> {
     let Decision::Meshed { profile, spec } = decision else {
         return Ok((Protection::NotNeeded, None));
@@ -312,6 +360,7 @@ pub fn protect(
                     _ => {
                         let options = ProtectOptions {
                             remove_on_failure: false,
+                            proxy_port,
                             ..ProtectOptions::default()
                         };
                         let done = engine::protect_in(&pod, &spec, r.backend, &gateways, &options)
@@ -325,6 +374,7 @@ pub fn protect(
                 let options = ProtectOptions {
                     // Nothing recorded for this netns: a new pod's, most likely empty.
                     new_netns: record.is_none(),
+                    proxy_port,
                     ..ProtectOptions::default()
                 };
                 let done = match engine::protect_in(&pod, &spec, kind, &gateways, &options) {

@@ -4,7 +4,8 @@
 //! Each pod first runs unprotected with one established TCP connection to the node; the
 //! agent's in-place repair (`interlock_agent::sandbox_audit::repair_netns`: the plugin's
 //! protect — apply, read back, probe —, its state and netns record, then `SOCK_DESTROY` of
-//! the connection) is timed per pod. Then the audit's read-back of every pod
+//! the connection) is timed per pod; with `--proxy-listens` each pod's proxy already
+//! listens on its outbound port, as in a running meshed pod. Then the audit's read-back of every pod
 //! (`sandbox_audit::inspect`, with the agent's concurrency) is timed per round, and every
 //! verdict must be `protected`. Prints one JSON document: `audit_ms` (one pass over all
 //! pods), `repair_ms` (one pod), the budgets (250 ms, 50 ms) and whether they hold, and
@@ -40,6 +41,11 @@ pub struct AuditArgs {
     /// Pretty-print the JSON.
     #[arg(long)]
     pub pretty: bool,
+    /// Give each pod a running proxy first (a listener of the proxy's UID on the outbound
+    /// port), as real meshed pods have: the repair's probe then proves capture through
+    /// it with sock_diag instead of binding the port.
+    #[arg(long)]
+    pub proxy_listens: bool,
     /// Instead: the resident memory of a real agent auditing this many sandboxes of a
     /// private containerd (half of them meshed and unprotected: it repairs them).
     #[arg(long)]
@@ -91,6 +97,21 @@ pub fn run(a: AuditArgs) -> anyhow::Result<()> {
     let node_path = PathBuf::from("/var/run/netns").join(node.name());
     let server = in_netns(&node_path, || TcpListener::bind((GATEWAY_V4, 0)))??;
     let port = server.local_addr()?.port();
+
+    let _proxies = if a.proxy_listens {
+        let port = spec.outbound.proxy_port;
+        pods.iter()
+            .map(|p| {
+                interlock_testkit::traffic::listen_as(
+                    &p.path(),
+                    spec.proxy_uid,
+                    SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port)),
+                )
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
 
     eprintln!("repairing each in place (with one connection open) …");
     let mut repairs = Vec::with_capacity(pods.len());
@@ -160,6 +181,7 @@ pub fn run(a: AuditArgs) -> anyhow::Result<()> {
     let repair = Summary::of(&repairs).expect("pods > 0");
     let out = json!({
         "pods": pods.len(),
+        "proxy_listens": a.proxy_listens,
         "concurrency": CONCURRENCY,
         "audit_ms": audit.to_json_ms(),
         "repair_ms": repair.to_json_ms(),

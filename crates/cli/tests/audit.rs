@@ -20,6 +20,8 @@ use interlock_testkit::containerd::Containerd;
 use interlock_testkit::require_root;
 
 const ISTIO: (&str, &str) = ("sidecar.istio.io/status", "{}");
+/// The Istio profile's proxy UID.
+const PROXY_UID: u32 = 1337;
 
 /// Waits until containerd has loaded a CNI config.
 async fn network_ready(cri: &CriClient) {
@@ -114,6 +116,27 @@ fn state_file(state: &Path, sandbox: &str) -> PathBuf {
         .join(format!("{sandbox}+eth0.json"))
 }
 
+/// The netns identity the state of `sandbox`'s attachment records.
+fn recorded_netns(state: &Path, sandbox: &str) -> String {
+    let s: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state_file(state, sandbox)).unwrap()).unwrap();
+    s["netnsId"].as_str().unwrap().to_string()
+}
+
+/// How many files (record, lock) the state dir holds for netns `id`.
+fn netns_files(state: &Path, id: &str) -> usize {
+    std::fs::read_dir(state.join("netns"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{id}."))
+        })
+        .count()
+}
+
 /// The agent on the kit's conf and bin dirs, with its own state dir.
 fn agent_dirs(kit: &Containerd) -> Dirs {
     let tmp = tempfile::tempdir().unwrap();
@@ -145,17 +168,24 @@ fn server_on() -> TcpListener {
     TcpListener::bind("0.0.0.0:0").unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_default_policy_repairs_unprotected_sandboxes_in_place() {
-    require_root!();
+/// A kit running the primary alone, its CRI client, the test's server, and one meshed
+/// sandbox per tag, each with a connection to the server open.
+async fn kit_with_meshed_pods(tags: &[&str]) -> (Containerd, CriClient, TcpListener, Vec<Pod>) {
     let kit = kit_with_primary();
     let cri = kit.cri().await;
     network_ready(&cri).await;
     let server = server_on();
-    let mut meshed = Vec::new();
-    for i in 0..2 {
-        meshed.push(run_pod(&kit, &cri, &format!("mesh{i}"), true, &server).await);
+    let mut pods = Vec::new();
+    for tag in tags {
+        pods.push(run_pod(&kit, &cri, tag, true, &server).await);
     }
+    (kit, cri, server, pods)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_policy_repairs_unprotected_sandboxes_in_place() {
+    require_root!();
+    let (kit, cri, server, mut meshed) = kit_with_meshed_pods(&["mesh0", "mesh1"]).await;
     let mut plain = run_pod(&kit, &cri, "plain", false, &server).await;
     for p in meshed.iter().chain([&plain]) {
         assert!(
@@ -270,6 +300,177 @@ async fn the_default_policy_repairs_unprotected_sandboxes_in_place() {
     assert!(state_file(&d.state, &meshed[1].id).exists());
     drop(a);
     drop(meshed);
+    kit.teardown().unwrap();
+}
+
+/// The case of every real meshed pod: its proxy (sidecar) already listens on the
+/// outbound and inbound ports when the agent finds the sandbox unprotected. The default
+/// policy still repairs it in place — the probe proves capture through the proxy's own
+/// listener instead of binding the port — and never restarts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_proxy_already_listens_is_repaired_in_place() {
+    require_root!();
+    use interlock_testkit::traffic::{accept_within, listen_as};
+    let (kit, cri, server, mut pods) = kit_with_meshed_pods(&["side0", "side1"]).await;
+    let proxies: Vec<_> = pods
+        .iter()
+        .map(|p| {
+            let listen = |port: u16| {
+                listen_as(
+                    &p.netns,
+                    PROXY_UID,
+                    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
+                )
+            };
+            (listen(15001), listen(15006))
+        })
+        .collect();
+
+    let d = agent_dirs(&kit);
+    let a = Agent::start(
+        &d,
+        &["--cri-endpoint", &kit.endpoint(), "--audit-interval", "1"],
+    );
+    let done_line = |id: &str| {
+        a.log_text()
+            .lines()
+            .find(|l| l.contains("audit action done") && l.contains(id))
+            .map(str::to_string)
+    };
+    wait_until(
+        Duration::from_secs(2),
+        || pods.iter().all(|p| done_line(&p.id).is_some()),
+        || format!("not repaired within 2 s; log:\n{}", a.log_text()),
+    );
+    let target = SocketAddr::new(kit.gateway().into(), server.local_addr().unwrap().port());
+    for (p, (proxy, _)) in pods.iter_mut().zip(&proxies) {
+        let line = done_line(&p.id).unwrap();
+        assert!(line.contains("policy=repair"), "{line}");
+        assert!(line.contains("running proxy's listener"), "{line}");
+        // Repaired in place: the same sandbox is still ready (no StopPodSandbox).
+        let status = cri.sandbox_status(&p.id, false).await.unwrap();
+        assert_eq!(status.state, SandboxState::Ready, "{}", a.log_text());
+        let state = std::fs::read_to_string(state_file(&d.state, &p.id)).unwrap();
+        assert!(state.contains("\"protection\": \"protected\""), "{state}");
+        // The connection opened before the repair was ended.
+        let used = p.client.write_all(b"after").and_then(|()| {
+            let mut b = [0u8; 1];
+            p.client.set_read_timeout(Some(Duration::from_secs(1)))?;
+            p.client.read(&mut b).map(drop)
+        });
+        let e = used.expect_err("the pre-repair connection still works");
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e:?}");
+        // A new connection from inside lands on the proxy's listener, with the
+        // destination as SO_ORIGINAL_DST (the probe's own connections queued there
+        // before it are skipped).
+        let local = in_netns(&p.netns, move || {
+            let c = TcpStream::connect_timeout(&target, Duration::from_secs(1)).unwrap();
+            let local = c.local_addr().unwrap();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(1));
+                drop(c);
+            });
+            local
+        })
+        .unwrap();
+        let accepted = loop {
+            let (s, peer) = accept_within(proxy, Duration::from_secs(2))
+                .expect("the connection never reached the proxy's listener");
+            if peer == local {
+                break s;
+            }
+        };
+        let dst = interlock_redirect::probe::original_dst(
+            &accepted,
+            interlock_redirect::spec::Family::V4,
+        )
+        .unwrap();
+        assert_eq!(dst, target);
+    }
+    let log = a.log_text();
+    assert!(!log.contains("policy=restart"), "{log}");
+    assert_eq!(
+        a.metric("interlock_sandbox_repairs_total{policy=\"repair\",result=\"done\"}"),
+        Some(2.0),
+        "{log}"
+    );
+    drop(a);
+    drop(proxies);
+    drop(pods);
+    kit.teardown().unwrap();
+}
+
+/// The state an in-place repair writes belongs to a sandbox whose chain lacks interlock,
+/// so when the runtime deletes the sandbox no DEL of interlock's comes. The audit removes
+/// that state and its netns record once the runtime no longer lists the sandbox and its
+/// netns is gone — never while the sandbox is listed (stopped) or runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_of_a_repaired_sandbox_that_is_gone_is_removed() {
+    require_root!();
+    let (kit, cri, _server, pods) = kit_with_meshed_pods(&["gone", "stopped", "running"]).await;
+    // The agent writes its config into a conf dir of its own: containerd keeps running
+    // the primary alone, so interlock-cni never sees these sandboxes' DEL.
+    let mut d = agent_dirs(&kit);
+    d.conf = d.tmp.path().join("net.d");
+    std::fs::create_dir_all(&d.conf).unwrap();
+    for f in std::fs::read_dir(kit.conf_dir()).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, d.conf.join(f.file_name().unwrap())).unwrap();
+    }
+    let a = Agent::start(
+        &d,
+        &["--cri-endpoint", &kit.endpoint(), "--audit-interval", "1"],
+    );
+    // Done means the state and the netns record are written.
+    wait_until(
+        Duration::from_secs(3),
+        || {
+            let log = a.log_text();
+            pods.iter().all(|p| {
+                log.lines()
+                    .any(|l| l.contains("audit action done") && l.contains(&p.id))
+            })
+        },
+        || format!("not every sandbox was repaired; log:\n{}", a.log_text()),
+    );
+    // The netns record and lock of each repaired netns.
+    let records = |p: &Pod| netns_files(&d.state, &recorded_netns(&d.state, &p.id));
+    let before: Vec<usize> = pods.iter().map(records).collect();
+    assert_eq!(before, [2, 2, 2], "a record and a lock per repaired netns");
+    let gone_netns = recorded_netns(&d.state, &pods[0].id);
+
+    let (gone, stopped, running) = (&pods[0], &pods[1], &pods[2]);
+    cri.stop_sandbox(&gone.id).await.unwrap();
+    cri.remove_sandbox(&gone.id).await.unwrap();
+    cri.stop_sandbox(&stopped.id).await.unwrap();
+    assert!(!gone.netns.exists() && !stopped.netns.exists());
+    wait_until(
+        Duration::from_secs(3),
+        || {
+            a.log_text().lines().any(|l| {
+                l.contains(&gone.id) && l.contains("removed the state of a sandbox that is gone")
+            })
+        },
+        || format!("the gone sandbox's state stayed; log:\n{}", a.log_text()),
+    );
+    assert!(!state_file(&d.state, &gone.id).exists());
+    let left = netns_files(&d.state, &gone_netns);
+    assert_eq!(left, 0, "the gone netns's record and lock stayed");
+    // Two more full passes: the stopped (still listed) and the running sandbox keep
+    // their state and records.
+    let passes = || a.log_text().matches("audit done").count();
+    let now = passes();
+    wait_until(
+        Duration::from_secs(4),
+        || passes() >= now + 2,
+        || a.log_text(),
+    );
+    for p in [stopped, running] {
+        assert!(state_file(&d.state, &p.id).exists(), "{}", a.log_text());
+        assert_eq!(records(p), 2, "{}", p.id);
+    }
+    drop(a);
+    drop(pods);
     kit.teardown().unwrap();
 }
 
@@ -401,42 +602,53 @@ async fn the_plugins_add_note_gets_the_sandbox_audited_at_once() {
     kit.teardown().unwrap();
 }
 
-/// With a Kubernetes API the audit's action reaches the pod as its contract Event. A
-/// static (mirror) pod under `--repair-policy delete` cannot be deleted through the API
-/// (the kubelet would recreate it from its manifest): its sandbox is restarted over CRI
-/// instead, the pod gets a `Restarted` Event, and no delete is ever sent.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_mirror_pod_is_restarted_not_deleted_and_gets_its_event() {
-    require_root!();
-    use interlock_testkit::kubeapi::KubeApi;
+/// A meshed sandbox of a private containerd whose pod (same namespace, name and UID) is
+/// on node `n1` of a fake Kubernetes API, with `extra` annotations, and an agent with
+/// `--repair-policy policy` using that API.
+struct ApiScene {
+    kit: Containerd,
+    cri: CriClient,
+    api: interlock_testkit::kubeapi::KubeApi,
+    sandbox: String,
+    namespace: String,
+    name: String,
+    agent: Agent,
+    _dirs: Dirs,
+}
+
+async fn api_scene(tag: &str, extra: &[(&str, &str)], policy: &str) -> ApiScene {
     use serde_json::json;
     let kit = kit_with_primary();
     let cri = kit.cri().await;
     network_ready(&cri).await;
-    let config = kit.pod("mirror").annotation(ISTIO.0, ISTIO.1);
+    let config = kit.pod(tag).annotation(ISTIO.0, ISTIO.1);
     let (ns, name, uid) = (
         config.metadata.namespace.clone(),
         config.metadata.name.clone(),
         config.metadata.uid.clone(),
     );
-    let id = cri.run_sandbox(&config).await.unwrap();
-    let api = KubeApi::start().unwrap();
+    let sandbox = cri.run_sandbox(&config).await.unwrap();
+    let api = interlock_testkit::kubeapi::KubeApi::start().unwrap();
     api.put_object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(ISTIO.0.into(), ISTIO.1.into());
+    for (k, v) in extra {
+        annotations.insert(k.to_string(), v.to_string().into());
+    }
     api.put_object(json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "uid": uid,
-                     "annotations": {ISTIO.0: ISTIO.1, "kubernetes.io/config.mirror": "static"}},
+        "metadata": {"name": name, "namespace": ns, "uid": uid, "annotations": annotations},
         "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
         "status": {"phase": "Running"}}));
     let d = agent_dirs(&kit);
     let kubeconfig = d.tmp.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig).unwrap();
-    let a = Agent::start_env(
+    let agent = Agent::start_env(
         &d,
         &[
             "--cri-endpoint",
             &kit.endpoint(),
             "--repair-policy",
-            "delete",
+            policy,
             "--kube",
             "auto",
             "--node-name",
@@ -444,9 +656,74 @@ async fn a_mirror_pod_is_restarted_not_deleted_and_gets_its_event() {
         ],
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
     );
+    ApiScene {
+        kit,
+        cri,
+        api,
+        sandbox,
+        namespace: ns,
+        name,
+        agent,
+        _dirs: d,
+    }
+}
+
+impl ApiScene {
+    /// Waits for the Event with `reason` about the pod.
+    fn event(&self, reason: &str) -> serde_json::Value {
+        let find = || {
+            self.api
+                .objects("events")
+                .into_iter()
+                .find(|e| e["reason"] == reason && e["regarding"]["name"] == self.name.as_str())
+        };
+        wait_until(
+            Duration::from_secs(5),
+            || find().is_some(),
+            || {
+                let requests: Vec<String> = self
+                    .api
+                    .requests()
+                    .iter()
+                    .map(|r| format!("{} {}?{} {}", r.method, r.path, r.query, r.body))
+                    .collect();
+                format!(
+                    "no {reason} Event; events: {:?}\nrequests:\n{}\nlog:\n{}",
+                    self.api.objects("events"),
+                    requests.join("\n"),
+                    self.agent.log_text()
+                )
+            },
+        );
+        find().unwrap()
+    }
+}
+
+/// With a Kubernetes API the audit's action reaches the pod as its contract Event. A
+/// static (mirror) pod under `--repair-policy delete` cannot be deleted through the API
+/// (the kubelet would recreate it from its manifest): its sandbox is restarted over CRI
+/// instead, the pod gets a `Restarted` Event, and no delete is ever sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_pod_is_restarted_not_deleted_and_gets_its_event() {
+    require_root!();
+    let scene = api_scene(
+        "mirror",
+        &[("kubernetes.io/config.mirror", "static")],
+        "delete",
+    )
+    .await;
+    let ApiScene {
+        cri,
+        api,
+        sandbox: id,
+        namespace: ns,
+        name,
+        agent: a,
+        ..
+    } = &scene;
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        if cri.sandbox_status(&id, false).await.unwrap().state == SandboxState::NotReady {
+        if cri.sandbox_status(id, false).await.unwrap().state == SandboxState::NotReady {
             break;
         }
         assert!(
@@ -456,20 +733,9 @@ async fn a_mirror_pod_is_restarted_not_deleted_and_gets_its_event() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let restarted = || {
-        api.objects("events")
-            .iter()
-            .any(|e| e["reason"] == "Restarted" && e["regarding"]["name"] == name.as_str())
-    };
-    wait_until(Duration::from_secs(5), restarted, || {
-        format!(
-            "events: {:?}\nlog:\n{}",
-            api.objects("events"),
-            a.log_text()
-        )
-    });
+    scene.event("Restarted");
     assert!(
-        api.get_object("pods", &ns, &name).is_some(),
+        api.get_object("pods", ns, name).is_some(),
         "the mirror pod must not be deleted"
     );
     assert!(
@@ -478,6 +744,66 @@ async fn a_mirror_pod_is_restarted_not_deleted_and_gets_its_event() {
     );
     let log = a.log_text();
     assert!(log.contains("static (mirror) pod"), "{log}");
-    drop(a);
+    let ApiScene { kit, agent, .. } = scene;
+    drop(agent);
     kit.teardown().unwrap();
+}
+
+/// `--repair-policy delete` and `evict` act through the API: the pod is deleted with a
+/// UID precondition, or evicted through the Eviction subresource, and gets its `Deleted`
+/// or `Evicted` Event; its sandbox is left to the kubelet (not stopped over CRI).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_and_evict_act_through_the_api_with_an_event() {
+    require_root!();
+    for (policy, reason) in [("delete", "Deleted"), ("evict", "Evicted")] {
+        let scene = api_scene(policy, &[], policy).await;
+        let pod_path = format!("/api/v1/namespaces/{}/pods/{}", scene.namespace, scene.name);
+        let event = scene.event(reason);
+        assert_eq!(event["type"], "Warning", "{event}");
+        let requests = scene.api.requests();
+        match policy {
+            "delete" => {
+                let deletes: Vec<_> = requests
+                    .iter()
+                    .filter(|r| r.method == "DELETE" && r.path == pod_path)
+                    .collect();
+                assert_eq!(deletes.len(), 1, "{requests:?}");
+                let del = deletes[0];
+                let uid = scene
+                    .cri
+                    .sandbox_status(&scene.sandbox, false)
+                    .await
+                    .unwrap();
+                assert!(del.body.contains(&uid.metadata.uid), "{}", del.body);
+                assert!(!requests.iter().any(|r| r.path.ends_with("/eviction")));
+            }
+            _ => {
+                let path = format!("{pod_path}/eviction");
+                let evictions = requests
+                    .iter()
+                    .filter(|r| r.method == "POST" && r.path == path)
+                    .count();
+                assert_eq!(evictions, 1, "POST {path}: {requests:?}");
+                assert!(!requests.iter().any(|r| r.method == "DELETE"));
+            }
+        }
+        let log = scene.agent.log_text();
+        assert!(
+            log.lines().any(|l| l.contains("audit action done")
+                && l.contains(&scene.sandbox)
+                && l.contains(&format!("policy={policy}"))),
+            "{log}"
+        );
+        // No restart over CRI: the kubelet stops the sandbox of a deleted pod.
+        let state = scene
+            .cri
+            .sandbox_status(&scene.sandbox, false)
+            .await
+            .unwrap()
+            .state;
+        assert_eq!(state, SandboxState::Ready, "{log}");
+        let ApiScene { kit, agent, .. } = scene;
+        drop(agent);
+        kit.teardown().unwrap();
+    }
 }

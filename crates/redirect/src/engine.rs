@@ -30,6 +30,9 @@ pub struct ProtectOptions {
     /// ([`crate::backend::Backend::create_and_verify`]). A wrong belief costs time, not
     /// correctness.
     pub new_netns: bool,
+    /// Whether a running proxy may own its outbound port (the agent's in-place repair of
+    /// a running pod), see [`probe::ProxyPort`].
+    pub proxy_port: probe::ProxyPort,
 }
 
 impl Default for ProtectOptions {
@@ -38,6 +41,7 @@ impl Default for ProtectOptions {
             probe_timeout: probe::DEFAULT_TIMEOUT,
             remove_on_failure: true,
             new_netns: false,
+            proxy_port: probe::ProxyPort::Free,
         }
     }
 }
@@ -311,7 +315,12 @@ pub fn protect_in(
         let rules_time = t.elapsed();
 
         let t = Instant::now();
-        let report = match probe::probe(spec, probe_targets, options.probe_timeout) {
+        let report = match probe::probe_with(
+            spec,
+            probe_targets,
+            options.probe_timeout,
+            options.proxy_port,
+        ) {
             Ok(r) => r,
             Err(source) => {
                 return Err(ProtectError::Probe {

@@ -51,13 +51,39 @@
 //! Both sockets are closed with an RST (`SO_LINGER` 0) and the listener is dropped before
 //! returning, so the port is free for the proxy.
 //!
+//! # When a running proxy owns the port
+//!
+//! During CNI ADD no container of the pod runs, so the probe binds the proxy's outbound
+//! port itself ([`ProxyPort::Free`]). The agent's in-place repair proves the rules of a
+//! pod that is running, whose proxy usually listens on that port already; binding it
+//! fails with `EADDRINUSE`. With [`ProxyPort::MaybeTaken`] (feature `sockdiag`) the probe
+//! then leaves the listener alone: it opens the same connection (as root, whom every
+//! profile captures) and looks, with sock_diag inside the netns, for the connection's
+//! server side: a TCP socket on the proxy's port whose peer is the probe's own address
+//! ([`crate::sockdiag::accepted_from`]). While the probe's socket holds its ephemeral
+//! port no other connection can have that peer, and without the redirect the server
+//! side would be on the destination, outside the netns: so that socket shows the
+//! connection to the destination was delivered to the proxy's port. Reading rules back
+//! is not such a proof; with no server-side socket the probe fails, and the repair
+//! escalates.
+//!
+//! The proxy handles the probe connection as any other: Istio's and Linkerd's proxies
+//! dial its original destination (as the proxy's UID, which is exempt, with a normal hop
+//! limit). So with a running proxy the probe only sends to the pod's **gateways** (from
+//! the CNI result or the routes), on the same never-served ports: the gateway is the node
+//! (the probe refuses links whose first hop is not, see below), which answers the
+//! proxy's onward SYN with a reset, and nothing leaves the node. A documentation address
+//! or another on-link host is never used then, and a pod without a captured gateway
+//! fails the probe ([`ProbeError::NoTarget`]).
+//!
 //! Traffic safety: the probe socket sends with `IP_TTL` / `IPV6_UNICAST_HOPS` 1, so if the
 //! rules are missing or wrong, the SYN can reach the first hop (the node, i.e. the pod's
 //! gateway) and no further; the probe uses a port the spec captures, preferring the
 //! discard port 9 that nothing serves.
 //!
-//! Must run on a thread inside the pod's netns ([`crate::netns::in_netns`]); the outbound
-//! proxy port must be free there (true during CNI ADD, before any container starts).
+//! Must run on a thread inside the pod's netns ([`crate::netns::in_netns`]); with
+//! [`ProxyPort::Free`] the outbound proxy port must be free there (true during CNI ADD,
+//! before any container starts).
 //!
 //! # Limit: the first hop must be the node
 //!
@@ -104,10 +130,45 @@ pub struct ProbeResult {
     pub target: SocketAddr,
     /// Where the connection landed (the proxy's outbound port on loopback).
     pub landed_on: SocketAddr,
-    /// `SO_ORIGINAL_DST` of the accepted connection (equal to `target`).
+    /// The original destination of the delivered connection (equal to `target`):
+    /// `SO_ORIGINAL_DST` of the accepted socket ([`Evidence::OriginalDst`]), or, when a
+    /// running proxy owns the port ([`Evidence::ServerSocket`]), the destination of the
+    /// connection whose server side was found on the port.
     pub original_dst: SocketAddr,
+    /// How the delivery was seen.
+    pub evidence: Evidence,
     /// How long the round took.
     pub elapsed: Duration,
+}
+
+/// How the probe saw its connection arrive at the proxy's outbound port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evidence {
+    /// The probe listened on the port, accepted the connection and read
+    /// `SO_ORIGINAL_DST`.
+    OriginalDst,
+    /// A running proxy listens on the port: sock_diag showed the connection's server
+    /// side on it, owned by `uid` (see the module docs).
+    ServerSocket {
+        /// Owner of the server-side socket (the listener's owner: the proxy's UID).
+        uid: u32,
+    },
+}
+
+/// Who may own the proxy's outbound port while the probe runs (see the module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ProxyPort {
+    /// No container of the pod runs (CNI ADD): the probe binds the port itself, and a
+    /// busy port is an error ([`ProbeError::Bind`]).
+    #[default]
+    Free,
+    /// The pod runs (the agent's in-place repair): its proxy may listen on the port.
+    /// The probe binds the port when it is free, else it proves the delivery with
+    /// sock_diag, sending only to the pod's gateways. (A proxy that starts during the
+    /// probe's bind, at most the probe's timeout, fails to bind and is restarted by its
+    /// kubelet.)
+    #[cfg(feature = "sockdiag")]
+    MaybeTaken,
 }
 
 /// The probe's outcome for both families.
@@ -129,13 +190,17 @@ impl ProbeReport {
             .proven
             .iter()
             .map(|r| {
-                (
-                    r.family,
-                    format!(
+                let line = match r.evidence {
+                    Evidence::OriginalDst => format!(
                         "connection to {} landed on {} with original destination {}",
                         r.target, r.landed_on, r.original_dst
                     ),
-                )
+                    Evidence::ServerSocket { uid } => format!(
+                        "connection to {} landed on the running proxy's listener at {} (its server side, socket of UID {uid}, seen with sock_diag)",
+                        r.target, r.landed_on
+                    ),
+                };
+                (r.family, line)
             })
             .chain(self.sealed.iter().cloned())
             .chain(
@@ -175,8 +240,9 @@ pub enum ProbeError {
         /// Why.
         source: io::Error,
     },
-    /// The proxy's outbound port cannot be bound (already in use in the pod's netns?).
-    #[error("cannot listen on {addr} for the probe (is the proxy port already in use in the pod's netns?): {source}")]
+    /// The proxy's outbound port cannot be bound (already in use in the pod's netns? no
+    /// loopback address, `lo` being down?).
+    #[error("cannot listen on {addr} for the probe (is the proxy port already in use in the pod's netns, or is its loopback interface down?): {source}")]
     Bind {
         /// Address.
         addr: SocketAddr,
@@ -456,12 +522,23 @@ fn candidate_ports(spec: &RedirectSpec) -> Vec<u16> {
     }
 }
 
-/// Runs the probe for both families (see the module docs). Call inside the pod's netns.
-/// `gateways` (the pod's gateways from the CNI result) are tried first as destinations.
+/// Runs the probe for both families (see the module docs) with the proxy's port free
+/// ([`ProxyPort::Free`]). Call inside the pod's netns. `gateways` (the pod's gateways
+/// from the CNI result) are tried first as destinations.
 pub fn probe(
     spec: &RedirectSpec,
     gateways: &[IpAddr],
     timeout: Duration,
+) -> Result<ProbeReport, ProbeError> {
+    probe_with(spec, gateways, timeout, ProxyPort::Free)
+}
+
+/// [`probe`], saying whether a running proxy may own its outbound port.
+pub fn probe_with(
+    spec: &RedirectSpec,
+    gateways: &[IpAddr],
+    timeout: Duration,
+    port: ProxyPort,
 ) -> Result<ProbeReport, ProbeError> {
     // One socket for the dumps and every route lookup after them; the lookups take the
     // links from the dump instead of asking the kernel again.
@@ -476,13 +553,16 @@ pub fn probe(
     for family in [Family::V4, Family::V6] {
         match plan(spec, family, gateways, &routes, &links)? {
             Plan::NotCaptured(why) => report.skipped.push((family, why)),
-            Plan::Connect(targets) => report.proven.push(connect_first(
-                spec,
-                family,
-                &targets,
-                timeout,
-                (&mut rtnl, &links),
-            )?),
+            Plan::Connect(targets) => {
+                let harmless = gateway_targets(&targets, gateways, &routes);
+                report.proven.push(connect_first(
+                    spec,
+                    family,
+                    (&targets, &harmless),
+                    (timeout, port),
+                    (&mut rtnl, &links),
+                )?)
+            }
             Plan::LinkLocal { target, via } => {
                 report.sealed.push((family, seal_link_local(target, via)?))
             }
@@ -494,22 +574,55 @@ pub fn probe(
     Ok(report)
 }
 
-/// Probes the first target whose route does not leave through an excluded interface.
+/// The targets a running proxy may be made to dial (pure): those whose address is one of
+/// the pod's gateways, from the CNI result or its routes — the node, for the pods the
+/// probe accepts (see the module docs).
+pub fn gateway_targets(
+    targets: &[SocketAddr],
+    gateways: &[IpAddr],
+    routes: &[Route],
+) -> Vec<SocketAddr> {
+    targets
+        .iter()
+        .copied()
+        .filter(|t| {
+            gateways.contains(&t.ip())
+                || routes
+                    .iter()
+                    .any(|r| r.is_unicast() && r.gateway == Some(t.ip()))
+        })
+        .collect()
+}
+
+/// Probes the first target whose route does not leave through an excluded interface;
+/// when a running proxy owns the port ([`ProxyPort::MaybeTaken`]), the first such
+/// target of `harmless` instead, without binding.
+#[cfg_attr(not(feature = "sockdiag"), allow(unused_variables))]
 fn connect_first(
     spec: &RedirectSpec,
     family: Family,
-    targets: &[SocketAddr],
-    timeout: Duration,
+    (targets, harmless): (&[SocketAddr], &[SocketAddr]),
+    (timeout, port): (Duration, ProxyPort),
     (rtnl, links): (&mut Rtnetlink, &[Link]),
 ) -> Result<ProbeResult, ProbeError> {
     let mut passed_over = Vec::new();
+    let proxy_port = spec.outbound.proxy_port;
     for &target in targets {
         match egress_checked(rtnl, links, target)? {
             None => passed_over.push(format!("{target}: no route")),
             Some(e) if spec.exclude_interfaces.contains(&e.name) => {
                 passed_over.push(format!("{target}: routed through excluded {}", e.name))
             }
-            Some(_) => return land(spec.outbound.proxy_port, target, timeout),
+            Some(_) => {
+                let landed = land(proxy_port, target, timeout);
+                #[cfg(feature = "sockdiag")]
+                if let Err(ProbeError::Bind { source, .. }) = &landed {
+                    if port == ProxyPort::MaybeTaken && source.kind() == io::ErrorKind::AddrInUse {
+                        return observe_first(spec, family, harmless, timeout, (rtnl, links));
+                    }
+                }
+                return landed;
+            }
         }
     }
     Err(ProbeError::NoTarget {
@@ -517,6 +630,35 @@ fn connect_first(
         reason: format!(
             "every captured destination is unroutable or leaves through an excluded interface ({})",
             passed_over.join("; ")
+        ),
+    })
+}
+
+/// [`connect_first`] when a running proxy owns the port: [`observe`] the first of the
+/// gateway targets that leaves through a non-excluded interface.
+#[cfg(feature = "sockdiag")]
+fn observe_first(
+    spec: &RedirectSpec,
+    family: Family,
+    harmless: &[SocketAddr],
+    timeout: Duration,
+    (rtnl, links): (&mut Rtnetlink, &[Link]),
+) -> Result<ProbeResult, ProbeError> {
+    for &target in harmless {
+        match egress_checked(rtnl, links, target)? {
+            Some(e) if !spec.exclude_interfaces.contains(&e.name) => {
+                return observe(spec.outbound.proxy_port, target, timeout)
+            }
+            _ => {}
+        }
+    }
+    Err(ProbeError::NoTarget {
+        family,
+        reason: format!(
+            "the proxy's outbound port {} is taken (a running proxy?) and none of the pod's \
+             gateways is a captured, routable destination: a running proxy dials the probe's \
+             destination, and only the node (the pod's gateway) is a harmless one",
+            spec.outbound.proxy_port
         ),
     })
 }
@@ -678,10 +820,23 @@ fn land(proxy_port: u16, target: SocketAddr, timeout: Duration) -> Result<ProbeR
         Family::V4 => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), proxy_port),
         Family::V6 => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), proxy_port),
     };
-    let listener = TcpListener::bind(listen_addr).map_err(|source| ProbeError::Bind {
-        addr: listen_addr,
-        source,
-    })?;
+    // containerd runs the loopback plugin alongside the chain (go-cni sets networks up
+    // in parallel): until it has brought `lo` up, the loopback address does not exist.
+    // Wait for it within the probe's time.
+    let listener = loop {
+        match TcpListener::bind(listen_addr) {
+            Ok(l) => break l,
+            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable && start.elapsed() < timeout => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(source) => {
+                return Err(ProbeError::Bind {
+                    addr: listen_addr,
+                    source,
+                })
+            }
+        }
+    };
     let sock_err = |step: &'static str| {
         move |e: nix::Error| ProbeError::Socket {
             step,
@@ -724,27 +879,9 @@ fn land(proxy_port: u16, target: SocketAddr, timeout: Duration) -> Result<ProbeR
                 })
             }
         }
-        let pending =
-            getsockopt(&client, sockopt::SocketError).map_err(sock_err("getsockopt SO_ERROR"))?;
-        if pending != 0 {
-            return Err(ProbeError::NotRedirected {
-                target,
-                port: proxy_port,
-                detail: format!(
-                    "the connection failed with \"{}\" (it went to the network instead)",
-                    io::Error::from_raw_os_error(pending)
-                ),
-            });
-        }
-        if Instant::now() >= deadline {
-            return Err(ProbeError::NotRedirected {
-                target,
-                port: proxy_port,
-                detail: format!(
-                    "nothing arrived within {timeout:?} (are the rules there, and is lo up?)"
-                ),
-            });
-        }
+        still_waiting(&client, target, proxy_port, deadline, || {
+            format!("nothing arrived within {timeout:?} (are the rules there, and is lo up?)")
+        })?;
     };
     let original_dst = original_dst(&accepted, family).map_err(|source| ProbeError::Socket {
         step: "getsockopt SO_ORIGINAL_DST",
@@ -769,7 +906,96 @@ fn land(proxy_port: u16, target: SocketAddr, timeout: Duration) -> Result<ProbeR
         target,
         landed_on,
         original_dst,
+        evidence: Evidence::OriginalDst,
         elapsed: start.elapsed(),
+    })
+}
+
+/// Connects to `target` with a hop limit of 1 (from `::1` for IPv6) while a running
+/// proxy owns `proxy_port`, and finds the connection's server side on that port with
+/// sock_diag (see the module docs). The connection is reset once seen.
+#[cfg(feature = "sockdiag")]
+fn observe(
+    proxy_port: u16,
+    target: SocketAddr,
+    timeout: Duration,
+) -> Result<ProbeResult, ProbeError> {
+    use crate::sockdiag;
+    let start = Instant::now();
+    let family = Family::of(&target.ip());
+    let sock_err = |step: &'static str| {
+        move |e: nix::Error| ProbeError::Socket {
+            step,
+            target,
+            source: io::Error::from(e),
+        }
+    };
+    let client = connect_hop_limited(target).map_err(|source| ProbeError::Socket {
+        step: "connect",
+        target,
+        source,
+    })?;
+    let client_local = local_addr(&client).map_err(sock_err("getsockname"))?;
+    let deadline = start + timeout;
+    let server_side = loop {
+        let sockets = sockdiag::tcp_sockets().map_err(|e| ProbeError::Socket {
+            step: "sock_diag dump",
+            target,
+            source: io::Error::other(e.to_string()),
+        })?;
+        if let Some(s) = sockdiag::accepted_from(&sockets, proxy_port, client_local) {
+            break s.clone();
+        }
+        still_waiting(&client, target, proxy_port, deadline, || {
+            format!(
+                "no socket on port {proxy_port} had the probe's {client_local} as peer within {timeout:?} (are the rules there, and does the running proxy accept?)"
+            )
+        })?;
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    close_with_rst(&client);
+    drop(client);
+    Ok(ProbeResult {
+        family,
+        target,
+        landed_on: server_side.local,
+        original_dst: target,
+        evidence: Evidence::ServerSocket {
+            uid: server_side.uid,
+        },
+        elapsed: start.elapsed(),
+    })
+}
+
+/// `Ok` while the probe's connection may still arrive: fails when it failed (it went
+/// to the network, which refused it) or `deadline` passed (`nothing` says what did not
+/// happen).
+fn still_waiting(
+    client: &OwnedFd,
+    target: SocketAddr,
+    proxy_port: u16,
+    deadline: Instant,
+    nothing: impl FnOnce() -> String,
+) -> Result<(), ProbeError> {
+    let pending = getsockopt(client, sockopt::SocketError).map_err(|e| ProbeError::Socket {
+        step: "getsockopt SO_ERROR",
+        target,
+        source: e.into(),
+    })?;
+    let detail = if pending != 0 {
+        format!(
+            "the connection failed with \"{}\" (it went to the network instead)",
+            io::Error::from_raw_os_error(pending)
+        )
+    } else if Instant::now() >= deadline {
+        nothing()
+    } else {
+        return Ok(());
+    };
+    Err(ProbeError::NotRedirected {
+        target,
+        port: proxy_port,
+        detail,
     })
 }
 
@@ -1080,6 +1306,38 @@ mod tests {
     }
 
     #[test]
+    fn a_running_proxy_is_only_made_to_dial_the_pods_gateways() {
+        let s = istio_like();
+        let routes = v4_only_pod();
+        let Plan::Connect(t) = plan_of(&s, Family::V4, &[], &routes) else {
+            panic!()
+        };
+        // The default route's gateway stays; the documentation address goes (the proxy
+        // would dial it through the node to the network).
+        assert!(t.contains(&sa("192.0.2.1:9")), "{t:?}");
+        assert_eq!(gateway_targets(&t, &[], &routes), vec![sa("10.99.0.1:9")]);
+        // A gateway from the CNI result counts as well, a mere on-link host does not.
+        let onlink = vec![rt("10.98.0.0/24", None, 2)];
+        let Plan::Connect(t) = plan_of(&s, Family::V4, &["10.98.0.254"], &onlink) else {
+            panic!()
+        };
+        assert_eq!(t, vec![sa("10.98.0.254:9"), sa("10.98.0.1:9")]);
+        assert_eq!(
+            gateway_targets(&t, &[ip("10.98.0.254")], &onlink),
+            vec![sa("10.98.0.254:9")]
+        );
+        assert!(gateway_targets(&t, &[], &onlink).is_empty());
+        // Calico's link-local IPv6 gateway is never a target: only the documentation
+        // address is, so nothing is left for a running proxy.
+        let mut calico = routes.clone();
+        calico.push(rt("::/0", Some("fe80::ecee:eeff:feee:eeee"), 2));
+        let Plan::Connect(t) = plan_of(&s, Family::V6, &[], &calico) else {
+            panic!()
+        };
+        assert!(gateway_targets(&t, &[], &calico).is_empty(), "{t:?}");
+    }
+
+    #[test]
     fn report_lines_name_each_family() {
         let r = ProbeReport {
             proven: vec![ProbeResult {
@@ -1087,6 +1345,7 @@ mod tests {
                 target: sa("10.99.0.1:9"),
                 landed_on: sa("127.0.0.1:15001"),
                 original_dst: sa("10.99.0.1:9"),
+                evidence: Evidence::OriginalDst,
                 elapsed: Duration::ZERO,
             }],
             sealed: vec![(Family::V6, "routed only link-locally".into())],
@@ -1098,6 +1357,17 @@ mod tests {
                 "IPv4: connection to 10.99.0.1:9 landed on 127.0.0.1:15001 with original destination 10.99.0.1:9",
                 "IPv6: routed only link-locally"
             ]
+        );
+        let seen = ProbeReport {
+            proven: vec![ProbeResult {
+                evidence: Evidence::ServerSocket { uid: 1337 },
+                ..r.proven[0].clone()
+            }],
+            ..ProbeReport::default()
+        };
+        assert_eq!(
+            seen.lines(),
+            ["IPv4: connection to 10.99.0.1:9 landed on the running proxy's listener at 127.0.0.1:15001 (its server side, socket of UID 1337, seen with sock_diag)"]
         );
     }
 }

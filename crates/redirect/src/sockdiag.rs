@@ -32,6 +32,8 @@ use std::net::{IpAddr, SocketAddr};
 const TCP_ESTABLISHED: u8 = 1;
 const TCP_SYN_SENT: u8 = 2;
 const TCP_SYN_RECV: u8 = 3;
+const TCP_TIME_WAIT: u8 = 6;
+const TCP_CLOSE: u8 = 7;
 const TCP_LISTEN: u8 = 10;
 
 /// The transport protocol of a socket.
@@ -106,6 +108,30 @@ pub fn must_end(s: &SocketEntry, exempt_uid: u32) -> bool {
         && s.state != TCP_LISTEN
         && s.uid != exempt_uid
         && !(is_loopback(s.local.ip()) && is_loopback(s.remote.ip()))
+}
+
+/// The server side of a connection from `client` accepted on local port `port` (pure):
+/// a TCP socket in the same netns, not listening and not closed, whose local port is
+/// `port` and whose peer is `client` (IPv4-mapped IPv6 addresses compare as IPv4: a
+/// dual-stack listener reports IPv4 peers that way).
+///
+/// This is what the probe looks for when a running proxy owns its outbound port
+/// (`crate::probe`): while `client` holds its ephemeral port, only the connection it
+/// opened can have it as peer, so such a socket on the proxy's port means that
+/// connection was delivered there. `TIME_WAIT` and `CLOSE` are left out: they may be a
+/// leftover of an earlier connection with the same tuple.
+pub fn accepted_from(
+    sockets: &[SocketEntry],
+    port: u16,
+    client: SocketAddr,
+) -> Option<&SocketEntry> {
+    let canonical = |a: SocketAddr| SocketAddr::new(a.ip().to_canonical(), a.port());
+    sockets.iter().find(|s| {
+        s.transport == Transport::Tcp
+            && !matches!(s.state, TCP_LISTEN | TCP_TIME_WAIT | TCP_CLOSE)
+            && s.local.port() == port
+            && canonical(s.remote) == canonical(client)
+    })
 }
 
 fn is_loopback(ip: IpAddr) -> bool {
@@ -332,6 +358,14 @@ pub fn list_sockets() -> Result<Vec<SocketEntry>, SockDiagError> {
     Ok(all)
 }
 
+/// Every TCP socket, both families, in the calling thread's network namespace.
+pub fn tcp_sockets() -> Result<Vec<SocketEntry>, SockDiagError> {
+    let mut diag = Diag::open()?;
+    let mut all = diag.dump(AF_INET, Transport::Tcp)?;
+    all.extend(diag.dump(AF_INET6, Transport::Tcp)?);
+    Ok(all)
+}
+
 /// Ends every connection [`must_end`] selects in the calling thread's network namespace,
 /// then dumps again to confirm that none of them is left.
 ///
@@ -465,6 +499,100 @@ mod tests {
         assert!(!must_end(&time_wait, 1337));
         let unconnected = sock(Transport::Udp, 7, "0.0.0.0:5353", "0.0.0.0:0", 1000);
         assert!(!must_end(&unconnected, 1337));
+    }
+
+    #[test]
+    fn the_server_side_of_a_clients_connection_is_found_on_the_port() {
+        let client: SocketAddr = "10.1.0.5:43210".parse().unwrap();
+        let listener = sock(
+            Transport::Tcp,
+            TCP_LISTEN,
+            "0.0.0.0:15001",
+            "0.0.0.0:0",
+            1337,
+        );
+        let other = sock(
+            Transport::Tcp,
+            TCP_ESTABLISHED,
+            "127.0.0.1:15001",
+            "10.1.0.5:43211",
+            1337,
+        );
+        let elsewhere = sock(
+            Transport::Tcp,
+            TCP_ESTABLISHED,
+            "127.0.0.1:15006",
+            "10.1.0.5:43210",
+            1337,
+        );
+        let mut all = vec![listener, other, elsewhere];
+        assert_eq!(accepted_from(&all, 15001, client), None);
+        // Any live state counts: the proxy may have accepted and closed already.
+        for state in [TCP_SYN_RECV, TCP_ESTABLISHED, 4, 5, 8] {
+            let ours = sock(
+                Transport::Tcp,
+                state,
+                "127.0.0.1:15001",
+                "10.1.0.5:43210",
+                1337,
+            );
+            all.push(ours.clone());
+            assert_eq!(
+                accepted_from(&all, 15001, client),
+                Some(&ours),
+                "state {state}"
+            );
+            all.pop();
+        }
+        // A leftover of an earlier connection with the same tuple proves nothing.
+        for state in [TCP_TIME_WAIT, TCP_CLOSE] {
+            all.push(sock(
+                Transport::Tcp,
+                state,
+                "127.0.0.1:15001",
+                "10.1.0.5:43210",
+                1337,
+            ));
+            assert_eq!(accepted_from(&all, 15001, client), None, "state {state}");
+            all.pop();
+        }
+        // UDP on the port is not a TCP connection.
+        all.push(sock(
+            Transport::Udp,
+            TCP_ESTABLISHED,
+            "127.0.0.1:15001",
+            "10.1.0.5:43210",
+            0,
+        ));
+        assert_eq!(accepted_from(&all, 15001, client), None);
+        // A dual-stack listener's IPv4 connection reports IPv4-mapped addresses.
+        let mapped = sock(
+            Transport::Tcp,
+            TCP_ESTABLISHED,
+            "[::ffff:127.0.0.1]:15001",
+            "[::ffff:10.1.0.5]:43210",
+            1337,
+        );
+        assert_eq!(
+            accepted_from(std::slice::from_ref(&mapped), 15001, client),
+            Some(&mapped)
+        );
+        // IPv6 from ::1.
+        let v6 = sock(
+            Transport::Tcp,
+            TCP_ESTABLISHED,
+            "[::1]:15001",
+            "[::1]:40000",
+            1337,
+        );
+        assert_eq!(
+            accepted_from(
+                std::slice::from_ref(&v6),
+                15001,
+                "[::1]:40000".parse().unwrap()
+            ),
+            Some(&v6)
+        );
     }
 
     #[test]

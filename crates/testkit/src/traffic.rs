@@ -66,6 +66,30 @@ pub fn listen(ns: &Netns, addr: SocketAddr) -> TcpListener {
     }
 }
 
+/// A non-blocking listener bound inside the netns at `netns` (a path, as a runtime gives
+/// it) whose socket belongs to `uid`, like a proxy's: sock_diag reports `uid` as its
+/// owner and the owner of every connection it accepts. The socket is created with the
+/// thread's filesystem UID set to `uid` (sockets take their owner from it), on a
+/// throwaway thread.
+pub fn listen_as(netns: &std::path::Path, uid: u32, addr: SocketAddr) -> TcpListener {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let file = std::fs::File::open(netns)
+                .unwrap_or_else(|e| panic!("open {}: {e}", netns.display()));
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .unwrap_or_else(|e| panic!("setns {}: {e}", netns.display()));
+            nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid));
+            let l = TcpListener::bind(addr)
+                .unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", netns.display()));
+            nix::unistd::setfsuid(nix::unistd::Uid::from_raw(0));
+            l.set_nonblocking(true).expect("set_nonblocking");
+            l
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
 /// Waits up to `within` for a connection on a non-blocking `l`.
 pub fn accept_within(l: &TcpListener, within: Duration) -> Option<(TcpStream, SocketAddr)> {
     let deadline = Instant::now() + within;

@@ -1,0 +1,297 @@
+//! The agent socket end to end, with the real binaries: a real `interlock agent` process
+//! (pods known through the fake Kubernetes API) answers the lookup of the real
+//! `interlock-cni`, exec'd as a runtime execs it — ADD with `CNI_ARGS` naming the pod and
+//! no annotations in the config —, over `<state dir>/agent.sock`; and the same plugin
+//! refuses a socket an unprivileged user serves at that path.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Agent, Dirs};
+use interlock_contract::agent_socket::{answer_line, PodRef, Response};
+use interlock_testkit::kubeapi::KubeApi;
+use interlock_testkit::{require_root, Netns};
+use serde_json::{json, Value};
+
+/// The UID the forged socket's server runs as.
+const NOBODY: u32 = 65534;
+
+fn plugin_binary() -> PathBuf {
+    common::real_plugin().unwrap_or_else(|| {
+        panic!("interlock-cni is not built next to interlock: run `cargo build -p interlock-cni`")
+    })
+}
+
+/// The interlock-cni entry a runtime hands over (no `runtimeConfig`: no annotations),
+/// asking `socket`, for an ADD in `netns`.
+fn add_config(state: &Path, socket: &Path, netns: &Path) -> Value {
+    json!({
+        "cniVersion": "1.0.0",
+        "name": "e2e",
+        "type": "interlock-cni",
+        "stateDir": state,
+        "agentSocket": socket,
+        "backend": "nftables",
+        "prevResult": {
+            "cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "sandbox": netns}],
+            "ips": []
+        }
+    })
+}
+
+/// Execs interlock-cni ADD for pod `shop/<name>` (UID `uid`) as a runtime does: `Ok` with
+/// its result, or `Err((code, msg))` with its CNI error.
+fn add(config: &Value, sandbox: &str, name: &str, uid: &str) -> Result<Value, (u64, String)> {
+    let plugin = plugin_binary();
+    let netns = config["prevResult"]["interfaces"][0]["sandbox"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut child = Command::new(&plugin)
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", sandbox)
+        .env("CNI_NETNS", netns)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", plugin.parent().unwrap())
+        .env(
+            "CNI_ARGS",
+            format!(
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME={name};\
+                 K8S_POD_INFRA_CONTAINER_ID={sandbox};K8S_POD_UID={uid}"
+            ),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(config.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "interlock-cni printed no JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    if out.status.success() {
+        Ok(v)
+    } else {
+        Err((
+            v["code"].as_u64().unwrap_or(0),
+            v["msg"].as_str().unwrap_or_default().to_string(),
+        ))
+    }
+}
+
+fn state_of(state: &Path, sandbox: &str) -> Option<Value> {
+    let p = state.join(format!("attachments/{sandbox}+eth0.json"));
+    std::fs::read(p)
+        .ok()
+        .map(|b| serde_json::from_slice(&b).unwrap())
+}
+
+fn pod(name: &str, node: &str, annotations: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "shop", "annotations": annotations},
+           "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+           "status": {"phase": "Running"}})
+}
+
+#[test]
+fn the_real_agent_answers_the_real_plugins_lookup() {
+    require_root!();
+    let api = KubeApi::start().unwrap();
+    api.put_object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let web = api.put_object(pod("web-0", "n1", json!({"sidecar.istio.io/status": "{}"})));
+    let db = api.put_object(pod("db-0", "n1", json!({"team": "shop"})));
+    api.put_object(pod(
+        "away-0",
+        "n2",
+        json!({"sidecar.istio.io/status": "{}"}),
+    ));
+    let uid = |p: &Value| p["metadata"]["uid"].as_str().unwrap().to_string();
+    let d = Dirs::new();
+    let kubeconfig = d.tmp.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    // No CRI here: the socket's answers come from the pod watch (an endpoint that does
+    // not exist keeps the audit away from any runtime on the test host).
+    let no_cri = format!("unix://{}", d.tmp.path().join("no-cri.sock").display());
+    let a = Agent::start_env(
+        &d,
+        &[
+            "--kube=auto",
+            "--node-name",
+            "n1",
+            "--cri-endpoint",
+            &no_cri,
+            "--audit-interval",
+            "600",
+        ],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    let socket = d.state.join("agent.sock");
+    let (web_ns, db_ns, away_ns) = (
+        Netns::new("web").unwrap(),
+        Netns::new("db").unwrap(),
+        Netns::new("away").unwrap(),
+    );
+
+    // Like a runtime, retry while the agent cannot tell yet (socket not there, pod
+    // cache not synced): code 11, nothing else.
+    let db_config = add_config(&d.state, &socket, &db_ns.path());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match add(&db_config, "sb-db", "db-0", &uid(&db)) {
+            Ok(_) => break,
+            Err((11, msg)) if Instant::now() < deadline => {
+                assert!(
+                    msg.contains("not synced") || msg.contains(&socket.display().to_string()),
+                    "{msg}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("{e:?}\nagent log:\n{}", a.log_text()),
+        }
+    }
+    let s = state_of(&d.state, "sb-db").unwrap();
+    assert_eq!(s["annotationsSource"], "agent", "{s}");
+    assert_eq!(s["decision"]["decision"], "not-meshed", "{s}");
+    assert!(!db_ns
+        .exec_ok(&["nft", "list", "ruleset"])
+        .contains("interlock"));
+
+    // The meshed pod: decided from the agent's answer, its rules applied and proven.
+    let web_config = add_config(&d.state, &socket, &web_ns.path());
+    add(&web_config, "sb-web", "web-0", &uid(&web))
+        .unwrap_or_else(|e| panic!("{e:?}\nagent log:\n{}", a.log_text()));
+    let s = state_of(&d.state, "sb-web").unwrap();
+    assert_eq!(s["annotationsSource"], "agent", "{s}");
+    assert_eq!(s["decision"]["profile"], "istio", "{s}");
+    assert_eq!(s["protection"]["protection"], "protected", "{s}");
+    assert!(web_ns
+        .exec_ok(&["nft", "list", "ruleset"])
+        .contains("interlock"));
+
+    // A pod the agent does not have on this node, or another pod under the same name:
+    // the agent's "not found" is no answer, and the plugin fails closed.
+    let away_config = add_config(&d.state, &socket, &away_ns.path());
+    for (name, pod_uid) in [("away-0", String::new()), ("web-0", "another-uid".into())] {
+        let (code, msg) = add(&away_config, "sb-away", name, &pod_uid).unwrap_err();
+        assert_eq!(code, 11, "{msg}");
+        assert!(msg.contains(&format!("pod shop/{name}")), "{msg}");
+        assert!(state_of(&d.state, "sb-away").is_none());
+    }
+    assert!(!away_ns
+        .exec_ok(&["nft", "list", "ruleset"])
+        .contains("interlock"));
+    drop(a);
+}
+
+/// Serves the agent protocol at `INTERLOCK_FORGED_AGENT`, answering "meshed" for every
+/// pod; only does anything in the child `a_forged_socket_is_refused_by_the_real_plugin`
+/// starts as an unprivileged user.
+#[test]
+fn forged_agent_process() {
+    let Some(path) = std::env::var_os("INTERLOCK_FORGED_AGENT") else {
+        return;
+    };
+    let l = UnixListener::bind(&path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let meshed = [("sidecar.istio.io/status".to_string(), "{}".to_string())];
+    for s in l.incoming() {
+        let Ok(mut s) = s else { return };
+        let mut line = String::new();
+        if BufReader::new(&s).read_line(&mut line).is_ok() {
+            let reply = |_: &PodRef| Response::Found {
+                v: 1,
+                uid: None,
+                annotations: meshed.iter().cloned().collect(),
+            };
+            let _ = s.write_all(answer_line(&line, reply).as_bytes());
+        }
+    }
+}
+
+/// A state dir an unprivileged user can write (a mistake) lets that user serve
+/// `<state dir>/agent.sock` in the agent's place: the real plugin refuses the socket
+/// (its owner), and still refuses it once root made it root's in a root-only directory
+/// (its server's credentials, SO_PEERCRED). The ADD fails closed (11) and the forged
+/// "meshed" answer installs nothing.
+#[test]
+fn a_forged_socket_is_refused_by_the_real_plugin() {
+    require_root!();
+    let open = interlock_testkit::tempdir().unwrap();
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let exe = interlock_testkit::copy_of_this_test_binary(open.path(), "forger");
+    let forged = open.path().join("agent.sock");
+    struct Forger(std::process::Child);
+    impl Drop for Forger {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _forger = Forger(
+        Command::new(&exe)
+            .args(["--exact", "forged_agent_process", "--nocapture"])
+            .env("INTERLOCK_FORGED_AGENT", &forged)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    common::wait_until(
+        Duration::from_secs(5),
+        || forged.exists(),
+        || "the forger did not bind".into(),
+    );
+    let root_only = interlock_testkit::tempdir().unwrap();
+    std::fs::set_permissions(root_only.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let moved = root_only.path().join("agent.sock");
+    let ns = Netns::new("forged").unwrap();
+    for (state, socket, refusal) in [
+        (
+            open.path(),
+            forged.clone(),
+            format!("owned by uid {NOBODY}"),
+        ),
+        (
+            root_only.path(),
+            moved.clone(),
+            format!("runs as uid {NOBODY}, not root"),
+        ),
+    ] {
+        if socket == moved {
+            std::fs::rename(&forged, &moved).unwrap();
+            std::os::unix::fs::chown(&moved, Some(0), Some(0)).unwrap();
+            std::fs::set_permissions(&moved, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let config = add_config(state, &socket, &ns.path());
+        let (code, msg) = add(&config, "sb-forged", "web-0", "").unwrap_err();
+        assert_eq!(code, 11, "{msg}");
+        assert!(
+            msg.contains(&format!("agent socket {}", socket.display())) && msg.contains(&refusal),
+            "{msg}"
+        );
+        assert!(state_of(state, "sb-forged").is_none());
+        assert!(!ns
+            .exec_ok(&["nft", "list", "ruleset"])
+            .contains("interlock"));
+    }
+}
