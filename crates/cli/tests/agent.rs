@@ -547,7 +547,16 @@ fn conf_dir_removed_and_recreated_is_watched_again() {
     d.write("10-calico.conflist", CALICO);
     let a = d.agent(&["--resync-seconds", "3600"]);
     wait_protected(&d, &a);
-    std::fs::remove_dir_all(&d.conf).unwrap();
+    // The agent answers each removal by putting its holding config back, so a single
+    // remove_dir_all can meet a file it did not list (ENOTEMPTY): retry until it is gone.
+    wait_until(
+        Duration::from_secs(2),
+        || match std::fs::remove_dir_all(&d.conf) {
+            Ok(()) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        },
+        || a.log_text(),
+    );
     wait_until(
         Duration::from_secs(2),
         || a.ready() == Some(false),
