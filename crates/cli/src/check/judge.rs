@@ -199,6 +199,7 @@ pub struct Judgement {
 const HINT_NO_NETWORK: &str = "make the primary CNI plugin write a valid config (its DaemonSet); fix or remove the file named above";
 const HINT_NO_INTERLOCK: &str = "start the interlock agent on this node (it writes the config); if a file sorts ahead on purpose, list it in INTERLOCK_ALLOW_AHEAD";
 const HINT_MISPLACED: &str = "let the agent write the entry (remove hand-written interlock-cni entries); it goes after the primary plugin, once";
+const HINT_WAITING_FOR_PRIMARY: &str = "look at the primary CNI (its DaemonSet and logs): it has not written its config to the conf dir yet; the agent replaces the holding config as soon as it does";
 const HINT_VERSION: &str = "use a cniVersion interlock-cni supports (INTERLOCK_MAX_CNI_VERSION caps what the agent writes)";
 const HINT_CAPABILITY: &str = "let the agent write the entry, or add \"capabilities\": {\"io.kubernetes.cri.pod-annotations\": true} to it";
 const HINT_PLUGIN_MISSING: &str = "install the primary's plugin binaries into the bin dir (the primary CNI's DaemonSet does this), or fix INTERLOCK_CNI_BIN_DIR";
@@ -250,6 +251,16 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                 .collect();
             // The same predicate the agent's readiness uses (thin Multus included).
             match confdir::runs_plugin(&c.list, &name, PLUGIN_TYPE) {
+                // The agent's own fail-closed stand-in for a missing primary: no pod
+                // starts (none unprotected either); the primary is what is missing.
+                Err(why) if c.list.name() == interlock_contract::layout::HOLDING_NETWORK => push(
+                    "config.waiting-for-primary",
+                    "config",
+                    Fail,
+                    Risk,
+                    format!("{rt} loads {why}: no pod can start on this node"),
+                    HINT_WAITING_FOR_PRIMARY,
+                ),
                 Err(why) if why.contains("does not contain") => {
                     let by = if others.is_empty() {
                         "pods started now get NO redirection".to_string()

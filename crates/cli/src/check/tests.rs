@@ -189,6 +189,27 @@ fn broken_first_file_and_plugin_order_are_failures() {
         .any(|x| x.status == Status::Warn && x.message.contains("pod-annotations")));
 }
 
+#[test]
+fn the_agents_holding_config_is_named_with_what_to_look_at() {
+    let now = 1_000_000;
+    let m = marker(false, 0, now);
+    let b = bin();
+    let holding = format!(
+        r#"{{"cniVersion":"1.0.0","name":"{}","plugins":[{{"type":"interlock-cni"}}]}}"#,
+        interlock_contract::layout::HOLDING_NETWORK
+    );
+    let (_d, e) = effective(&[("00-interlock.conflist", &holding)]);
+    let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
+    assert!(!ok);
+    assert_eq!(f[0].id, "config.waiting-for-primary", "{f:?}");
+    assert!(
+        f[0].message.contains("no primary CNI config yet"),
+        "{}",
+        f[0].message
+    );
+    assert!(f[0].hint.contains("primary CNI"), "{}", f[0].hint);
+}
+
 /// Every verdict has its exit code, and the worst finding decides.
 #[test]
 fn verdicts_map_to_exit_codes_and_follow_the_worst_finding() {
