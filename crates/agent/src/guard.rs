@@ -29,7 +29,7 @@ use crate::status::{FileConflict, Readiness, Shared};
 use crate::AgentConfig;
 use interlock_protocol::atomic::write_file_atomic;
 use interlock_protocol::confdir::{self, Binaries, DirCache, Snapshot};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -333,7 +333,9 @@ impl Guard {
     /// answer to VERSION — from the cache, or asked now for at most [`VERSION_WAIT`].
     fn facts(&mut self, snap: &Snapshot) -> Facts {
         let mut facts = Facts::default();
-        let mut types: Vec<String> = vec![];
+        // Sorted and deduplicated as they come (a large conf dir names the same few types
+        // a thousand times).
+        let mut types: BTreeSet<String> = BTreeSet::new();
         let target = self.settings.chain_target.as_deref();
         let mut reached_primary = false;
         // One lookup per plugin type, not per file naming it (a large conf dir names the
@@ -357,26 +359,31 @@ impl Guard {
                 continue;
             }
             let Ok(p) = c.parsed() else { continue };
-            let mut these = p.plugin_types();
+            let mut these = p.list.plugin_types();
             if let Some(d) = confdir::multus_delegate(&p.list) {
                 these.extend(
                     d.get("plugins")
                         .and_then(|p| p.as_array())
                         .into_iter()
                         .flatten()
-                        .filter_map(|p| p.get("type")?.as_str().map(str::to_string)),
+                        .filter_map(|p| p.get("type")?.as_str()),
                 );
             }
             let all_present = these.iter().all(|t| present(t));
-            types.extend(these);
-            if !owned && all_present && target.is_none_or(|t| t == c.name()) {
+            for t in these {
+                if !types.contains(t) {
+                    types.insert(t.to_string());
+                }
+            }
+            // containerd loads the first file that parses whatever the bin dirs hold, so
+            // no decision looks past it; CRI-O skips files whose binaries are missing.
+            let usable = all_present || self.cfg.runtime == confdir::Runtime::Containerd;
+            if !owned && usable && target.is_none_or(|t| t == c.name()) {
                 reached_primary = true;
             }
         }
         // Our own plugin is in every list we write, whether or not a file has it yet.
-        types.push(plan::PLUGIN_TYPE.to_string());
-        types.sort();
-        types.dedup();
+        types.insert(plan::PLUGIN_TYPE.to_string());
         let mut bins = vec![];
         for t in types {
             if t == plan::PLUGIN_TYPE {
