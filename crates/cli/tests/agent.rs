@@ -599,7 +599,7 @@ fn crio_rules_skip_unusable_files_and_own_writes_do_not_loop() {
         a.metric("interlock_config_writes_total").unwrap(),
         a.metric("interlock_config_reconciles_total").unwrap(),
     );
-    assert_eq!(w0, w1, "writes kept happening");
+    assert_eq!(w0, w1, "writes kept happening; log:\n{}", a.log_text());
     assert!(r1 - r0 <= 2.0, "reconciles kept happening: {r0} -> {r1}");
 }
 
