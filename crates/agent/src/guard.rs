@@ -24,11 +24,12 @@ use crate::install::{PluginInstaller, VersionCache, PLUGIN_FILE};
 use crate::marker::{self, Marker};
 use crate::plan::{self, Action, Facts, Settings, BACKUP_SUFFIX};
 use crate::readiness;
+use crate::replace::{replace_checked, Replaced};
 use crate::status::{FileConflict, Readiness, Shared};
 use crate::AgentConfig;
 use interlock_protocol::atomic::write_file_atomic;
 use interlock_protocol::confdir::{self, Binaries, DirCache, Snapshot};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -332,7 +333,9 @@ impl Guard {
     /// answer to VERSION — from the cache, or asked now for at most [`VERSION_WAIT`].
     fn facts(&mut self, snap: &Snapshot) -> Facts {
         let mut facts = Facts::default();
-        let mut types: Vec<String> = vec![];
+        // Sorted and deduplicated as they come (a large conf dir names the same few types
+        // a thousand times).
+        let mut types: BTreeSet<String> = BTreeSet::new();
         let target = self.settings.chain_target.as_deref();
         let mut reached_primary = false;
         // One lookup per plugin type, not per file naming it (a large conf dir names the
@@ -356,26 +359,31 @@ impl Guard {
                 continue;
             }
             let Ok(p) = c.parsed() else { continue };
-            let mut these = p.plugin_types();
+            let mut these = p.list.plugin_types();
             if let Some(d) = confdir::multus_delegate(&p.list) {
                 these.extend(
                     d.get("plugins")
                         .and_then(|p| p.as_array())
                         .into_iter()
                         .flatten()
-                        .filter_map(|p| p.get("type")?.as_str().map(str::to_string)),
+                        .filter_map(|p| p.get("type")?.as_str()),
                 );
             }
             let all_present = these.iter().all(|t| present(t));
-            types.extend(these);
-            if !owned && all_present && target.is_none_or(|t| t == c.name()) {
+            for t in these {
+                if !types.contains(t) {
+                    types.insert(t.to_string());
+                }
+            }
+            // containerd loads the first file that parses whatever the bin dirs hold, so
+            // no decision looks past it; CRI-O skips files whose binaries are missing.
+            let usable = all_present || self.cfg.runtime == confdir::Runtime::Containerd;
+            if !owned && usable && target.is_none_or(|t| t == c.name()) {
                 reached_primary = true;
             }
         }
         // Our own plugin is in every list we write, whether or not a file has it yet.
-        types.push(plan::PLUGIN_TYPE.to_string());
-        types.sort();
-        types.dedup();
+        types.insert(plan::PLUGIN_TYPE.to_string());
         let mut bins = vec![];
         for t in types {
             if t == plan::PLUGIN_TYPE {
@@ -439,21 +447,73 @@ impl Guard {
             .map(str::to_string)
     }
 
-    /// Executes `plan`; true when something was written.
-    fn apply_plan(&mut self, plan: &plan::Plan) -> bool {
+    /// Executes `plan`, made from `snap`; true when something was written. A file that
+    /// is not interlock's own (the primary's, in chain mode) is replaced only if it still
+    /// holds what `snap` read, else the decision is made again from its newer content
+    /// ([`crate::replace`]): another writer's write is never lost to ours. When the
+    /// newer content is left in place, the rest of the plan waits for the next reconcile.
+    fn apply_plan(&mut self, plan: &plan::Plan, snap: &Snapshot, facts: &Facts) -> bool {
         let dir = self.cfg.conf_dir.clone();
         let mut changed = false;
         for a in &plan.actions {
-            match apply(&dir, a) {
-                Ok(()) => {
+            let done = match a {
+                Action::Write { name, bytes, mode } if !plan::is_owned_name(name) => {
+                    let base = snap.get(name).map(|e| e.content.as_deref());
+                    match base {
+                        // Not read (refused, unreadable): nothing to compare with.
+                        Some(None) => apply(&dir, a).map(|()| Replaced::Written {
+                            bytes: bytes.clone(),
+                            followed: 0,
+                        }),
+                        base => {
+                            let settings = &self.settings;
+                            let mut rederive = |newer: &[u8]| {
+                                plan::rewrite_for(snap, settings, facts, name, newer)
+                            };
+                            replace_checked(
+                                &dir,
+                                name,
+                                *mode,
+                                base.flatten(),
+                                bytes.clone(),
+                                &mut rederive,
+                            )
+                        }
+                    }
+                }
+                _ => apply(&dir, a).map(|()| Replaced::Written {
+                    bytes: a.leaves().map(<[u8]>::to_vec).unwrap_or_default(),
+                    followed: 0,
+                }),
+            };
+            match done {
+                Ok(Replaced::Written { bytes, followed }) => {
                     changed = true;
                     self.shared.writes.inc();
-                    self.left
-                        .insert(a.file().to_string(), a.leaves().map(<[u8]>::to_vec));
+                    let leaves = a.leaves().map(|_| bytes);
+                    self.left.insert(a.file().to_string(), leaves);
                     if let Action::Rename { to, .. } = a {
                         self.left.remove(to);
                     }
-                    info!("{} in {}", describe(a), dir.display());
+                    if followed > 0 {
+                        info!(
+                            "{} in {} (made from the newest of {followed} versions its \
+                             writer wrote while interlock was writing it)",
+                            describe(a),
+                            dir.display()
+                        );
+                    } else {
+                        info!("{} in {}", describe(a), dir.display());
+                    }
+                }
+                Ok(Replaced::Yielded { why }) => {
+                    info!(
+                        "left {} in {} as its writer wrote it: {why}; deciding again",
+                        confdir::shown(a.file()),
+                        dir.display()
+                    );
+                    self.retry_soon();
+                    break;
                 }
                 Err(e) => {
                     self.shared.errors.inc();
@@ -521,7 +581,7 @@ impl Guard {
         let mut changed = false;
         if blocked.is_none() && !plan.actions.is_empty() {
             self.mark_repairing(&snap, &facts);
-            changed = self.apply_plan(&plan);
+            changed = self.apply_plan(&plan, &snap, &facts);
             // Our writes are read back now, before inotify reports them.
             for a in &plan.actions {
                 self.cache.changed(a.file());

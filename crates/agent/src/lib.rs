@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod plan;
 pub mod probes;
 pub mod readiness;
+pub mod replace;
 pub mod sandbox_audit;
 pub mod socket;
 pub mod status;

@@ -580,6 +580,41 @@ pub fn plan(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
     }
 }
 
+/// What [`plan`] writes to `name` when `name` holds `content` instead of what `snap` read,
+/// everything else as in `snap` (`None`: nothing). The guard asks this when another
+/// writer changed the file while the guard was writing it ([`crate::replace`]), so the
+/// write follows the newer content instead of undoing it.
+pub fn rewrite_for(
+    snap: &Snapshot,
+    settings: &Settings,
+    facts: &Facts,
+    name: &str,
+    content: &[u8],
+) -> Option<Vec<u8>> {
+    let mut now = snap.clone();
+    match now
+        .entries
+        .iter_mut()
+        .find(|e| e.os_name.as_encoded_bytes() == name.as_bytes())
+    {
+        Some(e) => {
+            e.content = Some(content.to_vec());
+            e.unreadable = None;
+            e.refused = false;
+            e.is_symlink = false;
+            e.is_dir = false;
+        }
+        None => now.entries.push(DirEntry::file(name, content, 0o644)),
+    }
+    plan(&now, settings, facts)
+        .actions
+        .into_iter()
+        .find_map(|a| match a {
+            Action::Write { name: n, bytes, .. } if n == name => Some(bytes),
+            _ => None,
+        })
+}
+
 fn remove_owned(cands: &[Candidate], keep: Option<&str>) -> Vec<Action> {
     cands
         .iter()

@@ -1090,3 +1090,56 @@ fn only_files_carrying_our_entry_are_removed() {
     assert!(un.get("90-interlock.conflist").is_some());
     assert!(un.get("interlock.conflist").is_some());
 }
+
+/// When the primary rewrote its file while the guard was inserting our entry, the guard
+/// asks what it would write for the newer content: the newer content plus our entry, or
+/// nothing when it needs nothing (already carries us) or cannot be used (half-written).
+#[test]
+fn chain_rewrite_follows_the_newer_content_of_the_target() {
+    let st = settings(ConfigMode::Chain);
+    let f = facts();
+    let s = snap(&[
+        ("10-calico.conflist", CALICO),
+        ("50-other.conflist", CALICO),
+    ]);
+    let newer = CALICO.replace("10.99.0.0/16", "10.42.0.0/16");
+    let bytes =
+        interlock_agent::plan::rewrite_for(&s, &st, &f, "10-calico.conflist", newer.as_bytes())
+            .expect("a write for the newer content");
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["plugins"][0]["ipam"]["subnet"], "10.42.0.0/16");
+    assert_eq!(v["plugins"][2]["type"], "interlock-cni");
+    assert_eq!(v["zzForeign"], json!({"keep": [3, 2, 1]}));
+    // Same as planning the newer directory from scratch.
+    let fresh = plan(
+        &snap(&[
+            ("10-calico.conflist", &newer),
+            ("50-other.conflist", CALICO),
+        ]),
+        &st,
+        &f,
+    );
+    assert_eq!(
+        fresh.actions,
+        vec![Action::Write {
+            name: "10-calico.conflist".into(),
+            bytes: bytes.clone(),
+            mode: 0o640
+        }]
+    );
+    // Already ours: nothing to write. Half-written: nothing for this file either.
+    assert_eq!(
+        interlock_agent::plan::rewrite_for(&s, &st, &f, "10-calico.conflist", &bytes),
+        None
+    );
+    assert_eq!(
+        interlock_agent::plan::rewrite_for(
+            &s,
+            &st,
+            &f,
+            "10-calico.conflist",
+            &newer.as_bytes()[..40]
+        ),
+        None
+    );
+}

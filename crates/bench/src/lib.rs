@@ -8,6 +8,8 @@
 //!   (conflist entry + `prevResult` + `runtimeConfig` with istio pod annotations);
 //! - `engine_protect_<backend>`: the in-process engine (`interlock_redirect::protect`:
 //!   apply, verify, probe);
+//! - `add_meshed_nftables_agent_note`: the same with `agentSocket` set and a live socket
+//!   answering the plugin's `added` note ([`agent_stub`]), as on a node with the agent;
 //! - `add_unmeshed`: the binary for a pod no profile claims;
 //! - `spawn_floor_static`: a static no-op (`gcc -static -Os`, like the shipped static
 //!   plugin) started the same way: the exec floor the budgets are measured against;
@@ -25,6 +27,7 @@
 //! writer clobbers it (`interlock-bench repair`, `make bench-repair`); [`audit`] the
 //! sandbox audit of many meshed netns and one in-place repair (`interlock-bench audit`).
 
+pub mod agent_stub;
 pub mod api_load;
 pub mod audit;
 pub mod concurrent;
@@ -87,6 +90,9 @@ pub enum BenchError {
 pub enum Scenario {
     /// `interlock-cni` ADD for an istio-meshed pod with this backend configured.
     AddMeshed(BackendKind),
+    /// [`Scenario::AddMeshed`] with nftables and `agentSocket` set: the plugin sends its
+    /// `added` note to a live socket ([`agent_stub::AgentStub`]) and waits for the answer.
+    AddMeshedAgentNote,
     /// In-process `interlock_redirect::protect` (apply + verify + probe) with this backend.
     Engine(BackendKind),
     /// `interlock-cni` ADD for a pod without mesh annotations.
@@ -131,6 +137,7 @@ impl Scenario {
     pub fn all() -> Vec<Scenario> {
         let mut v = Vec::new();
         v.extend(BackendKind::ALL.map(Scenario::AddMeshed));
+        v.push(Scenario::AddMeshedAgentNote);
         v.extend(BackendKind::ALL.map(Scenario::Engine));
         v.push(Scenario::AddUnmeshed);
         v.push(Scenario::StaticFloor);
@@ -144,6 +151,7 @@ impl Scenario {
     pub fn key(&self) -> String {
         match self {
             Scenario::AddMeshed(k) => format!("add_meshed_{}", kind_key(*k)),
+            Scenario::AddMeshedAgentNote => "add_meshed_nftables_agent_note".into(),
             Scenario::Engine(k) => format!("engine_protect_{}", kind_key(*k)),
             Scenario::AddUnmeshed => "add_unmeshed".into(),
             Scenario::SpawnFloor => "spawn_floor_true".into(),
@@ -161,6 +169,7 @@ impl Scenario {
             Scenario::AddMeshed(k) => format!(
                 "interlock-cni binary, CNI ADD of an istio-meshed pod (conflist entry + prevResult + runtimeConfig annotations), backend {k}; spawn to exit"
             ),
+            Scenario::AddMeshedAgentNote => "interlock-cni binary, CNI ADD of an istio-meshed pod, backend nftables, with agentSocket set: the plugin's `added` note goes to a live socket speaking the agent socket protocol, answered before the plugin exits; spawn to exit".into(),
             Scenario::Engine(k) => format!(
                 "in-process interlock_redirect::protect with {k}: enter netns, apply, verify, probe"
             ),
@@ -198,6 +207,7 @@ impl Scenario {
     pub fn rules_backend(&self) -> Option<BackendKind> {
         match self {
             Scenario::AddMeshed(k) | Scenario::Engine(k) => Some(*k),
+            Scenario::AddMeshedAgentNote => Some(BackendKind::Nftables),
             Scenario::AddUnmeshed | Scenario::SpawnFloor | Scenario::StaticFloor => None,
             Scenario::RestorePerFamily(f) | Scenario::PerRule(f) => Some(flavour_kind(*f)),
         }
@@ -412,6 +422,9 @@ pub struct Bench {
     /// The static no-op and the directory it was built in (`Err`: why there is none).
     static_noop: Result<(tempfile::TempDir, PathBuf), String>,
     bin_dirs: Vec<PathBuf>,
+    /// The live agent socket of [`Scenario::AddMeshedAgentNote`] (`Err`: why there is none),
+    /// in `state`: declared before it, so it closes before the directory goes.
+    agent: Result<agent_stub::AgentStub, String>,
     state: tempfile::TempDir,
     /// Per flavour: (restore tool, its input) per family.
     restore: Vec<(Flavour, Vec<(PathBuf, String)>)>,
@@ -463,6 +476,9 @@ impl Bench {
                     state_parent.display()
                 ))
             })?;
+        let socket = state.path().join("agent.sock");
+        let agent = agent_stub::AgentStub::start(&socket)
+            .map_err(|e| format!("no agent socket at {}: {e}", socket.display()));
         let mut bin_dirs = vec![plugin.parent().map(Path::to_path_buf).unwrap_or_default()];
         bin_dirs.push(interlock_testkit::cni_plugins_dir());
         Ok(Bench {
@@ -476,6 +492,7 @@ impl Bench {
             restore,
             per_rule,
             next_id: AtomicU64::new(0),
+            agent,
         })
     }
 
@@ -532,6 +549,21 @@ impl Bench {
                 .plugin_add_timed(pod, Some(kind), &istio_annotations())
                 .map(|a| self.with_plugin_timings(&a))
                 .map_err(fail),
+            Scenario::AddMeshedAgentNote => self
+                .agent
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|agent| {
+                    let stdin = self.add_stdin_with(
+                        pod,
+                        Some(BackendKind::Nftables),
+                        &istio_annotations(),
+                        Some(agent.path()),
+                    );
+                    self.plugin_add_stdin(pod, &stdin)
+                })
+                .map(|a| self.with_plugin_timings(&a))
+                .map_err(fail),
             Scenario::AddUnmeshed => self
                 .plugin_add_timed(pod, None, &plain_annotations())
                 .map(|a| self.with_plugin_timings(&a))
@@ -565,6 +597,17 @@ impl Bench {
         backend: Option<BackendKind>,
         annotations: &BTreeMap<String, String>,
     ) -> Vec<u8> {
+        self.add_stdin_with(pod, backend, annotations, None)
+    }
+
+    /// [`Bench::add_stdin`], with `agentSocket` set when `agent_socket` is given.
+    pub fn add_stdin_with(
+        &self,
+        pod: &Pod,
+        backend: Option<BackendKind>,
+        annotations: &BTreeMap<String, String>,
+        agent_socket: Option<&Path>,
+    ) -> Vec<u8> {
         let mut conf = Map::new();
         conf.insert("cniVersion".into(), CNI_VERSION.into());
         conf.insert("name".into(), "ilbench".into());
@@ -587,6 +630,9 @@ impl Bench {
             backend.map_or("auto", BackendKind::as_str).into(),
         );
         conf.insert("excludeNamespaces".into(), json!(["kube-system"]));
+        if let Some(socket) = agent_socket {
+            conf.insert("agentSocket".into(), socket.display().to_string().into());
+        }
         conf.insert(
             "capabilities".into(),
             json!({ POD_ANNOTATIONS_CAPABILITY: true }),
@@ -672,15 +718,14 @@ impl Bench {
         annotations: &BTreeMap<String, String>,
     ) -> Result<PluginAdd, String> {
         let stdin = self.add_stdin(pod, backend, annotations);
+        self.plugin_add_stdin(pod, &stdin)
+    }
+
+    /// One plugin ADD with `stdin` as its config, timed from spawn to exit.
+    fn plugin_add_stdin(&self, pod: &Pod, stdin: &[u8]) -> Result<PluginAdd, String> {
         let rt = self.runtime_conf(pod);
         let t = Instant::now();
-        let out = exec::exec_plugin(
-            &self.plugin,
-            exec::Command::Add,
-            &rt,
-            &self.bin_dirs,
-            &stdin,
-        );
+        let out = exec::exec_plugin(&self.plugin, exec::Command::Add, &rt, &self.bin_dirs, stdin);
         let elapsed = t.elapsed();
         let out = out.map_err(|e| format!("plugin ADD failed: {e}"))?;
         let v: Value = serde_json::from_slice(&out).map_err(|e| {
@@ -699,6 +744,13 @@ impl Bench {
                 ifname: rt.ifname.clone(),
             },
         })
+    }
+
+    /// True when the live agent socket took the `added` note of an ADD in `pod`.
+    pub fn agent_noted(&self, pod: &Pod) -> bool {
+        self.agent
+            .as_ref()
+            .is_ok_and(|a| a.noted(&pod.path().display().to_string()))
     }
 
     /// `/bin/true` run through the same exec path as [`Bench::plugin_add`] (environment,

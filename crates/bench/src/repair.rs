@@ -91,14 +91,8 @@ fn containerd_list(dir: &Path) -> Option<confdir::Parsed> {
         .filter(|n| confdir::is_config_name(&n.to_string_lossy()))
         .min_by(|a, b| a.as_bytes().cmp(b.as_bytes()))?;
     let content = interlock_protocol::bounded::read_config(&dir.join(&first)).ok()?;
-    let entry = confdir::DirEntry {
-        content: Some(content),
-        ..confdir::DirEntry::file(&first.to_string_lossy(), b"", 0o644)
-    };
-    let entry = confdir::DirEntry {
-        os_name: first,
-        ..entry
-    };
+    let mut entry = confdir::DirEntry::file(&first.to_string_lossy(), &content, 0o644);
+    entry.os_name = first;
     entry.parse().ok()
 }
 

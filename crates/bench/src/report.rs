@@ -208,6 +208,15 @@ pub fn report(
                 );
                 obj.insert("outside_plugin_clock_median_us".into(), outside.into());
             }
+            Scenario::AddMeshedAgentNote => {
+                obj.insert("notes_checked".into(), c.agent_notes.checked.into());
+                obj.insert("notes_taken".into(), c.agent_notes.taken.into());
+                obj.insert(
+                    "plugin_reported_add_median_us".into(),
+                    med(|x| x.inside).into(),
+                );
+                obj.insert("outside_plugin_clock_median_us".into(), outside.into());
+            }
             Scenario::AddUnmeshed => {
                 obj.insert(
                     "plugin_reported_add_median_us".into(),
@@ -325,6 +334,20 @@ pub fn report(
                 }),
             );
         }
+    }
+    // What the note to a live agent socket adds to a meshed ADD (same run, same backend).
+    if let (Some(n), Some(m)) = (
+        summary(c, Scenario::AddMeshedAgentNote),
+        summary(c, PRIMARY_SUBJECT),
+    ) {
+        derived.insert(
+            "agent_note_cost".into(),
+            json!({
+                "median_us": round2(n.median_us - m.median_us),
+                "p99_us": round2(n.p99_us - m.p99_us),
+                "how": "add_meshed_nftables_agent_note minus add_meshed_nftables (median; p99), the plugin's `added` note to a live agent socket, answered",
+            }),
+        );
     }
     if !valid(c, PRIMARY_SUBJECT) {
         if let (Some(u), Some(e)) = (unmeshed_med, engine_nft) {

@@ -88,6 +88,15 @@ impl Wiring {
     }
 }
 
+/// How many checked ADDs' notes reached the live agent socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AgentNotes {
+    /// Samples checked.
+    pub checked: usize,
+    /// Of those, notes the socket took.
+    pub taken: usize,
+}
+
 /// Everything a run measured.
 #[derive(Debug, Clone, Default)]
 pub struct Collected {
@@ -97,6 +106,8 @@ pub struct Collected {
     pub wiring: BTreeMap<&'static str, Wiring>,
     /// Things worth knowing about the run (mismatches seen, …).
     pub notes: Vec<String>,
+    /// The `added` notes of checked [`Scenario::AddMeshedAgentNote`] samples.
+    pub agent_notes: AgentNotes,
     /// Wall time of the whole run, setup included.
     pub elapsed: Duration,
 }
@@ -143,6 +154,27 @@ fn after_check(
                     s.key()
                 ));
             }
+        }
+        Scenario::AddMeshedAgentNote => {
+            // The note is best effort (20 ms in the plugin): count the ones that did not
+            // arrive, so that a figure made of plain ADDs is visible as such.
+            collected.agent_notes.checked += 1;
+            if bench.agent_noted(pod) {
+                collected.agent_notes.taken += 1;
+            } else {
+                collected.notes.push(format!(
+                    "{}: an `added` note did not reach the live agent socket (the plugin \
+                     gives it 20 ms)",
+                    s.key()
+                ));
+            }
+            bench
+                .rules_exact(pod, BackendKind::Nftables)
+                .map_err(|why| {
+                    fail(format!(
+                        "the rules read back are not the bench rule set: {why}"
+                    ))
+                })?;
         }
         Scenario::SpawnFloor | Scenario::StaticFloor => {}
         Scenario::AddUnmeshed => {

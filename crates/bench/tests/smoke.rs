@@ -97,6 +97,21 @@ fn quick_run_prints_every_key_with_positive_numbers() {
                     );
                 }
             }
+            Scenario::AddMeshedAgentNote => {
+                // Each checked ADD's note reached the live socket (else the run fails);
+                // the plugin's own account is there as for any meshed ADD.
+                positive(
+                    &r["plugin_reported_add_median_us"],
+                    "add_meshed_nftables_agent_note.plugin_reported_add_median_us",
+                );
+                assert!(r["notes_checked"].as_u64().unwrap_or(0) > 0, "{r}");
+                assert!(r["notes_taken"].as_u64().is_some(), "{r}");
+                assert!(
+                    doc["derived"]["agent_note_cost"]["median_us"].is_number(),
+                    "no agent note cost: {}",
+                    doc["derived"]
+                );
+            }
             Scenario::Engine(_) => {
                 positive(&r["apply_verify_median_us"], "apply_verify_median_us");
                 positive(&r["probe_median_us"], "probe_median_us");

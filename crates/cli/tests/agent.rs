@@ -608,7 +608,7 @@ fn crio_rules_skip_unusable_files_and_own_writes_do_not_loop() {
         a.metric("interlock_config_writes_total").unwrap(),
         a.metric("interlock_config_reconciles_total").unwrap(),
     );
-    assert_eq!(w0, w1, "writes kept happening");
+    assert_eq!(w0, w1, "writes kept happening; log:\n{}", a.log_text());
     assert!(r1 - r0 <= 2.0, "reconciles kept happening: {r0} -> {r1}");
 }
 
@@ -1202,4 +1202,85 @@ fn uninstall_is_not_stalled_by_hostile_entries() {
     assert!(status.success(), "{status:?}");
     assert!(d.read(&owned).is_none());
     assert_eq!(d.read("10-calico.conflist").unwrap(), CALICO.as_bytes());
+}
+
+/// The primary's conflist with a write counter (a foreign field interlock must carry).
+fn calico_counted(n: u32) -> String {
+    CALICO.replace(
+        "\"zzForeign\"",
+        &format!("\"zzWriteCounter\": {n},\n  \"zzForeign\""),
+    )
+}
+
+/// Chain mode inserts interlock into the primary's own file. A primary that rewrites that
+/// file rapidly (renaming a temp file in, like aws-node, or truncating it in place, like
+/// Calico) must never have a write lost to an insert made from an older read: after
+/// every burst of writes the file holds the writer's last counter and interlock's entry,
+/// and no temp file is left behind.
+#[test]
+fn chain_mode_never_loses_a_primary_write_renamed_or_in_place() {
+    for in_place in [false, true] {
+        let how = if in_place { "in place" } else { "renamed in" };
+        let d = Dirs::new();
+        d.write("10-calico.conflist", &calico_counted(0));
+        let a = d.agent(&["--config-mode", "chain", "--conflict-threshold", "0"]);
+        assert_eq!(wait_protected(&d, &a), "10-calico.conflist");
+        let mut n = 0u32;
+        for burst in 0..25 {
+            // A writer thread: a burst of rewrites 0.3-1 ms apart, each without our entry.
+            let conf = d.conf.clone();
+            let first = n + 1;
+            let writer = std::thread::spawn(move || {
+                let mut last = first;
+                for i in first..first + 30 {
+                    let body = calico_counted(i);
+                    let path = conf.join("10-calico.conflist");
+                    if in_place {
+                        std::fs::write(&path, body).unwrap();
+                    } else {
+                        let tmp = conf.join(".10-calico.conflist.writer.tmp");
+                        std::fs::write(&tmp, body).unwrap();
+                        std::fs::rename(&tmp, &path).unwrap();
+                    }
+                    last = i;
+                    std::thread::sleep(Duration::from_micros(300 + 23 * u64::from(i % 31)));
+                }
+                last
+            });
+            n = writer.join().unwrap();
+            wait_until(
+                Duration::from_secs(5),
+                || {
+                    d.read("10-calico.conflist")
+                        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                        .is_some_and(|v| {
+                            v["zzWriteCounter"] == n
+                                && plugin_types(&v).iter().any(|t| t == "interlock-cni")
+                        })
+                },
+                || {
+                    format!(
+                        "burst {burst} ({how}): the primary's last write ({n}) was lost or not \
+                         followed; the file holds:\n{}\nlog:\n{}",
+                        String::from_utf8_lossy(&d.read("10-calico.conflist").unwrap_or_default()),
+                        a.log_text()
+                    )
+                },
+            );
+        }
+        let c = d.json("10-calico.conflist");
+        let orig: Value = serde_json::from_str(&calico_counted(n)).unwrap();
+        assert_eq!(without_us(&c), orig, "foreign data lost ({how})");
+        wait_until(
+            Duration::from_secs(2),
+            || d.names() == ["10-calico.conflist"],
+            || format!("temp files left behind ({how}): {:?}", d.names()),
+        );
+        assert_eq!(
+            a.metric("interlock_errors_total"),
+            Some(0.0),
+            "{}",
+            a.log_text()
+        );
+    }
 }

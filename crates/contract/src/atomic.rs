@@ -50,7 +50,36 @@ pub fn write_file_atomic(path: &Path, data: &[u8], mode: Option<u32>) -> io::Res
             .unwrap_or(0o644),
     };
     let sync = syncs_in(dir);
-    let tmp = temp_path(dir, &name.to_string_lossy());
+    let result = write_temp(dir, &name.to_string_lossy(), data, mode, sync).and_then(|tmp| {
+        let renamed = fs::rename(&tmp, path);
+        if renamed.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        renamed?;
+        if sync {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    });
+    result.map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("writing {} atomically: {e}", path.display()),
+        )
+    })
+}
+
+/// Writes `data` to a new temp file in `dir` ([`temp_path`] for `base`) with exactly the
+/// permission bits `mode`, synced when `sync`, and returns its path: complete before
+/// anyone renames it anywhere. Nothing is left behind on failure.
+pub fn write_temp(
+    dir: &Path,
+    base: &str,
+    data: &[u8],
+    mode: u32,
+    sync: bool,
+) -> io::Result<PathBuf> {
+    let tmp = temp_path(dir, base);
     let result = (|| {
         let mut f = OpenOptions::new()
             .write(true)
@@ -63,22 +92,15 @@ pub fn write_file_atomic(path: &Path, data: &[u8], mode: Option<u32>) -> io::Res
         if sync {
             f.sync_all()?;
         }
-        drop(f);
-        fs::rename(&tmp, path)?;
-        if sync {
-            File::open(dir)?.sync_all()?;
-        }
         Ok::<(), io::Error>(())
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    match result {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    result.map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("writing {} atomically: {e}", path.display()),
-        )
-    })
 }
 
 /// A temp name in `dir` that neither containerd nor CRI-O would load (it ends in `.tmp`).

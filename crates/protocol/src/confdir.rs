@@ -243,7 +243,39 @@ pub struct DirEntry {
     pub mode: u32,
     /// Owner of what the name resolves to.
     pub uid: u32,
+    /// The parse of this content, made once and shared by clones (see [`ParseMemo`]).
+    memo: ParseMemo,
 }
+
+/// [`DirEntry::parse`]'s result for one version of an entry, kept with it: clones of the
+/// entry (the snapshots a [`DirCache`] hands out, for as long as the file is unchanged)
+/// share it, so a long-lived reader parses each version of a file once instead of on
+/// every judgement. It answers only for the name and content it was made from, so an
+/// entry whose public fields were changed afterwards is parsed afresh.
+#[derive(Clone, Default)]
+struct ParseMemo(std::sync::Arc<std::sync::OnceLock<ParseOf>>);
+
+/// A parse result and what it was made from.
+struct ParseOf {
+    os_name: OsString,
+    content: Vec<u8>,
+    result: Result<Parsed, String>,
+}
+
+impl fmt::Debug for ParseMemo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ParseMemo")
+    }
+}
+
+/// Equal whatever they hold: a memo is not part of what an entry is.
+impl PartialEq for ParseMemo {
+    fn eq(&self, _: &ParseMemo) -> bool {
+        true
+    }
+}
+
+impl Eq for ParseMemo {}
 
 impl DirEntry {
     /// A regular file with `content` (for tests and tools that model a directory).
@@ -258,6 +290,7 @@ impl DirEntry {
             refused: false,
             mode,
             uid: 0,
+            memo: ParseMemo::default(),
         }
     }
 
@@ -276,9 +309,28 @@ impl DirEntry {
         !self.is_dir && is_config_bytes(self.os_name.as_bytes())
     }
 
+    /// [`DirEntry::parse`], made once per version of the content and shared by clones
+    /// of this entry. `None` when there is no content (nothing worth keeping).
+    pub fn parsed(&self) -> Option<&Result<Parsed, String>> {
+        let content = self.content.as_ref()?;
+        let of = self.memo.0.get_or_init(|| ParseOf {
+            os_name: self.os_name.clone(),
+            content: content.clone(),
+            result: self.parse_now(),
+        });
+        (of.os_name == self.os_name && of.content == *content).then_some(&of.result)
+    }
+
     /// Parses the content the way both runtimes do (list for `.conflist`, single config
     /// otherwise). The error is a sentence naming the file.
     pub fn parse(&self) -> Result<Parsed, String> {
+        match self.parsed() {
+            Some(r) => r.clone(),
+            None => self.parse_now(),
+        }
+    }
+
+    fn parse_now(&self) -> Result<Parsed, String> {
         let name = self.shown();
         let Some(bytes) = &self.content else {
             return Err(self
@@ -381,9 +433,12 @@ impl<'a> Candidate<'a> {
         self.entry.mode
     }
 
-    /// Parse result (parsed once, on first use).
+    /// Parse result (parsed once per version of the file: [`DirEntry::parsed`]).
     pub fn parsed(&self) -> &Result<Parsed, String> {
-        self.parsed.get_or_init(|| self.entry.parse())
+        if let Some(r) = self.entry.parsed() {
+            return r;
+        }
+        self.parsed.get_or_init(|| self.entry.parse_now())
     }
 }
 
@@ -418,9 +473,17 @@ impl Snapshot {
 
     /// The entry called `name` (exact UTF-8 names only).
     pub fn get(&self, name: &str) -> Option<&DirEntry> {
-        self.entries
-            .iter()
-            .find(|e| e.os_name.as_bytes() == name.as_bytes())
+        // Snapshots read from disk are in name order: a binary search finds a present
+        // name in a large directory without a scan. Any other order, and absent names,
+        // fall back to the scan (a hit of the search is a real match either way).
+        let key = name.as_bytes();
+        if let Ok(i) = self
+            .entries
+            .binary_search_by(|e| e.os_name.as_bytes().cmp(key))
+        {
+            return self.entries.get(i);
+        }
+        self.entries.iter().find(|e| e.os_name.as_bytes() == key)
     }
 
     fn path_of(&self, e: &DirEntry) -> PathBuf {
@@ -477,6 +540,7 @@ pub fn read_until(
             refused: false,
             mode: 0,
             uid: 0,
+            memo: ParseMemo::default(),
         };
         let path = e.path();
         if let Ok(m) = fs::metadata(&path).or_else(|_| fs::symlink_metadata(&path)) {
@@ -1053,6 +1117,79 @@ pub fn version_refused(
 
 #[cfg(test)]
 mod tests {
+    /// A parse is made once per version of an entry and shared by its clones, and never
+    /// answers for a name or content it was not made from.
+    #[test]
+    fn a_parse_is_shared_by_clones_and_follows_changes_of_the_entry() {
+        let list = r#"{"cniVersion":"1.0.0","name":"a","plugins":[{"type":"bridge"}]}"#;
+        let e = DirEntry::file("10-a.conflist", list.as_bytes(), 0o644);
+        let c = e.clone();
+        let (pe, pc) = (e.parsed().unwrap(), c.parsed().unwrap());
+        assert!(std::ptr::eq(pe, pc), "a clone parsed again");
+        assert_eq!(pe.as_ref().unwrap().list.name(), "a");
+        // Its public fields changed afterwards: parsed afresh, exactly as a new entry.
+        let mut changed = e.clone();
+        changed.content = Some(list.replace("\"a\"", "\"b\"").into_bytes());
+        assert_eq!(changed.parse().unwrap().list.name(), "b");
+        assert_eq!(
+            Candidate::new(&changed)
+                .parsed()
+                .as_ref()
+                .unwrap()
+                .list
+                .name(),
+            "b"
+        );
+        let mut renamed = e.clone();
+        renamed.name = "10-a.conf".into();
+        renamed.os_name = "10-a.conf".into();
+        let fresh = DirEntry::file("10-a.conf", list.as_bytes(), 0o644);
+        assert_eq!(renamed.parse(), fresh.parse());
+        assert!(renamed.parse().is_err(), "a list is not a valid .conf");
+        assert_eq!(Candidate::new(&renamed).parsed(), &fresh.parse());
+        // The original still answers from its own parse.
+        assert!(std::ptr::eq(e.parsed().unwrap(), pe));
+        assert_eq!(e, c, "the memo is not part of equality");
+    }
+
+    /// Through a [`DirCache`], an unchanged file keeps its parse across reads (and
+    /// resyncs); a changed one is parsed again.
+    #[test]
+    fn a_cached_directory_parses_each_version_of_a_file_once() {
+        let d = tempfile::tempdir().unwrap();
+        let w = |n: &str, name: &str| {
+            let body = format!(
+                r#"{{"cniVersion":"1.0.0","name":"{name}","plugins":[{{"type":"bridge"}}]}}"#
+            );
+            fs::write(d.path().join(n), body).unwrap()
+        };
+        w("10-a.conflist", "a");
+        w("20-b.conflist", "b");
+        let mut cache = DirCache::new(d.path());
+        let s1 = cache.read().unwrap();
+        let s2 = cache.read().unwrap();
+        let parse = |s: &Snapshot, n: &str| s.get(n).unwrap().parsed().unwrap() as *const _;
+        assert_eq!(parse(&s1, "10-a.conflist"), parse(&s2, "10-a.conflist"));
+        cache.resync();
+        let s3 = cache.read().unwrap();
+        assert_eq!(parse(&s1, "10-a.conflist"), parse(&s3, "10-a.conflist"));
+        w("20-b.conflist", "b2");
+        cache.changed("20-b.conflist");
+        let s4 = cache.read().unwrap();
+        assert_eq!(parse(&s1, "10-a.conflist"), parse(&s4, "10-a.conflist"));
+        assert_ne!(parse(&s1, "20-b.conflist"), parse(&s4, "20-b.conflist"));
+        assert_eq!(
+            s4.get("20-b.conflist")
+                .unwrap()
+                .parse()
+                .unwrap()
+                .list
+                .name(),
+            "b2"
+        );
+        assert_eq!(s4, read(d.path()).unwrap());
+    }
+
     use super::*;
     use proptest::prelude::*;
     use std::os::unix::ffi::OsStrExt;

@@ -31,7 +31,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::{DirEntry, Snapshot};
+use super::{DirEntry, ParseMemo, Snapshot};
 use crate::bounded;
 
 /// What identifies one version of a file without reading it.
@@ -63,7 +63,9 @@ impl FileKey {
 /// What a read of one entry gave, kept while its key holds.
 #[derive(Debug, Clone)]
 enum Read {
-    Content(Vec<u8>),
+    /// The content, and its parse once someone asks (shared with every snapshot entry
+    /// made from this read).
+    Content(Vec<u8>, ParseMemo),
     /// Refused by [`bounded`] (not regular, too large): the reason.
     Refused(String),
 }
@@ -184,7 +186,10 @@ impl DirCache {
                     bounded::MAX_CONFIG_BYTES,
                 ) {
                     Ok((content, meta)) => {
-                        c.read = Some((FileKey::of(&meta), Read::Content(content)))
+                        c.read = Some((
+                            FileKey::of(&meta),
+                            Read::Content(content, ParseMemo::default()),
+                        ))
                     }
                     Err(err) if err.is_not_found() => {
                         // Left out of this snapshot as if never listed (a dangling
@@ -216,7 +221,10 @@ impl DirCache {
                 }
             }
             match &c.read {
-                Some((_, Read::Content(content))) => entry.content = Some(content.clone()),
+                Some((_, Read::Content(content, memo))) => {
+                    entry.content = Some(content.clone());
+                    entry.memo = memo.clone();
+                }
                 Some((_, Read::Refused(why))) => {
                     entry.unreadable = Some(why.clone());
                     entry.refused = true;
@@ -322,6 +330,7 @@ fn listed(
             refused: false,
             mode: meta.map_or(0, |m| m.permissions().mode() & 0o7777),
             uid: meta.map_or(0, MetadataExt::uid),
+            memo: Default::default(),
         },
         key: meta.map(FileKey::of),
         read: None,
