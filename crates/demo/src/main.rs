@@ -7,6 +7,7 @@
 //! created, also on failure or Ctrl-C.
 
 mod capture;
+mod check_agrees;
 mod node_box;
 mod pods;
 mod report;

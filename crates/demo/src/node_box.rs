@@ -286,15 +286,21 @@ impl NodeInBox {
         std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
     }
 
+    fn check_command(&self) -> Command {
+        let mut cmd = Command::new(&self.bins.interlock);
+        cmd.arg("check")
+            .envs(self.agent_env())
+            .env("INTERLOCK_PLUGIN_SOURCE", &self.bins.plugin)
+            .stdin(Stdio::null());
+        cmd
+    }
+
     /// Runs `interlock check` with the agent's environment, as `kubectl exec` into the
     /// agent's pod would.
     pub fn check(&self) -> Result<CheckRun, String> {
-        let out = Command::new(&self.bins.interlock)
-            .arg("check")
-            .envs(self.agent_env())
-            .env("INTERLOCK_PLUGIN_SOURCE", &self.bins.plugin)
+        let out = self
+            .check_command()
             .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("running interlock check: {e}"))?;
         let mut output = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -305,6 +311,21 @@ impl NodeInBox {
         Ok(CheckRun {
             code: out.status.code(),
             output,
+        })
+    }
+
+    /// `interlock check -o json`, parsed.
+    pub fn check_json(&self) -> Result<Value, String> {
+        let out = self
+            .check_command()
+            .args(["-o", "json"])
+            .output()
+            .map_err(|e| format!("running interlock check -o json: {e}"))?;
+        serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "interlock check -o json printed no JSON document ({e}); stderr: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
         })
     }
 

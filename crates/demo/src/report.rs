@@ -75,6 +75,8 @@ pub struct SideOutcome {
     pub node: NodeView,
     /// A fact worth one word in the verdict table (e.g. how fast the repair was).
     pub highlight: Option<String>,
+    /// Where `interlock check` contradicted the connections (empty: it agreed).
+    pub check_disagreements: Vec<String>,
 }
 
 impl SideOutcome {
@@ -120,6 +122,9 @@ impl SideOutcome {
             .count();
         if disturbed > 0 {
             parts.push(format!("{disturbed} unmeshed DISTURBED"));
+        }
+        if !self.check_disagreements.is_empty() {
+            parts.push("CHECK WRONG".into());
         }
         if let Some(h) = &self.highlight {
             parts.push(h.clone());
@@ -320,29 +325,44 @@ pub fn verdict(scenarios: &[ScenarioOutcome]) -> String {
             sc.with.summary()
         );
     }
-    let failed: Vec<String> = scenarios
-        .iter()
-        .filter(|sc| !sc.with.all_protected())
-        .map(|sc| sc.number.to_string())
-        .collect();
-    if failed.is_empty() {
+    let numbers = |f: &dyn Fn(&SideOutcome) -> bool| -> String {
+        scenarios
+            .iter()
+            .filter(|sc| f(&sc.with))
+            .map(|sc| sc.number.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let unprotected = numbers(&|w| !w.all_protected());
+    let wrong_check = numbers(&|w| !w.check_disagreements.is_empty());
+    if passed(scenarios) {
         let _ = write!(
             s,
-            "\nPASS: with interlock every meshed pod ran redirected and every other pod was left alone"
+            "\nPASS: with interlock every meshed pod ran redirected, every other pod was left alone, \
+             and interlock check said so"
         );
-    } else {
+    }
+    if !unprotected.is_empty() {
         let _ = write!(
             s,
-            "\nFAIL: with interlock, scenario {} left a meshed pod unprotected (or disturbed an unmeshed one)",
-            failed.join(", ")
+            "\nFAIL: with interlock, scenario {unprotected} left a meshed pod unprotected (or disturbed an unmeshed one)"
+        );
+    }
+    if !wrong_check.is_empty() {
+        let _ = write!(
+            s,
+            "\nFAIL: in scenario {wrong_check}, interlock check contradicted the connections (see above)"
         );
     }
     s
 }
 
-/// Whether the demo passed: the "with interlock" side protected every meshed pod.
+/// Whether the demo passed: the "with interlock" side protected every meshed pod, and
+/// `interlock check` said what the connections showed.
 pub fn passed(scenarios: &[ScenarioOutcome]) -> bool {
-    scenarios.iter().all(|sc| sc.with.all_protected())
+    scenarios
+        .iter()
+        .all(|sc| sc.with.all_protected() && sc.with.check_disagreements.is_empty())
 }
 
 #[cfg(test)]
@@ -384,6 +404,7 @@ mod tests {
                 events: Vec::new(),
             },
             highlight: None,
+            check_disagreements: Vec::new(),
         }
     }
 
@@ -470,6 +491,27 @@ mod tests {
         disturbed.pods[2] = pod(2, running(), t(Proxy, Proxy));
         assert!(!disturbed.all_protected());
         assert!(disturbed.summary().contains("1 unmeshed DISTURBED"));
+    }
+
+    #[test]
+    fn a_check_that_contradicts_the_connections_fails_the_demo() {
+        use Landing::*;
+        let mut with = side(vec![pod(0, running(), t(Proxy, Proxy))]);
+        with.check_disagreements = vec!["shop/web: check says unprotected".into()];
+        let sc = ScenarioOutcome {
+            number: 3,
+            title: "three",
+            without: with.clone(),
+            with,
+        };
+        assert!(!passed(std::slice::from_ref(&sc)));
+        let text = verdict(&[sc]);
+        assert!(
+            text.contains("FAIL: in scenario 3, interlock check contradicted"),
+            "{text}"
+        );
+        assert!(!text.contains("PASS"), "{text}");
+        assert!(text.contains("1/1 redirected, CHECK WRONG"), "{text}");
     }
 
     #[test]

@@ -7,9 +7,10 @@
 use std::time::{Duration, Instant};
 
 use crate::capture::{self, OpenConnection};
+use crate::check_agrees::{self, Expected};
 use crate::node_box::{Binaries, NodeInBox, RunningPod};
 use crate::pods::{PodSpec, PODS};
-use crate::report::{self, PodOutcome, ScenarioOutcome, SideOutcome, Started};
+use crate::report::{self, PodOutcome, Protection, ScenarioOutcome, SideOutcome, Started};
 
 /// How long the demo waits for the agent to make a node ready.
 const READY_WAIT: Duration = Duration::from_secs(10);
@@ -146,6 +147,16 @@ fn ended_words(e: &std::io::Error) -> String {
     }
 }
 
+fn print_pods(pods: &[PodOutcome]) {
+    println!("{}", report::pod_header());
+    for p in pods {
+        println!("{}", report::pod_line(p));
+    }
+    for note in report::failure_notes(pods) {
+        println!("{note}");
+    }
+}
+
 /// Prints the pod table and the node line, and returns the side's outcome.
 fn finish_side(
     node: &NodeInBox,
@@ -153,13 +164,7 @@ fn finish_side(
     pods: Vec<PodOutcome>,
     highlight: Option<String>,
 ) -> SideOutcome {
-    println!("{}", report::pod_header());
-    for p in &pods {
-        println!("{}", report::pod_line(p));
-    }
-    for note in report::failure_notes(&pods) {
-        println!("{note}");
-    }
+    print_pods(&pods);
     let view = node.node_view();
     println!("{}", report::node_line(node.name(), &view));
     SideOutcome {
@@ -167,6 +172,7 @@ fn finish_side(
         pods,
         node: view,
         highlight,
+        check_disagreements: Vec::new(),
     }
 }
 
@@ -210,11 +216,33 @@ fn tail(text: &str, n: usize) -> String {
         .join("\n")
 }
 
-fn print_check(node: &NodeInBox, full: bool) {
+/// Runs `interlock check` as an operator would, prints it, and holds its JSON document
+/// to what the connections showed (`pods`); returns where it contradicts them.
+fn print_check(node: &NodeInBox, full: bool, pods: &[PodOutcome]) -> Vec<String> {
     match node.check() {
         Ok(run) => println!("{}", report::check_block(&run, full)),
         Err(e) => println!("    $ interlock check\n    could not run it: {e}"),
     }
+    let meshed_all_redirected = pods
+        .iter()
+        .filter(|p| p.spec.mesh.meshed())
+        .all(|p| p.protection() == Protection::Redirected);
+    let expected = if meshed_all_redirected {
+        Expected::Protected
+    } else {
+        Expected::Unprotected
+    };
+    let wrong = match node.check_json() {
+        Ok(doc) => check_agrees::disagreements(&doc, expected, pods),
+        Err(e) => vec![e],
+    };
+    if wrong.is_empty() {
+        println!("    ✓ interlock check agrees with the connections");
+    }
+    for w in &wrong {
+        println!("    ✗ CHECK WRONG: {w}");
+    }
+    wrong
 }
 
 async fn scenario_1(
@@ -259,8 +287,8 @@ async fn scenario_1(
         not_scheduled()
     };
     let pods = observe(&node, &started, Vec::new());
-    let with = finish_side(&node, true, pods, None);
-    print_check(&node, false);
+    let mut with = finish_side(&node, true, pods, None);
+    with.check_disagreements = print_check(&node, false, &with.pods);
     teardown(node, leftovers);
 
     Ok(ScenarioOutcome {
@@ -374,8 +402,8 @@ async fn scenario_2(
         not_scheduled()
     };
     let pods = observe(&node, &started, Vec::new());
-    let with = finish_side(&node, true, pods, highlight);
-    print_check(&node, false);
+    let mut with = finish_side(&node, true, pods, highlight);
+    with.check_disagreements = print_check(&node, false, &with.pods);
     teardown(node, leftovers);
 
     Ok(ScenarioOutcome {
@@ -459,8 +487,11 @@ async fn scenario_3(
         "{} meshed pods open a connection (in plaintext)",
         earlier.len()
     ));
+    let before = observe(&node, &started, Vec::new());
+    clock.say("before the agent runs, the connections show:");
+    print_pods(&before);
     clock.say("an operator runs interlock check before the agent is up:");
-    print_check(&node, true);
+    let mut wrong = print_check(&node, true, &before);
     let agent_at = Instant::now();
     let ready = agent_until_ready(&mut node, &clock).await;
     let meshed: Vec<PodSpec> = started
@@ -488,8 +519,9 @@ async fn scenario_3(
         highlight = Some(format!("repaired within {ms} ms"));
     }
     let pods = observe(&node, &started, earlier);
-    let with = finish_side(&node, true, pods, highlight);
-    print_check(&node, true);
+    let mut with = finish_side(&node, true, pods, highlight);
+    wrong.extend(print_check(&node, true, &with.pods));
+    with.check_disagreements = wrong;
     teardown(node, leftovers);
 
     Ok(ScenarioOutcome {
