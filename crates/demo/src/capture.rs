@@ -1,20 +1,17 @@
-//! The independent check of a pod's traffic: real connections from and to the pod,
-//! made with plain sockets and `SO_ORIGINAL_DST`, sharing no code with interlock.
+//! The independent check of a pod's traffic, both ways, sharing no code with interlock.
 //!
-//! Inside the pod's netns the check plays the sidecar proxy (listeners on the mesh's
-//! outbound and inbound proxy ports) and the app (a listener on [`APP_PORT`]). Outbound:
-//! the pod connects to a server on the node; redirected means the connection landed on
-//! the proxy's outbound port with the server as its original destination. Inbound: the
-//! node connects to the pod's app port; redirected means it landed on the proxy's
-//! inbound port.
+//! Outbound is the test kit's check ([`interlock_testkit::node::check_capture`]): inside
+//! the pod, as an unprivileged user, a connection to a server on the node must land on
+//! the proxy's outbound port with the server as its original destination. Inbound is
+//! checked here the same way: the node connects to the pod's app port ([`APP_PORT`]),
+//! and redirected means it landed on the proxy's inbound port instead of the app.
 
-use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nix::sched::{setns, CloneFlags};
+use interlock_testkit::node::{check_capture, in_netns, Capture, CHECK_UID};
 use nix::sys::socket::{getsockopt, sockopt::OriginalDst};
 
 /// The app's port inside every pod (what inbound traffic is addressed to).
@@ -64,19 +61,9 @@ impl Traffic {
     }
 }
 
-/// Runs `f` on a fresh thread that entered the network namespace at `netns` first (the
-/// namespace is per thread: the caller's stays as it is).
-pub fn in_pod<R: Send>(netns: &Path, f: impl FnOnce() -> R + Send) -> Result<R, String> {
-    let file = File::open(netns).map_err(|e| format!("opening {}: {e}", netns.display()))?;
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            setns(&file, CloneFlags::CLONE_NEWNET)
-                .map_err(|e| format!("entering {}: {e}", netns.display()))?;
-            Ok(f())
-        })
-        .join()
-        .map_err(|_| "the thread in the pod's netns panicked".to_string())?
-    })
+/// Runs `f` inside the pod's network namespace (on a scratch thread).
+fn in_pod<R: Send>(netns: &Path, f: impl FnOnce() -> R + Send) -> Result<R, String> {
+    in_netns(netns, f).map_err(|e| e.to_string())
 }
 
 /// Checks both directions of `pod`'s traffic (netns `netns`, address `pod_ip`) against a
@@ -97,28 +84,19 @@ fn check_or_fail(
     node_ip: Ipv4Addr,
     ports: ProxyPorts,
 ) -> Result<Traffic, String> {
-    let server = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0))
-        .map_err(|e| format!("a server on the node: {e}"))?;
-    let server_port = server.local_addr().map_err(|e| e.to_string())?.port();
-    let target = SocketAddr::V4(SocketAddrV4::new(node_ip, server_port));
-    let listeners = in_pod(netns, move || -> std::io::Result<[TcpListener; 3]> {
+    let outbound = match check_capture(netns, ports.outbound, CHECK_UID, node_ip) {
+        Capture::Redirected => Landing::Proxy,
+        Capture::NotRedirected => Landing::Direct,
+        Capture::NoNetwork => Landing::Lost("the pod has no network".into()),
+        Capture::Failed(why) => Landing::Lost(why),
+    };
+    let [in_proxy, app] = in_pod(netns, move || -> std::io::Result<[TcpListener; 2]> {
         Ok([
-            TcpListener::bind((Ipv4Addr::UNSPECIFIED, ports.outbound))?,
             TcpListener::bind((Ipv4Addr::UNSPECIFIED, ports.inbound))?,
             TcpListener::bind((Ipv4Addr::UNSPECIFIED, APP_PORT))?,
         ])
     })?
     .map_err(|e| format!("listening in the pod as its proxy and app: {e}"))?;
-    let [out_proxy, in_proxy, app] = listeners;
-
-    // Outbound: the connection is made inside the pod; it is kept open until judged.
-    let client = in_pod(netns, move || TcpStream::connect_timeout(&target, WAIT))?;
-    let outbound = match client {
-        Err(e) => Landing::Lost(format!("connecting to {target} from the pod: {e}")),
-        Ok(_client) => first_landing(&out_proxy, &server, target)?,
-    };
-
-    // Inbound: the connection comes from the node.
     let app_addr = SocketAddr::new(pod_ip, APP_PORT);
     let inbound = match TcpStream::connect_timeout(&app_addr, WAIT) {
         Err(e) => Landing::Lost(format!("connecting to {app_addr} from the node: {e}")),

@@ -8,6 +8,7 @@
 
 mod capture;
 mod check_agrees;
+mod interrupt;
 mod node_box;
 mod pods;
 mod report;
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use node_box::Binaries;
+use scenarios::Stop;
 
 const USAGE: &str = "usage: interlock-demo [--bin-dir DIR]   (DIR holds interlock and interlock-cni; default: next to this binary)";
 
@@ -29,48 +31,30 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = preflight(&bins) {
+    if let Err(e) = preflight(&bins)
+        .and_then(|()| interrupt::listen().map_err(|e| format!("listening for Ctrl-C: {e}")))
+    {
         eprintln!("interlock-demo: {e}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("interlock-demo: a tokio runtime: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    runtime.block_on(run(bins))
-}
-
-async fn run(bins: Binaries) -> ExitCode {
     println!(
         "interlock demo: the seed's three scenarios on real containerd, without and with interlock"
     );
     println!("(each node: a private containerd, bridge+host-local+portmap as 10-calico.conflist, a fake Kubernetes API;");
     println!(" pods shop/web (Istio sidecar), shop/api (Linkerd proxy), shop/db (no mesh); traffic checked by connecting from inside each pod)");
     let mut leftovers = Vec::new();
-    let outcome = {
-        let demo = scenarios::run_all(&bins, &mut leftovers);
-        tokio::select! {
-            r = demo => Some(r),
-            _ = interrupted() => None,
-        }
-        // The demo's future is dropped here: its nodes are torn down by their Drop.
-    };
+    // Every node is torn down before this returns, on every path.
+    let outcome = scenarios::run_all(&bins, &mut leftovers);
     let code = match outcome {
-        None => {
-            eprintln!("\ninterrupted: everything the demo created was removed");
+        Err(Stop::Interrupted) => {
+            eprintln!("\ninterrupted: the nodes made so far were torn down");
             ExitCode::from(130)
         }
-        Some(Err(e)) => {
+        Err(Stop::Failed(e)) => {
             eprintln!("\ninterlock-demo failed: {e}");
             ExitCode::FAILURE
         }
-        Some(Ok(scenarios)) => {
+        Ok(scenarios) => {
             println!("\n━━ Verdict ━━");
             println!("{}", report::verdict(&scenarios));
             if report::passed(&scenarios) {
@@ -91,24 +75,6 @@ async fn run(bins: Binaries) -> ExitCode {
             eprintln!("  {l}");
         }
         ExitCode::FAILURE
-    }
-}
-
-/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
-async fn interrupted() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(mut int), Ok(mut term)) => {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        }
-        // Without handlers the default action applies; never resolve.
-        _ => std::future::pending().await,
     }
 }
 

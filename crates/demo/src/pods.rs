@@ -1,7 +1,5 @@
 //! The demo's pods: which mesh each belongs to, the annotations its injector put on it,
-//! the ports its sidecar proxy listens on, and its object in the Kubernetes API.
-
-use serde_json::{json, Value};
+//! and the ports its sidecar proxy listens on.
 
 use crate::capture::ProxyPorts;
 
@@ -80,32 +78,6 @@ impl PodSpec {
     pub fn full_name(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
-
-    /// The pod as the API holds it once the scheduler bound it to `node`.
-    pub fn api_object(&self, node: &str) -> Value {
-        let annotations: serde_json::Map<String, Value> = self
-            .mesh
-            .annotations()
-            .iter()
-            .map(|(k, v)| ((*k).to_string(), Value::String((*v).to_string())))
-            .collect();
-        json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "uid": self.uid(),
-                "labels": {"app": self.name},
-                "annotations": annotations,
-            },
-            "spec": {
-                "nodeName": node,
-                "containers": [{"name": "app", "image": "registry.example/app:1"}],
-            },
-            "status": {"phase": "Running"},
-        })
-    }
 }
 
 /// The pods every scenario runs: two meshed (one per mesh), one not.
@@ -130,16 +102,6 @@ pub const PODS: [PodSpec; 3] = [
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_api_object_carries_the_injectors_annotations_and_the_node() {
-        let v = PODS[0].api_object("n1");
-        assert_eq!(v["spec"]["nodeName"], "n1");
-        assert_eq!(v["metadata"]["uid"], "uid-shop-web");
-        assert!(v["metadata"]["annotations"]["sidecar.istio.io/status"].is_string());
-        let plain = PODS[2].api_object("n1");
-        assert_eq!(plain["metadata"]["annotations"], json!({}));
-    }
 
     #[test]
     fn each_mesh_has_its_proxy_ports() {

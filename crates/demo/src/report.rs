@@ -146,12 +146,13 @@ pub struct ScenarioOutcome {
     pub with: SideOutcome,
 }
 
-const POD_COLUMNS: [(&str, usize); 5] = [
-    ("POD", 10),
-    ("MESH", 8),
-    ("IP", 13),
-    ("TRAFFIC", 44),
-    ("LABEL", 6),
+const POD_COLUMNS: [(&str, usize); 6] = [
+    ("POD", 9),
+    ("MESH", 7),
+    ("IP", 12),
+    ("TRAFFIC", 38),
+    ("EARLIER CONN", 20),
+    ("LABEL", 5),
 ];
 
 /// The header of the pod table.
@@ -171,6 +172,11 @@ pub fn pod_line(p: &PodOutcome) -> String {
         Started::Failed(_) => "-".into(),
     };
     let traffic = traffic_words(p);
+    let earlier = match &p.earlier_connection {
+        None => "-".to_string(),
+        Some(Ok(())) => "still open".to_string(),
+        Some(Err(how)) => how.clone(),
+    };
     let label = p.view.unprotected_label.as_deref().unwrap_or("-");
     let events = if p.view.events.is_empty() {
         "-".to_string()
@@ -182,6 +188,7 @@ pub fn pod_line(p: &PodOutcome) -> String {
         p.spec.mesh.label().to_string(),
         ip,
         traffic,
+        earlier,
         label.to_string(),
     ];
     let mut s = String::from("    ");
@@ -193,17 +200,10 @@ pub fn pod_line(p: &PodOutcome) -> String {
 }
 
 fn traffic_words(p: &PodOutcome) -> String {
-    if let Started::Failed(why) = &p.started {
-        return format!("NOT STARTED: {}", shorten(why, 30));
-    }
-    let earlier = match &p.earlier_connection {
-        None => String::new(),
-        Some(Ok(())) => "; earlier conn. still open".into(),
-        Some(Err(how)) => format!("; earlier conn. {how}"),
-    };
-    let words = match p.protection() {
-        Protection::Redirected => "redirected to its proxy (out+in)".to_string(),
-        Protection::LeftAlone => "direct (not meshed: left alone)".to_string(),
+    match p.protection() {
+        Protection::NotStarted => "NOT STARTED (see ↳ below)".to_string(),
+        Protection::Redirected => "redirected (out+in)".to_string(),
+        Protection::LeftAlone => "direct (not meshed)".to_string(),
         Protection::Unprotected | Protection::Disturbed => {
             let prefix = if p.spec.mesh.meshed() {
                 "NOT REDIRECTED"
@@ -215,29 +215,27 @@ fn traffic_words(p: &PodOutcome) -> String {
                 None => format!("{prefix} (not checked)"),
             }
         }
-        Protection::NotStarted => "not started".to_string(),
-    };
-    format!("{words}{earlier}")
-}
-
-/// `text` cut to `max` characters (an ellipsis marks the cut).
-fn shorten(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        return text.to_string();
     }
-    let mut s: String = text.chars().take(max.saturating_sub(1)).collect();
-    s.push('…');
-    s
 }
 
-/// The full reason of every pod that did not start, once each, for under the table.
-pub fn failure_notes(pods: &[PodOutcome]) -> Vec<String> {
+/// What the table cuts short, for under it: why pods did not start (each reason once)
+/// and where a connection got lost.
+pub fn notes(pods: &[PodOutcome]) -> Vec<String> {
     let mut notes: Vec<String> = Vec::new();
+    let mut add = |note: String| {
+        if !notes.contains(&note) {
+            notes.push(note);
+        }
+    };
     for p in pods {
         if let Started::Failed(why) = &p.started {
-            let note = format!("    ↳ not started: {why}");
-            if !notes.contains(&note) {
-                notes.push(note);
+            add(format!("    ↳ not started: {why}"));
+        }
+        if let Some(t) = &p.traffic {
+            for (way, landing) in [("outbound", &t.outbound), ("inbound", &t.inbound)] {
+                if let Landing::Lost(why) = landing {
+                    add(format!("    ↳ {} {way}: {why}", p.spec.full_name()));
+                }
             }
         }
     }
@@ -248,7 +246,7 @@ fn landing_words(t: &Traffic) -> String {
     let word = |l: &Landing| match l {
         Landing::Proxy => "proxy".to_string(),
         Landing::Direct => "direct".to_string(),
-        Landing::Lost(why) => format!("lost: {why}"),
+        Landing::Lost(_) => "lost".to_string(),
     };
     format!("out {}, in {}", word(&t.outbound), word(&t.inbound))
 }
@@ -524,7 +522,7 @@ mod tests {
         assert!(line.contains("shop/web"), "{line}");
         assert!(line.contains("istio"), "{line}");
         assert!(line.contains("10.97.1.2"), "{line}");
-        assert!(line.contains("redirected to its proxy"), "{line}");
+        assert!(line.contains("redirected (out+in)"), "{line}");
         assert!(line.contains("ended (ECONNABORTED)"), "{line}");
         assert!(line.ends_with("Repaired"), "{line}");
         let bad = pod_line(&pod(1, running(), t(Direct, Direct)));
@@ -532,26 +530,37 @@ mod tests {
             bad.contains("NOT REDIRECTED (out direct, in direct)"),
             "{bad}"
         );
-        let failed = pod_line(&pod(0, Started::Failed("no IP on eth0".into()), None));
-        assert!(failed.contains("NOT STARTED: no IP on eth0"), "{failed}");
         let long = "plugin type=\"interlock-cni\": interlock-cni is a chained plugin and needs the primary plugin's result";
         let failed = pod(0, Started::Failed(long.into()), None);
         let cut = pod_line(&failed);
+        assert!(cut.contains("NOT STARTED (see ↳ below)"), "{cut}");
+        let mut lost = pod(1, running(), t(Lost("nothing arrived".into()), Proxy));
+        lost.spec = PODS[1];
+        let lost_line = pod_line(&lost);
         assert!(
-            cut.contains("NOT STARTED: plugin type=\"interlock-cni\": …  "),
-            "{cut}"
-        );
-        let notes = failure_notes(&[failed.clone(), failed]);
-        assert_eq!(
-            notes,
-            [format!("    ↳ not started: {long}")],
-            "once, in full"
+            lost_line.contains("NOT REDIRECTED (out lost, in proxy)"),
+            "{lost_line}"
         );
         assert_eq!(
-            pod_header().find("TRAFFIC"),
-            line.find("redirected"),
-            "columns line up"
+            notes(&[failed.clone(), failed, lost]),
+            [
+                format!("    ↳ not started: {long}"),
+                "    ↳ shop/api outbound: nothing arrived".to_string(),
+            ],
+            "each reason once, in full"
         );
+        let header = pod_header();
+        for (column, cell) in [
+            ("TRAFFIC", "redirected"),
+            ("EARLIER CONN", "ended"),
+            ("EVENTS", "Repaired"),
+        ] {
+            assert_eq!(
+                header.find(column),
+                line.find(cell),
+                "{column} lines up:\n{header}\n{line}"
+            );
+        }
     }
 
     #[test]

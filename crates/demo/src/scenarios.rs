@@ -6,9 +6,12 @@
 
 use std::time::{Duration, Instant};
 
+use interlock_testkit::node::Sandbox;
+
 use crate::capture::{self, OpenConnection};
 use crate::check_agrees::{self, Expected};
-use crate::node_box::{Binaries, NodeInBox, RunningPod};
+use crate::interrupt::{self, Interrupted};
+use crate::node_box::{wait_until, Binaries, DemoNode};
 use crate::pods::{PodSpec, PODS};
 use crate::report::{self, PodOutcome, Protection, ScenarioOutcome, SideOutcome, Started};
 
@@ -18,16 +21,39 @@ const READY_WAIT: Duration = Duration::from_secs(10);
 /// (the agent's budget is 2 s after it is ready).
 const REPAIR_WAIT: Duration = Duration::from_secs(5);
 
+/// Why the demo stopped before its verdict.
+#[derive(Debug)]
+pub enum Stop {
+    /// Ctrl-C or SIGTERM.
+    Interrupted,
+    /// Something the demo needs failed (not a verdict on interlock): what.
+    Failed(String),
+}
+
+impl From<Interrupted> for Stop {
+    fn from(_: Interrupted) -> Stop {
+        Stop::Interrupted
+    }
+}
+
+impl From<String> for Stop {
+    fn from(e: String) -> Stop {
+        Stop::Failed(e)
+    }
+}
+
 /// Runs every scenario; `leftovers` collects what a node's teardown could not undo.
-pub async fn run_all(
-    bins: &Binaries,
-    leftovers: &mut Vec<String>,
-) -> Result<Vec<ScenarioOutcome>, String> {
-    let mut out = Vec::new();
-    out.push(scenario_1(bins, leftovers).await?);
-    out.push(scenario_2(bins, leftovers).await?);
-    out.push(scenario_3(bins, leftovers).await?);
-    Ok(out)
+pub fn run_all(bins: &Binaries, leftovers: &mut Vec<String>) -> Result<Vec<ScenarioOutcome>, Stop> {
+    Ok(vec![
+        scenario_1(bins, leftovers)?,
+        scenario_2(bins, leftovers)?,
+        scenario_3(bins, leftovers)?,
+    ])
+}
+
+/// Sleeps `d`, stopping early on Ctrl-C.
+fn pause(d: Duration) -> Result<(), Interrupted> {
+    wait_until(d, || false).map(drop)
 }
 
 /// Prints a side's timeline, in seconds since the side began.
@@ -59,22 +85,18 @@ fn side_header(with: bool, how: &str) {
     println!("\n  ▸ {side}: {how}");
 }
 
-/// A node named after its scenario and side.
-async fn new_node(bins: &Binaries, scenario: u32, with: bool) -> Result<NodeInBox, String> {
-    let name = format!("node-{scenario}{}", if with { "b" } else { "a" });
-    NodeInBox::start(&name, bins, with).await
+/// A fresh node; with interlock it registers with the startup taint.
+fn new_node(bins: &Binaries, with: bool) -> Result<DemoNode, Stop> {
+    interrupt::check()?;
+    Ok(DemoNode::start(bins, with)?)
 }
 
-fn conf_dir_listing(node: &NodeInBox) -> String {
-    let mut names: Vec<String> = std::fs::read_dir(node.conf_dir())
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| !n.starts_with('.'))
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
+fn conf_dir_listing(node: &DemoNode) -> String {
+    let names: Vec<String> = node
+        .conf_files()
+        .into_iter()
+        .filter(|n| !n.starts_with('.'))
+        .collect();
     if names.is_empty() {
         "conf dir is empty".into()
     } else {
@@ -85,42 +107,50 @@ fn conf_dir_listing(node: &NodeInBox) -> String {
     }
 }
 
+/// Each pod with its sandbox, or containerd's refusal.
+type PodsStarted = Vec<(PodSpec, Result<Sandbox, String>)>;
+
 /// The kubelet starts every pod; says how that went in one line.
-async fn start_pods(
-    node: &NodeInBox,
-    clock: &Clock,
-    why: &str,
-) -> Vec<(PodSpec, Result<RunningPod, String>)> {
+fn start_pods(node: &DemoNode, clock: &Clock, why: &str) -> Result<PodsStarted, Interrupted> {
     let mut started = Vec::new();
     for spec in PODS {
-        started.push((spec, node.run_pod(&spec).await));
+        interrupt::check()?;
+        started.push((spec, node.run_pod(&spec)));
     }
     let ok = started.iter().filter(|(_, r)| r.is_ok()).count();
     clock.say(&format!(
         "{why}: {ok} of {} sandboxes running",
         started.len()
     ));
-    started
+    Ok(started)
 }
 
 /// The independent check of every running pod, and what the API says about each.
 fn observe(
-    node: &NodeInBox,
-    started: &[(PodSpec, Result<RunningPod, String>)],
+    node: &DemoNode,
+    started: &[(PodSpec, Result<Sandbox, String>)],
     mut earlier: Vec<(PodSpec, OpenConnection)>,
 ) -> Vec<PodOutcome> {
     started
         .iter()
         .map(|(spec, run)| {
             let (started, traffic) = match run {
-                Ok(p) => (
-                    Started::Running(p.ip.to_string()),
+                Ok(Sandbox {
+                    ip: Some(ip),
+                    netns: Some(netns),
+                    ..
+                }) => (
+                    Started::Running(ip.to_string()),
                     Some(capture::check(
-                        &p.netns,
-                        p.ip,
+                        netns,
+                        *ip,
                         node.gateway(),
                         spec.mesh.proxy_ports(),
                     )),
+                ),
+                Ok(s) => (
+                    Started::Failed(format!("sandbox {} has no IP or no netns", s.id)),
+                    None,
                 ),
                 Err(e) => (Started::Failed(e.clone()), None),
             };
@@ -152,14 +182,14 @@ fn print_pods(pods: &[PodOutcome]) {
     for p in pods {
         println!("{}", report::pod_line(p));
     }
-    for note in report::failure_notes(pods) {
+    for note in report::notes(pods) {
         println!("{note}");
     }
 }
 
 /// Prints the pod table and the node line, and returns the side's outcome.
 fn finish_side(
-    node: &NodeInBox,
+    node: &DemoNode,
     with: bool,
     pods: Vec<PodOutcome>,
     highlight: Option<String>,
@@ -176,34 +206,30 @@ fn finish_side(
     }
 }
 
-fn teardown(node: NodeInBox, leftovers: &mut Vec<String>) {
+fn teardown(node: DemoNode, leftovers: &mut Vec<String>) {
     let footprint = node.footprint();
     leftovers.extend(node.teardown());
     leftovers.extend(footprint.leftovers());
 }
 
-/// Starts the agent and waits until the node has lost its taint; says when.
-async fn agent_until_ready(node: &mut NodeInBox, clock: &Clock) -> Result<(), String> {
+/// Starts the agent and waits until the node has lost its taint; says when, and
+/// whether it happened.
+fn agent_until_ready(node: &DemoNode, clock: &Clock) -> Result<bool, Stop> {
     node.start_agent()?;
     clock.say("interlock agent starts (DaemonSet pod)");
     let t = Instant::now();
-    if node
-        .wait_node(READY_WAIT, |v| {
-            !v.tainted && v.condition.as_ref().is_some_and(|c| c.0 == "True")
-        })
-        .await
-    {
+    if node.wait_node(READY_WAIT, |v| v.ready())? {
         clock.say(&format!(
             "agent ready after {} ms: taint removed, InterlockReady=True",
             t.elapsed().as_millis()
         ));
-        Ok(())
+        Ok(true)
     } else {
         clock.say(&format!(
-            "node still tainted after {READY_WAIT:?} — the agent's log ends:\n{}",
+            "node still tainted after {READY_WAIT:?}; the agent's log ends:\n{}",
             tail(&node.agent_log(), 8)
         ));
-        Err(format!("the agent on {} did not become ready", node.name()))
+        Ok(false)
     }
 }
 
@@ -218,7 +244,7 @@ fn tail(text: &str, n: usize) -> String {
 
 /// Runs `interlock check` as an operator would, prints it, and holds its JSON document
 /// to what the connections showed (`pods`); returns where it contradicts them.
-fn print_check(node: &NodeInBox, full: bool, pods: &[PodOutcome]) -> Vec<String> {
+fn print_check(node: &DemoNode, full: bool, pods: &[PodOutcome]) -> Vec<String> {
     match node.check() {
         Ok(run) => println!("{}", report::check_block(&run, full)),
         Err(e) => println!("    $ interlock check\n    could not run it: {e}"),
@@ -245,10 +271,7 @@ fn print_check(node: &NodeInBox, full: bool, pods: &[PodOutcome]) -> Vec<String>
     wrong
 }
 
-async fn scenario_1(
-    bins: &Binaries,
-    leftovers: &mut Vec<String>,
-) -> Result<ScenarioOutcome, String> {
+fn scenario_1(bins: &Binaries, leftovers: &mut Vec<String>) -> Result<ScenarioOutcome, Stop> {
     const TITLE: &str = "primary first, mesh second";
     scenario_header(
         1,
@@ -261,28 +284,28 @@ async fn scenario_1(
         false,
         "the mesh CNI's installer appends its plugin to the primary's file",
     );
-    let node = new_node(bins, 1, false).await?;
+    let node = new_node(bins, false)?;
     let clock = Clock::start();
     node.write_primary()?;
     clock.say("primary CNI writes 10-calico.conflist");
     node.append_mesh_entry_to_primary()?;
     clock.say("mesh CNI installer appends its plugin to 10-calico.conflist");
-    node.wait_network_ready(Duration::from_secs(5)).await;
+    node.wait_network_ready(Duration::from_secs(5));
     clock.say(&conf_dir_listing(&node));
-    let started = start_pods(&node, &clock, "pods scheduled").await;
+    let started = start_pods(&node, &clock, "pods scheduled")?;
     let pods = observe(&node, &started, Vec::new());
     let without = finish_side(&node, false, pods, None);
     teardown(node, leftovers);
 
     side_header(true, "the agent guards the config; the node starts tainted");
-    let mut node = new_node(bins, 1, true).await?;
+    let node = new_node(bins, true)?;
     let clock = Clock::start();
     node.write_primary()?;
     clock.say("primary CNI writes 10-calico.conflist");
-    let ready = agent_until_ready(&mut node, &clock).await;
+    let ready = agent_until_ready(&node, &clock)?;
     clock.say(&conf_dir_listing(&node));
-    let started = if ready.is_ok() {
-        start_pods(&node, &clock, "scheduler places pods on the untainted node").await
+    let started = if ready {
+        start_pods(&node, &clock, "scheduler places pods on the untainted node")?
     } else {
         not_scheduled()
     };
@@ -300,7 +323,7 @@ async fn scenario_1(
 }
 
 /// Pods the scheduler never placed (the node kept its taint).
-fn not_scheduled() -> Vec<(PodSpec, Result<RunningPod, String>)> {
+fn not_scheduled() -> PodsStarted {
     PODS.iter()
         .map(|p| {
             (
@@ -311,10 +334,7 @@ fn not_scheduled() -> Vec<(PodSpec, Result<RunningPod, String>)> {
         .collect()
 }
 
-async fn scenario_2(
-    bins: &Binaries,
-    leftovers: &mut Vec<String>,
-) -> Result<ScenarioOutcome, String> {
+fn scenario_2(bins: &Binaries, leftovers: &mut Vec<String>) -> Result<ScenarioOutcome, Stop> {
     const TITLE: &str = "mesh first, primary later";
     scenario_header(
         2,
@@ -324,7 +344,7 @@ async fn scenario_2(
     );
 
     side_header(false, "the mesh CNI finds no config and writes its own");
-    let node = new_node(bins, 2, false).await?;
+    let node = new_node(bins, false)?;
     let clock = Clock::start();
     let name = node.write_mesh_only_config()?;
     clock.say(&format!(
@@ -332,10 +352,10 @@ async fn scenario_2(
     ));
     node.write_primary()?;
     clock.say("primary CNI writes 10-calico.conflist");
-    node.wait_network_ready(Duration::from_secs(5)).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    node.wait_network_ready(Duration::from_secs(5));
+    pause(Duration::from_millis(50))?;
     clock.say(&conf_dir_listing(&node));
-    let started = start_pods(&node, &clock, "pods scheduled").await;
+    let started = start_pods(&node, &clock, "pods scheduled")?;
     let pods = observe(&node, &started, Vec::new());
     let without = finish_side(&node, false, pods, None);
     teardown(node, leftovers);
@@ -344,13 +364,12 @@ async fn scenario_2(
         true,
         "the agent starts before the primary; the node starts tainted",
     );
-    let mut node = new_node(bins, 2, true).await?;
+    let node = new_node(bins, true)?;
     let clock = Clock::start();
     node.start_agent()?;
     clock.say("interlock agent starts (DaemonSet pod); no primary config yet");
     // Give it the time to say what it thinks of an empty conf dir.
-    node.wait_node(Duration::from_secs(3), |v| v.condition.is_some())
-        .await;
+    node.wait_node(Duration::from_secs(3), |v| v.condition.is_some())?;
     let v = node.node_view();
     clock.say(&format!(
         "agent not ready: node {}, InterlockReady={}",
@@ -362,25 +381,20 @@ async fn scenario_2(
         v.condition.as_ref().map_or("(none)", |c| c.0.as_str())
     ));
     clock.say(&conf_dir_listing(&node));
-    match node.run_pod(&PODS[0]).await {
+    match node.run_pod(&PODS[0]) {
         Err(e) => clock.say(&format!(
             "a pod tolerating every taint starts anyway: refused ({e}); the kubelet retries"
         )),
-        Ok(p) => {
-            clock.say(&format!(
-                "a pod tolerating every taint started before any config ({}): stopping it",
-                p.sandbox
-            ));
-        }
+        // It is counted below with the others: its traffic is checked like theirs.
+        Ok(p) => clock.say(&format!(
+            "a pod tolerating every taint STARTED before any config existed (sandbox {})",
+            p.id
+        )),
     }
     node.write_primary()?;
     let primary_at = Instant::now();
     clock.say("primary CNI writes 10-calico.conflist");
-    let ready = node
-        .wait_node(READY_WAIT, |v| {
-            !v.tainted && v.condition.as_ref().is_some_and(|c| c.0 == "True")
-        })
-        .await;
+    let ready = node.wait_node(READY_WAIT, |v| v.ready())?;
     let highlight = if ready {
         let ms = primary_at.elapsed().as_millis();
         clock.say(&format!(
@@ -397,7 +411,7 @@ async fn scenario_2(
     };
     clock.say(&conf_dir_listing(&node));
     let started = if ready {
-        start_pods(&node, &clock, "scheduler places pods on the untainted node").await
+        start_pods(&node, &clock, "scheduler places pods on the untainted node")?
     } else {
         not_scheduled()
     };
@@ -416,26 +430,20 @@ async fn scenario_2(
 
 /// Each running meshed pod opens a connection that stays open (the app talking before
 /// anyone protected it).
-fn open_connections(
-    node: &NodeInBox,
-    started: &[(PodSpec, Result<RunningPod, String>)],
-) -> Vec<(PodSpec, OpenConnection)> {
+fn open_connections(node: &DemoNode, started: &PodsStarted) -> Vec<(PodSpec, OpenConnection)> {
     started
         .iter()
         .filter(|(s, _)| s.mesh.meshed())
         .filter_map(|(s, r)| {
-            let p = r.as_ref().ok()?;
-            capture::open_connection(&p.netns, node.gateway())
+            let netns = r.as_ref().ok()?.netns.as_ref()?;
+            capture::open_connection(netns, node.gateway())
                 .ok()
                 .map(|c| (*s, c))
         })
         .collect()
 }
 
-async fn scenario_3(
-    bins: &Binaries,
-    leftovers: &mut Vec<String>,
-) -> Result<ScenarioOutcome, String> {
+fn scenario_3(bins: &Binaries, leftovers: &mut Vec<String>) -> Result<ScenarioOutcome, Stop> {
     const TITLE: &str = "pods before the mesh (node boot)";
     scenario_header(
         3,
@@ -448,21 +456,21 @@ async fn scenario_3(
         false,
         "the mesh CNI's installer appends its plugin once it runs",
     );
-    let node = new_node(bins, 3, false).await?;
+    let node = new_node(bins, false)?;
     let clock = Clock::start();
     node.write_primary()?;
     clock.say("primary CNI writes 10-calico.conflist");
-    node.wait_network_ready(Duration::from_secs(5)).await;
-    let started = start_pods(&node, &clock, "kubelet restarts the node's pods").await;
+    node.wait_network_ready(Duration::from_secs(5));
+    let started = start_pods(&node, &clock, "kubelet restarts the node's pods")?;
     let earlier = open_connections(&node, &started);
     clock.say(&format!(
         "{} meshed pods open a connection (in plaintext)",
         earlier.len()
     ));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    pause(Duration::from_secs(1))?;
     node.append_mesh_entry_to_primary()?;
     clock.say("mesh CNI installer appends its plugin to 10-calico.conflist (new pods only)");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    pause(Duration::from_secs(1))?;
     let pods = observe(&node, &started, earlier);
     let without = finish_side(&node, false, pods, None);
     teardown(node, leftovers);
@@ -471,17 +479,16 @@ async fn scenario_3(
         true,
         "the node registers tainted; the agent audits the running pods",
     );
-    let mut node = new_node(bins, 3, true).await?;
+    let node = new_node(bins, true)?;
     let clock = Clock::start();
     node.write_primary()?;
     clock.say("primary CNI writes 10-calico.conflist");
-    node.wait_network_ready(Duration::from_secs(5)).await;
+    node.wait_network_ready(Duration::from_secs(5));
     let started = start_pods(
         &node,
         &clock,
         "kubelet restarts the node's pods (the taint only stops new scheduling)",
-    )
-    .await;
+    )?;
     let earlier = open_connections(&node, &started);
     clock.say(&format!(
         "{} meshed pods open a connection (in plaintext)",
@@ -493,20 +500,19 @@ async fn scenario_3(
     clock.say("an operator runs interlock check before the agent is up:");
     let mut wrong = print_check(&node, true, &before);
     let agent_at = Instant::now();
-    let ready = agent_until_ready(&mut node, &clock).await;
+    let ready = agent_until_ready(&node, &clock)?;
     let meshed: Vec<PodSpec> = started
         .iter()
         .filter(|(s, r)| s.mesh.meshed() && r.is_ok())
         .map(|(s, _)| *s)
         .collect();
     let mut highlight = None;
-    if ready.is_ok() {
+    if ready {
         // The audit's action shows as an Event on each pod; the traffic is checked only
         // afterwards (a proxy listening during the audit would change its choice).
-        let end = Instant::now() + REPAIR_WAIT;
-        while Instant::now() < end && !meshed.iter().all(|s| !node.pod_view(s).events.is_empty()) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(REPAIR_WAIT, || {
+            meshed.iter().all(|s| !node.pod_view(s).events.is_empty())
+        })?;
         let acted = meshed
             .iter()
             .filter(|s| !node.pod_view(s).events.is_empty())

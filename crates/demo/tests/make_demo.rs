@@ -98,7 +98,7 @@ fn the_demo_passes_shows_the_races_and_leaves_nothing() {
         "0/2 redirected, 3 not started",
         "0/2 redirected, 2 UNPROTECTED",
         // With interlock: the earlier connections of the repaired pods were ended.
-        "earlier conn. ended (ECONNABORTED)",
+        "ended (ECONNABORTED)",
         "PASS: with interlock every meshed pod ran redirected",
         "cleanup: every containerd",
     ] {
