@@ -112,10 +112,23 @@ type PodsStarted = Vec<(PodSpec, Result<Sandbox, String>)>;
 
 /// The kubelet starts every pod; says how that went in one line.
 fn start_pods(node: &DemoNode, clock: &Clock, why: &str) -> Result<PodsStarted, Interrupted> {
+    start_pods_but(node, clock, why, Vec::new())
+}
+
+/// Like [`start_pods`], for the pods not in `running` (which run already).
+fn start_pods_but(
+    node: &DemoNode,
+    clock: &Clock,
+    why: &str,
+    running: PodsStarted,
+) -> Result<PodsStarted, Interrupted> {
     let mut started = Vec::new();
     for spec in PODS {
         interrupt::check()?;
-        started.push((spec, node.run_pod(&spec)));
+        match running.iter().find(|(s, _)| *s == spec) {
+            Some(already) => started.push(already.clone()),
+            None => started.push((spec, node.run_pod(&spec))),
+        }
     }
     let ok = started.iter().filter(|(_, r)| r.is_ok()).count();
     clock.say(&format!(
@@ -307,7 +320,7 @@ fn scenario_1(bins: &Binaries, leftovers: &mut Vec<String>) -> Result<ScenarioOu
     let started = if ready {
         start_pods(&node, &clock, "scheduler places pods on the untainted node")?
     } else {
-        not_scheduled()
+        not_scheduled_but(Vec::new())
     };
     let pods = observe(&node, &started, Vec::new());
     let mut with = finish_side(&node, true, pods, None);
@@ -322,14 +335,16 @@ fn scenario_1(bins: &Binaries, leftovers: &mut Vec<String>) -> Result<ScenarioOu
     })
 }
 
-/// Pods the scheduler never placed (the node kept its taint).
-fn not_scheduled() -> PodsStarted {
+/// Pods the scheduler never placed (the node kept its taint), but for those in
+/// `running`, which run already.
+fn not_scheduled_but(running: PodsStarted) -> PodsStarted {
     PODS.iter()
-        .map(|p| {
-            (
+        .map(|p| match running.iter().find(|(s, _)| s == p) {
+            Some(already) => already.clone(),
+            None => (
                 *p,
                 Err("not scheduled: the node kept its taint".to_string()),
-            )
+            ),
         })
         .collect()
 }
@@ -381,15 +396,19 @@ fn scenario_2(bins: &Binaries, leftovers: &mut Vec<String>) -> Result<ScenarioOu
         v.condition.as_ref().map_or("(none)", |c| c.0.as_str())
     ));
     clock.say(&conf_dir_listing(&node));
+    let mut early = Vec::new();
     match node.run_pod(&PODS[0]) {
         Err(e) => clock.say(&format!(
             "a pod tolerating every taint starts anyway: refused ({e}); the kubelet retries"
         )),
-        // It is counted below with the others: its traffic is checked like theirs.
-        Ok(p) => clock.say(&format!(
-            "a pod tolerating every taint STARTED before any config existed (sandbox {})",
-            p.id
-        )),
+        // Judged below with the others, in the sandbox it got now.
+        Ok(p) => {
+            clock.say(&format!(
+                "a pod tolerating every taint STARTED before any config existed (sandbox {})",
+                p.id
+            ));
+            early.push((PODS[0], Ok(p)));
+        }
     }
     node.write_primary()?;
     let primary_at = Instant::now();
@@ -411,9 +430,14 @@ fn scenario_2(bins: &Binaries, leftovers: &mut Vec<String>) -> Result<ScenarioOu
     };
     clock.say(&conf_dir_listing(&node));
     let started = if ready {
-        start_pods(&node, &clock, "scheduler places pods on the untainted node")?
+        start_pods_but(
+            &node,
+            &clock,
+            "scheduler places pods on the untainted node",
+            early,
+        )?
     } else {
-        not_scheduled()
+        not_scheduled_but(early)
     };
     let pods = observe(&node, &started, Vec::new());
     let mut with = finish_side(&node, true, pods, highlight);
