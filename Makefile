@@ -31,7 +31,9 @@ test: deps lint
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
-## demo: a throwaway node in network namespaces, two pods through a real chain
+## demo: the seed's three scenarios on nodes in a box (private containerd, reference
+## primary, fake Kubernetes API), without and with interlock; exit 1 if a meshed pod
+## ran unprotected with interlock. Removes everything it made, also on Ctrl-C.
 demo: deps
 	$(CARGO) build --release -p interlock-cni -p interlock -p interlock-demo
 	./target/release/interlock-demo --bin-dir ./target/release
