@@ -1,0 +1,3 @@
+//! `interlock-soak`: runs the chaos soak and prints its report.
+
+fn main() {}
