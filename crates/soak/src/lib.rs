@@ -12,5 +12,8 @@
 //! are the built binaries, and containerd is the witness of what ran.
 
 pub mod chaos;
+pub mod chaos_loop;
+pub mod checker;
 pub mod ledger;
 pub mod probe;
+pub mod workload;
