@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub mod containerd;
 pub mod http;
 pub mod kubeapi;
+pub mod node;
 pub mod traffic;
 
 pub use tempfile::{tempdir, TempDir};

@@ -420,6 +420,37 @@ impl Containerd {
         Footprint::of(&self.layout)
     }
 
+    /// Stops the daemon (SIGTERM, SIGKILL after 5 s) as an operator's `systemctl stop
+    /// containerd` would: the sandboxes' shims and netns live on. The teardown still works
+    /// with the daemon down (it starts one on the same directory to sweep).
+    pub fn stop_daemon(&mut self) -> io::Result<()> {
+        match self.daemon.take() {
+            Some(daemon) => daemon
+                .stop(Duration::from_secs(5))
+                .map_err(io::Error::other),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts the daemon again on the same root, state, socket and config (a no-op when
+    /// it runs); returns how long until CRI answered. Sandboxes created before are found
+    /// again (containerd reloads them from its root and state).
+    pub fn start_daemon(&mut self) -> io::Result<Duration> {
+        if self.daemon.is_some() {
+            return Ok(Duration::ZERO);
+        }
+        let begin = Instant::now();
+        self.daemon = Some(Daemon::spawn(&self.layout)?);
+        self.wait_ready()?;
+        Ok(begin.elapsed())
+    }
+
+    /// [`Containerd::stop_daemon`] then [`Containerd::start_daemon`].
+    pub fn restart_daemon(&mut self) -> io::Result<Duration> {
+        self.stop_daemon()?;
+        self.start_daemon()
+    }
+
     /// Tears the kit down now; returns what could not be undone (also done on drop,
     /// where it is printed instead).
     pub fn teardown(mut self) -> Result<(), Vec<String>> {

@@ -1,0 +1,1121 @@
+//! A node in a box: a private containerd, the reference primary CNI config, the
+//! `interlock agent` process, optionally the fake Kubernetes API, and sandboxes created
+//! over CRI — for scenario tests, the chaos soak and the demo.
+//!
+//! # The pieces
+//! - [`Node::start`] starts a private containerd ([`crate::containerd::Containerd`]) and
+//!   copies the primary's reference plugins into its CNI bin dir. No CNI config exists
+//!   yet: the test decides when the primary appears.
+//! - The primary: [`Node::write_primary`] writes `bridge` + `host-local` + `portmap` as
+//!   [`PRIMARY_CONFLIST`] (`10-calico.conflist`, cniVersion 0.3.1), atomically.
+//!   [`Node::rewrite_primary`] rewrites it as a primary's installer does when it
+//!   restarts, dropping every foreign entry (in place or by rename, [`PrimaryWrite`]).
+//!   [`Node::delete_primary`] / [`Node::rename_primary`] remove it or move it aside;
+//!   [`Node::write_sorting_first`] writes any config under a name that sorts ahead;
+//!   [`Node::write_half_written`] leaves a truncated file (what a writer killed mid-write
+//!   leaves; containerd then fails the whole load when it sorts first) and
+//!   [`Node::complete_file`] finishes it.
+//! - The agent: [`Node::start_agent`] runs the `interlock` binary given in
+//!   [`NodeOptions::agent`] as `interlock agent` with the node's conf dir, bin dir, state
+//!   dir, CRI endpoint, a health address of its own, `--plugin-source`
+//!   [`NodeOptions::plugin`], and `--kube=none` or (with the fake API) `--kube=auto
+//!   --node-name` plus `KUBECONFIG`; the caller adds flags and env ([`AgentArgs`]).
+//!   [`Node::start_agent_from`] runs another binary (an upgrade). The running agent is
+//!   [`Node::agent`]: [`AgentProcess::wait_ready`] (`/readyz` 200),
+//!   [`AgentProcess::terminate`] (SIGTERM), [`AgentProcess::kill`] (SIGKILL),
+//!   [`AgentProcess::metric`], [`AgentProcess::log_text`]. [`Node::restart_agent`] is
+//!   SIGTERM then a new agent with the same arguments. Every agent's stderr goes to its
+//!   own log file; [`Node::agent_logs`] returns them all, and they are printed when a
+//!   test panics with the node alive.
+//! - interlock-cni: [`Node::install_interlock_cni`] copies [`NodeOptions::plugin`] into
+//!   the bin dir (the agent also installs it from `--plugin-source`);
+//!   [`Node::remove_interlock_cni`] deletes it.
+//! - The fake API ([`NodeOptions::kube`]): a [`KubeApi`] holding the Node object
+//!   [`NODE_NAME`], registered with the startup taint [`TAINT_NOT_READY`] when
+//!   [`NodeOptions::startup_taint`]; every sandbox the node runs also gets its Pod object
+//!   (same namespace, name, UID and annotations, bound to the node, `Running`).
+//! - Sandboxes: [`Node::run_pod`] runs one over CRI, meshed ones carrying the Istio
+//!   injector's annotation [`MESHED_ANNOTATION`] (the one the plugin and the agent read
+//!   through `interlock_redirect::profile`); it returns a [`Sandbox`] (ID, pod, netns,
+//!   IP) or the runtime's error. [`Node::stop_pod`] / [`Node::remove_pod`] undo it.
+//! - containerd: [`Node::restart_containerd`] stops the daemon and starts it again on the
+//!   same root, state and socket; the sandboxes survive. [`Node::network_ready`] is CRI's
+//!   `NetworkReady`.
+//! - The independent capture check: [`check_capture`] uses nothing of interlock (only
+//!   std and nix). Inside a sandbox's netns it listens on the proxy's outbound port and
+//!   connects, as a non-proxy UID ([`CHECK_UID`]), to a destination the test owns (the
+//!   bridge gateway, on a port the check listens on in the host): [`Capture::Redirected`]
+//!   when the proxy listener accepted it with `SO_ORIGINAL_DST` = the destination,
+//!   [`Capture::NotRedirected`] when the host listener got it, [`Capture::NoNetwork`]
+//!   when the netns has no IPv4 address besides loopback. [`Node::capture`] runs it on a
+//!   [`Sandbox`]. One check at a time per sandbox (each binds the proxy port there).
+//!
+//! # Teardown
+//! Dropping the node (also on a panic) kills the agent, removes a half-written or
+//! invalid config that would make containerd refuse every DEL, tears the containerd kit
+//! down (every sandbox stopped and removed over CRI, so CNI DELs run and IPs are freed;
+//! netns, mounts, bridge, cache and the kit directory go — see
+//! [`crate::containerd`]), and stops the fake API. The node's own files (agent state dir,
+//! logs, kubeconfig) live in the kit directory and go with it. [`Node::teardown`] does
+//! the same now and returns what could not be undone; [`Node::footprint`] names what to
+//! check afterwards.
+//!
+//! # Threads and async
+//! Methods are synchronous and may be called from several threads at once (a pod
+//! creator while another thread restarts the agent) and from inside a tokio runtime: CRI
+//! calls run on the node's own runtime. [`Node::cri`] gives the client for async code.
+
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use interlock_cri::{CriClient, SandboxConfig, SandboxFilter, SandboxSummary};
+use serde_json::{json, Value};
+
+use crate::containerd::{Containerd, Footprint};
+use crate::kubeapi::KubeApi;
+
+pub use crate::containerd::PRIMARY_CONFLIST;
+
+/// The annotation that makes a pod meshed: the Istio injector's status
+/// (`interlock_redirect::profile::istio_keys::STATUS`; the plugin's and the agent's
+/// default profiles read it). Value `{}`.
+pub const MESHED_ANNOTATION: (&str, &str) = ("sidecar.istio.io/status", "{}");
+/// The Istio profile's outbound proxy port, where captured connections land.
+pub const PROXY_OUTBOUND_PORT: u16 = 15001;
+/// The UID the capture check connects as: `nobody`, never the proxy's 1337.
+pub const CHECK_UID: u32 = 65534;
+/// The Node object's name in the fake API.
+pub const NODE_NAME: &str = "node-in-a-box";
+/// The startup taint the agent removes once ready (`interlock_contract::names`).
+pub const TAINT_NOT_READY: &str = "interlock.dev/not-ready";
+/// The node condition the agent writes (`interlock_contract::names`).
+pub const CONDITION_READY: &str = "InterlockReady";
+/// How long [`AgentProcess::wait_ready`] waits by default.
+pub const AGENT_READY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// What a [`Node`] is made of.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// The `interlock` binary the agent runs from.
+    pub agent: PathBuf,
+    /// The `interlock-cni` binary (`--plugin-source`, [`Node::install_interlock_cni`]).
+    pub plugin: PathBuf,
+    /// Start the fake Kubernetes API with the Node object and point the agent at it.
+    pub kube: bool,
+    /// Register the Node with the startup taint (as a node pool configured for
+    /// interlock does); only with `kube`.
+    pub startup_taint: bool,
+}
+
+impl NodeOptions {
+    /// No fake API; `agent` and `plugin` as given.
+    pub fn new(agent: impl Into<PathBuf>, plugin: impl Into<PathBuf>) -> NodeOptions {
+        NodeOptions {
+            agent: agent.into(),
+            plugin: plugin.into(),
+            kube: false,
+            startup_taint: true,
+        }
+    }
+
+    /// With the fake API (and the startup taint).
+    pub fn with_kube(mut self) -> NodeOptions {
+        self.kube = true;
+        self
+    }
+}
+
+/// Extra arguments and environment for one agent start, after the node's own flags
+/// (a flag the node already sets must not be given again: clap refuses duplicates).
+#[derive(Debug, Clone, Default)]
+pub struct AgentArgs {
+    /// Extra command-line arguments, e.g. `["--audit-interval", "1"]`.
+    pub args: Vec<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+}
+
+impl AgentArgs {
+    /// Just these arguments.
+    pub fn args<S: AsRef<str>>(args: &[S]) -> AgentArgs {
+        AgentArgs {
+            args: args.iter().map(|a| a.as_ref().to_string()).collect(),
+            env: Vec::new(),
+        }
+    }
+}
+
+/// How the primary's config file is rewritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrimaryWrite {
+    /// Write a temp file and rename it over (aws-node, Cilium).
+    Rename,
+    /// Truncate and write the file itself (a shell `cat > file`): containerd may see it
+    /// empty or half-written for a moment.
+    InPlace,
+}
+
+/// A sandbox the node ran over CRI.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    /// The runtime's sandbox ID.
+    pub id: String,
+    /// Namespace, name, UID of the pod.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// The pod's UID.
+    pub uid: String,
+    /// Whether it carries [`MESHED_ANNOTATION`].
+    pub meshed: bool,
+    /// Its network namespace file (from verbose `PodSandboxStatus`).
+    pub netns: Option<PathBuf>,
+    /// Its IP as the runtime reports it.
+    pub ip: Option<IpAddr>,
+}
+
+/// The result of [`check_capture`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Capture {
+    /// The proxy's listener accepted the connection, `SO_ORIGINAL_DST` = destination.
+    Redirected,
+    /// The destination itself accepted the connection.
+    NotRedirected,
+    /// The netns has no IPv4 address besides loopback (or no netns at all).
+    NoNetwork,
+    /// Anything else (connection failed, redirected elsewhere), described.
+    Failed(String),
+}
+
+/// A node in a box; see the module docs.
+pub struct Node {
+    options: NodeOptions,
+    kit: Option<Containerd>,
+    api: Option<KubeApi>,
+    runtime: Option<tokio::runtime::Runtime>,
+    cri: CriClient,
+    dir: PathBuf,
+    agent: Mutex<Option<AgentProcess>>,
+    last_agent: Mutex<Option<(PathBuf, AgentArgs)>>,
+    agent_starts: std::sync::atomic::AtomicU32,
+    torn_down: bool,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("dir", &self.dir)
+            .field("kube", &self.api.is_some())
+            .finish()
+    }
+}
+
+impl Node {
+    /// Starts containerd (no CNI config yet), installs the primary's plugins and, with
+    /// [`NodeOptions::kube`], the fake API holding the Node object.
+    pub fn start(options: NodeOptions) -> io::Result<Node> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .thread_name("node-cri")
+            .build()?;
+        let kit = Containerd::start()?;
+        kit.install_primary_plugins()?;
+        let dir = kit.dir().join("node");
+        fs::create_dir_all(dir.join("state"))?;
+        let endpoint = kit.endpoint();
+        let cri = on_runtime(&runtime, CriClient::connect(&endpoint))
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let api = if options.kube {
+            let api = KubeApi::start()?;
+            let taints = if options.startup_taint {
+                json!([{"key": TAINT_NOT_READY, "effect": "NoSchedule"}])
+            } else {
+                json!([])
+            };
+            api.put_object(json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": NODE_NAME}, "spec": {"taints": taints}}));
+            api.write_kubeconfig(&dir.join("kubeconfig"))?;
+            Some(api)
+        } else {
+            None
+        };
+        Ok(Node {
+            options,
+            kit: Some(kit),
+            api,
+            runtime: Some(runtime),
+            cri,
+            dir,
+            agent: Mutex::new(None),
+            last_agent: Mutex::new(None),
+            agent_starts: std::sync::atomic::AtomicU32::new(0),
+            torn_down: false,
+        })
+    }
+
+    fn kit(&self) -> &Containerd {
+        self.kit.as_ref().expect("the node is torn down")
+    }
+
+    /// The private containerd.
+    pub fn containerd(&self) -> &Containerd {
+        self.kit()
+    }
+
+    /// The fake API, when [`NodeOptions::kube`].
+    pub fn api(&self) -> Option<&KubeApi> {
+        self.api.as_ref()
+    }
+
+    /// A CRI client (usable on any tokio runtime).
+    pub fn cri(&self) -> CriClient {
+        self.cri.clone()
+    }
+
+    /// Runs `fut` to completion on the node's runtime (callable inside a runtime too).
+    pub fn block_on<F>(&self, fut: F) -> F::Output
+    where
+        F: std::future::Future + Send,
+        F::Output: Send,
+    {
+        on_runtime(self.runtime.as_ref().expect("the node is torn down"), fut)
+    }
+
+    /// The CNI conf dir containerd watches.
+    pub fn conf_dir(&self) -> PathBuf {
+        self.kit().conf_dir()
+    }
+
+    /// The CNI bin dir.
+    pub fn bin_dir(&self) -> PathBuf {
+        self.kit().bin_dir()
+    }
+
+    /// The agent's state dir.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
+    /// The bridge gateway, the destination the capture check connects to.
+    pub fn gateway(&self) -> Ipv4Addr {
+        self.kit().gateway()
+    }
+
+    /// What the node leaves on the host, to check after [`Node::teardown`].
+    pub fn footprint(&self) -> Footprint {
+        self.kit().footprint()
+    }
+
+    // ---- the primary's config ----
+
+    /// The primary's config (see [`Containerd::primary_conflist`]).
+    pub fn primary_conflist(&self) -> Value {
+        self.kit().primary_conflist()
+    }
+
+    /// Writes the primary's config as [`PRIMARY_CONFLIST`], atomically.
+    pub fn write_primary(&self) -> io::Result<PathBuf> {
+        self.kit().write_primary_config()
+    }
+
+    /// Rewrites [`PRIMARY_CONFLIST`] with the primary's plugins only, dropping whatever
+    /// another component added to it (what a primary's installer does on restart).
+    pub fn rewrite_primary(&self, how: PrimaryWrite) -> io::Result<PathBuf> {
+        let path = self.conf_dir().join(PRIMARY_CONFLIST);
+        match how {
+            PrimaryWrite::Rename => {
+                let tmp = self.conf_dir().join(format!(".{PRIMARY_CONFLIST}.tmp"));
+                fs::write(&tmp, serde_json::to_vec_pretty(&self.primary_conflist())?)?;
+                fs::rename(&tmp, &path)?;
+            }
+            PrimaryWrite::InPlace => {
+                let mut f = File::create(&path)?;
+                f.write_all(&serde_json::to_vec_pretty(&self.primary_conflist())?)?;
+            }
+        }
+        Ok(path)
+    }
+
+    /// Deletes [`PRIMARY_CONFLIST`] (absent is fine).
+    pub fn delete_primary(&self) -> io::Result<()> {
+        match fs::remove_file(self.conf_dir().join(PRIMARY_CONFLIST)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Renames [`PRIMARY_CONFLIST`] to `to` in the conf dir (e.g. `.bak`, ignored by
+    /// containerd, or another config name).
+    pub fn rename_primary(&self, to: &str) -> io::Result<PathBuf> {
+        let dest = self.conf_dir().join(to);
+        fs::rename(self.conf_dir().join(PRIMARY_CONFLIST), &dest)?;
+        Ok(dest)
+    }
+
+    /// Writes `config` under `file_name`, atomically; for a name that sorts ahead of
+    /// the primary (`00-first.conflist`) it takes first place.
+    pub fn write_sorting_first(&self, file_name: &str, config: &Value) -> io::Result<PathBuf> {
+        self.kit().write_conf(file_name, config)
+    }
+
+    /// A copy of the primary's config under another network name (a valid foreign
+    /// config for [`Node::write_sorting_first`]).
+    pub fn foreign_conflist(&self, network: &str) -> Value {
+        let mut v = self.primary_conflist();
+        v["name"] = json!(network);
+        v
+    }
+
+    /// Writes the first half of the primary's config bytes under `file_name`, not
+    /// atomically: invalid JSON, what a writer killed mid-write leaves.
+    pub fn write_half_written(&self, file_name: &str) -> io::Result<PathBuf> {
+        let full = serde_json::to_vec_pretty(&self.foreign_conflist("half-written"))?;
+        let path = self.conf_dir().join(file_name);
+        fs::write(&path, &full[..full.len() / 2])?;
+        Ok(path)
+    }
+
+    /// Completes a file written by [`Node::write_half_written`] (in place, as the writer
+    /// finishing its write): it becomes a valid config.
+    pub fn complete_file(&self, file_name: &str) -> io::Result<PathBuf> {
+        let full = serde_json::to_vec_pretty(&self.foreign_conflist("half-written"))?;
+        let path = self.conf_dir().join(file_name);
+        let mut f = fs::OpenOptions::new().append(true).open(&path)?;
+        let have = f.metadata()?.len() as usize;
+        f.write_all(&full[have.min(full.len())..])?;
+        Ok(path)
+    }
+
+    /// The config file names in the conf dir, sorted.
+    pub fn conf_files(&self) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(self.conf_dir())
+            .map(|r| {
+                r.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    // ---- interlock-cni ----
+
+    /// Copies [`NodeOptions::plugin`] into the bin dir as `interlock-cni`.
+    pub fn install_interlock_cni(&self) -> io::Result<()> {
+        self.kit()
+            .install_plugin(&self.options.plugin, "interlock-cni")
+    }
+
+    /// Deletes `interlock-cni` from the bin dir (absent is fine).
+    pub fn remove_interlock_cni(&self) -> io::Result<()> {
+        match fs::remove_file(self.bin_dir().join("interlock-cni")) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    // ---- the agent ----
+
+    /// Starts the agent from [`NodeOptions::agent`]; panics if one runs already. Does not
+    /// wait for readiness ([`AgentProcess::wait_ready`]).
+    pub fn start_agent(&self, extra: AgentArgs) -> io::Result<()> {
+        self.start_agent_from(&self.options.agent.clone(), extra)
+    }
+
+    /// Starts the agent from another `interlock` binary (an upgrade).
+    pub fn start_agent_from(&self, binary: &Path, extra: AgentArgs) -> io::Result<()> {
+        let mut slot = self.agent.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = slot.as_mut() {
+            assert!(
+                a.exited().is_some(),
+                "an agent (pid {}) runs already: stop it first",
+                a.pid()
+            );
+        }
+        let n = self
+            .agent_starts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let health = free_port()?;
+        let mut args: Vec<OsString> = vec!["agent".into()];
+        let mut flag = |k: &str, v: &dyn AsRef<std::ffi::OsStr>| {
+            args.push(k.into());
+            args.push(v.as_ref().to_owned());
+        };
+        flag("--cni-conf-dir", &self.conf_dir());
+        flag("--cni-bin-dir", &self.bin_dir());
+        flag("--state-dir", &self.state_dir());
+        flag("--cri-endpoint", &self.kit().endpoint());
+        flag("--plugin-source", &self.options.plugin);
+        flag("--health-addr", &health.to_string());
+        let mut env: Vec<(OsString, OsString)> = Vec::new();
+        if self.api.is_some() {
+            flag("--kube", &"auto");
+            flag("--node-name", &NODE_NAME);
+            env.push(("KUBECONFIG".into(), self.dir.join("kubeconfig").into()));
+        } else {
+            flag("--kube", &"none");
+        }
+        args.extend(extra.args.iter().map(OsString::from));
+        env.extend(
+            extra
+                .env
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        );
+        let log = self.dir.join(format!("agent-{n}.log"));
+        let process = AgentProcess::spawn(binary, &args, &env, &log, health)?;
+        *slot = Some(process);
+        *self.last_agent.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((binary.to_path_buf(), extra));
+        Ok(())
+    }
+
+    /// Runs `f` on the current agent; panics when none was started.
+    pub fn agent<R>(&self, f: impl FnOnce(&mut AgentProcess) -> R) -> R {
+        let mut slot = self.agent.lock().unwrap_or_else(|e| e.into_inner());
+        f(slot.as_mut().expect("no agent started"))
+    }
+
+    /// Waits until the current agent answers `/readyz` 200; returns how long it took.
+    pub fn wait_agent_ready(&self, timeout: Duration) -> Result<Duration, String> {
+        let (health, log) = self.agent(|a| (a.health, a.log.clone()));
+        wait_ready_at(health, &log, timeout)
+    }
+
+    /// The current agent's `/readyz` verdict (`None`: not answering).
+    pub fn agent_ready(&self) -> Option<bool> {
+        self.agent(|a| a.ready())
+    }
+
+    /// SIGTERMs the current agent and waits up to `grace` for it (then SIGKILL).
+    pub fn stop_agent(&self, grace: Duration) -> Option<ExitStatus> {
+        let mut slot = self.agent.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_mut().and_then(|a| a.terminate(grace))
+    }
+
+    /// SIGKILLs the current agent.
+    pub fn kill_agent(&self) {
+        let mut slot = self.agent.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = slot.as_mut() {
+            a.kill();
+        }
+    }
+
+    /// SIGTERM, then a new agent with the last binary and arguments.
+    pub fn restart_agent(&self) -> io::Result<()> {
+        self.stop_agent(Duration::from_secs(10));
+        let (binary, extra) = self
+            .last_agent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .expect("no agent started before");
+        self.start_agent_from(&binary, extra)
+    }
+
+    /// Every agent log of this node, oldest first, each under a header.
+    pub fn agent_logs(&self) -> String {
+        let mut out = String::new();
+        for n in 0..self.agent_starts.load(std::sync::atomic::Ordering::Relaxed) {
+            let path = self.dir.join(format!("agent-{n}.log"));
+            out.push_str(&format!("==== {} ====\n", path.display()));
+            out.push_str(&fs::read_to_string(&path).unwrap_or_default());
+        }
+        out
+    }
+
+    // ---- sandboxes ----
+
+    /// A sandbox config for `default/<unique name>`, meshed or not.
+    pub fn pod_config(&self, tag: &str, meshed: bool) -> SandboxConfig {
+        let config = self.kit().pod(tag);
+        if meshed {
+            config.annotation(MESHED_ANNOTATION.0, MESHED_ANNOTATION.1)
+        } else {
+            config
+        }
+    }
+
+    /// Runs a sandbox (and, with the fake API, puts its Pod first); returns it, or the
+    /// runtime's error text.
+    pub fn run_pod(&self, tag: &str, meshed: bool) -> Result<Sandbox, String> {
+        self.run_config(self.pod_config(tag, meshed))
+    }
+
+    /// Runs a sandbox from a config of the caller's.
+    pub fn run_config(&self, config: SandboxConfig) -> Result<Sandbox, String> {
+        let meshed = config
+            .annotations
+            .get(MESHED_ANNOTATION.0)
+            .map(String::as_str)
+            == Some(MESHED_ANNOTATION.1);
+        if let Some(api) = &self.api {
+            api.put_object(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": config.metadata.name, "namespace": config.metadata.namespace,
+                             "uid": config.metadata.uid, "annotations": config.annotations},
+                "spec": {"nodeName": NODE_NAME, "containers": [{"name": "app", "image": "app"}]},
+                "status": {"phase": "Running"}}));
+        }
+        let cri = self.cri.clone();
+        let (id, status) = self.block_on(async move {
+            let id = cri.run_sandbox(&config).await.map_err(|e| e.to_string())?;
+            let status = cri
+                .sandbox_status(&id, true)
+                .await
+                .map_err(|e| format!("status of {id}: {e}"))?;
+            Ok::<_, String>((id, status))
+        })?;
+        Ok(Sandbox {
+            id,
+            namespace: status.metadata.namespace.clone(),
+            name: status.metadata.name.clone(),
+            uid: status.metadata.uid.clone(),
+            meshed,
+            netns: status.netns_path().map(Path::to_path_buf),
+            ip: status.ips.first().copied(),
+        })
+    }
+
+    /// Stops a sandbox (CNI DEL runs).
+    pub fn stop_pod(&self, id: &str) -> Result<(), String> {
+        let cri = self.cri.clone();
+        self.block_on(async move { cri.stop_sandbox(id).await.map_err(|e| e.to_string()) })
+    }
+
+    /// Stops and removes a sandbox, and deletes its Pod from the fake API.
+    pub fn remove_pod(&self, sandbox: &Sandbox) -> Result<(), String> {
+        let cri = self.cri.clone();
+        let id = sandbox.id.clone();
+        self.block_on(async move {
+            cri.stop_sandbox(&id).await.map_err(|e| e.to_string())?;
+            cri.remove_sandbox(&id).await.map_err(|e| e.to_string())
+        })?;
+        if let Some(api) = &self.api {
+            api.delete_object("pods", &sandbox.namespace, &sandbox.name);
+        }
+        Ok(())
+    }
+
+    /// Every sandbox containerd knows (ready or not).
+    pub fn sandboxes(&self) -> Result<Vec<SandboxSummary>, String> {
+        let cri = self.cri.clone();
+        self.block_on(async move {
+            cri.list_sandboxes(&SandboxFilter::default())
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    /// CRI's `NetworkReady` (containerd loaded a CNI config); `None` when CRI does not
+    /// answer.
+    pub fn network_ready(&self) -> Option<bool> {
+        let cri = self.cri.clone();
+        self.block_on(async move { cri.status().await.ok().map(|s| s.network_ready()) })
+    }
+
+    /// Waits until `NetworkReady` is `want`.
+    pub fn wait_network_ready(&self, want: bool, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        while self.network_ready() != Some(want) {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "NetworkReady not {want} within {timeout:?}; conf dir: {:?}",
+                    self.conf_files()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    /// Stops containerd and starts it again on the same root, state and socket; returns
+    /// how long until CRI answered again. Sandboxes survive.
+    pub fn restart_containerd(&mut self) -> io::Result<Duration> {
+        self.kit
+            .as_mut()
+            .expect("the node is torn down")
+            .restart_daemon()
+    }
+
+    /// The independent capture check on `sandbox` ([`check_capture`]).
+    pub fn capture(&self, sandbox: &Sandbox) -> Capture {
+        match &sandbox.netns {
+            Some(netns) => check_capture(netns, PROXY_OUTBOUND_PORT, CHECK_UID, self.gateway()),
+            None => Capture::NoNetwork,
+        }
+    }
+
+    // ---- the fake API ----
+
+    /// The Node object's taint keys (empty without the fake API).
+    pub fn taints(&self) -> Vec<String> {
+        self.node_object()
+            .and_then(|n| n["spec"]["taints"].as_array().cloned())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| t["key"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The Node's [`CONDITION_READY`] condition, if written.
+    pub fn condition(&self) -> Option<Value> {
+        self.node_object()?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == CONDITION_READY)
+            .cloned()
+    }
+
+    fn node_object(&self) -> Option<Value> {
+        self.api.as_ref()?.get_object("nodes", "", NODE_NAME)
+    }
+
+    // ---- teardown ----
+
+    /// Tears everything down now; returns what could not be undone.
+    pub fn teardown(mut self) -> Result<(), Vec<String>> {
+        let problems = self.teardown_now();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+
+    fn teardown_now(&mut self) -> Vec<String> {
+        if self.torn_down {
+            return Vec::new();
+        }
+        self.torn_down = true;
+        if let Some(mut a) = self.agent.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            a.kill();
+        }
+        let mut problems = Vec::new();
+        if let Some(kit) = self.kit.take() {
+            // A file containerd cannot parse makes it refuse every DEL ("cni plugin not
+            // initialized"): the sweep would leave NOTREADY sandboxes behind.
+            remove_unparsable_configs(&kit.conf_dir());
+            if let Err(p) = kit.teardown() {
+                problems.extend(p);
+            }
+        }
+        if let Some(api) = self.api.take() {
+            api.stop();
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+        problems
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if std::thread::panicking() && !self.torn_down {
+            let logs = self.agent_logs();
+            let tail = &logs[logs.len().saturating_sub(8192)..];
+            eprintln!("node in a box: the test panicked; agent logs (tail):\n{tail}");
+        }
+        let problems = self.teardown_now();
+        if !problems.is_empty() {
+            eprintln!(
+                "node in a box: teardown left {} problem(s):\n  {}",
+                problems.len(),
+                problems.join("\n  ")
+            );
+        }
+    }
+}
+
+fn remove_unparsable_configs(conf_dir: &Path) {
+    let Ok(entries) = fs::read_dir(conf_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let is_config = matches!(
+            path.extension().and_then(|x| x.to_str()),
+            Some("conf" | "conflist" | "json")
+        );
+        let parses = fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .is_some();
+        if is_config && !parses {
+            let _ = fs::remove_file(&path);
+        }
+    }
+}
+
+/// Runs `fut` on `rt` from a scratch thread (so the caller may be inside a runtime).
+fn on_runtime<F>(rt: &tokio::runtime::Runtime, fut: F) -> F::Output
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    if tokio::runtime::Handle::try_current().is_err() {
+        return rt.block_on(fut);
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| rt.block_on(fut))
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
+fn free_port() -> io::Result<SocketAddr> {
+    TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
+/// One `interlock agent` process, spawned from a thread that lives as long as it (so
+/// `setpriv --pdeathsig KILL` kills it with the test process) and reaped there.
+#[derive(Debug)]
+pub struct AgentProcess {
+    pid: u32,
+    health: SocketAddr,
+    log: PathBuf,
+    exited: mpsc::Receiver<io::Result<ExitStatus>>,
+    exit_status: Option<ExitStatus>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl AgentProcess {
+    /// Spawns `binary args…` with `env` added, stderr and stdout to `log`; `health` is
+    /// the `--health-addr` the arguments carry.
+    pub fn spawn(
+        binary: &Path,
+        args: &[OsString],
+        env: &[(OsString, OsString)],
+        log: &Path,
+        health: SocketAddr,
+    ) -> io::Result<AgentProcess> {
+        let out = File::create(log)?;
+        let err = out.try_clone()?;
+        let mut command = Command::new("setpriv");
+        command
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(binary)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let (pid_tx, pid_rx) = mpsc::channel();
+        let (exit_tx, exit_rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("interlock-agent".into())
+            .spawn(move || match command.spawn() {
+                Err(e) => {
+                    let _ = pid_tx.send(Err(e));
+                }
+                Ok(mut child) => {
+                    let _ = pid_tx.send(Ok(child.id()));
+                    let _ = exit_tx.send(child.wait());
+                }
+            })?;
+        let pid = pid_rx
+            .recv()
+            .map_err(|_| io::Error::other("the agent's thread died"))?
+            .map_err(|e| io::Error::new(e.kind(), format!("starting {}: {e}", binary.display())))?;
+        Ok(AgentProcess {
+            pid,
+            health,
+            log: log.to_path_buf(),
+            exited: exit_rx,
+            exit_status: None,
+            thread: Some(thread),
+        })
+    }
+
+    /// The process ID.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The health server's address.
+    pub fn health_addr(&self) -> SocketAddr {
+        self.health
+    }
+
+    /// The log file (stdout and stderr).
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The log so far.
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The exit status once it has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        if self.exit_status.is_none() {
+            if let Ok(status) = self.exited.try_recv() {
+                self.exit_status = Some(status.unwrap_or_default());
+            }
+        }
+        self.exit_status
+    }
+
+    fn signal(&mut self, signal: nix::sys::signal::Signal) {
+        if self.exited().is_none() {
+            // Not reaped yet, so the PID is still this agent's.
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), signal);
+        }
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        if self.exit_status.is_none() {
+            if let Ok(status) = self.exited.recv_timeout(timeout) {
+                self.exit_status = Some(status.unwrap_or_default());
+                if let Some(t) = self.thread.take() {
+                    let _ = t.join();
+                }
+            }
+        }
+        self.exit_status
+    }
+
+    /// SIGTERM; SIGKILL if still running after `grace`. Returns the exit status (`None`
+    /// only if even SIGKILL did not end it within 5 s).
+    pub fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        if let Some(s) = self.wait_exit(grace) {
+            return Some(s);
+        }
+        self.kill()
+    }
+
+    /// SIGKILL, and waits up to 5 s for it to be reaped.
+    pub fn kill(&mut self) -> Option<ExitStatus> {
+        self.signal(nix::sys::signal::Signal::SIGKILL);
+        self.wait_exit(Duration::from_secs(5))
+    }
+
+    /// GET `path` on the health server: (status, body), or `None` when not reachable.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(self.health, path)
+    }
+
+    /// `/readyz` is 200 (`None`: not answering).
+    pub fn ready(&self) -> Option<bool> {
+        self.get("/readyz").map(|(c, _)| c == 200)
+    }
+
+    /// Waits until `/readyz` is 200; returns how long it took, or an error with the log.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<Duration, String> {
+        wait_ready_at(self.health, &self.log, timeout)
+    }
+
+    /// The value of an unlabelled or fully spelled metric line, e.g.
+    /// `interlock_sandboxes{verdict="protected"}`.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics")?;
+        body.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))?
+            .rsplit(' ')
+            .next()?
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn wait_ready_at(health: SocketAddr, log: &Path, timeout: Duration) -> Result<Duration, String> {
+    let begin = Instant::now();
+    loop {
+        if http_get(health, "/readyz").is_some_and(|(c, _)| c == 200) {
+            return Ok(begin.elapsed());
+        }
+        if begin.elapsed() > timeout {
+            return Err(format!(
+                "the agent was not ready within {timeout:?}; log:\n{}",
+                fs::read_to_string(log).unwrap_or_default()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out.split_once("\r\n\r\n")?.1.to_string();
+    Some((code, body))
+}
+
+/// The independent capture check (see the module docs): nothing of interlock is used.
+///
+/// In `netns`: listens on `0.0.0.0:<proxy_port>`; a child process as `uid` (and the
+/// same GID) connects to `gateway:<p>`, where `p` is a port this check listens on in the
+/// host's namespace. Connections the check did not cause are ignored by their source.
+pub fn check_capture(netns: &Path, proxy_port: u16, uid: u32, gateway: Ipv4Addr) -> Capture {
+    let host = match TcpListener::bind(SocketAddrV4::new(gateway, 0)) {
+        Ok(l) => l,
+        // No bridge address on the host: no sandbox has a network on it.
+        Err(e) => return Capture::Failed(format!("listen on the gateway {gateway}: {e}")),
+    };
+    let _ = host.set_nonblocking(true);
+    let destination = match host.local_addr() {
+        Ok(SocketAddr::V4(a)) => a,
+        other => return Capture::Failed(format!("host listener address: {other:?}")),
+    };
+    let file = match File::open(netns) {
+        Ok(f) => f,
+        Err(_) => return Capture::NoNetwork,
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            if let Err(e) = nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET) {
+                return Capture::Failed(format!("setns {}: {e}", netns.display()));
+            }
+            let Some(own_ip) = ipv4_address() else {
+                return Capture::NoNetwork;
+            };
+            let proxy = match bind_retrying(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, proxy_port)) {
+                Ok(l) => l,
+                Err(e) => return Capture::Failed(format!("listen on {proxy_port}: {e}")),
+            };
+            let mut child = match Command::new("timeout")
+                .args(["3", "bash", "-c"])
+                .arg(format!(
+                    "exec 3<>/dev/tcp/{}/{} && sleep 0.3",
+                    destination.ip(),
+                    destination.port()
+                ))
+                .uid(uid)
+                .gid(uid)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+            {
+                Ok(c) => c,
+                Err(e) => return Capture::Failed(format!("spawn the client: {e}")),
+            };
+            let deadline = Instant::now() + Duration::from_secs(3);
+            let verdict = loop {
+                if let Ok((conn, peer)) = proxy.accept() {
+                    if peer.ip() == IpAddr::V4(own_ip) || peer.ip().is_loopback() {
+                        break match original_dst(&conn) {
+                            Some(d) if d == destination => Capture::Redirected,
+                            other => Capture::Failed(format!(
+                                "landed on the proxy port with original destination {other:?}, \
+                                 not {destination}"
+                            )),
+                        };
+                    }
+                }
+                if let Ok((_, peer)) = host.accept() {
+                    if peer.ip() == IpAddr::V4(own_ip) {
+                        break Capture::NotRedirected;
+                    }
+                }
+                if Instant::now() > deadline {
+                    break Capture::Failed("no connection arrived anywhere".into());
+                }
+                if let Ok(Some(status)) = child.try_wait() {
+                    if !status.success() {
+                        let mut err = String::new();
+                        if let Some(mut e) = child.stderr.take() {
+                            let _ = e.read_to_string(&mut err);
+                        }
+                        break Capture::Failed(format!(
+                            "connect failed ({status}): {}",
+                            err.trim()
+                        ));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            };
+            let _ = child.kill();
+            let _ = child.wait();
+            verdict
+        })
+        .join()
+        .unwrap_or_else(|_| Capture::Failed("the check's thread panicked".into()))
+    })
+}
+
+/// The calling thread's netns's first IPv4 address that is not loopback.
+fn ipv4_address() -> Option<Ipv4Addr> {
+    nix::ifaddrs::getifaddrs().ok()?.find_map(|ifa| {
+        let a = ifa.address?.as_sockaddr_in()?.ip();
+        (!a.is_loopback()).then_some(a)
+    })
+}
+
+fn bind_retrying(addr: SocketAddrV4) -> io::Result<TcpListener> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match TcpListener::bind(addr) {
+            Ok(l) => {
+                l.set_nonblocking(true)?;
+                return Ok(l);
+            }
+            // Another prober (the agent's audit) may hold the port for a moment.
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn original_dst(conn: &TcpStream) -> Option<SocketAddrV4> {
+    let sa = nix::sys::socket::getsockopt(conn, nix::sys::socket::sockopt::OriginalDst).ok()?;
+    Some(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+        u16::from_be(sa.sin_port),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unparsable_configs_go_and_others_stay() {
+        let dir = crate::tempdir().unwrap();
+        fs::write(
+            dir.path().join("00-half.conflist"),
+            "{\"cniVersion\": \"0.3",
+        )
+        .unwrap();
+        fs::write(dir.path().join("10-ok.conflist"), "{}").unwrap();
+        fs::write(dir.path().join("notes.txt"), "not json").unwrap();
+        remove_unparsable_configs(dir.path());
+        let mut left: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["10-ok.conflist", "notes.txt"]);
+    }
+}
