@@ -92,7 +92,10 @@ impl std::str::FromStr for ChaosKind {
             .find(|k| k.name() == s)
             .ok_or_else(|| {
                 let names: Vec<&str> = ChaosKind::ALL.iter().map(|k| k.name()).collect();
-                format!("unknown chaos kind {s:?} (expected one of {})", names.join(", "))
+                format!(
+                    "unknown chaos kind {s:?} (expected one of {})",
+                    names.join(", ")
+                )
             })
     }
 }
@@ -234,7 +237,10 @@ mod tests {
         let timing = ChaosTiming::default();
         for s in steps(3, 500) {
             assert!(timing.gap_ms.contains(&(s.gap.as_millis() as u64)), "{s:?}");
-            assert!(timing.hold_ms.contains(&(s.hold.as_millis() as u64)), "{s:?}");
+            assert!(
+                timing.hold_ms.contains(&(s.hold.as_millis() as u64)),
+                "{s:?}"
+            );
             let fits = match s.kind {
                 ChaosKind::PrimaryRename => {
                     matches!(s.variant, Variant::RenameAway | Variant::RenameLater)
@@ -260,10 +266,7 @@ mod tests {
             .take(20)
             .collect();
         assert!(plan.iter().all(|s| only.contains(&s.kind)));
-        assert_eq!(
-            ChaosPlan::new(1, &[], ChaosTiming::default()).next(),
-            None
-        );
+        assert_eq!(ChaosPlan::new(1, &[], ChaosTiming::default()).next(), None);
     }
 
     #[test]

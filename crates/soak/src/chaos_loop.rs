@@ -119,7 +119,12 @@ pub struct ChaosLoop<N: NodeOps + 'static> {
 
 impl<N: NodeOps + 'static> ChaosLoop<N> {
     /// Starts applying `plan` to the node on a thread of its own.
-    pub fn start(mut node: N, files: NodeFiles, mut plan: ChaosPlan, clock: Clock) -> io::Result<ChaosLoop<N>> {
+    pub fn start(
+        mut node: N,
+        files: NodeFiles,
+        mut plan: ChaosPlan,
+        clock: Clock,
+    ) -> io::Result<ChaosLoop<N>> {
         let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(Mutex::new(ChaosLog::default()));
         let (st, lg) = (stop.clone(), log.clone());
@@ -173,7 +178,9 @@ fn sleep_unless(stop: &AtomicBool, d: Duration) -> bool {
         if stop.load(Ordering::SeqCst) {
             return false;
         }
-        std::thread::sleep(Duration::from_millis(20).min(end.saturating_duration_since(Instant::now())));
+        std::thread::sleep(
+            Duration::from_millis(20).min(end.saturating_duration_since(Instant::now())),
+        );
     }
     true
 }
@@ -221,7 +228,10 @@ fn apply<N: NodeOps>(
         }
         ChaosKind::PrimaryRename => {
             let to = renamed_name(step.variant);
-            note("rename", io(fs::rename(files.path(PRIMARY), files.path(&to))));
+            note(
+                "rename",
+                io(fs::rename(files.path(PRIMARY), files.path(&to))),
+            );
             hold();
             // Back as it was (with whatever the agent did to it meanwhile); a primary
             // that vanished is rendered afresh.
@@ -282,16 +292,23 @@ fn wait_for_file(path: &Path, within: Duration, stop: &AtomicBool) -> bool {
     path.exists()
 }
 
+/// Where the current agent serves `/readyz` (each agent gets a port of its own).
+pub type HealthAddr = Arc<Mutex<Option<SocketAddr>>>;
+
+/// Stretches during which the agent answered ready: `(from, until)`, `until` `None`
+/// while it still does.
+pub type ReadyStretches = Vec<(Ms, Option<Ms>)>;
+
 /// Polls the agent's `/readyz` and records the stretches it answered 200.
 pub struct ReadinessPoller {
     stop: Arc<AtomicBool>,
-    ready: Arc<Mutex<Vec<(Ms, Option<Ms>)>>>,
+    ready: Arc<Mutex<ReadyStretches>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl ReadinessPoller {
-    /// Starts polling `addr` every `period`.
-    pub fn start(addr: SocketAddr, period: Duration, clock: Clock) -> io::Result<ReadinessPoller> {
+    /// Starts polling the agent at `addr` (none while no agent runs) every `period`.
+    pub fn start(addr: HealthAddr, period: Duration, clock: Clock) -> io::Result<ReadinessPoller> {
         let stop = Arc::new(AtomicBool::new(false));
         let ready = Arc::new(Mutex::new(Vec::new()));
         let (st, rd) = (stop.clone(), ready.clone());
@@ -300,7 +317,10 @@ impl ReadinessPoller {
             .spawn(move || {
                 while !st.load(Ordering::SeqCst) {
                     let now = clock.now_ms();
-                    let is_ready = http_status(addr, "/readyz", Duration::from_millis(200)) == Some(200);
+                    let current = *addr.lock().unwrap_or_else(|e| e.into_inner());
+                    let is_ready = current.is_some_and(|a| {
+                        http_status(a, "/readyz", Duration::from_millis(200)) == Some(200)
+                    });
                     let mut r = rd.lock().unwrap_or_else(|e| e.into_inner());
                     let open = matches!(r.last(), Some((_, None)));
                     match (is_ready, open) {
@@ -332,7 +352,7 @@ impl ReadinessPoller {
     }
 
     /// Stops polling; returns the ready stretches.
-    pub fn stop(mut self) -> Vec<(Ms, Option<Ms>)> {
+    pub fn stop(mut self) -> ReadyStretches {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -356,7 +376,11 @@ pub fn http_status(addr: SocketAddr, path: &str, timeout: Duration) -> Option<u1
     let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
     s.set_read_timeout(Some(timeout)).ok()?;
     s.set_write_timeout(Some(timeout)).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: soak\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: soak\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut head = [0u8; 32];
     let n = s.read(&mut head).ok()?;
     std::str::from_utf8(&head[..n])
@@ -441,9 +465,22 @@ mod tests {
             f.render(PRIMARY, &f.primary).unwrap();
             let log = Mutex::new(ChaosLog::default());
             let mut node = Recorder::default();
-            apply(&mut node, &f, step(kind, variant), i as u32 + 1, &clock, &log, &AtomicBool::new(false));
-            assert_eq!(names(&f.conf_dir), vec![PRIMARY.to_string()], "{kind} {variant:?}");
-            let on_disk: Value = serde_json::from_slice(&fs::read(f.path(PRIMARY)).unwrap()).unwrap();
+            apply(
+                &mut node,
+                &f,
+                step(kind, variant),
+                i as u32 + 1,
+                &clock,
+                &log,
+                &AtomicBool::new(false),
+            );
+            assert_eq!(
+                names(&f.conf_dir),
+                vec![PRIMARY.to_string()],
+                "{kind} {variant:?}"
+            );
+            let on_disk: Value =
+                serde_json::from_slice(&fs::read(f.path(PRIMARY)).unwrap()).unwrap();
             assert_eq!(on_disk, f.primary, "{kind}");
             let log = log.into_inner().unwrap();
             assert!(log.errors.is_empty(), "{:?}", log.errors);
@@ -467,12 +504,32 @@ mod tests {
         let log = Mutex::new(ChaosLog::default());
         let mut node = Recorder::default();
         let stop = AtomicBool::new(false);
-        apply(&mut node, &f, step(ChaosKind::AgentKill, Variant::Plain), 1, &clock, &log, &stop);
-        apply(&mut node, &f, step(ChaosKind::ContainerdRestart, Variant::Plain), 2, &clock, &log, &stop);
+        apply(
+            &mut node,
+            &f,
+            step(ChaosKind::AgentKill, Variant::Plain),
+            1,
+            &clock,
+            &log,
+            &stop,
+        );
+        apply(
+            &mut node,
+            &f,
+            step(ChaosKind::ContainerdRestart, Variant::Plain),
+            2,
+            &clock,
+            &log,
+            &stop,
+        );
         assert_eq!(node.calls, ["kill", "start", "restart"]);
         let log = log.into_inner().unwrap();
         assert_eq!(log.errors.len(), 1);
-        assert!(log.errors[0].contains("#2 containerd_restart"), "{:?}", log.errors);
+        assert!(
+            log.errors[0].contains("#2 containerd_restart"),
+            "{:?}",
+            log.errors
+        );
     }
 
     #[test]
@@ -491,13 +548,32 @@ mod tests {
             fs::write(&plugin, b"x").unwrap();
         });
         let mut node = Recorder::default();
-        apply(&mut node, &f, step(ChaosKind::PluginDelete, Variant::Plain), 1, &clock, &log, &AtomicBool::new(false));
+        apply(
+            &mut node,
+            &f,
+            step(ChaosKind::PluginDelete, Variant::Plain),
+            1,
+            &clock,
+            &log,
+            &AtomicBool::new(false),
+        );
         restorer.join().unwrap();
         let l = log.lock().unwrap().clone();
         assert!(l.errors.is_empty(), "{:?}", l.errors);
-        assert!(matches!(l.plugin_reinstall_ms[..], [Some(ms)] if ms >= 40), "{l:?}");
+        assert!(
+            matches!(l.plugin_reinstall_ms[..], [Some(ms)] if ms >= 40),
+            "{l:?}"
+        );
         // Nobody puts it back: a stop cuts the wait short, and it is an error.
-        apply(&mut node, &f, step(ChaosKind::PluginDelete, Variant::Plain), 2, &clock, &log, &AtomicBool::new(true));
+        apply(
+            &mut node,
+            &f,
+            step(ChaosKind::PluginDelete, Variant::Plain),
+            2,
+            &clock,
+            &log,
+            &AtomicBool::new(true),
+        );
         let l = log.into_inner().unwrap();
         assert_eq!(l.plugin_reinstall_ms.len(), 2);
         assert_eq!(l.plugin_reinstall_ms[1], None);

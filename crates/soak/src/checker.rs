@@ -282,10 +282,7 @@ async fn check_loop(
                         s.spawn(move || (id.clone(), server.probe(netns, gateway, timeout)))
                     })
                     .collect();
-                handles
-                    .into_iter()
-                    .filter_map(|h| h.join().ok())
-                    .collect()
+                handles.into_iter().filter_map(|h| h.join().ok()).collect()
             })
         })
         .await

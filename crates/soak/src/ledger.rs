@@ -296,10 +296,12 @@ pub struct Timeline {
 impl Timeline {
     /// The first moment at or after `t` when the agent was ready.
     pub fn ready_at_or_after(&self, t: Ms) -> Option<Ms> {
-        self.agent_ready.iter().find_map(|&(from, until)| match until {
-            Some(u) if u <= t => None,
-            _ => Some(from.max(t)),
-        })
+        self.agent_ready
+            .iter()
+            .find_map(|&(from, until)| match until {
+                Some(u) if u <= t => None,
+                _ => Some(from.max(t)),
+            })
     }
 
     /// The time a chain-changing step may keep interlock out of the runtime's chain:
@@ -372,7 +374,11 @@ impl Violation {
 
 /// Judges every window of every meshed sandbox; returns the exposures and the broken
 /// invariants (exposure-related only; leaks and the final check are added by the run).
-pub fn judge(ledger: &Ledger, timeline: &Timeline, budget: Budget) -> (Vec<Exposure>, Vec<Violation>) {
+pub fn judge(
+    ledger: &Ledger,
+    timeline: &Timeline,
+    budget: Budget,
+) -> (Vec<Exposure>, Vec<Violation>) {
     let mut exposures = Vec::new();
     let mut violations = Vec::new();
     for r in ledger.records().filter(|r| r.meshed) {
@@ -538,7 +544,8 @@ mod tests {
         assert!(!r.windows[0].from_creation);
         let mut t = always_ready();
         // Even with a chain change going on, rules that were there do not vanish.
-        t.chaos.push(span(1, ChaosKind::PrimaryRewrite, 300, Some(400)));
+        t.chaos
+            .push(span(1, ChaosKind::PrimaryRewrite, 300, Some(400)));
         let (e, v) = judge(&l, &t, BUDGET);
         assert_eq!(e.len(), 1);
         assert_eq!(v.len(), 1);
@@ -587,7 +594,8 @@ mod tests {
         l.observe("a", 1400, Verdict::Direct);
         l.observe("a", 2000, Verdict::Captured);
         let mut t = always_ready();
-        t.chaos.push(span(4, ChaosKind::PrimaryRewrite, 900, Some(1100)));
+        t.chaos
+            .push(span(4, ChaosKind::PrimaryRewrite, 900, Some(1100)));
         t.chaos.push(span(5, ChaosKind::AgentKill, 950, Some(1000)));
         let (e, v) = judge(&l, &t, BUDGET);
         assert!(v.is_empty(), "{v:?}");

@@ -16,4 +16,6 @@ pub mod chaos_loop;
 pub mod checker;
 pub mod ledger;
 pub mod probe;
+pub mod report;
+pub mod run;
 pub mod workload;

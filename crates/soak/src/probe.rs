@@ -178,10 +178,15 @@ mod tests {
             let octet = (rand::random::<u8>() % 200) + 20;
             let host_ip = Ipv4Addr::new(10, 96, octet, 1);
             let sh = |args: &[&str]| {
-                let st = std::process::Command::new("ip").args(args).status().unwrap();
+                let st = std::process::Command::new("ip")
+                    .args(args)
+                    .status()
+                    .unwrap();
                 assert!(st.success(), "ip {args:?}");
             };
-            sh(&["link", "add", &host_if, "type", "veth", "peer", "name", &peer]);
+            sh(&[
+                "link", "add", &host_if, "type", "veth", "peer", "name", &peer,
+            ]);
             sh(&["link", "set", &peer, "netns", ns.name()]);
             sh(&["addr", "add", &format!("{host_ip}/24"), "dev", &host_if]);
             sh(&["link", "set", &host_if, "up"]);
@@ -219,16 +224,19 @@ mod tests {
         ]);
         assert_eq!(server.probe(&l.ns.path(), l.host_ip, t), Verdict::Captured);
         // Something listening on the proxy port takes it: still captured, not direct.
-        let listener = l
-            .ns
-            .run(|| TcpListener::bind("0.0.0.0:15001"))
-            .unwrap();
+        let listener = l.ns.run(|| TcpListener::bind("0.0.0.0:15001")).unwrap();
         assert_eq!(server.probe(&l.ns.path(), l.host_ip, t), Verdict::Captured);
         drop(listener);
         l.ns.exec_ok(&["nft", "delete table ip soakt"]);
         assert_eq!(server.probe(&l.ns.path(), l.host_ip, t), Verdict::Direct);
         // No route to the target: nothing proven.
-        l.ns.exec_ok(&["ip", "route", "add", "blackhole", &format!("{}/32", l.host_ip)]);
+        l.ns.exec_ok(&[
+            "ip",
+            "route",
+            "add",
+            "blackhole",
+            &format!("{}/32", l.host_ip),
+        ]);
         assert_eq!(
             server.probe(&l.ns.path(), l.host_ip, Duration::from_millis(200)),
             Verdict::NoConnection

@@ -1,9 +1,13 @@
-//! The workload: workers that keep creating and removing meshed and plain sandboxes over
-//! CRI, as a busy kubelet would, until the planned number of creations was attempted.
+//! The workload: creators that keep creating meshed and plain sandboxes over CRI, as a
+//! busy kubelet would, each removed after a random lifetime by a task of its own, until
+//! the planned number of sandboxes started.
 //!
-//! A creation that fails is counted by reason (the runtime retries in real life; here the
-//! next attempt is simply a new pod). Removal is retried until it succeeds: while the
-//! plugin binary is missing or containerd restarts, a sandbox cannot be torn down yet.
+//! Creation and removal are decoupled on purpose: a removal that must wait (no config
+//! loaded, the plugin binary missing, containerd restarting) must not hold back the
+//! creations, or they would all happen after the chaos step and never meet it. At most
+//! `max_live` sandboxes run at once (residents aside). A creation that fails is counted
+//! by reason and followed by a short back-off, as the kubelet's; the next attempt is a
+//! new pod. Removal is retried until it succeeds.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -15,25 +19,36 @@ use interlock_cri::{CriClient, CriError, SandboxConfig, SandboxFilter, Timeouts}
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
+use tokio::sync::Semaphore;
 
 use crate::checker::{Clock, Stopping, MESH_ANNOTATION};
 
-/// How long a worker keeps trying to remove one sandbox before it leaves it to the end.
+/// How long a removal task keeps trying before it leaves the sandbox to the final sweep.
 const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
+/// The pause after a failed creation.
+const FAILURE_BACKOFF: Duration = Duration::from_millis(200);
+/// Attempts per planned sandbox after which the workload gives up (a node that refuses
+/// everything would otherwise keep it going forever).
+const MAX_ATTEMPTS_PER_CREATION: u64 = 5;
 
 /// What the workload does.
 #[derive(Debug, Clone)]
 pub struct WorkloadConfig {
     /// The runtime's CRI endpoint.
     pub cri_endpoint: String,
-    /// Sandboxes created in parallel.
+    /// Creations in flight at once.
     pub workers: usize,
-    /// Creations to attempt in all.
+    /// Sandboxes running at once at most (residents aside).
+    pub max_live: usize,
+    /// Sandboxes to start in all.
     pub creations: u64,
     /// Share of the creations that are meshed (0..=1).
     pub meshed_share: f64,
     /// How long a sandbox runs before it is removed, in milliseconds.
     pub lifetime_ms: Range<u64>,
+    /// Meshed sandboxes kept running until the end (they live through every chaos step
+    /// and are checked once it stopped), spread over the run.
+    pub resident: u64,
     /// Seed of the meshed/plain choices and lifetimes.
     pub seed: u64,
 }
@@ -53,11 +68,15 @@ pub struct WorkloadStats {
     pub failed_plain: u64,
     /// Failed creations by reason.
     pub failures_by_reason: BTreeMap<String, u64>,
-    /// Sandboxes removed by the workers.
+    /// The first full error message of each reason.
+    pub failure_examples: BTreeMap<String, String>,
+    /// Sandboxes removed by the workload.
     pub removed: u64,
     /// Removal attempts that failed (and were retried).
     pub remove_retries: u64,
-    /// Creation latency of the sandboxes that started, in milliseconds: (p50, p99, max).
+    /// True when it gave up before all planned sandboxes started.
+    pub gave_up: bool,
+    /// RunPodSandbox latency of the sandboxes that started, in milliseconds.
     #[serde(skip)]
     pub create_ms: Vec<u64>,
 }
@@ -68,83 +87,144 @@ pub struct Workload {
     config: WorkloadConfig,
     clock: Clock,
     stopping: Stopping,
-    next: Arc<AtomicU64>,
+    /// Creations reserved (in flight or started); a failed one gives its place back.
+    reserved: Arc<AtomicU64>,
+    /// Sandboxes started so far.
+    started: Arc<AtomicU64>,
+    live: Arc<Semaphore>,
     stats: Arc<Mutex<WorkloadStats>>,
-    /// Sandboxes a worker gave up removing, for the final sweep.
+    /// Sandboxes a removal task gave up on, for the final sweep.
     left: Arc<Mutex<Vec<String>>>,
+    /// Sandboxes kept until the end.
+    resident: Arc<Mutex<Vec<String>>>,
 }
 
 impl Workload {
     /// A workload; [`Workload::run`] drives it.
     pub fn new(config: WorkloadConfig, clock: Clock, stopping: Stopping) -> Workload {
         Workload {
+            live: Arc::new(Semaphore::new(config.max_live.max(1))),
             config,
             clock,
             stopping,
-            next: Arc::new(AtomicU64::new(0)),
+            reserved: Arc::new(AtomicU64::new(0)),
+            started: Arc::new(AtomicU64::new(0)),
             stats: Arc::new(Mutex::new(WorkloadStats::default())),
             left: Arc::new(Mutex::new(Vec::new())),
+            resident: Arc::new(Mutex::new(Vec::new())),
         }
+    }
+
+    fn lock_stats(&self) -> std::sync::MutexGuard<'_, WorkloadStats> {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The sandboxes kept running until the end.
+    pub fn resident(&self) -> Vec<String> {
+        self.resident
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The sandboxes whose removal was given up.
+    pub fn left_behind(&self) -> Vec<String> {
+        self.left.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// What has been done so far.
     pub fn stats(&self) -> WorkloadStats {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.lock_stats().clone()
     }
 
-    /// Runs every worker until all creations were attempted and their sandboxes removed.
+    /// Runs the creators until every planned sandbox started (or the attempts ran out),
+    /// then waits for every removal.
     pub async fn run(&self) {
-        let mut tasks = tokio::task::JoinSet::new();
+        let mut creators = tokio::task::JoinSet::new();
+        let removals = Arc::new(Mutex::new(tokio::task::JoinSet::new()));
         for w in 0..self.config.workers.max(1) {
             let me = self.clone();
-            tasks.spawn(async move { me.worker(w as u64).await });
+            let removals = removals.clone();
+            creators.spawn(async move { me.creator(w as u64, removals).await });
         }
-        while tasks.join_next().await.is_some() {}
+        while creators.join_next().await.is_some() {}
+        let mut removals = std::mem::take(&mut *removals.lock().unwrap_or_else(|e| e.into_inner()));
+        while removals.join_next().await.is_some() {}
     }
 
-    async fn worker(&self, index: u64) {
-        let mut rng = StdRng::seed_from_u64(self.config.seed ^ (index + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    /// Takes a place for one more creation; false when all are taken.
+    fn reserve(&self) -> bool {
+        self.reserved
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| {
+                (r < self.config.creations).then_some(r + 1)
+            })
+            .is_ok()
+    }
+
+    async fn creator(&self, index: u64, removals: Arc<Mutex<tokio::task::JoinSet<()>>>) {
+        let mut rng = StdRng::seed_from_u64(
+            self.config.seed ^ (index + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        );
         let mut cri: Option<CriClient> = None;
+        let max_attempts = self
+            .config
+            .creations
+            .saturating_mul(MAX_ATTEMPTS_PER_CREATION);
         loop {
-            let n = self.next.fetch_add(1, Ordering::SeqCst);
-            if n >= self.config.creations {
+            let Ok(permit) = self.live.clone().acquire_owned().await else {
+                return;
+            };
+            if !self.reserve() {
                 return;
             }
+            let attempt = {
+                let mut s = self.lock_stats();
+                if s.attempted >= max_attempts {
+                    s.gave_up = true;
+                    return;
+                }
+                s.attempted += 1;
+                s.attempted
+            };
             let meshed = rng.gen_bool(self.config.meshed_share.clamp(0.0, 1.0));
             let lifetime = rng.gen_range(self.config.lifetime_ms.clone());
-            let client = match &cri {
-                Some(c) => c.clone(),
-                None => match connect(&self.config.cri_endpoint).await {
-                    Ok(c) => {
-                        cri = Some(c.clone());
-                        c
-                    }
-                    Err(e) => {
-                        self.failed(meshed, &e.to_string());
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
-                },
-            };
-            let name = format!("soak{n}-{}", if meshed { "m" } else { "p" });
-            let mut pod = SandboxConfig::new("soak", name.clone(), format!("uid-{name}-{}", self.config.seed));
+            let name = format!("soak{attempt}-{}", if meshed { "m" } else { "p" });
+            let mut pod = SandboxConfig::new(
+                "soak",
+                name.clone(),
+                format!("uid-{name}-{}", self.config.seed),
+            );
             if meshed {
                 pod = pod.annotation(MESH_ANNOTATION.0, MESH_ANNOTATION.1);
             }
             let t0 = self.clock.now_ms();
-            self.stats.lock().unwrap_or_else(|e| e.into_inner()).attempted += 1;
-            let id = match client.run_sandbox(&pod).await {
+            let created = match cri.clone() {
+                Some(c) => Ok(c),
+                None => connect(&self.config.cri_endpoint).await,
+            };
+            let created = match created {
+                Ok(c) => {
+                    cri = Some(c.clone());
+                    c.run_sandbox(&pod).await
+                }
+                Err(e) => Err(e),
+            };
+            let id = match created {
                 Ok(id) => id,
                 Err(e) => {
                     if is_transport(&e) {
                         cri = None;
                     }
                     self.failed(meshed, &e.to_string());
+                    self.reserved.fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
+                    tokio::time::sleep(FAILURE_BACKOFF).await;
                     continue;
                 }
             };
+            let k = self.started.fetch_add(1, Ordering::SeqCst);
             {
-                let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+                let mut s = self.lock_stats();
                 if meshed {
                     s.created_meshed += 1;
                 } else {
@@ -152,36 +232,50 @@ impl Workload {
                 }
                 s.create_ms.push(self.clock.now_ms().saturating_sub(t0));
             }
-            tokio::time::sleep(Duration::from_millis(lifetime)).await;
-            self.stopping.mark(&id, self.clock.now_ms());
-            if self.remove(&mut cri, &id).await {
-                self.stats.lock().unwrap_or_else(|e| e.into_inner()).removed += 1;
-            } else {
-                self.left.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+            if meshed {
+                let mut r = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+                if (r.len() as u64) < residents_due(k, self.config.creations, self.config.resident)
+                {
+                    r.push(id);
+                    continue;
+                }
             }
+            let me = self.clone();
+            removals
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(lifetime)).await;
+                    me.stopping.mark(&id, me.clock.now_ms());
+                    if me.remove(&id).await {
+                        me.lock_stats().removed += 1;
+                    } else {
+                        me.left.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+                    }
+                    drop(permit);
+                });
         }
     }
 
     fn failed(&self, meshed: bool, error: &str) {
-        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.lock_stats();
         if meshed {
             s.failed_meshed += 1;
         } else {
             s.failed_plain += 1;
         }
-        *s.failures_by_reason.entry(failure_reason(error)).or_default() += 1;
+        let reason = failure_reason(error);
+        *s.failures_by_reason.entry(reason.clone()).or_default() += 1;
+        s.failure_examples
+            .entry(reason)
+            .or_insert_with(|| error.to_string());
     }
 
     /// Stops and removes `id`, retrying for a while; false when it is still there.
-    async fn remove(&self, cri: &mut Option<CriClient>, id: &str) -> bool {
+    async fn remove(&self, id: &str) -> bool {
         let deadline = tokio::time::Instant::now() + REMOVE_PATIENCE;
         loop {
-            let client = match cri {
-                Some(c) => Some(c.clone()),
-                None => connect(&self.config.cri_endpoint).await.ok(),
-            };
-            if let Some(c) = client {
-                *cri = Some(c.clone());
+            if let Ok(c) = connect(&self.config.cri_endpoint).await {
                 let done = match c.stop_sandbox(id).await {
                     Ok(()) => c.remove_sandbox(id).await,
                     Err(e) => Err(e),
@@ -189,14 +283,10 @@ impl Workload {
                 match done {
                     Ok(()) => return true,
                     Err(e) if e.is_not_found() => return true,
-                    Err(e) => {
-                        if is_transport(&e) {
-                            *cri = None;
-                        }
-                    }
+                    Err(_) => {}
                 }
             }
-            self.stats.lock().unwrap_or_else(|e| e.into_inner()).remove_retries += 1;
+            self.lock_stats().remove_retries += 1;
             if tokio::time::Instant::now() > deadline {
                 return false;
             }
@@ -205,9 +295,24 @@ impl Workload {
     }
 }
 
+/// How many residents should exist once sandbox number `k` (from 0) started: one more
+/// at the start of each of `resident` equal stretches of the run.
+pub fn residents_due(k: u64, creations: u64, resident: u64) -> u64 {
+    if resident == 0 {
+        return 0;
+    }
+    let stride = (creations / resident).max(1);
+    (k / stride + 1).min(resident)
+}
+
 /// Stops and removes every sandbox the runtime still lists (ready or not), retrying for
 /// up to `patience`; returns the ones that could not be removed, with why.
-pub async fn sweep(endpoint: &str, stopping: &Stopping, clock: &Clock, patience: Duration) -> Vec<String> {
+pub async fn sweep(
+    endpoint: &str,
+    stopping: &Stopping,
+    clock: &Clock,
+    patience: Duration,
+) -> Vec<String> {
     let deadline = tokio::time::Instant::now() + patience;
     let mut problems = Vec::new();
     loop {
@@ -254,7 +359,10 @@ async fn connect(endpoint: &str) -> Result<CriClient, CriError> {
 /// restarting), so the next call should reconnect.
 fn is_transport(e: &CriError) -> bool {
     let text = e.to_string().to_lowercase();
-    text.contains("transport") || text.contains("connect") || text.contains("unavailable") || text.contains("broken pipe")
+    text.contains("transport")
+        || text.contains("connect")
+        || text.contains("unavailable")
+        || text.contains("broken pipe")
 }
 
 /// A short, stable reason for a failed creation: the known causes by name, anything
@@ -262,12 +370,25 @@ fn is_transport(e: &CriError) -> bool {
 pub fn failure_reason(error: &str) -> String {
     let e = error.to_lowercase();
     let known: &[(&str, &str)] = &[
-        ("cni plugin not initialized", "no CNI config loaded (cni plugin not initialized)"),
-        ("failed to find plugin \"interlock-cni\"", "interlock-cni binary missing"),
+        (
+            "cni plugin not initialized",
+            "no CNI config loaded (cni plugin not initialized)",
+        ),
+        (
+            "failed to find plugin \"interlock-cni\"",
+            "interlock-cni binary missing",
+        ),
         ("failed to find plugin", "a plugin binary missing"),
-        ("text file busy", "plugin binary being replaced (text file busy)"),
-        ("plugin type=\"interlock-cni\"", "interlock-cni refused the ADD"),
+        (
+            "text file busy",
+            "plugin binary being replaced (text file busy)",
+        ),
+        (
+            "plugin type=\"interlock-cni\"",
+            "interlock-cni refused the ADD",
+        ),
         ("unavailable", "containerd unavailable (restarting)"),
+        ("transport error", "containerd unavailable (restarting)"),
         ("connect", "containerd unavailable (restarting)"),
         ("deadline", "timed out"),
     ];
@@ -288,6 +409,17 @@ pub fn failure_reason(error: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn residents_are_due_one_per_stretch_and_never_more_than_asked() {
+        assert_eq!(residents_due(0, 80, 4), 1);
+        assert_eq!(residents_due(19, 80, 4), 1);
+        assert_eq!(residents_due(20, 80, 4), 2);
+        assert_eq!(residents_due(79, 80, 4), 4);
+        assert_eq!(residents_due(500, 80, 4), 4);
+        assert_eq!(residents_due(3, 5, 8), 4);
+        assert_eq!(residents_due(10, 100, 0), 0);
+    }
 
     #[test]
     fn failure_reasons_are_short_and_stable() {
