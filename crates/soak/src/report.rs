@@ -77,6 +77,9 @@ pub struct Sandboxes {
     pub removed: u64,
     /// Removals that had to be retried.
     pub remove_retries: u64,
+    /// Sandboxes the checker saw running although their RunPodSandbox failed for the
+    /// client (its answer lost in a containerd restart); swept at the end.
+    pub started_without_answer: u64,
     /// Meshed sandboxes kept running through the whole soak (checked at the end).
     pub resident: u64,
     /// RunPodSandbox latency of the started ones.
@@ -98,6 +101,7 @@ impl Sandboxes {
             failure_reasons: s.failures_by_reason.clone(),
             failure_examples: s.failure_examples.clone(),
             removed: s.removed,
+            started_without_answer: 0,
             remove_retries: s.remove_retries,
             resident,
             create_latency_ms: Distribution::of(&s.create_ms),

@@ -404,7 +404,15 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             chaos_kinds: kinds.clone(),
         },
         duration_s: elapsed as f64 / 1000.0,
-        sandboxes: Sandboxes::from_stats(&stats, resident, elapsed),
+        sandboxes: Sandboxes {
+            // Started by the runtime although RunPodSandbox answered an error (the
+            // answer lost while containerd restarted): seen by the checker only.
+            started_without_answer: seen
+                .values()
+                .sum::<u64>()
+                .saturating_sub(stats.created_meshed + stats.created_plain),
+            ..Sandboxes::from_stats(&stats, resident, elapsed)
+        },
         chaos: Chaos {
             events,
             plugin_reinstall_ms: Distribution::of(&reinstalls),
@@ -414,7 +422,7 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             rounds: checked.rounds,
             longest_round_ms: checked.longest_round_ms,
             rounds_without_runtime: checked.list_failures,
-            sandboxes_seen: seen,
+            sandboxes_seen: seen.clone(),
             probes,
             dropped_probes: checked.dropped_probes,
         },
@@ -438,8 +446,8 @@ fn spawn_progress(workload: Workload, creations: u64) -> ProgressGuard {
                 last = Instant::now();
                 let st = workload.stats();
                 eprintln!(
-                    "soak: {}/{} creations attempted after {:.0} s ({} meshed + {} plain started, {} failed)",
-                    st.attempted,
+                    "soak: {}/{} sandboxes started after {:.0} s ({} meshed + {} plain; {} creations failed)",
+                    st.created_meshed + st.created_plain,
                     creations,
                     began.elapsed().as_secs_f64(),
                     st.created_meshed,

@@ -389,6 +389,14 @@ pub fn failure_reason(error: &str) -> String {
         ),
         ("unavailable", "containerd unavailable (restarting)"),
         ("transport error", "containerd unavailable (restarting)"),
+        (
+            "server is not initialized yet",
+            "containerd unavailable (restarting)",
+        ),
+        (
+            "operation was canceled",
+            "containerd unavailable (restarting)",
+        ),
         ("connect", "containerd unavailable (restarting)"),
         ("deadline", "timed out"),
     ];

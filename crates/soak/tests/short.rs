@@ -1,7 +1,7 @@
 //! The short soak in `make test`: the same run as `make soak` with fewer creations,
 //! asserting the same invariants (the report's `ok`) and that the run was not vacuous.
 
-use interlock_soak::chaos::ChaosKind;
+use interlock_soak::chaos::{ChaosKind, ChaosTiming};
 use interlock_soak::run::{default_bin_dir, run, SoakOptions};
 use interlock_testkit::require_root;
 
@@ -20,8 +20,13 @@ fn a_short_soak_keeps_every_invariant() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(rand::random);
     eprintln!("short soak: seed {seed} (replay with SOAK_SEED={seed})");
-    let mut opts = SoakOptions::new(80, seed, &bin_dir);
+    let mut opts = SoakOptions::new(100, seed, &bin_dir);
     opts.resident = 4;
+    // Denser chaos than `make soak`, so that every kind happens in a run this short.
+    opts.timing = ChaosTiming {
+        gap_ms: 100..600,
+        hold_ms: 100..1000,
+    };
     let report = run(&opts).expect("the soak runs");
     eprintln!("{}", serde_json::to_string_pretty(&report).unwrap());
     eprint!("{}", report.summary());
@@ -34,7 +39,7 @@ fn a_short_soak_keeps_every_invariant() {
         report.sandboxes.created["meshed"],
         report.sandboxes.created["plain"],
     );
-    assert_eq!(meshed + plain, 80);
+    assert_eq!(meshed + plain, 100);
     assert!(meshed > 0 && plain > 0);
     for kind in ChaosKind::ALL {
         assert!(
