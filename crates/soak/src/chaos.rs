@@ -21,8 +21,8 @@ pub enum ChaosKind {
     /// SIGKILL the agent; start a new one after the hold.
     AgentKill,
     /// The primary rewrites its own file as aws-node and Calico do (a fresh render with a
-    /// changed field, every foreign entry dropped); after the hold it is rewritten again
-    /// with its original content (foreign entries dropped again).
+    /// changed field, every foreign entry dropped), again and again during the hold as a
+    /// primary in a restart loop; then once more with its original content.
     PrimaryRewrite,
     /// The primary's file is renamed away (to a name the runtime ignores, or to another
     /// valid name); renamed back after the hold.

@@ -25,6 +25,8 @@ use crate::ledger::{ChaosSpan, Ms};
 pub const PRIMARY: &str = "10-calico.conflist";
 /// The installed plugin's file name in the bin dir.
 pub const PLUGIN: &str = "interlock-cni";
+/// How often a rewriting primary renders its file again during a rewrite step.
+const REWRITE_EVERY: Duration = Duration::from_millis(25);
 /// How long the agent may take to put a deleted plugin binary back before the loop
 /// counts it as not reinstalled.
 const REINSTALL_PATIENCE: Duration = Duration::from_secs(5);
@@ -222,8 +224,18 @@ fn apply<N: NodeOps>(
             note("start", node.start_agent());
         }
         ChaosKind::PrimaryRewrite => {
-            note("rewrite", io(files.render(PRIMARY, &files.rerendered(seq))));
-            hold();
+            // A primary stuck in a restart loop: a fresh render every REWRITE_EVERY for
+            // the hold, each dropping whatever the agent put back.
+            let end = Instant::now() + step.hold;
+            let mut generation = seq;
+            while Instant::now() < end {
+                note(
+                    "rewrite",
+                    io(files.render(PRIMARY, &files.rerendered(generation))),
+                );
+                generation = generation.wrapping_add(1);
+                std::thread::sleep(REWRITE_EVERY);
+            }
             note("restore", io(files.render(PRIMARY, &files.primary)));
         }
         ChaosKind::PrimaryRename => {

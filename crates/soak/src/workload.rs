@@ -378,6 +378,10 @@ pub fn failure_reason(error: &str) -> String {
             "failed to find plugin \"interlock-cni\"",
             "interlock-cni binary missing",
         ),
+        (
+            "bin/interlock-cni: no such file",
+            "interlock-cni binary missing",
+        ),
         ("failed to find plugin", "a plugin binary missing"),
         (
             "text file busy",
@@ -437,6 +441,10 @@ mod tests {
         );
         assert_eq!(
             failure_reason("failed to find plugin \"interlock-cni\" in path [/x/bin]"),
+            "interlock-cni binary missing"
+        );
+        assert_eq!(
+            failure_reason("plugin type=\"interlock-cni\" failed (add): netplugin failed with no error message: fork/exec /x/bin/interlock-cni: no such file or directory"),
             "interlock-cni binary missing"
         );
         assert_eq!(
