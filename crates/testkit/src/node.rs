@@ -20,13 +20,15 @@
 //!   dir, CRI endpoint, a health address of its own, `--plugin-source`
 //!   [`NodeOptions::plugin`], and `--kube=none` or (with the fake API) `--kube=auto
 //!   --node-name` plus `KUBECONFIG`; the caller adds flags and env ([`AgentArgs`]).
-//!   [`Node::start_agent_from`] runs another binary (an upgrade). The running agent is
-//!   [`Node::agent`]: [`AgentProcess::wait_ready`] (`/readyz` 200),
-//!   [`AgentProcess::terminate`] (SIGTERM), [`AgentProcess::kill`] (SIGKILL),
-//!   [`AgentProcess::metric`], [`AgentProcess::log_text`]. [`Node::restart_agent`] is
-//!   SIGTERM then a new agent with the same arguments. Every agent's stderr goes to its
-//!   own log file; [`Node::agent_logs`] returns them all, and they are printed when a
-//!   test panics with the node alive.
+//!   [`Node::start_agent_from`] runs another binary (an upgrade). One agent runs at a
+//!   time: [`Node::wait_agent_ready`] (`/readyz` 200), [`Node::agent_ready`],
+//!   [`Node::stop_agent`] (SIGTERM, SIGKILL after a grace), [`Node::kill_agent`]
+//!   (SIGKILL), [`Node::restart_agent`] (SIGTERM, then a new agent with the same binary
+//!   and arguments); [`Node::agent`] lends the [`AgentProcess`] itself
+//!   ([`AgentProcess::metric`], [`AgentProcess::get`], [`AgentProcess::pid`]). The agent
+//!   runs under `setpriv --pdeathsig KILL`, so it dies with the test process. Every
+//!   agent's stdout and stderr go to a log file of its own; [`Node::agent_logs`] returns
+//!   them all, and their tail is printed when a test panics with the node alive.
 //! - interlock-cni: [`Node::install_interlock_cni`] copies [`NodeOptions::plugin`] into
 //!   the bin dir (the agent also installs it from `--plugin-source`);
 //!   [`Node::remove_interlock_cni`] deletes it.
@@ -38,6 +40,12 @@
 //!   injector's annotation [`MESHED_ANNOTATION`] (the one the plugin and the agent read
 //!   through `interlock_redirect::profile`); it returns a [`Sandbox`] (ID, pod, netns,
 //!   IP) or the runtime's error. [`Node::stop_pod`] / [`Node::remove_pod`] undo it.
+//!   With the fake API, [`Node::pod_object`] and [`Node::pod_events`] show what the agent
+//!   wrote about a pod, [`Node::taints`] and [`Node::condition`] about the node.
+//! - [`Node::watch_conf_dir`] reports every file deleted or moved out of the conf dir
+//!   (inotify), so a test sees a config that vanished even for a microsecond.
+//! - Leak checks while the node runs: [`Node::ipam_addresses`] (host-local's),
+//!   [`Node::state_files`] (interlock's attachment records), [`Node::sandboxes`].
 //! - containerd: [`Node::restart_containerd`] stops the daemon and starts it again on the
 //!   same root, state and socket; the sandboxes survive. [`Node::network_ready`] is CRI's
 //!   `NetworkReady`.
@@ -49,6 +57,8 @@
 //!   [`Capture::NotRedirected`] when the host listener got it, [`Capture::NoNetwork`]
 //!   when the netns has no IPv4 address besides loopback. [`Node::capture`] runs it on a
 //!   [`Sandbox`]. One check at a time per sandbox (each binds the proxy port there).
+//!   [`in_netns`] runs a closure inside a sandbox's netns (e.g. to hold a connection
+//!   open from before a repair).
 //!
 //! # Teardown
 //! Dropping the node (also on a panic) kills the agent, removes a half-written or
@@ -72,18 +82,18 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStrea
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::sync::Mutex;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use interlock_cri::{CriClient, SandboxConfig, SandboxFilter, SandboxSummary};
 use serde_json::{json, Value};
 
-use crate::containerd::{Containerd, Footprint};
+use crate::containerd::{Containerd, Daemon, Footprint};
 use crate::kubeapi::KubeApi;
 
 pub use crate::containerd::PRIMARY_CONFLIST;
+/// The startup taint the agent removes once ready, and the node condition it writes.
+pub use interlock_contract::names::{CONDITION_READY, TAINT_NOT_READY};
 
 /// The annotation that makes a pod meshed: the Istio injector's status
 /// (`interlock_redirect::profile::istio_keys::STATUS`; the plugin's and the agent's
@@ -95,10 +105,6 @@ pub const PROXY_OUTBOUND_PORT: u16 = 15001;
 pub const CHECK_UID: u32 = 65534;
 /// The Node object's name in the fake API.
 pub const NODE_NAME: &str = "node-in-a-box";
-/// The startup taint the agent removes once ready (`interlock_contract::names`).
-pub const TAINT_NOT_READY: &str = "interlock.dev/not-ready";
-/// The node condition the agent writes (`interlock_contract::names`).
-pub const CONDITION_READY: &str = "InterlockReady";
 /// How long [`AgentProcess::wait_ready`] waits by default.
 pub const AGENT_READY_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -201,12 +207,14 @@ pub struct Node {
     options: NodeOptions,
     kit: Option<Containerd>,
     api: Option<KubeApi>,
-    runtime: Option<tokio::runtime::Runtime>,
+    runtime: OwnRuntime,
     cri: CriClient,
     dir: PathBuf,
     agent: Mutex<Option<AgentProcess>>,
     last_agent: Mutex<Option<(PathBuf, AgentArgs)>>,
     agent_starts: std::sync::atomic::AtomicU32,
+    /// Every sandbox run (ID, netns), for [`Node::footprint`].
+    created: Mutex<Vec<(String, Option<PathBuf>)>>,
     torn_down: bool,
 }
 
@@ -223,17 +231,19 @@ impl Node {
     /// Starts containerd (no CNI config yet), installs the primary's plugins and, with
     /// [`NodeOptions::kube`], the fake API holding the Node object.
     pub fn start(options: NodeOptions) -> io::Result<Node> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .thread_name("node-cri")
-            .build()?;
+        let runtime = OwnRuntime(Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .thread_name("node-cri")
+                .build()?,
+        ));
         let kit = Containerd::start()?;
         kit.install_primary_plugins()?;
         let dir = kit.dir().join("node");
         fs::create_dir_all(dir.join("state"))?;
         let endpoint = kit.endpoint();
-        let cri = on_runtime(&runtime, CriClient::connect(&endpoint))
+        let cri = on_runtime(runtime.get(), CriClient::connect(&endpoint))
             .map_err(|e| io::Error::other(e.to_string()))?;
         let api = if options.kube {
             let api = KubeApi::start()?;
@@ -253,12 +263,13 @@ impl Node {
             options,
             kit: Some(kit),
             api,
-            runtime: Some(runtime),
+            runtime,
             cri,
             dir,
             agent: Mutex::new(None),
             last_agent: Mutex::new(None),
             agent_starts: std::sync::atomic::AtomicU32::new(0),
+            created: Mutex::new(Vec::new()),
             torn_down: false,
         })
     }
@@ -288,7 +299,7 @@ impl Node {
         F: std::future::Future + Send,
         F::Output: Send,
     {
-        on_runtime(self.runtime.as_ref().expect("the node is torn down"), fut)
+        on_runtime(self.runtime.get(), fut)
     }
 
     /// The CNI conf dir containerd watches.
@@ -311,9 +322,14 @@ impl Node {
         self.kit().gateway()
     }
 
-    /// What the node leaves on the host, to check after [`Node::teardown`].
+    /// What the node leaves on the host, to check after [`Node::teardown`]: the kit's,
+    /// plus every sandbox [`Node::run_pod`] ran and its netns.
     pub fn footprint(&self) -> Footprint {
-        self.kit().footprint()
+        let created = self.created.lock().unwrap_or_else(|e| e.into_inner());
+        self.kit()
+            .footprint()
+            .with_sandboxes(created.iter().map(|(id, _)| id.clone()))
+            .with_netns(created.iter().filter_map(|(_, ns)| ns.clone()))
     }
 
     // ---- the primary's config ----
@@ -368,11 +384,13 @@ impl Node {
         self.kit().write_conf(file_name, config)
     }
 
-    /// A copy of the primary's config under another network name (a valid foreign
-    /// config for [`Node::write_sorting_first`]).
-    pub fn foreign_conflist(&self, network: &str) -> Value {
+    /// The primary's config as another component writes it (marked `"writtenBy":
+    /// writer`), for [`Node::write_sorting_first`]. It keeps the primary's network name,
+    /// so its pods share host-local's pool (no address handed out twice on the bridge)
+    /// and the kit's teardown finds their CNI cache entries.
+    pub fn foreign_conflist(&self, writer: &str) -> Value {
         let mut v = self.primary_conflist();
-        v["name"] = json!(network);
+        v["writtenBy"] = json!(writer);
         v
     }
 
@@ -394,6 +412,12 @@ impl Node {
         let have = f.metadata()?.len() as usize;
         f.write_all(&full[have.min(full.len())..])?;
         Ok(path)
+    }
+
+    /// Starts watching the conf dir for files removed or moved away (inotify: nothing
+    /// between two polls is missed); read with [`ConfDirWatch::removed`].
+    pub fn watch_conf_dir(&self) -> io::Result<ConfDirWatch> {
+        ConfDirWatch::new(&self.conf_dir())
     }
 
     /// The config file names in the conf dir, sorted.
@@ -493,9 +517,10 @@ impl Node {
         wait_ready_at(health, &log, timeout)
     }
 
-    /// The current agent's `/readyz` verdict (`None`: not answering).
+    /// The current agent's `/readyz` verdict (`None`: not answering, or none started).
     pub fn agent_ready(&self) -> Option<bool> {
-        self.agent(|a| a.ready())
+        let slot = self.agent.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref().and_then(|a| a.ready())
     }
 
     /// SIGTERMs the current agent and waits up to `grace` for it (then SIGKILL).
@@ -576,6 +601,10 @@ impl Node {
                 .map_err(|e| format!("status of {id}: {e}"))?;
             Ok::<_, String>((id, status))
         })?;
+        self.created
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((id.clone(), status.netns_path().map(Path::to_path_buf)));
         Ok(Sandbox {
             id,
             namespace: status.metadata.namespace.clone(),
@@ -641,11 +670,8 @@ impl Node {
 
     /// Stops containerd and starts it again on the same root, state and socket; returns
     /// how long until CRI answered again. Sandboxes survive.
-    pub fn restart_containerd(&mut self) -> io::Result<Duration> {
-        self.kit
-            .as_mut()
-            .expect("the node is torn down")
-            .restart_daemon()
+    pub fn restart_containerd(&self) -> io::Result<Duration> {
+        self.kit().restart_daemon()
     }
 
     /// The independent capture check on `sandbox` ([`check_capture`]).
@@ -654,6 +680,37 @@ impl Node {
             Some(netns) => check_capture(netns, PROXY_OUTBOUND_PORT, CHECK_UID, self.gateway()),
             None => Capture::NoNetwork,
         }
+    }
+
+    /// The addresses host-local holds for the primary's network (one per sandbox with
+    /// a network; 0 once all are stopped: a leak check).
+    pub fn ipam_addresses(&self) -> Vec<IpAddr> {
+        let dir = self.kit().ipam_dir().join(self.kit().network_name());
+        let mut v: Vec<IpAddr> = fs::read_dir(dir)
+            .map(|r| {
+                r.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// The attachment state files the plugin (or the audit) keeps in the agent's state
+    /// dir (one per protected sandbox; 0 once all are stopped: a leak check).
+    pub fn state_files(&self) -> Vec<String> {
+        let dir = self
+            .state_dir()
+            .join(interlock_contract::layout::ATTACHMENTS_DIR);
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .map(|r| {
+                r.filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_string()))
+                    .filter(|n| n.ends_with(".json"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
     }
 
     // ---- the fake API ----
@@ -677,6 +734,33 @@ impl Node {
             .iter()
             .find(|c| c["type"] == CONDITION_READY)
             .cloned()
+    }
+
+    /// The sandbox's Pod object in the fake API (its labels, annotations, status).
+    pub fn pod_object(&self, sandbox: &Sandbox) -> Option<Value> {
+        self.api
+            .as_ref()?
+            .get_object("pods", &sandbox.namespace, &sandbox.name)
+    }
+
+    /// The Events about the sandbox's pod in the fake API, oldest first, as
+    /// (reason, note).
+    pub fn pod_events(&self, sandbox: &Sandbox) -> Vec<(String, String)> {
+        let Some(api) = &self.api else {
+            return Vec::new();
+        };
+        api.objects("events")
+            .iter()
+            .filter(|e| {
+                e["regarding"]["kind"] == "Pod"
+                    && e["regarding"]["name"] == sandbox.name.as_str()
+                    && e["regarding"]["namespace"] == sandbox.namespace.as_str()
+            })
+            .map(|e| {
+                let text = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+                (text("reason"), text("note"))
+            })
+            .collect()
     }
 
     fn node_object(&self) -> Option<Value> {
@@ -715,9 +799,7 @@ impl Node {
         if let Some(api) = self.api.take() {
             api.stop();
         }
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
+        self.runtime.shut_down();
         problems
     }
 }
@@ -760,6 +842,72 @@ fn remove_unparsable_configs(conf_dir: &Path) {
     }
 }
 
+/// Files that left a directory (deleted, or renamed to another name), in order, as
+/// inotify reports them; a file replaced by a rename onto its name does not count (it
+/// never left).
+#[derive(Debug)]
+pub struct ConfDirWatch {
+    inotify: inotify::Inotify,
+    buffer: Vec<u8>,
+}
+
+impl ConfDirWatch {
+    /// Watches `dir`.
+    pub fn new(dir: &Path) -> io::Result<ConfDirWatch> {
+        let inotify = inotify::Inotify::init()?;
+        inotify.watches().add(
+            dir,
+            inotify::WatchMask::DELETE | inotify::WatchMask::MOVED_FROM,
+        )?;
+        Ok(ConfDirWatch {
+            inotify,
+            buffer: vec![0; 16 * 1024],
+        })
+    }
+
+    /// The names removed or moved away since the last call (does not block).
+    pub fn removed(&mut self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        loop {
+            match self.inotify.read_events(&mut self.buffer) {
+                Ok(events) => {
+                    let before = names.len();
+                    names.extend(
+                        events.filter_map(|e| Some(e.name?.to_string_lossy().into_owned())),
+                    );
+                    if names.len() == before {
+                        return Ok(names);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(names),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// The node's tokio runtime, shut down without blocking when dropped: a test may drop
+/// the node inside its own runtime, where dropping a runtime the normal way panics.
+struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+impl OwnRuntime {
+    fn get(&self) -> &tokio::runtime::Runtime {
+        self.0.as_ref().expect("the node is torn down")
+    }
+
+    fn shut_down(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
 /// Runs `fut` on `rt` from a scratch thread (so the caller may be inside a runtime).
 fn on_runtime<F>(rt: &tokio::runtime::Runtime, fut: F) -> F::Output
 where
@@ -784,12 +932,9 @@ fn free_port() -> io::Result<SocketAddr> {
 /// `setpriv --pdeathsig KILL` kills it with the test process) and reaped there.
 #[derive(Debug)]
 pub struct AgentProcess {
-    pid: u32,
+    process: Daemon,
     health: SocketAddr,
     log: PathBuf,
-    exited: mpsc::Receiver<io::Result<ExitStatus>>,
-    exit_status: Option<ExitStatus>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl AgentProcess {
@@ -813,36 +958,16 @@ impl AgentProcess {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        let (pid_tx, pid_rx) = mpsc::channel();
-        let (exit_tx, exit_rx) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("interlock-agent".into())
-            .spawn(move || match command.spawn() {
-                Err(e) => {
-                    let _ = pid_tx.send(Err(e));
-                }
-                Ok(mut child) => {
-                    let _ = pid_tx.send(Ok(child.id()));
-                    let _ = exit_tx.send(child.wait());
-                }
-            })?;
-        let pid = pid_rx
-            .recv()
-            .map_err(|_| io::Error::other("the agent's thread died"))?
-            .map_err(|e| io::Error::new(e.kind(), format!("starting {}: {e}", binary.display())))?;
         Ok(AgentProcess {
-            pid,
+            process: Daemon::spawn_command("interlock-agent".into(), command)?,
             health,
             log: log.to_path_buf(),
-            exited: exit_rx,
-            exit_status: None,
-            thread: Some(thread),
         })
     }
 
     /// The process ID.
     pub fn pid(&self) -> u32 {
-        self.pid
+        self.process.pid()
     }
 
     /// The health server's address.
@@ -862,47 +987,19 @@ impl AgentProcess {
 
     /// The exit status once it has exited.
     pub fn exited(&mut self) -> Option<ExitStatus> {
-        if self.exit_status.is_none() {
-            if let Ok(status) = self.exited.try_recv() {
-                self.exit_status = Some(status.unwrap_or_default());
-            }
-        }
-        self.exit_status
-    }
-
-    fn signal(&mut self, signal: nix::sys::signal::Signal) {
-        if self.exited().is_none() {
-            // Not reaped yet, so the PID is still this agent's.
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), signal);
-        }
-    }
-
-    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        if self.exit_status.is_none() {
-            if let Ok(status) = self.exited.recv_timeout(timeout) {
-                self.exit_status = Some(status.unwrap_or_default());
-                if let Some(t) = self.thread.take() {
-                    let _ = t.join();
-                }
-            }
-        }
-        self.exit_status
+        self.process.exited()
     }
 
     /// SIGTERM; SIGKILL if still running after `grace`. Returns the exit status (`None`
     /// only if even SIGKILL did not end it within 5 s).
     pub fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
-        self.signal(nix::sys::signal::Signal::SIGTERM);
-        if let Some(s) = self.wait_exit(grace) {
-            return Some(s);
-        }
-        self.kill()
+        self.process.terminate(grace)
     }
 
     /// SIGKILL, and waits up to 5 s for it to be reaped.
     pub fn kill(&mut self) -> Option<ExitStatus> {
-        self.signal(nix::sys::signal::Signal::SIGKILL);
-        self.wait_exit(Duration::from_secs(5))
+        self.process.signal(nix::sys::signal::Signal::SIGKILL);
+        self.process.wait_exit(Duration::from_secs(5))
     }
 
     /// GET `path` on the health server: (status, body), or `None` when not reachable.
@@ -986,80 +1083,88 @@ pub fn check_capture(netns: &Path, proxy_port: u16, uid: u32, gateway: Ipv4Addr)
         Ok(SocketAddr::V4(a)) => a,
         other => return Capture::Failed(format!("host listener address: {other:?}")),
     };
-    let file = match File::open(netns) {
-        Ok(f) => f,
-        Err(_) => return Capture::NoNetwork,
-    };
+    let checked = in_netns(netns, || {
+        let Some(own_ip) = ipv4_address() else {
+            return Capture::NoNetwork;
+        };
+        let proxy = match bind_retrying(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, proxy_port)) {
+            Ok(l) => l,
+            Err(e) => return Capture::Failed(format!("listen on {proxy_port}: {e}")),
+        };
+        let mut child = match Command::new("timeout")
+            .args(["3", "bash", "-c"])
+            .arg(format!(
+                "exec 3<>/dev/tcp/{}/{} && sleep 0.3",
+                destination.ip(),
+                destination.port()
+            ))
+            .uid(uid)
+            .gid(uid)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => return Capture::Failed(format!("spawn the client: {e}")),
+        };
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let verdict = loop {
+            if let Ok((conn, peer)) = proxy.accept() {
+                if peer.ip() == IpAddr::V4(own_ip) || peer.ip().is_loopback() {
+                    break match original_dst(&conn) {
+                        Some(d) if d == destination => Capture::Redirected,
+                        other => Capture::Failed(format!(
+                            "landed on the proxy port with original destination {other:?}, \
+                                 not {destination}"
+                        )),
+                    };
+                }
+            }
+            if let Ok((_, peer)) = host.accept() {
+                if peer.ip() == IpAddr::V4(own_ip) {
+                    break Capture::NotRedirected;
+                }
+            }
+            if Instant::now() > deadline {
+                break Capture::Failed("no connection arrived anywhere".into());
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                if !status.success() {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    break Capture::Failed(format!("connect failed ({status}): {}", err.trim()));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        verdict
+    });
+    match checked {
+        Ok(verdict) => verdict,
+        // The sandbox's netns is gone (stopped sandbox).
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Capture::NoNetwork,
+        Err(e) => Capture::Failed(e.to_string()),
+    }
+}
+
+/// Runs `f` on a scratch thread that has entered the network namespace at `netns` (a
+/// sandbox's `/var/run/netns/cni-…`); sockets it opens stay in that namespace.
+pub fn in_netns<R: Send>(netns: &Path, f: impl FnOnce() -> R + Send) -> io::Result<R> {
+    let file = File::open(netns)
+        .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", netns.display())))?;
     std::thread::scope(|s| {
         s.spawn(|| {
-            if let Err(e) = nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET) {
-                return Capture::Failed(format!("setns {}: {e}", netns.display()));
-            }
-            let Some(own_ip) = ipv4_address() else {
-                return Capture::NoNetwork;
-            };
-            let proxy = match bind_retrying(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, proxy_port)) {
-                Ok(l) => l,
-                Err(e) => return Capture::Failed(format!("listen on {proxy_port}: {e}")),
-            };
-            let mut child = match Command::new("timeout")
-                .args(["3", "bash", "-c"])
-                .arg(format!(
-                    "exec 3<>/dev/tcp/{}/{} && sleep 0.3",
-                    destination.ip(),
-                    destination.port()
-                ))
-                .uid(uid)
-                .gid(uid)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-            {
-                Ok(c) => c,
-                Err(e) => return Capture::Failed(format!("spawn the client: {e}")),
-            };
-            let deadline = Instant::now() + Duration::from_secs(3);
-            let verdict = loop {
-                if let Ok((conn, peer)) = proxy.accept() {
-                    if peer.ip() == IpAddr::V4(own_ip) || peer.ip().is_loopback() {
-                        break match original_dst(&conn) {
-                            Some(d) if d == destination => Capture::Redirected,
-                            other => Capture::Failed(format!(
-                                "landed on the proxy port with original destination {other:?}, \
-                                 not {destination}"
-                            )),
-                        };
-                    }
-                }
-                if let Ok((_, peer)) = host.accept() {
-                    if peer.ip() == IpAddr::V4(own_ip) {
-                        break Capture::NotRedirected;
-                    }
-                }
-                if Instant::now() > deadline {
-                    break Capture::Failed("no connection arrived anywhere".into());
-                }
-                if let Ok(Some(status)) = child.try_wait() {
-                    if !status.success() {
-                        let mut err = String::new();
-                        if let Some(mut e) = child.stderr.take() {
-                            let _ = e.read_to_string(&mut err);
-                        }
-                        break Capture::Failed(format!(
-                            "connect failed ({status}): {}",
-                            err.trim()
-                        ));
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            };
-            let _ = child.kill();
-            let _ = child.wait();
-            verdict
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| io::Error::other(format!("setns {}: {e}", netns.display())))?;
+            Ok(f())
         })
         .join()
-        .unwrap_or_else(|_| Capture::Failed("the check's thread panicked".into()))
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
     })
 }
 

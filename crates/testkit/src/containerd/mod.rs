@@ -193,7 +193,8 @@ pub(crate) fn kits_dir() -> PathBuf {
 #[derive(Debug)]
 pub struct Containerd {
     layout: Layout,
-    daemon: Option<Daemon>,
+    // A lock so that a test may restart the daemon while other threads use the kit.
+    daemon: std::sync::Mutex<Option<Daemon>>,
     lock: Option<Flock<File>>,
     started_in: Duration,
     torn_down: bool,
@@ -210,7 +211,7 @@ impl Containerd {
         let (layout, lock) = teardown::claim_new_kit()?;
         let mut kit = Containerd {
             layout,
-            daemon: None,
+            daemon: std::sync::Mutex::new(None),
             lock: Some(lock),
             started_in: Duration::ZERO,
             torn_down: false,
@@ -227,17 +228,21 @@ impl Containerd {
             fs::create_dir_all(&dir)?;
         }
         fs::write(kit.layout.config(), kit.layout.config_toml())?;
-        kit.daemon = Some(Daemon::spawn(&kit.layout)?);
+        *kit.daemon() = Some(Daemon::spawn(&kit.layout)?);
         kit.wait_ready()?;
         kit.started_in = begin.elapsed();
         kit.import_image(&image)?;
         Ok(kit)
     }
 
-    fn wait_ready(&mut self) -> io::Result<()> {
-        let layout = self.layout.clone();
-        let daemon = self.daemon.as_mut().expect("spawned");
-        wait_ready(&layout, daemon, READY_TIMEOUT)
+    fn daemon(&self) -> std::sync::MutexGuard<'_, Option<Daemon>> {
+        self.daemon.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait_ready(&self) -> io::Result<()> {
+        let mut daemon = self.daemon();
+        let daemon = daemon.as_mut().expect("spawned");
+        wait_ready(&self.layout, daemon, READY_TIMEOUT)
     }
 
     fn import_image(&self, image: &Path) -> io::Result<()> {
@@ -331,7 +336,7 @@ impl Containerd {
 
     /// The daemon's process ID while it runs.
     pub fn daemon_pid(&self) -> Option<u32> {
-        self.daemon.as_ref().map(|d| d.pid)
+        self.daemon().as_ref().map(|d| d.pid)
     }
 
     /// From spawning the daemon until CRI answered (image import not included).
@@ -423,8 +428,9 @@ impl Containerd {
     /// Stops the daemon (SIGTERM, SIGKILL after 5 s) as an operator's `systemctl stop
     /// containerd` would: the sandboxes' shims and netns live on. The teardown still works
     /// with the daemon down (it starts one on the same directory to sweep).
-    pub fn stop_daemon(&mut self) -> io::Result<()> {
-        match self.daemon.take() {
+    pub fn stop_daemon(&self) -> io::Result<()> {
+        let daemon = self.daemon().take();
+        match daemon {
             Some(daemon) => daemon
                 .stop(Duration::from_secs(5))
                 .map_err(io::Error::other),
@@ -435,18 +441,18 @@ impl Containerd {
     /// Starts the daemon again on the same root, state, socket and config (a no-op when
     /// it runs); returns how long until CRI answered. Sandboxes created before are found
     /// again (containerd reloads them from its root and state).
-    pub fn start_daemon(&mut self) -> io::Result<Duration> {
-        if self.daemon.is_some() {
+    pub fn start_daemon(&self) -> io::Result<Duration> {
+        if self.daemon().is_some() {
             return Ok(Duration::ZERO);
         }
         let begin = Instant::now();
-        self.daemon = Some(Daemon::spawn(&self.layout)?);
+        *self.daemon() = Some(Daemon::spawn(&self.layout)?);
         self.wait_ready()?;
         Ok(begin.elapsed())
     }
 
     /// [`Containerd::stop_daemon`] then [`Containerd::start_daemon`].
-    pub fn restart_daemon(&mut self) -> io::Result<Duration> {
+    pub fn restart_daemon(&self) -> io::Result<Duration> {
         self.stop_daemon()?;
         self.start_daemon()
     }
@@ -467,7 +473,7 @@ impl Containerd {
             return Vec::new();
         }
         self.torn_down = true;
-        let problems = teardown::tear_down(&self.layout, self.daemon.take());
+        let problems = teardown::tear_down(&self.layout, self.daemon().take());
         // The directory is gone (or reported); the lock goes with the kit.
         self.lock = None;
         problems
@@ -488,12 +494,14 @@ impl Drop for Containerd {
     }
 }
 
-/// The daemon process, spawned and reaped by a thread of its own: `PR_SET_PDEATHSIG`
-/// fires when the spawning *thread* exits, so that thread must live as long as the kit.
+/// A child process (the daemon, or the node's agent) spawned and reaped by a thread of
+/// its own: `PR_SET_PDEATHSIG` (the command runs under `setpriv --pdeathsig KILL`) fires
+/// when the spawning *thread* exits, so that thread must live as long as the child.
 #[derive(Debug)]
 pub(crate) struct Daemon {
     pid: u32,
-    exited: mpsc::Receiver<io::Result<ExitStatus>>,
+    // In a Mutex only to make the kit `Sync` (a `Receiver` is not).
+    exited: std::sync::Mutex<mpsc::Receiver<io::Result<ExitStatus>>>,
     exit_status: Option<ExitStatus>,
     thread: Option<JoinHandle<()>>,
 }
@@ -512,10 +520,17 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);
+        Daemon::spawn_command(format!("containerd-{}", layout.name), command)
+    }
+
+    /// Spawns `command` (which should run under `setpriv --pdeathsig KILL`) from a new
+    /// thread named `thread_name` that then waits for it.
+    pub(crate) fn spawn_command(thread_name: String, mut command: Command) -> io::Result<Daemon> {
+        let what = format!("{:?}", command.get_args().collect::<Vec<_>>());
         let (pid_tx, pid_rx) = mpsc::channel();
         let (exit_tx, exit_rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
-            .name(format!("containerd-{}", layout.name))
+            .name(thread_name)
             .spawn(move || match command.spawn() {
                 Err(e) => {
                     let _ = pid_tx.send(Err(e));
@@ -527,48 +542,76 @@ impl Daemon {
             })?;
         let pid = pid_rx
             .recv()
-            .map_err(|_| io::Error::other("the containerd thread died"))?
-            .map_err(|e| io::Error::new(e.kind(), format!("starting setpriv containerd: {e}")))?;
+            .map_err(|_| io::Error::other(format!("the thread spawning {what} died")))?
+            .map_err(|e| io::Error::new(e.kind(), format!("starting {what}: {e}")))?;
         Ok(Daemon {
             pid,
-            exited: exit_rx,
+            exited: std::sync::Mutex::new(exit_rx),
             exit_status: None,
             thread: Some(thread),
         })
     }
 
+    /// The process ID.
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// The exit status once the daemon has exited.
     pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
         if self.exit_status.is_none() {
-            if let Ok(status) = self.exited.try_recv() {
+            if let Ok(status) = receiver(&mut self.exited).try_recv() {
                 self.exit_status = Some(status.unwrap_or_else(|_| ExitStatus::default()));
             }
         }
         self.exit_status
     }
 
-    /// SIGTERM, then SIGKILL after `grace`; waits until it is reaped.
-    pub(crate) fn stop(mut self, grace: Duration) -> Result<(), String> {
-        use nix::sys::signal::{kill, Signal};
-        use nix::unistd::Pid;
+    /// Sends `signal` unless the process was reaped already.
+    pub(crate) fn signal(&mut self, signal: nix::sys::signal::Signal) {
         if self.exited().is_none() {
-            // Not reaped yet, so the PID is still this daemon's.
-            let _ = kill(Pid::from_raw(self.pid as i32), Signal::SIGTERM);
-            if self.exited.recv_timeout(grace).is_err() {
-                let _ = kill(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
-                if self.exited.recv_timeout(Duration::from_secs(5)).is_err() {
-                    return Err(format!(
-                        "containerd (pid {}) survived SIGKILL for 5 s",
-                        self.pid
-                    ));
-                }
+            // Not reaped yet, so the PID is still this process's.
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), signal);
+        }
+    }
+
+    /// Waits up to `timeout` for the exit; joins the thread once it came.
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        if self.exit_status.is_none() {
+            if let Ok(status) = receiver(&mut self.exited).recv_timeout(timeout) {
+                self.exit_status = Some(status.unwrap_or_else(|_| ExitStatus::default()));
             }
         }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        if self.exit_status.is_some() {
+            if let Some(thread) = self.thread.take() {
+                let _ = thread.join();
+            }
         }
-        Ok(())
+        self.exit_status
     }
+
+    /// SIGTERM, then SIGKILL after `grace`; waits until it is reaped (at most 5 s more).
+    pub(crate) fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
+        use nix::sys::signal::Signal;
+        self.signal(Signal::SIGTERM);
+        if let Some(status) = self.wait_exit(grace) {
+            return Some(status);
+        }
+        self.signal(Signal::SIGKILL);
+        self.wait_exit(Duration::from_secs(5))
+    }
+
+    /// [`Daemon::terminate`], as an error naming the process when it survived SIGKILL.
+    pub(crate) fn stop(mut self, grace: Duration) -> Result<(), String> {
+        match self.terminate(grace) {
+            Some(_) => Ok(()),
+            None => Err(format!("process {} survived SIGKILL for 5 s", self.pid)),
+        }
+    }
+}
+
+fn receiver<T>(m: &mut std::sync::Mutex<T>) -> &mut T {
+    m.get_mut().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Polls until CRI answers `Version` on the layout's socket, failing early with the log
