@@ -10,6 +10,21 @@
 //!
 //! The crate depends on the test kit and the CRI client only: the agent and the plugin
 //! are the built binaries, and containerd is the witness of what ran.
+//!
+//! # Invariants (each broken one is a `violations` entry and makes the run fail)
+//! - A meshed sandbox is seen exposed only when a step that changes the runtime's chain
+//!   overlapped its creation (`unexplained_exposure`), and only until the repair budget
+//!   (2 s + the audit interval) after the agent was ready again (`exposed_beyond_budget`).
+//! - A meshed sandbox once seen captured is never seen exposed again (`protection_lost`).
+//! - After the chaos stopped and the budget passed, every running meshed sandbox is
+//!   proven redirected, by this crate's probe and by the kit's capture check
+//!   (`left_unprotected`, `unverified_at_end`).
+//! - After the teardown nothing is left: netns, attachment state and netns records,
+//!   host-local addresses, nft tables, processes, sandboxes (`leak`).
+//! - The run proves something: plain sandboxes reach the probe server directly
+//!   (`checker_blind`), meshed ones are seen captured (`vacuous`), the planned sandboxes
+//!   started (`workload_gave_up`), and every chaos step was applied and undone
+//!   (`chaos_step_failed`).
 
 pub mod chaos;
 pub mod chaos_loop;

@@ -362,3 +362,94 @@ impl Report {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Closed, Window};
+
+    fn exposure(
+        sandbox: &str,
+        duration: Ms,
+        kinds: &[ChaosKind],
+        closed: Closed,
+        within: bool,
+    ) -> Exposure {
+        Exposure {
+            sandbox: sandbox.into(),
+            window: Window {
+                start_ms: 0,
+                from_creation: true,
+                first_seen_ms: 10,
+                last_seen_ms: 10,
+                end_ms: duration,
+                closed,
+            },
+            duration_ms: duration,
+            causes: kinds
+                .iter()
+                .enumerate()
+                .map(|(i, k)| format!("#{i} {k}"))
+                .collect(),
+            cause_kinds: kinds.to_vec(),
+            agent_ready_ms: Some(0),
+            deadline_ms: Some(2500),
+            within_budget: within,
+            explained: !kinds.is_empty(),
+        }
+    }
+
+    #[test]
+    fn exposures_are_grouped_by_cause_and_sorted_longest_first() {
+        let e = Exposures::of(vec![
+            exposure(
+                "a",
+                300,
+                &[ChaosKind::PrimaryRewrite],
+                Closed::Captured,
+                true,
+            ),
+            exposure(
+                "b",
+                900,
+                &[ChaosKind::ConfigAhead, ChaosKind::PrimaryRewrite],
+                Closed::Removed,
+                true,
+            ),
+            exposure(
+                "a",
+                100,
+                &[ChaosKind::PrimaryRewrite],
+                Closed::Captured,
+                true,
+            ),
+            exposure("c", 4000, &[], Closed::Open, false),
+        ]);
+        assert_eq!(e.sandboxes, 3);
+        assert_eq!(e.windows, 4);
+        assert_eq!(e.max_window_ms, Some(4000));
+        assert_eq!(e.longest.as_ref().unwrap().sandbox, "c");
+        let order: Vec<Ms> = e.list.iter().map(|x| x.duration_ms).collect();
+        assert_eq!(order, vec![4000, 900, 300, 100]);
+        assert_eq!(e.by_cause["primary_rewrite"].count, 2);
+        assert_eq!(e.by_cause["primary_rewrite"].max, Some(300));
+        assert_eq!(e.by_cause["config_ahead+primary_rewrite"].count, 1);
+        assert_eq!(e.by_cause["unexplained"].count, 1);
+        assert_eq!(e.ended_by["repair"], 2);
+        assert_eq!(e.ended_by["removal"], 1);
+        assert_eq!(e.ended_by["still_open"], 1);
+        assert_eq!(e.beyond_budget, 1);
+        let none = Exposures::of(Vec::new());
+        assert_eq!((none.sandboxes, none.max_window_ms), (0, None));
+    }
+
+    #[test]
+    fn distributions_by_nearest_rank() {
+        let d = Distribution::of(&[10, 20, 30, 40, 50, 60, 70, 80, 90, 100]);
+        assert_eq!(
+            (d.count, d.p50, d.p90, d.p99, d.max),
+            (10, Some(50), Some(90), Some(100), Some(100))
+        );
+        assert_eq!(Distribution::of(&[]), Distribution::default());
+    }
+}

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::net::IpAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -180,7 +179,6 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
     let endpoint = node.containerd().endpoint();
     let gateway = node.gateway();
     let state_dir = node.state_dir();
-    let ipam_dir = node.containerd().ipam_dir();
     let clock = Clock::start();
     let health: HealthAddr = Arc::new(Mutex::new(None));
     let poller = ReadinessPoller::start(health.clone(), Duration::from_millis(50), clock)?;
@@ -275,16 +273,21 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
     leaks.sandboxes = unswept.len();
     leaks.details.extend(unswept);
     std::thread::sleep(Duration::from_millis(200));
-    for dir in ["attachments", "netns"] {
-        for f in list_dir(&state_dir.join(dir)) {
-            leaks.attachment_state_files += 1;
-            leaks.details.push(format!(
-                "state file {} left after every sandbox was removed",
-                f.display()
-            ));
-        }
+    for f in soak_node.node.state_files() {
+        leaks.attachment_state_files += 1;
+        leaks.details.push(format!(
+            "attachment state file {f} left after every sandbox was removed"
+        ));
     }
-    for ip in ipam_addresses(&ipam_dir) {
+    // The plugin's per-netns records (the node's leak check covers the attachments).
+    for f in list_dir(&state_dir.join("netns")) {
+        leaks.attachment_state_files += 1;
+        leaks.details.push(format!(
+            "netns record {} left after every sandbox was removed",
+            f.display()
+        ));
+    }
+    for ip in soak_node.node.ipam_addresses() {
         leaks.ipam_addresses += 1;
         leaks.details.push(format!("host-local still holds {ip}"));
     }
@@ -556,15 +559,6 @@ fn list_dir(dir: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-/// Addresses host-local holds under its data dir (`<dir>/<network>/<ip>`).
-fn ipam_addresses(dir: &Path) -> Vec<IpAddr> {
-    list_dir(dir)
-        .into_iter()
-        .flat_map(|net| list_dir(&net))
-        .filter_map(|f| f.file_name()?.to_str()?.parse::<IpAddr>().ok())
-        .collect()
-}
-
 /// Processes whose command line mentions `dir` (agents, plugins, shims of the node).
 fn processes_mentioning(dir: &Path) -> Vec<(i32, String)> {
     let needle = dir.to_string_lossy().into_owned();
@@ -610,25 +604,5 @@ mod tests {
         o.audit_interval_s = 1.25;
         assert_eq!(o.repair_budget_ms(), 3250);
         assert_eq!(o.interlock, Path::new("/x/interlock"));
-    }
-
-    #[test]
-    fn host_local_addresses_are_the_files_named_by_an_ip() {
-        let tmp = interlock_testkit::tempdir().unwrap();
-        let net = tmp.path().join("ilctd1");
-        fs::create_dir_all(&net).unwrap();
-        for f in ["10.97.3.5", "10.97.3.6", "last_reserved_ip.0", "lock"] {
-            fs::write(net.join(f), b"x").unwrap();
-        }
-        let mut got = ipam_addresses(tmp.path());
-        got.sort();
-        assert_eq!(
-            got,
-            vec![
-                "10.97.3.5".parse::<IpAddr>().unwrap(),
-                "10.97.3.6".parse().unwrap()
-            ]
-        );
-        assert!(ipam_addresses(&tmp.path().join("none")).is_empty());
     }
 }
