@@ -304,16 +304,77 @@ impl Timeline {
             })
     }
 
+    /// The stretches the agent was not ready, in order: `(from, until)`, `until` `None`
+    /// when it never was ready again.
+    pub fn not_ready(&self) -> Vec<(Ms, Option<Ms>)> {
+        let mut gaps = Vec::new();
+        let mut from = 0;
+        for &(ready_from, ready_until) in &self.agent_ready {
+            if ready_from > from {
+                gaps.push((from, Some(ready_from)));
+            }
+            match ready_until {
+                Some(u) => from = u,
+                None => return gaps,
+            }
+        }
+        gaps.push((from, None));
+        gaps
+    }
+
     /// The time a chain-changing step may keep interlock out of the runtime's chain:
-    /// from its start until it was undone and the agent was ready after that, plus
-    /// `settle_ms` for the agent's convergence and the runtime's reload. Open-ended when
-    /// it was never undone or no ready agent followed.
+    /// from its start until `settle_ms` after it was undone (the agent's convergence and
+    /// the runtime's reload), stretched over every time the agent was not ready that
+    /// began before then (an agent that was down, or backing off, could not converge),
+    /// plus `settle_ms` after it. Open-ended when it was never undone or no ready agent
+    /// followed.
     pub fn influence(&self, span: &ChaosSpan, settle_ms: Ms) -> (Ms, Option<Ms>) {
-        let end = span
-            .undone_ms
-            .and_then(|u| self.ready_at_or_after(u))
-            .map(|r| r + settle_ms);
-        (span.start_ms, end)
+        let Some(undone) = span.undone_ms else {
+            return (span.start_ms, None);
+        };
+        let mut end = undone + settle_ms;
+        for (from, until) in self.not_ready() {
+            if from > end {
+                break;
+            }
+            match until {
+                None => return (span.start_ms, None),
+                Some(u) if u >= undone => end = end.max(u + settle_ms),
+                Some(_) => {}
+            }
+        }
+        (span.start_ms, Some(end))
+    }
+
+    /// What happened around `t`: the chaos steps that began in the 10 s before it (or
+    /// up to 1 s after) and the agent's ready stretches then, in words.
+    pub fn context(&self, t: Ms) -> String {
+        let from = t.saturating_sub(10_000);
+        let steps: Vec<String> = self
+            .chaos
+            .iter()
+            .filter(|s| s.start_ms >= from && s.start_ms <= t + 1000)
+            .map(|s| {
+                format!(
+                    "{} {:?} {}..{:?} ms",
+                    s.label(),
+                    s.variant,
+                    s.start_ms,
+                    s.undone_ms
+                )
+            })
+            .collect();
+        let ready: Vec<String> = self
+            .agent_ready
+            .iter()
+            .filter(|(f, u)| u.is_none_or(|u| u >= from) && *f <= t + 3000)
+            .map(|(f, u)| format!("{f}..{u:?}"))
+            .collect();
+        format!(
+            "chaos steps around it: [{}]; agent ready: [{}]",
+            steps.join(", "),
+            ready.join(", ")
+        )
     }
 }
 
@@ -432,7 +493,10 @@ pub fn judge(
             } else if !explained {
                 violations.push(Violation::new(
                     "unexplained_exposure",
-                    format!("{at}: no chain-changing chaos step overlapped its creation"),
+                    format!(
+                        "{at}: no chain-changing chaos step overlapped its creation; {}",
+                        timeline.context(w.start_ms)
+                    ),
                 ));
             }
             if w.closed != Closed::Open && !within_budget {
@@ -732,6 +796,51 @@ mod tests {
         assert_eq!(t.influence(&s, 10), (50, Some(160)));
         let never_undone = span(2, ChaosKind::PrimaryDelete, 50, None);
         assert_eq!(t.influence(&never_undone, 10), (50, None));
+        assert_eq!(t.not_ready(), vec![(0, Some(100)), (200, Some(500))]);
+        assert_eq!(never.not_ready(), vec![(0, Some(100)), (200, None)]);
+        // Undone at 150 while ready; not ready from 200 (within the settle time of
+        // 100) until 500: the step's influence lasts until 600.
+        assert_eq!(t.influence(&s, 100), (50, Some(600)));
+        // Undone at 150 with the agent never ready again: open-ended.
+        assert_eq!(never.influence(&s, 100), (50, None));
+        let with_step = Timeline {
+            chaos: vec![s.clone()],
+            ..t.clone()
+        };
+        let c = with_step.context(160);
+        assert!(
+            c.contains("#1 primary_delete") && c.contains("100..Some(200)"),
+            "{c}"
+        );
+    }
+
+    #[test]
+    fn an_agent_that_backs_off_after_a_change_extends_its_influence() {
+        // Rewritten 1000..2000; the agent still answered ready at 2000 but went not
+        // ready at 2300 (backing off) until 4000: a creation at 4200 is explained.
+        let mut l = Ledger::new();
+        l.seen("a", true, 4200, 4300);
+        l.observe("a", 4400, Verdict::Direct);
+        l.observe("a", 4900, Verdict::Captured);
+        let t = Timeline {
+            chaos: vec![span(1, ChaosKind::PrimaryRewrite, 1000, Some(2000))],
+            agent_ready: vec![(0, Some(2300)), (4000, None)],
+        };
+        let (e, v) = judge(&l, &t, BUDGET);
+        assert!(v.is_empty(), "{v:?}");
+        assert!(e[0].explained);
+        // Not ready only from 2600, after the settle time: not this step's doing.
+        let t = Timeline {
+            chaos: t.chaos.clone(),
+            agent_ready: vec![(0, Some(2600)), (4000, None)],
+        };
+        let (_, v) = judge(&l, &t, BUDGET);
+        assert_eq!(v[0].invariant, "unexplained_exposure");
+        assert!(
+            v[0].detail.contains("#1 primary_rewrite"),
+            "{}",
+            v[0].detail
+        );
     }
 
     #[test]

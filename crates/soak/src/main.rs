@@ -43,6 +43,9 @@ struct Args {
     /// the soak must fail, which shows the checker sees it.
     #[arg(long)]
     without_interlock: bool,
+    /// Keep every agent's log in this file (the node's directory is removed at the end).
+    #[arg(long)]
+    agent_log: Option<PathBuf>,
     /// Pretty-print the JSON report.
     #[arg(long)]
     pretty: bool,
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
     opts.audit_interval_s = args.audit_interval;
     opts.resident = args.resident;
     opts.with_interlock = !args.without_interlock;
+    opts.agent_log = args.agent_log;
     if !args.chaos.is_empty() {
         opts.chaos = args.chaos;
     }

@@ -57,6 +57,8 @@ pub struct SoakOptions {
     /// Run interlock at all. Without it (the control run) every meshed sandbox runs
     /// unprotected, and the soak must say so; steps that need the agent are left out.
     pub with_interlock: bool,
+    /// Where to keep every agent's log (the node's directory goes at the end).
+    pub agent_log: Option<PathBuf>,
 }
 
 impl SoakOptions {
@@ -78,6 +80,7 @@ impl SoakOptions {
             interlock: bin_dir.join("interlock"),
             plugin: bin_dir.join("interlock-cni"),
             with_interlock: true,
+            agent_log: None,
         }
     }
 
@@ -86,6 +89,9 @@ impl SoakOptions {
         2000 + (self.audit_interval_s * 1000.0).ceil() as Ms
     }
 }
+
+/// The most of the agents' logs `--agent-log` keeps (the end).
+const AGENT_LOG_MAX: usize = 64 << 20;
 
 /// The directory holding `interlock` and `interlock-cni` next to (or one level above) the
 /// running executable: `target/<profile>/` for both the soak binary and its tests.
@@ -290,6 +296,17 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
     for ip in soak_node.node.ipam_addresses() {
         leaks.ipam_addresses += 1;
         leaks.details.push(format!("host-local still holds {ip}"));
+    }
+    if let Some(path) = &opts.agent_log {
+        let logs = soak_node.node.agent_logs();
+        // The tail is what a failure needs; keep the file bounded.
+        let tail = &logs.as_bytes()[logs.len().saturating_sub(AGENT_LOG_MAX)..];
+        if let Err(e) = fs::write(path, tail) {
+            eprintln!(
+                "interlock-soak: writing the agent logs to {}: {e}",
+                path.display()
+            );
+        }
     }
     let footprint = soak_node
         .node
