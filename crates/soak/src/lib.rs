@@ -1,0 +1,36 @@
+//! A bounded chaos soak of interlock against a private containerd, judged by a checker
+//! that shares no code with interlock.
+//!
+//! Workers keep creating and removing meshed and plain sandboxes over CRI; a chaos loop
+//! ([`chaos`]) kills and restarts the agent, rewrites, renames and deletes the primary's
+//! config, adds configs that sort ahead, deletes the installed plugin and restarts
+//! containerd; the checker probes every running sandbox from inside with a real
+//! connection ([`probe`]) and keeps the exposure windows ([`ledger`]). The run ends with
+//! one JSON report ([`report`]) and fails when an invariant broke.
+//!
+//! The crate depends on the test kit and the CRI client only: the agent and the plugin
+//! are the built binaries, and containerd is the witness of what ran.
+//!
+//! # Invariants (each broken one is a `violations` entry and makes the run fail)
+//! - A meshed sandbox is seen exposed only when a step that changes the runtime's chain
+//!   overlapped its creation (`unexplained_exposure`), and only until the repair budget
+//!   (2 s + the audit interval) after the agent was ready again (`exposed_beyond_budget`).
+//! - A meshed sandbox once seen captured is never seen exposed again (`protection_lost`).
+//! - After the chaos stopped and the budget passed, every running meshed sandbox is
+//!   proven redirected, by this crate's probe and by the kit's capture check
+//!   (`left_unprotected`, `unverified_at_end`).
+//! - After the teardown nothing is left: netns, attachment state and netns records,
+//!   host-local addresses, nft tables, processes, sandboxes (`leak`).
+//! - The run proves something: plain sandboxes reach the probe server directly
+//!   (`checker_blind`), meshed ones are seen captured (`vacuous`), the planned sandboxes
+//!   started (`workload_gave_up`), and every chaos step was applied and undone
+//!   (`chaos_step_failed`).
+
+pub mod chaos;
+pub mod chaos_loop;
+pub mod checker;
+pub mod ledger;
+pub mod probe;
+pub mod report;
+pub mod run;
+pub mod workload;

@@ -1,0 +1,625 @@
+//! One soak run from start to report: the node in a box with the agent, the checker, the
+//! workload and the chaos loop together; then the end-of-run check, the teardown and the
+//! leak checks.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+use interlock_cri::SandboxFilter;
+use interlock_testkit::node::{AgentArgs, Capture, Node, NodeOptions, Sandbox};
+
+use crate::chaos::{ChaosKind, ChaosPlan, ChaosTiming};
+use crate::chaos_loop::{ChaosLoop, HealthAddr, NodeFiles, NodeOps, ReadinessPoller};
+use crate::checker::{Checker, CheckerConfig, Clock, Stopping, MESH_ANNOTATION};
+use crate::ledger::{judge, Budget, Ms, Timeline, Verdict, VerdictCounts, Violation};
+use crate::probe::ProbeServer;
+use crate::report::{
+    Chaos, CheckerSummary, Distribution, Exposures, FinalCheck, Leaks, Report, Sandboxes, Settings,
+};
+use crate::workload::{sweep, Workload, WorkloadConfig};
+
+/// Every setting of a run.
+#[derive(Debug, Clone)]
+pub struct SoakOptions {
+    /// Creations to attempt.
+    pub creations: u64,
+    /// Parallel creators.
+    pub workers: usize,
+    /// Sandboxes running at once at most (residents aside).
+    pub max_live: usize,
+    /// Share of meshed creations.
+    pub meshed_share: f64,
+    /// Sandboxes kept until the end.
+    pub resident: u64,
+    /// How long the other sandboxes run, in milliseconds.
+    pub lifetime_ms: Range<u64>,
+    /// Seed of everything random.
+    pub seed: u64,
+    /// The agent's `--config-mode` (`owned` or `chain`).
+    pub config_mode: String,
+    /// The agent's `--audit-interval`, in seconds.
+    pub audit_interval_s: f64,
+    /// The checker's period.
+    pub checker_period: Duration,
+    /// Chaos kinds in play.
+    pub chaos: Vec<ChaosKind>,
+    /// The chaos plan's times.
+    pub timing: ChaosTiming,
+    /// The `interlock` binary.
+    pub interlock: PathBuf,
+    /// The `interlock-cni` binary.
+    pub plugin: PathBuf,
+    /// Run interlock at all. Without it (the control run) every meshed sandbox runs
+    /// unprotected, and the soak must say so; steps that need the agent are left out.
+    pub with_interlock: bool,
+    /// Where to keep every agent's log (the node's directory goes at the end).
+    pub agent_log: Option<PathBuf>,
+}
+
+impl SoakOptions {
+    /// Defaults for `creations` creations with binaries from `bin_dir`.
+    pub fn new(creations: u64, seed: u64, bin_dir: &Path) -> SoakOptions {
+        SoakOptions {
+            creations,
+            workers: 4,
+            max_live: 12,
+            meshed_share: 0.6,
+            resident: 8,
+            lifetime_ms: 1500..4000,
+            seed,
+            config_mode: "owned".into(),
+            audit_interval_s: 0.5,
+            checker_period: Duration::from_millis(250),
+            chaos: ChaosKind::ALL.to_vec(),
+            timing: ChaosTiming::default(),
+            interlock: bin_dir.join("interlock"),
+            plugin: bin_dir.join("interlock-cni"),
+            with_interlock: true,
+            agent_log: None,
+        }
+    }
+
+    /// 2 s plus the audit interval.
+    pub fn repair_budget_ms(&self) -> Ms {
+        2000 + (self.audit_interval_s * 1000.0).ceil() as Ms
+    }
+}
+
+/// The most of the agents' logs `--agent-log` keeps (the end).
+const AGENT_LOG_MAX: usize = 64 << 20;
+
+/// The directory holding `interlock` and `interlock-cni` next to (or one level above) the
+/// running executable: `target/<profile>/` for both the soak binary and its tests.
+pub fn default_bin_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .find(|d| d.join("interlock").is_file() && d.join("interlock-cni").is_file())
+        .map(Path::to_path_buf)
+}
+
+/// The node as the chaos loop drives it.
+struct SoakNode {
+    node: Node,
+    agent_args: AgentArgs,
+    health: HealthAddr,
+}
+
+impl SoakNode {
+    fn agent_running(&self) -> bool {
+        self.health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+}
+
+impl NodeOps for SoakNode {
+    fn kill_agent(&mut self) -> Result<(), String> {
+        *self.health.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.node.kill_agent();
+        Ok(())
+    }
+
+    fn start_agent(&mut self) -> Result<(), String> {
+        self.node
+            .start_agent(self.agent_args.clone())
+            .map_err(|e| format!("starting the agent: {e}"))?;
+        let addr = self.node.agent(|a| a.health_addr());
+        *self.health.lock().unwrap_or_else(|e| e.into_inner()) = Some(addr);
+        Ok(())
+    }
+
+    fn restart_containerd(&mut self) -> Result<(), String> {
+        self.node
+            .restart_containerd()
+            .map(drop)
+            .map_err(|e| format!("restarting containerd: {e}"))
+    }
+}
+
+/// Runs the soak; the report says whether every invariant held. An `Err` means the soak
+/// itself could not run (no containerd, no binaries).
+pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
+    for bin in [&opts.interlock, &opts.plugin] {
+        if !bin.is_file() {
+            return Err(anyhow!(
+                "{} missing: build it first (cargo build -p interlock -p interlock-cni)",
+                bin.display()
+            ));
+        }
+    }
+    let node = Node::start(NodeOptions::new(&opts.interlock, &opts.plugin))
+        .context("starting the node in a box")?;
+    node.write_primary()
+        .context("writing the primary's config")?;
+    let kit_dir = node.containerd().dir().to_path_buf();
+    let plugin_config = kit_dir.join("soak-plugin-config.json");
+    let socket = node.state_dir().join("agent.sock");
+    fs::write(
+        &plugin_config,
+        serde_json::to_vec(&serde_json::json!({
+            "profiles": ["istio", "linkerd", "generic"],
+            "agentSocket": socket,
+        }))?,
+    )?;
+    let agent_args = AgentArgs::args(&[
+        "--config-mode".to_string(),
+        opts.config_mode.clone(),
+        "--audit-interval".to_string(),
+        opts.audit_interval_s.to_string(),
+        "--plugin-config".to_string(),
+        plugin_config.display().to_string(),
+    ]);
+    let files = NodeFiles {
+        conf_dir: node.conf_dir(),
+        bin_dir: node.bin_dir(),
+        primary: node.primary_conflist(),
+    };
+    let endpoint = node.containerd().endpoint();
+    let gateway = node.gateway();
+    let state_dir = node.state_dir();
+    let clock = Clock::start();
+    let health: HealthAddr = Arc::new(Mutex::new(None));
+    let poller = ReadinessPoller::start(health.clone(), Duration::from_millis(50), clock)?;
+    let mut soak_node = SoakNode {
+        node,
+        agent_args,
+        health,
+    };
+    if opts.with_interlock {
+        soak_node.start_agent().map_err(|e| anyhow!(e))?;
+        soak_node
+            .node
+            .wait_agent_ready(Duration::from_secs(30))
+            .map_err(|e| anyhow!("the agent never became ready: {e}"))?;
+    }
+    soak_node
+        .node
+        .wait_network_ready(true, Duration::from_secs(10))
+        .map_err(|e| anyhow!(e))?;
+
+    let server = Arc::new(ProbeServer::start()?);
+    let stopping = Stopping::default();
+    let checker = Checker::start(
+        CheckerConfig {
+            cri_endpoint: endpoint.clone(),
+            gateway,
+            period: opts.checker_period,
+            probe_timeout: Duration::from_millis(300),
+        },
+        clock,
+        stopping.clone(),
+        server.clone(),
+    )?;
+    let workload = Workload::new(
+        WorkloadConfig {
+            cri_endpoint: endpoint.clone(),
+            workers: opts.workers,
+            max_live: opts.max_live,
+            creations: opts.creations,
+            meshed_share: opts.meshed_share,
+            lifetime_ms: opts.lifetime_ms.clone(),
+            resident: opts.resident,
+            seed: opts.seed,
+        },
+        clock,
+        stopping.clone(),
+    );
+    let kinds: Vec<ChaosKind> = opts
+        .chaos
+        .iter()
+        .copied()
+        .filter(|k| {
+            opts.with_interlock || !matches!(k, ChaosKind::AgentKill | ChaosKind::PluginDelete)
+        })
+        .collect();
+    let plan = ChaosPlan::new(opts.seed, &kinds, opts.timing.clone());
+    let soak_began = clock.now_ms();
+    let chaos = ChaosLoop::start(soak_node, files, plan, clock)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let progress = spawn_progress(workload.clone(), opts.creations);
+    rt.block_on(workload.run());
+    drop(progress);
+    let (mut soak_node, chaos_log) = chaos.stop();
+    let soak_ended = clock.now_ms();
+
+    // The end: chaos stopped, the agent back, the repair budget passed.
+    let mut violations = Vec::new();
+    if opts.with_interlock && !soak_node.agent_running() {
+        if let Err(e) = soak_node.start_agent() {
+            violations.push(Violation::new("agent_not_running_at_end", e));
+        }
+    }
+    if opts.with_interlock {
+        if let Err(e) = soak_node.node.wait_agent_ready(Duration::from_secs(30)) {
+            violations.push(Violation::new("agent_not_ready_at_end", e));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(opts.repair_budget_ms() + 500));
+    checker.wait_rounds(2, Duration::from_secs(10));
+    let final_check = final_check(&soak_node.node, &server, gateway, &mut violations);
+    let checked = checker.stop();
+    let readiness = poller.stop();
+    let mut ledger = checked.ledger;
+    ledger.finish(clock.now_ms());
+
+    // Teardown, counting what is left at each step.
+    let mut leaks = Leaks::default();
+    let unswept = rt.block_on(sweep(&endpoint, &stopping, &clock, Duration::from_secs(60)));
+    leaks.sandboxes = unswept.len();
+    leaks.details.extend(unswept);
+    std::thread::sleep(Duration::from_millis(200));
+    for f in soak_node.node.state_files() {
+        leaks.attachment_state_files += 1;
+        leaks.details.push(format!(
+            "attachment state file {f} left after every sandbox was removed"
+        ));
+    }
+    // The plugin's per-netns records (the node's leak check covers the attachments).
+    for f in list_dir(&state_dir.join("netns")) {
+        leaks.attachment_state_files += 1;
+        leaks.details.push(format!(
+            "netns record {} left after every sandbox was removed",
+            f.display()
+        ));
+    }
+    for ip in soak_node.node.ipam_addresses() {
+        leaks.ipam_addresses += 1;
+        leaks.details.push(format!("host-local still holds {ip}"));
+    }
+    if let Some(path) = &opts.agent_log {
+        let logs = soak_node.node.agent_logs();
+        // The tail is what a failure needs; keep the file bounded.
+        let tail = &logs.as_bytes()[logs.len().saturating_sub(AGENT_LOG_MAX)..];
+        if let Err(e) = fs::write(path, tail) {
+            eprintln!(
+                "interlock-soak: writing the agent logs to {}: {e}",
+                path.display()
+            );
+        }
+    }
+    let footprint = soak_node
+        .node
+        .footprint()
+        .with_netns(checked.netns_seen.iter().cloned());
+    if soak_node.agent_running() {
+        soak_node.node.stop_agent(Duration::from_secs(10));
+    }
+    let resident = workload.resident().len() as u64;
+    let SoakNode { node, .. } = soak_node;
+    if let Err(problems) = node.teardown() {
+        for p in problems {
+            leaks.other += 1;
+            leaks.details.push(format!("teardown: {p}"));
+        }
+    }
+    for left in footprint.leftovers() {
+        if left.starts_with("netns ") {
+            leaks.netns += 1;
+        } else if left.starts_with("process ") {
+            leaks.processes += 1;
+        } else {
+            leaks.other += 1;
+        }
+        leaks.details.push(left);
+    }
+    for (pid, cmdline) in processes_mentioning(&kit_dir) {
+        leaks.processes += 1;
+        leaks
+            .details
+            .push(format!("process {pid} still runs: {cmdline}"));
+    }
+    for table in interlock_nft_tables() {
+        leaks.nft_tables += 1;
+        leaks
+            .details
+            .push(format!("nft table {table} in the host's namespace"));
+    }
+
+    // Judgement.
+    let budget = Budget {
+        repair_ms: opts.repair_budget_ms(),
+        settle_ms: 1000,
+    };
+    let timeline = Timeline {
+        chaos: chaos_log.spans.clone(),
+        agent_ready: readiness,
+    };
+    let (exposures, judged) = judge(&ledger, &timeline, budget);
+    violations.extend(judged);
+    for u in &final_check.unverified {
+        violations.push(Violation::new("unverified_at_end", u.clone()));
+    }
+    for d in &leaks.details {
+        violations.push(Violation::new("leak", d.clone()));
+    }
+    for e in &chaos_log.errors {
+        violations.push(Violation::new("chaos_step_failed", e.clone()));
+    }
+    let mut probes: BTreeMap<&'static str, VerdictCounts> = BTreeMap::new();
+    let mut seen: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for r in ledger.records() {
+        let kind = if r.meshed { "meshed" } else { "plain" };
+        probes.entry(kind).or_default().merge(&r.probes);
+        *seen.entry(kind).or_default() += 1;
+    }
+    let plain = probes.get("plain").copied().unwrap_or_default();
+    if plain.total() >= 10 && plain.direct == 0 {
+        violations.push(Violation::new(
+            "checker_blind",
+            format!("no probe of a plain sandbox reached the server ({plain:?}): the checker proves nothing"),
+        ));
+    }
+    let meshed = probes.get("meshed").copied().unwrap_or_default();
+    if meshed.captured == 0 {
+        violations.push(Violation::new(
+            "vacuous",
+            format!("no meshed sandbox was ever seen captured ({meshed:?})"),
+        ));
+    }
+    let stats = workload.stats();
+    if stats.gave_up {
+        violations.push(Violation::new(
+            "workload_gave_up",
+            format!(
+                "only {} of {} sandboxes started in {} attempts",
+                stats.created_meshed + stats.created_plain,
+                opts.creations,
+                stats.attempted
+            ),
+        ));
+    }
+    let mut events: BTreeMap<ChaosKind, u64> = kinds.iter().map(|k| (*k, 0)).collect();
+    for s in &chaos_log.spans {
+        *events.entry(s.kind).or_default() += 1;
+    }
+    let reinstalls: Vec<Ms> = chaos_log
+        .plugin_reinstall_ms
+        .iter()
+        .flatten()
+        .copied()
+        .collect();
+    let elapsed = soak_ended.saturating_sub(soak_began);
+    Ok(Report {
+        ok: violations.is_empty(),
+        settings: Settings {
+            seed: opts.seed,
+            creations: opts.creations,
+            workers: opts.workers,
+            config_mode: opts.config_mode.clone(),
+            audit_interval_s: opts.audit_interval_s,
+            repair_budget_ms: opts.repair_budget_ms(),
+            checker_period_ms: opts.checker_period.as_millis() as Ms,
+            with_interlock: opts.with_interlock,
+            chaos_kinds: kinds.clone(),
+        },
+        duration_s: elapsed as f64 / 1000.0,
+        sandboxes: Sandboxes {
+            // Started by the runtime although RunPodSandbox answered an error (the
+            // answer lost while containerd restarted): seen by the checker only.
+            started_without_answer: seen
+                .values()
+                .sum::<u64>()
+                .saturating_sub(stats.created_meshed + stats.created_plain),
+            ..Sandboxes::from_stats(&stats, resident, elapsed)
+        },
+        chaos: Chaos {
+            events,
+            plugin_reinstall_ms: Distribution::of(&reinstalls),
+            errors: chaos_log.errors.clone(),
+        },
+        checker: CheckerSummary {
+            rounds: checked.rounds,
+            longest_round_ms: checked.longest_round_ms,
+            rounds_without_runtime: checked.list_failures,
+            sandboxes_seen: seen.clone(),
+            probes,
+            dropped_probes: checked.dropped_probes,
+        },
+        exposures: Exposures::of(exposures),
+        final_check,
+        leaks,
+        violations,
+    })
+}
+
+/// Prints progress to stderr every 30 s while the workload runs.
+fn spawn_progress(workload: Workload, creations: u64) -> ProgressGuard {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    let began = Instant::now();
+    std::thread::spawn(move || {
+        let mut last = Instant::now();
+        while !s.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(200));
+            if last.elapsed() >= Duration::from_secs(30) {
+                last = Instant::now();
+                let st = workload.stats();
+                eprintln!(
+                    "soak: {}/{} sandboxes started after {:.0} s ({} meshed + {} plain; {} creations failed)",
+                    st.created_meshed + st.created_plain,
+                    creations,
+                    began.elapsed().as_secs_f64(),
+                    st.created_meshed,
+                    st.created_plain,
+                    st.failed_meshed + st.failed_plain
+                );
+            }
+        }
+    });
+    ProgressGuard(stop)
+}
+
+struct ProgressGuard(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for ProgressGuard {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Checks every sandbox still running, twice and independently: the soak's own probe
+/// (exposed or not) and the kit's capture check (redirected, with `SO_ORIGINAL_DST`).
+fn final_check(
+    node: &Node,
+    server: &ProbeServer,
+    gateway: std::net::Ipv4Addr,
+    violations: &mut Vec<Violation>,
+) -> FinalCheck {
+    let mut out = FinalCheck::default();
+    let cri = node.cri();
+    let listed = node.block_on(async move {
+        let list = cri
+            .list_sandboxes(&SandboxFilter::ready())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut all = Vec::new();
+        for s in list {
+            let status = cri
+                .sandbox_status(&s.id, true)
+                .await
+                .map_err(|e| e.to_string())?;
+            all.push(Sandbox {
+                id: s.id.clone(),
+                namespace: s.metadata.namespace.clone(),
+                name: s.metadata.name.clone(),
+                uid: s.metadata.uid.clone(),
+                meshed: s.annotations.contains_key(MESH_ANNOTATION.0),
+                netns: status.netns_path().map(Path::to_path_buf),
+                ip: status.ips.first().copied(),
+            });
+        }
+        Ok::<_, String>(all)
+    });
+    let sandboxes = match listed {
+        Ok(s) => s,
+        Err(e) => {
+            violations.push(Violation::new(
+                "final_check_failed",
+                format!("listing the sandboxes at the end: {e}"),
+            ));
+            return out;
+        }
+    };
+    for sb in &sandboxes {
+        let own = sb.netns.as_deref().map_or(Verdict::NoConnection, |ns| {
+            server.probe(ns, gateway, Duration::from_millis(500))
+        });
+        let kit = node.capture(sb);
+        if sb.meshed {
+            out.meshed_running += 1;
+            if own == Verdict::Direct || kit == Capture::NotRedirected {
+                out.left_unprotected += 1;
+                violations.push(Violation::new(
+                    "left_unprotected",
+                    format!(
+                        "meshed sandbox {} ({}): probe {own:?}, capture check {kit:?}",
+                        sb.id, sb.name
+                    ),
+                ));
+            } else if kit == Capture::Redirected {
+                out.meshed_redirected += 1;
+            } else {
+                out.unverified.push(format!(
+                    "meshed sandbox {} ({}): probe {own:?}, capture check {kit:?}",
+                    sb.id, sb.name
+                ));
+            }
+        } else {
+            out.plain_running += 1;
+            if kit == Capture::NotRedirected && own == Verdict::Direct {
+                out.plain_not_redirected += 1;
+            } else {
+                out.unverified.push(format!(
+                    "plain sandbox {} ({}): probe {own:?}, capture check {kit:?}",
+                    sb.id, sb.name
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn list_dir(dir: &Path) -> Vec<PathBuf> {
+    fs::read_dir(dir)
+        .map(|r| r.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+/// Processes whose command line mentions `dir` (agents, plugins, shims of the node).
+fn processes_mentioning(dir: &Path) -> Vec<(i32, String)> {
+    let needle = dir.to_string_lossy().into_owned();
+    let me = std::process::id() as i32;
+    list_dir(Path::new("/proc"))
+        .into_iter()
+        .filter_map(|p| p.file_name()?.to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != me)
+        .filter_map(|pid| {
+            let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+            cmdline
+                .contains(&needle)
+                .then_some((pid, cmdline.trim().to_string()))
+        })
+        .collect()
+}
+
+/// nft tables in the host's namespace whose name mentions interlock.
+fn interlock_nft_tables() -> Vec<String> {
+    std::process::Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.contains("interlock"))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_repair_budget_is_two_seconds_plus_the_audit_interval() {
+        let mut o = SoakOptions::new(10, 1, Path::new("/x"));
+        o.audit_interval_s = 0.5;
+        assert_eq!(o.repair_budget_ms(), 2500);
+        o.audit_interval_s = 1.25;
+        assert_eq!(o.repair_budget_ms(), 3250);
+        assert_eq!(o.interlock, Path::new("/x/interlock"));
+    }
+}

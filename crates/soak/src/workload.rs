@@ -1,0 +1,459 @@
+//! The workload: creators that keep creating meshed and plain sandboxes over CRI, as a
+//! busy kubelet would, each removed after a random lifetime by a task of its own, until
+//! the planned number of sandboxes started.
+//!
+//! Creation and removal are decoupled on purpose: a removal that must wait (no config
+//! loaded, the plugin binary missing, containerd restarting) must not hold back the
+//! creations, or they would all happen after the chaos step and never meet it. At most
+//! `max_live` sandboxes run at once (residents aside). A creation that fails is counted
+//! by reason and followed by a short back-off, as the kubelet's; the next attempt is a
+//! new pod. Removal is retried until it succeeds.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use interlock_cri::{CriClient, CriError, SandboxConfig, SandboxFilter, Timeouts};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio::sync::Semaphore;
+
+use crate::checker::{Clock, Stopping, MESH_ANNOTATION};
+
+/// How long a removal task keeps trying before it leaves the sandbox to the final sweep.
+const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
+/// The pause after a failed creation.
+const FAILURE_BACKOFF: Duration = Duration::from_millis(200);
+/// Attempts per planned sandbox after which the workload gives up (a node that refuses
+/// everything would otherwise keep it going forever).
+const MAX_ATTEMPTS_PER_CREATION: u64 = 5;
+
+/// What the workload does.
+#[derive(Debug, Clone)]
+pub struct WorkloadConfig {
+    /// The runtime's CRI endpoint.
+    pub cri_endpoint: String,
+    /// Creations in flight at once.
+    pub workers: usize,
+    /// Sandboxes running at once at most (residents aside).
+    pub max_live: usize,
+    /// Sandboxes to start in all.
+    pub creations: u64,
+    /// Share of the creations that are meshed (0..=1).
+    pub meshed_share: f64,
+    /// How long a sandbox runs before it is removed, in milliseconds.
+    pub lifetime_ms: Range<u64>,
+    /// Meshed sandboxes kept running until the end (they live through every chaos step
+    /// and are checked once it stopped), spread over the run.
+    pub resident: u64,
+    /// Seed of the meshed/plain choices and lifetimes.
+    pub seed: u64,
+}
+
+/// Counts of what the workload did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WorkloadStats {
+    /// Creations attempted.
+    pub attempted: u64,
+    /// Meshed sandboxes that started.
+    pub created_meshed: u64,
+    /// Plain sandboxes that started.
+    pub created_plain: u64,
+    /// Meshed creations that failed.
+    pub failed_meshed: u64,
+    /// Plain creations that failed.
+    pub failed_plain: u64,
+    /// Failed creations by reason.
+    pub failures_by_reason: BTreeMap<String, u64>,
+    /// The first full error message of each reason.
+    pub failure_examples: BTreeMap<String, String>,
+    /// Sandboxes removed by the workload.
+    pub removed: u64,
+    /// Removal attempts that failed (and were retried).
+    pub remove_retries: u64,
+    /// True when it gave up before all planned sandboxes started.
+    pub gave_up: bool,
+    /// RunPodSandbox latency of the sandboxes that started, in milliseconds.
+    #[serde(skip)]
+    pub create_ms: Vec<u64>,
+}
+
+/// A shared workload in progress.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    config: WorkloadConfig,
+    clock: Clock,
+    stopping: Stopping,
+    /// Creations reserved (in flight or started); a failed one gives its place back.
+    reserved: Arc<AtomicU64>,
+    /// Sandboxes started so far.
+    started: Arc<AtomicU64>,
+    live: Arc<Semaphore>,
+    stats: Arc<Mutex<WorkloadStats>>,
+    /// Sandboxes a removal task gave up on, for the final sweep.
+    left: Arc<Mutex<Vec<String>>>,
+    /// Sandboxes kept until the end.
+    resident: Arc<Mutex<Vec<String>>>,
+}
+
+impl Workload {
+    /// A workload; [`Workload::run`] drives it.
+    pub fn new(config: WorkloadConfig, clock: Clock, stopping: Stopping) -> Workload {
+        Workload {
+            live: Arc::new(Semaphore::new(config.max_live.max(1))),
+            config,
+            clock,
+            stopping,
+            reserved: Arc::new(AtomicU64::new(0)),
+            started: Arc::new(AtomicU64::new(0)),
+            stats: Arc::new(Mutex::new(WorkloadStats::default())),
+            left: Arc::new(Mutex::new(Vec::new())),
+            resident: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    fn lock_stats(&self) -> std::sync::MutexGuard<'_, WorkloadStats> {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The sandboxes kept running until the end.
+    pub fn resident(&self) -> Vec<String> {
+        self.resident
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The sandboxes whose removal was given up.
+    pub fn left_behind(&self) -> Vec<String> {
+        self.left.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// What has been done so far.
+    pub fn stats(&self) -> WorkloadStats {
+        self.lock_stats().clone()
+    }
+
+    /// Runs the creators until every planned sandbox started (or the attempts ran out),
+    /// then waits for every removal.
+    pub async fn run(&self) {
+        let mut creators = tokio::task::JoinSet::new();
+        let removals = Arc::new(Mutex::new(tokio::task::JoinSet::new()));
+        for w in 0..self.config.workers.max(1) {
+            let me = self.clone();
+            let removals = removals.clone();
+            creators.spawn(async move { me.creator(w as u64, removals).await });
+        }
+        while creators.join_next().await.is_some() {}
+        let mut removals = std::mem::take(&mut *removals.lock().unwrap_or_else(|e| e.into_inner()));
+        while removals.join_next().await.is_some() {}
+    }
+
+    /// Takes a place for one more creation; false when all are taken.
+    fn reserve(&self) -> bool {
+        self.reserved
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| {
+                (r < self.config.creations).then_some(r + 1)
+            })
+            .is_ok()
+    }
+
+    async fn creator(&self, index: u64, removals: Arc<Mutex<tokio::task::JoinSet<()>>>) {
+        let mut rng = StdRng::seed_from_u64(
+            self.config.seed ^ (index + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        );
+        let mut cri: Option<CriClient> = None;
+        let max_attempts = self
+            .config
+            .creations
+            .saturating_mul(MAX_ATTEMPTS_PER_CREATION);
+        loop {
+            let Ok(permit) = self.live.clone().acquire_owned().await else {
+                return;
+            };
+            if !self.reserve() {
+                return;
+            }
+            let attempt = {
+                let mut s = self.lock_stats();
+                if s.attempted >= max_attempts {
+                    s.gave_up = true;
+                    return;
+                }
+                s.attempted += 1;
+                s.attempted
+            };
+            let meshed = rng.gen_bool(self.config.meshed_share.clamp(0.0, 1.0));
+            let lifetime = rng.gen_range(self.config.lifetime_ms.clone());
+            let name = format!("soak{attempt}-{}", if meshed { "m" } else { "p" });
+            let mut pod = SandboxConfig::new(
+                "soak",
+                name.clone(),
+                format!("uid-{name}-{}", self.config.seed),
+            );
+            if meshed {
+                pod = pod.annotation(MESH_ANNOTATION.0, MESH_ANNOTATION.1);
+            }
+            let t0 = self.clock.now_ms();
+            let created = match cri.clone() {
+                Some(c) => Ok(c),
+                None => connect(&self.config.cri_endpoint).await,
+            };
+            let created = match created {
+                Ok(c) => {
+                    cri = Some(c.clone());
+                    c.run_sandbox(&pod).await
+                }
+                Err(e) => Err(e),
+            };
+            let id = match created {
+                Ok(id) => id,
+                Err(e) => {
+                    if is_transport(&e) {
+                        cri = None;
+                    }
+                    self.failed(meshed, &e.to_string());
+                    self.reserved.fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
+                    tokio::time::sleep(FAILURE_BACKOFF).await;
+                    continue;
+                }
+            };
+            let k = self.started.fetch_add(1, Ordering::SeqCst);
+            {
+                let mut s = self.lock_stats();
+                if meshed {
+                    s.created_meshed += 1;
+                } else {
+                    s.created_plain += 1;
+                }
+                s.create_ms.push(self.clock.now_ms().saturating_sub(t0));
+            }
+            if meshed {
+                let mut r = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+                if (r.len() as u64) < residents_due(k, self.config.creations, self.config.resident)
+                {
+                    r.push(id);
+                    continue;
+                }
+            }
+            let me = self.clone();
+            removals
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(lifetime)).await;
+                    me.stopping.mark(&id, me.clock.now_ms());
+                    if me.remove(&id).await {
+                        me.lock_stats().removed += 1;
+                    } else {
+                        me.left.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+                    }
+                    drop(permit);
+                });
+        }
+    }
+
+    fn failed(&self, meshed: bool, error: &str) {
+        let mut s = self.lock_stats();
+        if meshed {
+            s.failed_meshed += 1;
+        } else {
+            s.failed_plain += 1;
+        }
+        let reason = failure_reason(error);
+        *s.failures_by_reason.entry(reason.clone()).or_default() += 1;
+        s.failure_examples
+            .entry(reason)
+            .or_insert_with(|| error.to_string());
+    }
+
+    /// Stops and removes `id`, retrying for a while; false when it is still there.
+    async fn remove(&self, id: &str) -> bool {
+        let deadline = tokio::time::Instant::now() + REMOVE_PATIENCE;
+        loop {
+            if let Ok(c) = connect(&self.config.cri_endpoint).await {
+                let done = match c.stop_sandbox(id).await {
+                    Ok(()) => c.remove_sandbox(id).await,
+                    Err(e) => Err(e),
+                };
+                match done {
+                    Ok(()) => return true,
+                    Err(e) if e.is_not_found() => return true,
+                    Err(_) => {}
+                }
+            }
+            self.lock_stats().remove_retries += 1;
+            if tokio::time::Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// How many residents should exist once sandbox number `k` (from 0) started: one more
+/// at the start of each of `resident` equal stretches of the run.
+pub fn residents_due(k: u64, creations: u64, resident: u64) -> u64 {
+    if resident == 0 {
+        return 0;
+    }
+    let stride = (creations / resident).max(1);
+    (k / stride + 1).min(resident)
+}
+
+/// Stops and removes every sandbox the runtime still lists (ready or not), retrying for
+/// up to `patience`; returns the ones that could not be removed, with why.
+pub async fn sweep(
+    endpoint: &str,
+    stopping: &Stopping,
+    clock: &Clock,
+    patience: Duration,
+) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut problems = Vec::new();
+    loop {
+        problems.clear();
+        match connect(endpoint).await {
+            Err(e) => problems.push(format!("connecting to {endpoint}: {e}")),
+            Ok(c) => match c.list_sandboxes(&SandboxFilter::default()).await {
+                Err(e) => problems.push(format!("listing sandboxes: {e}")),
+                Ok(list) if list.is_empty() => return Vec::new(),
+                Ok(list) => {
+                    for s in list {
+                        stopping.mark(&s.id, clock.now_ms());
+                        let done = match c.stop_sandbox(&s.id).await {
+                            Ok(()) => c.remove_sandbox(&s.id).await,
+                            Err(e) => Err(e),
+                        };
+                        if let Err(e) = done {
+                            problems.push(format!("sandbox {}: {e}", s.id));
+                        }
+                    }
+                }
+            },
+        }
+        if tokio::time::Instant::now() > deadline {
+            return problems;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn connect(endpoint: &str) -> Result<CriClient, CriError> {
+    CriClient::connect_with(
+        endpoint,
+        Timeouts {
+            connect: Duration::from_secs(2),
+            call: Duration::from_secs(20),
+            run_sandbox: Duration::from_secs(60),
+        },
+    )
+    .await
+}
+
+/// True for errors that mean the connection to the runtime is gone (containerd
+/// restarting), so the next call should reconnect.
+fn is_transport(e: &CriError) -> bool {
+    let text = e.to_string().to_lowercase();
+    text.contains("transport")
+        || text.contains("connect")
+        || text.contains("unavailable")
+        || text.contains("broken pipe")
+}
+
+/// A short, stable reason for a failed creation: the known causes by name, anything
+/// else by its first words with IDs and numbers removed.
+pub fn failure_reason(error: &str) -> String {
+    let e = error.to_lowercase();
+    let known: &[(&str, &str)] = &[
+        (
+            "cni plugin not initialized",
+            "no CNI config loaded (cni plugin not initialized)",
+        ),
+        (
+            "failed to find plugin \"interlock-cni\"",
+            "interlock-cni binary missing",
+        ),
+        (
+            "bin/interlock-cni: no such file",
+            "interlock-cni binary missing",
+        ),
+        ("failed to find plugin", "a plugin binary missing"),
+        (
+            "text file busy",
+            "plugin binary being replaced (text file busy)",
+        ),
+        (
+            "plugin type=\"interlock-cni\"",
+            "interlock-cni refused the ADD",
+        ),
+        ("unavailable", "containerd unavailable (restarting)"),
+        ("transport error", "containerd unavailable (restarting)"),
+        (
+            "server is not initialized yet",
+            "containerd unavailable (restarting)",
+        ),
+        (
+            "operation was canceled",
+            "containerd unavailable (restarting)",
+        ),
+        ("connect", "containerd unavailable (restarting)"),
+        ("deadline", "timed out"),
+    ];
+    for (needle, reason) in known {
+        if e.contains(needle) {
+            return (*reason).to_string();
+        }
+    }
+    let words: String = error
+        .split_whitespace()
+        .filter(|w| !w.chars().any(|c| c.is_ascii_digit()))
+        .take(12)
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!("other: {words}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn residents_are_due_one_per_stretch_and_never_more_than_asked() {
+        assert_eq!(residents_due(0, 80, 4), 1);
+        assert_eq!(residents_due(19, 80, 4), 1);
+        assert_eq!(residents_due(20, 80, 4), 2);
+        assert_eq!(residents_due(79, 80, 4), 4);
+        assert_eq!(residents_due(500, 80, 4), 4);
+        assert_eq!(residents_due(3, 5, 8), 4);
+        assert_eq!(residents_due(10, 100, 0), 0);
+    }
+
+    #[test]
+    fn failure_reasons_are_short_and_stable() {
+        assert_eq!(
+            failure_reason("RunPodSandbox soak/soak1-m: rpc error: code = Unknown desc = failed to setup network for sandbox \"abc\": cni plugin not initialized"),
+            "no CNI config loaded (cni plugin not initialized)"
+        );
+        assert_eq!(
+            failure_reason("failed to find plugin \"interlock-cni\" in path [/x/bin]"),
+            "interlock-cni binary missing"
+        );
+        assert_eq!(
+            failure_reason("plugin type=\"interlock-cni\" failed (add): netplugin failed with no error message: fork/exec /x/bin/interlock-cni: no such file or directory"),
+            "interlock-cni binary missing"
+        );
+        assert_eq!(
+            failure_reason("plugin type=\"interlock-cni\" failed (add): code 104: probe"),
+            "interlock-cni refused the ADD"
+        );
+        let a = failure_reason("weird thing 12ab happened to pod 7");
+        let b = failure_reason("weird thing 99ff happened to pod 3");
+        assert_eq!(a, b);
+        assert_eq!(a, "other: weird thing happened to pod");
+    }
+}
