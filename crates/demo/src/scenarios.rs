@@ -395,7 +395,21 @@ fn scenario_2(bins: &Binaries, leftovers: &mut Vec<String>) -> Result<ScenarioOu
         },
         v.condition.as_ref().map_or("(none)", |c| c.0.as_str())
     ));
-    clock.say(&conf_dir_listing(&node));
+    // The agent's first pass puts its holding config first: interlock-cni alone, whose
+    // ADD is refused until the primary has written its config.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !node
+        .conf_files()
+        .iter()
+        .any(|n| n.ends_with("interlock.conflist"))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    clock.say(&format!(
+        "{} — the agent's holding config: every ADD is refused until the primary writes its config",
+        conf_dir_listing(&node)
+    ));
     let mut early = Vec::new();
     match node.run_pod(&PODS[0]) {
         Err(e) => clock.say(&format!(
