@@ -378,7 +378,10 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         // then uses the sandboxes' own annotations and the socket cannot answer lookups).
         let cluster = start_kubernetes(&cfg, &shared).await?;
         let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-        serve_agent_socket(&cfg.state_dir, cluster.clone(), wake_tx)?;
+        let fallback = cfg.audit.as_ref().map(|a| socket::CriFallback {
+            endpoint: a.cri_endpoint.clone(),
+        });
+        serve_agent_socket(&cfg.state_dir, cluster.clone(), fallback, wake_tx)?;
         if let Some(settings) = cfg.audit.clone() {
             let plugin = interlock_contract::PluginConfig::from_map(&cfg.entry())
                 .map_err(|e| AgentError::Runtime(format!("the plugin entry is invalid: {e}")))?;
@@ -472,11 +475,13 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// Serves `<state dir>/agent.sock`: pod lookups from the cluster's pod cache (else an
-/// `undecided` answer saying why), and the plugin's ADD notes, sent on to the audit.
+/// Serves `<state dir>/agent.sock`: pod lookups from the cluster's pod cache, else from
+/// the runtime's sandboxes (else an `undecided` answer saying why), and the plugin's ADD
+/// notes, sent on to the audit.
 fn serve_agent_socket(
     state_dir: &Path,
     cluster: Option<kubernetes::Cluster>,
+    fallback: Option<socket::CriFallback>,
     added: tokio::sync::mpsc::UnboundedSender<String>,
 ) -> Result<(), AgentError> {
     let path = sandbox_audit::socket_path(state_dir);
@@ -489,7 +494,7 @@ fn serve_agent_socket(
         )),
     };
     info!(path = %path.display(), "agent socket listening");
-    tokio::spawn(socket::serve(listener, source, Some(added)));
+    tokio::spawn(socket::serve(listener, source, fallback, Some(added)));
     Ok(())
 }
 

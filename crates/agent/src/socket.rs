@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use interlock_contract::agent_socket::{answer_request, PodRef, Response, PROTOCOL_VERSION};
+use interlock_contract::agent_socket::{
+    answer_request, PodRef, Request, Response, OP_POD, PROTOCOL_VERSION,
+};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
@@ -48,6 +50,72 @@ impl PodSource for NoSource {
             v: PROTOCOL_VERSION,
             reason: self.0.clone(),
         }
+    }
+}
+
+/// How long the runtime may take to answer a fallback lookup (the plugin's own wait is
+/// short: it retries, then fails closed).
+const CRI_LOOKUP_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// The second source of pod annotations: the container runtime's sandbox list. Asked
+/// only when the first source cannot answer with authority (no Kubernetes API, or its
+/// cache not synced yet). A sandbox's annotations are the pod's as they were when the
+/// sandbox was created, which is what the runtime would have handed the plugin itself.
+#[derive(Debug, Clone)]
+pub struct CriFallback {
+    /// The CRI endpoint (`unix:///run/containerd/containerd.sock`).
+    pub endpoint: String,
+}
+
+impl CriFallback {
+    /// Looks `pod` up in the runtime's sandboxes; `Undecided` with the reason when the
+    /// runtime cannot be asked or lists no sandbox of that pod.
+    pub async fn answer(&self, pod: &PodRef) -> Response {
+        let undecided = |reason: String| Response::Undecided {
+            v: PROTOCOL_VERSION,
+            reason,
+        };
+        let ask = async {
+            let client = interlock_cri::CriClient::connect(&self.endpoint).await?;
+            client
+                .list_sandboxes(&interlock_cri::SandboxFilter::default())
+                .await
+        };
+        match tokio::time::timeout(CRI_LOOKUP_TIMEOUT, ask).await {
+            Err(_) => undecided(format!(
+                "the runtime at {} did not answer within {CRI_LOOKUP_TIMEOUT:?}",
+                self.endpoint
+            )),
+            Ok(Err(e)) => undecided(format!("the runtime at {} failed: {e}", self.endpoint)),
+            Ok(Ok(list)) => from_sandboxes(pod, &list),
+        }
+    }
+}
+
+/// The answer about `pod` from the runtime's sandboxes (pure): the newest sandbox of that
+/// pod (the same namespace and name in its CRI metadata, and the same UID when the plugin
+/// sent one). Never
+/// `NotFound`: a runtime may list a sandbox only once its network is set up, so its
+/// silence is no proof that the pod is not on this node.
+pub fn from_sandboxes(pod: &PodRef, sandboxes: &[interlock_cri::SandboxSummary]) -> Response {
+    let newest = sandboxes
+        .iter()
+        .filter(|s| s.metadata.namespace == pod.namespace && s.metadata.name == pod.name)
+        .filter(|s| match pod.uid.as_deref() {
+            Some(want) => want.is_empty() || s.metadata.uid.is_empty() || want == s.metadata.uid,
+            None => true,
+        })
+        .max_by_key(|s| s.created_at_nanos);
+    match newest {
+        Some(s) => Response::Found {
+            v: PROTOCOL_VERSION,
+            uid: Some(s.metadata.uid.clone()).filter(|u| !u.is_empty()),
+            annotations: s.annotations.clone(),
+        },
+        None => Response::Undecided {
+            v: PROTOCOL_VERSION,
+            reason: format!("the runtime lists no sandbox of pod {pod} (yet)"),
+        },
     }
 }
 
@@ -102,7 +170,13 @@ pub type AddedNotes = tokio::sync::mpsc::UnboundedSender<String>;
 
 /// Serves `listener` with `source` until the task is dropped; ADD notes go to `added`
 /// (without it they are answered `undecided`).
-pub async fn serve(listener: UnixListener, source: Arc<dyn PodSource>, added: Option<AddedNotes>) {
+pub async fn serve(
+    listener: UnixListener,
+    source: Arc<dyn PodSource>,
+    fallback: Option<CriFallback>,
+    added: Option<AddedNotes>,
+) {
+    let fallback = fallback.map(Arc::new);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
@@ -118,10 +192,10 @@ pub async fn serve(listener: UnixListener, source: Arc<dyn PodSource>, added: Op
             drop(stream);
             continue;
         };
-        let (source, added) = (source.clone(), added.clone());
+        let (source, fallback, added) = (source.clone(), fallback.clone(), added.clone());
         tokio::spawn(async move {
             let _slot = slot;
-            let _ = tokio::time::timeout(DEADLINE, answer(stream, source, added)).await;
+            let _ = tokio::time::timeout(DEADLINE, answer(stream, source, fallback, added)).await;
         });
     }
 }
@@ -129,6 +203,7 @@ pub async fn serve(listener: UnixListener, source: Arc<dyn PodSource>, added: Op
 async fn answer(
     stream: tokio::net::UnixStream,
     source: Arc<dyn PodSource>,
+    fallback: Option<Arc<CriFallback>>,
     added: Option<AddedNotes>,
 ) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
@@ -136,9 +211,28 @@ async fn answer(
     BufReader::new(read.take(MAX_REQUEST))
         .read_line(&mut line)
         .await?;
+    // A lookup the first source cannot answer with authority goes to the runtime (async,
+    // so it is asked here, before the synchronous dispatch below).
+    let mut looked_up = None;
+    if let (Some(fb), Ok(req)) = (&fallback, serde_json::from_str::<Request>(line.trim())) {
+        if req.op == OP_POD {
+            let first = source.answer(&req.pod);
+            looked_up = Some(match first {
+                Response::Undecided { reason, .. } => match fb.answer(&req.pod).await {
+                    found @ Response::Found { .. } => found,
+                    Response::Undecided { reason: r2, .. } => Response::Undecided {
+                        v: PROTOCOL_VERSION,
+                        reason: format!("{reason}; {r2}"),
+                    },
+                    other => other,
+                },
+                other => other,
+            });
+        }
+    }
     let reply = answer_request(
         &line,
-        |pod| source.answer(pod),
+        |pod| looked_up.unwrap_or_else(|| source.answer(pod)),
         |note| match &added {
             Some(tx) if tx.send(note.sandbox.clone()).is_ok() => Response::Noted {
                 v: PROTOCOL_VERSION,
@@ -178,6 +272,70 @@ mod tests {
         }
     }
 
+    fn sandbox(
+        ns: &str,
+        name: &str,
+        uid: &str,
+        at: i64,
+        mesh: &str,
+    ) -> interlock_cri::SandboxSummary {
+        interlock_cri::SandboxSummary {
+            id: format!("sb{at}"),
+            metadata: interlock_cri::SandboxMetadata {
+                name: name.into(),
+                namespace: ns.into(),
+                uid: uid.into(),
+                attempt: 0,
+            },
+            state: interlock_cri::SandboxState::Ready,
+            created_at_nanos: at,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::from([("mesh".to_string(), mesh.to_string())]),
+            runtime_handler: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_runtimes_newest_sandbox_of_the_pod_answers_never_its_absence() {
+        let pod = |uid: Option<&str>| PodRef {
+            namespace: "shop".into(),
+            name: "cart-0".into(),
+            uid: uid.map(str::to_string),
+        };
+        let list = [
+            sandbox("shop", "cart-0", "u1", 1, "old"),
+            sandbox("shop", "cart-0", "u1", 3, "new"),
+            sandbox("shop", "cart-1", "u1", 5, "other pod"),
+            sandbox("web", "cart-0", "u1", 6, "other namespace"),
+            sandbox("shop", "cart-0", "u2", 4, "recreated pod"),
+        ];
+        let found = |r: Response| match r {
+            Response::Found {
+                annotations, uid, ..
+            } => (annotations["mesh"].clone(), uid),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            found(from_sandboxes(&pod(Some("u1")), &list)),
+            ("new".into(), Some("u1".into()))
+        );
+        assert_eq!(
+            found(from_sandboxes(&pod(Some("u2")), &list)),
+            ("recreated pod".into(), Some("u2".into()))
+        );
+        // Without a UID the newest sandbox of that name answers.
+        assert_eq!(found(from_sandboxes(&pod(None), &list)).0, "recreated pod");
+        // A pod the runtime does not list (yet) is undecided, not "not found".
+        assert!(matches!(
+            from_sandboxes(&pod(Some("u3")), &list),
+            Response::Undecided { reason, .. } if reason.contains("shop/cart-0")
+        ));
+        assert!(matches!(
+            from_sandboxes(&pod(None), &[]),
+            Response::Undecided { .. }
+        ));
+    }
+
     fn ask(path: &Path, line: &str) -> String {
         let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
         s.write_all(line.as_bytes()).unwrap();
@@ -199,7 +357,7 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let (tx, mut notes) = tokio::sync::mpsc::unbounded_channel();
-        let server = tokio::spawn(serve(listener, Arc::new(OnePod), Some(tx)));
+        let server = tokio::spawn(serve(listener, Arc::new(OnePod), None, Some(tx)));
         let p = path.clone();
         let (found, missing, garbage, noted) = tokio::task::spawn_blocking(move || {
             (
@@ -234,7 +392,7 @@ mod tests {
     async fn a_silent_client_is_dropped_after_the_deadline_and_others_are_served() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.sock");
-        let server = tokio::spawn(serve(bind(&path).unwrap(), Arc::new(OnePod), None));
+        let server = tokio::spawn(serve(bind(&path).unwrap(), Arc::new(OnePod), None, None));
         let p = path.clone();
         let answered = tokio::task::spawn_blocking(move || {
             let silent: Vec<_> = (0..MAX_CONNECTIONS * 2)

@@ -62,6 +62,7 @@ async fn the_plugins_lookup_is_answered_from_the_pod_cache() {
         socket::bind(&path).unwrap(),
         Arc::new(cache),
         None,
+        None,
     ));
 
     let config = PluginConfig {
@@ -112,6 +113,7 @@ async fn add_notes_reach_the_audit_and_cost_an_add_little() {
     let server = tokio::spawn(socket::serve(
         socket::bind(&path).unwrap(),
         Arc::new(socket::NoSource("no API".into())),
+        None,
         Some(tx),
     ));
     let p = path.clone();

@@ -670,3 +670,42 @@ fn sandboxes_survive_a_containerd_restart_and_the_audit_still_sees_them() {
     assert_eq!(node.agent_ready(), Some(true));
     finish(node);
 }
+
+/// Without a Kubernetes API the agent socket answers the plugin's "annotations of pod X"
+/// from the runtime's own sandboxes (what a runtime that hands the plugin no annotations
+/// needs); a pod the runtime does not list stays undecided, never "not found".
+#[test]
+fn without_an_api_the_agent_socket_answers_from_the_runtimes_sandboxes() {
+    require_root!();
+    let node = node(false);
+    node.write_primary().unwrap();
+    node.start_agent(AgentArgs::default()).unwrap();
+    node.wait_agent_ready(Duration::from_secs(10)).unwrap();
+    let sb = node.run_pod("lookup", true).unwrap();
+    let socket = node
+        .state_dir()
+        .join(interlock_contract::layout::AGENT_SOCKET_FILE);
+    let ask = |namespace: &str, name: &str| -> serde_json::Value {
+        use std::io::{BufRead, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        let req = serde_json::json!({"v": 1, "op": "pod", "namespace": namespace, "name": name});
+        s.write_all(format!("{req}\n").as_bytes()).unwrap();
+        let mut out = String::new();
+        std::io::BufReader::new(s).read_line(&mut out).unwrap();
+        serde_json::from_str(&out).unwrap()
+    };
+    let got = ask(&sb.namespace, &sb.name);
+    assert_eq!(got["status"], "found", "{got}\n{}", node.agent_logs());
+    let (key, value) = interlock_testkit::node::MESHED_ANNOTATION;
+    assert_eq!(got["annotations"][key], value, "{got}");
+    let none = ask(&sb.namespace, "no-such-pod");
+    assert_eq!(none["status"], "undecided", "{none}");
+    assert!(
+        none["reason"]
+            .as_str()
+            .unwrap()
+            .contains("lists no sandbox"),
+        "{none}"
+    );
+    finish(node);
+}
