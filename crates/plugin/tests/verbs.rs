@@ -169,7 +169,7 @@ fn protocol_errors() {
     assert_eq!(v["code"], 7);
     assert!(v["msg"].as_str().unwrap().starts_with("prevResult"), "{v}");
     // The agent's holding config (no primary on the node yet): code 11, try again later,
-    // saying why; DEL of such a sandbox succeeds.
+    // saying why; DEL too (the primary's teardown could not run: the runtime retries).
     let holding = json!({"prevResult": null, "name": interlock_contract::layout::HOLDING_NETWORK});
     let r = run(
         "ADD",
@@ -187,7 +187,12 @@ fn protocol_errors() {
     );
     let del = attach_env("c1", "", POD_ARGS);
     let r = run("DEL", &del, &bytes(&conf("1.0.0", t.path(), holding)));
-    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v = r.json();
+    assert_eq!(v["code"], 11, "{v}");
+    assert!(
+        v["msg"].as_str().unwrap().contains("primary's teardown"),
+        "{v}"
+    );
     // Missing environment: code 4 naming the variable.
     let r = run(
         "ADD",

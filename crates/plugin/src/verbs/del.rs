@@ -5,7 +5,8 @@
 
 use std::time::Instant;
 
-use interlock_contract::codes::Step;
+use interlock_contract::codes::{self, Step};
+use interlock_contract::layout;
 use interlock_protocol::CniError;
 use serde_json::Map;
 
@@ -15,6 +16,19 @@ use crate::protect::{self, micros, Failure, Undone};
 use crate::state::StateStore;
 
 pub(super) fn del(call: &Call) -> Result<(), CniError> {
+    if call.inv.network() == layout::HOLDING_NETWORK {
+        // Under the agent's holding config the runtime would run only this DEL, and
+        // report the sandbox's network gone while the primary's part (its address in
+        // IPAM, its interfaces) was never released. Fail like a node without any config
+        // does, so the runtime retries once the primary's config is back and the whole
+        // chain's DEL runs (interlock's part included).
+        return Err(call.err(
+            codes::TRY_AGAIN_LATER,
+            "DEL refused: this node has no primary CNI config right now, so the primary's \
+             teardown (its IP address, its interfaces) cannot run; the runtime retries, and \
+             the DEL succeeds once the primary has written its config again",
+        ));
+    }
     let start = Instant::now();
     let store = StateStore::new(&call.config.state_dir);
     let key = call.key();
