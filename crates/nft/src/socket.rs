@@ -190,7 +190,7 @@ impl Nft {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && !errors.is_empty() => break,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     return Err(NftError::Timeout {
-                        what: batch.describe(0).unwrap_or("batch").to_string(),
+                        what: batch.describe(0).unwrap_or_else(|| "batch".into()),
                         timeout_ms: REPLY_TIMEOUT.as_millis() as u64,
                     })
                 }
@@ -219,7 +219,9 @@ impl Nft {
         }
         if let Some((idx, errno, message)) = errors.into_iter().next() {
             let what = match idx {
-                Some(i) => batch.describe(i).unwrap_or("a batch message").to_string(),
+                Some(i) => batch
+                    .describe(i)
+                    .unwrap_or_else(|| "a batch message".into()),
                 None => "the nf_tables batch".to_string(),
             };
             return Err(NftError::Kernel {

@@ -82,6 +82,15 @@ impl Logger {
     pub fn debug(&self, msg: &str) {
         self.log(LogLevel::Debug, msg)
     }
+
+    /// Logs at debug level the message `msg` builds, building it only when debug is
+    /// enabled: a pod's identity with its annotations is worth formatting only then (it
+    /// was about 3 % of a meshed ADD's instructions at the default level).
+    pub fn debug_with(&self, msg: impl FnOnce() -> String) {
+        if LogLevel::Debug <= self.level {
+            self.log(LogLevel::Debug, &msg())
+        }
+    }
 }
 
 #[cfg(test)]
@@ -95,6 +104,7 @@ mod tests {
         let l = Logger::new(LogLevel::Info, Some(path.clone())).with_context("ADD c/eth0".into());
         l.info("hello");
         l.debug("hidden");
+        l.debug_with(|| unreachable!("a debug message is not built at info level"));
         l.error("bad");
         let s = std::fs::read_to_string(&path).unwrap();
         assert!(
@@ -103,5 +113,12 @@ mod tests {
         );
         assert!(!s.contains("hidden"));
         assert_eq!(s.lines().count(), 2);
+        let d = Logger::new(LogLevel::Debug, Some(path.clone()));
+        d.debug_with(|| "built".into());
+        let s = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            s.contains("DEBUG interlock-cni[") && s.contains("built"),
+            "{s}"
+        );
     }
 }

@@ -305,14 +305,16 @@ fn run_inner<P: Plugin>(plugin: &P, env: &CniEnv, stdin: &[u8]) -> Result<Vec<u8
             ))
         }
     };
-    let supported = CniVersion::all_strings().join(", ");
+    // Only an error names the supported versions: build the list only then.
+    let supported = || CniVersion::all_strings().join(", ");
     let version = match conf.get("cniVersion") {
         None => {
             return Err(CniError::new(
                 latest,
                 INCOMPATIBLE_VERSION,
                 format!(
-                    "incompatible CNI versions: config has no cniVersion (meaning 0.1.0); {name} supports {supported}"
+                    "incompatible CNI versions: config has no cniVersion (meaning 0.1.0); {name} supports {}",
+                    supported()
                 ),
             ))
         }
@@ -320,7 +322,10 @@ fn run_inner<P: Plugin>(plugin: &P, env: &CniEnv, stdin: &[u8]) -> Result<Vec<u8
             CniError::new(
                 latest,
                 INCOMPATIBLE_VERSION,
-                format!("incompatible CNI versions: config is {s:?}, {name} supports {supported}"),
+                format!(
+                    "incompatible CNI versions: config is {s:?}, {name} supports {}",
+                    supported()
+                ),
             )
         })?,
         Some(other) => {

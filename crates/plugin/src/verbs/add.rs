@@ -22,7 +22,7 @@ pub(super) fn add(call: &Call) -> Result<CniResult, CniError> {
     let prev = call.prev_result("ADD")?;
     let mut pod = PodIdentity::from_cni(call.inv.args(), &call.inv.conf)
         .map_err(|e| call.err(codes::INVALID_NETWORK_CONFIG, e.to_string()))?;
-    call.log.debug(&format!("decision input: {pod:?}"));
+    call.log.debug_with(|| format!("decision input: {pod:?}"));
     let (decision, source) = decide::decide_with_lookup(call.config, &mut pod);
     let decide_us = micros(start.elapsed());
     let name = pod.display_name();
