@@ -313,7 +313,7 @@ fn protect_pod(
     let mut spec = spec.as_ref().clone();
     spec.ipv4 = true;
     spec.ipv6 = true;
-    let spec_hash = spec.hash();
+    let (canonical, spec_hash) = spec.canonical_and_hash();
     let (_, gateways) = pod_addresses(prev, ifname);
 
     let mut notes = Vec::new();
@@ -361,6 +361,7 @@ fn protect_pod(
                         let options = ProtectOptions {
                             remove_on_failure: false,
                             proxy_port,
+                            spec_hash: Some(spec_hash.clone()),
                             ..ProtectOptions::default()
                         };
                         let done = engine::protect_in(&pod, &spec, r.backend, &gateways, &options)
@@ -375,6 +376,7 @@ fn protect_pod(
                     // Nothing recorded for this netns: a new pod's, most likely empty.
                     new_netns: record.is_none(),
                     proxy_port,
+                    spec_hash: Some(spec_hash.clone()),
                     ..ProtectOptions::default()
                 };
                 let done = match engine::protect_in(&pod, &spec, kind, &gateways, &options) {
@@ -408,7 +410,7 @@ fn protect_pod(
             netns_id: id.to_string(),
             netns: netns.to_string(),
             backend,
-            spec: spec.canonical_json(),
+            spec: canonical.clone(),
             spec_hash: spec_hash.clone(),
             probe: probe.clone(),
             proven_by: key.clone(),
@@ -422,7 +424,7 @@ fn protect_pod(
         profile: *profile,
         backend,
         backend_reason,
-        spec: spec.canonical_json(),
+        spec: canonical,
         spec_hash,
         probe,
         timings: Timings {

@@ -187,6 +187,23 @@ impl CniResult {
         Ok(serde_json::from_value(value)?)
     }
 
+    /// [`CniResult::from_value`] without taking (or copying) the value: a result that
+    /// names its version is read in place (the plugin's `prevResult`, on every ADD).
+    pub fn from_value_ref(
+        value: &serde_json::Value,
+        fallback: Option<CniVersion>,
+    ) -> Result<CniResult, ResultError> {
+        let Some(version) = value.get("cniVersion").and_then(|v| v.as_str()) else {
+            return CniResult::from_value(value.clone(), fallback);
+        };
+        let parsed: CniVersion = version
+            .parse()
+            .map_err(|_| ResultError::Version(version.to_string()))?;
+        let mut r = CniResult::deserialize(value)?;
+        r.normalise(parsed);
+        Ok(r)
+    }
+
     fn normalise(&mut self, to: CniVersion) {
         self.cni_version = to;
         if to.is_1x() {
@@ -355,6 +372,27 @@ mod tests {
             // 0.x carries the family on every IP; 1.x never.
             let s = r.convert(via).to_json();
             prop_assert_eq!(s.contains("\"version\""), !via.is_1x() && !r.ips.is_empty());
+        }
+    }
+
+    #[test]
+    fn reading_in_place_equals_reading_a_copy() {
+        let cases = [
+            BRIDGE_031,
+            r#"{"ips":[{"address":"10.99.0.5/24","version":"4"}]}"#,
+            r#"{"cniVersion":"1.0.0","ips":[{"address":"fd99::2/64","version":"6"}],"dns":{}}"#,
+            r#"{"cniVersion":"9.9.9","ips":[]}"#,
+            r#"{"cniVersion":"1.0.0","ips":"nope"}"#,
+            r#"{"cniVersion":7}"#,
+            r#"[]"#,
+        ];
+        for case in cases {
+            let v: serde_json::Value = serde_json::from_str(case).unwrap();
+            for fallback in [None, Some(CniVersion::V0_4_0)] {
+                let by_ref = CniResult::from_value_ref(&v, fallback).map_err(|e| e.to_string());
+                let by_copy = CniResult::from_value(v.clone(), fallback).map_err(|e| e.to_string());
+                assert_eq!(by_ref, by_copy, "{case} with fallback {fallback:?}");
+            }
         }
     }
 }

@@ -125,7 +125,7 @@ impl Invocation<'_> {
         let Some(prev) = self.conf.get("prevResult").filter(|v| !v.is_null()) else {
             return Ok(None);
         };
-        CniResult::from_value(prev.clone(), Some(self.version))
+        CniResult::from_value_ref(prev, Some(self.version))
             .map(Some)
             .map_err(|e| self.err(INVALID_NETWORK_CONFIG, format!("prevResult: {e}")))
     }

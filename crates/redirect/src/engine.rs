@@ -33,6 +33,10 @@ pub struct ProtectOptions {
     /// Whether a running proxy may own its outbound port (the agent's in-place repair of
     /// a running pod), see [`probe::ProxyPort`].
     pub proxy_port: probe::ProxyPort,
+    /// [`RedirectSpec::hash`] of the spec when the caller has it already (it recorded
+    /// it): [`Protection::spec_hash`] then is this, not hashed again. It must be the
+    /// spec's; `None` hashes the spec.
+    pub spec_hash: Option<String>,
 }
 
 impl Default for ProtectOptions {
@@ -42,6 +46,7 @@ impl Default for ProtectOptions {
             remove_on_failure: true,
             new_netns: false,
             proxy_port: probe::ProxyPort::Free,
+            spec_hash: None,
         }
     }
 }
@@ -333,7 +338,7 @@ pub fn protect_in(
         };
         Ok(Protection {
             backend: kind,
-            spec_hash: spec.hash(),
+            spec_hash: options.spec_hash.clone().unwrap_or_else(|| spec.hash()),
             probe: report,
             rules_time,
             probe_time: t.elapsed(),

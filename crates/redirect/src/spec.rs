@@ -336,7 +336,19 @@ impl RedirectSpec {
     /// Hex SHA-256 of [`RedirectSpec::canonical_json`]: equal for equal meanings, recorded in
     /// per-attachment state to tell whether the rules in a netns are the ones wanted now.
     pub fn hash(&self) -> String {
-        hex::encode(Sha256::digest(self.canonical_json().as_bytes()))
+        Self::hash_of_canonical(&self.canonical_json())
+    }
+
+    /// [`RedirectSpec::canonical_json`] and [`RedirectSpec::hash`] together, rendering the
+    /// spec once (a caller that records both).
+    pub fn canonical_and_hash(&self) -> (String, String) {
+        let canonical = self.canonical_json();
+        let hash = Self::hash_of_canonical(&canonical);
+        (canonical, hash)
+    }
+
+    fn hash_of_canonical(canonical: &str) -> String {
+        hex::encode(Sha256::digest(canonical.as_bytes()))
     }
 
     /// The include CIDRs of one family (empty: see [`OutboundCapture::include_cidrs`]).
