@@ -92,12 +92,17 @@ impl<'a> Attr<'a> {
 
     /// A string attribute, without the trailing NUL.
     pub(crate) fn string(&self) -> Result<String, NftError> {
+        self.str().map(str::to_owned)
+    }
+
+    /// [`Attr::string`] borrowed from the buffer (nothing allocated).
+    pub(crate) fn str(&self) -> Result<&'a str, NftError> {
         let end = self
             .data
             .iter()
             .position(|&b| b == 0)
             .unwrap_or(self.data.len());
-        String::from_utf8(self.data[..end].to_vec())
+        std::str::from_utf8(&self.data[..end])
             .map_err(|_| malformed(format!("attribute {} is not UTF-8", self.ty)))
     }
 

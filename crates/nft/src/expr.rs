@@ -474,16 +474,16 @@ impl Expr {
         for a in elem.nested() {
             let a = a?;
             match a.ty {
-                NFTA_EXPR_NAME => name = Some(a.string()?),
+                NFTA_EXPR_NAME => name = Some(a.str()?),
                 NFTA_EXPR_DATA => data = a.data,
                 _ => {}
             }
         }
         let name = name.ok_or_else(|| NftError::Malformed("expression without a name".into()))?;
-        Ok(match decode_known(&name, data)? {
+        Ok(match decode_known(name, data)? {
             Some(e) => e,
             None => Expr::Other {
-                name,
+                name: name.to_owned(),
                 data: data.to_vec(),
             },
         })
