@@ -31,6 +31,7 @@ pub mod agent_stub;
 pub mod api_load;
 pub mod audit;
 pub mod concurrent;
+pub mod pin;
 pub mod repair;
 pub mod report;
 pub mod run;

@@ -72,6 +72,10 @@ struct Args {
     /// Pretty-print the JSON.
     #[arg(long)]
     pretty: bool,
+    /// Let the sequential samples run on any CPU (by default they run on one: see
+    /// `interlock_bench::pin`).
+    #[arg(long)]
+    no_pin: bool,
 }
 
 fn main() -> ExitCode {
@@ -152,6 +156,12 @@ fn main() -> ExitCode {
         plan.rounds,
         plugin.display()
     );
+    let pinned = if args.no_pin {
+        None
+    } else {
+        interlock_bench::pin::Pinned::here()
+    };
+    let sequential_cpu = pinned.as_ref().map(|p| p.cpu);
     let collected = match run::run(&bench, &plan, &mut |line| {
         eprintln!("interlock-bench: {line}")
     }) {
@@ -161,6 +171,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    drop(pinned);
     let levels: Vec<usize> = match args.concurrency.as_slice() {
         [] if args.quick => vec![1, 8],
         [] if args.only.is_empty() => interlock_bench::concurrent::LEVELS.to_vec(),
@@ -175,7 +186,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let doc = report::report(&bench, &plan, &collected, &loadavg, concurrency);
+    let mut doc = report::report(&bench, &plan, &collected, &loadavg, concurrency);
+    doc["plan"]["sequential_cpu"] = sequential_cpu.map_or(
+        serde_json::Value::String("any (unpinned)".into()),
+        serde_json::Value::from,
+    );
     let text = if args.pretty {
         serde_json::to_string_pretty(&doc)
     } else {
