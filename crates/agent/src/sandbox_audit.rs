@@ -245,21 +245,16 @@ impl Auditor {
                 .annotations(&meta.namespace, &meta.name, Some(&meta.uid))
         });
         let annotations = current.unwrap_or_else(|| status.annotations.clone());
-        let decision = if status.host_network {
-            Decision::NotMeshed {
-                reason: "host-network sandbox: no pod netns to redirect in".into(),
-            }
-        } else {
-            interlock_redirect::decision::decide(
-                &self.plugin,
-                &meta.namespace,
-                &pod,
-                Some(&annotations),
-            )
-        };
+        let decision = interlock_redirect::decision::decide_sandbox(
+            &self.plugin,
+            &meta.namespace,
+            &meta.name,
+            status.host_network,
+            &annotations,
+        );
         let (verdict, netns_id) = match (&decision, status.netns_path()) {
             (Decision::Meshed { spec, .. }, Some(path)) => {
-                let spec = both_families(spec);
+                let spec = spec.as_installed();
                 let (path, state_dir, backend, sandbox) = (
                     path.to_path_buf(),
                     self.plugin.state_dir.clone(),
@@ -627,13 +622,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The spec the plugin installs for a meshed decision: the profile's, for both families.
-fn both_families(spec: &RedirectSpec) -> RedirectSpec {
-    let mut spec = spec.clone();
-    spec.ipv4 = true;
-    spec.ipv6 = true;
-    spec
-}
-
 /// Reads the plugin's record of netns `id` (without its lock: records are replaced
 /// atomically). A missing or unreadable record counts as none, as for the plugin.
 pub fn read_record(state_dir: &Path, id: NetnsId) -> Option<NetnsRecord> {

@@ -310,9 +310,7 @@ fn protect_pod(
         .as_ref()
         .map(|r| r.live_refs(key, is_live(store, r, None)))
         .unwrap_or_default();
-    let mut spec = spec.as_ref().clone();
-    spec.ipv4 = true;
-    spec.ipv6 = true;
+    let spec = spec.as_installed();
     let (canonical, spec_hash) = spec.canonical_and_hash();
     let (_, gateways) = pod_addresses(prev, ifname);
 

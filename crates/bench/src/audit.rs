@@ -87,9 +87,7 @@ pub fn run(a: AuditArgs) -> anyhow::Result<()> {
     let Decision::Meshed { spec, .. } = &decision else {
         bail!("the benchmark's pods are not meshed: {decision:?}");
     };
-    let mut spec = spec.as_ref().clone();
-    spec.ipv4 = true;
-    spec.ipv6 = true;
+    let spec = spec.as_installed();
 
     eprintln!("creating {} pod netns …", a.pods);
     let node = Node::new()?;

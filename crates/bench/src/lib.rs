@@ -279,12 +279,10 @@ pub fn plain_annotations() -> BTreeMap<String, String> {
 /// The rule set every scenario installs: the istio profile's spec for
 /// [`istio_annotations`], dual-stack.
 pub fn bench_spec() -> RedirectSpec {
-    let (_, mut spec) = interlock_redirect::spec_for(&istio_annotations(), &ProfileName::ALL)
+    let (_, spec) = interlock_redirect::spec_for(&istio_annotations(), &ProfileName::ALL)
         .expect("the istio annotations are valid")
         .expect("the istio profile claims the pod");
-    spec.ipv4 = true;
-    spec.ipv6 = true;
-    spec
+    spec.as_installed()
 }
 
 /// Where the plugin is looked for by default: `interlock-cni` next to the running

@@ -360,12 +360,7 @@ fn inspect_at(
             .as_ref()
             .and_then(|rec| serde_json::from_str::<RedirectSpec>(&rec.spec).ok()),
     };
-    let spec = spec.map(|mut s| {
-        // The audit reads both families whatever the pod's addresses.
-        s.ipv4 = true;
-        s.ipv6 = true;
-        s
-    });
+    let spec = spec.map(|s| s.as_installed());
     let backend = r
         .record
         .as_ref()

@@ -55,6 +55,30 @@ impl Decision {
     }
 }
 
+/// Decides for a running sandbox of pod `namespace`/`name` with `annotations`: a
+/// host-network sandbox has no pod netns to redirect in, so it is never meshed, whatever
+/// its annotations; any other is [`decide`]d. The agent's audit and `interlock check`
+/// judge sandboxes by this one rule.
+pub fn decide_sandbox(
+    config: &PluginConfig,
+    namespace: &str,
+    name: &str,
+    host_network: bool,
+    annotations: &BTreeMap<String, String>,
+) -> Decision {
+    if host_network {
+        return Decision::NotMeshed {
+            reason: "host-network sandbox: no pod netns to redirect in".into(),
+        };
+    }
+    decide(
+        config,
+        namespace,
+        &format!("{namespace}/{name}"),
+        Some(annotations),
+    )
+}
+
 /// Decides for the pod `namespace`/`name` (`pod` is how messages name it). `annotations`
 /// is `None` when they are unknown: the pod is then [`Decision::Undecided`] unless its
 /// namespace is excluded.
@@ -96,5 +120,31 @@ pub fn decide(
         Err(e) => Decision::Invalid {
             reason: e.to_string(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_network_sandbox_is_never_meshed_and_any_other_is_decided_as_a_pod() {
+        let config = PluginConfig::default();
+        let mut istio = BTreeMap::new();
+        istio.insert(
+            "sidecar.istio.io/status".to_string(),
+            r#"{"containers":["istio-proxy"]}"#.to_string(),
+        );
+        let host = decide_sandbox(&config, "shop", "web", true, &istio);
+        assert!(
+            matches!(&host, Decision::NotMeshed { reason } if reason.contains("host-network")),
+            "{host:?}"
+        );
+        for annotations in [istio, BTreeMap::new()] {
+            assert_eq!(
+                decide_sandbox(&config, "shop", "web", false, &annotations),
+                decide(&config, "shop", "shop/web", Some(&annotations))
+            );
+        }
     }
 }

@@ -339,6 +339,18 @@ impl RedirectSpec {
         Self::hash_of_canonical(&self.canonical_json())
     }
 
+    /// This spec as interlock installs it in a pod's netns: the rules of both families,
+    /// whatever addresses the pod has (a family without addresses then has its rules
+    /// and nothing to capture). The plugin installs this, and every reader that checks
+    /// what a netns holds (the agent's audit, `check`, `inspect`) compares with this.
+    pub fn as_installed(&self) -> RedirectSpec {
+        RedirectSpec {
+            ipv4: true,
+            ipv6: true,
+            ..self.clone()
+        }
+    }
+
     /// [`RedirectSpec::canonical_json`] and [`RedirectSpec::hash`] together, rendering the
     /// spec once (a caller that records both).
     pub fn canonical_and_hash(&self) -> (String, String) {
@@ -473,6 +485,27 @@ pub(crate) mod tests {
     #[test]
     fn valid_spec_passes() {
         istio_like().validate().unwrap();
+    }
+
+    #[test]
+    fn the_installed_spec_has_both_families_and_nothing_else_changed() {
+        let mut v4_only = istio_like();
+        v4_only.ipv6 = false;
+        let installed = v4_only.as_installed();
+        assert!(installed.ipv4 && installed.ipv6);
+        assert_eq!(installed, istio_like().as_installed());
+        assert_eq!(
+            RedirectSpec {
+                ipv6: false,
+                ..installed.clone()
+            },
+            v4_only
+        );
+        let (canonical, hash) = installed.canonical_and_hash();
+        assert_eq!(
+            (canonical, hash),
+            (installed.canonical_json(), installed.hash())
+        );
     }
 
     #[test]

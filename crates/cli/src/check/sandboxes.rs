@@ -106,13 +106,13 @@ pub(crate) fn backend_for(plugin: &PluginConfig) -> BackendKind {
 /// of its own to redirect in.
 pub(crate) fn decision_of(plugin: &PluginConfig, s: &SandboxStatus) -> Decision {
     let meta = &s.metadata;
-    if s.host_network {
-        return Decision::NotMeshed {
-            reason: "host-network sandbox: no pod netns to redirect in".into(),
-        };
-    }
-    let pod = format!("{}/{}", meta.namespace, meta.name);
-    interlock_redirect::decision::decide(plugin, &meta.namespace, &pod, Some(&s.annotations))
+    interlock_redirect::decision::decide_sandbox(
+        plugin,
+        &meta.namespace,
+        &meta.name,
+        s.host_network,
+        &s.annotations,
+    )
 }
 
 /// A sandbox's status, or why it could not be read.
@@ -178,10 +178,7 @@ pub fn list(endpoint: &str, plugin: &PluginConfig) -> SandboxesSeen {
         let netns = status.netns_path();
         let verdict = match (&decision, netns) {
             (Decision::Meshed { spec, .. }, Some(path)) => {
-                // The audit reads both families whatever the pod's addresses.
-                let mut spec = (**spec).clone();
-                spec.ipv4 = true;
-                spec.ipv6 = true;
+                let spec = spec.as_installed();
                 match sandbox_audit::inspect(path, &spec, &plugin.state_dir, backend, &id) {
                     Inspection::Gone => continue,
                     Inspection::Seen { rules, .. } => audit::judge(&decision, Some(&rules)),
