@@ -6,16 +6,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixListener;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Agent, Dirs};
-use interlock_contract::agent_socket::{answer_line, PodRef, Response};
+use interlock_testkit::forged_agent::ForgedAgent;
 use interlock_testkit::kubeapi::KubeApi;
 use interlock_testkit::{require_root, Netns};
 use serde_json::{json, Value};
@@ -201,29 +199,12 @@ fn the_real_agent_answers_the_real_plugins_lookup() {
     drop(a);
 }
 
-/// Serves the agent protocol at `INTERLOCK_FORGED_AGENT`, answering "meshed" for every
-/// pod; only does anything in the child `a_forged_socket_is_refused_by_the_real_plugin`
-/// starts as an unprivileged user.
+/// The forged agent ([`ForgedAgent`]): answers "meshed" for every pod; only does
+/// anything in the child `a_forged_socket_is_refused_by_the_real_plugin` starts as an
+/// unprivileged user.
 #[test]
 fn forged_agent_process() {
-    let Some(path) = std::env::var_os("INTERLOCK_FORGED_AGENT") else {
-        return;
-    };
-    let l = UnixListener::bind(&path).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let meshed = [("sidecar.istio.io/status".to_string(), "{}".to_string())];
-    for s in l.incoming() {
-        let Ok(mut s) = s else { return };
-        let mut line = String::new();
-        if BufReader::new(&s).read_line(&mut line).is_ok() {
-            let reply = |_: &PodRef| Response::Found {
-                v: 1,
-                uid: None,
-                annotations: meshed.iter().cloned().collect(),
-            };
-            let _ = s.write_all(answer_line(&line, reply).as_bytes());
-        }
-    }
+    interlock_testkit::forged_agent::serve_if_child(&[("sidecar.istio.io/status", "{}")]);
 }
 
 /// A state dir an unprivileged user can write (a mistake) lets that user serve
@@ -234,62 +215,35 @@ fn forged_agent_process() {
 #[test]
 fn a_forged_socket_is_refused_by_the_real_plugin() {
     require_root!();
-    let open = interlock_testkit::tempdir().unwrap();
-    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let exe = interlock_testkit::copy_of_this_test_binary(open.path(), "forger");
-    let forged = open.path().join("agent.sock");
-    struct Forger(std::process::Child);
-    impl Drop for Forger {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _forger = Forger(
-        Command::new(&exe)
-            .args(["--exact", "forged_agent_process", "--nocapture"])
-            .env("INTERLOCK_FORGED_AGENT", &forged)
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    common::wait_until(
-        Duration::from_secs(5),
-        || forged.exists(),
-        || "the forger did not bind".into(),
-    );
+    let mut forger = ForgedAgent::start("forged_agent_process", NOBODY);
+    let forged = forger.socket.clone();
     let root_only = interlock_testkit::tempdir().unwrap();
     std::fs::set_permissions(root_only.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     let moved = root_only.path().join("agent.sock");
     let ns = Netns::new("forged").unwrap();
     for (state, socket, refusal) in [
         (
-            open.path(),
+            forger.open_dir.path().to_path_buf(),
             forged.clone(),
             format!("owned by uid {NOBODY}"),
         ),
         (
-            root_only.path(),
+            root_only.path().to_path_buf(),
             moved.clone(),
             format!("runs as uid {NOBODY}, not root"),
         ),
     ] {
         if socket == moved {
-            std::fs::rename(&forged, &moved).unwrap();
-            std::os::unix::fs::chown(&moved, Some(0), Some(0)).unwrap();
-            std::fs::set_permissions(&moved, std::fs::Permissions::from_mode(0o600)).unwrap();
+            forger.move_into(root_only.path());
         }
-        let config = add_config(state, &socket, &ns.path());
+        let config = add_config(&state, &socket, &ns.path());
         let (code, msg) = add(&config, "sb-forged", "web-0", "").unwrap_err();
         assert_eq!(code, 11, "{msg}");
         assert!(
             msg.contains(&format!("agent socket {}", socket.display())) && msg.contains(&refusal),
             "{msg}"
         );
-        assert!(state_of(state, "sb-forged").is_none());
+        assert!(state_of(&state, "sb-forged").is_none());
         assert!(!ns
             .exec_ok(&["nft", "list", "ruleset"])
             .contains("interlock"));

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use interlock_contract::agent_socket::{answer_line, answer_request, PodRef, Response};
+use interlock_contract::agent_socket::{answer_request, PodRef, Response};
 use interlock_redirect::probe::original_dst;
 use interlock_testkit::require_root;
 use serde_json::{json, Value};
@@ -215,30 +215,11 @@ fn undecidable_pod_fails_closed_saying_why() {
     assert_eq!(n.state_of(&x.rt).unwrap()["decision"]["decision"], "skip");
 }
 
-/// Serves the agent protocol on `INTERLOCK_FORGED_AGENT` (any pod is "meshed"), as
-/// whatever user runs it; only does anything in the child started by
-/// `a_socket_served_by_another_user_is_not_trusted`.
+/// The forged agent (`interlock_testkit::forged_agent`): any pod is "meshed"; only
+/// does anything in the child `a_socket_served_by_another_user_is_not_trusted` starts.
 #[test]
 fn forged_agent_child() {
-    let Some(path) = std::env::var_os("INTERLOCK_FORGED_AGENT") else {
-        return;
-    };
-    use std::os::unix::fs::PermissionsExt;
-    let l = UnixListener::bind(&path).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
-    for s in l.incoming() {
-        let Ok(mut s) = s else { return };
-        let mut line = String::new();
-        if BufReader::new(&s).read_line(&mut line).is_ok() {
-            let meshed = [("interlock.dev/redirect".to_string(), "enabled".to_string())];
-            let reply = |_: &PodRef| Response::Found {
-                v: 1,
-                uid: None,
-                annotations: meshed.iter().cloned().collect(),
-            };
-            let _ = s.write_all(answer_line(&line, reply).as_bytes());
-        }
-    }
+    interlock_testkit::forged_agent::serve_if_child(&[("interlock.dev/redirect", "enabled")]);
 }
 
 /// The agent socket's answer decides whether a pod is meshed, so it counts only from a
@@ -250,40 +231,11 @@ fn forged_agent_child() {
 #[test]
 fn a_socket_served_by_another_user_is_not_trusted() {
     require_root!();
-    use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::process::CommandExt;
-    let open = interlock_testkit::tempdir().unwrap();
-    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    // A copy of this test binary the unprivileged user can run.
-    let exe = interlock_testkit::copy_of_this_test_binary(open.path(), "forger");
-    let forged = open.path().join("agent.sock");
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _child = Kill(
-        std::process::Command::new(&exe)
-            .args(["--exact", "forged_agent_child", "--nocapture"])
-            .env("INTERLOCK_FORGED_AGENT", &forged)
-            .uid(65534)
-            .gid(65534)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = std::time::Instant::now() + WAIT;
-    while !forged.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the forger did not bind"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let mut forger =
+        interlock_testkit::forged_agent::ForgedAgent::start("forged_agent_child", 65534);
+    let forged = forger.socket.clone();
     // Moved by root into a root-owned directory and made root's: only SO_PEERCRED tells.
+    use std::os::unix::fs::PermissionsExt;
     let closed = interlock_testkit::tempdir().unwrap();
     std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let n = Node::new(false);
@@ -295,9 +247,7 @@ fn a_socket_served_by_another_user_is_not_trusted() {
         ),
     ] {
         if socket != forged {
-            std::fs::rename(&forged, &socket).unwrap();
-            std::os::unix::fs::chown(&socket, Some(0), Some(0)).unwrap();
-            std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)).unwrap();
+            forger.move_into(closed.path());
         }
         let chain = n.chain(no_capability(json!({ "agentSocket": socket })));
         let (ns, rt, r) = n.try_add(&chain, "web", None);

@@ -9,6 +9,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub mod containerd;
+pub mod forged_agent;
 pub mod http;
 pub mod kubeapi;
 pub mod node;
