@@ -2,7 +2,7 @@
 //! refuses it: a copy of the running test binary re-runs one test function as that
 //! user, and that function ([`serve_if_child`]) answers every lookup "meshed".
 //!
-//! ```ignore
+//! ```text
 //! #[test]
 //! fn forger() { interlock_testkit::forged_agent::serve_if_child(&[("a", "b")]) }
 //! // in the test: ForgedAgent::start("forger", 65534) …
