@@ -403,12 +403,7 @@ pub fn plan(
     let (via_excluded, routed): (Vec<&Route>, Vec<&Route>) =
         usable.iter().copied().partition(excluded);
     let ports = candidate_ports(spec);
-    let captured = |ip: IpAddr| {
-        ports
-            .iter()
-            .find(|&&p| spec.captures_outbound(0, 0, "", ip, p))
-            .map(|&p| SocketAddr::new(ip, p))
-    };
+    let captured = |ip: IpAddr| captured_target(spec, &ports, ip);
     if routed.is_empty() {
         if !via_excluded.is_empty() {
             return Ok(Plan::NotCaptured(format!(
@@ -540,27 +535,46 @@ pub fn probe_with(
     timeout: Duration,
     port: ProxyPort,
 ) -> Result<ProbeReport, ProbeError> {
-    // One socket for the dumps and every route lookup after them; the lookups take the
-    // links from the dump instead of asking the kernel again.
-    let snapshot = || -> io::Result<_> {
-        let mut rtnl = Rtnetlink::open()?;
-        let routes = rtnl.routes()?;
-        let links = rtnl.links()?;
-        Ok((rtnl, routes, links))
-    };
-    let (mut rtnl, routes, links) = snapshot().map_err(|source| ProbeError::Routes { source })?;
+    // One socket for every route lookup. The route and link dumps that [`plan`] needs are
+    // taken only for a family the gateway shortcut does not settle: each dump takes the
+    // kernel's RTNL lock, which a node deleting pods holds for long stretches.
+    let mut rtnl = Rtnetlink::open().map_err(|source| ProbeError::Routes { source })?;
+    let mut tables: Option<(Vec<Route>, Vec<Link>)> = None;
+    // Links met on the way (both families usually leave through the same one).
+    let mut met: Vec<Link> = Vec::new();
     let mut report = ProbeReport::default();
     for family in [Family::V4, Family::V6] {
-        match plan(spec, family, gateways, &routes, &links)? {
+        if let Some(target) = routed_gateway(spec, family, gateways, (&mut rtnl, &mut met))? {
+            report.proven.push(land_or_observe(
+                spec,
+                target,
+                &[target],
+                (timeout, port),
+                (&mut rtnl, &met),
+            )?);
+            continue;
+        }
+        let (routes, links) = match &mut tables {
+            Some(t) => t,
+            None => {
+                let dumped = rtnl
+                    .routes()
+                    .and_then(|r| Ok((r, rtnl.links()?)))
+                    .map_err(|source| ProbeError::Routes { source })?;
+                tables.insert(dumped)
+            }
+        };
+        let (routes, links) = (&*routes, &*links);
+        match plan(spec, family, gateways, routes, links)? {
             Plan::NotCaptured(why) => report.skipped.push((family, why)),
             Plan::Connect(targets) => {
-                let harmless = gateway_targets(&targets, gateways, &routes);
+                let harmless = gateway_targets(&targets, gateways, routes);
                 report.proven.push(connect_first(
                     spec,
                     family,
                     (&targets, &harmless),
                     (timeout, port),
-                    (&mut rtnl, &links),
+                    (&mut rtnl, links),
                 )?)
             }
             Plan::LinkLocal { target, via } => {
@@ -597,7 +611,6 @@ pub fn gateway_targets(
 /// Probes the first target whose route does not leave through an excluded interface;
 /// when a running proxy owns the port ([`ProxyPort::MaybeTaken`]), the first such
 /// target of `harmless` instead, without binding.
-#[cfg_attr(not(feature = "sockdiag"), allow(unused_variables))]
 fn connect_first(
     spec: &RedirectSpec,
     family: Family,
@@ -606,7 +619,6 @@ fn connect_first(
     (rtnl, links): (&mut Rtnetlink, &[Link]),
 ) -> Result<ProbeResult, ProbeError> {
     let mut passed_over = Vec::new();
-    let proxy_port = spec.outbound.proxy_port;
     for &target in targets {
         match egress_checked(rtnl, links, target)? {
             None => passed_over.push(format!("{target}: no route")),
@@ -614,14 +626,7 @@ fn connect_first(
                 passed_over.push(format!("{target}: routed through excluded {}", e.name))
             }
             Some(_) => {
-                let landed = land(proxy_port, target, timeout);
-                #[cfg(feature = "sockdiag")]
-                if let Err(ProbeError::Bind { source, .. }) = &landed {
-                    if port == ProxyPort::MaybeTaken && source.kind() == io::ErrorKind::AddrInUse {
-                        return observe_first(spec, family, harmless, timeout, (rtnl, links));
-                    }
-                }
-                return landed;
+                return land_or_observe(spec, target, harmless, (timeout, port), (rtnl, links))
             }
         }
     }
@@ -632,6 +637,74 @@ fn connect_first(
             passed_over.join("; ")
         ),
     })
+}
+
+/// Lands the probe on `target` (its route already checked); when a running proxy owns
+/// the port ([`ProxyPort::MaybeTaken`]), observes the first of `harmless` instead.
+#[cfg_attr(not(feature = "sockdiag"), allow(unused_variables))]
+fn land_or_observe(
+    spec: &RedirectSpec,
+    target: SocketAddr,
+    harmless: &[SocketAddr],
+    (timeout, port): (Duration, ProxyPort),
+    (rtnl, links): (&mut Rtnetlink, &[Link]),
+) -> Result<ProbeResult, ProbeError> {
+    let proxy_port = spec.outbound.proxy_port;
+    let landed = land(proxy_port, target, timeout);
+    #[cfg(feature = "sockdiag")]
+    if let Err(ProbeError::Bind { source, .. }) = &landed {
+        if port == ProxyPort::MaybeTaken && source.kind() == io::ErrorKind::AddrInUse {
+            let family = Family::of(&target.ip());
+            return observe_first(spec, family, harmless, timeout, (rtnl, links));
+        }
+    }
+    landed
+}
+
+/// The shortcut of [`probe_with`] for `family` (what [`plan`] would pick first, without
+/// the route and link dumps): the first of the pod's `gateways` of that family, when the
+/// spec captures the family and a port to it, and the kernel routes it out through an
+/// interface that is not excluded (nor loopback). `None` sends the family to the full
+/// [`plan`]; a route that bypasses the node is refused here as it would be there.
+fn routed_gateway(
+    spec: &RedirectSpec,
+    family: Family,
+    gateways: &[IpAddr],
+    (rtnl, met): (&mut Rtnetlink, &mut Vec<Link>),
+) -> Result<Option<SocketAddr>, ProbeError> {
+    if !spec.families().contains(&family) || spec.outbound_capture_gap(family).is_some() {
+        return Ok(None);
+    }
+    let ports = candidate_ports(spec);
+    let Some(target) = gateways
+        .iter()
+        .filter(|&&ip| Family::of(&ip) == family && !is_link_local(ip))
+        .find_map(|&ip| captured_target(spec, &ports, ip))
+    else {
+        return Ok(None);
+    };
+    let egress = egress_checked(rtnl, met, target)?;
+    if let Some(e) = &egress {
+        if !met.iter().any(|l| l.index == e.index) {
+            met.push(Link {
+                index: e.index,
+                name: e.name.clone(),
+                kind: e.kind.clone(),
+            });
+        }
+    }
+    Ok(match egress {
+        Some(e) if e.name != "lo" && !spec.exclude_interfaces.contains(&e.name) => Some(target),
+        _ => None,
+    })
+}
+
+/// `ip` with the first of `ports` the spec captures outbound to it (from UID 0), if any.
+fn captured_target(spec: &RedirectSpec, ports: &[u16], ip: IpAddr) -> Option<SocketAddr> {
+    ports
+        .iter()
+        .find(|&&p| spec.captures_outbound(0, 0, "", ip, p))
+        .map(|&p| SocketAddr::new(ip, p))
 }
 
 /// [`connect_first`] when a running proxy owns the port: [`observe`] the first of the

@@ -508,6 +508,56 @@ fn probe_finds_the_gateways_itself() {
     );
 }
 
+/// Given the pod's gateways, the probe takes them without listing the routes (the RTNL
+/// lock of a node deleting pods is not taken): for each family it proves the destination
+/// the full plan over the pod's route table picks first, whatever the gateways given.
+#[test]
+fn the_gateway_shortcut_proves_what_the_full_plan_would() {
+    require_root!();
+    let topo = Topology::new();
+    let spec = spec_for(ISTIO.annotations).as_installed();
+    let (routes, links) = interlock_redirect::netns::in_netns(&topo.a.ns.path(), || {
+        (
+            interlock_redirect::route::routes().unwrap(),
+            interlock_redirect::route::links().unwrap(),
+        )
+    })
+    .unwrap();
+    let planned = |gateways: &[IpAddr]| -> Vec<SocketAddr> {
+        [Family::V4, Family::V6]
+            .into_iter()
+            .map(
+                |f| match interlock_redirect::probe::plan(&spec, f, gateways, &routes, &links) {
+                    Ok(interlock_redirect::probe::Plan::Connect(targets)) => targets[0],
+                    other => panic!("{f}: {other:?}"),
+                },
+            )
+            .collect()
+    };
+    let proven = |gateways: &[IpAddr]| -> Vec<SocketAddr> {
+        let p = protect(&topo.a.ns.path(), &spec, BackendKind::Nftables, gateways).unwrap();
+        unprotect(&topo.a.ns.path(), BackendKind::Nftables).unwrap();
+        p.probe.proven.iter().map(|r| r.target).collect()
+    };
+    let routed_elsewhere: IpAddr = "203.0.113.77".parse().unwrap();
+    for gateways in [
+        vec![],
+        topo.gateways(),
+        vec![topo.gw6, topo.gw4],
+        vec![routed_elsewhere, topo.gw6],
+    ] {
+        assert_eq!(
+            proven(&gateways),
+            planned(&gateways),
+            "gateways {gateways:?}"
+        );
+    }
+    assert_eq!(
+        proven(&topo.gateways()),
+        vec![SocketAddr::new(topo.gw4, 9), SocketAddr::new(topo.gw6, 9)]
+    );
+}
+
 #[test]
 fn generic_v4_nftables() {
     require_root!();
