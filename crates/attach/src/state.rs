@@ -160,12 +160,19 @@ impl StateStore {
 
     /// Writes (replaces) the state of one attachment atomically.
     pub fn save(&self, state: &AttachmentState) -> io::Result<()> {
-        fs::create_dir_all(&self.dir).map_err(|e| {
-            io::Error::new(e.kind(), format!("creating {}: {e}", self.dir.display()))
-        })?;
         let mut data = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;
         data.push(b'\n');
-        write_file_atomic(&self.path_for(&state.key), &data, Some(0o600))
+        let path = self.path_for(&state.key);
+        // The directory exists after the first pod: make it only when it is missing.
+        match write_file_atomic(&path, &data, Some(0o600)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir_all(&self.dir).map_err(|e| {
+                    io::Error::new(e.kind(), format!("creating {}: {e}", self.dir.display()))
+                })?;
+                write_file_atomic(&path, &data, Some(0o600))
+            }
+            done => done,
+        }
     }
 
     /// Reads the state of one attachment; `Ok(None)` when there is none.
