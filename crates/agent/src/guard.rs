@@ -299,6 +299,25 @@ pub struct Guard {
     last_marker: Option<Instant>,
     /// The conf dir as last read, kept current from inotify's names.
     cache: DirCache,
+    /// Where each plugin type's binary was found (`None`: in no bin dir), until a bin
+    /// dir changes or the periodic resync: looked up once, not on every wake. (Only a
+    /// change behind a symbolic link in a bin dir has no event of its own: it is seen at
+    /// the next resync.)
+    plugins: HashMap<String, Option<PathBuf>>,
+}
+
+/// `t`'s binary in `dirs`, through `known` (see [`Guard::plugins`]).
+fn find_known(
+    known: &mut HashMap<String, Option<PathBuf>>,
+    t: &str,
+    dirs: &[PathBuf],
+) -> Option<PathBuf> {
+    if let Some(found) = known.get(t) {
+        return found.clone();
+    }
+    let found = confdir::find_plugin(t, dirs);
+    known.insert(t.to_string(), found.clone());
+    found
 }
 
 impl Guard {
@@ -314,6 +333,7 @@ impl Guard {
             conflicts: ConflictTracker::new(cfg.conflict_window, cfg.conflict_threshold),
             versions: VersionCache::new(cfg.bin_dirs.clone()),
             cache: guard_cache(&cfg),
+            plugins: HashMap::new(),
             cfg,
             installer,
             shared,
@@ -363,20 +383,10 @@ impl Guard {
         let target = self.settings.chain_target.as_deref();
         let mut reached_primary = false;
         // One lookup per plugin type, not per file naming it (a large conf dir names the
-        // same few types a thousand times).
-        let mut found: HashMap<String, bool> = HashMap::new();
-        let bin_dirs = &self.cfg.bin_dirs;
-        let mut present = |t: &str| {
-            if t == plan::PLUGIN_TYPE {
-                return true;
-            }
-            if let Some(&known) = found.get(t) {
-                return known;
-            }
-            let here = confdir::find_plugin(t, bin_dirs).is_some();
-            found.insert(t.to_string(), here);
-            here
-        };
+        // same few types a thousand times) nor per wake.
+        let (plugins, bin_dirs) = (&mut self.plugins, &self.cfg.bin_dirs);
+        let mut present =
+            |t: &str| t == plan::PLUGIN_TYPE || find_known(plugins, t, bin_dirs).is_some();
         for c in snap.candidates() {
             let owned = plan::is_owned_name(c.name());
             if reached_primary && !owned && target != Some(c.name()) {
@@ -415,7 +425,7 @@ impl Guard {
                 facts.versions.insert(t, self.installer.versions().to_vec());
                 continue;
             }
-            if let Some(bin) = confdir::find_plugin(&t, &self.cfg.bin_dirs) {
+            if let Some(bin) = find_known(&mut self.plugins, &t, &self.cfg.bin_dirs) {
                 facts.present_types.insert(t.clone());
                 self.versions.request(&bin);
                 bins.push((t, bin));
@@ -588,6 +598,7 @@ impl Guard {
         self.shared.reconciles.inc();
         if bins || full {
             self.check_binaries(full);
+            self.plugins.clear();
         }
         let dir = self.cfg.conf_dir.clone();
         if full {

@@ -932,6 +932,22 @@ pub fn judge(
     }
 }
 
+/// [`judge`] for the outcome alone: the same `chosen` and `summary`, but verdicts only
+/// for the files up to the chosen one (the rest cannot change the outcome). For a caller
+/// that judges on every change: in a large directory the other verdicts are most of the
+/// work.
+pub fn judge_outcome(
+    cands: &[Candidate<'_>],
+    runtime: Runtime,
+    dir: &Path,
+    bins: &Binaries<'_>,
+) -> Judgement {
+    match runtime {
+        Runtime::Containerd => containerd_judgement(cands, dir, false),
+        Runtime::Crio => crio_judgement(cands, dir, bins, false),
+    }
+}
+
 fn chosen_of(
     snap: &Snapshot,
     cands: &[Candidate<'_>],
@@ -964,10 +980,7 @@ pub fn effective_outcome(
     bins: &Binaries<'_>,
 ) -> (Option<Chosen>, String) {
     let cands = snap.candidates();
-    let j = match runtime {
-        Runtime::Containerd => containerd_judgement(&cands, &snap.dir, false),
-        Runtime::Crio => crio_judgement(&cands, &snap.dir, bins, false),
-    };
+    let j = judge_outcome(&cands, runtime, &snap.dir, bins);
     (chosen_of(snap, &cands, &j, runtime), j.summary)
 }
 
