@@ -926,10 +926,7 @@ pub fn judge(
     dir: &Path,
     bins: &Binaries<'_>,
 ) -> Judgement {
-    match runtime {
-        Runtime::Containerd => containerd_rules(cands, dir),
-        Runtime::Crio => crio_rules(cands, dir, bins),
-    }
+    judgement(cands, runtime, dir, bins, true)
 }
 
 /// [`judge`] for the outcome alone: the same `chosen` and `summary`, but verdicts only
@@ -942,9 +939,19 @@ pub fn judge_outcome(
     dir: &Path,
     bins: &Binaries<'_>,
 ) -> Judgement {
+    judgement(cands, runtime, dir, bins, false)
+}
+
+fn judgement(
+    cands: &[Candidate<'_>],
+    runtime: Runtime,
+    dir: &Path,
+    bins: &Binaries<'_>,
+    full: bool,
+) -> Judgement {
     match runtime {
-        Runtime::Containerd => containerd_judgement(cands, dir, false),
-        Runtime::Crio => crio_judgement(cands, dir, bins, false),
+        Runtime::Containerd => containerd_judgement(cands, dir, full),
+        Runtime::Crio => crio_judgement(cands, dir, bins, full),
     }
 }
 
