@@ -552,11 +552,14 @@ mod tests {
         ]
     }
 
+    /// The named, keyed and both caches of one variant.
+    type Three = [(&'static str, DirCache); 3];
+
     /// Per variant, three caches — told every name (as inotify does), told nothing but
     /// resync'ed (keyed), and told the names *and* resync'ed — must each equal a fresh
     /// read.
     struct Caches {
-        sets: Vec<(Also, Vec<Option<Stop>>, [(&'static str, DirCache); 3])>,
+        sets: Vec<(Also, Vec<Option<Stop>>, Three)>,
     }
 
     impl Caches {
