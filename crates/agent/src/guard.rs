@@ -14,10 +14,11 @@
 //! heartbeat, retries and the end of back-offs. Our own writes wake it too; that
 //! reconcile finds nothing to do, so there is no repair loop.
 //!
-//! The conf dir is read through a [`confdir::DirCache`]: inotify names what changed and
-//! only that is stat'ed and read again, so a wake costs the same with 1,000 foreign files
-//! as with two; the periodic resync (and a lost event) lists the directory again and
-//! re-reads what changed by (inode, size, mtime, ctime).
+//! The conf dir is read through a [`confdir::DirCache`], whose snapshot lives between
+//! wakes and is updated in place: inotify names what changed and only that is stat'ed
+//! and read again, and nothing is copied, so a wake costs the same with 1,000 foreign
+//! files sorting after the primary as with two; the periodic resync (and a lost event)
+//! lists the directory again and re-reads what changed by (inode, size, mtime, ctime).
 
 use crate::conflict::{conflicting_files, ConflictTracker, Verdict};
 use crate::install::{PluginInstaller, VersionCache, PLUGIN_FILE};
@@ -68,35 +69,28 @@ pub fn snapshot(dir: &Path) -> std::io::Result<Snapshot> {
     confdir::read_with(dir, &|n| n.ends_with(BACKUP_SUFFIX))
 }
 
-/// Reads the conf dir for the guard: like [`snapshot`], but in owned mode config files
-/// sorting after the primary (the first foreign `.conflist` the runtime could use, not a
-/// meta plugin's) are not read — no decision of the guard looks at them — unless they
-/// are named like ours. Chain mode, and a `.conf` primary (which may be wrapped into the
-/// `.conflist` sorting after it), read them all.
-pub fn snapshot_for(cfg: &AgentConfig) -> std::io::Result<Snapshot> {
-    snapshot_through(cfg, None)
+/// Entries whose content the guard reads wherever they sort: our backups and files named
+/// like ours.
+fn reads_also(name: &str) -> bool {
+    name.ends_with(BACKUP_SUFFIX) || plan::is_owned_name(name)
 }
 
-/// [`snapshot_for`] through `cache` (re-reading only what changed), or fresh without one.
-pub fn snapshot_through(
-    cfg: &AgentConfig,
-    cache: Option<&mut DirCache>,
-) -> std::io::Result<Snapshot> {
-    let also = |n: &str| n.ends_with(BACKUP_SUFFIX) || plan::is_owned_name(n);
-    let read = |stop: Option<&dyn Fn(&confdir::DirEntry) -> bool>| match cache {
-        Some(c) => c.read_until(&also, stop),
-        None => confdir::read_until(&cfg.conf_dir, &also, stop),
-    };
+/// Where the guard stops reading config files in the runtime's order: in owned mode at
+/// the primary (the first foreign `.conflist` the runtime could use, not a meta plugin's)
+/// — no decision of the guard looks past it. Chain mode, and a `.conf` primary (which may
+/// be wrapped into the `.conflist` sorting after it), read them all (`None`).
+fn stop_rule(cfg: &AgentConfig) -> Option<impl Fn(&confdir::DirEntry) -> bool + '_> {
     if cfg.mode == plan::ConfigMode::Chain {
-        return read(None);
+        return None;
     }
     let crio = cfg.runtime == confdir::Runtime::Crio;
     let dirs = &cfg.bin_dirs;
-    let primary = |e: &confdir::DirEntry| {
+    Some(move |e: &confdir::DirEntry| {
         !plan::is_owned_name(&e.name)
             && e.name.ends_with(".conflist")
             && !cfg.allow_ahead.iter().any(|a| a.ends_with(&e.name))
-            && e.parse().is_ok_and(|p| {
+            // The parse each version of a file keeps (not a copy of it).
+            && matches!(e.parsed(), Some(Ok(p)) if {
                 let types = p.list.plugin_types();
                 !types.iter().any(|t| plan::META_PLUGIN_TYPES.contains(t))
                     && (!crio
@@ -104,8 +98,38 @@ pub fn snapshot_through(
                             .iter()
                             .all(|t| confdir::find_plugin(t, dirs).is_some()))
             })
-    };
-    read(Some(&primary))
+    })
+}
+
+/// Reads the conf dir for the guard: like [`snapshot`], but in owned mode config files
+/// sorting after the primary are not read ([`stop_rule`]) unless they are named like
+/// ours.
+pub fn snapshot_for(cfg: &AgentConfig) -> std::io::Result<Snapshot> {
+    let stop = stop_rule(cfg);
+    confdir::read_until(
+        &cfg.conf_dir,
+        &reads_also,
+        stop.as_ref()
+            .map(|f| f as &dyn Fn(&confdir::DirEntry) -> bool),
+    )
+}
+
+/// [`snapshot_for`] through `cache` (made by [`guard_cache`]): the same snapshot, kept
+/// between wakes and updated by what changed.
+fn snapshot_cached<'c>(
+    cfg: &AgentConfig,
+    cache: &'c mut DirCache,
+) -> std::io::Result<&'c Snapshot> {
+    let stop = stop_rule(cfg);
+    cache.read_until(
+        stop.as_ref()
+            .map(|f| f as &dyn Fn(&confdir::DirEntry) -> bool),
+    )
+}
+
+/// The cache [`snapshot_cached`] reads `cfg`'s conf dir through.
+fn guard_cache(cfg: &AgentConfig) -> DirCache {
+    DirCache::reading_also(&cfg.conf_dir, reads_also)
 }
 
 /// Whether the runtime loads `cfg`'s entry from `snap` (`Ok(file)`) or why not: the
@@ -275,6 +299,25 @@ pub struct Guard {
     last_marker: Option<Instant>,
     /// The conf dir as last read, kept current from inotify's names.
     cache: DirCache,
+    /// Where each plugin type's binary was found (`None`: in no bin dir), until a bin
+    /// dir changes or the periodic resync: looked up once, not on every wake. (Only a
+    /// change behind a symbolic link in a bin dir has no event of its own: it is seen at
+    /// the next resync.)
+    plugins: HashMap<String, Option<PathBuf>>,
+}
+
+/// `t`'s binary in `dirs`, through `known` (see [`Guard::plugins`]).
+fn find_known(
+    known: &mut HashMap<String, Option<PathBuf>>,
+    t: &str,
+    dirs: &[PathBuf],
+) -> Option<PathBuf> {
+    if let Some(found) = known.get(t) {
+        return found.clone();
+    }
+    let found = confdir::find_plugin(t, dirs);
+    known.insert(t.to_string(), found.clone());
+    found
 }
 
 impl Guard {
@@ -289,7 +332,8 @@ impl Guard {
             settings: cfg.settings(),
             conflicts: ConflictTracker::new(cfg.conflict_window, cfg.conflict_threshold),
             versions: VersionCache::new(cfg.bin_dirs.clone()),
-            cache: DirCache::new(&cfg.conf_dir),
+            cache: guard_cache(&cfg),
+            plugins: HashMap::new(),
             cfg,
             installer,
             shared,
@@ -339,20 +383,10 @@ impl Guard {
         let target = self.settings.chain_target.as_deref();
         let mut reached_primary = false;
         // One lookup per plugin type, not per file naming it (a large conf dir names the
-        // same few types a thousand times).
-        let mut found: HashMap<String, bool> = HashMap::new();
-        let bin_dirs = &self.cfg.bin_dirs;
-        let mut present = |t: &str| {
-            if t == plan::PLUGIN_TYPE {
-                return true;
-            }
-            if let Some(&known) = found.get(t) {
-                return known;
-            }
-            let here = confdir::find_plugin(t, bin_dirs).is_some();
-            found.insert(t.to_string(), here);
-            here
-        };
+        // same few types a thousand times) nor per wake.
+        let (plugins, bin_dirs) = (&mut self.plugins, &self.cfg.bin_dirs);
+        let mut present =
+            |t: &str| t == plan::PLUGIN_TYPE || find_known(plugins, t, bin_dirs).is_some();
         for c in snap.candidates() {
             let owned = plan::is_owned_name(c.name());
             if reached_primary && !owned && target != Some(c.name()) {
@@ -391,7 +425,7 @@ impl Guard {
                 facts.versions.insert(t, self.installer.versions().to_vec());
                 continue;
             }
-            if let Some(bin) = confdir::find_plugin(&t, &self.cfg.bin_dirs) {
+            if let Some(bin) = find_known(&mut self.plugins, &t, &self.cfg.bin_dirs) {
                 facts.present_types.insert(t.clone());
                 self.versions.request(&bin);
                 bins.push((t, bin));
@@ -553,16 +587,24 @@ impl Guard {
     /// One reconcile: read → plan → apply → count → publish. `full` also re-hashes the
     /// installed binaries.
     pub fn reconcile(&mut self, bins: bool, full: bool) {
+        // The snapshot borrows the cache while the rest of the guard is in use.
+        let mut cache = std::mem::take(&mut self.cache);
+        self.reconcile_through(&mut cache, bins, full);
+        self.cache = cache;
+    }
+
+    fn reconcile_through(&mut self, cache: &mut DirCache, bins: bool, full: bool) {
         let started = Instant::now();
         self.shared.reconciles.inc();
         if bins || full {
             self.check_binaries(full);
+            self.plugins.clear();
         }
         let dir = self.cfg.conf_dir.clone();
         if full {
-            self.cache.resync();
+            cache.resync();
         }
-        let snap = match snapshot_through(&self.cfg, Some(&mut self.cache)) {
+        let snap = match snapshot_cached(&self.cfg, cache) {
             Ok(s) => s,
             Err(e) => {
                 self.set_ready(Readiness {
@@ -574,21 +616,28 @@ impl Guard {
                 return;
             }
         };
-        let facts = self.facts(&snap);
-        let plan = plan::plan(&snap, &self.settings, &facts);
+        let facts = self.facts(snap);
+        let plan = plan::plan(snap, &self.settings, &facts);
         let now = Instant::now();
-        let blocked = self.record_conflicts(&plan, &snap, now);
+        let blocked = self.record_conflicts(&plan, snap, now);
         let mut changed = false;
+        // Readiness from the directory as it is now: this snapshot, unless we wrote.
+        let mut verdict = None;
         if blocked.is_none() && !plan.actions.is_empty() {
-            self.mark_repairing(&snap, &facts);
-            changed = self.apply_plan(&plan, &snap, &facts);
+            self.mark_repairing(snap, &facts);
+            changed = self.apply_plan(&plan, snap, &facts);
+            if !changed {
+                verdict = Some(self.verdict(snap, &facts));
+            }
             // Our writes are read back now, before inotify reports them.
             for a in &plan.actions {
-                self.cache.changed(a.file());
+                cache.changed(a.file());
                 if let Action::Rename { to, .. } = a {
-                    self.cache.changed(to.as_str());
+                    cache.changed(to.as_str());
                 }
             }
+        } else {
+            verdict = Some(self.verdict(snap, &facts));
         }
         self.count(
             changed,
@@ -596,13 +645,11 @@ impl Guard {
             started,
         );
         self.publish_conflicts(now);
-        // Readiness from the directory as it is now.
-        let verdict = if changed {
-            snapshot_through(&self.cfg, Some(&mut self.cache))
+        let verdict = match verdict {
+            Some(v) => v,
+            None => snapshot_cached(&self.cfg, cache)
                 .map_err(|e| format!("cannot read conf dir {}: {e}", dir.display()))
-                .and_then(|s| self.verdict(&s, &facts))
-        } else {
-            self.verdict(&snap, &facts)
+                .and_then(|s| self.verdict(s, &facts)),
         };
         let backing: Vec<String> = self
             .conflicts

@@ -769,7 +769,7 @@ fn plan_chain(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
         }
         None => {
             let bins = facts.binaries();
-            let j = confdir::judge(&foreign, settings.runtime, &snap.dir, &bins.view());
+            let j = confdir::judge_outcome(&foreign, settings.runtime, &snap.dir, &bins.view());
             j.chosen
                 .map(|i| &foreign[i])
                 .ok_or_else(|| format!("no config to chain into: {}", j.summary))

@@ -210,7 +210,10 @@ fn extension(name: &[u8]) -> &[u8] {
 }
 
 fn is_config_bytes(name: &[u8]) -> bool {
-    EXTENSIONS.iter().any(|e| extension(name) == e.as_bytes())
+    // One search for the extension (this runs for every entry of a large directory on
+    // every judgement).
+    let ext = extension(name);
+    EXTENSIONS.iter().any(|e| ext == e.as_bytes())
 }
 
 /// True when a runtime would consider a file with this name.
@@ -411,7 +414,9 @@ impl Parsed {
 pub struct Candidate<'a> {
     /// The directory entry.
     pub entry: &'a DirEntry,
-    parsed: OnceCell<Result<Parsed, String>>,
+    /// Only for an entry without a parse memo of its own; boxed, so that the list of a
+    /// large directory's candidates stays small.
+    parsed: OnceCell<Box<Result<Parsed, String>>>,
 }
 
 impl<'a> Candidate<'a> {
@@ -438,7 +443,7 @@ impl<'a> Candidate<'a> {
         if let Some(r) = self.entry.parsed() {
             return r;
         }
-        self.parsed.get_or_init(|| self.entry.parse_now())
+        self.parsed.get_or_init(|| Box::new(self.entry.parse_now()))
     }
 }
 
@@ -449,7 +454,47 @@ pub struct Snapshot {
     pub dir: PathBuf,
     /// Entries, in any order; [`Snapshot::candidates`] sorts them the runtime's way.
     pub entries: Vec<DirEntry>,
+    /// Which entries are config files, for the snapshot a [`DirCache`] keeps (see
+    /// [`ConfigOrder`]).
+    order: ConfigOrder,
 }
+
+/// The positions of the config files among a [`DirCache`]'s entries (which it keeps in
+/// the runtime's order), found once per change of the listing instead of on every
+/// [`Snapshot::candidates`] — a judgement asks for them several times per change, and
+/// a large directory's foreign files then cost a scan and a sort each time. Only the
+/// cache sets one (it resets it whenever a name comes or goes); nobody else can change
+/// its snapshot's entries (it lends it out shared), and a clone goes without one.
+#[derive(Default)]
+struct ConfigOrder(Option<std::sync::OnceLock<Vec<u32>>>);
+
+impl ConfigOrder {
+    /// An empty memo for a cache's snapshot.
+    fn fresh() -> ConfigOrder {
+        ConfigOrder(Some(std::sync::OnceLock::new()))
+    }
+}
+
+impl Clone for ConfigOrder {
+    fn clone(&self) -> ConfigOrder {
+        ConfigOrder(None)
+    }
+}
+
+impl fmt::Debug for ConfigOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ConfigOrder")
+    }
+}
+
+/// Equal whatever they hold: a memo is not part of what a snapshot is.
+impl PartialEq for ConfigOrder {
+    fn eq(&self, _: &ConfigOrder) -> bool {
+        true
+    }
+}
+
+impl Eq for ConfigOrder {}
 
 impl Snapshot {
     /// A snapshot of `(name, content)` files, all with permission bits `mode` (for tests
@@ -461,11 +506,24 @@ impl Snapshot {
                 .iter()
                 .map(|(n, c)| DirEntry::file(n, c.as_bytes(), mode))
                 .collect(),
+            order: ConfigOrder::default(),
         }
     }
 
     /// The config files sorted by name (bytewise, like Go's `sort.Strings`).
     pub fn candidates(&self) -> Vec<Candidate<'_>> {
+        if let Some(memo) = &self.order.0 {
+            // A cache's entries, sorted already.
+            let at = memo.get_or_init(|| {
+                (0..self.entries.len() as u32)
+                    .filter(|&i| self.entries[i as usize].is_config())
+                    .collect()
+            });
+            return at
+                .iter()
+                .map(|&i| Candidate::new(&self.entries[i as usize]))
+                .collect();
+        }
         let mut out: Vec<&DirEntry> = self.entries.iter().filter(|e| e.is_config()).collect();
         out.sort_by(|a, b| a.os_name.as_bytes().cmp(b.os_name.as_bytes()));
         out.into_iter().map(Candidate::new).collect()
@@ -583,6 +641,7 @@ pub fn read_until(
     Ok(Snapshot {
         dir: dir.to_path_buf(),
         entries,
+        order: ConfigOrder::default(),
     })
 }
 
@@ -665,6 +724,13 @@ pub struct Judgement {
 
 /// containerd's rules over `cands` (sorted). Parses only the first file.
 pub fn containerd_rules(cands: &[Candidate<'_>], dir: &Path) -> Judgement {
+    containerd_judgement(cands, dir, true)
+}
+
+/// [`containerd_rules`]; without `full`, no verdicts for the files it never reaches (the
+/// outcome alone: what a long-lived caller asks on every change, whatever the
+/// directory's size).
+fn containerd_judgement(cands: &[Candidate<'_>], dir: &Path, full: bool) -> Judgement {
     let Some(first) = cands.first() else {
         return Judgement {
             verdicts: vec![],
@@ -707,11 +773,13 @@ pub fn containerd_rules(cands: &[Candidate<'_>], dir: &Path) -> Judgement {
     };
     let mut verdicts = Vec::with_capacity(cands.len());
     verdicts.push(head);
-    verdicts.extend(
-        cands[1..]
-            .iter()
-            .map(|_| (Verdict::NotReached, stop.clone())),
-    );
+    if full {
+        verdicts.extend(
+            cands[1..]
+                .iter()
+                .map(|_| (Verdict::NotReached, stop.clone())),
+        );
+    }
     Judgement {
         verdicts,
         chosen,
@@ -721,11 +789,25 @@ pub fn containerd_rules(cands: &[Candidate<'_>], dir: &Path) -> Judgement {
 
 /// CRI-O's rules over `cands` (sorted).
 pub fn crio_rules(cands: &[Candidate<'_>], dir: &Path, bins: &Binaries<'_>) -> Judgement {
+    crio_judgement(cands, dir, bins, true)
+}
+
+/// [`crio_rules`]; without `full`, it stops at the default network (the files after it
+/// cannot change the outcome, only their own verdicts).
+fn crio_judgement(
+    cands: &[Candidate<'_>],
+    dir: &Path,
+    bins: &Binaries<'_>,
+    full: bool,
+) -> Judgement {
     let mut verdicts = Vec::with_capacity(cands.len());
     let mut chosen: Option<usize> = None;
     let mut loaded_names: Vec<(String, String)> = Vec::new();
     let mut summary = String::new();
     for (i, c) in cands.iter().enumerate() {
+        if !full && chosen.is_some() {
+            break;
+        }
         let name = c.entry.shown();
         if c.entry.refused && chosen.is_some() {
             let why = c.entry.unreadable.clone().unwrap_or_default();
@@ -844,9 +926,32 @@ pub fn judge(
     dir: &Path,
     bins: &Binaries<'_>,
 ) -> Judgement {
+    judgement(cands, runtime, dir, bins, true)
+}
+
+/// [`judge`] for the outcome alone: the same `chosen` and `summary`, but verdicts only
+/// for the files up to the chosen one (the rest cannot change the outcome). For a caller
+/// that judges on every change: in a large directory the other verdicts are most of the
+/// work.
+pub fn judge_outcome(
+    cands: &[Candidate<'_>],
+    runtime: Runtime,
+    dir: &Path,
+    bins: &Binaries<'_>,
+) -> Judgement {
+    judgement(cands, runtime, dir, bins, false)
+}
+
+fn judgement(
+    cands: &[Candidate<'_>],
+    runtime: Runtime,
+    dir: &Path,
+    bins: &Binaries<'_>,
+    full: bool,
+) -> Judgement {
     match runtime {
-        Runtime::Containerd => containerd_rules(cands, dir),
-        Runtime::Crio => crio_rules(cands, dir, bins),
+        Runtime::Containerd => containerd_judgement(cands, dir, full),
+        Runtime::Crio => crio_judgement(cands, dir, bins, full),
     }
 }
 
@@ -882,7 +987,7 @@ pub fn effective_outcome(
     bins: &Binaries<'_>,
 ) -> (Option<Chosen>, String) {
     let cands = snap.candidates();
-    let j = judge(&cands, runtime, &snap.dir, bins);
+    let j = judge_outcome(&cands, runtime, &snap.dir, bins);
     (chosen_of(snap, &cands, &j, runtime), j.summary)
 }
 
@@ -963,7 +1068,7 @@ pub fn load_with(
         Ok(s) => s,
         Err(e) if e.kind() == io::ErrorKind::NotFound => Snapshot {
             dir: dir.to_path_buf(),
-            entries: vec![],
+            ..Snapshot::default()
         },
         Err(e) => return Err(e),
     };
@@ -1166,28 +1271,26 @@ mod tests {
         w("10-a.conflist", "a");
         w("20-b.conflist", "b");
         let mut cache = DirCache::new(d.path());
-        let s1 = cache.read().unwrap();
-        let s2 = cache.read().unwrap();
-        let parse = |s: &Snapshot, n: &str| s.get(n).unwrap().parsed().unwrap() as *const _;
-        assert_eq!(parse(&s1, "10-a.conflist"), parse(&s2, "10-a.conflist"));
+        // Clones share the parse, and keep an old one alive (its address is not reused).
+        let at = |c: &mut DirCache, n: &str| c.read().unwrap().get(n).unwrap().clone();
+        let parse = |e: &DirEntry| e.parsed().unwrap() as *const _;
+        let (a1, b1) = (
+            at(&mut cache, "10-a.conflist"),
+            at(&mut cache, "20-b.conflist"),
+        );
+        assert_eq!(parse(&a1), parse(&at(&mut cache, "10-a.conflist")));
         cache.resync();
-        let s3 = cache.read().unwrap();
-        assert_eq!(parse(&s1, "10-a.conflist"), parse(&s3, "10-a.conflist"));
+        assert_eq!(parse(&a1), parse(&at(&mut cache, "10-a.conflist")));
         w("20-b.conflist", "b2");
         cache.changed("20-b.conflist");
-        let s4 = cache.read().unwrap();
-        assert_eq!(parse(&s1, "10-a.conflist"), parse(&s4, "10-a.conflist"));
-        assert_ne!(parse(&s1, "20-b.conflist"), parse(&s4, "20-b.conflist"));
-        assert_eq!(
-            s4.get("20-b.conflist")
-                .unwrap()
-                .parse()
-                .unwrap()
-                .list
-                .name(),
-            "b2"
+        let (a4, b4) = (
+            at(&mut cache, "10-a.conflist"),
+            at(&mut cache, "20-b.conflist"),
         );
-        assert_eq!(s4, read(d.path()).unwrap());
+        assert_eq!(parse(&a1), parse(&a4));
+        assert_ne!(parse(&b1), parse(&b4));
+        assert_eq!(b4.parse().unwrap().list.name(), "b2");
+        assert_eq!(*cache.read().unwrap(), read(d.path()).unwrap());
     }
 
     use super::*;

@@ -1,6 +1,7 @@
-//! A conf dir read incrementally: the same [`Snapshot`] as [`super::read_until`], but a
-//! long-lived reader (the agent's guard) re-reads only what changed, so its cost per
-//! wake does not grow with the number of files in the directory.
+//! A conf dir read incrementally: the same [`Snapshot`] as [`super::read_until`], kept
+//! between reads and updated in place, so that a long-lived reader (the agent's guard)
+//! pays per wake for what changed, not for the number of files in the directory: no
+//! entry is copied, stat'ed or read again unless it changed.
 //!
 //! Two ways a change becomes known:
 //!
@@ -20,10 +21,12 @@
 //!
 //! Symbolic links are stat'ed on every read (inotify does not see their targets
 //! change). Failed reads other than a refusal (not a regular file, over the cap) are
-//! never kept. The listing and the content rules are the same as [`super::read_until`]'s;
-//! the tests check that a cached read equals a fresh one after every kind of change.
+//! never kept. Which entries carry content follows [`super::read_until`]'s rules on
+//! every read: what sorts after the stop is held back (kept, not shown) and shown again
+//! when the stop moves past it. The tests check that a cached read equals a fresh one
+//! after every kind of change.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs;
 use std::io;
@@ -31,7 +34,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::{DirEntry, ParseMemo, Snapshot};
+use super::{ConfigOrder, DirEntry, ParseMemo, Snapshot};
 use crate::bounded;
 
 /// What identifies one version of a file without reading it.
@@ -60,24 +63,28 @@ impl FileKey {
     }
 }
 
-/// What a read of one entry gave, kept while its key holds.
-#[derive(Debug, Clone)]
-enum Read {
-    /// The content, and its parse once someone asks (shared with every snapshot entry
-    /// made from this read).
-    Content(Vec<u8>, ParseMemo),
+/// What a read of one entry gave, kept while the key it was read under holds.
+#[derive(Debug)]
+enum Kept {
+    /// The content (and its parse memo) is in the snapshot's entry.
+    Shown,
+    /// Read, but held back from the snapshot (it sorts after the stop).
+    Held(Vec<u8>, ParseMemo),
     /// Refused by [`bounded`] (not regular, too large): the reason.
     Refused(String),
 }
 
-#[derive(Debug, Clone)]
-struct Cached {
-    /// The entry as listed (content fields empty).
-    entry: DirEntry,
+/// The cache's side of one snapshot entry (same index).
+#[derive(Debug)]
+struct Slot {
     /// Metadata of what the name resolves to, when it could be stat'ed.
     key: Option<FileKey>,
     /// The last read and the key of the file it read.
-    read: Option<(FileKey, Read)>,
+    kept: Option<(FileKey, Kept)>,
+    /// The entry is a config file (fixed by its name and kind).
+    config: bool,
+    /// The reader wants its content wherever it sorts (fixed by its name).
+    extra: bool,
 }
 
 /// Counters of the work a [`DirCache`] did (for tests and the agent's metrics).
@@ -92,27 +99,59 @@ pub struct CacheWork {
 }
 
 /// A conf dir model kept up to date from named changes (see the module docs).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct DirCache {
     dir: PathBuf,
-    /// By name in the runtime's (bytewise) order; `None` until listed.
-    entries: Option<BTreeMap<Vec<u8>, Cached>>,
+    /// Which names' content is read wherever they sort ([`super::read_until`]'s
+    /// `also_read`; a property of the name, so it is fixed for the cache's life).
+    also_read: Option<fn(&str) -> bool>,
+    /// The directory as last read: entries in the runtime's (bytewise) order.
+    snap: Snapshot,
+    /// One per `snap.entries`, same order.
+    slots: Vec<Slot>,
+    /// The directory has been listed (since the last failure).
+    listed: bool,
     /// Names changed since the last read.
     dirty: HashSet<OsString>,
     /// List again on the next read (the keys decide what is re-read).
     relist: bool,
+    /// Entries whose content may not follow the rules yet: every one after a listing
+    /// (`all`), else those (re)stat'ed since the last read.
+    unsettled: Unsettled,
+    /// After a read, every entry from this index on sorts after the stop (its content is
+    /// shown only when it is an extra); `entries.len()` when nothing stopped.
+    after_stop: usize,
+    /// Symbolic links among the entries (stat'ed on every read).
+    symlinks: usize,
     work: CacheWork,
+}
+
+/// See [`DirCache::unsettled`].
+#[derive(Debug, Default)]
+struct Unsettled {
+    all: bool,
+    names: HashSet<OsString>,
 }
 
 impl DirCache {
     /// A cache of `dir`; the first read lists it.
     pub fn new(dir: &Path) -> DirCache {
+        DirCache::reading_also(dir, |_| false)
+    }
+
+    /// A cache of `dir` that also reads the content of entries for which
+    /// `also_read(name)` is true, wherever they sort ([`super::read_with`]).
+    pub fn reading_also(dir: &Path, also_read: fn(&str) -> bool) -> DirCache {
         DirCache {
             dir: dir.to_path_buf(),
-            entries: None,
-            dirty: HashSet::new(),
+            also_read: Some(also_read),
+            snap: Snapshot {
+                dir: dir.to_path_buf(),
+                entries: vec![],
+                order: ConfigOrder::fresh(),
+            },
             relist: true,
-            work: CacheWork::default(),
+            ..DirCache::default()
         }
     }
 
@@ -138,105 +177,73 @@ impl DirCache {
         self.work
     }
 
-    /// [`super::read`] through the cache.
-    pub fn read(&mut self) -> io::Result<Snapshot> {
-        self.read_until(&|_| false, None)
+    /// [`super::read_with`] through the cache.
+    pub fn read(&mut self) -> io::Result<&Snapshot> {
+        self.read_until(None)
     }
 
-    /// [`super::read_until`] through the cache: the same snapshot, re-reading only
-    /// entries named by [`DirCache::changed`], symbolic links, and (after
-    /// [`DirCache::resync`]) entries whose key changed.
+    /// [`super::read_until`] through the cache (with the `also_read` it was made with):
+    /// the same snapshot, re-reading only entries named by [`DirCache::changed`],
+    /// symbolic links, and (after [`DirCache::resync`]) entries whose key changed. The
+    /// work beyond that is the entries up to the one `stop` stops at and those whose
+    /// side of the stop changed: with the stop early, a read costs the same in a
+    /// directory of 1,000 files as in one of two.
     pub fn read_until(
         &mut self,
-        also_read: &dyn Fn(&str) -> bool,
         stop: Option<&dyn Fn(&DirEntry) -> bool>,
-    ) -> io::Result<Snapshot> {
-        if self.relist || self.entries.is_none() || !self.restat_dirty() {
+    ) -> io::Result<&Snapshot> {
+        if self.relist || !self.listed || !self.restat_dirty() {
             if let Err(e) = self.list() {
-                self.entries = None;
+                self.snap.entries.clear();
+                self.snap.order = ConfigOrder::fresh();
+                self.slots.clear();
+                (self.listed, self.after_stop, self.symlinks) = (false, 0, 0);
                 return Err(e);
             }
         }
         self.dirty.clear();
-        let dir = self.dir.clone();
-        let work = &mut self.work;
-        let entries = self.entries.get_or_insert_with(BTreeMap::new);
-        // Symlink targets change without an event here.
-        for c in entries.values_mut().filter(|c| c.entry.is_symlink) {
-            work.stats += 1;
-            let meta = stat(&dir.join(&c.entry.os_name)).ok();
-            let fresh = listed(c.entry.os_name.clone(), c.entry.is_dir, true, meta.as_ref());
-            let read = c.read.take().filter(|(k, _)| Some(*k) == fresh.key);
-            *c = Cached { read, ..fresh };
-        }
-        let mut out = Vec::with_capacity(entries.len());
-        let mut stopped = false;
-        for c in entries.values_mut() {
-            let mut entry = c.entry.clone();
-            let extra = entry.utf8_name() && also_read(&entry.name);
-            let config = entry.is_config() && !stopped;
-            if entry.is_dir || !(config || extra) {
-                out.push(entry);
-                continue;
-            }
-            if c.read.is_none() {
-                work.reads += 1;
-                match bounded::read_regular_with_meta(
-                    &dir.join(&entry.os_name),
-                    bounded::MAX_CONFIG_BYTES,
-                ) {
-                    Ok((content, meta)) => {
-                        c.read = Some((
-                            FileKey::of(&meta),
-                            Read::Content(content, ParseMemo::default()),
-                        ))
-                    }
-                    Err(err) if err.is_not_found() => {
-                        // Left out of this snapshot as if never listed (a dangling
-                        // symlink, or a file removed since): kept in the cache, so a read
-                        // that does not read it still lists it, as a fresh one does. The
-                        // stop rule still sees it, as in a fresh read.
-                        if config && stop.is_some_and(|f| f(&entry)) {
-                            stopped = true;
-                        }
-                        continue;
-                    }
-                    Err(err) => {
-                        let refused = matches!(
-                            err,
-                            bounded::BoundedReadError::NotRegular { .. }
-                                | bounded::BoundedReadError::TooLarge { .. }
-                        );
-                        match (refused, c.key) {
-                            (true, Some(key)) => {
-                                c.read = Some((key, Read::Refused(err.to_string())));
-                            }
-                            // Not kept: the next read tries again, as a fresh read would.
-                            _ => {
-                                entry.unreadable = Some(err.to_string());
-                                entry.refused = refused;
-                            }
-                        }
-                    }
-                }
-            }
-            match &c.read {
-                Some((_, Read::Content(content, memo))) => {
-                    entry.content = Some(content.clone());
-                    entry.memo = memo.clone();
-                }
-                Some((_, Read::Refused(why))) => {
-                    entry.unreadable = Some(why.clone());
-                    entry.refused = true;
-                }
-                None => {}
-            }
-            if config && stop.is_some_and(|f| f(&entry)) {
-                stopped = true;
-            }
-            out.push(entry);
-        }
-        Ok(Snapshot { dir, entries: out })
+        self.restat_symlinks();
+        self.settle(stop);
+        Ok(&self.snap)
+    }
+
+    fn position(&self, name: &[u8]) -> Result<usize, usize> {
+        self.snap
+            .entries
+            .binary_search_by(|e| e.os_name.as_bytes().cmp(name))
+    }
+
+    fn is_extra(&self, e: &DirEntry) -> bool {
+        e.utf8_name() && self.also_read.is_some_and(|f| f(&e.name))
+    }
+
+    /// An entry as listed, nothing read.
+    fn listed(
+        &self,
+        os_name: OsString,
+        is_dir: bool,
+        is_symlink: bool,
+        meta: Option<&fs::Metadata>,
+    ) -> (DirEntry, Slot) {
+        let entry = DirEntry {
+            name: os_name.to_string_lossy().into_owned(),
+            os_name,
+            is_dir,
+            is_symlink,
+            content: None,
+            unreadable: None,
+            refused: false,
+            mode: meta.map_or(0, |m| m.permissions().mode() & 0o7777),
+            uid: meta.map_or(0, MetadataExt::uid),
+            memo: ParseMemo::default(),
+        };
+        let slot = Slot {
+            key: meta.map(FileKey::of),
+            kept: None,
+            config: entry.is_config(),
+            extra: self.is_extra(&entry),
+        };
+        (entry, slot)
     }
 
     /// Lists the directory, keeping what was read of entries whose key is unchanged.
@@ -248,45 +255,76 @@ impl DirCache {
                 format!("reading CNI config directory {}: {e}", self.dir.display()),
             )
         })?;
-        let mut old = self.entries.take().unwrap_or_default();
-        let mut fresh = BTreeMap::new();
+        let mut fresh = vec![];
         for e in rd {
             let e = e?;
             let os_name = e.file_name();
             let Ok(t) = e.file_type() else { continue };
             self.work.stats += 1;
             let meta = stat(&e.path()).ok();
-            let mut c = listed(os_name.clone(), t.is_dir(), t.is_symlink(), meta.as_ref());
-            let key = os_name.as_bytes().to_vec();
-            if let Some(prev) = old.remove(&key) {
-                let same_kind = prev.entry.is_dir == c.entry.is_dir
-                    && prev.entry.is_symlink == c.entry.is_symlink;
-                if same_kind && !self.dirty.contains(&os_name) {
-                    c.read = prev.read.filter(|(k, _)| Some(*k) == c.key);
-                }
-            }
-            fresh.insert(key, c);
+            fresh.push(self.listed(os_name, t.is_dir(), t.is_symlink(), meta.as_ref()));
         }
-        self.entries = Some(fresh);
+        fresh.sort_by(|a, b| a.0.os_name.as_bytes().cmp(b.0.os_name.as_bytes()));
+        let old_entries = std::mem::take(&mut self.snap.entries);
+        let old_slots = std::mem::take(&mut self.slots);
+        let mut old = old_entries.into_iter().zip(old_slots).peekable();
+        for (entry, slot) in fresh.iter_mut() {
+            let name = entry.os_name.as_bytes();
+            while old.next_if(|(o, _)| o.os_name.as_bytes() < name).is_some() {}
+            let Some((mut prev, prev_slot)) = old.next_if(|(o, _)| o.os_name.as_bytes() == name)
+            else {
+                continue;
+            };
+            let same_kind = prev.is_dir == entry.is_dir && prev.is_symlink == entry.is_symlink;
+            if same_kind && !self.dirty.contains(&entry.os_name) {
+                slot.kept = held(&mut prev, prev_slot.kept).filter(|(k, _)| Some(*k) == slot.key);
+            }
+        }
+        (self.snap.entries, self.slots) = fresh.into_iter().unzip();
+        self.snap.order = ConfigOrder::fresh();
+        self.symlinks = self.snap.entries.iter().filter(|e| e.is_symlink).count();
+        self.unsettled.all = true;
+        self.listed = true;
         self.relist = false;
         Ok(())
+    }
+
+    fn insert_at(&mut self, i: usize, entry: DirEntry, slot: Slot) {
+        self.snap.order = ConfigOrder::fresh();
+        self.symlinks += usize::from(entry.is_symlink);
+        if i < self.after_stop {
+            self.after_stop += 1;
+        }
+        self.snap.entries.insert(i, entry);
+        self.slots.insert(i, slot);
+    }
+
+    fn remove_at(&mut self, i: usize) -> DirEntry {
+        self.snap.order = ConfigOrder::fresh();
+        let e = self.snap.entries.remove(i);
+        self.slots.remove(i);
+        self.symlinks -= usize::from(e.is_symlink);
+        if i < self.after_stop {
+            self.after_stop -= 1;
+        }
+        e
     }
 
     /// Stats the named entries again and forgets what was read of them; false when one
     /// could not be stat'ed for another reason than being gone (list the directory).
     fn restat_dirty(&mut self) -> bool {
-        let Some(entries) = self.entries.as_mut() else {
-            return false;
-        };
         // Not drained: if this gives up, the listing must still know what was named.
-        for name in &self.dirty {
-            let path = self.dir.join(name);
-            let key = name.as_bytes().to_vec();
+        let names: Vec<OsString> = self.dirty.iter().cloned().collect();
+        for name in names {
+            let path = self.dir.join(&name);
             self.work.stats += 1;
+            let at = self.position(name.as_bytes());
             let l = match fs::symlink_metadata(&path) {
                 Ok(l) => l,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    entries.remove(&key);
+                    if let Ok(i) = at {
+                        self.remove_at(i);
+                    }
                     continue;
                 }
                 // A listing shows it without a stat: let the listing decide.
@@ -294,47 +332,178 @@ impl DirCache {
             };
             let t = l.file_type();
             let meta = if t.is_symlink() {
-                stat(&path).ok()
+                stat(&path).ok().or(Some(l))
             } else {
                 Some(l)
             };
-            let meta = meta.or_else(|| fs::symlink_metadata(&path).ok());
-            entries.insert(
-                key,
-                listed(name.clone(), t.is_dir(), t.is_symlink(), meta.as_ref()),
-            );
+            let (entry, slot) =
+                self.listed(name.clone(), t.is_dir(), t.is_symlink(), meta.as_ref());
+            match at {
+                Ok(i) => {
+                    // Same name: a config file still, unless it became a directory
+                    // or stopped being one.
+                    let old = &self.snap.entries[i];
+                    if old.is_dir != entry.is_dir {
+                        self.snap.order = ConfigOrder::fresh();
+                    }
+                    self.symlinks =
+                        self.symlinks + usize::from(entry.is_symlink) - usize::from(old.is_symlink);
+                    self.snap.entries[i] = entry;
+                    self.slots[i] = slot;
+                }
+                Err(i) => self.insert_at(i, entry, slot),
+            }
+            self.unsettled.names.insert(name);
         }
         true
+    }
+
+    /// Symlink targets change without an event here: stat them again, and forget what
+    /// was read through a link whose target's key changed.
+    fn restat_symlinks(&mut self) {
+        if self.symlinks == 0 {
+            return;
+        }
+        for (entry, slot) in self.snap.entries.iter_mut().zip(self.slots.iter_mut()) {
+            if !entry.is_symlink {
+                continue;
+            }
+            self.work.stats += 1;
+            let meta = stat(&self.dir.join(&entry.os_name)).ok();
+            slot.key = meta.as_ref().map(FileKey::of);
+            entry.mode = meta.as_ref().map_or(0, |m| m.permissions().mode() & 0o7777);
+            entry.uid = meta.as_ref().map_or(0, MetadataExt::uid);
+            slot.kept = held(entry, slot.kept.take()).filter(|(k, _)| Some(*k) == slot.key);
+            self.unsettled.names.insert(entry.os_name.clone());
+        }
+    }
+
+    /// Shows the content of the entries `read_until`'s rules read (reading those not
+    /// read yet) and holds back the others'. Visits the entries up to the stop, those
+    /// between the previous stop and this one, and the unsettled ones: every other entry
+    /// is where it was, on the same side of the stop, as it was left.
+    fn settle(&mut self, stop: Option<&dyn Fn(&DirEntry) -> bool>) {
+        let n = self.snap.entries.len();
+        let all = std::mem::take(&mut self.unsettled.all);
+        let names = std::mem::take(&mut self.unsettled.names);
+        let mut gone = vec![];
+        // Up to the stop: every entry (the stop rule may answer differently now, e.g.
+        // once a plugin binary appears).
+        let mut end = n;
+        let mut walked = 0;
+        if let Some(stop) = stop {
+            for i in 0..n {
+                walked = i + 1;
+                if self.settle_one(i, true, &mut gone) && stop(&self.snap.entries[i]) {
+                    end = i + 1;
+                    break;
+                }
+            }
+        }
+        let mut visit: Vec<usize> = if all {
+            (walked..n).collect()
+        } else {
+            let (lo, hi) = (end.min(self.after_stop), end.max(self.after_stop));
+            let mut v: Vec<usize> = (lo.max(walked)..hi.min(n)).collect();
+            v.extend(
+                names
+                    .iter()
+                    .filter_map(|name| self.position(name.as_bytes()).ok())
+                    .filter(|&i| i >= walked),
+            );
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        for i in visit.drain(..) {
+            self.settle_one(i, i < end, &mut gone);
+        }
+        self.after_stop = end;
+        for i in gone.into_iter().rev() {
+            let e = self.remove_at(i);
+            // Named again, so that the next read finds it if it is still listed.
+            self.dirty.insert(e.os_name);
+        }
+    }
+
+    /// Makes entry `i` follow the rules (`before_stop`: a config file there is read);
+    /// true when it is a config file the stop rule is to be asked about. An entry that
+    /// is gone when read goes to `gone`.
+    fn settle_one(&mut self, i: usize, before_stop: bool, gone: &mut Vec<usize>) -> bool {
+        let (entry, slot) = (&mut self.snap.entries[i], &mut self.slots[i]);
+        let config = slot.config && before_stop;
+        if entry.is_dir || !(config || slot.extra) {
+            slot.kept = held(entry, slot.kept.take());
+            return false;
+        }
+        match slot.kept.take() {
+            Some((k, Kept::Held(content, memo))) => {
+                entry.content = Some(content);
+                entry.memo = memo;
+                slot.kept = Some((k, Kept::Shown));
+            }
+            Some((k, Kept::Refused(why))) => {
+                entry.unreadable = Some(why.clone());
+                entry.refused = true;
+                slot.kept = Some((k, Kept::Refused(why)));
+            }
+            Some(shown) => slot.kept = Some(shown),
+            None => {
+                self.work.reads += 1;
+                let path = self.dir.join(&entry.os_name);
+                (entry.unreadable, entry.refused) = (None, false);
+                match bounded::read_regular_with_meta(&path, bounded::MAX_CONFIG_BYTES) {
+                    Ok((content, meta)) => {
+                        entry.content = Some(content);
+                        entry.memo = ParseMemo::default();
+                        slot.kept = Some((FileKey::of(&meta), Kept::Shown));
+                    }
+                    // Left out of this snapshot as if never listed (a dangling symlink,
+                    // or a file removed since), as in a fresh read. The stop rule still
+                    // sees it, as in a fresh read.
+                    Err(err) if err.is_not_found() => gone.push(i),
+                    Err(err) => {
+                        let refused = matches!(
+                            err,
+                            bounded::BoundedReadError::NotRegular { .. }
+                                | bounded::BoundedReadError::TooLarge { .. }
+                        );
+                        entry.unreadable = Some(err.to_string());
+                        entry.refused = refused;
+                        // Not kept unless refused: the next read tries again, as a fresh
+                        // read would.
+                        match (refused, slot.key) {
+                            (true, Some(key)) => {
+                                slot.kept = Some((key, Kept::Refused(err.to_string())));
+                            }
+                            _ => {
+                                self.unsettled.names.insert(entry.os_name.clone());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        config
+    }
+}
+
+/// Takes back into the cache what `entry` shows of `kept` (its content and parse), and
+/// clears what a read left in it: the entry is then as listed, nothing read.
+fn held(entry: &mut DirEntry, kept: Option<(FileKey, Kept)>) -> Option<(FileKey, Kept)> {
+    entry.unreadable = None;
+    entry.refused = false;
+    let content = entry.content.take();
+    match kept? {
+        // The memo goes with the content (a fresh one costs an allocation: only here).
+        (k, Kept::Shown) => content.map(|c| (k, Kept::Held(c, std::mem::take(&mut entry.memo)))),
+        other => Some(other),
     }
 }
 
 /// Metadata of what `path` resolves to, else of the link itself (as [`super::read_until`]).
 fn stat(path: &Path) -> io::Result<fs::Metadata> {
     fs::metadata(path).or_else(|_| fs::symlink_metadata(path))
-}
-
-fn listed(
-    os_name: OsString,
-    is_dir: bool,
-    is_symlink: bool,
-    meta: Option<&fs::Metadata>,
-) -> Cached {
-    Cached {
-        entry: DirEntry {
-            name: os_name.to_string_lossy().into_owned(),
-            os_name,
-            is_dir,
-            is_symlink,
-            content: None,
-            unreadable: None,
-            refused: false,
-            mode: meta.map_or(0, |m| m.permissions().mode() & 0o7777),
-            uid: meta.map_or(0, MetadataExt::uid),
-            memo: Default::default(),
-        },
-        key: meta.map(FileKey::of),
-        read: None,
-    }
 }
 
 #[cfg(test)]
@@ -358,45 +527,83 @@ mod tests {
         (it.next().unwrap_or(0), it.next().unwrap_or(0)) >= (6, 13)
     }
 
+    /// The config files in the runtime's order, as the judgement sees them.
+    fn cand_names(s: &Snapshot) -> Vec<String> {
+        s.candidates()
+            .iter()
+            .map(|c| c.name().to_string())
+            .collect()
+    }
+
     type Stop = fn(&DirEntry) -> bool;
     type Also = fn(&str) -> bool;
 
-    /// The reads every check makes: plain, with extra names, and stopping at the first
-    /// config file that parses (as the guard and containerd do).
-    fn variants() -> Vec<(Also, Option<Stop>)> {
+    /// The reads every check makes: plain; with extra names, first without a stop, then
+    /// stopping at the first config file that parses (as the guard and containerd do),
+    /// then without again (held-back content shown again) — each in its own caches,
+    /// since a cache's `also_read` is fixed.
+    fn variants() -> Vec<(Also, Vec<Option<Stop>>)> {
         vec![
-            (|_| false, None),
-            (|n| n.ends_with(".orig"), None),
-            (|n| n.ends_with(".orig"), Some(|e| e.parse().is_ok())),
+            (|_| false, vec![None]),
+            (
+                |n| n.ends_with(".orig"),
+                vec![None, Some(|e| e.parse().is_ok()), None],
+            ),
         ]
     }
 
-    /// Three caches — told every name (as inotify does), told nothing but resync'ed
-    /// (keyed), and told the names *and* resync'ed — must each equal a fresh read.
+    /// The named, keyed and both caches of one variant.
+    type Three = [(&'static str, DirCache); 3];
+
+    /// Per variant, three caches — told every name (as inotify does), told nothing but
+    /// resync'ed (keyed), and told the names *and* resync'ed — must each equal a fresh
+    /// read.
     struct Caches {
-        named: DirCache,
-        keyed: DirCache,
-        both: DirCache,
+        sets: Vec<(Also, Vec<Option<Stop>>, Three)>,
     }
 
     impl Caches {
-        fn check(&mut self, dir: &Path, names: &[&str], what: &str) {
-            for n in names {
-                self.named.changed(*n);
-                self.both.changed(*n);
+        fn new(dir: &Path) -> Caches {
+            Caches {
+                sets: variants()
+                    .into_iter()
+                    .map(|(also, stops)| {
+                        let c = || DirCache::reading_also(dir, also);
+                        (also, stops, [("named", c()), ("keyed", c()), ("both", c())])
+                    })
+                    .collect(),
             }
-            self.keyed.resync();
-            self.both.resync();
-            for (i, (also, stop)) in variants().into_iter().enumerate() {
-                let stop = stop.map(|f| Box::new(f) as Box<dyn Fn(&DirEntry) -> bool>);
-                let fresh = read_until(dir, &also, stop.as_deref()).unwrap();
-                for (which, c) in [
-                    ("named", &mut self.named),
-                    ("keyed", &mut self.keyed),
-                    ("both", &mut self.both),
-                ] {
-                    let got = c.read_until(&also, stop.as_deref()).unwrap();
-                    assert_eq!(got, fresh, "{which} cache after {what} (read variant {i})");
+        }
+
+        /// A fresh keyed cache (it may have missed an unnamed change).
+        fn forget_keyed(&mut self, dir: &Path) {
+            for (also, _, caches) in &mut self.sets {
+                caches[1].1 = DirCache::reading_also(dir, *also);
+            }
+        }
+
+        fn check(&mut self, dir: &Path, names: &[&str], what: &str) {
+            for (also, stops, caches) in &mut self.sets {
+                for (which, c) in caches.iter_mut() {
+                    if *which != "keyed" {
+                        names.iter().for_each(|n| c.changed(*n));
+                    }
+                    if *which != "named" {
+                        c.resync();
+                    }
+                }
+                for (i, stop) in stops.iter().enumerate() {
+                    let stop = stop.map(|f| Box::new(f) as Box<dyn Fn(&DirEntry) -> bool>);
+                    let fresh = read_until(dir, &*also, stop.as_deref()).unwrap();
+                    for (which, c) in caches.iter_mut() {
+                        let got = c.read_until(stop.as_deref()).unwrap();
+                        assert_eq!(*got, fresh, "{which} cache after {what} (read {i})");
+                        assert_eq!(
+                            cand_names(got),
+                            cand_names(&fresh),
+                            "{which} cache's candidates after {what} (read {i})"
+                        );
+                    }
                 }
             }
         }
@@ -420,11 +627,7 @@ mod tests {
         w("10-a.conflist.orig", "backup");
         fs::create_dir(d.join("40-dir.conflist")).unwrap();
         symlink(&outside, d.join("15-link.conflist")).unwrap();
-        let mut c = Caches {
-            named: DirCache::new(&d),
-            keyed: DirCache::new(&d),
-            both: DirCache::new(&d),
-        };
+        let mut c = Caches::new(&d);
         c.check(&d, &[], "the first read");
 
         w("05-new.conflist", "{ broken");
@@ -446,7 +649,7 @@ mod tests {
         } else {
             // Only the name tells: the keyed cache may keep the old content until a
             // change of key.
-            c.keyed = DirCache::new(&d);
+            c.forget_keyed(&d);
             c.check(&d, &["10-a.conflist"], "a same-size rewrite in place");
         }
 
@@ -547,9 +750,114 @@ mod tests {
             }
         );
         assert_eq!(
-            c.read().unwrap(),
+            *c.read().unwrap(),
             read_until(t.path(), &|_| false, None).unwrap()
         );
+    }
+
+    #[test]
+    fn content_held_back_by_the_stop_is_shown_again_without_a_read() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        fs::write(d.join("10-primary.conflist"), conflist("p")).unwrap();
+        for i in 0..50 {
+            fs::write(d.join(format!("50-f{i:03}.conflist")), conflist("f")).unwrap();
+        }
+        let parses = |e: &DirEntry| e.parse().is_ok();
+        let fresh =
+            |stop: Option<&dyn Fn(&DirEntry) -> bool>| read_until(d, &|_| false, stop).unwrap();
+        let mut c = DirCache::new(d);
+        assert_eq!(*c.read_until(Some(&parses)).unwrap(), fresh(Some(&parses)));
+        assert_eq!(c.work().reads, 1, "only the primary is read");
+        assert_eq!(*c.read().unwrap(), fresh(None));
+        assert_eq!(c.work().reads, 51);
+        assert_eq!(*c.read_until(Some(&parses)).unwrap(), fresh(Some(&parses)));
+        assert_eq!(*c.read().unwrap(), fresh(None));
+        assert_eq!(
+            c.work().reads,
+            51,
+            "held-back content is shown again, not read"
+        );
+        // The primary breaks: the stop moves to the next file, which was read before.
+        fs::write(d.join("10-primary.conflist"), "{").unwrap();
+        c.changed("10-primary.conflist");
+        assert_eq!(*c.read_until(Some(&parses)).unwrap(), fresh(Some(&parses)));
+        assert_eq!(c.work().reads, 52, "one read: the file named");
+        assert_eq!(c.work().listings, 1);
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum Op {
+        Valid,
+        Broken,
+        Remove,
+        Mkdir,
+        Link,
+        Chmod,
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// Any sequence of changes, each named as inotify names it, read with the stop
+        /// rule changing from read to read: the cache always equals a fresh read.
+        #[test]
+        fn any_named_changes_under_any_stops_equal_a_fresh_read(
+            steps in proptest::collection::vec(
+                (0usize..7, proptest::sample::select(vec![
+                    Op::Valid, Op::Broken, Op::Remove, Op::Mkdir, Op::Link, Op::Chmod,
+                ]), 0usize..3),
+                1..30,
+            )
+        ) {
+            const NAMES: [&str; 7] = [
+                "05-a.conflist", "10-b.conflist", "20-c.conf", "30-d.json",
+                "40-e.conflist.orig", "50-f.conflist", "notes.txt",
+            ];
+            let stops: [Option<Stop>; 3] = [None, Some(|e| e.parse().is_ok()), Some(|_| true)];
+            let t = tempfile::tempdir().unwrap();
+            let d = t.path().join("net.d");
+            fs::create_dir(&d).unwrap();
+            let target = t.path().join("target.conflist");
+            fs::write(&target, conflist("target")).unwrap();
+            let also: Also = |n| n.ends_with(".orig");
+            let mut named = DirCache::reading_also(&d, also);
+            for (n, op, stop) in steps {
+                let p = d.join(NAMES[n]);
+                let clear = |p: &Path| {
+                    let _ = fs::remove_dir(p);
+                    let _ = fs::remove_file(p);
+                };
+                match op {
+                    Op::Valid => {
+                        clear(&p);
+                        fs::write(&p, conflist(NAMES[n])).unwrap();
+                    }
+                    Op::Broken => {
+                        clear(&p);
+                        fs::write(&p, "{").unwrap();
+                    }
+                    Op::Remove => clear(&p),
+                    Op::Mkdir => {
+                        clear(&p);
+                        fs::create_dir(&p).unwrap();
+                    }
+                    Op::Link => {
+                        clear(&p);
+                        symlink(&target, &p).unwrap();
+                    }
+                    Op::Chmod => {
+                        let _ = fs::set_permissions(&p, fs::Permissions::from_mode(0o600));
+                    }
+                }
+                named.changed(NAMES[n]);
+                let stop = stops[stop].map(|f| Box::new(f) as Box<dyn Fn(&DirEntry) -> bool>);
+                let fresh = read_until(&d, &also, stop.as_deref()).unwrap();
+                let got = named.read_until(stop.as_deref()).unwrap();
+                proptest::prop_assert_eq!(got, &fresh, "after {:?} of {}", op, NAMES[n]);
+                proptest::prop_assert_eq!(cand_names(got), cand_names(&fresh));
+            }
+        }
     }
 
     #[test]
@@ -560,6 +868,9 @@ mod tests {
         assert_eq!(c.read().unwrap_err().kind(), io::ErrorKind::NotFound);
         fs::create_dir(&d).unwrap();
         fs::write(d.join("a.conflist"), conflist("a")).unwrap();
-        assert_eq!(c.read().unwrap(), read_until(&d, &|_| false, None).unwrap());
+        assert_eq!(
+            *c.read().unwrap(),
+            read_until(&d, &|_| false, None).unwrap()
+        );
     }
 }
