@@ -77,6 +77,11 @@ pub struct Sandboxes {
     pub removed: u64,
     /// Removals that had to be retried.
     pub remove_retries: u64,
+    /// A runtime fault the soak cleared to tear sandboxes down: libcni result caches
+    /// containerd left unreadable when it was killed while writing them (see
+    /// `workload::clear_unreadable_cni_cache`). Not a violation: interlock's own state
+    /// and addresses are still checked after the DEL that follows.
+    pub unreadable_cni_caches_cleared: Vec<String>,
     /// Sandboxes the checker saw running although their RunPodSandbox failed for the
     /// client (its answer lost in a containerd restart); swept at the end.
     pub started_without_answer: u64,
@@ -103,6 +108,7 @@ impl Sandboxes {
             removed: s.removed,
             started_without_answer: 0,
             remove_retries: s.remove_retries,
+            unreadable_cni_caches_cleared: s.unreadable_cni_caches.clone(),
             resident,
             create_latency_ms: Distribution::of(&s.create_ms),
             creations_per_s: if elapsed_ms == 0 {
@@ -323,6 +329,13 @@ impl Report {
             .map(|(k, n)| format!("{k} {n}"))
             .collect();
         out.push_str(&format!("  chaos: {}\n", events.join(", ")));
+        if !s.unreadable_cni_caches_cleared.is_empty() {
+            out.push_str(&format!(
+                "  runtime fault cleared to tear down: {} libcni result cache(s) containerd left unreadable (killed while writing them): {}\n",
+                s.unreadable_cni_caches_cleared.len(),
+                s.unreadable_cni_caches_cleared.join(", ")
+            ));
+        }
         let e = &self.exposures;
         out.push_str(&format!(
             "  meshed sandboxes seen unprotected: {} ({} windows, max {} ms, p50 {} ms; {} beyond the {} ms repair budget)\n",

@@ -275,7 +275,8 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
 
     // Teardown, counting what is left at each step.
     let mut leaks = Leaks::default();
-    let unswept = rt.block_on(sweep(&endpoint, &stopping, &clock, Duration::from_secs(60)));
+    let (unswept, cleared_at_sweep) =
+        rt.block_on(sweep(&endpoint, &stopping, &clock, Duration::from_secs(60)));
     leaks.sandboxes = unswept.len();
     leaks.details.extend(unswept);
     std::thread::sleep(Duration::from_millis(200));
@@ -431,6 +432,12 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
                 .values()
                 .sum::<u64>()
                 .saturating_sub(stats.created_meshed + stats.created_plain),
+            unreadable_cni_caches_cleared: stats
+                .unreadable_cni_caches
+                .iter()
+                .chain(&cleared_at_sweep)
+                .cloned()
+                .collect(),
             ..Sandboxes::from_stats(&stats, resident, elapsed)
         },
         chaos: Chaos {

@@ -74,6 +74,9 @@ pub struct WorkloadStats {
     pub removed: u64,
     /// Removal attempts that failed (and were retried).
     pub remove_retries: u64,
+    /// libcni result caches containerd left unreadable (see [`clear_unreadable_cni_cache`]),
+    /// removed so the sandbox could be torn down.
+    pub unreadable_cni_caches: Vec<String>,
     /// True when it gave up before all planned sandboxes started.
     pub gave_up: bool,
     /// RunPodSandbox latency of the sandboxes that started, in milliseconds.
@@ -283,7 +286,10 @@ impl Workload {
                 match done {
                     Ok(()) => return true,
                     Err(e) if e.is_not_found() => return true,
-                    Err(_) => {}
+                    Err(e) => {
+                        let cleared = clear_unreadable_cni_cache(id, &e.to_string());
+                        self.lock_stats().unreadable_cni_caches.extend(cleared);
+                    }
                 }
             }
             self.lock_stats().remove_retries += 1;
@@ -305,23 +311,62 @@ pub fn residents_due(k: u64, creations: u64, resident: u64) -> u64 {
     (k / stride + 1).min(resident)
 }
 
+/// Where containerd's libcni caches each ADD's result (`<network>-<sandbox>-<ifname>`).
+const CNI_RESULTS: &str = "/var/lib/cni/results";
+
+/// A runtime fault, not interlock's: containerd 1.6's libcni writes its result cache in
+/// place, so containerd killed (the `containerd_restart` chaos) between the create and
+/// the write of that file leaves it empty or cut short, and from then on every DEL of the
+/// sandbox fails before any plugin runs ("failed to get network … cached result:
+/// decoding version from network config: unexpected end of JSON input"): the sandbox can
+/// never be removed. When `error` is that failure, removes the cache files of `sandbox`
+/// that are not JSON, as an operator would (the DEL then runs without the cached result,
+/// and every plugin, interlock's included, still has to release what it holds), and
+/// returns them. Anything else returns nothing and changes nothing.
+pub fn clear_unreadable_cni_cache(sandbox: &str, error: &str) -> Vec<String> {
+    clear_unreadable_cni_cache_in(std::path::Path::new(CNI_RESULTS), sandbox, error)
+}
+
+/// [`clear_unreadable_cni_cache`] with the cache in `dir`.
+fn clear_unreadable_cni_cache_in(dir: &std::path::Path, sandbox: &str, error: &str) -> Vec<String> {
+    if !error.contains("cached result") {
+        return Vec::new();
+    }
+    let marker = format!("-{sandbox}-");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(&marker))
+        .filter(|e| {
+            std::fs::read(e.path())
+                .is_ok_and(|data| serde_json::from_slice::<serde_json::Value>(&data).is_err())
+        })
+        .filter(|e| std::fs::remove_file(e.path()).is_ok())
+        .map(|e| e.path().display().to_string())
+        .collect()
+}
+
 /// Stops and removes every sandbox the runtime still lists (ready or not), retrying for
-/// up to `patience`; returns the ones that could not be removed, with why.
+/// up to `patience`; returns the ones that could not be removed, with why, and the
+/// unreadable libcni caches it had to clear ([`clear_unreadable_cni_cache`]).
 pub async fn sweep(
     endpoint: &str,
     stopping: &Stopping,
     clock: &Clock,
     patience: Duration,
-) -> Vec<String> {
+) -> (Vec<String>, Vec<String>) {
     let deadline = tokio::time::Instant::now() + patience;
     let mut problems = Vec::new();
+    let mut cleared = Vec::new();
     loop {
         problems.clear();
         match connect(endpoint).await {
             Err(e) => problems.push(format!("connecting to {endpoint}: {e}")),
             Ok(c) => match c.list_sandboxes(&SandboxFilter::default()).await {
                 Err(e) => problems.push(format!("listing sandboxes: {e}")),
-                Ok(list) if list.is_empty() => return Vec::new(),
+                Ok(list) if list.is_empty() => return (Vec::new(), cleared),
                 Ok(list) => {
                     for s in list {
                         stopping.mark(&s.id, clock.now_ms());
@@ -330,6 +375,7 @@ pub async fn sweep(
                             Err(e) => Err(e),
                         };
                         if let Err(e) = done {
+                            cleared.extend(clear_unreadable_cni_cache(&s.id, &e.to_string()));
                             problems.push(format!("sandbox {}: {e}", s.id));
                         }
                     }
@@ -337,7 +383,7 @@ pub async fn sweep(
             },
         }
         if tokio::time::Instant::now() > deadline {
-            return problems;
+            return (problems, cleared);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -421,6 +467,40 @@ pub fn failure_reason(error: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_unreadable_cache_of_that_sandbox_is_cleared_and_only_for_that_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let put = |name: &str, data: &str| std::fs::write(dir.path().join(name), data).unwrap();
+        put("net-aaa-eth0", "");
+        put(
+            "cni-loopback-aaa-lo",
+            r#"{"kind":"cniCacheV1","result":{}}"#,
+        );
+        put("net-aaa-net1", r#"{"kind":"cniCache"#);
+        put("net-bbb-eth0", "");
+        let decode = "failed to get network \"net\" cached result: decoding version from network config: unexpected end of JSON input";
+        assert!(clear_unreadable_cni_cache_in(dir.path(), "aaa", "transport error").is_empty());
+        let mut cleared = clear_unreadable_cni_cache_in(dir.path(), "aaa", decode);
+        cleared.sort();
+        let names: Vec<String> = cleared
+            .iter()
+            .map(|p| {
+                std::path::Path::new(p)
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        assert_eq!(names, ["net-aaa-eth0", "net-aaa-net1"]);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["cni-loopback-aaa-lo", "net-bbb-eth0"]);
+    }
 
     #[test]
     fn residents_are_due_one_per_stretch_and_never_more_than_asked() {
