@@ -349,7 +349,13 @@ fn pods_started_before_interlock_are_repaired_and_the_node_stays_tainted() {
     });
     let untainted_at =
         untainted_at.unwrap_or_else(|| panic!("the taint stayed\n{}", node.agent_logs()));
-    assert!(samples > 10, "the watcher barely ran ({samples} samples)");
+    // Not vacuous: the watcher saw the taint still on (at least two samples) before the
+    // one that found it gone. (It was "more than 10": the agent now gets ready in about
+    // 70 ms, and CI saw exactly 10 samples of a correct run.)
+    assert!(
+        samples >= 3,
+        "the watcher never saw the node tainted ({samples} samples)"
+    );
     let deadline = ready_at + Duration::from_secs(2);
     for sb in pods.iter().filter(|p| p.meshed) {
         redirected_by(&node, sb, deadline).unwrap_or_else(|c| {
