@@ -33,12 +33,13 @@ pub const MESHED_OVER_FLOOR_GOAL_US: f64 = 300.0;
 pub const UNMESHED_OVER_FLOOR_LIMIT_US: f64 = 100.0;
 
 /// Every top-level key of the document.
-pub const TOP_LEVEL_KEYS: [&str; 20] = [
+pub const TOP_LEVEL_KEYS: [&str; 21] = [
     "tool",
     "version",
     "unit",
     "build",
     "plugin",
+    "plugin_installed",
     "state_dir",
     "host",
     "loadavg_start",
@@ -383,7 +384,11 @@ pub fn report(
         "version": env!("CARGO_PKG_VERSION"),
         "unit": "microseconds",
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
-        "plugin": bench.plugin().display().to_string(),
+        "plugin": bench.plugin_source().display().to_string(),
+        "plugin_installed": {
+            "path": bench.plugin().display().to_string(),
+            "how": "installed by the agent's installer (write, rename, VERSION check) next to the given file; every sample runs this copy, not the linker's output (see interlock_bench::install_plugin)",
+        },
         "state_dir": bench.state_dir().display().to_string(),
         "host": host_info(),
         "loadavg_start": loadavg_start,

@@ -49,6 +49,15 @@ fn quick_run_prints_every_key_with_positive_numbers() {
         assert!(doc.get(key).is_some(), "missing top-level key {key}: {doc}");
     }
     assert!(doc["wired"].is_boolean());
+    // Every sample ran the installed copy, never the file it was given.
+    let given = plugin();
+    assert_eq!(doc["plugin"], given.display().to_string());
+    let installed = doc["plugin_installed"]["path"].as_str().unwrap_or_default();
+    assert!(
+        !installed.is_empty() && std::path::Path::new(installed) != given,
+        "the bench ran the given file, not an installed copy: {}",
+        doc["plugin_installed"]
+    );
     positive(&doc["rule_set"]["rules_per_family"], "rules_per_family");
     positive(
         &doc["rule_set"]["iptables_calls_per_sample"],
@@ -202,4 +211,41 @@ fn refuses_to_run_without_root() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("needs root"), "{stderr}");
     assert!(out.stdout.is_empty(), "no JSON without root");
+}
+
+/// The copy the bench runs is installed the way the agent installs the plugin: the same
+/// bytes, executable, in a directory of its own beside the given file (the same disk), and
+/// a new file rather than a link to the linker's output (see `install_plugin`). It goes
+/// with the bench's directory.
+#[test]
+fn the_plugin_is_run_from_a_copy_installed_beside_it() {
+    let given = plugin();
+    let (dir, installed) = interlock_bench::install_plugin(&given).unwrap();
+    assert_eq!(
+        dir.path().parent(),
+        given.parent(),
+        "not beside {}",
+        given.display()
+    );
+    assert_eq!(installed, dir.path().join("interlock-cni"));
+    assert_eq!(
+        std::fs::read(&installed).unwrap(),
+        std::fs::read(&given).unwrap(),
+        "the installed copy differs from {}",
+        given.display()
+    );
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (a, b) = (
+        std::fs::metadata(&installed).unwrap(),
+        std::fs::metadata(&given).unwrap(),
+    );
+    assert_ne!(
+        a.ino(),
+        b.ino(),
+        "the copy is a hard link to the given file"
+    );
+    assert_eq!(a.permissions().mode() & 0o777, 0o755);
+    let kept = dir.path().to_path_buf();
+    drop(dir);
+    assert!(!kept.exists(), "{} outlived the bench", kept.display());
 }
