@@ -70,7 +70,7 @@ bench-json: deps plugin-static
 	@$(CARGO) build --release -p interlock-bench
 	@nice -n -15 ./target/release/interlock-bench --pretty --plugin $(STATIC_PLUGIN)
 
-## bench-repair: the agent's repair, follow and /readyz latencies, one JSON line each
+## bench-repair: the agent's repair, follow, /readyz and primary-return latencies, one JSON line each
 ## (in the system temp dir: on disk, with fsync, like /etc/cni/net.d on a node;
 ## CLOBBERS=50 for a short run), then the same repair and a primary rewritten 100 times
 ## a second with FOREIGN further foreign files in the conf dir (agent CPU share reported)
@@ -78,7 +78,7 @@ CLOBBERS ?= 1000
 FOREIGN ?= 1000
 bench-repair: deps
 	@$(CARGO) build --release -p interlock -p interlock-cni -p interlock-bench
-	@for run in "clobber chain" "clobber owned" "follow chain" "follow owned" "readyz owned"; do \
+	@for run in "clobber chain" "clobber owned" "follow chain" "follow owned" "readyz owned" "return chain" "return owned"; do \
 		set -- $$run; \
 		./target/release/interlock-bench repair --clobbers $(CLOBBERS) --scenario $$1 --mode $$2 || exit 1; \
 	done

@@ -300,7 +300,16 @@ pub fn default_plugin_path() -> PathBuf {
 /// executable (release when that is a release directory) and returns its path. For the
 /// smoke test and the criterion benches, which cargo does not build the plugin for.
 pub fn build_plugin() -> Result<PathBuf, BenchError> {
-    let path = default_plugin_path();
+    build_workspace_bin("interlock-cni", &default_plugin_path())
+}
+
+/// Builds the binary `path` names (a file in the directory [`default_plugin_path`] is in)
+/// of workspace package `package` with cargo, as [`build_plugin`] does, and returns `path`.
+pub fn build_workspace_bin(package: &str, path: &Path) -> Result<PathBuf, BenchError> {
+    let bin = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let profile_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let target_dir = profile_dir
         .parent()
@@ -309,7 +318,7 @@ pub fn build_plugin() -> Result<PathBuf, BenchError> {
     let release = profile_dir.file_name().is_some_and(|n| n != "debug");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "-p", "interlock-cni", "--bin", "interlock-cni"])
+    cmd.args(["build", "-p", package, "--bin", &bin])
         .arg("--target-dir")
         .arg(&target_dir)
         .current_dir(env!("CARGO_MANIFEST_DIR"));
@@ -318,11 +327,11 @@ pub fn build_plugin() -> Result<PathBuf, BenchError> {
     }
     let status = cmd
         .status()
-        .map_err(|e| BenchError::Setup(format!("running cargo to build interlock-cni: {e}")))?;
+        .map_err(|e| BenchError::Setup(format!("running cargo to build {bin}: {e}")))?;
     if !status.success() || !path.exists() {
-        return Err(BenchError::PluginMissing(path));
+        return Err(BenchError::PluginMissing(path.to_path_buf()));
     }
-    Ok(path)
+    Ok(path.to_path_buf())
 }
 
 /// Where the plugin's `stateDir` goes by default: `/dev/shm` (a tmpfs, like `/run` on

@@ -5,7 +5,10 @@
 //! With `--scenario follow` it changes the primary's subnet instead and measures until
 //! the effective config carries the new subnet and interlock; with `--scenario readyz` it
 //! renames in a foreign file that sorts first and measures until `/readyz` answers 503,
-//! then removes it and measures until 200 again; with `--scenario writer` the primary
+//! then removes it and measures until 200 again; with `--scenario return` it removes the
+//! primary's file, measures until interlock's holding config (or the next network) is in effect, writes the
+//! file back and measures until the primary's network with interlock is in effect again
+//! (how long pods are refused after the primary is back); with `--scenario writer` the primary
 //! is rewritten `--writes-per-sec` times a second for `--seconds` (alternating two
 //! subnets) and the agent's CPU share is measured. `--foreign N` puts N further valid
 //! foreign files in the conf dir (sorting after the primary, as other networks do), to
@@ -46,8 +49,9 @@ pub struct RepairArgs {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// clobber: a foreign writer replaces the file; follow: the primary changes its
-    /// subnet; readyz: a foreign file takes first place and goes away again.
-    #[arg(long, default_value = "clobber", value_parser = ["clobber", "follow", "readyz", "writer"])]
+    /// subnet; readyz: a foreign file takes first place and goes away again; return: the
+    /// primary's file is removed (holding config) and written back.
+    #[arg(long, default_value = "clobber", value_parser = ["clobber", "follow", "readyz", "writer", "return"])]
     pub scenario: String,
     /// Further valid foreign config files in the conf dir (`50-foreign-NNNN.conflist`).
     #[arg(long, default_value_t = 0)]
@@ -234,6 +238,14 @@ impl Session {
         })
     }
 
+    /// The network name of the config the runtime would load now, when it carries
+    /// interlock (`None` otherwise).
+    pub fn effective_network(&self) -> Option<String> {
+        containerd_list(&self.conf)
+            .filter(|c| c.list.plugin_types().contains(&"interlock-cni"))
+            .map(|c| c.list.name().to_string())
+    }
+
     /// The agent's CPU time so far.
     pub fn cpu_time(&self) -> Option<Duration> {
         cpu_time(self.agent.0.id())
@@ -344,6 +356,53 @@ impl Session {
         }
     }
 
+    /// The primary's file goes away (its DaemonSet re-installing, a node reconfigured)
+    /// and comes back. Returns the time from the removal until the runtime's config is
+    /// no longer the removed network (interlock's holding config; with `--foreign` files,
+    /// the next network with interlock in it), and the time from the file's return until
+    /// the runtime's config is the primary's network with interlock in it again. Pods
+    /// created in that second window are refused by the holding config (fail closed)
+    /// although the primary is back: it is how long interlock itself keeps pods from
+    /// starting.
+    pub fn primary_returns(&mut self) -> anyhow::Result<(Duration, Duration)> {
+        let holding =
+            |c: &confdir::Parsed| c.list.name() == interlock_contract::layout::HOLDING_NETWORK;
+        let with_interlock = |c: &confdir::Parsed| c.list.plugin_types().contains(&"interlock-cni");
+        let primary = self.conf.join("10-primary.conflist");
+        while self.events.try_recv().is_ok() {}
+        let t0 = Instant::now();
+        std::fs::remove_file(&primary)
+            .with_context(|| format!("removing {}", primary.display()))?;
+        let gone = self.wait_conf(t0, "the holding config or the next network", |c| {
+            c.list.name() != "ilbench" && (holding(c) || with_interlock(c))
+        })?;
+        while self.events.try_recv().is_ok() {}
+        let t1 = Instant::now();
+        rename_in(&self.conf, "10-primary.conflist", PRIMARY.as_bytes())?;
+        let back = self.wait_conf(t1, "the primary's network with interlock", |c| {
+            c.list.name() == "ilbench" && with_interlock(c)
+        })?;
+        Ok((gone, back))
+    }
+
+    /// Waits until the runtime's config satisfies `ok`; the time since `t0`.
+    fn wait_conf(
+        &self,
+        t0: Instant,
+        what: &str,
+        ok: impl Fn(&confdir::Parsed) -> bool,
+    ) -> anyhow::Result<Duration> {
+        loop {
+            if containerd_list(&self.conf).is_some_and(|c| ok(&c)) {
+                return Ok(t0.elapsed());
+            }
+            if t0.elapsed() > Duration::from_secs(5) {
+                bail!("the runtime's config was not {what} within 5 s");
+            }
+            let _ = self.events.recv_timeout(Duration::from_millis(20));
+        }
+    }
+
     /// A foreign file that sorts ahead of anything interlock can name appears, and the
     /// time until `/readyz` says 503; then it goes away, and the time until 200 again.
     pub fn readyz_flip(&mut self) -> anyhow::Result<(Duration, Duration)> {
@@ -415,6 +474,11 @@ pub fn run(a: RepairArgs) -> anyhow::Result<()> {
                 samples.push(down);
                 ups.push(up);
             }
+            "return" => {
+                let (holding, back) = s.primary_returns()?;
+                samples.push(back);
+                ups.push(holding);
+            }
             _ => samples.push(s.clobber()?),
         }
         std::thread::sleep(Duration::from_millis(a.interval_ms));
@@ -423,6 +487,11 @@ pub fn run(a: RepairArgs) -> anyhow::Result<()> {
     if a.scenario == "readyz" {
         // samples: until 503; ready_again: until 200 after the foreign file left.
         out["ready_again"] = summary(&ups);
+    }
+    if a.scenario == "return" {
+        // samples: from the primary's return until its network with interlock is in
+        // effect; left: from its removal until the runtime's config no longer is it.
+        out["left"] = summary(&ups);
     }
     let wall = t0.elapsed().as_secs_f64();
     if let (Some(c0), Some(c1)) = (cpu0, s.cpu_time()) {
