@@ -832,6 +832,18 @@ impl Guard {
     }
 }
 
+/// Blocks until `ino` has events to read (EINTR: asks again).
+fn wait_readable(ino: &inotify::Inotify) -> nix::Result<()> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    loop {
+        let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Err(nix::Error::EINTR) => continue,
+            other => return other.map(|_| ()),
+        }
+    }
+}
 /// Starts the inotify thread watching `conf_dir` and `bin_dirs` (as directories: writers
 /// rename files in); it sends a [`Wake`] per batch of events until the receiver is gone.
 /// A watched directory that is deleted or moved is watched again once it reappears.
@@ -902,8 +914,15 @@ pub fn spawn_watcher(
                         }
                     }
                 } else {
-                    match ino.read_events_blocking(&mut buf) {
+                    // Wait with poll, then read without blocking: the crate's blocking read
+                    // clears and sets O_NONBLOCK around every read (4 fcntl calls a wake).
+                    if let Err(e) = wait_readable(&ino) {
+                        error!("inotify poll failed: {e}; relying on periodic resync");
+                        return;
+                    }
+                    match ino.read_events(&mut buf) {
                         Ok(ev) => ev,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                         Err(e) => {
                             error!("inotify read failed: {e}; relying on periodic resync");
                             return;
