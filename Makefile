@@ -3,14 +3,15 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-# The plugin is shipped as a static, non-PIE executable: the runtime starts it once per
-# pod, and dynamic loading and relocation cost about 0.3 ms of every ADD (see README,
-# Performance). --target keeps these flags away from proc-macros and build scripts.
+# The plugin is shipped as a static, non-PIE executable with the code a pod's ADD runs
+# placed first: the runtime starts it once per pod (scripts/plugin-rustflags.sh says why
+# each flag; see README, Performance). --target keeps these flags away from proc-macros
+# and build scripts.
 HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
-STATIC_RUSTFLAGS := -C target-feature=+crt-static -C relocation-model=static
+STATIC_RUSTFLAGS := $(shell bash scripts/plugin-rustflags.sh $(HOST_TRIPLE))
 STATIC_PLUGIN := target/static/$(HOST_TRIPLE)/plugin/interlock-cni
 
-.PHONY: all deps build lint test demo soak bench bench-json bench-repair bench-api-load plugin-static image-rootfs clean
+.PHONY: all deps build lint test demo soak bench bench-json bench-repair bench-api-load plugin-static plugin-hot-text image-rootfs clean
 
 all: build
 
@@ -53,6 +54,11 @@ soak: deps
 ## plugin-static: the interlock-cni binary to ship ($(STATIC_PLUGIN))
 plugin-static:
 	@RUSTFLAGS="$(STATIC_RUSTFLAGS)" $(CARGO) build --profile plugin -p interlock-cni --target $(HOST_TRIPLE) --target-dir target/static
+
+## plugin-hot-text: regenerate crates/plugin/hot-text.order, the functions the shipped
+## plugin places first (root and valgrind; after a toolchain or dependency upgrade)
+plugin-hot-text:
+	@bash scripts/plugin-hot-text.sh
 
 ## image-rootfs: the image's filesystem in target/image-rootfs, built as the Dockerfile
 ## builds it (both binaries static); `docker build .` runs the same script

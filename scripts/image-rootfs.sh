@@ -7,9 +7,10 @@
 #
 # Static with glibc (-C target-feature=+crt-static on x86_64-unknown-linux-gnu): the image
 # has no libc to load, and the plugin the agent copies onto the host must run there
-# whatever the host's libc. The plugin is also non-PIE (as `make plugin-static`: its
-# start-up is on every pod's path); the two builds use separate target dirs so neither's
-# flags invalidate the other's cache.
+# whatever the host's libc. The plugin is also non-PIE, with the code a pod's ADD runs
+# placed first (scripts/plugin-rustflags.sh, as `make plugin-static`: its start-up is on
+# every pod's path); the two builds use separate target dirs so neither's flags
+# invalidate the other's cache.
 set -euo pipefail
 
 out=${1:?usage: scripts/image-rootfs.sh DIR}
@@ -20,7 +21,7 @@ static="-C target-feature=+crt-static"
 plugin_dir=${INTERLOCK_STATIC_TARGET_DIR:-target/static}
 agent_dir=${INTERLOCK_STATIC_AGENT_TARGET_DIR:-target/static-agent}
 
-RUSTFLAGS="$static -C relocation-model=static" "$cargo_bin" build --locked --quiet \
+RUSTFLAGS="$(scripts/plugin-rustflags.sh "$triple")" "$cargo_bin" build --locked --quiet \
     --profile plugin -p interlock-cni --target "$triple" --target-dir "$plugin_dir"
 RUSTFLAGS="$static" "$cargo_bin" build --locked --quiet \
     --release -p interlock --bin interlock --target "$triple" --target-dir "$agent_dir"

@@ -84,3 +84,75 @@ fn the_image_rootfs_holds_both_binaries_static() {
     assert!(yaml.contains(r#"command: ["/usr/local/bin/interlock", "agent"]"#));
     assert!(yaml.contains(r#"INTERLOCK_PLUGIN_SOURCE: "/usr/local/bin/interlock-cni""#));
 }
+
+/// The image's plugin carries the code a pod's ADD and DEL run first in its text, in the
+/// order of `crates/plugin/hot-text.order` (scripts/plugin-rustflags.sh): every Rust
+/// function named there sits after the one named before it (each is a section of its own,
+/// so the linker keeps the file's order exactly; a build without the order keeps about
+/// half of them in order). And the file still names the binary's functions: most names
+/// survive a code change, a toolchain or dependency upgrade renames them all.
+#[test]
+fn the_image_plugin_places_the_code_of_an_add_first() {
+    let order = std::fs::read_to_string(repo().join("crates/plugin/hot-text.order")).unwrap();
+    let names: Vec<&str> = order
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(repo().join("scripts/image-rootfs.sh"))
+        .arg(out.path())
+        .env("CARGO", env!("CARGO"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "scripts/image-rootfs.sh failed");
+    let nm = Command::new("nm")
+        .arg("--defined-only")
+        .arg(out.path().join("usr/local/bin/interlock-cni"))
+        .output()
+        .unwrap();
+    assert!(nm.status.success(), "nm failed");
+    let mut at = std::collections::HashMap::new();
+    for line in String::from_utf8_lossy(&nm.stdout).lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if let [addr, kind, name] = f[..] {
+            if "tTwWiI".contains(kind) {
+                at.entry(name.to_string())
+                    .or_insert_with(|| u64::from_str_radix(addr, 16).unwrap());
+            }
+        }
+    }
+    let present: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| at.contains_key(*n))
+        .collect();
+    assert!(
+        present.len() * 4 >= names.len() * 3,
+        "only {} of the {} functions in crates/plugin/hot-text.order are in the plugin: \
+         regenerate it (make plugin-hot-text)",
+        present.len(),
+        names.len()
+    );
+    let rust: Vec<(&str, u64)> = present
+        .iter()
+        .filter(|n| n.starts_with("_ZN") || n.starts_with("_R"))
+        .map(|n| (*n, at[*n]))
+        .collect();
+    assert!(
+        rust.len() > 100,
+        "{} Rust functions in the order",
+        rust.len()
+    );
+    for w in rust.windows(2) {
+        assert!(
+            w[1].1 > w[0].1,
+            "{} ({:#x}) is not placed after {} ({:#x}): the plugin was linked without \
+             crates/plugin/hot-text.order",
+            w[1].0,
+            w[1].1,
+            w[0].0,
+            w[0].1
+        );
+    }
+}

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Regenerates crates/plugin/hot-text.order: the functions the shipped plugin runs for a
+# pod's ADD (first a pod that is not meshed, then a meshed one) and DEL, in that order,
+# which the static build places first in its text (scripts/plugin-rustflags.sh).
+#
+#   sudo scripts/plugin-hot-text.sh        (or: make plugin-hot-text)
+#
+# It runs the plugin under valgrind's callgrind, which lists every function executed, in
+# two throwaway network namespaces of its own (a node with a bridge and a pod behind a
+# veth, IPv4 and IPv6), removed on exit. valgrind's CPU lacks some of the host's
+# instructions, so glibc picks other string-function variants under it than on the host
+# (and sha2 another backend): every variant of each such function is listed after the
+# ones seen. Stale names are harmless (the linker skips them; the order only decays), but
+# regenerate after a toolchain or dependency upgrade: crates/cli/tests/image.rs fails when
+# fewer than three quarters of the names are still in the binary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [[ $(id -u) != 0 ]]; then
+    echo "plugin-hot-text: needs root (it makes throwaway network namespaces)" >&2
+    exit 1
+fi
+if ! command -v valgrind >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind
+fi
+triple=$(rustc -vV | sed -n 's/^host: //p')
+RUSTFLAGS="$(scripts/plugin-rustflags.sh "$triple")" ${CARGO:-cargo} build --quiet \
+    --profile plugin -p interlock-cni --target "$triple" --target-dir target/static
+plugin=$PWD/target/static/$triple/plugin/interlock-cni
+
+tag=ilhot-$$
+node=$tag-node pod=$tag-pod
+work=$(mktemp -d)
+cleanup() {
+    ip netns del "$pod" 2>/dev/null || true
+    ip netns del "$node" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+ip netns add "$node"
+ip netns add "$pod"
+ip -n "$node" -batch - <<B
+link set lo up
+link add ilhotbr0 type bridge
+addr add 10.251.0.1/24 dev ilhotbr0
+addr add fd00:251::1/64 dev ilhotbr0 nodad
+link set ilhotbr0 up
+link add ilhotv0 type veth peer name eth0 netns $pod
+link set ilhotv0 master ilhotbr0 up
+B
+ip -n "$pod" -batch - <<B
+link set lo up
+addr add 10.251.0.2/24 dev eth0
+addr add fd00:251::2/64 dev eth0 nodad
+link set eth0 up
+route add default via 10.251.0.1
+route add default via fd00:251::1
+B
+
+# The stdin of a chained ADD: the plugin's entry, the runtime's annotations, the bridge
+# plugin's result. $1: the pod annotations.
+stdin() {
+    cat <<J
+{"cniVersion":"1.0.0","name":"ilhot","type":"interlock-cni","stateDir":"$work/state",
+ "logFile":"$work/state/interlock-cni.log","excludeNamespaces":["kube-system"],
+ "capabilities":{"io.kubernetes.cri.pod-annotations":true},
+ "runtimeConfig":{"io.kubernetes.cri.pod-annotations":$1},
+ "prevResult":{"cniVersion":"1.0.0",
+  "interfaces":[{"name":"ilhotbr0","mac":"02:00:00:00:00:01"},{"name":"ilhotv0","mac":"02:00:00:00:00:02"},
+                {"name":"eth0","mac":"02:00:00:00:00:03","sandbox":"/var/run/netns/$pod"}],
+  "ips":[{"address":"10.251.0.2/24","gateway":"10.251.0.1","interface":2},
+         {"address":"fd00:251::2/64","gateway":"fd00:251::1","interface":2}],
+  "routes":[{"dst":"0.0.0.0/0","gw":"10.251.0.1"},{"dst":"::/0","gw":"fd00:251::1"}],"dns":{}}}
+J
+}
+plain='{"kubernetes.io/config.source":"api"}'
+istio='{"sidecar.istio.io/status":"{\"initContainers\":[\"istio-init\"],\"containers\":[\"istio-proxy\"],\"revision\":\"default\"}","kubectl.kubernetes.io/default-container":"app"}'
+
+# run N COMMAND CONTAINER ANNOTATIONS: one plugin call under callgrind into $work/cg.N;
+# it must succeed (an ADD also prints its result).
+run() {
+    if ! stdin "$4" | env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin CNI_COMMAND="$2" \
+        CNI_CONTAINERID="$3" CNI_NETNS=/var/run/netns/"$pod" CNI_IFNAME=eth0 \
+        CNI_ARGS="K8S_POD_NAMESPACE=default;K8S_POD_NAME=$3;K8S_POD_INFRA_CONTAINER_ID=$3" \
+        CNI_PATH=/usr/lib/cni \
+        valgrind -q --tool=callgrind --demangle=no --callgrind-out-file="$work/cg.$1" \
+        "$plugin" >"$work/out.$1" ||
+        { [[ $2 == ADD ]] && ! grep -q '"ips"' "$work/out.$1"; }; then
+        echo "plugin-hot-text: $2 of $3 failed:" >&2
+        cat "$work/out.$1" >&2
+        exit 1
+    fi
+}
+run 1 ADD plain "$plain"
+run 2 ADD meshed "$istio"
+run 3 DEL meshed "$istio"
+
+nm --defined-only "$plugin" | awk '$2 ~ /^[tTwW]$/ {print $3}' >"$work/syms"
+# Function names in the order callgrind first names them (a recursion's 'N suffix off).
+names() { sed -nE "s/^c?fn=\([0-9]+\) (.+)$/\1/p" "$1" | sed -E "s/'[0-9]+$//"; }
+# Every variant of the string functions in $1 (glibc picks one per CPU), and every sha256
+# backend when one is there.
+siblings() {
+    local fams
+    fams=$(sed -nE 's/^_*((mem|str|stp|wcs|wmem|rawmem)[a-z0-9]*)(_.*)?$/\1/p' "$1" | sort -u \
+        | sed -E 's/^(memcpy|mempcpy)$/\1\nmemmove/' | sort -u | paste -sd'|')
+    if [[ -n $fams ]]; then
+        grep -E "^__($fams)_(sse|ssse3|avx|evex|erms)" "$work/syms" || true
+    fi
+    if grep -q 'sha2.*sha256' "$1"; then
+        grep 'sha2.*sha256' "$work/syms" || true
+    fi
+}
+{
+    echo "# The functions interlock-cni runs for a pod's ADD (not meshed, then meshed) and DEL;"
+    echo "# made by scripts/plugin-hot-text.sh, read by the linker (scripts/plugin-rustflags.sh)."
+    for n in 1 2 3; do
+        names "$work/cg.$n" >"$work/names.$n"
+        cat "$work/names.$n"
+        siblings "$work/names.$n"
+    done | awk '!seen[$0]++'
+} >"$work/order"
+mv "$work/order" crates/plugin/hot-text.order
+# The order is not in cargo's view of the build: relink the plugin with it.
+touch crates/plugin/src/main.rs
+echo "plugin-hot-text: $(grep -vc '^#' crates/plugin/hot-text.order) functions in crates/plugin/hot-text.order"
