@@ -21,6 +21,18 @@ fn tool(name: &str, arg: &Path) -> String {
     )
 }
 
+/// Lays out the image's filesystem with the script the Dockerfile runs, in a temp dir.
+fn image_rootfs() -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(repo().join("scripts/image-rootfs.sh"))
+        .arg(out.path())
+        .env("CARGO", env!("CARGO"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "scripts/image-rootfs.sh failed");
+    out
+}
+
 #[test]
 fn the_dockerfile_runs_the_rootfs_script() {
     let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
@@ -41,13 +53,7 @@ fn the_dockerfile_runs_the_rootfs_script() {
 
 #[test]
 fn the_image_rootfs_holds_both_binaries_static() {
-    let out = tempfile::tempdir().unwrap();
-    let status = Command::new(repo().join("scripts/image-rootfs.sh"))
-        .arg(out.path())
-        .env("CARGO", env!("CARGO"))
-        .status()
-        .unwrap();
-    assert!(status.success(), "scripts/image-rootfs.sh failed");
+    let out = image_rootfs();
     let bin = out.path().join("usr/local/bin");
     for name in ["interlock", "interlock-cni"] {
         let p = bin.join(name);
@@ -99,13 +105,7 @@ fn the_image_plugin_places_the_code_of_an_add_first() {
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .collect();
-    let out = tempfile::tempdir().unwrap();
-    let status = Command::new(repo().join("scripts/image-rootfs.sh"))
-        .arg(out.path())
-        .env("CARGO", env!("CARGO"))
-        .status()
-        .unwrap();
-    assert!(status.success(), "scripts/image-rootfs.sh failed");
+    let out = image_rootfs();
     let nm = Command::new("nm")
         .arg("--defined-only")
         .arg(out.path().join("usr/local/bin/interlock-cni"))
