@@ -844,6 +844,7 @@ fn wait_readable(ino: &inotify::Inotify) -> nix::Result<()> {
         }
     }
 }
+
 /// Starts the inotify thread watching `conf_dir` and `bin_dirs` (as directories: writers
 /// rename files in); it sends a [`Wake`] per batch of events until the receiver is gone.
 /// A watched directory that is deleted or moved is watched again once it reappears.

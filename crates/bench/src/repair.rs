@@ -6,10 +6,10 @@
 //! the effective config carries the new subnet and interlock; with `--scenario readyz` it
 //! renames in a foreign file that sorts first and measures until `/readyz` answers 503,
 //! then removes it and measures until 200 again; with `--scenario return` it removes the
-//! primary's file, measures until interlock's holding config (or the next network) is in effect, writes the
-//! file back and measures until the primary's network with interlock is in effect again
-//! (how long pods are refused after the primary is back); with `--scenario writer` the primary
-//! is rewritten `--writes-per-sec` times a second for `--seconds` (alternating two
+//! primary's file, measures until interlock's holding config (or the next network) is in
+//! effect, writes the file back and measures until the primary's network with interlock
+//! is in effect again (how long pods are refused after the primary is back); with
+//! `--scenario writer` the primary is rewritten `--writes-per-sec` times a second for `--seconds` (alternating two
 //! subnets) and the agent's CPU share is measured. `--foreign N` puts N further valid
 //! foreign files in the conf dir (sorting after the primary, as other networks do), to
 //! show that the agent's cost does not grow with the directory. Every scenario reports
@@ -100,8 +100,13 @@ fn containerd_list(dir: &Path) -> Option<confdir::Parsed> {
     entry.parse().ok()
 }
 
+/// Whether a list runs interlock-cni.
+fn carries_interlock(p: &confdir::Parsed) -> bool {
+    p.list.plugin_types().contains(&"interlock-cni")
+}
+
 fn has_interlock(dir: &Path) -> bool {
-    containerd_list(dir).is_some_and(|p| p.list.plugin_types().contains(&"interlock-cni"))
+    containerd_list(dir).is_some_and(|p| carries_interlock(&p))
 }
 
 /// User + system CPU time of `pid` so far (`/proc/<pid>/stat` utime + stime).
@@ -242,7 +247,7 @@ impl Session {
     /// interlock (`None` otherwise).
     pub fn effective_network(&self) -> Option<String> {
         containerd_list(&self.conf)
-            .filter(|c| c.list.plugin_types().contains(&"interlock-cni"))
+            .filter(carries_interlock)
             .map(|c| c.list.name().to_string())
     }
 
@@ -270,15 +275,8 @@ impl Session {
         };
         let t0 = Instant::now();
         rename_in(&self.conf, name, body.as_bytes())?;
-        loop {
-            if has_interlock(&self.conf) {
-                return Ok(t0.elapsed());
-            }
-            if t0.elapsed() > Duration::from_secs(5) {
-                bail!("clobber {}: not repaired within 5 s", self.count);
-            }
-            let _ = self.events.recv_timeout(Duration::from_millis(20));
-        }
+        let what = format!("clobber {}: not repaired", self.count);
+        self.wait_conf(t0, &what, carries_interlock)
     }
 }
 
@@ -292,19 +290,10 @@ impl Session {
         while self.events.try_recv().is_ok() {}
         let t0 = Instant::now();
         rename_in(&self.conf, "10-primary.conflist", body.as_bytes())?;
-        loop {
-            let followed = containerd_list(&self.conf).is_some_and(|c| {
-                c.list.plugin_types().contains(&"interlock-cni")
-                    && c.list.plugins()[0]["ipam"]["subnet"] == subnet.as_str()
-            });
-            if followed {
-                return Ok(t0.elapsed());
-            }
-            if t0.elapsed() > Duration::from_secs(5) {
-                bail!("subnet change {}: not followed within 5 s", self.count);
-            }
-            let _ = self.events.recv_timeout(Duration::from_millis(20));
-        }
+        let what = format!("subnet change {}: not followed", self.count);
+        self.wait_conf(t0, &what, |c| {
+            carries_interlock(c) && c.list.plugins()[0]["ipam"]["subnet"] == subnet.as_str()
+        })
     }
 
     /// The primary rewritten `per_sec` times a second for `secs` seconds (two subnets in
@@ -329,17 +318,11 @@ impl Session {
         let wall = t0.elapsed();
         let cpu = self.cpu_time().context("reading the agent's CPU time")? - cpu0;
         let last = bodies[((n + 1) % 2) as usize].0;
-        let until = Instant::now() + Duration::from_secs(5);
-        let followed = loop {
-            let ok = containerd_list(&self.conf).is_some_and(|c| {
-                c.list.plugin_types().contains(&"interlock-cni")
-                    && c.list.plugins()[0]["ipam"]["subnet"] == last
-            });
-            if ok || Instant::now() > until {
-                break ok;
-            }
-            let _ = self.events.recv_timeout(Duration::from_millis(20));
-        };
+        let followed = self
+            .wait_conf(Instant::now(), "the last write: not followed", |c| {
+                carries_interlock(c) && c.list.plugins()[0]["ipam"]["subnet"] == last
+            })
+            .is_ok();
         Ok((cpu.as_secs_f64() / wall.as_secs_f64(), followed))
     }
 
@@ -367,29 +350,31 @@ impl Session {
     pub fn primary_returns(&mut self) -> anyhow::Result<(Duration, Duration)> {
         let holding =
             |c: &confdir::Parsed| c.list.name() == interlock_contract::layout::HOLDING_NETWORK;
-        let with_interlock = |c: &confdir::Parsed| c.list.plugin_types().contains(&"interlock-cni");
         let primary = self.conf.join("10-primary.conflist");
         while self.events.try_recv().is_ok() {}
         let t0 = Instant::now();
         std::fs::remove_file(&primary)
             .with_context(|| format!("removing {}", primary.display()))?;
-        let gone = self.wait_conf(t0, "the holding config or the next network", |c| {
-            c.list.name() != "ilbench" && (holding(c) || with_interlock(c))
+        let what = "the primary's removal: the runtime's config did not leave its network";
+        let gone = self.wait_conf(t0, what, |c| {
+            c.list.name() != "ilbench" && (holding(c) || carries_interlock(c))
         })?;
         while self.events.try_recv().is_ok() {}
         let t1 = Instant::now();
         rename_in(&self.conf, "10-primary.conflist", PRIMARY.as_bytes())?;
-        let back = self.wait_conf(t1, "the primary's network with interlock", |c| {
-            c.list.name() == "ilbench" && with_interlock(c)
+        let what = "the primary's return: its network with interlock did not come back";
+        let back = self.wait_conf(t1, what, |c| {
+            c.list.name() == "ilbench" && carries_interlock(c)
         })?;
         Ok((gone, back))
     }
 
-    /// Waits until the runtime's config satisfies `ok`; the time since `t0`.
+    /// Waits until the config the runtime would load satisfies `ok` (woken by the conf
+    /// dir's events); the time since `t0`, or `failed` after 5 s.
     fn wait_conf(
         &self,
         t0: Instant,
-        what: &str,
+        failed: &str,
         ok: impl Fn(&confdir::Parsed) -> bool,
     ) -> anyhow::Result<Duration> {
         loop {
@@ -397,7 +382,7 @@ impl Session {
                 return Ok(t0.elapsed());
             }
             if t0.elapsed() > Duration::from_secs(5) {
-                bail!("the runtime's config was not {what} within 5 s");
+                bail!("{failed} within 5 s");
             }
             let _ = self.events.recv_timeout(Duration::from_millis(20));
         }
@@ -475,9 +460,9 @@ pub fn run(a: RepairArgs) -> anyhow::Result<()> {
                 ups.push(up);
             }
             "return" => {
-                let (holding, back) = s.primary_returns()?;
+                let (left, back) = s.primary_returns()?;
                 samples.push(back);
-                ups.push(holding);
+                ups.push(left);
             }
             _ => samples.push(s.clobber()?),
         }
