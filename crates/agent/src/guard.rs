@@ -464,6 +464,20 @@ impl Guard {
             if self.conflicts.in_backoff(f, now) {
                 continue;
             }
+            // Each one, not only those that trip a back-off: a lone conflict is rare enough
+            // to log, and it names the other writer's effect when one is investigated.
+            let found = match snap.get(f) {
+                None => "it is gone".to_string(),
+                Some(e) => format!(
+                    "it no longer runs interlock-cni ({} bytes)",
+                    e.content.as_ref().map_or(0, Vec::len)
+                ),
+            };
+            info!(
+                "{} in {} changed since interlock wrote it and {found}: counted as a conflict",
+                confdir::shown(f),
+                dir.display()
+            );
             if let Verdict::BackOff(d) = self.conflicts.record_conflict(f, now) {
                 warn!(
                     "{} in {} keeps being rewritten by another writer, undoing interlock's change; \

@@ -159,6 +159,17 @@ fn chain_mode_conflicting_rewriter_backs_off_reports_file_then_repairs() {
     assert!(a
         .log_text()
         .contains("keeps being rewritten by another writer"));
+    // Every conflict before the back-off is logged too, naming the file and what it holds.
+    assert!(
+        a.log_text().contains(
+            "10-calico.conflist in {} changed since interlock wrote it and it no longer runs \
+             interlock-cni"
+                .replace("{}", &d.conf.display().to_string())
+                .as_str()
+        ),
+        "{}",
+        a.log_text()
+    );
     // Backing off means not spinning: few writes while the conflict goes on.
     let w0 = a.metric("interlock_config_writes_total").unwrap();
     std::thread::sleep(Duration::from_millis(700));
@@ -399,7 +410,9 @@ fn two_agents_racing_converge_without_flapping() {
         let m = x.get("/metrics").unwrap().1;
         assert!(
             !m.contains("interlock_config_backoff{"),
-            "back-off between identical agents: {m}"
+            "back-off between identical agents: {m}\nlog of the first agent:\n{}\nlog of the second:\n{}",
+            a.log_text(),
+            b.log_text()
         );
     }
 }
