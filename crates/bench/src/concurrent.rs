@@ -67,6 +67,7 @@ pub fn run(
                     msg,
                 })?);
             }
+            bench.release_attachments()?;
             let first = spans.iter().map(|s| s.0).min().expect("n ≥ 1");
             let last = spans.iter().map(|s| s.1).max().expect("n ≥ 1");
             walls.push(last - first);

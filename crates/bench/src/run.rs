@@ -6,7 +6,9 @@
 //! scenario. The first sample of each scenario in every round is checked after the fact
 //! (outside the timing): the baselines and the engine must have installed exactly the
 //! bench rule set, an unmeshed ADD none, and a meshed plugin ADD shows whether the
-//! plugin's redirection is wired in (rules visible in the pod) or not.
+//! plugin's redirection is wired in (rules visible in the pod) or not. At the end of a
+//! round every attachment the plugin added gets its DEL, before the pods' netns are
+//! deleted, as a runtime does ([`Bench::release_attachments`]).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -218,6 +220,7 @@ pub fn run(
             bench.sample(*s, pod)?;
             after_check(bench, *s, pod, &mut collected)?;
         }
+        bench.release_attachments()?;
         progress(&format!("warm-up done ({n} scenarios)"));
     }
 
@@ -246,6 +249,8 @@ pub fn run(
                 }
             }
         }
+        // The runtime's DEL before each pod's netns goes (not timed).
+        bench.release_attachments()?;
         pools.clear();
         progress(&format!(
             "round {}/{} done ({total} samples, {:.1}s)",
