@@ -13,6 +13,16 @@
 # ones seen. Stale names are harmless (the linker skips them; the order only decays), but
 # regenerate after a toolchain or dependency upgrade: crates/cli/tests/image.rs fails when
 # fewer than three quarters of the names are still in the binary.
+#
+# Two lists come from the binary, not from callgrind:
+# - glibc's start-up and exit code, which runs before main on every host but partly out of
+#   callgrind's sight (valgrind's CPU is not the host's: glibc's cache-size code for AMD
+#   CPUs never runs under it), and every IRELATIVE resolver (glibc calls all of them at
+#   start-up); placed first, they need 3-4 fewer text faults per start;
+# - the small .bss objects (under 4 KiB each), listed last: the linker puts them at the
+#   start of .bss, before the large buffers (the netlink receive buffer, 64 KiB; glibc's
+#   key table, 16 KiB) that otherwise spread the start-up's scattered writes over five
+#   pages. Together: a meshed ADD 4 faults and about 0.015 ms less.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ $(id -u) != 0 ]]; then
@@ -110,14 +120,32 @@ siblings() {
         grep 'sha2.*sha256' "$work/syms" || true
     fi
 }
+# glibc's start-up and exit (static binary), by name; those this glibc lacks are left out.
+startup="__libc_start_main_impl __libc_start_main __libc_start_call_main
+_dl_relocate_static_pie __libc_init_secure _dl_aux_init __tunables_init __tunable_get_val
+_dl_tunable_set_hwcaps handle_amd handle_intel handle_zhaoxin intel_check_word update_active
+get_common_indices get_extended_indices init_cacheinfo __libc_setup_tls _dl_early_allocate
+_dl_non_dynamic_init _dl_lookup_symbol_x do_lookup_x check_match _dl_new_object
+_dl_setup_hash _dl_add_to_namespace_list call_init __libc_init_first __init_misc
+__libc_early_init _dl_call_libc_early_init _IO_init frame_dummy register_tm_clones
+deregister_tm_clones __do_global_dtors_aux __run_exit_handlers _IO_cleanup _exit _Exit"
 {
-    echo "# The functions interlock-cni runs for a pod's ADD (not meshed, then meshed) and DEL;"
-    echo "# made by scripts/plugin-hot-text.sh, read by the linker (scripts/plugin-rustflags.sh)."
-    for n in 1 2 3; do
-        names "$work/cg.$n" >"$work/names.$n"
-        cat "$work/names.$n"
-        siblings "$work/names.$n"
-    done | awk '!seen[$0]++'
+    echo "# The functions interlock-cni runs for a pod's ADD (not meshed, then meshed) and DEL,"
+    echo "# after glibc's start-up and its IRELATIVE resolvers; then the small .bss objects."
+    echo "# Made by scripts/plugin-hot-text.sh, read by the linker (scripts/plugin-rustflags.sh)."
+    {
+        for f in $startup; do
+            grep -xF "$f" "$work/syms" || true
+        done
+        nm --defined-only "$plugin" | awk '$2 == "i" || $3 ~ /_ifunc$/ {print $3}' | sort
+        for n in 1 2 3; do
+            names "$work/cg.$n" >"$work/names.$n"
+            cat "$work/names.$n"
+            siblings "$work/names.$n"
+        done
+        nm --defined-only --size-sort -S "$plugin" \
+            | awk '$3 ~ /^[bB]$/ && $2 ~ /^0000000000000/ {print $4}' | sort
+    } | awk '!seen[$0]++'
 } >"$work/order"
 mv "$work/order" crates/plugin/hot-text.order
 # The order is not in cargo's view of the build: relink the plugin with it.

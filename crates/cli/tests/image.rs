@@ -106,26 +106,31 @@ fn the_image_plugin_places_the_code_of_an_add_first() {
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .collect();
     let out = image_rootfs();
+    let plugin = out.path().join("usr/local/bin/interlock-cni");
     let nm = Command::new("nm")
         .arg("--defined-only")
-        .arg(out.path().join("usr/local/bin/interlock-cni"))
+        .arg(&plugin)
         .output()
         .unwrap();
     assert!(nm.status.success(), "nm failed");
+    // Functions, and (listed last) the small .bss objects.
     let mut at = std::collections::HashMap::new();
+    let mut bss = std::collections::HashMap::new();
     for line in String::from_utf8_lossy(&nm.stdout).lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         if let [addr, kind, name] = f[..] {
+            let addr = u64::from_str_radix(addr, 16).unwrap();
             if "tTwWiI".contains(kind) {
-                at.entry(name.to_string())
-                    .or_insert_with(|| u64::from_str_radix(addr, 16).unwrap());
+                at.entry(name.to_string()).or_insert(addr);
+            } else if "bB".contains(kind) {
+                bss.entry(name.to_string()).or_insert(addr);
             }
         }
     }
     let present: Vec<&str> = names
         .iter()
         .copied()
-        .filter(|n| at.contains_key(*n))
+        .filter(|n| at.contains_key(*n) || bss.contains_key(*n))
         .collect();
     assert!(
         present.len() * 4 >= names.len() * 3,
@@ -137,7 +142,7 @@ fn the_image_plugin_places_the_code_of_an_add_first() {
     let rust: Vec<(&str, u64)> = present
         .iter()
         .filter(|n| n.starts_with("_ZN") || n.starts_with("_R"))
-        .map(|n| (*n, at[*n]))
+        .filter_map(|n| at.get(*n).map(|a| (*n, *a)))
         .collect();
     assert!(
         rust.len() > 100,
@@ -153,6 +158,53 @@ fn the_image_plugin_places_the_code_of_an_add_first() {
             w[1].1,
             w[0].0,
             w[0].1
+        );
+    }
+    // glibc's start-up comes before the ADD's code, and the small .bss objects before the
+    // netlink receive buffer (64 KiB), which would otherwise spread them over more pages.
+    let start = at
+        .get("__libc_start_main")
+        .expect("a static glibc plugin has __libc_start_main");
+    assert!(
+        start < &at["main"],
+        "glibc's start-up is not placed before main: regenerate crates/plugin/hot-text.order \
+         (make plugin-hot-text)"
+    );
+    // The .bss output section (glibc keeps some pointers in a section of their own).
+    let sections = Command::new("readelf")
+        .args(["-SW"])
+        .arg(&plugin)
+        .output()
+        .unwrap();
+    let (bss_start, bss_end) = String::from_utf8_lossy(&sections.stdout)
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let i = f.iter().position(|x| *x == ".bss")?;
+            let addr = u64::from_str_radix(f.get(i + 2)?, 16).ok()?;
+            let size = u64::from_str_radix(f.get(i + 4)?, 16).ok()?;
+            Some((addr, addr + size))
+        })
+        .expect("the plugin has a .bss section");
+    let buffer = bss
+        .iter()
+        .find(|(n, _)| n.contains("interlock_nft7netlink6SHARED"))
+        .map(|(_, a)| *a)
+        .expect("the netlink receive buffer is a .bss object of the plugin");
+    let small: Vec<(&str, u64)> = present
+        .iter()
+        .filter_map(|n| bss.get(*n).map(|a| (*n, *a)))
+        .filter(|(_, a)| (bss_start..bss_end).contains(a))
+        .collect();
+    assert!(
+        small.len() > 20,
+        "{} small .bss objects in the order",
+        small.len()
+    );
+    for (n, a) in &small {
+        assert!(
+            *a < buffer,
+            "{n} ({a:#x}) is placed after the netlink receive buffer ({buffer:#x})"
         );
     }
 }
