@@ -99,6 +99,7 @@
 //! ([`crate::route::BYPASSING_KINDS`]). Physical devices and tunnels are not detected:
 //! do not mesh pods whose primary interface is one.
 
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener};
@@ -107,10 +108,9 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use nix::sys::socket::{
-    bind, connect, getsockname, getsockopt, setsockopt, socket, sockopt, AddressFamily, SockFlag,
-    SockType, SockaddrIn, SockaddrIn6, SockaddrStorage,
+    bind, connect, getsockname, getsockopt, listen, setsockopt, socket, sockopt, AddressFamily,
+    Backlog, SockFlag, SockType, SockaddrIn, SockaddrIn6, SockaddrStorage,
 };
-use nix::sys::time::{TimeVal, TimeValLike};
 
 use crate::route::{Link, Route, Rtnetlink};
 use crate::spec::{Family, PortSelection, RedirectSpec};
@@ -897,7 +897,7 @@ fn land(proxy_port: u16, target: SocketAddr, timeout: Duration) -> Result<ProbeR
     // in parallel): until it has brought `lo` up, the loopback address does not exist.
     // Wait for it within the probe's time.
     let listener = loop {
-        match TcpListener::bind(listen_addr) {
+        match listen_nonblocking(listen_addr) {
             Ok(l) => break l,
             Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable && start.elapsed() < timeout => {
                 std::thread::sleep(Duration::from_millis(1))
@@ -917,13 +917,6 @@ fn land(proxy_port: u16, target: SocketAddr, timeout: Duration) -> Result<ProbeR
             source: io::Error::from(e),
         }
     };
-    // accept() honours SO_RCVTIMEO: wait in short slices, checking the client in between.
-    setsockopt(
-        &listener,
-        sockopt::ReceiveTimeout,
-        &TimeVal::milliseconds(5),
-    )
-    .map_err(sock_err("setsockopt SO_RCVTIMEO"))?;
 
     let client = connect_hop_limited(target).map_err(|source| ProbeError::Socket {
         step: "connect",
@@ -932,6 +925,9 @@ fn land(proxy_port: u16, target: SocketAddr, timeout: Duration) -> Result<ProbeR
     })?;
     let client_local = local_addr(&client).map_err(sock_err("getsockname"))?;
 
+    // Over loopback the handshake is done when connect returns, so the first accept
+    // normally takes the connection; otherwise wait on the listener in short slices,
+    // checking the client in between.
     let deadline = start + timeout;
     let accepted = loop {
         match listener.accept() {
@@ -943,7 +939,11 @@ fn land(proxy_port: u16, target: SocketAddr, timeout: Duration) -> Result<ProbeR
                     io::ErrorKind::WouldBlock
                         | io::ErrorKind::TimedOut
                         | io::ErrorKind::Interrupted
-                ) => {}
+                ) =>
+            {
+                let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+                let _ = poll(&mut fds, PollTimeout::from(5u8));
+            }
             Err(source) => {
                 return Err(ProbeError::Socket {
                     step: "accept",
@@ -961,12 +961,13 @@ fn land(proxy_port: u16, target: SocketAddr, timeout: Duration) -> Result<ProbeR
         target,
         source,
     })?;
-    let landed_on = accepted.local_addr().unwrap_or(listen_addr);
-    // Close with RST on both ends: no TIME_WAIT left on the proxy's port.
-    close_with_rst(&accepted);
+    // The listener is bound to this one address, so every connection it accepts is on it.
+    let landed_on = listen_addr;
+    // Close the client with RST: the accepted end is reset by it, so neither end is left
+    // in TIME_WAIT on the proxy's port (and the accepted end needs no linger of its own).
     close_with_rst(&client);
-    drop(accepted);
     drop(client);
+    drop(accepted);
     drop(listener);
     if original_dst != target {
         return Err(ProbeError::WrongOriginalDst {
@@ -1074,6 +1075,28 @@ fn still_waiting(
 
 /// A non-blocking TCP socket with a hop limit of 1, connecting to `target`; IPv6 from
 /// `[::1]` (see the module docs).
+/// A listening socket on `addr` that does not block in accept (what `TcpListener::bind`
+/// does, with `SOCK_NONBLOCK`: no separate `fcntl` or receive timeout).
+fn listen_nonblocking(addr: SocketAddr) -> io::Result<TcpListener> {
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    let fd = match addr {
+        SocketAddr::V4(a) => {
+            let fd = socket(AddressFamily::Inet, SockType::Stream, flags, None)?;
+            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+            bind(fd.as_raw_fd(), &SockaddrIn::from(a))?;
+            fd
+        }
+        SocketAddr::V6(a) => {
+            let fd = socket(AddressFamily::Inet6, SockType::Stream, flags, None)?;
+            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+            bind(fd.as_raw_fd(), &SockaddrIn6::from(a))?;
+            fd
+        }
+    };
+    listen(&fd, Backlog::new(128).map_err(io::Error::from)?)?;
+    Ok(TcpListener::from(fd))
+}
+
 fn connect_hop_limited(target: SocketAddr) -> io::Result<OwnedFd> {
     let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
     let fd = match target {

@@ -177,3 +177,28 @@ fn the_probe_waits_for_the_loopback_interface_to_come_up() {
         .iter()
         .all(|r| r.evidence == Evidence::OriginalDst));
 }
+
+/// The probe's connections end with a reset: after it, the pod's netns holds no TCP
+/// socket at all — none in TIME_WAIT or closing on the proxy's port for the proxy to
+/// find when it starts — for both families.
+#[test]
+fn the_probe_leaves_no_socket_behind() {
+    require_root!();
+    let topo = Topology::new();
+    let a = &topo.a;
+    let done = protect_with(
+        &a.ns.path(),
+        &istio_spec(),
+        BackendKind::Nftables,
+        &topo.gateways(),
+        &ProtectOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(done.probe.proven.len(), 2, "{:?}", done.probe);
+    // Any state, listeners included; `-H`: no header line.
+    let left = a.ns.exec_ok(&["ss", "-H", "-tan", "state", "all"]);
+    assert!(
+        left.trim().is_empty(),
+        "the probe left TCP sockets in the pod's netns:\n{left}"
+    );
+}
