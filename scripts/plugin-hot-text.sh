@@ -34,7 +34,8 @@ if ! command -v valgrind >/dev/null; then
 fi
 triple=$(rustc -vV | sed -n 's/^host: //p')
 RUSTFLAGS="$(scripts/plugin-rustflags.sh "$triple")" ${CARGO:-cargo} build --quiet \
-    --profile plugin -p interlock-cni --target "$triple" --target-dir target/static
+    --profile plugin -p interlock-cni --features soft-sha256 --target "$triple" \
+    --target-dir target/static
 plugin=$PWD/target/static/$triple/plugin/interlock-cni
 
 tag=ilhot-$$

@@ -162,6 +162,13 @@ fn the_image_plugin_places_the_code_of_an_add_first() {
     }
     // glibc's start-up comes before the ADD's code, and the small .bss objects before the
     // netlink receive buffer (64 KiB), which would otherwise spread them over more pages.
+    // Built with the soft-sha256 feature: no SHA-256 backend probing the CPU with cpuid.
+    let probes: Vec<&String> = at.keys().filter(|n| n.contains("shani_cpuid")).collect();
+    assert!(
+        probes.is_empty(),
+        "the image's plugin asks the CPU for SHA extensions (built without the soft-sha256 \
+         feature): {probes:?}"
+    );
     let start = at
         .get("__libc_start_main")
         .expect("a static glibc plugin has __libc_start_main");
