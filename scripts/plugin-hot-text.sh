@@ -10,9 +10,11 @@
 # veth, IPv4 and IPv6), removed on exit. valgrind's CPU lacks some of the host's
 # instructions, so glibc picks other string-function variants under it than on the host
 # (and sha2 another backend): every variant of each such function is listed after the
-# ones seen. Stale names are harmless (the linker skips them; the order only decays), but
-# regenerate after a toolchain or dependency upgrade: crates/cli/tests/image.rs fails when
-# fewer than three quarters of the names are still in the binary.
+# ones seen. The build uses v0 symbol names, which survive edits to the code; they change
+# with the toolchain, a dependency or the plugin's features. Stale names are harmless
+# (the linker skips them; the order only decays), but regenerate after such an upgrade:
+# crates/cli/tests/image.rs fails when fewer than three quarters of the names are still
+# in the binary.
 #
 # Two lists come from the binary, not from callgrind:
 # - glibc's start-up and exit code, which runs before main on every host but partly out of

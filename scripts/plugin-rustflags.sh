@@ -14,6 +14,9 @@ set -euo pipefail
 triple=${1:-}  # empty (no rustc yet): the base flags only
 repo=$(cd "$(dirname "$0")/.." && pwd)
 flags="-C target-feature=+crt-static -C relocation-model=static"
+# v0 symbol names carry no per-function hash, so the order file's names survive edits to
+# the code (legacy names changed with every change to a crate the plugin uses).
+flags+=" -C symbol-mangling-version=v0"
 order="$repo/crates/plugin/hot-text.order"
 rustc_bin=${RUSTC:-rustc}
 sysroot=$("$rustc_bin" --print sysroot 2>/dev/null || true)
