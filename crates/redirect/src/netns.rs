@@ -270,9 +270,6 @@ pub fn pod_netns_id(path: &Path) -> Result<NetnsId, NetnsError> {
     open_pod_netns(path).map(|(_, _, id)| id)
 }
 
-/// Opens `path` as a pod's network namespace without blocking, and the caller's own
-/// namespace file (to return to, and to compare with); and the pod namespace's identity.
-/// Refuses what is not a namespace file, and the caller's own or PID 1's namespace.
 /// The calling thread's netns, as `SIOCGSKNS` gives it for a fresh socket (sockets are
 /// made in the creating thread's netns): what opening [`OWN_NETNS`] gives, without the
 /// procfs walk, which in a new process first builds the process's `/proc` entries
@@ -289,13 +286,17 @@ fn own_netns_of_socket() -> Option<File> {
     )
     .ok()?;
     // SAFETY: SIOCGSKNS takes no argument; on success it returns a new descriptor (opened
-    // O_CLOEXEC by the kernel) that nothing else owns.
+    // O_CLOEXEC by the kernel) that nothing else owns, and it is owned from here on.
     #[allow(unsafe_code)]
-    let fd = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCGSKNS as _) };
-    #[allow(unsafe_code)]
-    (fd >= 0).then(|| File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    unsafe {
+        let fd = libc::ioctl(sock.as_raw_fd(), SIOCGSKNS as _);
+        (fd >= 0).then(|| File::from(OwnedFd::from_raw_fd(fd)))
+    }
 }
 
+/// Opens `path` as a pod's network namespace without blocking, and the caller's own
+/// namespace file (to return to, and to compare with); and the pod namespace's identity.
+/// Refuses what is not a namespace file, and the caller's own or PID 1's namespace.
 fn open_pod_netns(path: &Path) -> Result<(File, File, NetnsId), NetnsError> {
     let open_err = |p: &Path, source: std::io::Error| {
         if source.kind() == std::io::ErrorKind::NotFound {

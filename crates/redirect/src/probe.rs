@@ -99,7 +99,6 @@
 //! ([`crate::route::BYPASSING_KINDS`]). Physical devices and tunnels are not detected:
 //! do not mesh pods whose primary interface is one.
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener};
@@ -107,6 +106,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{
     bind, connect, getsockname, getsockopt, listen, setsockopt, socket, sockopt, AddressFamily,
     Backlog, SockFlag, SockType, SockaddrIn, SockaddrIn6, SockaddrStorage,
@@ -936,9 +936,7 @@ fn land(proxy_port: u16, target: SocketAddr, timeout: Duration) -> Result<ProbeR
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
                 ) =>
             {
                 let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
@@ -1073,30 +1071,23 @@ fn still_waiting(
     })
 }
 
-/// A non-blocking TCP socket with a hop limit of 1, connecting to `target`; IPv6 from
-/// `[::1]` (see the module docs).
 /// A listening socket on `addr` that does not block in accept (what `TcpListener::bind`
 /// does, with `SOCK_NONBLOCK`: no separate `fcntl` or receive timeout).
 fn listen_nonblocking(addr: SocketAddr) -> io::Result<TcpListener> {
-    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
-    let fd = match addr {
-        SocketAddr::V4(a) => {
-            let fd = socket(AddressFamily::Inet, SockType::Stream, flags, None)?;
-            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
-            bind(fd.as_raw_fd(), &SockaddrIn::from(a))?;
-            fd
-        }
-        SocketAddr::V6(a) => {
-            let fd = socket(AddressFamily::Inet6, SockType::Stream, flags, None)?;
-            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
-            bind(fd.as_raw_fd(), &SockaddrIn6::from(a))?;
-            fd
-        }
+    let family = match addr {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
     };
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    let fd = socket(family, SockType::Stream, flags, None)?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))?;
     listen(&fd, Backlog::new(128).map_err(io::Error::from)?)?;
     Ok(TcpListener::from(fd))
 }
 
+/// A non-blocking TCP socket with a hop limit of 1, connecting to `target`; IPv6 from
+/// `[::1]` (see the module docs).
 fn connect_hop_limited(target: SocketAddr) -> io::Result<OwnedFd> {
     let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
     let fd = match target {
