@@ -53,7 +53,7 @@ soak: deps
 
 ## plugin-static: the interlock-cni binary to ship ($(STATIC_PLUGIN))
 plugin-static:
-	@RUSTFLAGS="$(STATIC_RUSTFLAGS)" $(CARGO) build --profile plugin -p interlock-cni --features soft-sha256 --target $(HOST_TRIPLE) --target-dir target/static
+	@RUSTFLAGS="$(STATIC_RUSTFLAGS)" $(CARGO) build --profile plugin -p interlock-cni --features soft-sha256,lean-start --target $(HOST_TRIPLE) --target-dir target/static
 
 ## plugin-hot-text: regenerate crates/plugin/hot-text.order, the functions the shipped
 ## plugin places first (root and valgrind; after a toolchain or dependency upgrade)

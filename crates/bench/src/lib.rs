@@ -13,6 +13,9 @@
 //! - `add_unmeshed`: the binary for a pod no profile claims;
 //! - `spawn_floor_static`: a static no-op (`gcc -static -Os`, like the shipped static
 //!   plugin) started the same way: the exec floor the budgets are measured against;
+//! - `spawn_floor_lean_start`: the same no-op linked with the shipped plugin's own
+//!   start-up (`crates/plugin/start/lean_start.c`: glibc's, without identifying the CPU),
+//!   the floor of what the plugin does after it has started;
 //! - `spawn_floor_true`: `/bin/true` (dynamic) started the same way, for comparison;
 //! - `iptables_restore_per_family_<flavour>`: one `iptables-restore --noflush` and one
 //!   `ip6tables-restore --noflush` with the same rules, rendered by the redirect crate;
@@ -102,6 +105,10 @@ pub enum Scenario {
     /// Reference: a static no-op binary (`int main(void){return 0;}`, `gcc -static -Os`)
     /// started exactly like the plugin: the exec floor of a static plugin.
     StaticFloor,
+    /// Reference: the same no-op linked with the shipped plugin's start-up
+    /// (`crates/plugin/start/lean_start.c`, which skips glibc's 43 `cpuid`): what is left
+    /// of the plugin's time over it is the plugin's own work.
+    LeanFloor,
     /// Reference: `/bin/true` started exactly like the plugin (same environment, stdin
     /// and pipes): the floor of any exec'd CNI plugin on this machine.
     SpawnFloor,
@@ -143,6 +150,7 @@ impl Scenario {
         v.extend(BackendKind::ALL.map(Scenario::Engine));
         v.push(Scenario::AddUnmeshed);
         v.push(Scenario::StaticFloor);
+        v.push(Scenario::LeanFloor);
         v.push(Scenario::SpawnFloor);
         v.extend([Flavour::Nft, Flavour::Legacy].map(Scenario::RestorePerFamily));
         v.extend([Flavour::Nft, Flavour::Legacy].map(Scenario::PerRule));
@@ -158,6 +166,7 @@ impl Scenario {
             Scenario::AddUnmeshed => "add_unmeshed".into(),
             Scenario::SpawnFloor => "spawn_floor_true".into(),
             Scenario::StaticFloor => "spawn_floor_static".into(),
+            Scenario::LeanFloor => "spawn_floor_lean_start".into(),
             Scenario::RestorePerFamily(f) => {
                 format!("iptables_restore_per_family_{}", flavour_key(*f))
             }
@@ -183,6 +192,9 @@ impl Scenario {
             }
             Scenario::StaticFloor => {
                 "a static no-op (gcc -static -Os) through the same exec path as the plugin: the exec floor".into()
+            }
+            Scenario::LeanFloor => {
+                "the static no-op linked with the shipped plugin's start-up (crates/plugin/start/lean_start.c: glibc's without CPU identification), same exec path: the floor of the plugin's own work".into()
             }
             Scenario::RestorePerFamily(f) => format!(
                 "baseline: iptables-{0}-restore --noflush + ip6tables-{0}-restore --noflush with the same rules",
@@ -210,7 +222,10 @@ impl Scenario {
         match self {
             Scenario::AddMeshed(k) | Scenario::Engine(k) => Some(*k),
             Scenario::AddMeshedAgentNote => Some(BackendKind::Nftables),
-            Scenario::AddUnmeshed | Scenario::SpawnFloor | Scenario::StaticFloor => None,
+            Scenario::AddUnmeshed
+            | Scenario::SpawnFloor
+            | Scenario::StaticFloor
+            | Scenario::LeanFloor => None,
             Scenario::RestorePerFamily(f) | Scenario::PerRule(f) => Some(flavour_kind(*f)),
         }
     }
@@ -393,28 +408,64 @@ pub fn install_plugin(source: &Path) -> Result<(tempfile::TempDir, PathBuf), Ben
     Ok((dir, installed))
 }
 
-/// Builds the static no-op floor with `gcc -static -Os` in a temp dir.
-fn build_static_noop() -> Result<(tempfile::TempDir, PathBuf), String> {
+/// The shipped plugin's start-up (see [`Scenario::LeanFloor`]).
+const LEAN_START_C: &str = include_str!("../../plugin/start/lean_start.c");
+
+/// Builds the static no-op floor with `gcc -static -Os` in a temp dir; with `lean`, linked
+/// with the plugin's start-up, compiled with the flags its build script uses.
+fn build_static_noop(lean: bool) -> Result<(tempfile::TempDir, PathBuf), String> {
+    let what = if lean {
+        "lean-start no-op floor"
+    } else {
+        "static no-op floor"
+    };
     let dir = tempfile::Builder::new()
         .prefix("ilbench-noop")
         .tempdir()
-        .map_err(|e| format!("creating a temp dir for the static no-op: {e}"))?;
-    let src = dir.path().join("noop.c");
-    std::fs::write(&src, "int main(void) { return 0; }\n")
-        .map_err(|e| format!("writing {}: {e}", src.display()))?;
+        .map_err(|e| format!("creating a temp dir for the {what}: {e}"))?;
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text)
+            .map(|_| path.clone())
+            .map_err(|e| format!("writing {}: {e}", path.display()))
+    };
+    let gcc = |args: &[&std::ffi::OsStr]| -> Result<(), String> {
+        let out = Command::new("gcc")
+            .args(args)
+            .output()
+            .map_err(|e| format!("no {what}: running gcc: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "no {what}: gcc failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    };
+    let src = write("noop.c", "int main(void) { return 0; }\n")?;
     let bin = dir.path().join("noop-static");
-    let out = Command::new("gcc")
-        .args(["-static", "-Os", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .map_err(|e| format!("no static no-op floor: running gcc: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "no static no-op floor: gcc -static failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+    let mut link: Vec<&std::ffi::OsStr> = ["-static", "-Os", "-o"].map(AsRef::as_ref).to_vec();
+    link.extend([bin.as_os_str(), src.as_os_str()]);
+    let start_obj = dir.path().join("lean_start.o");
+    if lean {
+        let start = write("lean_start.c", LEAN_START_C)?;
+        gcc(&[
+            "-O2",
+            "-ffreestanding",
+            "-fno-builtin",
+            "-fno-stack-protector",
+            "-fno-tree-loop-distribute-patterns",
+            "-c",
+            "-o",
+        ]
+        .map(AsRef::as_ref)
+        .into_iter()
+        .chain([start_obj.as_os_str(), start.as_os_str()])
+        .collect::<Vec<_>>())?;
+        link.push(start_obj.as_os_str());
     }
+    gcc(&link)?;
     Ok((dir, bin))
 }
 
@@ -481,6 +532,8 @@ pub struct Bench {
     true_bin: PathBuf,
     /// The static no-op and the directory it was built in (`Err`: why there is none).
     static_noop: Result<(tempfile::TempDir, PathBuf), String>,
+    /// The same no-op with the plugin's start-up ([`Scenario::LeanFloor`]).
+    lean_noop: Result<(tempfile::TempDir, PathBuf), String>,
     bin_dirs: Vec<PathBuf>,
     /// The live agent socket of [`Scenario::AddMeshedAgentNote`] (`Err`: why there is none),
     /// in `state`: declared before it, so it closes before the directory goes.
@@ -561,7 +614,8 @@ impl Bench {
             plugin: installed_plugin,
             _bin_dir: installed,
             true_bin: tool_path("true"),
-            static_noop: build_static_noop(),
+            static_noop: build_static_noop(false),
+            lean_noop: build_static_noop(true),
             bin_dirs,
             state,
             restore,
@@ -650,13 +704,16 @@ impl Bench {
                 .map(|a| self.with_plugin_timings(&a))
                 .map_err(fail),
             Scenario::SpawnFloor => self.spawn_floor(pod).map(Sample::plain).map_err(fail),
-            Scenario::StaticFloor => self
-                .static_noop
-                .as_ref()
-                .map_err(Clone::clone)
-                .and_then(|(_, bin)| self.spawn_timed(bin, pod))
-                .map(Sample::plain)
-                .map_err(fail),
+            Scenario::StaticFloor | Scenario::LeanFloor => if scenario == Scenario::LeanFloor {
+                &self.lean_noop
+            } else {
+                &self.static_noop
+            }
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|(_, bin)| self.spawn_timed(bin, pod))
+            .map(Sample::plain)
+            .map_err(fail),
             Scenario::Engine(kind) => self.engine_protect(pod, kind).map_err(fail),
             Scenario::RestorePerFamily(f) => self
                 .restore_per_family(pod, f)

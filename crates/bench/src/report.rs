@@ -336,6 +336,30 @@ pub fn report(
             );
         }
     }
+    // Against a no-op that starts as the shipped plugin starts (no CPU identification):
+    // the plugin's own work, start-up savings aside. Reported next to the budgets' floor.
+    if let Some(f) = median_of(c, Scenario::LeanFloor) {
+        let mut lean = Map::new();
+        for (key, s) in [
+            ("add_meshed_nftables_us", PRIMARY_SUBJECT),
+            ("add_unmeshed_us", Scenario::AddUnmeshed),
+        ] {
+            if let Some(m) = median_of(c, s) {
+                lean.insert(key.into(), round2(m - f).into());
+            }
+        }
+        if let Some(s) = static_floor {
+            lean.insert(
+                "static_floor_over_lean_floor_us".into(),
+                round2(s - f).into(),
+            );
+        }
+        lean.insert(
+            "how".into(),
+            "median minus spawn_floor_lean_start median: the no-op linked with the plugin's own start-up (crates/plugin/start/lean_start.c), so what remains is the plugin's work after start-up; the budgets are measured against spawn_floor_static".into(),
+        );
+        derived.insert("over_lean_start_floor".into(), Value::Object(lean));
+    }
     // What the note to a live agent socket adds to a meshed ADD (same run, same backend).
     if let (Some(n), Some(m)) = (
         summary(c, Scenario::AddMeshedAgentNote),

@@ -178,7 +178,7 @@ fn after_check(
                     ))
                 })?;
         }
-        Scenario::SpawnFloor | Scenario::StaticFloor => {}
+        Scenario::SpawnFloor | Scenario::StaticFloor | Scenario::LeanFloor => {}
         Scenario::AddUnmeshed => {
             if let Some(k) = BackendKind::ALL
                 .into_iter()

@@ -169,6 +169,27 @@ fn the_image_plugin_places_the_code_of_an_add_first() {
         "the image's plugin asks the CPU for SHA extensions (built without the soft-sha256 \
          feature): {probes:?}"
     );
+    // Built with the lean-start feature: the start-up is crates/plugin/start/lean_start.c,
+    // so glibc's, which identifies the CPU with 43 `cpuid` (its local functions below come
+    // only with it), is not in the binary.
+    let identify: Vec<&String> = at
+        .keys()
+        .filter(|n| {
+            [
+                "handle_amd",
+                "handle_intel",
+                "update_active",
+                "get_common_indices",
+            ]
+            .iter()
+            .any(|f| n.starts_with(f))
+        })
+        .collect();
+    assert!(
+        identify.is_empty(),
+        "the image's plugin carries glibc's start-up and its CPU identification (built \
+         without the lean-start feature): {identify:?}"
+    );
     let start = at
         .get("__libc_start_main")
         .expect("a static glibc plugin has __libc_start_main");
