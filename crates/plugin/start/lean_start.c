@@ -16,6 +16,7 @@
  * - the cache sizes the string functions consult are glibc's own defaults (below).
  * - `pthread_exit` from the main thread is not supported (glibc arms an unwind buffer
  *   for it; the plugin never calls it, and Rust's std has no way to).
+ * - the program's directory is not looked up (`_dl_get_origin` below).
  * Everything else (TLS, stack and pointer guards, tunables, IRELATIVE relocations, libc
  * and program initialisers, atexit/fini handling) happens as in glibc's own start-up.
  *
@@ -82,6 +83,15 @@ long int __x86_rep_movsb_threshold = 2048;
 long int __x86_rep_stosb_threshold = 2048;
 long int __x86_rep_movsb_stop_threshold = 1024 * 1024 * 3 / 4;
 int __x86_string_control;
+
+/*
+ * glibc's start-up also asks where the program lives (for `$ORIGIN` in the paths of a
+ * library a static program dlopens) by reading the /proc/self/exe link: a procfs lookup
+ * on every start. The plugin never loads a library; (char *)-1 is glibc's own answer
+ * when the link cannot be read, and a `$ORIGIN` path element is then skipped. Defining
+ * the function here keeps glibc's (dl-origin.o) out of the binary.
+ */
+const char *_dl_get_origin(void) { return (const char *)-1; }
 
 static void run_fini_array(void *unused) {
     (void)unused;
