@@ -704,16 +704,8 @@ impl Bench {
                 .map(|a| self.with_plugin_timings(&a))
                 .map_err(fail),
             Scenario::SpawnFloor => self.spawn_floor(pod).map(Sample::plain).map_err(fail),
-            Scenario::StaticFloor | Scenario::LeanFloor => if scenario == Scenario::LeanFloor {
-                &self.lean_noop
-            } else {
-                &self.static_noop
-            }
-            .as_ref()
-            .map_err(Clone::clone)
-            .and_then(|(_, bin)| self.spawn_timed(bin, pod))
-            .map(Sample::plain)
-            .map_err(fail),
+            Scenario::StaticFloor => self.noop_timed(&self.static_noop, pod).map_err(fail),
+            Scenario::LeanFloor => self.noop_timed(&self.lean_noop, pod).map_err(fail),
             Scenario::Engine(kind) => self.engine_protect(pod, kind).map_err(fail),
             Scenario::RestorePerFamily(f) => self
                 .restore_per_family(pod, f)
@@ -724,6 +716,16 @@ impl Bench {
                 .map(Sample::plain)
                 .map_err(fail),
         }
+    }
+
+    /// One sample of a no-op floor built in [`Bench::new`] (its error when it could not be).
+    fn noop_timed(
+        &self,
+        noop: &Result<(tempfile::TempDir, PathBuf), String>,
+        pod: &Pod,
+    ) -> Result<Sample, String> {
+        let (_, bin) = noop.as_ref().map_err(Clone::clone)?;
+        self.spawn_timed(bin, pod).map(Sample::plain)
     }
 
     /// The stdin of a plugin ADD as containerd builds it from the conflist: the plugin's
