@@ -10,9 +10,10 @@
 # veth, IPv4 and IPv6), removed on exit. The plugin's own start-up (feature lean-start)
 # leaves glibc's CPU feature table empty, so its string functions resolve to the same
 # baseline (SSE2) variants under valgrind as on any host: only those are listed, not the
-# AVX2/EVEX/AVX-512 ones no run of this build ever calls. The build uses v0 symbol names, which survive edits to the code; they change
-# with the toolchain, a dependency or the plugin's features. Stale names are harmless
-# (the linker skips them; the order only decays), but regenerate after such an upgrade:
+# AVX2/EVEX/AVX-512 ones no run of this build ever calls. The build uses v0 symbol
+# names, which survive edits to the code; they change with the toolchain, a dependency
+# or the plugin's features. Stale names are harmless (the linker skips them; the order
+# only decays), but regenerate after such an upgrade:
 # crates/cli/tests/image.rs fails when fewer than three quarters of the names are still
 # in the binary.
 #
