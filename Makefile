@@ -8,7 +8,6 @@ CARGO ?= cargo
 # each flag; see README, Performance). --target keeps these flags away from proc-macros
 # and build scripts.
 HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
-STATIC_RUSTFLAGS := $(shell bash scripts/plugin-rustflags.sh $(HOST_TRIPLE))
 STATIC_PLUGIN := target/static/$(HOST_TRIPLE)/plugin/interlock-cni
 
 .PHONY: all deps build lint test demo soak bench bench-json bench-repair bench-api-load plugin-static plugin-hot-text image-rootfs clean
@@ -53,7 +52,7 @@ soak: deps
 
 ## plugin-static: the interlock-cni binary to ship ($(STATIC_PLUGIN))
 plugin-static:
-	@RUSTFLAGS="$(STATIC_RUSTFLAGS)" $(CARGO) build --profile plugin -p interlock-cni --features soft-sha256,lean-start --target $(HOST_TRIPLE) --target-dir target/static
+	@CARGO="$(CARGO)" scripts/plugin-static.sh $(HOST_TRIPLE) target/static
 
 ## plugin-hot-text: regenerate crates/plugin/hot-text.order, the functions the shipped
 ## plugin places first (root and valgrind; after a toolchain or dependency upgrade)

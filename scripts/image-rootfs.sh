@@ -21,9 +21,7 @@ static="-C target-feature=+crt-static"
 plugin_dir=${INTERLOCK_STATIC_TARGET_DIR:-target/static}
 agent_dir=${INTERLOCK_STATIC_AGENT_TARGET_DIR:-target/static-agent}
 
-RUSTFLAGS="$(scripts/plugin-rustflags.sh "$triple")" "$cargo_bin" build --locked --quiet \
-    --profile plugin -p interlock-cni --features soft-sha256,lean-start --target "$triple" \
-    --target-dir "$plugin_dir"
+CARGO=$cargo_bin scripts/plugin-static.sh "$triple" "$plugin_dir" --locked --quiet
 RUSTFLAGS="$static" "$cargo_bin" build --locked --quiet \
     --release -p interlock --bin interlock --target "$triple" --target-dir "$agent_dir"
 

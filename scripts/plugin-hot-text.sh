@@ -35,9 +35,7 @@ if ! command -v valgrind >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind
 fi
 triple=$(rustc -vV | sed -n 's/^host: //p')
-RUSTFLAGS="$(scripts/plugin-rustflags.sh "$triple")" ${CARGO:-cargo} build --quiet \
-    --profile plugin -p interlock-cni --features soft-sha256,lean-start --target "$triple" \
-    --target-dir target/static
+scripts/plugin-static.sh "$triple" target/static --quiet
 plugin=$PWD/target/static/$triple/plugin/interlock-cni
 
 tag=ilhot-$$
@@ -110,12 +108,6 @@ run 3 DEL meshed "$istio"
 nm --defined-only "$plugin" | awk '$2 ~ /^[tTwW]$/ {print $3}' >"$work/syms"
 # Function names in the order callgrind first names them (a recursion's 'N suffix off).
 names() { sed -nE "s/^c?fn=\([0-9]+\) (.+)$/\1/p" "$1" | sed -E "s/'[0-9]+$//"; }
-# Every sha256 backend when one is there.
-siblings() {
-    if grep -q 'sha2.*sha256' "$1"; then
-        grep 'sha2.*sha256' "$work/syms" || true
-    fi
-}
 # The start-up (crates/plugin/start/lean_start.c) and glibc's parts of it and of the exit,
 # by name; those this build lacks are left out.
 startup="__libc_start_main run_init_array run_fini_array
@@ -137,7 +129,6 @@ deregister_tm_clones __do_global_dtors_aux __run_exit_handlers _IO_cleanup _exit
         for n in 1 2 3; do
             names "$work/cg.$n" >"$work/names.$n"
             cat "$work/names.$n"
-            siblings "$work/names.$n"
         done
         nm --defined-only --size-sort -S "$plugin" \
             | awk '$3 ~ /^[bB]$/ && $2 ~ /^0000000000000/ {print $4}' | sort

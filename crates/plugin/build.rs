@@ -7,6 +7,7 @@
 #[cfg(feature = "lean-start")]
 fn main() {
     println!("cargo:rerun-if-changed=start/lean_start.c");
+    println!("cargo:rerun-if-changed=start/cflags");
     let var = |k: &str| std::env::var(k).unwrap_or_default();
     let static_crt = var("CARGO_CFG_TARGET_FEATURE")
         .split(',')
@@ -23,14 +24,16 @@ fn main() {
             var("CARGO_CFG_TARGET_ENV"),
         );
     }
-    cc::Build::new()
+    // start/cflags (also read by the bench's lean-start floor): nothing may call a string
+    // function or read a stack canary before the start-up has applied the IRELATIVE
+    // relocations and set up TLS.
+    let cflags = std::fs::read_to_string("start/cflags").expect("reading start/cflags");
+    let mut build = cc::Build::new();
+    for flag in cflags.split_whitespace() {
+        build.flag(flag);
+    }
+    build
         .file("start/lean_start.c")
-        // Nothing may call a string function or read a stack canary before the start-up
-        // has applied the IRELATIVE relocations and set up TLS.
-        .flag("-ffreestanding")
-        .flag("-fno-builtin")
-        .flag("-fno-stack-protector")
-        .flag("-fno-tree-loop-distribute-patterns")
         .opt_level(2)
         .warnings(true)
         .extra_warnings(true)

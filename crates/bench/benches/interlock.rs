@@ -20,11 +20,7 @@ fn plugin() -> PathBuf {
     if let Some(p) = std::env::var_os("INTERLOCK_BENCH_PLUGIN") {
         return PathBuf::from(p);
     }
-    let p = interlock_bench::default_plugin_path();
-    if p.is_file() {
-        return p;
-    }
-    interlock_bench::build_plugin().unwrap_or_else(|e| panic!("{e}"))
+    interlock_bench::plugin_or_build().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Times `f` on `iters` fresh pods (pool created first, not timed).

@@ -312,6 +312,17 @@ pub fn default_plugin_path() -> PathBuf {
     dir.join("interlock-cni")
 }
 
+/// [`default_plugin_path`] when that file exists, else [`build_plugin`]: the plugin the
+/// smoke tests and the criterion benches run.
+pub fn plugin_or_build() -> Result<PathBuf, BenchError> {
+    let p = default_plugin_path();
+    if p.is_file() {
+        Ok(p)
+    } else {
+        build_plugin()
+    }
+}
+
 /// Builds `interlock-cni` with cargo into the target directory that holds the running
 /// executable (release when that is a release directory) and returns its path. For the
 /// smoke test and the criterion benches, which cargo does not build the plugin for.
@@ -408,11 +419,12 @@ pub fn install_plugin(source: &Path) -> Result<(tempfile::TempDir, PathBuf), Ben
     Ok((dir, installed))
 }
 
-/// The shipped plugin's start-up (see [`Scenario::LeanFloor`]).
+/// The shipped plugin's start-up (see [`Scenario::LeanFloor`]) and its compiler flags.
 const LEAN_START_C: &str = include_str!("../../plugin/start/lean_start.c");
+const LEAN_START_CFLAGS: &str = include_str!("../../plugin/start/cflags");
 
 /// Builds the static no-op floor with `gcc -static -Os` in a temp dir; with `lean`, linked
-/// with the plugin's start-up, compiled with the flags its build script uses.
+/// with the plugin's start-up, compiled with its build script's flags (`start/cflags`).
 fn build_static_noop(lean: bool) -> Result<(tempfile::TempDir, PathBuf), String> {
     let what = if lean {
         "lean-start no-op floor"
@@ -450,19 +462,12 @@ fn build_static_noop(lean: bool) -> Result<(tempfile::TempDir, PathBuf), String>
     let start_obj = dir.path().join("lean_start.o");
     if lean {
         let start = write("lean_start.c", LEAN_START_C)?;
-        gcc(&[
-            "-O2",
-            "-ffreestanding",
-            "-fno-builtin",
-            "-fno-stack-protector",
-            "-fno-tree-loop-distribute-patterns",
-            "-c",
-            "-o",
-        ]
-        .map(AsRef::as_ref)
-        .into_iter()
-        .chain([start_obj.as_os_str(), start.as_os_str()])
-        .collect::<Vec<_>>())?;
+        gcc(&LEAN_START_CFLAGS
+            .split_whitespace()
+            .chain(["-c", "-o"])
+            .map(AsRef::as_ref)
+            .chain([start_obj.as_os_str(), start.as_os_str()])
+            .collect::<Vec<_>>())?;
         link.push(start_obj.as_os_str());
     }
     gcc(&link)?;

@@ -26,12 +26,7 @@ fn state_files(dir: &std::path::Path) -> Vec<String> {
 #[test]
 fn every_added_attachment_is_deleted_before_its_pod_goes() {
     interlock_testkit::require_root!();
-    let plugin = interlock_bench::default_plugin_path();
-    let plugin = if plugin.is_file() {
-        plugin
-    } else {
-        interlock_bench::build_plugin().unwrap_or_else(|e| panic!("{e}"))
-    };
+    let plugin = interlock_bench::plugin_or_build().unwrap_or_else(|e| panic!("{e}"));
     let bench = Bench::new(&plugin).unwrap_or_else(|e| panic!("{e}"));
     let plan = Plan {
         samples: 6,

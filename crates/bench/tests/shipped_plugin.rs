@@ -16,31 +16,17 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Builds the shipped plugin as `make plugin-static` does and returns its path.
+/// Builds the shipped plugin with the script `make plugin-static` runs; its path.
 fn shipped_plugin() -> PathBuf {
     let triple = "x86_64-unknown-linux-gnu";
-    let flags = Command::new(repo().join("scripts/plugin-rustflags.sh"))
-        .arg(triple)
-        .output()
-        .expect("running scripts/plugin-rustflags.sh");
-    assert!(flags.status.success(), "scripts/plugin-rustflags.sh failed");
     let target_dir = repo().join("target/static");
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--quiet",
-            "--profile",
-            "plugin",
-            "-p",
-            "interlock-cni",
-        ])
-        .args(["--features", "soft-sha256,lean-start", "--target", triple])
-        .arg("--target-dir")
+    let status = Command::new(repo().join("scripts/plugin-static.sh"))
+        .arg(triple)
         .arg(&target_dir)
-        .env("RUSTFLAGS", String::from_utf8_lossy(&flags.stdout).trim())
-        .current_dir(repo())
+        .arg("--quiet")
+        .env("CARGO", env!("CARGO"))
         .status()
-        .expect("running cargo");
+        .expect("running scripts/plugin-static.sh");
     assert!(status.success(), "building the shipped plugin failed");
     target_dir.join(triple).join("plugin/interlock-cni")
 }

@@ -11,12 +11,7 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_interlock-bench");
 
 fn plugin() -> std::path::PathBuf {
-    let p = interlock_bench::default_plugin_path();
-    if p.is_file() {
-        p
-    } else {
-        interlock_bench::build_plugin().unwrap_or_else(|e| panic!("{e}"))
-    }
+    interlock_bench::plugin_or_build().unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn positive(v: &Value, what: &str) -> f64 {

@@ -24,9 +24,9 @@
  * order or name its internal steps differently, so any other version is refused at
  * compile time. Build without the feature there.
  *
- * Compiled with -ffreestanding -fno-builtin -fno-stack-protector (build.rs): before the
- * IRELATIVE relocations are applied no string function may be called, and before TLS
- * exists no stack canary may be read.
+ * Compiled with the flags in start/cflags (-ffreestanding, -fno-builtin,
+ * -fno-stack-protector, …): before the IRELATIVE relocations are applied no string
+ * function may be called, and before TLS exists no stack canary may be read.
  */
 #include <elf.h>
 #include <features.h>

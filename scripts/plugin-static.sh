@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds interlock-cni as it ships: static glibc, non-PIE, its own start-up (feature
+# lean-start), portable SHA-256 (feature soft-sha256), and the hot-text order where the
+# toolchain has rust-lld (the flags come from scripts/plugin-rustflags.sh). The one place
+# the shipped build is spelled out: `make plugin-static`, scripts/image-rootfs.sh,
+# scripts/plugin-hot-text.sh and crates/bench/tests/shipped_plugin.rs all run it.
+#
+#   scripts/plugin-static.sh TRIPLE TARGET_DIR [more cargo build arguments]
+#
+# The binary is TARGET_DIR/TRIPLE/plugin/interlock-cni.
+set -euo pipefail
+triple=${1:?usage: scripts/plugin-static.sh TRIPLE TARGET_DIR [cargo args]}
+target_dir=${2:?usage: scripts/plugin-static.sh TRIPLE TARGET_DIR [cargo args]}
+shift 2
+repo=$(cd "$(dirname "$0")/.." && pwd)
+RUSTFLAGS="$("$repo/scripts/plugin-rustflags.sh" "$triple")" "${CARGO:-cargo}" build \
+    --manifest-path "$repo/Cargo.toml" --profile plugin -p interlock-cni \
+    --features soft-sha256,lean-start --target "$triple" --target-dir "$target_dir" "$@"
