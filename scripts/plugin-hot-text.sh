@@ -68,10 +68,10 @@ route add default via fd00:251::1
 B
 
 # The stdin of a chained ADD: the plugin's entry, the runtime's annotations, the bridge
-# plugin's result. $1: the pod annotations.
+# plugin's result. $1: the pod annotations; $2: extra settings of the entry.
 stdin() {
     cat <<J
-{"cniVersion":"1.0.0","name":"ilhot","type":"interlock-cni","stateDir":"$work/state",
+{"cniVersion":"1.0.0","name":"ilhot","type":"interlock-cni","stateDir":"$work/state",$2
  "logFile":"$work/state/interlock-cni.log","excludeNamespaces":["kube-system"],
  "capabilities":{"io.kubernetes.cri.pod-annotations":true},
  "runtimeConfig":{"io.kubernetes.cri.pod-annotations":$1},
@@ -86,10 +86,10 @@ J
 plain='{"kubernetes.io/config.source":"api"}'
 istio='{"sidecar.istio.io/status":"{\"initContainers\":[\"istio-init\"],\"containers\":[\"istio-proxy\"],\"revision\":\"default\"}","kubectl.kubernetes.io/default-container":"app"}'
 
-# run N COMMAND CONTAINER ANNOTATIONS: one plugin call under callgrind into $work/cg.N;
-# it must succeed (an ADD also prints its result).
+# run N COMMAND CONTAINER ANNOTATIONS [SETTINGS]: one plugin call under callgrind into
+# $work/cg.N; it must succeed (an ADD also prints its result).
 run() {
-    if ! stdin "$4" | env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin CNI_COMMAND="$2" \
+    if ! stdin "$4" "${5:-}" | env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin CNI_COMMAND="$2" \
         CNI_CONTAINERID="$3" CNI_NETNS=/var/run/netns/"$pod" CNI_IFNAME=eth0 \
         CNI_ARGS="K8S_POD_NAMESPACE=default;K8S_POD_NAME=$3;K8S_POD_INFRA_CONTAINER_ID=$3" \
         CNI_PATH=/usr/lib/cni \
@@ -101,20 +101,24 @@ run() {
         exit 1
     fi
 }
-run 1 ADD plain "$plain"
+# The first entry names its backend (as the bench's and some operators' do), the second
+# lets the plugin detect it (the default): both parsers are on the list.
+run 1 ADD plain "$plain" '"backend":"nftables",'
 run 2 ADD meshed "$istio"
 run 3 DEL meshed "$istio"
 
 nm --defined-only "$plugin" | awk '$2 ~ /^[tTwW]$/ {print $3}' >"$work/syms"
-# Function names in the order callgrind first names them (a recursion's 'N suffix off).
-names() { sed -nE "s/^c?fn=\([0-9]+\) (.+)$/\1/p" "$1" | sed -E "s/'[0-9]+$//"; }
+# Function names in the order callgrind first names them (a recursion's 'N suffix off;
+# code callgrind has no symbol for, shown as an address or "(below main)", left out).
+names() {
+    sed -nE "s/^c?fn=\([0-9]+\) (.+)$/\1/p" "$1" | sed -E "s/'[0-9]+$//" |
+        grep -vE '^(0x[0-9a-f]+|\(below main\))$'
+}
 # The start-up (crates/plugin/start/lean_start.c) and glibc's parts of it and of the exit,
 # by name; those this build lacks are left out.
 startup="__libc_start_main run_init_array run_fini_array
 _dl_relocate_static_pie _dl_aux_init __tunables_init __tunable_get_val
-__libc_setup_tls _dl_early_allocate
-_dl_non_dynamic_init _dl_lookup_symbol_x do_lookup_x check_match _dl_new_object
-_dl_setup_hash _dl_add_to_namespace_list call_init __libc_init_first __init_misc
+__libc_setup_tls _dl_early_allocate init_first __mprotect __init_misc
 __libc_early_init _dl_call_libc_early_init _IO_init frame_dummy register_tm_clones
 deregister_tm_clones __do_global_dtors_aux __run_exit_handlers _IO_cleanup _exit _Exit"
 {
