@@ -69,14 +69,19 @@ fn default_source() -> Source {
 /// bounded, so a FIFO or a huge file planted in the state dir cannot stall DEL or GC.
 const MAX_STATE_BYTES: u64 = 1 << 20;
 
-/// Reads a state file with [`interlock_protocol::bounded::read_regular`]; a missing file
-/// is `NotFound`, a refused one (not regular, too large) `InvalidData`, each naming it.
-fn read_state(path: &Path) -> io::Result<Vec<u8>> {
+/// Reads a state file with [`interlock_protocol::bounded::read_regular`]; `None` when it
+/// does not exist (a new pod's case: no message is built for it), an error naming the
+/// file otherwise (`InvalidData` when it is refused: not regular, too large).
+fn read_state(path: &Path) -> io::Result<Option<Vec<u8>>> {
     use interlock_protocol::bounded::{read_regular, BoundedReadError};
-    read_regular(path, MAX_STATE_BYTES).map_err(|e| match &e {
-        BoundedReadError::Io { source, .. } => io::Error::new(source.kind(), e.to_string()),
-        _ => io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
-    })
+    match read_regular(path, MAX_STATE_BYTES) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(match &e {
+            BoundedReadError::Io { source, .. } => io::Error::new(source.kind(), e.to_string()),
+            _ => io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
+        }),
+    }
 }
 
 /// The longest encoded file name used as is (`NAME_MAX` is 255, and the atomic write's
@@ -178,16 +183,15 @@ impl StateStore {
     /// Reads the state of one attachment; `Ok(None)` when there is none.
     pub fn load(&self, key: &AttachmentKey) -> io::Result<Option<AttachmentState>> {
         let path = self.path_for(key);
-        match read_state(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{} is corrupt: {e}", path.display()),
-                )
-            }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+        let Some(bytes) = read_state(&path)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} is corrupt: {e}", path.display()),
+            )
+        })
     }
 
     /// Removes the state of one attachment; `Ok(false)` when there was none.
@@ -224,7 +228,7 @@ impl StateStore {
             } else if name.starts_with("h-") && name.ends_with(".json") {
                 // A hashed name: the key is in the file (checked against the name, so a
                 // stray file cannot stand for another attachment).
-                if let Ok(bytes) = read_state(&self.dir.join(name)) {
+                if let Ok(Some(bytes)) = read_state(&self.dir.join(name)) {
                     if let Ok(s) = serde_json::from_slice::<AttachmentState>(&bytes) {
                         if self.path_for(&s.key).file_name().and_then(|n| n.to_str()) == Some(name)
                         {
