@@ -536,8 +536,8 @@ pub fn probe_with(
     port: ProxyPort,
 ) -> Result<ProbeReport, ProbeError> {
     // One socket for every route lookup. The route and link dumps that [`plan`] needs are
-    // taken only for a family the gateway shortcut does not settle: each dump takes the
-    // kernel's RTNL lock, which a node deleting pods holds for long stretches.
+    // taken only for a family the gateway shortcut does not settle (the shortcut needs one
+    // route lookup per family and one listing of the links).
     let mut rtnl = Rtnetlink::open().map_err(|source| ProbeError::Routes { source })?;
     let mut tables: Option<(Vec<Route>, Vec<Link>)> = None;
     // Links met on the way (both families usually leave through the same one).
