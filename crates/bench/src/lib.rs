@@ -18,7 +18,11 @@
 //!   the floor of what the plugin does after it has started;
 //! - `spawn_floor_true`: `/bin/true` (dynamic) started the same way, for comparison;
 //! - `iptables_restore_per_family_<flavour>`: one `iptables-restore --noflush` and one
-//!   `ip6tables-restore --noflush` with the same rules, rendered by the redirect crate;
+//!   `ip6tables-restore --noflush` with the same rules, rendered by the redirect crate,
+//!   run from a thread inside the pod netns (the restores alone);
+//! - `istio_cni_standin_nft`: istio-cni's way in full, each side paying its process start
+//!   (the restore budget's baseline): a static C CNI plugin (`istio_standin.c`) exec'd
+//!   like interlock-cni that enters the pod netns and runs the two nft-flavour restores;
 //! - `iptables_per_rule_<flavour>`: one `iptables`/`ip6tables` process per rule.
 //!
 //! [`run::run`] samples every scenario in interleaved rounds and [`report`] turns the
@@ -114,6 +118,10 @@ pub enum Scenario {
     SpawnFloor,
     /// Baseline: one `iptables-restore --noflush` per family.
     RestorePerFamily(Flavour),
+    /// Baseline, istio-cni's way in full: a CNI plugin process (static C, started exactly
+    /// like the plugin) that enters the pod netns and runs one nft-flavour
+    /// `iptables-restore --noflush` per family (`istio_standin.c`).
+    IstioStandIn,
     /// Baseline: one `iptables` process per rule.
     PerRule(Flavour),
 }
@@ -153,6 +161,7 @@ impl Scenario {
         v.push(Scenario::LeanFloor);
         v.push(Scenario::SpawnFloor);
         v.extend([Flavour::Nft, Flavour::Legacy].map(Scenario::RestorePerFamily));
+        v.push(Scenario::IstioStandIn);
         v.extend([Flavour::Nft, Flavour::Legacy].map(Scenario::PerRule));
         v
     }
@@ -170,6 +179,7 @@ impl Scenario {
             Scenario::RestorePerFamily(f) => {
                 format!("iptables_restore_per_family_{}", flavour_key(*f))
             }
+            Scenario::IstioStandIn => "istio_cni_standin_nft".into(),
             Scenario::PerRule(f) => format!("iptables_per_rule_{}", flavour_key(*f)),
         }
     }
@@ -197,9 +207,10 @@ impl Scenario {
                 "the static no-op linked with the shipped plugin's start-up (crates/plugin/start/lean_start.c: glibc's without CPU identification), same exec path: the floor of the plugin's own work".into()
             }
             Scenario::RestorePerFamily(f) => format!(
-                "baseline: iptables-{0}-restore --noflush + ip6tables-{0}-restore --noflush with the same rules",
+                "baseline: iptables-{0}-restore --noflush + ip6tables-{0}-restore --noflush with the same rules, from a thread inside the pod netns (the restores alone)",
                 flavour_key(*f)
             ),
+            Scenario::IstioStandIn => "baseline, istio-cni's way in full: a static C CNI plugin started exactly like interlock-cni (spawn to exit) that reads its config, enters the pod netns and runs iptables-nft-restore --noflush + ip6tables-nft-restore --noflush with the same rules; a lower bound of istio-cni, a Go binary".into(),
             Scenario::PerRule(f) => format!(
                 "baseline: one iptables-{0} / ip6tables-{0} process per chain, rule and jump (same rules)",
                 flavour_key(*f)
@@ -227,6 +238,7 @@ impl Scenario {
             | Scenario::StaticFloor
             | Scenario::LeanFloor => None,
             Scenario::RestorePerFamily(f) | Scenario::PerRule(f) => Some(flavour_kind(*f)),
+            Scenario::IstioStandIn => Some(BackendKind::IptablesNft),
         }
     }
 }
@@ -423,20 +435,68 @@ pub fn install_plugin(source: &Path) -> Result<(tempfile::TempDir, PathBuf), Ben
 const LEAN_START_C: &str = include_str!("../../plugin/start/lean_start.c");
 const LEAN_START_CFLAGS: &str = include_str!("../../plugin/start/cflags");
 
+/// A static C program built in a temp dir of its own (the dir goes with it).
+type StaticBin = Result<(tempfile::TempDir, PathBuf), String>;
+
 /// Builds the static no-op floor with `gcc -static -Os` in a temp dir; with `lean`, linked
 /// with the plugin's start-up, compiled with its build script's flags (`start/cflags`).
-fn build_static_noop(lean: bool) -> Result<(tempfile::TempDir, PathBuf), String> {
+fn build_static_noop(lean: bool) -> StaticBin {
     let what = if lean {
         "lean-start no-op floor"
     } else {
         "static no-op floor"
     };
-    let dir = tempfile::Builder::new()
-        .prefix("ilbench-noop")
+    let dir = temp_dir("ilbench-noop", what)?;
+    let bin = build_static(
+        dir.path(),
+        what,
+        "int main(void) { return 0; }\n",
+        &[],
+        lean,
+    )?;
+    Ok((dir, bin))
+}
+
+/// The istio-cni stand-in ([`Scenario::IstioStandIn`]).
+const ISTIO_STANDIN_C: &str = include_str!("istio_standin.c");
+
+/// Builds the istio-cni stand-in with `gcc -static -Os` in a temp dir, with its job list
+/// there: one `--noflush` run of each `(tool, input)`.
+fn build_istio_standin(jobs: &[(PathBuf, String)]) -> StaticBin {
+    let what = "istio-cni stand-in";
+    let dir = temp_dir("ilbench-standin", what)?;
+    let mut list = String::new();
+    for (i, (tool, input)) in jobs.iter().enumerate() {
+        let path = dir.path().join(format!("input-{i}"));
+        std::fs::write(&path, input).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        list.push_str(&format!("{}\t{}\n", tool.display(), path.display()));
+    }
+    let list_path = dir.path().join("jobs");
+    std::fs::write(&list_path, list)
+        .map_err(|e| format!("writing {}: {e}", list_path.display()))?;
+    let define = format!("-DSTANDIN_JOBS=\"{}\"", list_path.display());
+    let bin = build_static(dir.path(), what, ISTIO_STANDIN_C, &[&define], false)?;
+    Ok((dir, bin))
+}
+
+fn temp_dir(prefix: &str, what: &str) -> Result<tempfile::TempDir, String> {
+    tempfile::Builder::new()
+        .prefix(prefix)
         .tempdir()
-        .map_err(|e| format!("creating a temp dir for the {what}: {e}"))?;
+        .map_err(|e| format!("creating a temp dir for the {what}: {e}"))
+}
+
+/// Compiles `main_c` into `dir` as a static binary (`gcc -static -Os`, with `cflags`);
+/// with `lean`, linked with the plugin's start-up, compiled with its build script's flags.
+fn build_static(
+    dir: &Path,
+    what: &str,
+    main_c: &str,
+    cflags: &[&str],
+    lean: bool,
+) -> Result<PathBuf, String> {
     let write = |name: &str, text: &str| {
-        let path = dir.path().join(name);
+        let path = dir.join(name);
         std::fs::write(&path, text)
             .map(|_| path.clone())
             .map_err(|e| format!("writing {}: {e}", path.display()))
@@ -455,11 +515,12 @@ fn build_static_noop(lean: bool) -> Result<(tempfile::TempDir, PathBuf), String>
             ))
         }
     };
-    let src = write("noop.c", "int main(void) { return 0; }\n")?;
-    let bin = dir.path().join("noop-static");
-    let mut link: Vec<&std::ffi::OsStr> = ["-static", "-Os", "-o"].map(AsRef::as_ref).to_vec();
-    link.extend([bin.as_os_str(), src.as_os_str()]);
-    let start_obj = dir.path().join("lean_start.o");
+    let src = write("main.c", main_c)?;
+    let bin = dir.join("bin");
+    let mut link: Vec<&std::ffi::OsStr> = ["-static", "-Os"].map(AsRef::as_ref).to_vec();
+    link.extend(cflags.iter().map(std::ffi::OsStr::new));
+    link.extend(["-o".as_ref(), bin.as_os_str(), src.as_os_str()]);
+    let start_obj = dir.join("lean_start.o");
     if lean {
         let start = write("lean_start.c", LEAN_START_C)?;
         gcc(&LEAN_START_CFLAGS
@@ -471,7 +532,7 @@ fn build_static_noop(lean: bool) -> Result<(tempfile::TempDir, PathBuf), String>
         link.push(start_obj.as_os_str());
     }
     gcc(&link)?;
-    Ok((dir, bin))
+    Ok(bin)
 }
 
 /// Finds `name` on `PATH` or in the sbin directories; the bare name if nowhere.
@@ -536,9 +597,11 @@ pub struct Bench {
     _bin_dir: tempfile::TempDir,
     true_bin: PathBuf,
     /// The static no-op and the directory it was built in (`Err`: why there is none).
-    static_noop: Result<(tempfile::TempDir, PathBuf), String>,
+    static_noop: StaticBin,
     /// The same no-op with the plugin's start-up ([`Scenario::LeanFloor`]).
-    lean_noop: Result<(tempfile::TempDir, PathBuf), String>,
+    lean_noop: StaticBin,
+    /// The istio-cni stand-in ([`Scenario::IstioStandIn`]).
+    istio_standin: StaticBin,
     bin_dirs: Vec<PathBuf>,
     /// The live agent socket of [`Scenario::AddMeshedAgentNote`] (`Err`: why there is none),
     /// in `state`: declared before it, so it closes before the directory goes.
@@ -607,6 +670,13 @@ impl Bench {
         let socket = state.path().join("agent.sock");
         let agent = agent_stub::AgentStub::start(&socket)
             .map_err(|e| format!("no agent socket at {}: {e}", socket.display()));
+        let istio_standin = restore
+            .iter()
+            .find(|(f, _)| *f == Flavour::Nft)
+            .map_or_else(
+                || Err("no nft restore inputs".into()),
+                |(_, jobs)| build_istio_standin(jobs),
+            );
         let (installed, installed_plugin) = install_plugin(plugin)?;
         let bin_dirs = vec![
             installed.path().to_path_buf(),
@@ -621,6 +691,7 @@ impl Bench {
             true_bin: tool_path("true"),
             static_noop: build_static_noop(false),
             lean_noop: build_static_noop(true),
+            istio_standin,
             bin_dirs,
             state,
             restore,
@@ -711,6 +782,7 @@ impl Bench {
             Scenario::SpawnFloor => self.spawn_floor(pod).map(Sample::plain).map_err(fail),
             Scenario::StaticFloor => self.noop_timed(&self.static_noop, pod).map_err(fail),
             Scenario::LeanFloor => self.noop_timed(&self.lean_noop, pod).map_err(fail),
+            Scenario::IstioStandIn => self.noop_timed(&self.istio_standin, pod).map_err(fail),
             Scenario::Engine(kind) => self.engine_protect(pod, kind).map_err(fail),
             Scenario::RestorePerFamily(f) => self
                 .restore_per_family(pod, f)
@@ -723,12 +795,9 @@ impl Bench {
         }
     }
 
-    /// One sample of a no-op floor built in [`Bench::new`] (its error when it could not be).
-    fn noop_timed(
-        &self,
-        noop: &Result<(tempfile::TempDir, PathBuf), String>,
-        pod: &Pod,
-    ) -> Result<Sample, String> {
+    /// One sample of a static program built in [`Bench::new`] (a no-op floor, the istio-cni
+    /// stand-in), started as the plugin is; its build error when it could not be built.
+    fn noop_timed(&self, noop: &StaticBin, pod: &Pod) -> Result<Sample, String> {
         let (_, bin) = noop.as_ref().map_err(Clone::clone)?;
         self.spawn_timed(bin, pod).map(Sample::plain)
     }

@@ -2,8 +2,10 @@
 //! baselines to interlock, and the design's budget verdicts, all computed from one run.
 //!
 //! Budgets (DESIGN.md "Performance budgets"): meshed plugin ADD median ≤ 2 ms including
-//! the proof, ≥ 5× faster than one `iptables-restore` per family, ≥ 20× faster than one
-//! `iptables` call per rule; unmeshed plugin ADD median ≤ 0.5 ms. The primary subject is
+//! the proof, ≥ 5× faster than istio-cni's way (a CNI plugin process running one
+//! `iptables-restore` per family in the pod netns, each side paying its process start:
+//! [`Scenario::IstioStandIn`]; the restores alone are reported next to it), ≥ 20× faster
+//! than one `iptables` call per rule; unmeshed plugin ADD median ≤ 0.5 ms. The primary subject is
 //! `add_meshed_nftables` (the plugin binary with the in-process netlink backend); every
 //! other meshed path gets its verdicts too. A meshed ADD that did not install rules
 //! (`wired: false`) gets `null` verdicts: its numbers measure a pass-through.
@@ -95,6 +97,16 @@ fn baseline(f: Flavour, per_rule: bool) -> Scenario {
     } else {
         Scenario::RestorePerFamily(f)
     }
+}
+
+/// Every baseline the meshed paths are compared with.
+fn baselines() -> Vec<Scenario> {
+    let mut v: Vec<Scenario> = [Flavour::Nft, Flavour::Legacy]
+        .into_iter()
+        .flat_map(|f| [baseline(f, false), baseline(f, true)])
+        .collect();
+    v.push(Scenario::IstioStandIn);
+    v
 }
 
 /// A "median ≤ limit" verdict for each subject.
@@ -237,29 +249,30 @@ pub fn report(
     // Ratios: every baseline against every meshed path.
     let subjects = meshed_subjects(c);
     let mut ratios = Map::new();
-    for f in [Flavour::Nft, Flavour::Legacy] {
-        for per_rule in [false, true] {
-            let base = baseline(f, per_rule);
-            let Some(b) = median_of(c, base) else {
-                continue;
-            };
-            let mut by = Map::new();
-            for &s in &subjects {
-                if let Some(m) = median_of(c, s).filter(|m| *m > 0.0) {
-                    by.insert(s.key(), round2(b / m).into());
-                }
+    for base in baselines() {
+        let Some(b) = median_of(c, base) else {
+            continue;
+        };
+        let mut by = Map::new();
+        for &s in &subjects {
+            if let Some(m) = median_of(c, s).filter(|m| *m > 0.0) {
+                by.insert(s.key(), round2(b / m).into());
             }
-            ratios.insert(base.key(), Value::Object(by));
         }
+        ratios.insert(base.key(), Value::Object(by));
     }
 
     // Budget verdicts.
     let primary = PRIMARY_SUBJECT.key();
     let meshed = le_verdict(c, &subjects, MESHED_ADD_LIMIT_US);
     let unmeshed = le_verdict(c, &[Scenario::AddUnmeshed], UNMESHED_ADD_LIMIT_US);
-    let restore_base = baseline(Flavour::Nft, false);
+    // The restore budget's baseline is istio-cni's way in full (its process start
+    // included, as the plugin's is); the restores alone are the conservative reading.
+    let restore_base = Scenario::IstioStandIn;
+    let restores_alone = baseline(Flavour::Nft, false);
     let per_rule_base = baseline(Flavour::Nft, true);
     let restore = ratio_verdict(c, &subjects, restore_base, RESTORE_RATIO_MIN);
+    let alone = ratio_verdict(c, &subjects, restores_alone, RESTORE_RATIO_MIN);
     let per_rule = ratio_verdict(c, &subjects, per_rule_base, PER_RULE_RATIO_MIN);
     let met = |v: &Value| v.get("met").cloned().unwrap_or(Value::Null);
     let budgets = json!({
@@ -280,6 +293,11 @@ pub fn report(
             "min_ratio": RESTORE_RATIO_MIN,
             "met": met(&primary_of(&restore, &primary)),
             "by_subject": restore,
+            "restores_alone": {
+                "baseline": restores_alone.key(),
+                "how": "the two restores alone, run from a thread already inside the pod netns: no CNI process start on istio's side while the plugin's is counted (conservative)",
+                "primary": primary_of(&alone, &primary),
+            },
         },
         "per_rule_ratio_ge_20x": {
             "baseline": per_rule_base.key(),
@@ -321,17 +339,21 @@ pub fn report(
                 round2(t - f).into(),
             );
         }
-        // istio-cni is itself an exec'd binary: its ADD is its own start + the restores.
-        // The baseline scenario times only the restores; here the static floor is added.
-        if let (Some(b), Some(m)) = (median_of(c, restore_base), median_of(c, PRIMARY_SUBJECT)) {
+        // The stand-in measured against the estimate it replaces (the restores plus a
+        // static process start), to show what the stand-in's own work adds.
+        if let (Some(b), Some(m)) = (median_of(c, restores_alone), median_of(c, PRIMARY_SUBJECT)) {
+            let standin = median_of(c, restore_base);
             derived.insert(
-                "restore_per_family_with_cni_exec".into(),
+                "restore_baseline_both_ways".into(),
                 json!({
-                    "median_us": round2(b + f),
-                    "how": "iptables_restore_per_family_nft median + spawn_floor_static median (the CNI binary's own exec, as istio-cni pays it)",
-                    "ratio_to_add_meshed_nftables": round2((b + f) / m),
-                    "ratio_without_cni_exec": round2(b / m),
-                    "min_ratio": RESTORE_RATIO_MIN,
+                    "with_cni_exec_us": standin.map(round2),
+                    "with_cni_exec_ratio": standin.map(|x| round2(x / m)),
+                    "restores_alone_us": round2(b),
+                    "restores_alone_ratio": round2(b / m),
+                    "restores_plus_static_floor_us": round2(b + f),
+                    "restores_plus_static_floor_ratio": round2((b + f) / m),
+                    "subject": PRIMARY_SUBJECT.key(),
+                    "how": "with_cni_exec: istio_cni_standin_nft median (measured, the budget's baseline); restores_alone: iptables_restore_per_family_nft median; restores_plus_static_floor: that plus spawn_floor_static median (an estimate)",
                 }),
             );
         }
@@ -384,7 +406,7 @@ pub fn report(
                 "how".into(),
                 "add_unmeshed median + engine_protect_nftables median (the plugin ADD does not apply rules yet)".into(),
             );
-            for base in [restore_base, per_rule_base] {
+            for base in [restore_base, restores_alone, per_rule_base] {
                 if let Some(b) = median_of(c, base) {
                     o.insert(format!("ratio_{}", base.key()), round2(b / est).into());
                 }

@@ -189,7 +189,10 @@ fn after_check(
                 )));
             }
         }
-        Scenario::Engine(_) | Scenario::RestorePerFamily(_) | Scenario::PerRule(_) => {
+        Scenario::Engine(_)
+        | Scenario::RestorePerFamily(_)
+        | Scenario::IstioStandIn
+        | Scenario::PerRule(_) => {
             let kind = s.rules_backend().expect("these install rules");
             bench.rules_exact(pod, kind).map_err(|why| {
                 fail(format!(

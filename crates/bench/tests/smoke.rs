@@ -127,7 +127,12 @@ fn quick_run_prints_every_key_with_positive_numbers() {
     // Every baseline against every meshed path.
     let baselines: Vec<Scenario> = Scenario::all()
         .into_iter()
-        .filter(|s| matches!(s, Scenario::RestorePerFamily(_) | Scenario::PerRule(_)))
+        .filter(|s| {
+            matches!(
+                s,
+                Scenario::RestorePerFamily(_) | Scenario::PerRule(_) | Scenario::IstioStandIn
+            )
+        })
         .collect();
     let meshed: Vec<Scenario> = Scenario::all()
         .into_iter()
@@ -175,6 +180,23 @@ fn quick_run_prints_every_key_with_positive_numbers() {
     assert!(
         derived["add_unmeshed_minus_spawn_floor_us"].is_number(),
         "{derived}"
+    );
+    // The restore budget is against istio-cni's way in full; the stand-in runs the same
+    // restores as the restores-alone baseline plus a process of its own, so it costs more.
+    assert_eq!(
+        budgets["restore_per_family_ratio_ge_5x"]["baseline"],
+        Scenario::IstioStandIn.key()
+    );
+    positive(
+        &budgets["restore_per_family_ratio_ge_5x"]["restores_alone"]["primary"]["ratio"],
+        "restores-alone ratio",
+    );
+    let both = &derived["restore_baseline_both_ways"];
+    let with_exec = positive(&both["with_cni_exec_us"], "stand-in median");
+    let alone = positive(&both["restores_alone_us"], "restores-alone median");
+    assert!(
+        with_exec > alone,
+        "stand-in {with_exec} µs ≤ restores alone {alone} µs: {both}"
     );
     if !budgets["subject_wired"].as_bool().unwrap() {
         let est = &derived["estimated_wired_add_meshed_nftables"];
