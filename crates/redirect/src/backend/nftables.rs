@@ -12,23 +12,30 @@
 //!     [meta nfproto ipvX] meta l4proto tcp jump outbound }
 //!   chain inbound {                       # exclusions, then capture
 //!     iifname "<excluded>" return
-//!     tcp dport <excluded run> return
-//!     meta l4proto tcp redirect to :<inbound>      # or: tcp dport <included run> redirect …
+//!     th dport <excluded run> return
+//!     redirect to :<inbound>                       # or: th dport <included run> redirect …
 //!   }
 //!   chain outbound {
 //!     oifname "lo" return
 //!     meta skuid <uid> return
 //!     meta skgid <gid> return
 //!     oifname "<excluded>" return
-//!     tcp dport <excluded run> return
+//!     th dport <excluded run> return
 //!     ip[6] daddr <excluded cidr> return
 //!     goto outbound_redirect                        # or: ip[6] daddr <included cidr> goto …
 //!   }
 //!   chain outbound_redirect {
-//!     meta l4proto tcp redirect to :<outbound>     # or: tcp dport <included run> redirect …
+//!     redirect to :<outbound>                      # or: th dport <included run> redirect …
 //!   }
 //! }
 //! ```
+//!
+//! Only TCP reaches the inner chains (the base chains' jumps match it), so their rules do
+//! not repeat `meta l4proto tcp`: `th dport` reads the TCP header's destination port.
+//! Each expression costs the kernel a walk of every registered expression type by name
+//! when the rule is added (1.3 µs each on kernel 6.18 with every nft module built in:
+//! the largest share of the transaction); the repeated matches were 8 of 35 expressions
+//! (a meshed ADD 0.01–0.02 ms faster without them, paired).
 //!
 //! The `[meta nfproto]` match appears only when one family is disabled. Every rule is
 //! tagged `il:<chain>:<index>` (shown by `nft list ruleset` as its comment) so a
@@ -104,8 +111,7 @@ impl Ruleset {
             inbound.push(Rule::new("").iifname(ifname).verdict(Verdict::Return));
         }
         for run in port_runs(&spec.inbound.exclude_ports) {
-            inbound
-                .push(dport_run(Rule::new("").l4proto(IPPROTO_TCP), &run).verdict(Verdict::Return));
+            inbound.push(dport_run(Rule::new(""), &run).verdict(Verdict::Return));
         }
         inbound.extend(redirects(
             &spec.inbound.include_ports,
@@ -125,8 +131,7 @@ impl Ruleset {
             outbound.push(Rule::new("").oifname(ifname).verdict(Verdict::Return));
         }
         for run in port_runs(&spec.outbound.exclude_ports) {
-            outbound
-                .push(dport_run(Rule::new("").l4proto(IPPROTO_TCP), &run).verdict(Verdict::Return));
+            outbound.push(dport_run(Rule::new(""), &run).verdict(Verdict::Return));
         }
         for &family in &families {
             for net in spec.exclude_cidrs(family) {
@@ -411,14 +416,10 @@ fn dport_run(rule: Rule, run: &std::ops::RangeInclusive<u16>) -> Rule {
 /// Capture rules: everything, or one rule per run of included ports (none for `Only([])`).
 fn redirects(include: &PortSelection, proxy_port: u16) -> Vec<Rule> {
     match include {
-        PortSelection::All => vec![Rule::new("")
-            .l4proto(IPPROTO_TCP)
-            .redirect_to_port(proxy_port)],
+        PortSelection::All => vec![Rule::new("").redirect_to_port(proxy_port)],
         PortSelection::Only(ports) => port_runs(ports)
             .iter()
-            .map(|run| {
-                dport_run(Rule::new("").l4proto(IPPROTO_TCP), run).redirect_to_port(proxy_port)
-            })
+            .map(|run| dport_run(Rule::new(""), run).redirect_to_port(proxy_port))
             .collect(),
     }
 }
@@ -616,18 +617,29 @@ mod tests {
         assert_eq!(
             inbound[1].exprs,
             Rule::new("")
-                .l4proto(IPPROTO_TCP)
                 .dport_range(15020, 15021)
                 .verdict(Verdict::Return)
                 .exprs
         );
         assert_eq!(
             inbound[3].exprs,
-            Rule::new("")
-                .l4proto(IPPROTO_TCP)
-                .redirect_to_port(15006)
-                .exprs
+            Rule::new("").redirect_to_port(15006).exprs
         );
+        // Only the base chains' jumps match the protocol: nothing else reaches the inner
+        // chains, so no inner rule repeats the match.
+        let l4 = Rule::new("").l4proto(IPPROTO_TCP).exprs;
+        for r in rs
+            .rules
+            .iter()
+            .filter(|r| ![CHAIN_PREROUTING, CHAIN_OUTPUT].contains(&r.chain.as_str()))
+        {
+            assert!(
+                !r.exprs.windows(l4.len()).any(|w| w == l4.as_slice()),
+                "{} repeats meta l4proto tcp: {:?}",
+                r.chain,
+                r.exprs
+            );
+        }
 
         // outbound: lo, uid, gid, interface, port, two CIDRs, goto.
         let out = chain_rules(&rs, CHAIN_OUTBOUND);
@@ -683,7 +695,6 @@ mod tests {
         assert_eq!(
             red[0].exprs,
             Rule::new("")
-                .l4proto(IPPROTO_TCP)
                 .dport_range(80, 81)
                 .redirect_to_port(15001)
                 .exprs
@@ -934,16 +945,16 @@ mod tests {
             "type nat hook output priority -100; policy accept;",
             "meta l4proto tcp jump inbound comment \"il:prerouting:0\"",
             "iifname \"ilexcl0\" return comment \"il:inbound:0\"",
-            "tcp dport 15020-15021 return comment \"il:inbound:1\"",
-            "tcp dport 15090 return comment \"il:inbound:2\"",
-            "meta l4proto tcp redirect to :15006 comment \"il:inbound:3\"",
+            "th dport 15020-15021 return comment \"il:inbound:1\"",
+            "th dport 15090 return comment \"il:inbound:2\"",
+            "redirect to :15006 comment \"il:inbound:3\"",
             "oifname \"lo\" return comment \"il:outbound:0\"",
             "meta skuid 1337 return comment \"il:outbound:1\"",
             "meta skgid 1337 return comment \"il:outbound:2\"",
             "ip daddr 10.99.201.0/24 return comment \"il:outbound:5\"",
             "ip6 daddr fd99:201::/64 return comment \"il:outbound:6\"",
             "goto outbound_redirect comment \"il:outbound:7\"",
-            "meta l4proto tcp redirect to :15001 comment \"il:outbound_redirect:0\"",
+            "redirect to :15001 comment \"il:outbound_redirect:0\"",
         ] {
             assert!(listed.contains(want), "missing {want:?} in:\n{listed}");
         }
