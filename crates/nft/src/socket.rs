@@ -249,6 +249,8 @@ impl Nft {
         attrs: impl Fn(&mut AttrWriter<'_>),
     ) -> Result<Vec<Vec<u8>>, NftError> {
         let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        // A plain get without an ack request ends with its one reply (or an error).
+        let single = !dump && flags & NLM_F_ACK == 0;
         for _ in 0..DUMP_ATTEMPTS {
             let seq = self.take_seqs(1);
             let mut req = Vec::with_capacity(128);
@@ -326,6 +328,9 @@ impl Nft {
                                 NftError::Malformed(format!("{what}: reply shorter than nfgenmsg"))
                             })?;
                             out.push(body.to_vec());
+                            if single {
+                                break 'recv;
+                            }
                         }
                     }
                 }
@@ -342,7 +347,8 @@ impl Nft {
     /// The table `<family> <name>`, or `None` when it does not exist.
     pub fn table(&mut self, family: Family, name: &str) -> Result<Option<TableInfo>, NftError> {
         let what = format!("get table {family} {name}");
-        let replies = match self.request(NFT_MSG_GETTABLE, NLM_F_ACK, family, &what, |w| {
+        // No ack requested: the reply (or the error) is the answer, one read instead of two.
+        let replies = match self.request(NFT_MSG_GETTABLE, 0, family, &what, |w| {
             w.string(NFTA_TABLE_NAME, name)
         }) {
             Ok(r) => r,
