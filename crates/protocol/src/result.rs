@@ -187,8 +187,25 @@ impl CniResult {
         Ok(serde_json::from_value(value)?)
     }
 
+    /// [`CniResult::from_value_ref`] from the result's JSON text (the plugin's `prevResult`,
+    /// on every ADD): a result that names a known version is read straight into its
+    /// types, without building a generic value first; anything else takes the generic
+    /// path, with its version fallback and its errors.
+    pub fn from_raw(
+        raw: &serde_json::value::RawValue,
+        fallback: Option<CniVersion>,
+    ) -> Result<CniResult, ResultError> {
+        if let Ok(mut r) = serde_json::from_str::<CniResult>(raw.get()) {
+            let version = r.cni_version;
+            r.normalise(version);
+            return Ok(r);
+        }
+        let value: serde_json::Value = serde_json::from_str(raw.get())?;
+        CniResult::from_value_ref(&value, fallback)
+    }
+
     /// [`CniResult::from_value`] without taking (or copying) the value: a result that
-    /// names its version is read in place (the plugin's `prevResult`, on every ADD).
+    /// names its version is read in place.
     pub fn from_value_ref(
         value: &serde_json::Value,
         fallback: Option<CniVersion>,

@@ -8,6 +8,9 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::error::{
@@ -84,9 +87,11 @@ pub struct Invocation<'a> {
     pub command: Command,
     /// The config's `cniVersion` (every answer is in it).
     pub version: CniVersion,
-    /// The network config from stdin (the plugin's entry, `name`, `runtimeConfig`,
-    /// `prevResult`, …).
+    /// The network config from stdin (the plugin's entry, `name`, `runtimeConfig`, …),
+    /// without `prevResult`.
     pub conf: Map<String, Value>,
+    /// `prevResult`, as its JSON text ([`Invocation::prev_result`] reads it).
+    pub prev_result: Option<Box<RawValue>>,
 }
 
 impl Invocation<'_> {
@@ -122,10 +127,14 @@ impl Invocation<'_> {
 
     /// `prevResult`, parsed and in this invocation's version; `Ok(None)` when absent.
     pub fn prev_result(&self) -> Result<Option<CniResult>, CniError> {
-        let Some(prev) = self.conf.get("prevResult").filter(|v| !v.is_null()) else {
+        let Some(prev) = self
+            .prev_result
+            .as_deref()
+            .filter(|v| v.get().trim() != "null")
+        else {
             return Ok(None);
         };
-        CniResult::from_value_ref(prev, Some(self.version))
+        CniResult::from_raw(prev, Some(self.version))
             .map(Some)
             .map_err(|e| self.err(INVALID_NETWORK_CONFIG, format!("prevResult: {e}")))
     }
@@ -267,6 +276,41 @@ fn short(s: &str) -> String {
     }
 }
 
+/// The network config as read from stdin: every top-level key but `prevResult` as a JSON
+/// value, `prevResult` as its text, read into its types only when a verb asks for it
+/// ([`Invocation::prev_result`]). Building the generic value of the primary plugin's
+/// result, then reading the typed result out of it, was most of parsing the config on
+/// every ADD. A duplicated key keeps its last value, as the generic parse does.
+struct StdinConf {
+    conf: Map<String, Value>,
+    prev_result: Option<Box<RawValue>>,
+}
+
+impl<'de> Deserialize<'de> for StdinConf {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = StdinConf;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<StdinConf, A::Error> {
+                let mut conf = Map::new();
+                let mut prev_result = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "prevResult" {
+                        prev_result = Some(map.next_value::<Box<RawValue>>()?);
+                    } else {
+                        conf.insert(key, map.next_value::<Value>()?);
+                    }
+                }
+                Ok(StdinConf { conf, prev_result })
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
+}
+
 fn run_inner<P: Plugin>(plugin: &P, env: &CniEnv, stdin: &[u8]) -> Result<Vec<u8>, CniError> {
     let latest = CniVersion::LATEST.as_str();
     let name = plugin.name();
@@ -285,25 +329,34 @@ fn run_inner<P: Plugin>(plugin: &P, env: &CniEnv, stdin: &[u8]) -> Result<Vec<u8
     if command == Command::Version {
         return Ok(json_line(&version_info(plugin.build_version())));
     }
-    let conf: Map<String, Value> = match serde_json::from_slice::<Value>(stdin) {
-        Ok(Value::Object(m)) => m,
-        Ok(other) => {
-            return Err(CniError::new(
-                latest,
-                DECODING_FAILURE,
-                format!(
+    let (conf, prev_result) = match serde_json::from_slice::<StdinConf>(stdin) {
+        Ok(c) => (c.conf, c.prev_result),
+        // Not an object (or not JSON): the generic parse names what it found.
+        Err(_) => match serde_json::from_slice::<Value>(stdin) {
+            Ok(Value::Object(mut m)) => {
+                let prev = m
+                    .remove("prevResult")
+                    .and_then(|v| serde_json::value::to_raw_value(&v).ok());
+                (m, prev)
+            }
+            Ok(other) => {
+                return Err(CniError::new(
+                    latest,
+                    DECODING_FAILURE,
+                    format!(
                     "failed to decode network config from stdin: expected a JSON object, found {}",
                     short(&other.to_string())
                 ),
-            ))
-        }
-        Err(e) => {
-            return Err(CniError::new(
-                latest,
-                DECODING_FAILURE,
-                format!("failed to decode network config from stdin: {e}"),
-            ))
-        }
+                ))
+            }
+            Err(e) => {
+                return Err(CniError::new(
+                    latest,
+                    DECODING_FAILURE,
+                    format!("failed to decode network config from stdin: {e}"),
+                ))
+            }
+        },
     };
     // Only an error names the supported versions: build the list only then.
     let supported = || CniVersion::all_strings().join(", ");
@@ -344,6 +397,7 @@ fn run_inner<P: Plugin>(plugin: &P, env: &CniEnv, stdin: &[u8]) -> Result<Vec<u8
         command,
         version,
         conf,
+        prev_result,
     };
     let ctx = plugin.context(&inv)?;
     inv.require_env()?;
@@ -422,6 +476,43 @@ mod tests {
         serde_json::from_slice::<Value>(&o.stdout).unwrap()["code"]
             .as_u64()
             .unwrap()
+    }
+
+    #[test]
+    fn prev_result_is_read_from_its_text() {
+        let add = |conf: &str| run(&Probe, &env("ADD"), conf.as_bytes());
+        let answer = |o: Outcome| -> Value {
+            assert_eq!(o.exit_code, 0, "{}", String::from_utf8_lossy(&o.stdout));
+            serde_json::from_slice(&o.stdout).unwrap()
+        };
+        let prev = r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/var/run/netns/x"}],"ips":[{"address":"10.1.2.3/24","gateway":"10.1.2.1","interface":0}]}"#;
+        let with = |p: &str| format!(r#"{{"cniVersion":"1.0.0","name":"n","prevResult":{p}}}"#);
+        // Read into its types; the probe plugin answers it.
+        let o = answer(add(&with(prev)));
+        assert_eq!(o["ips"][0]["address"], "10.1.2.3/24");
+        assert_eq!(o["interfaces"][0]["sandbox"], "/var/run/netns/x");
+        // null, or absent: none (the probe plugin answers an empty result).
+        for c in [
+            with("null"),
+            r#"{"cniVersion":"1.0.0","name":"n"}"#.to_string(),
+        ] {
+            let o = answer(add(&c));
+            assert!(o["ips"].is_null() && o["interfaces"].is_null(), "{o}");
+        }
+        // Without a cniVersion of its own: read in the config's version.
+        let o = answer(add(&with(
+            r#"{"ips":[{"address":"10.9.9.9/24","interface":0}],"interfaces":[{"name":"eth0"}]}"#,
+        )));
+        assert_eq!(o["ips"][0]["address"], "10.9.9.9/24");
+        // A key given twice keeps its last value, as the generic parse does.
+        let twice = format!(
+            r#"{{"cniVersion":"1.0.0","name":"n","prevResult":{{"cniVersion":"1.0.0"}},"prevResult":{prev}}}"#
+        );
+        assert_eq!(answer(add(&twice))["ips"][0]["address"], "10.1.2.3/24");
+        // Not a result: error 7, naming prevResult.
+        let o = add(&with(r#"{"cniVersion":"1.0.0","ips":"x"}"#));
+        assert_eq!(code(&o), 7);
+        assert!(String::from_utf8_lossy(&o.stdout).contains("prevResult"));
     }
 
     #[test]
