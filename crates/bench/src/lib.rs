@@ -780,9 +780,11 @@ impl Bench {
                 .map(|a| self.with_plugin_timings(&a))
                 .map_err(fail),
             Scenario::SpawnFloor => self.spawn_floor(pod).map(Sample::plain).map_err(fail),
-            Scenario::StaticFloor => self.noop_timed(&self.static_noop, pod).map_err(fail),
-            Scenario::LeanFloor => self.noop_timed(&self.lean_noop, pod).map_err(fail),
-            Scenario::IstioStandIn => self.noop_timed(&self.istio_standin, pod).map_err(fail),
+            Scenario::StaticFloor => self.static_bin_timed(&self.static_noop, pod).map_err(fail),
+            Scenario::LeanFloor => self.static_bin_timed(&self.lean_noop, pod).map_err(fail),
+            Scenario::IstioStandIn => self
+                .static_bin_timed(&self.istio_standin, pod)
+                .map_err(fail),
             Scenario::Engine(kind) => self.engine_protect(pod, kind).map_err(fail),
             Scenario::RestorePerFamily(f) => self
                 .restore_per_family(pod, f)
@@ -797,8 +799,8 @@ impl Bench {
 
     /// One sample of a static program built in [`Bench::new`] (a no-op floor, the istio-cni
     /// stand-in), started as the plugin is; its build error when it could not be built.
-    fn noop_timed(&self, noop: &StaticBin, pod: &Pod) -> Result<Sample, String> {
-        let (_, bin) = noop.as_ref().map_err(Clone::clone)?;
+    fn static_bin_timed(&self, built: &StaticBin, pod: &Pod) -> Result<Sample, String> {
+        let (_, bin) = built.as_ref().map_err(Clone::clone)?;
         self.spawn_timed(bin, pod).map(Sample::plain)
     }
 
