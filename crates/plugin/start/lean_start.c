@@ -96,11 +96,12 @@ long int __x86_rep_movsb_stop_threshold = 1024 * 1024 * 3 / 4;
 int __x86_string_control;
 
 /*
- * glibc's start-up also asks where the program lives (for `$ORIGIN` in the paths of a
- * library a static program dlopens) by reading the /proc/self/exe link: a procfs lookup
- * on every start. The plugin never loads a library; (char *)-1 is glibc's own answer
- * when the link cannot be read, and a `$ORIGIN` path element is then skipped. Defining
- * the function here keeps glibc's (dl-origin.o) out of the binary.
+ * glibc's loader set-up (`_dl_non_dynamic_init`, now run only on a set-uid start, see
+ * `init_first`) asks where the program lives (for `$ORIGIN` in the paths of a library a
+ * static program dlopens) by reading the /proc/self/exe link, a procfs lookup. The plugin
+ * never loads a library; (char *)-1 is glibc's own answer when the link cannot be read,
+ * and a `$ORIGIN` path element is then skipped. Defining the function here keeps glibc's
+ * (dl-origin.o) out of the binary.
  */
 const char *_dl_get_origin(void) { return (const char *)-1; }
 

@@ -433,7 +433,7 @@ mod tests {
         let links = rtnl.links().unwrap();
         assert!(routes.iter().any(Route::is_local), "{routes:?}");
         assert!(links.iter().any(|l| l.name == "lo"), "{links:?}");
-        // The link taken from the dump equals the one the kernel is asked for.
+        // The link found among links listed before equals the one listed afresh.
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         let from_dump = rtnl.egress(lo, &links).unwrap().unwrap();
         let asked = rtnl.egress(lo, &[]).unwrap().unwrap();

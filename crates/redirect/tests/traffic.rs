@@ -508,9 +508,9 @@ fn probe_finds_the_gateways_itself() {
     );
 }
 
-/// Given the pod's gateways, the probe takes them without listing the routes (the RTNL
-/// lock of a node deleting pods is not taken): for each family it proves the destination
-/// the full plan over the pod's route table picks first, whatever the gateways given.
+/// Given the pod's gateways, the probe takes them without dumping the route table: for
+/// each family it proves the destination the full plan over the pod's route table picks
+/// first, whatever the gateways given.
 #[test]
 fn the_gateway_shortcut_proves_what_the_full_plan_would() {
     require_root!();
