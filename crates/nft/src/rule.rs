@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use crate::expr::{CmpOp, Expr, ImmediateData, MetaKey, PayloadBase, Register, Verdict};
+use crate::expr::{CmpOp, Expr, ImmediateData, MetaKey, PayloadBase, RangeOp, Register, Verdict};
 use crate::sys::NF_NAT_RANGE_PROTO_SPECIFIED;
 
 /// Layer-4 protocol number of TCP.
@@ -202,19 +202,17 @@ impl Rule {
         })
     }
 
-    /// `th dport <lo>-<hi>` (inclusive), as `nft` encodes it: `cmp gte` then `cmp lte`.
+    /// `th dport <lo>-<hi>` (inclusive) as one `range` expression. (`nft` 1.0 writes a
+    /// `cmp gte` and a `cmp lte`, which match the same ports and `nft list` shows the same
+    /// way; one expression fewer costs the kernel one walk of its expression types fewer
+    /// when the rule is added.)
     pub fn dport_range(self, lo: u16, hi: u16) -> Self {
-        self.load_dport()
-            .expr(Expr::Cmp {
-                sreg: Register::R1,
-                op: CmpOp::Gte,
-                data: lo.to_be_bytes().to_vec(),
-            })
-            .expr(Expr::Cmp {
-                sreg: Register::R1,
-                op: CmpOp::Lte,
-                data: hi.to_be_bytes().to_vec(),
-            })
+        self.load_dport().expr(Expr::Range {
+            sreg: Register::R1,
+            op: RangeOp::Eq,
+            from: lo.to_be_bytes().to_vec(),
+            to: hi.to_be_bytes().to_vec(),
+        })
     }
 
     /// `counter`.

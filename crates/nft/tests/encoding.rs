@@ -4,7 +4,8 @@
 //! (sequence numbers 0.., no acks, exactly as `nft` sent them).
 
 use interlock_nft::{
-    Ack, Batch, Chain, ChainType, Family, Hook, Rule, Verdict, IPPROTO_TCP, NFPROTO_IPV4,
+    Ack, Batch, Chain, ChainType, CmpOp, Expr, Family, Hook, PayloadBase, Register, Rule, Verdict,
+    IPPROTO_TCP, NFPROTO_IPV4,
 };
 
 const FIXTURE: &[u8] = include_bytes!("fixtures/nft-1.0.6-batch.bin");
@@ -56,9 +57,26 @@ fn batch_like_the_fixture() -> Batch {
         Rule::new("outbound")
             .daddr("fd99:1::".parse().unwrap(), 64)
             .verdict(Verdict::Return),
+        // nft writes a port range as `cmp gte` + `cmp lte` (`Rule::dport_range` writes
+        // one `range` expression instead; the kernel test reads that back).
         Rule::new("outbound")
             .l4proto(IPPROTO_TCP)
-            .dport_range(15000, 15100)
+            .expr(Expr::Payload {
+                base: PayloadBase::Transport,
+                offset: 2,
+                len: 2,
+                dreg: Register::R1,
+            })
+            .expr(Expr::Cmp {
+                sreg: Register::R1,
+                op: CmpOp::Gte,
+                data: 15000u16.to_be_bytes().to_vec(),
+            })
+            .expr(Expr::Cmp {
+                sreg: Register::R1,
+                op: CmpOp::Lte,
+                data: 15100u16.to_be_bytes().to_vec(),
+            })
             .verdict(Verdict::Return),
         Rule::new("outbound")
             .l4proto(IPPROTO_TCP)

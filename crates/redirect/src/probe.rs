@@ -537,7 +537,7 @@ pub fn probe_with(
 ) -> Result<ProbeReport, ProbeError> {
     // One socket for every route lookup. The route and link dumps that [`plan`] needs are
     // taken only for a family the gateway shortcut does not settle (the shortcut needs one
-    // route lookup per family and one listing of the links).
+    // route lookup per family and one lookup of the link they leave through).
     let mut rtnl = Rtnetlink::open().map_err(|source| ProbeError::Routes { source })?;
     let mut tables: Option<(Vec<Route>, Vec<Link>)> = None;
     // Links met on the way (both families usually leave through the same one).

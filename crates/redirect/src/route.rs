@@ -8,10 +8,15 @@
 //! macvlan or ipvlan interface talks to the physical network directly, so a TTL-1 packet
 //! reaches the external router) and names the interface a probe would leave through.
 //! [`Rtnetlink`] runs several of these on one socket, and finds an egress link among links
-//! it listed before instead of asking the kernel again (the probe: one socket, one link
-//! listing for both families). Links are always listed (a dump), never looked up one by
-//! one: on current kernels the dumps and route lookups run without the RTNL lock, the
-//! one-link lookup waits for it.
+//! it met before instead of asking the kernel again (the probe: one socket, one link
+//! lookup for both families).
+//!
+//! Route lookups run without the RTNL lock; the kernel answers every `RTM_GETLINK`, a
+//! lookup or a dump, under it (kernel 6.18 still), so a node creating or deleting pods
+//! (netns teardown, IPv6 address set-up on new interfaces) makes the link lookup wait.
+//! The kernel has no other source of a link's kind. So the lookup asks for the one
+//! egress link, without statistics (`IFLA_EXT_MASK`), which keeps the lock as briefly
+//! as the kernel allows; the wait for it is not ours to shorten.
 //! `/sys/class/net` and `/proc/net/*route` cannot answer this cheaply: sysfs shows the
 //! netns it was mounted in, and the proc files cost dentries on every read.
 
@@ -44,6 +49,10 @@ const RTN_UNICAST: u8 = 1;
 const RTN_LOCAL: u8 = 2;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
+const IFLA_EXT_MASK: u16 = 29;
+/// `RTEXT_FILTER_SKIP_STATS`: no counters in a link reply (the kernel fills them for
+/// every link while it holds the RTNL lock).
+const RTEXT_FILTER_SKIP_STATS: u32 = 1 << 3;
 const IFLA_INFO_KIND: u16 = 1;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 const NLMSG_HDRLEN: usize = 16;
@@ -167,12 +176,20 @@ impl Rtnetlink {
 
     /// [`links`] on this socket.
     pub fn links(&mut self) -> io::Result<Vec<Link>> {
-        let body = [0u8; 16];
         Ok(self
-            .exchange(RTM_GETLINK, NLM_F_DUMP, &body, RTM_NEWLINK)?
+            .exchange(RTM_GETLINK, NLM_F_DUMP, &link_request(0), RTM_NEWLINK)?
             .iter()
             .filter_map(|m| parse_link(m))
             .collect())
+    }
+
+    /// The link with interface index `index`; `None` when there is none.
+    pub fn link(&mut self, index: u32) -> io::Result<Option<Link>> {
+        match self.request(RTM_GETLINK, &link_request(index), RTM_NEWLINK) {
+            Ok(reply) => Ok(parse_link(&reply)),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// [`egress`] on this socket; the link is looked up in `known` (a [`Self::links`]
@@ -203,13 +220,9 @@ impl Rtnetlink {
         else {
             return Ok(None);
         };
-        // Not a lookup of the one link (`RTM_GETLINK` for an index): the kernel answers
-        // that under the RTNL lock, which a node creating or deleting pods holds for long
-        // stretches (netns teardown: 0.27 s measured on kernel 6.18), while it answers the
-        // dump under RCU (a pod has two or three links; +2 µs uncontended).
         let link = match known.iter().find(|l| l.index == index) {
             Some(l) => Some(l.clone()),
-            None => self.links()?.into_iter().find(|l| l.index == index),
+            None => self.link(index)?,
         }
         .unwrap_or(Link {
             index,
@@ -338,6 +351,19 @@ fn parse_route(msg: &[u8]) -> Option<Route> {
     })
 }
 
+/// An `RTM_GETLINK` body: `struct ifinfomsg` for interface `index` (0: every one, in a
+/// dump), then `IFLA_EXT_MASK` asking for no statistics.
+fn link_request(index: u32) -> Vec<u8> {
+    let mut body = vec![0u8; 16];
+    body[4..8].copy_from_slice(&index.to_ne_bytes());
+    put_attr(
+        &mut body,
+        IFLA_EXT_MASK,
+        &RTEXT_FILTER_SKIP_STATS.to_ne_bytes(),
+    );
+    body
+}
+
 fn parse_link(msg: &[u8]) -> Option<Link> {
     let index = u32_of(msg.get(4..8)?)?;
     let (mut name, mut kind) = (String::new(), String::new());
@@ -441,5 +467,25 @@ mod tests {
         assert_eq!(from_dump, egress(lo).unwrap().unwrap());
         // Later requests on the same socket still get their own replies.
         assert_eq!(rtnl.links().unwrap(), links);
+        // One link asked by index equals its entry in the listing; a missing one is None.
+        for l in &links {
+            assert_eq!(rtnl.link(l.index).unwrap().as_ref(), Some(l));
+        }
+        let unused = links.iter().map(|l| l.index).max().unwrap() + 1000;
+        assert_eq!(rtnl.link(unused).unwrap(), None);
+    }
+
+    #[test]
+    fn link_requests_ask_for_no_statistics() {
+        let all = link_request(0);
+        let one = link_request(7);
+        assert_eq!(all.len(), 24, "ifinfomsg + one u32 attribute");
+        assert_eq!(&one[4..8], &7u32.to_ne_bytes(), "ifi_index");
+        assert_eq!(&all[4..8], &[0; 4]);
+        let (t, v) = attrs(&one[16..]).next().unwrap();
+        assert_eq!(
+            (t, v),
+            (IFLA_EXT_MASK, &RTEXT_FILTER_SKIP_STATS.to_ne_bytes()[..])
+        );
     }
 }
