@@ -35,14 +35,22 @@ pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) ->
         }
     }));
     let env = interlock_cni::CniEnv::from_process();
-    // Configs are small: one read usually takes all of it.
-    let mut stdin = Vec::with_capacity(16 * 1024);
-    let _ = std::io::stdin().read_to_end(&mut stdin);
+    // Configs are small: one read usually takes all of it. Straight from the descriptors,
+    // not through std's stdin and stdout, which allocate an 8 KiB and a 1 KiB buffer (heap
+    // pages a new process faults in) for one read and one write.
+    let mut stdin = Vec::with_capacity(4 * 1024);
+    let _ = standard_fd(0).read_to_end(&mut stdin);
     let outcome = interlock_cni::run(&env, &stdin);
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(&outcome.stdout);
-    let _ = out.flush();
+    let _ = standard_fd(1).write_all(&outcome.stdout);
     libc::c_int::from(u8::try_from(outcome.exit_code).unwrap_or(1))
+}
+
+/// Standard descriptor `fd` as a file that is never closed (it is the process's).
+fn standard_fd(fd: std::os::fd::RawFd) -> std::mem::ManuallyDrop<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fds 0–2 are open (`guard_standard_fds`), and ManuallyDrop never closes it.
+    #[allow(unsafe_code)]
+    std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// Opens /dev/null on any of fds 0–2 that is closed, as the Rust runtime would have.
