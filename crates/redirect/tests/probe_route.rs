@@ -1,7 +1,7 @@
 //! The probe refuses a target routed through a macvlan link (its packets would reach the
 //! external network, not the node) before sending anything, and still probes through a
-//! veth. Everything lives in one test-owned netns: a veth pair (`ilpar`/`ilpeer`) and a
-//! macvlan `eth0` on top of `ilpar`.
+//! veth. Everything lives in one test-owned netns: a veth pair (`ilpar`/`ilpeer`), a
+//! macvlan `eth0` and a macvtap `ilmvt0` on top of `ilpar`.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -34,11 +34,16 @@ fn probe_refuses_macvlan_egress_and_accepts_veth() {
             "ip", "link", "add", "link", "ilpar", "name", "eth0", "type", "macvlan", "mode",
             "bridge",
         ],
+        &[
+            "ip", "link", "add", "link", "ilpar", "name", "ilmvt0", "type", "macvtap",
+        ],
         &["ip", "addr", "add", "10.99.77.2/24", "dev", "eth0"],
+        &["ip", "addr", "add", "10.99.79.2/24", "dev", "ilmvt0"],
         &["ip", "addr", "add", "10.99.78.2/24", "dev", "ilpeer"],
         &["ip", "link", "set", "ilpar", "up"],
         &["ip", "link", "set", "ilpeer", "up"],
         &["ip", "link", "set", "eth0", "up"],
+        &["ip", "link", "set", "ilmvt0", "up"],
     ] {
         ns.exec_ok(argv);
     }
@@ -57,6 +62,16 @@ fn probe_refuses_macvlan_egress_and_accepts_veth() {
         ("ilpeer", "veth")
     );
     assert!(!via_veth.bypasses_node());
+    // A macvtap reports the driver it is built on, macvlan's: refused the same way.
+    let via_macvtap = ns
+        .run(|| egress("10.99.79.1".parse().unwrap()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (via_macvtap.name.as_str(), via_macvtap.kind.as_str()),
+        ("ilmvt0", "macvlan")
+    );
+    assert!(via_macvtap.bypasses_node());
     // What the check adds to each probe (one socket, two round trips).
     let per_call = ns.run(|| {
         let t = std::time::Instant::now();
