@@ -66,7 +66,7 @@ impl Pod {
 /// every pod netns was torn down turned the kernel's NAT hooks back on (a static key:
 /// kernel text patched on every CPU), which a node never pays: the concurrent N = 1 level,
 /// one ADD per round, read 1.44 ms per ADD instead of 1.05.
-pub const NODE_NAT: &str = "table ip ilbench_node {
+const NODE_NAT: &str = "table ip ilbench_node {
   chain postrouting {
     type nat hook postrouting priority srcnat; policy accept;
     ip saddr 10.99.0.0/16 oifname != \"BRIDGE\" masquerade
