@@ -127,7 +127,7 @@ fn feed(argv: &[&str], what: &str, script: &str) -> Result<(), BenchError> {
 
 impl Node {
     /// Creates the node netns and its bridge with both gateway addresses, and the
-    /// node's NAT rules ([`NODE_NAT`]).
+    /// node's NAT rules (`NODE_NAT`).
     pub fn new() -> Result<Node, BenchError> {
         let ns = Netns::new("bnode")
             .map_err(|e| BenchError::Setup(format!("creating the node netns: {e}")))?;
