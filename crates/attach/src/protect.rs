@@ -668,9 +668,12 @@ mod tests {
         assert_eq!(p, Protection::NotNeeded);
         assert!(claim.is_none());
         let ann = [("sidecar.istio.io/status".to_string(), "{}".to_string())].into();
-        let (profile, spec) = interlock_redirect::spec_for(&ann, &c.profiles)
-            .unwrap()
-            .unwrap();
+        let (profile, spec) = interlock_redirect::spec_for(
+            &interlock_redirect::PodView::annotations_only(&ann),
+            &c.profiles,
+        )
+        .unwrap()
+        .unwrap();
         let meshed = Decision::Meshed {
             profile,
             spec: Box::new(spec),

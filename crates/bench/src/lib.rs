@@ -307,9 +307,12 @@ pub fn plain_annotations() -> BTreeMap<String, String> {
 /// The rule set every scenario installs: the istio profile's spec for
 /// [`istio_annotations`], dual-stack.
 pub fn bench_spec() -> RedirectSpec {
-    let (_, spec) = interlock_redirect::spec_for(&istio_annotations(), &ProfileName::ALL)
-        .expect("the istio annotations are valid")
-        .expect("the istio profile claims the pod");
+    let (_, spec) = interlock_redirect::spec_for(
+        &interlock_redirect::PodView::annotations_only(&istio_annotations()),
+        &ProfileName::ALL,
+    )
+    .expect("the istio annotations are valid")
+    .expect("the istio profile claims the pod");
     spec.as_installed()
 }
 

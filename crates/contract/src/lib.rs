@@ -16,6 +16,7 @@ pub mod config;
 pub mod layout;
 pub mod marker;
 pub mod names;
+pub mod pod;
 pub mod profile;
 pub mod rbac;
 pub mod state;

@@ -101,7 +101,10 @@ pub fn decide(
             ),
         };
     };
-    match crate::spec_for(annotations, &config.profiles) {
+    match crate::spec_for(
+        &crate::PodView::annotations_only(annotations),
+        &config.profiles,
+    ) {
         Ok(Some((profile, spec))) => Decision::Meshed {
             profile,
             spec: Box::new(spec),

@@ -24,5 +24,5 @@ pub use engine::{
     check, protect, protect_with, unprotect, unprotect_all, unprotect_all_with, unprotect_with,
     ProtectError, ProtectOptions, Protection, Unprotected,
 };
-pub use profile::{spec_for, ProfileName};
+pub use profile::{spec_for, PodFacts, PodView, ProfileName};
 pub use spec::{RedirectSpec, SpecError};

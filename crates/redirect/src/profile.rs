@@ -28,6 +28,7 @@ use crate::spec::{
     SpecError, MAX_RULES_PER_LIST,
 };
 
+pub use interlock_contract::pod::PodFacts;
 pub use interlock_contract::profile::{ProfileName, UnknownProfile};
 
 /// Decides whether a pod is meshed and builds its spec.
@@ -38,10 +39,10 @@ pub use interlock_contract::profile::{ProfileName, UnknownProfile};
 /// meshed and passes through. An error means the pod is meshed but its annotations cannot
 /// be turned into rules (or an opt-in/out annotation is unreadable): fail closed.
 pub fn spec_for(
-    annotations: &BTreeMap<String, String>,
+    pod: &PodView,
     enabled: &[ProfileName],
 ) -> Result<Option<(ProfileName, RedirectSpec)>, SpecError> {
-    let a = Annotations(annotations);
+    let a = Annotations(pod.annotations);
     for &profile in enabled {
         let spec = match profile {
             ProfileName::Istio => istio(&a)?,
@@ -55,6 +56,37 @@ pub fn spec_for(
         }
     }
     Ok(None)
+}
+
+/// What a profile reads from a pod: its annotations and, when known, the facts of its spec
+/// ([`PodFacts`], from the agent's pod cache; the runtime hands the plugin annotations only).
+#[derive(Debug, Clone, Copy)]
+pub struct PodView<'a> {
+    /// Every annotation of the pod.
+    pub annotations: &'a BTreeMap<String, String>,
+    /// The spec facts the profiles read, when a source that has the spec answered.
+    pub facts: Option<&'a PodFacts>,
+}
+
+impl<'a> PodView<'a> {
+    /// A pod known by its annotations alone.
+    pub fn annotations_only(annotations: &'a BTreeMap<String, String>) -> PodView<'a> {
+        PodView {
+            annotations,
+            facts: None,
+        }
+    }
+
+    /// A pod known by its annotations and its spec facts.
+    pub fn with_facts(
+        annotations: &'a BTreeMap<String, String>,
+        facts: &'a PodFacts,
+    ) -> PodView<'a> {
+        PodView {
+            annotations,
+            facts: Some(facts),
+        }
+    }
 }
 
 struct Annotations<'a>(&'a BTreeMap<String, String>);
@@ -527,7 +559,7 @@ mod tests {
     fn decide_all(
         pairs: &[(&str, &str)],
     ) -> Result<Option<(ProfileName, RedirectSpec)>, SpecError> {
-        spec_for(&ann(pairs), &ProfileName::ALL)
+        spec_for(&PodView::annotations_only(&ann(pairs)), &ProfileName::ALL)
     }
 
     fn spec(pairs: &[(&str, &str)]) -> RedirectSpec {
@@ -640,7 +672,7 @@ mod tests {
         );
         assert_eq!(
             spec_for(
-                &ann(&[ISTIO]),
+                &PodView::annotations_only(&ann(&[ISTIO])),
                 &[ProfileName::Linkerd, ProfileName::Generic]
             )
             .unwrap(),
@@ -969,20 +1001,32 @@ mod tests {
     fn priority_follows_enabled_order() {
         let both = ann(&[ISTIO, GENERIC]);
         assert_eq!(
-            spec_for(&both, &ProfileName::ALL).unwrap().unwrap().0,
-            ProfileName::Istio
-        );
-        assert_eq!(
-            spec_for(&both, &[ProfileName::Generic, ProfileName::Istio])
+            spec_for(&PodView::annotations_only(&both), &ProfileName::ALL)
                 .unwrap()
                 .unwrap()
                 .0,
+            ProfileName::Istio
+        );
+        assert_eq!(
+            spec_for(
+                &PodView::annotations_only(&both),
+                &[ProfileName::Generic, ProfileName::Istio]
+            )
+            .unwrap()
+            .unwrap()
+            .0,
             ProfileName::Generic
         );
-        assert_eq!(spec_for(&both, &[]).unwrap(), None);
+        assert_eq!(
+            spec_for(&PodView::annotations_only(&both), &[]).unwrap(),
+            None
+        );
         // A profile that is not enabled does not even parse its annotations.
         let bad = ann(&[GENERIC, ("interlock.dev/outbound-port", "x")]);
-        assert_eq!(spec_for(&bad, &[ProfileName::Istio]).unwrap(), None);
+        assert_eq!(
+            spec_for(&PodView::annotations_only(&bad), &[ProfileName::Istio]).unwrap(),
+            None
+        );
     }
 
     #[test]

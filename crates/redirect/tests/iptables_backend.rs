@@ -20,7 +20,13 @@ fn istio_spec() -> RedirectSpec {
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    spec_for(&ann, &ProfileName::ALL).unwrap().unwrap().1
+    spec_for(
+        &interlock_redirect::PodView::annotations_only(&ann),
+        &ProfileName::ALL,
+    )
+    .unwrap()
+    .unwrap()
+    .1
 }
 
 fn save(ns: &Netns, flavour: Flavour, family: Family) -> String {

@@ -84,7 +84,13 @@ fn probe_refuses_macvlan_egress_and_accepts_veth() {
 
     let ann: BTreeMap<String, String> =
         [("sidecar.istio.io/status".to_string(), "{}".to_string())].into();
-    let mut spec = spec_for(&ann, &ProfileName::ALL).unwrap().unwrap().1;
+    let mut spec = spec_for(
+        &interlock_redirect::PodView::annotations_only(&ann),
+        &ProfileName::ALL,
+    )
+    .unwrap()
+    .unwrap()
+    .1;
     spec.ipv6 = false;
 
     // Through the macvlan: refused before any packet, fail closed, rules removed again.

@@ -21,7 +21,10 @@ const PROXY_UID: u32 = 1337;
 
 fn istio_spec() -> RedirectSpec {
     let mut spec = interlock_redirect::spec_for(
-        &annotations(&[("sidecar.istio.io/status", "{}")]),
+        &interlock_redirect::PodView::annotations_only(&annotations(&[(
+            "sidecar.istio.io/status",
+            "{}",
+        )])),
         &ProfileName::ALL,
     )
     .unwrap()

@@ -71,10 +71,13 @@ const GENERIC: Mesh = Mesh {
 };
 
 fn spec_for(pairs: &[(&str, &str)]) -> RedirectSpec {
-    interlock_redirect::spec_for(&annotations(pairs), &ProfileName::ALL)
-        .unwrap()
-        .expect("meshed")
-        .1
+    interlock_redirect::spec_for(
+        &interlock_redirect::PodView::annotations_only(&annotations(pairs)),
+        &ProfileName::ALL,
+    )
+    .unwrap()
+    .expect("meshed")
+    .1
 }
 
 fn mesh_scenario(kind: BackendKind, mesh: &Mesh, v6: bool) {
@@ -319,13 +322,13 @@ fn garbage_annotation_applies_nothing() {
     require_root!();
     let topo = Topology::new();
     let err = interlock_redirect::spec_for(
-        &annotations(&[
+        &interlock_redirect::PodView::annotations_only(&annotations(&[
             ISTIO.annotations[0],
             (
                 "traffic.sidecar.istio.io/excludeInboundPorts",
                 "15020,70000",
             ),
-        ]),
+        ])),
         &ProfileName::ALL,
     )
     .unwrap_err();
