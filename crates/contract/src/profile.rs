@@ -13,15 +13,18 @@ pub enum ProfileName {
     Istio,
     /// Linkerd.
     Linkerd,
+    /// Consul (consul-k8s transparent proxy).
+    Consul,
     /// interlock's own `interlock.dev/*` annotations.
     Generic,
 }
 
 impl ProfileName {
     /// Every profile, in the default priority order.
-    pub const ALL: [ProfileName; 3] = [
+    pub const ALL: [ProfileName; 4] = [
         ProfileName::Istio,
         ProfileName::Linkerd,
+        ProfileName::Consul,
         ProfileName::Generic,
     ];
 
@@ -30,6 +33,7 @@ impl ProfileName {
         match self {
             ProfileName::Istio => "istio",
             ProfileName::Linkerd => "linkerd",
+            ProfileName::Consul => "consul",
             ProfileName::Generic => "generic",
         }
     }
@@ -49,7 +53,7 @@ impl std::fmt::Display for UnknownProfile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "unknown redirect profile {:?}: expected one of istio, linkerd, generic",
+            "unknown redirect profile {:?}: expected one of istio, linkerd, consul, generic",
             self.0
         )
     }
@@ -63,6 +67,7 @@ impl FromStr for ProfileName {
         match s {
             "istio" => Ok(ProfileName::Istio),
             "linkerd" => Ok(ProfileName::Linkerd),
+            "consul" => Ok(ProfileName::Consul),
             "generic" => Ok(ProfileName::Generic),
             other => Err(UnknownProfile(other.to_string())),
         }

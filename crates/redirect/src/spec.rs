@@ -2,35 +2,61 @@
 //!
 //! # Semantics (every backend implements exactly this)
 //!
-//! Only TCP is captured. For each enabled address family:
+//! TCP is captured, and UDP only for DNS. For each enabled address family, the first
+//! step that applies decides; "passes" means not redirected.
 //!
-//! **Inbound** (nat prerouting), a connection arriving at the pod is redirected to
-//! `inbound.proxy_port` unless, in this order:
+//! **Inbound** (nat prerouting: connections arriving from outside the pod), a TCP
+//! connection is redirected to `inbound.proxy_port` unless:
 //! 1. it arrives on an interface in `exclude_interfaces`;
 //! 2. its destination port is in `inbound.exclude_ports`;
-//! 3. `inbound.include_ports` is `Only(list)` and the destination port is not in `list`.
+//! 3. its source address is in `inbound.exclude_sources`;
+//! 4. `inbound.include_ports` is `Only(list)` and the destination port is not in `list`.
 //!
-//! **Outbound** (nat output), a connection a pod process opens is redirected to
-//! `outbound.proxy_port` unless, in this order:
-//! 1. it leaves through loopback (`lo`);
-//! 2. the socket's owner UID is `proxy_uid`, or its GID is `proxy_gid` (when set);
-//! 3. it leaves through an interface in `exclude_interfaces`;
-//! 4. its destination port is in `outbound.exclude_ports`;
-//! 5. its destination address is in `outbound.exclude_cidrs` (of this family);
-//! 6. `outbound.include_cidrs` is non-empty and the destination is in none of them (a
-//!    family with no include CIDR of its own then has no outbound capture at all);
-//! 7. `outbound.include_ports` is `Only(list)` and the destination port is not in `list`.
+//! **Outbound** (nat output: connections a pod process opens), in this order:
+//! 1. leaving through an interface in `exclude_interfaces`: passes;
+//! 2. DNS that `dns` captures without exempting the proxy (`proxyExempt: false`): to
+//!    `dns.port`;
+//! 3. destination port in `outbound.exclude_ports` (any protocol): passes;
+//! 4. with `loopback.passthroughSource`, leaving through `lo` from 127.0.0.6 or `::6`:
+//!    passes;
+//! 5. with `loopback.proxyToInbound`, a TCP connection of the proxy's UID leaving through
+//!    `lo` to a destination other than 127.0.0.1 / `::1`, to a port outside
+//!    `loopback.proxyToInbound.skipPorts` (and not 53 while `dns` is set): to
+//!    `inbound.proxy_port` — how a proxy reaches its own pod's services through its
+//!    inbound side;
+//! 6. with `loopback.appBypass`, leaving through `lo` from any UID but the proxy's (except
+//!    port 53 while `dns` is set): passes;
+//! 7. the proxy's UID: passes;
+//! 8. as 5, for the proxy's GID (skip ports without the DNS exception);
+//! 9. the proxy's GID, or a UID in `exempt_uids`: passes;
+//! 10. DNS that `dns` captures (`proxyExempt: true`): to `dns.port`;
+//! 11. without `loopback.appBypass`, destination 127.0.0.1 or `::1`: passes;
+//! 12. anything but TCP: passes;
+//! 13. destination in `outbound.exclude_cidrs` (of this family): passes;
+//! 14. destination port in `outbound.any_destination_ports`: to `outbound.proxy_port`;
+//! 15. destination in `outbound.include_cidrs` (every destination when that list is
+//!     empty; none of a family without a network of its own there) and port selected by
+//!     `outbound.include_ports`: to `outbound.proxy_port`;
+//! 16. anything else passes.
 //!
-//! Exclusions always win over inclusions. Port lists may be long (ranges in annotations
-//! are expanded); backends should compress them with [`port_runs`].
+//! DNS captured means UDP or TCP to port 53 at a destination `dns.to` names. The
+//! defaults of the loopback settings (`appBypass` only) make everything through `lo`
+//! pass. [`RedirectSpec::outbound`] and [`RedirectSpec::inbound`] are these semantics as
+//! pure functions; the backends' rules are held to them by tests, and the profiles to
+//! the meshes' own rules by the differential tests.
+//!
+//! Port lists may be long (ranges in annotations are expanded); backends compress them
+//! with [`port_runs`].
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ops::RangeInclusive;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use interlock_contract::profile::ProfileName;
 
 /// The most rules one list of a spec may need (port runs, networks): far within what the
 /// kernel accepts in one transaction even with every list at the limit, and far above
@@ -38,6 +64,10 @@ use sha2::{Digest, Sha256};
 pub const MAX_RULES_PER_LIST: usize = 1024;
 
 /// Everything a backend needs to capture a pod's traffic to its proxy.
+///
+/// Fields added after the first release default to what that release did and are left
+/// out of the canonical JSON while they hold their default, so a spec that needs none of
+/// them hashes as it did (the per-attachment state records that hash).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RedirectSpec {
@@ -45,10 +75,22 @@ pub struct RedirectSpec {
     pub proxy_uid: u32,
     /// GID the proxy runs as; also exempt from outbound capture when set.
     pub proxy_gid: Option<u32>,
+    /// Further UIDs whose outbound traffic is never captured (Consul's init container).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exempt_uids: Vec<u32>,
     /// Inbound capture (traffic arriving at the pod).
     pub inbound: InboundCapture,
     /// Outbound capture (traffic the pod's processes originate).
     pub outbound: OutboundCapture,
+    /// What happens to traffic through the loopback interface.
+    #[serde(default, skip_serializing_if = "Loopback::is_default")]
+    pub loopback: Loopback,
+    /// DNS sent to the proxy's DNS port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<DnsCapture>,
+    /// Drop inbound packets conntrack finds invalid (Istio's `INVALID_DROP`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drop_invalid: bool,
     /// Interfaces whose traffic is never captured (besides loopback).
     pub exclude_interfaces: Vec<String>,
     /// Program IPv4 rules.
@@ -87,6 +129,9 @@ pub struct InboundCapture {
     pub include_ports: PortSelection,
     /// Ports never captured (the proxy's own admin/health ports belong here).
     pub exclude_ports: Vec<u16>,
+    /// Source networks whose connections are never captured (Linkerd's `skip-subnets`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude_sources: Vec<IpNet>,
 }
 
 /// Outbound capture settings.
@@ -95,7 +140,7 @@ pub struct InboundCapture {
 pub struct OutboundCapture {
     /// Port the proxy accepts redirected outbound connections on.
     pub proxy_port: u16,
-    /// Destination ports captured.
+    /// Destination ports captured (to the included networks).
     pub include_ports: PortSelection,
     /// Destination ports never captured.
     pub exclude_ports: Vec<u16>,
@@ -103,6 +148,145 @@ pub struct OutboundCapture {
     pub include_cidrs: Vec<IpNet>,
     /// Destination networks never captured.
     pub exclude_cidrs: Vec<IpNet>,
+    /// Destination ports captured to any destination that is not excluded, inside the
+    /// included networks or not (Istio's `includeOutboundPorts`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub any_destination_ports: Vec<u16>,
+}
+
+/// The source address Envoy binds for its inbound passthrough connections, per family.
+pub const PASSTHROUGH_SOURCE_V4: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 6);
+/// The IPv6 form of [`PASSTHROUGH_SOURCE_V4`], added to `lo` when it is used.
+pub const PASSTHROUGH_SOURCE_V6: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
+
+/// Traffic through the loopback interface (semantics steps 4–8 and 11).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Loopback {
+    /// Everything but the proxy's traffic through `lo` passes. Without it, traffic to
+    /// 127.0.0.1 and `::1` passes and the rest of `lo` is captured like any destination.
+    #[serde(default = "yes")]
+    pub app_bypass: bool,
+    /// The proxy's own connections to its pod through `lo` go to the inbound port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_to_inbound: Option<ProxyToInbound>,
+    /// Connections from 127.0.0.6 / `::6` through `lo` pass, and `::6` is on `lo`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub passthrough_source: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for Loopback {
+    fn default() -> Loopback {
+        Loopback {
+            app_bypass: true,
+            proxy_to_inbound: None,
+            passthrough_source: false,
+        }
+    }
+}
+
+impl Loopback {
+    /// Everything through `lo` passes (what interlock always did, and Linkerd does).
+    pub fn is_default(&self) -> bool {
+        *self == Loopback::default()
+    }
+}
+
+/// The proxy's connections to its own pod through `lo`, sent to the inbound port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyToInbound {
+    /// Destination ports left alone (Istio's HBONE port 15008).
+    pub skip_ports: Vec<u16>,
+}
+
+/// DNS sent to the proxy's DNS listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DnsCapture {
+    /// The port the proxy's DNS listener has on the loopback address.
+    pub port: u16,
+    /// Which queries: empty for DNS to any address, else only to these loopback
+    /// addresses (a family without one of its own has no DNS capture).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub only_to: Vec<IpAddr>,
+    /// The proxy's own queries (and those of `exempt_uids`) are left alone; without it
+    /// DNS is captured before any exemption.
+    pub proxy_exempt: bool,
+    /// The proxy's upstream queries and the applications' queries to the proxy are
+    /// tracked in separate conntrack zones (1 and 2), as Istio's raw-table rules do, so
+    /// that the two legs of one query never share a conntrack entry.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub conntrack_zones: bool,
+}
+
+impl DnsCapture {
+    /// True when a query to `dst` (port 53) is captured.
+    pub fn captures(&self, dst: IpAddr) -> bool {
+        self.only_to.is_empty() || self.only_to.contains(&dst)
+    }
+
+    /// The addresses of one family that `only_to` names.
+    pub fn only_to(&self, family: Family) -> Vec<IpAddr> {
+        self.only_to
+            .iter()
+            .copied()
+            .filter(|a| Family::of(a) == family)
+            .collect()
+    }
+
+    /// True when some query of `family` is captured.
+    pub fn covers(&self, family: Family) -> bool {
+        self.only_to.is_empty() || !self.only_to(family).is_empty()
+    }
+}
+
+/// The DNS port.
+pub const DNS_PORT: u16 = 53;
+
+/// A transport protocol the rules tell apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+/// A new outbound flow a pod process opens, as the rules see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutboundFlow<'a> {
+    /// Socket owner UID.
+    pub uid: u32,
+    /// Socket owner GID.
+    pub gid: u32,
+    /// Interface it leaves through (`lo` for a destination on the pod itself).
+    pub out_if: &'a str,
+    /// Source address (`None`: not bound, any but the passthrough source).
+    pub src: Option<IpAddr>,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// Transport.
+    pub transport: Transport,
+    /// Destination port.
+    pub port: u16,
+}
+
+/// Where the rules send a flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Landing {
+    /// Not redirected.
+    Passes,
+    /// To the outbound proxy port.
+    Outbound,
+    /// To the inbound proxy port.
+    Inbound,
+    /// To the proxy's DNS port.
+    Dns,
 }
 
 /// An IP address family.
@@ -164,6 +348,15 @@ pub enum SpecError {
         /// What is not supported and what to use instead.
         reason: String,
     },
+    /// The pod is this profile's, but its rules depend on the pod's spec (the mesh's own
+    /// plugin reads it), which only the agent's pod cache has.
+    #[error("pod spec needed: the {profile} profile takes {what} from the pod's spec, which the runtime does not pass to a CNI plugin; only the interlock agent (agentSocket) can tell them")]
+    PodSpecNeeded {
+        /// The profile that claims the pod.
+        profile: ProfileName,
+        /// What it reads from the spec.
+        what: String,
+    },
     /// A field of the spec itself is invalid (spec built in code or read from state).
     #[error("redirect spec field {field} is invalid: {reason}")]
     Field {
@@ -187,43 +380,47 @@ impl RedirectSpec {
         out
     }
 
-    /// Why no outbound connection of `family` is captured, whatever its interface, or
-    /// `None` when some destination and port are (the probe then has something to prove).
-    /// Covers the family not being programmed, every port excluded (or an empty include
-    /// list), and the excluded networks covering every destination (or every included
-    /// network), e.g. `excludeOutboundIPRanges: 0.0.0.0/0`.
+    /// Why no outbound TCP connection of `family` to a destination off the pod is
+    /// captured, whatever its interface, or `None` when some destination and port are
+    /// (the probe then has something to prove). Covers the family not being programmed,
+    /// every port excluded (or an empty include list), and the excluded networks
+    /// covering every destination (or every included network), e.g.
+    /// `excludeOutboundIPRanges: 0.0.0.0/0`.
     pub fn outbound_capture_gap(&self, family: Family) -> Option<String> {
         if !self.families().contains(&family) {
             return Some(format!("the spec does not program {family}"));
         }
         let excluded_ports: BTreeSet<u16> = self.outbound.exclude_ports.iter().copied().collect();
-        let any_port = match &self.outbound.include_ports {
-            PortSelection::All => (1..=u16::MAX).any(|p| !excluded_ports.contains(&p)),
-            PortSelection::Only(list) => list.iter().any(|p| !excluded_ports.contains(p)),
-        };
+        let open = |p: &u16| !excluded_ports.contains(p);
+        let any_destination_port = self.outbound.any_destination_ports.iter().any(open);
+        let any_port = any_destination_port
+            || match &self.outbound.include_ports {
+                PortSelection::All => (1..=u16::MAX).any(|p| open(&p)),
+                PortSelection::Only(list) => list.iter().any(open),
+            };
         if !any_port {
             return Some("every outbound port is excluded".to_string());
         }
         let excluded = IpNet::aggregate(&self.exclude_cidrs(family));
         let covered = |net: &IpNet| excluded.iter().any(|x| x.contains(net));
-        if self.outbound.include_cidrs.is_empty() {
-            let all = match family {
-                Family::V4 => IpNet::from(ipnet::Ipv4Net::default()),
-                Family::V6 => IpNet::from(ipnet::Ipv6Net::default()),
-            };
-            if covered(&all) {
-                return Some(format!("every {family} destination is excluded ({all} is)"));
-            }
-        } else {
-            let include = self.include_cidrs(family);
-            if include.is_empty() {
-                return Some(format!(
-                    "the outbound include list has no {family} network, so no {family} destination is captured"
-                ));
-            }
-            if include.iter().all(covered) {
-                return Some(format!("every included {family} network is also excluded"));
-            }
+        let all = match family {
+            Family::V4 => IpNet::from(ipnet::Ipv4Net::default()),
+            Family::V6 => IpNet::from(ipnet::Ipv6Net::default()),
+        };
+        if covered(&all) {
+            return Some(format!("every {family} destination is excluded ({all} is)"));
+        }
+        if self.outbound.include_cidrs.is_empty() || any_destination_port {
+            return None;
+        }
+        let include = self.include_cidrs(family);
+        if include.is_empty() {
+            return Some(format!(
+                "the outbound include list has no {family} network, so no {family} destination is captured"
+            ));
+        }
+        if include.iter().all(covered) {
+            return Some(format!("every included {family} network is also excluded"));
         }
         None
     }
@@ -303,6 +500,36 @@ impl RedirectSpec {
         for name in &self.exclude_interfaces {
             validate_ifname(name).map_err(|reason| field("excludeInterfaces", reason))?;
         }
+        if self.exempt_uids.contains(&0) {
+            return Err(field(
+                "exemptUids",
+                "UID 0 would exempt every root process from capture",
+            ));
+        }
+        sized("exemptUids", self.exempt_uids.len())?;
+        sized(
+            "outbound.anyDestinationPorts",
+            port_runs(&self.outbound.any_destination_ports).len(),
+        )?;
+        no_zero(
+            "outbound.anyDestinationPorts",
+            &self.outbound.any_destination_ports,
+        )?;
+        sized("inbound.excludeSources", self.inbound.exclude_sources.len())?;
+        if let Some(p) = &self.loopback.proxy_to_inbound {
+            sized("loopback.proxyToInbound.skipPorts", p.skip_ports.len())?;
+        }
+        if let Some(dns) = &self.dns {
+            if dns.port == 0 {
+                return Err(field("dns.port", "port 0 is not a valid port"));
+            }
+            if let Some(a) = dns.only_to.iter().find(|a| !is_localhost(**a)) {
+                return Err(field(
+                    "dns.onlyTo",
+                    format!("{a} is not 127.0.0.1 or ::1: DNS is only ever sent to the proxy's listener on the loopback address"),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -325,6 +552,18 @@ impl RedirectSpec {
             sort_dedup(list);
         }
         sort_dedup(&mut s.exclude_interfaces);
+        sort_dedup(&mut s.exempt_uids);
+        sort_dedup(&mut s.outbound.any_destination_ports);
+        for net in s.inbound.exclude_sources.iter_mut() {
+            *net = net.trunc();
+        }
+        sort_dedup(&mut s.inbound.exclude_sources);
+        if let Some(p) = &mut s.loopback.proxy_to_inbound {
+            sort_dedup(&mut p.skip_ports);
+        }
+        if let Some(dns) = &mut s.dns {
+            sort_dedup(&mut dns.only_to);
+        }
         s
     }
 
@@ -373,9 +612,94 @@ impl RedirectSpec {
         cidrs_of(&self.outbound.exclude_cidrs, family)
     }
 
+    /// The exclude source networks of one family (inbound).
+    pub fn exclude_sources(&self, family: Family) -> Vec<IpNet> {
+        cidrs_of(&self.inbound.exclude_sources, family)
+    }
+
+    /// Where the rules send a new outbound flow: the outbound semantics of this module
+    /// as a pure function (the probe picks its targets with it; tests hold the backends
+    /// to it).
+    pub fn outbound(&self, f: &OutboundFlow) -> Landing {
+        let family = Family::of(&f.dst);
+        if !self.families().contains(&family) {
+            return Landing::Passes;
+        }
+        let lo = f.out_if == "lo";
+        let tcp = f.transport == Transport::Tcp;
+        let dns_query = |dns: &DnsCapture| f.port == DNS_PORT && dns.captures(f.dst);
+        let to_self = lo && !is_localhost(f.dst) && tcp;
+        let dns_port_spared = self.dns.is_some() && f.port == DNS_PORT;
+        if self.exclude_interfaces.iter().any(|i| i == f.out_if) {
+            return Landing::Passes;
+        }
+        if let Some(dns) = self.dns.as_ref().filter(|d| !d.proxy_exempt) {
+            if dns_query(dns) {
+                return Landing::Dns;
+            }
+        }
+        if self.outbound.exclude_ports.contains(&f.port) {
+            return Landing::Passes;
+        }
+        if self.loopback.passthrough_source && lo && f.src.is_some_and(is_passthrough_source) {
+            return Landing::Passes;
+        }
+        let hairpin = self.loopback.proxy_to_inbound.as_ref();
+        let proxy_uid = f.uid == self.proxy_uid;
+        if let Some(h) = hairpin {
+            if proxy_uid && to_self && !h.skip_ports.contains(&f.port) && !dns_port_spared {
+                return Landing::Inbound;
+            }
+        }
+        if self.loopback.app_bypass && lo && !proxy_uid && !dns_port_spared {
+            return Landing::Passes;
+        }
+        if proxy_uid {
+            return Landing::Passes;
+        }
+        let proxy_gid = self.proxy_gid == Some(f.gid);
+        if let Some(h) = hairpin {
+            if proxy_gid && to_self && !h.skip_ports.contains(&f.port) {
+                return Landing::Inbound;
+            }
+        }
+        if proxy_gid || self.exempt_uids.contains(&f.uid) {
+            return Landing::Passes;
+        }
+        if let Some(dns) = self.dns.as_ref().filter(|d| d.proxy_exempt) {
+            if dns_query(dns) {
+                return Landing::Dns;
+            }
+        }
+        if !self.loopback.app_bypass && is_localhost(f.dst) {
+            return Landing::Passes;
+        }
+        if !tcp
+            || self
+                .exclude_cidrs(family)
+                .iter()
+                .any(|n| n.contains(&f.dst))
+        {
+            return Landing::Passes;
+        }
+        if self.outbound.any_destination_ports.contains(&f.port) {
+            return Landing::Outbound;
+        }
+        let included = self.outbound.include_cidrs.is_empty()
+            || self
+                .include_cidrs(family)
+                .iter()
+                .any(|n| n.contains(&f.dst));
+        if included && self.outbound.include_ports.contains(f.port) {
+            Landing::Outbound
+        } else {
+            Landing::Passes
+        }
+    }
+
     /// Whether a TCP connection opened by a process with `uid`/`gid` to `dst:port`, leaving
-    /// through interface `out_if`, would be redirected to the outbound proxy port.
-    /// This is the outbound semantics above as a pure function (used by the probe and tests).
+    /// through interface `out_if` from an unbound source, would be redirected to the
+    /// outbound proxy port ([`RedirectSpec::outbound`]).
     pub fn captures_outbound(
         &self,
         uid: u32,
@@ -384,36 +708,57 @@ impl RedirectSpec {
         dst: IpAddr,
         port: u16,
     ) -> bool {
-        let family = Family::of(&dst);
-        if !self.families().contains(&family) || out_if == "lo" {
-            return false;
-        }
-        if uid == self.proxy_uid || self.proxy_gid == Some(gid) {
-            return false;
-        }
-        if self.exclude_interfaces.iter().any(|i| i == out_if) {
-            return false;
-        }
-        if self.outbound.exclude_ports.contains(&port) {
-            return false;
-        }
-        if self.exclude_cidrs(family).iter().any(|n| n.contains(&dst)) {
-            return false;
-        }
-        if !self.outbound.include_cidrs.is_empty()
-            && !self.include_cidrs(family).iter().any(|n| n.contains(&dst))
-        {
-            return false;
-        }
-        self.outbound.include_ports.contains(port)
+        self.outbound(&OutboundFlow {
+            uid,
+            gid,
+            out_if,
+            src: None,
+            dst,
+            transport: Transport::Tcp,
+            port,
+        }) == Landing::Outbound
     }
 
-    /// Whether a TCP connection arriving on `in_if` for destination port `port` would be
-    /// redirected to the inbound proxy port (the inbound semantics above).
+    /// Whether a TCP connection from `src`, arriving on `in_if` for destination port
+    /// `port`, would be redirected to the inbound proxy port (the inbound semantics).
+    pub fn inbound(&self, in_if: &str, src: IpAddr, port: u16) -> Landing {
+        let family = Family::of(&src);
+        let captured = self.families().contains(&family)
+            && !self.exclude_interfaces.iter().any(|i| i == in_if)
+            && !self.inbound.exclude_ports.contains(&port)
+            && !self
+                .exclude_sources(family)
+                .iter()
+                .any(|n| n.contains(&src))
+            && self.inbound.include_ports.contains(port);
+        if captured {
+            Landing::Inbound
+        } else {
+            Landing::Passes
+        }
+    }
+
+    /// [`RedirectSpec::inbound`] for a source outside every excluded network.
     pub fn captures_inbound(&self, in_if: &str, port: u16) -> bool {
         !self.exclude_interfaces.iter().any(|i| i == in_if)
             && !self.inbound.exclude_ports.contains(&port)
             && self.inbound.include_ports.contains(port)
+    }
+}
+
+/// 127.0.0.1 or `::1`: the address REDIRECT sends local traffic to.
+pub fn is_localhost(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a == Ipv4Addr::LOCALHOST,
+        IpAddr::V6(a) => a == Ipv6Addr::LOCALHOST,
+    }
+}
+
+/// 127.0.0.6 or `::6`.
+pub fn is_passthrough_source(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a == PASSTHROUGH_SOURCE_V4,
+        IpAddr::V6(a) => a == PASSTHROUGH_SOURCE_V6,
     }
 }
 
@@ -464,10 +809,12 @@ pub(crate) mod tests {
         RedirectSpec {
             proxy_uid: 1337,
             proxy_gid: Some(1337),
+            exempt_uids: vec![],
             inbound: InboundCapture {
                 proxy_port: 15006,
                 include_ports: PortSelection::All,
                 exclude_ports: vec![15090, 15020, 15021],
+                exclude_sources: vec![],
             },
             outbound: OutboundCapture {
                 proxy_port: 15001,
@@ -475,7 +822,11 @@ pub(crate) mod tests {
                 exclude_ports: vec![],
                 include_cidrs: vec![],
                 exclude_cidrs: vec![],
+                any_destination_ports: vec![],
             },
+            loopback: Loopback::default(),
+            dns: None,
+            drop_invalid: false,
             exclude_interfaces: vec![],
             ipv4: true,
             ipv6: true,

@@ -959,10 +959,12 @@ mod semantics {
                     (v4 || v6).then(|| RedirectSpec {
                         proxy_uid: uid,
                         proxy_gid: gid,
+                        exempt_uids: vec![],
                         inbound: InboundCapture {
                             proxy_port: 15006,
                             include_ports: ii,
                             exclude_ports: ie,
+                            exclude_sources: vec![],
                         },
                         outbound: OutboundCapture {
                             proxy_port: 15001,
@@ -970,7 +972,11 @@ mod semantics {
                             exclude_ports: oe,
                             include_cidrs: inc,
                             exclude_cidrs: exc,
+                            any_destination_ports: vec![],
                         },
+                        loopback: Default::default(),
+                        dns: None,
+                        drop_invalid: false,
                         exclude_interfaces: ifs.into_iter().map(String::from).collect(),
                         ipv4: v4,
                         ipv6: v6,
