@@ -141,6 +141,43 @@ impl PayloadBase {
     }
 }
 
+/// What a `ct` expression loads or sets (`enum nft_ct_keys`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CtKey {
+    /// The connection's state bits (`ct state`), 32 bits in host order.
+    State,
+    /// The conntrack zone (`ct zone`), 16 bits in host order.
+    Zone,
+    /// Any other key, by number.
+    Other(u32),
+}
+
+impl CtKey {
+    fn to_raw(self) -> u32 {
+        match self {
+            CtKey::State => 0,
+            CtKey::Zone => 17,
+            CtKey::Other(n) => n,
+        }
+    }
+
+    fn from_raw(n: u32) -> CtKey {
+        match n {
+            0 => CtKey::State,
+            17 => CtKey::Zone,
+            n => CtKey::Other(n),
+        }
+    }
+
+    fn name(self) -> String {
+        match self {
+            CtKey::State => "state".into(),
+            CtKey::Zone => "zone".into(),
+            CtKey::Other(n) => format!("key{n}"),
+        }
+    }
+}
+
 /// Comparison of a `cmp` expression (`enum nft_cmp_ops`); ordering compares bytes, so
 /// values must be big-endian for numeric order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -358,6 +395,15 @@ pub enum Expr {
         /// `NF_NAT_RANGE_*` flags.
         flags: u32,
     },
+    /// `ct load <key> => <dreg>` or, with a source register, `ct set <key> with <sreg>`.
+    Ct {
+        /// What to load or set.
+        key: CtKey,
+        /// Destination register (load).
+        dreg: Option<Register>,
+        /// Source register (set).
+        sreg: Option<Register>,
+    },
     /// `counter` (its packet and byte values are not part of the comparison).
     Counter,
     /// Any expression this crate does not model, kept raw so it still compares unequal.
@@ -380,6 +426,7 @@ impl Expr {
             Expr::Range { .. } => "range",
             Expr::Immediate { .. } => "immediate",
             Expr::Redir { .. } => "redir",
+            Expr::Ct { .. } => "ct",
             Expr::Counter => "counter",
             Expr::Other { name, .. } => name,
         }
@@ -459,6 +506,15 @@ impl Expr {
                     }
                     if *flags != 0 {
                         w.be32(NFTA_REDIR_FLAGS, *flags);
+                    }
+                }
+                Expr::Ct { key, dreg, sreg } => {
+                    w.be32(NFTA_CT_KEY, key.to_raw());
+                    if let Some(r) = dreg {
+                        w.be32(NFTA_CT_DREG, r.0);
+                    }
+                    if let Some(r) = sreg {
+                        w.be32(NFTA_CT_SREG, r.0);
                     }
                 }
                 Expr::Counter => {}
@@ -686,6 +742,21 @@ fn decode_known(name: &str, data: &[u8]) -> Result<Option<Expr>, NftError> {
                 flags,
             })
         }
+        "ct" => {
+            if !only(&[NFTA_CT_KEY, NFTA_CT_DREG, NFTA_CT_SREG]) {
+                return Ok(None);
+            }
+            let dreg = reg(NFTA_CT_DREG)?;
+            let sreg = reg(NFTA_CT_SREG)?;
+            match get(NFTA_CT_KEY) {
+                Some(k) if dreg.is_some() != sreg.is_some() => Some(Expr::Ct {
+                    key: CtKey::from_raw(k.be32()?),
+                    dreg,
+                    sreg,
+                }),
+                _ => None,
+            }
+        }
         "counter" => Some(Expr::Counter),
         _ => None,
     })
@@ -756,6 +827,15 @@ impl fmt::Display for Expr {
                     write!(f, " proto_max {r}")?;
                 }
                 write!(f, " flags 0x{flags:x} ]")
+            }
+            Expr::Ct {
+                key,
+                dreg: Some(dreg),
+                ..
+            } => write!(f, "[ ct load {} => {dreg} ]", key.name()),
+            Expr::Ct { key, sreg, .. } => {
+                let sreg = sreg.unwrap_or(Register::R1);
+                write!(f, "[ ct set {} with {sreg} ]", key.name())
             }
             Expr::Counter => f.write_str("[ counter ]"),
             Expr::Other { name, data } => write!(f, "[ {name} (unmodelled) 0x{} ]", hex(data)),

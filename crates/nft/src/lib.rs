@@ -27,6 +27,8 @@ pub use batch::{
     Ack, BaseChain, Batch, Chain, ChainType, Family, Hook, Policy, TableInfo, TABLE_F_DORMANT,
 };
 pub use error::NftError;
-pub use expr::{CmpOp, Expr, ImmediateData, MetaKey, PayloadBase, RangeOp, Register, Verdict};
+pub use expr::{
+    CmpOp, CtKey, Expr, ImmediateData, MetaKey, PayloadBase, RangeOp, Register, Verdict,
+};
 pub use rule::{Rule, IPPROTO_TCP, IPPROTO_UDP, NFPROTO_IPV4, NFPROTO_IPV6};
 pub use socket::{ChainInfo, Nft};

@@ -4,7 +4,9 @@
 
 use std::net::IpAddr;
 
-use crate::expr::{CmpOp, Expr, ImmediateData, MetaKey, PayloadBase, RangeOp, Register, Verdict};
+use crate::expr::{
+    CmpOp, CtKey, Expr, ImmediateData, MetaKey, PayloadBase, RangeOp, Register, Verdict,
+};
 use crate::sys::NF_NAT_RANGE_PROTO_SPECIFIED;
 
 /// Layer-4 protocol number of TCP.
@@ -21,6 +23,16 @@ pub const IFNAME_MAX: usize = 15;
 
 /// Userdata TLV type `nft` uses for a rule comment (`NFTNL_UDATA_RULE_COMMENT`).
 const UDATA_RULE_COMMENT: u8 = 0;
+
+/// The `invalid` bit of `ct state` (`NF_CT_STATE_INVALID_BIT`).
+const CT_STATE_INVALID: u32 = 1;
+
+/// Which address of the network header a match reads.
+#[derive(Clone, Copy)]
+enum Direction {
+    Source,
+    Destination,
+}
 
 /// A rule to add, or one read back from the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,9 +141,26 @@ impl Rule {
     /// Like `nft`: a byte-aligned prefix loads only the prefix bytes, any other prefix
     /// loads the whole address and masks it; prefix 0 matches the family only.
     pub fn daddr(self, addr: IpAddr, prefix: u8) -> Self {
-        let (nfproto, offset, bytes): (u8, u32, Vec<u8>) = match addr {
-            IpAddr::V4(a) => (NFPROTO_IPV4, 16, a.octets().to_vec()),
-            IpAddr::V6(a) => (NFPROTO_IPV6, 24, a.octets().to_vec()),
+        self.addr_match(Direction::Destination, addr, prefix, CmpOp::Eq)
+    }
+
+    /// `ip saddr <net>/<prefix>` or `ip6 saddr <net>/<prefix>` (as [`Rule::daddr`]).
+    pub fn saddr(self, addr: IpAddr, prefix: u8) -> Self {
+        self.addr_match(Direction::Source, addr, prefix, CmpOp::Eq)
+    }
+
+    /// `ip daddr != <addr>` or `ip6 daddr != <addr>` (one host).
+    pub fn daddr_not(self, addr: IpAddr) -> Self {
+        let full = if addr.is_ipv4() { 32 } else { 128 };
+        self.addr_match(Direction::Destination, addr, full, CmpOp::Neq)
+    }
+
+    fn addr_match(self, dir: Direction, addr: IpAddr, prefix: u8, op: CmpOp) -> Self {
+        let (nfproto, offset, bytes): (u8, u32, Vec<u8>) = match (addr, dir) {
+            (IpAddr::V4(a), Direction::Source) => (NFPROTO_IPV4, 12, a.octets().to_vec()),
+            (IpAddr::V4(a), Direction::Destination) => (NFPROTO_IPV4, 16, a.octets().to_vec()),
+            (IpAddr::V6(a), Direction::Source) => (NFPROTO_IPV6, 8, a.octets().to_vec()),
+            (IpAddr::V6(a), Direction::Destination) => (NFPROTO_IPV6, 24, a.octets().to_vec()),
         };
         let full = bytes.len() * 8;
         let prefix = (prefix as usize).min(full);
@@ -156,7 +185,7 @@ impl Rule {
             });
             rule.expr(Expr::Cmp {
                 sreg: Register::R1,
-                op: CmpOp::Eq,
+                op,
                 data: net[..n].to_vec(),
             })
         } else {
@@ -176,7 +205,7 @@ impl Rule {
                 });
             rule.expr(Expr::Cmp {
                 sreg: Register::R1,
-                op: CmpOp::Eq,
+                op,
                 data: net,
             })
         }
@@ -190,6 +219,71 @@ impl Rule {
             offset: 2,
             len: 2,
             dreg: Register::R1,
+        })
+    }
+
+    /// `th sport <port>` (after an `l4proto` match this reads as `udp sport <port>`).
+    pub fn sport(self, port: u16) -> Self {
+        self.expr(Expr::Payload {
+            base: PayloadBase::Transport,
+            offset: 0,
+            len: 2,
+            dreg: Register::R1,
+        })
+        .expr(Expr::Cmp {
+            sreg: Register::R1,
+            op: CmpOp::Eq,
+            data: port.to_be_bytes().to_vec(),
+        })
+    }
+
+    /// `th dport != <p1> th dport != <p2> …`: one load, one comparison per port (no set).
+    pub fn dport_not(self, ports: &[u16]) -> Self {
+        ports.iter().fold(self.load_dport(), |r, p| {
+            r.expr(Expr::Cmp {
+                sreg: Register::R1,
+                op: CmpOp::Neq,
+                data: p.to_be_bytes().to_vec(),
+            })
+        })
+    }
+
+    /// `meta skuid != <uid>`.
+    pub fn skuid_not(self, uid: u32) -> Self {
+        self.meta_cmp(MetaKey::SkUid, CmpOp::Neq, &uid.to_ne_bytes())
+    }
+
+    /// `ct state invalid`.
+    pub fn ct_state_invalid(self) -> Self {
+        self.expr(Expr::Ct {
+            key: CtKey::State,
+            dreg: Some(Register::R1),
+            sreg: None,
+        })
+        .expr(Expr::Bitwise {
+            sreg: Register::R1,
+            dreg: Register::R1,
+            len: 4,
+            mask: CT_STATE_INVALID.to_ne_bytes().to_vec(),
+            xor: vec![0; 4],
+        })
+        .expr(Expr::Cmp {
+            sreg: Register::R1,
+            op: CmpOp::Neq,
+            data: vec![0; 4],
+        })
+    }
+
+    /// `ct zone set <zone>`.
+    pub fn ct_zone_set(self, zone: u16) -> Self {
+        self.expr(Expr::Immediate {
+            dreg: Register::R1,
+            data: ImmediateData::Value(zone.to_ne_bytes().to_vec()),
+        })
+        .expr(Expr::Ct {
+            key: CtKey::Zone,
+            dreg: None,
+            sreg: Some(Register::R1),
         })
     }
 

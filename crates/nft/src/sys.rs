@@ -112,6 +112,12 @@ pub const NFTA_RANGE_TO_DATA: u16 = 4;
 pub const NFTA_IMMEDIATE_DREG: u16 = 1;
 pub const NFTA_IMMEDIATE_DATA: u16 = 2;
 
+// enum nft_ct_attributes and enum nft_ct_keys
+pub const NFTA_CT_DREG: u16 = 1;
+pub const NFTA_CT_KEY: u16 = 2;
+pub const NFTA_CT_DIRECTION: u16 = 3;
+pub const NFTA_CT_SREG: u16 = 4;
+
 // enum nft_redir_attributes
 pub const NFTA_REDIR_REG_PROTO_MIN: u16 = 1;
 pub const NFTA_REDIR_REG_PROTO_MAX: u16 = 2;

@@ -415,3 +415,88 @@ fn an_oversized_batch_says_so() {
     let tables = ns.exec_ok(&["nft", "list", "tables"]);
     assert!(!tables.contains(T), "{tables}");
 }
+
+/// The expressions the mesh profiles added (source matches, negations, DNS over UDP,
+/// conntrack zones and state) commit, list as `nft` writes them, and read back equal.
+#[test]
+fn source_negation_and_conntrack_expressions_round_trip() {
+    use interlock_nft::IPPROTO_UDP;
+    require_root!();
+    let ns = Netns::new("nftct").unwrap();
+    let chains = [
+        Chain::base("raw_out", ChainType::Filter, Hook::Output, -300),
+        Chain::base("mangle_pre", ChainType::Filter, Hook::Prerouting, -150),
+        Chain::base("output", ChainType::Nat, Hook::Output, -100),
+    ];
+    let rules = vec![
+        Rule::new("raw_out")
+            .tag("il:z:0")
+            .l4proto(IPPROTO_UDP)
+            .dport(53)
+            .skuid(1337)
+            .ct_zone_set(1),
+        Rule::new("raw_out")
+            .tag("il:z:1")
+            .l4proto(IPPROTO_UDP)
+            .sport(15053)
+            .ct_zone_set(2),
+        Rule::new("mangle_pre")
+            .tag("il:m:0")
+            .ct_state_invalid()
+            .verdict(Verdict::Drop),
+        Rule::new("output")
+            .tag("il:o:0")
+            .oifname("lo")
+            .saddr("127.0.0.6".parse().unwrap(), 32)
+            .verdict(Verdict::Return),
+        Rule::new("output")
+            .tag("il:o:1")
+            .oifname("lo")
+            .daddr_not("::1".parse().unwrap())
+            .l4proto(IPPROTO_TCP)
+            .dport_not(&[53, 15008])
+            .skuid(1337)
+            .redirect_to_port(15006),
+        Rule::new("output")
+            .tag("il:o:2")
+            .oifname("lo")
+            .skuid_not(1337)
+            .verdict(Verdict::Return),
+        Rule::new("output")
+            .tag("il:o:3")
+            .saddr("fd99::".parse().unwrap(), 16)
+            .verdict(Verdict::Return),
+    ];
+    let mut b = Batch::new();
+    b.add_table(Family::Inet, T);
+    for c in &chains {
+        b.add_chain(Family::Inet, T, c);
+    }
+    for r in &rules {
+        b.add_rule(Family::Inet, T, r);
+    }
+    let back = ns.run(|| {
+        let mut nft = Nft::open().unwrap();
+        nft.commit(&b).unwrap();
+        nft.rules(Family::Inet, T, None).unwrap()
+    });
+    for w in &rules {
+        let g = back
+            .iter()
+            .find(|g| g.tag_str() == w.tag_str())
+            .unwrap_or_else(|| panic!("{w} not read back"));
+        assert_eq!(g.exprs, w.exprs, "\nread back: {g}\nexpected: {w}");
+    }
+    let listed = ns.exec_ok(&["nft", "list", "table", "inet", T]);
+    for line in [
+        "udp dport 53 meta skuid 1337 ct zone set 1 comment \"il:z:0\"",
+        "udp sport 15053 ct zone set 2 comment \"il:z:1\"",
+        "ct state invalid drop comment \"il:m:0\"",
+        "oifname \"lo\" ip saddr 127.0.0.6 return comment \"il:o:0\"",
+        "oifname \"lo\" ip6 daddr != ::1 tcp dport != 53 tcp dport != 15008 meta skuid 1337 redirect to :15006 comment \"il:o:1\"",
+        "oifname \"lo\" meta skuid != 1337 return comment \"il:o:2\"",
+        "ip6 saddr fd99::/16 return comment \"il:o:3\"",
+    ] {
+        assert!(listed.contains(line), "missing {line:?} in:\n{listed}");
+    }
+}

@@ -12,6 +12,8 @@ use crate::spec::{RedirectSpec, SpecError};
 
 pub mod iptables;
 pub mod nftables;
+#[cfg(test)]
+pub(crate) mod semantics_testing;
 
 pub use interlock_contract::config::{BackendKind, UnknownBackend};
 
