@@ -67,7 +67,9 @@ pub fn judge(decision: &Decision, rules: Option<&RulesSeen>) -> Verdict {
         Decision::Skip { reason } | Decision::NotMeshed { reason } => Verdict::NotMeshed {
             reason: reason.clone(),
         },
-        Decision::Undecided { reason } | Decision::Invalid { reason } => Verdict::Unknown {
+        Decision::Undecided { reason }
+        | Decision::Invalid { reason }
+        | Decision::NeedsPodSpec { reason, .. } => Verdict::Unknown {
             reason: reason.clone(),
         },
         Decision::Meshed { profile, .. } => match rules {
@@ -426,8 +428,14 @@ mod tests {
 
     fn meshed() -> Decision {
         let mut a = BTreeMap::new();
-        a.insert("sidecar.istio.io/status".to_string(), "{}".to_string());
-        interlock_redirect::decision::decide(&PluginConfig::default(), "shop", "shop/web", Some(&a))
+        a.insert("interlock.dev/redirect".to_string(), "enabled".to_string());
+        interlock_redirect::decision::decide(
+            &PluginConfig::default(),
+            "shop",
+            "shop/web",
+            Some(&a),
+            None,
+        )
     }
 
     #[test]
@@ -447,7 +455,7 @@ mod tests {
             unreachable!()
         };
         assert!(
-            reason.contains("istio") && reason.contains("table inet interlock missing"),
+            reason.contains("generic") && reason.contains("table inet interlock missing"),
             "{reason}"
         );
         assert_eq!(
@@ -460,12 +468,14 @@ mod tests {
             "shop",
             "shop/web",
             Some(&BTreeMap::new()),
+            None,
         );
         assert_eq!(judge(&plain, None).label(), "not_meshed");
         let unknown = interlock_redirect::decision::decide(
             &PluginConfig::default(),
             "shop",
             "shop/web",
+            None,
             None,
         );
         assert_eq!(judge(&unknown, None).label(), "unknown");

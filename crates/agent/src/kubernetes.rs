@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use interlock_contract::agent_socket::{PodRef, Response, PROTOCOL_VERSION};
 use interlock_contract::names::{CONDITION_READY, EVENTS_REPORTER, LABEL_UNPROTECTED};
+use interlock_contract::pod::{ContainerFacts, PodFacts};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, ObjectReference, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, Preconditions};
@@ -582,20 +583,24 @@ impl PodCache {
         self.store.get(&ObjectRef::new(name).within(namespace))
     }
 
-    /// The current annotations of `namespace/name` with that `uid` (when given).
+    /// The current annotations of `namespace/name` with that `uid` (when given), and
+    /// the facts of its spec the profiles read.
     pub fn annotations(
         &self,
         namespace: &str,
         name: &str,
         uid: Option<&str>,
-    ) -> Option<BTreeMap<String, String>> {
+    ) -> Option<(BTreeMap<String, String>, PodFacts)> {
         let pod = self.get(namespace, name)?;
         if let (Some(want), Some(have)) = (uid, pod.metadata.uid.as_deref()) {
             if !want.is_empty() && want != have {
                 return None;
             }
         }
-        Some(pod.metadata.annotations.clone().unwrap_or_default())
+        Some((
+            pod.metadata.annotations.clone().unwrap_or_default(),
+            pod_facts(&pod),
+        ))
     }
 
     /// The agent socket's answer about `pod` from this cache.
@@ -612,6 +617,7 @@ impl PodCache {
                     v: PROTOCOL_VERSION,
                     uid: p.metadata.uid.clone(),
                     annotations: p.metadata.annotations.clone().unwrap_or_default(),
+                    facts: Some(pod_facts(&p)),
                 }
             }
             // A pod is bound to this node before its sandbox is created, so a synced cache
@@ -621,6 +627,53 @@ impl PodCache {
             },
         }
     }
+}
+
+/// The facts of `pod`'s spec the mesh profiles read
+/// ([`interlock_contract::pod`]): every container's name, and for the proxy containers
+/// their own `runAsUser`/`runAsGroup`, the literal values of the variables profiles read,
+/// and their first arguments; the labels profiles read.
+pub fn pod_facts(pod: &Pod) -> PodFacts {
+    use interlock_contract::pod::{POD_LABELS, PROXY_ARGS, PROXY_ENV};
+    let labels = pod
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(k, _)| POD_LABELS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let Some(spec) = &pod.spec else {
+        return PodFacts {
+            labels,
+            containers: Vec::new(),
+        };
+    };
+    let of = |c: &k8s_openapi::api::core::v1::Container, init: bool| {
+        let mut f = ContainerFacts::named(c.name.clone(), init);
+        if f.is_proxy() {
+            let sc = c.security_context.as_ref();
+            f.run_as_user = sc.and_then(|s| s.run_as_user);
+            f.run_as_group = sc.and_then(|s| s.run_as_group);
+            f.env = c
+                .env
+                .iter()
+                .flatten()
+                .filter(|e| PROXY_ENV.contains(&e.name.as_str()))
+                .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), v)))
+                .collect();
+            f.args = c.args.iter().flatten().take(PROXY_ARGS).cloned().collect();
+        }
+        f
+    };
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| of(c, true))
+        .chain(spec.containers.iter().map(|c| of(c, false)))
+        .collect();
+    PodFacts { labels, containers }
 }
 
 fn uid_matches(want: Option<&str>, have: Option<&str>) -> bool {

@@ -186,9 +186,15 @@ pub fn plugin_entry(state_dir: &Path) -> Map<String, Value> {
         interlock_contract::POD_ANNOTATIONS_CAPABILITY.into(),
         Value::Bool(true),
     );
+    // The agent serves its socket in the state dir; Istio's and Linkerd's pods need it
+    // (their spec's facts come from the agent).
     let v = serde_json::json!({
         "type": plan::PLUGIN_TYPE,
         "stateDir": state_dir.display().to_string(),
+        "agentSocket": state_dir
+            .join(interlock_contract::layout::AGENT_SOCKET_FILE)
+            .display()
+            .to_string(),
         "capabilities": caps,
     });
     match v {

@@ -244,14 +244,21 @@ impl Auditor {
             c.pods
                 .annotations(&meta.namespace, &meta.name, Some(&meta.uid))
         });
-        let annotations = current.unwrap_or_else(|| status.annotations.clone());
+        let (annotations, facts) = match current {
+            Some((a, f)) => (a, Some(f)),
+            None => (status.annotations.clone(), None),
+        };
+        // Without the pod's spec (no Kubernetes API), a profile that reads it is judged
+        // by the spec the plugin recorded when it installed the rules.
         let decision = interlock_redirect::decision::decide_sandbox(
             &self.plugin,
             &meta.namespace,
             &meta.name,
             status.host_network,
             &annotations,
-        );
+            facts.as_ref(),
+        )
+        .or_recorded(|| recorded_spec(&self.plugin.state_dir, status.netns_path()?));
         let (verdict, netns_id) = match (&decision, status.netns_path()) {
             (Decision::Meshed { spec, .. }, Some(path)) => {
                 let spec = spec.as_installed();
@@ -632,6 +639,14 @@ pub fn read_record(state_dir: &Path, id: NetnsId) -> Option<NetnsRecord> {
     serde_json::from_slice(&bytes).ok()
 }
 
+/// The spec the plugin recorded for the netns at `netns` when it installed its rules
+/// (blocking: opens the netns file for its identity).
+pub fn recorded_spec(state_dir: &Path, netns: &Path) -> Option<RedirectSpec> {
+    let id = PodNetns::open(netns).ok()?.id();
+    let record = read_record(state_dir, id)?;
+    serde_json::from_str(&record.spec).ok()
+}
+
 /// Reads one netns's rules back against `spec` (blocking: enters the netns on a
 /// dedicated thread) with the backend the plugin recorded for it, else `backend`, and
 /// cross-checks the plugin's record for sandbox `sandbox`.
@@ -737,6 +752,7 @@ fn repair_in_place(
             name: meta.name.clone(),
             uid: meta.uid.clone(),
             annotations: None,
+            facts: None,
         },
         annotations_source: Source::Agent,
         decision: decision.clone(),

@@ -111,6 +111,8 @@ pub fn from_sandboxes(pod: &PodRef, sandboxes: &[interlock_cri::SandboxSummary])
             v: PROTOCOL_VERSION,
             uid: Some(s.metadata.uid.clone()).filter(|u| !u.is_empty()),
             annotations: s.annotations.clone(),
+            // The runtime keeps the pod's annotations, never its spec.
+            facts: None,
         },
         None => Response::Undecided {
             v: PROTOCOL_VERSION,
@@ -263,6 +265,7 @@ mod tests {
                     v: PROTOCOL_VERSION,
                     uid: Some("u1".into()),
                     annotations,
+                    facts: None,
                 }
             } else {
                 Response::NotFound {

@@ -156,6 +156,7 @@ mod tests {
                 name: "p".into(),
                 uid: String::new(),
                 annotations: None,
+                facts: None,
             },
             annotations_source: crate::identity::Source::Agent,
             decision: interlock_redirect::decision::Decision::NotMeshed { reason: "t".into() },

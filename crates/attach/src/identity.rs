@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use interlock_contract::config::POD_ANNOTATIONS_CAPABILITY;
+use interlock_contract::pod::PodFacts;
 
 /// Who the pod is, as far as the runtime told us.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -25,6 +26,10 @@ pub struct PodIdentity {
     /// declared or runtime without support), so they are unknown; `Some(empty)`: the
     /// pod has none (containerd sends `null`).
     pub annotations: Option<BTreeMap<String, String>>,
+    /// The facts of the pod's spec the profiles read, when the agent told them (the
+    /// runtime never passes the spec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facts: Option<PodFacts>,
 }
 
 /// A decision input that cannot be read.

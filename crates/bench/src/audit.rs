@@ -82,8 +82,14 @@ pub fn run(a: AuditArgs) -> anyhow::Result<()> {
     let plugin = PluginConfig::from_map(entry.as_object().expect("object"))
         .map_err(|e| anyhow::anyhow!("plugin config: {e}"))?;
     let annotations = [("sidecar.istio.io/status".to_string(), "{}".to_string())].into();
-    let decision =
-        interlock_redirect::decision::decide(&plugin, "bench", "bench/pod", Some(&annotations));
+    let facts = interlock_testkit::pods::istio_sidecar();
+    let decision = interlock_redirect::decision::decide(
+        &plugin,
+        "bench",
+        "bench/pod",
+        Some(&annotations),
+        Some(&facts),
+    );
     let Decision::Meshed { spec, .. } = &decision else {
         bail!("the benchmark's pods are not meshed: {decision:?}");
     };

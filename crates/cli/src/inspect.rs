@@ -342,12 +342,20 @@ fn inspect_at(
             (Some(decision_of(plugin, &f.status)), "pod annotations")
         }
         (None, Some(a)) => (
-            Some(interlock_redirect::decision::decide(
-                plugin,
-                "",
-                &path.display().to_string(),
-                Some(a),
-            )),
+            Some(
+                interlock_redirect::decision::decide(
+                    plugin,
+                    "",
+                    &path.display().to_string(),
+                    Some(a),
+                    None,
+                )
+                .or_recorded(|| {
+                    r.record
+                        .as_ref()
+                        .and_then(|rec| serde_json::from_str::<RedirectSpec>(&rec.spec).ok())
+                }),
+            ),
             "--annotation flags",
         ),
         (None, None) => (None, "the plugin's record"),

@@ -156,6 +156,21 @@ fn read_small(p: &Path) -> std::io::Result<String> {
     Ok(text)
 }
 
+/// The facts of a pod that runs `profile`'s proxy with its mesh's defaults.
+fn running_proxy(profile: interlock_redirect::ProfileName) -> interlock_redirect::PodFacts {
+    use interlock_contract::pod::ContainerFacts;
+    use interlock_redirect::ProfileName;
+    let proxy = match profile {
+        ProfileName::Istio => "istio-proxy",
+        ProfileName::Linkerd => "linkerd-proxy",
+        ProfileName::Consul | ProfileName::Generic => "",
+    };
+    interlock_redirect::PodFacts {
+        labels: Default::default(),
+        containers: vec![ContainerFacts::named(proxy, false)],
+    }
+}
+
 /// Runs `interlock validate` in the calling process's network namespace (the pod's).
 pub fn run(a: ValidateArgs) -> anyhow::Result<std::process::ExitCode> {
     let (code, line) = validate(&a);
@@ -184,17 +199,30 @@ fn validate(a: &ValidateArgs) -> (u8, String) {
         Ok(x) => x,
         Err(e) => return (COULD_NOT_VALIDATE, format!("COULD NOT VALIDATE: {e}")),
     };
-    let spec = match interlock_redirect::decision::decide(
-        &plugin,
-        &a.namespace,
-        "this pod",
-        Some(&annotations),
-    ) {
+    let decide = |facts| {
+        interlock_redirect::decision::decide(
+            &plugin,
+            &a.namespace,
+            "this pod",
+            Some(&annotations),
+            facts,
+        )
+    };
+    // Run inside the pod, the check cannot read its spec. What the profile takes from it
+    // (the proxy's UID and GID, DNS) does not enter the proof, which connects as this
+    // container's own UID: the pod is taken to run its mesh's proxy.
+    let decision = match decide(None) {
+        Decision::NeedsPodSpec { profile, .. } => decide(Some(&running_proxy(profile))),
+        other => other,
+    };
+    let spec = match decision {
         Decision::Meshed { spec, .. } => *spec,
         Decision::NotMeshed { reason } | Decision::Skip { reason } => {
             return (0, format!("not meshed ({reason}): nothing to validate"))
         }
-        Decision::Undecided { reason } | Decision::Invalid { reason } => {
+        Decision::Undecided { reason }
+        | Decision::Invalid { reason }
+        | Decision::NeedsPodSpec { reason, .. } => {
             return (COULD_NOT_VALIDATE, format!("COULD NOT VALIDATE: {reason}"))
         }
     };

@@ -26,10 +26,17 @@ async fn kube_client(api: &KubeApi, dir: &std::path::Path) -> kube::Client {
     kube::Client::try_from(config).unwrap()
 }
 
+/// A pod on `node`; one Istio's injector marked (`sidecar.istio.io/status`) has the
+/// `istio-proxy` container it adds, whose spec the agent passes on to the plugin.
 fn pod(name: &str, node: &str, annotations: serde_json::Value) -> serde_json::Value {
+    let mut containers = vec![json!({"name": "c", "image": "i"})];
+    if annotations.get("sidecar.istio.io/status").is_some() {
+        containers.push(json!({"name": "istio-proxy", "image": "proxyv2",
+            "args": ["proxy", "sidecar"], "securityContext": {"runAsUser": 1337}}));
+    }
     json!({"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "namespace": "shop", "annotations": annotations},
-           "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+           "spec": {"nodeName": node, "containers": containers},
            "status": {"phase": "Running"}})
 }
 
@@ -77,6 +84,7 @@ async fn the_plugins_lookup_is_answered_from_the_pod_cache() {
                 name: name.into(),
                 uid: uid.into(),
                 annotations: None,
+                facts: None,
             };
             decide_with_lookup(&config, &mut p)
         };

@@ -102,10 +102,17 @@ fn state_of(state: &Path, sandbox: &str) -> Option<Value> {
         .map(|b| serde_json::from_slice(&b).unwrap())
 }
 
+/// A pod on `node`; one Istio's injector marked (`sidecar.istio.io/status`) has the
+/// `istio-proxy` container it adds, whose spec the agent passes on to the plugin.
 fn pod(name: &str, node: &str, annotations: Value) -> Value {
+    let mut containers = vec![json!({"name": "c", "image": "i"})];
+    if annotations.get("sidecar.istio.io/status").is_some() {
+        containers.push(json!({"name": "istio-proxy", "image": "proxyv2",
+            "args": ["proxy", "sidecar"], "securityContext": {"runAsUser": 1337}}));
+    }
     json!({"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "namespace": "shop", "annotations": annotations},
-           "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+           "spec": {"nodeName": node, "containers": containers},
            "status": {"phase": "Running"}})
 }
 

@@ -19,8 +19,10 @@ use interlock_redirect::netns::in_netns;
 use interlock_testkit::containerd::Containerd;
 use interlock_testkit::require_root;
 
-const ISTIO: (&str, &str) = ("sidecar.istio.io/status", "{}");
-/// The Istio profile's proxy UID.
+/// A meshed pod's annotation (the `generic` profile's: decided without the pod's spec,
+/// as this agent runs without a Kubernetes API).
+const MESHED: (&str, &str) = interlock_testkit::node::MESHED_ANNOTATION;
+/// The generic profile's proxy UID.
 const PROXY_UID: u32 = 1337;
 
 /// Waits until containerd has loaded a CNI config.
@@ -53,7 +55,7 @@ async fn run_pod(
 ) -> Pod {
     let mut config = kit.pod(tag);
     if meshed {
-        config = config.annotation(ISTIO.0, ISTIO.1);
+        config = config.annotation(MESHED.0, MESHED.1);
     }
     let id = cri.run_sandbox(&config).await.unwrap();
     let status = cri.sandbox_status(&id, true).await.unwrap();
@@ -583,7 +585,7 @@ async fn the_plugins_add_note_gets_the_sandbox_audited_at_once() {
     );
     network_ready(&cri).await;
     let id = cri
-        .run_sandbox(&kit.pod("noted").annotation(ISTIO.0, ISTIO.1))
+        .run_sandbox(&kit.pod("noted").annotation(MESHED.0, MESHED.1))
         .await
         .unwrap();
     wait_until(
@@ -621,7 +623,7 @@ async fn api_scene(tag: &str, extra: &[(&str, &str)], policy: &str) -> ApiScene 
     let kit = kit_with_primary();
     let cri = kit.cri().await;
     network_ready(&cri).await;
-    let config = kit.pod(tag).annotation(ISTIO.0, ISTIO.1);
+    let config = kit.pod(tag).annotation(MESHED.0, MESHED.1);
     let (ns, name, uid) = (
         config.metadata.namespace.clone(),
         config.metadata.name.clone(),
@@ -631,7 +633,7 @@ async fn api_scene(tag: &str, extra: &[(&str, &str)], policy: &str) -> ApiScene 
     let api = interlock_testkit::kubeapi::KubeApi::start().unwrap();
     api.put_object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
     let mut annotations = serde_json::Map::new();
-    annotations.insert(ISTIO.0.into(), ISTIO.1.into());
+    annotations.insert(MESHED.0.into(), MESHED.1.into());
     for (k, v) in extra {
         annotations.insert(k.to_string(), v.to_string().into());
     }

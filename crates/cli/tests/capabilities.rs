@@ -131,7 +131,10 @@ async fn meshed_sandbox(
     cri: &CriClient,
     tag: &str,
 ) -> (String, std::path::PathBuf) {
-    let config = kit.pod(tag).annotation("sidecar.istio.io/status", "{}");
+    let config = kit.pod(tag).annotation(
+        interlock_testkit::node::MESHED_ANNOTATION.0,
+        interlock_testkit::node::MESHED_ANNOTATION.1,
+    );
     let id = cri.run_sandbox(&config).await.unwrap();
     let netns = cri
         .sandbox_status(&id, true)

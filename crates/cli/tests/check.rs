@@ -659,7 +659,10 @@ async fn check_lists_the_nodes_sandboxes_with_the_audits_verdicts() {
     }
     let mut meshed = Vec::new();
     for tag in ["mesh0", "mesh1"] {
-        let config = kit.pod(tag).annotation("sidecar.istio.io/status", "{}");
+        let config = kit.pod(tag).annotation(
+            interlock_testkit::node::MESHED_ANNOTATION.0,
+            interlock_testkit::node::MESHED_ANNOTATION.1,
+        );
         let pod = format!("{}/{}", config.metadata.namespace, config.metadata.name);
         meshed.push((cri.run_sandbox(&config).await.unwrap(), pod));
     }
@@ -710,7 +713,7 @@ async fn check_lists_the_nodes_sandboxes_with_the_audits_verdicts() {
     for (_, pod) in &meshed {
         let s = by_pod(&v, pod);
         assert_eq!(s["verdict"], "unprotected", "{s:#}");
-        assert!(s["reason"].as_str().unwrap().contains("istio"), "{s:#}");
+        assert!(s["reason"].as_str().unwrap().contains("generic"), "{s:#}");
         assert!(s["netns"].is_string(), "{s:#}");
     }
     assert_eq!(by_pod(&v, &plain_pod)["verdict"], "not-meshed");

@@ -66,7 +66,13 @@ fn inspect_netns_shows_spec_rules_and_difference() {
     let mut a = std::collections::BTreeMap::new();
     a.insert("sidecar.istio.io/status".to_string(), "{}".to_string());
     let interlock_redirect::decision::Decision::Meshed { spec, .. } =
-        interlock_redirect::decision::decide(&plugin, "", "test", Some(&a))
+        interlock_redirect::decision::decide(
+            &plugin,
+            "",
+            "test",
+            Some(&a),
+            Some(&interlock_testkit::pods::istio_sidecar()),
+        )
     else {
         panic!("not meshed")
     };

@@ -72,7 +72,7 @@ fn finish(node: Node) {
 fn the_kit_marks_meshed_pods_as_the_plugin_reads_them() {
     assert_eq!(
         MESHED_ANNOTATION.0,
-        interlock_redirect::profile::istio_keys::STATUS
+        interlock_redirect::profile::generic::keys::REDIRECT
     );
 }
 

@@ -92,7 +92,13 @@ fn validate_fails_the_pod_without_rules_and_proves_them_with() {
     let mut a = std::collections::BTreeMap::new();
     a.insert("sidecar.istio.io/status".to_string(), "{}".to_string());
     let interlock_redirect::decision::Decision::Meshed { spec, .. } =
-        interlock_redirect::decision::decide(&PluginConfig::default(), "", "t", Some(&a))
+        interlock_redirect::decision::decide(
+            &PluginConfig::default(),
+            "",
+            "t",
+            Some(&a),
+            Some(&interlock_testkit::pods::istio_sidecar()),
+        )
     else {
         panic!("not meshed")
     };

@@ -6,7 +6,8 @@
 //!
 //! - `pod`, the plugin's lookup when the runtime passed no annotations:
 //!   `{"v":1,"op":"pod","namespace":"default","name":"web-0","uid":"…"}`. Responses:
-//!   `{"v":1,"status":"found","uid":"…","annotations":{…}}`, `{"v":1,"status":"notFound"}`,
+//!   `{"v":1,"status":"found","uid":"…","annotations":{…},"facts":{…}}` (`facts`: the
+//!   pod spec's [`PodFacts`], when the agent has the spec), `{"v":1,"status":"notFound"}`,
 //!   or `{"v":1,"status":"undecided","reason":"…"}` when the agent cannot answer with
 //!   authority (for example its pod cache has not synced yet).
 //! - `added` ([`AddedNote`]), the plugin's note after a successful ADD of a meshed pod:
@@ -23,6 +24,8 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use crate::pod::PodFacts;
 
 /// Protocol version spoken by this build.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -103,6 +106,10 @@ pub enum Response {
         /// The annotations.
         #[serde(default)]
         annotations: BTreeMap<String, String>,
+        /// The facts of the pod's spec the profiles read, when the agent has the spec
+        /// (its Kubernetes pod cache; the runtime's copy has none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        facts: Option<PodFacts>,
     },
     /// The agent knows with authority that no such pod exists on this node.
     NotFound {

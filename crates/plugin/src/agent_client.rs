@@ -17,6 +17,7 @@ use std::time::Duration;
 
 pub use interlock_contract::agent_socket::PodRef;
 use interlock_contract::agent_socket::{Request, Response, PROTOCOL_VERSION};
+use interlock_contract::pod::PodFacts;
 
 /// A source's answer about one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +28,8 @@ pub enum PodLookup {
         uid: Option<String>,
         /// All of the pod's annotations.
         annotations: BTreeMap<String, String>,
+        /// The facts of its spec the profiles read, when the source has the spec.
+        facts: Option<PodFacts>,
     },
     /// The source is authoritative and has no such pod (or one with another UID).
     NotFound,
@@ -185,10 +188,17 @@ pub fn query(socket: &Path, pod: &PodRef, timeout: Duration) -> Result<PodLookup
         .map_err(|e| err(format!("bad answer {answer:?}: {e}")))?;
     match resp {
         Response::Found {
-            uid, annotations, ..
+            uid,
+            annotations,
+            facts,
+            ..
         } => {
             if match_uid(pod, uid.as_deref()) {
-                Ok(PodLookup::Found { uid, annotations })
+                Ok(PodLookup::Found {
+                    uid,
+                    annotations,
+                    facts,
+                })
             } else {
                 Ok(PodLookup::NotFound)
             }
@@ -244,6 +254,7 @@ mod tests {
                     v: 1,
                     uid: Some("u-1".into()),
                     annotations: [("sidecar.istio.io/status".to_string(), "{}".to_string())].into(),
+                    facts: None,
                 }
             } else if p.name == "gone" {
                 Response::NotFound { v: 1 }

@@ -1,7 +1,8 @@
 //! Is this pod meshed, and with which rules: [`decide`] (pure: configuration +
 //! [`PodIdentity`] in, [`Decision`] out, using the mesh profiles of `interlock_redirect`)
 //! and [`decide_with_lookup`] (the same, asking the agent first when the runtime passed
-//! no annotations). Acting on the decision is [`crate::protect`]'s.
+//! no annotations, or when the pod's profile reads its spec). Acting on the decision is
+//! [`crate::protect`]'s.
 
 use crate::identity::PodIdentity;
 use crate::lookup::{self, Resolved, Source};
@@ -30,6 +31,7 @@ pub fn decide(config: &PluginConfig, pod: &PodIdentity) -> Decision {
         &pod.namespace,
         &pod.display_name(),
         pod.annotations.as_ref(),
+        pod.facts.as_ref(),
     )
 }
 
@@ -37,16 +39,50 @@ pub fn decide(config: &PluginConfig, pod: &PodIdentity) -> Decision {
 /// fetched first through [`lookup::resolve`] (the agent socket). The
 /// pod identity is updated with what was found; the returned [`Source`] says where the
 /// annotations came from. No network call is made when the runtime passed annotations.
+///
+/// A pod whose profile reads its spec (the decision needs the pod's spec) is asked about
+/// too: the runtime's annotations stay, the agent adds the spec's facts. Without them the
+/// decision stays [`Decision::NeedsPodSpec`], naming each source tried: the ADD fails
+/// closed and the runtime retries.
 pub fn decide_with_lookup(config: &PluginConfig, pod: &mut PodIdentity) -> (Decision, Source) {
     if !needs_lookup(config, pod) {
-        return (decide(config, pod), Source::RuntimeConfig);
+        let d = decide(config, pod);
+        let Decision::NeedsPodSpec { profile, reason } = d else {
+            return (d, Source::RuntimeConfig);
+        };
+        return match lookup::resolve(config, pod) {
+            Resolved::Found {
+                facts: Some(facts), ..
+            } => {
+                pod.facts = Some(facts);
+                (decide(config, pod), Source::RuntimeConfig)
+            }
+            Resolved::Found { facts: None, .. } => (
+                Decision::NeedsPodSpec {
+                    profile,
+                    reason: format!(
+                        "{reason}; the agent knows the pod but not its spec (it runs without a Kubernetes API)"
+                    ),
+                },
+                Source::RuntimeConfig,
+            ),
+            Resolved::Undecided { tried } => (
+                Decision::NeedsPodSpec {
+                    profile,
+                    reason: format!("{reason}; {}", tried.join("; ")),
+                },
+                Source::RuntimeConfig,
+            ),
+        };
     }
     match lookup::resolve(config, pod) {
         Resolved::Found {
             annotations,
+            facts,
             source,
         } => {
             pod.annotations = Some(annotations);
+            pod.facts = facts;
             (decide(config, pod), source)
         }
         Resolved::Undecided { tried } => (
@@ -79,6 +115,17 @@ mod tests {
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect::<BTreeMap<_, _>>()
             }),
+            facts: None,
+        }
+    }
+
+    fn istio_facts() -> interlock_contract::pod::PodFacts {
+        interlock_contract::pod::PodFacts {
+            labels: BTreeMap::new(),
+            containers: vec![interlock_contract::pod::ContainerFacts::named(
+                "istio-proxy",
+                false,
+            )],
         }
     }
 
@@ -93,7 +140,14 @@ mod tests {
         assert_eq!(decide(&c, &pod("shop", None)).label(), "undecided");
         assert_eq!(decide(&c, &pod("shop", Some(&[]))).label(), "not-meshed");
         let istio = [("sidecar.istio.io/status", "{}")];
-        let d = decide(&c, &pod("shop", Some(&istio)));
+        // Istio's rules depend on the pod's spec: without its facts, the agent is needed.
+        assert_eq!(
+            decide(&c, &pod("shop", Some(&istio))).label(),
+            "needs-pod-spec"
+        );
+        let mut with_facts = pod("shop", Some(&istio));
+        with_facts.facts = Some(istio_facts());
+        let d = decide(&c, &with_facts);
         assert!(
             matches!(
                 d,
@@ -107,9 +161,10 @@ mod tests {
         // Profiles not enabled do not claim the pod.
         c.profiles = vec![ProfileName::Linkerd];
         assert_eq!(decide(&c, &pod("shop", Some(&istio))).label(), "not-meshed");
+        c.profiles = vec![ProfileName::Generic];
         let bad = [
-            ("linkerd.io/proxy-version", "v1"),
-            ("config.linkerd.io/skip-inbound-ports", "http"),
+            ("interlock.dev/redirect", "enabled"),
+            ("interlock.dev/exclude-inbound-ports", "http"),
         ];
         assert_eq!(decide(&c, &pod("shop", Some(&bad))).label(), "invalid");
     }
@@ -132,5 +187,15 @@ mod tests {
             panic!("{d:?}")
         };
         assert!(reason.contains("/nonexistent/il-agent.sock"), "{reason}");
+        // An Istio pod whose annotations came from the runtime still asks for its spec,
+        // and without an agent stays undecided, fail closed.
+        let mut p = pod("shop", Some(&[("sidecar.istio.io/status", "{}")]));
+        let (d, source) = decide_with_lookup(&c, &mut p);
+        assert_eq!(source, Source::RuntimeConfig);
+        let Decision::NeedsPodSpec { reason, .. } = d else {
+            panic!("{d:?}")
+        };
+        assert!(reason.contains("/nonexistent/il-agent.sock"), "{reason}");
+        assert!(reason.contains("istio-proxy"), "{reason}");
     }
 }

@@ -1,7 +1,8 @@
 //! Where a pod's annotations come from when the runtime did not pass them in
 //! `runtimeConfig` (an entry without the `io.kubernetes.cri.pod-annotations` capability,
-//! or a runtime without it). Never used when the runtime passed them: no network call on
-//! the hot path.
+//! or a runtime without it), and its spec's facts when a profile reads them (Istio,
+//! Linkerd: the runtime never passes the spec). Not used for a pod the annotations alone
+//! decide: no network call on that path.
 //!
 //! The one other source is the node agent over `agentSocket` ([`crate::agent_client`],
 //! [`AGENT_TIMEOUT`]), which answers from its Kubernetes watch cache; the plugin itself
@@ -22,6 +23,7 @@ use crate::agent_client::{self, PodLookup, PodRef};
 
 use crate::identity::PodIdentity;
 use interlock_contract::config::PluginConfig;
+use interlock_contract::pod::PodFacts;
 
 /// How long the agent may take to answer (it answers from memory).
 pub const AGENT_TIMEOUT: Duration = Duration::from_millis(300);
@@ -35,6 +37,8 @@ pub enum Resolved {
     Found {
         /// All of the pod's annotations.
         annotations: BTreeMap<String, String>,
+        /// Its spec's facts, when the source has the spec.
+        facts: Option<PodFacts>,
         /// Who said so.
         source: Source,
     },
@@ -56,9 +60,12 @@ pub fn resolve(config: &PluginConfig, pod: &PodIdentity) -> Resolved {
     match &config.agent_socket {
         None => tried.push("agent: agentSocket not configured".to_string()),
         Some(socket) => match agent_client::query(socket, &pod_ref, AGENT_TIMEOUT) {
-            Ok(PodLookup::Found { annotations, .. }) => {
+            Ok(PodLookup::Found {
+                annotations, facts, ..
+            }) => {
                 return Resolved::Found {
                     annotations,
+                    facts,
                     source: Source::Agent,
                 }
             }

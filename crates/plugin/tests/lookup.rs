@@ -61,6 +61,8 @@ fn fake_agent_with_notes(
     ((sock, seen), notes)
 }
 
+/// The agent's answer for a pod it has in its cache: annotations and spec facts (an
+/// Istio sidecar pod's, which every profile but Istio's ignores).
 fn found(annotations: &[(&str, &str)], uid: &str) -> Response {
     Response::Found {
         v: 1,
@@ -69,6 +71,7 @@ fn found(annotations: &[(&str, &str)], uid: &str) -> Response {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        facts: Some(interlock_testkit::pods::istio_sidecar()),
     }
 }
 

@@ -14,7 +14,8 @@ use interlock_contract::codes::Step;
 use crate::backend::{self, BackendError, BackendKind, ToolLookup, Verification};
 use crate::netns::{in_netns, NetnsError, PodNetns};
 use crate::probe::{self, ProbeError, ProbeReport};
-use crate::spec::{RedirectSpec, SpecError};
+use crate::route::Rtnetlink;
+use crate::spec::{Family, RedirectSpec, SpecError, PASSTHROUGH_SOURCE_V6};
 
 /// Tuning for [`protect_with`].
 #[derive(Debug, Clone)]
@@ -285,6 +286,17 @@ pub fn protect_in(
         };
 
         let t = Instant::now();
+        if let Err(source) = ensure_passthrough_source(spec) {
+            return Err(ProtectError::Apply {
+                netns: path.clone(),
+                backend: kind,
+                source: Box::new(BackendError::Address {
+                    what: format!("adding {PASSTHROUGH_SOURCE_V6}/128 to lo"),
+                    source,
+                }),
+                cleanup: cleanup(),
+            });
+        }
         let applied = if options.new_netns {
             backend.create_and_verify(spec)
         } else {
@@ -344,6 +356,20 @@ pub fn protect_in(
             probe_time: t.elapsed(),
         })
     })?
+}
+
+/// Envoy binds `::6` as the source of its IPv6 inbound passthrough, so a spec whose
+/// passthrough source passes has it on `lo` (as istio-cni adds it). A netns with IPv6
+/// turned off has no IPv6 traffic for it to serve.
+fn ensure_passthrough_source(spec: &RedirectSpec) -> std::io::Result<()> {
+    if !spec.loopback.passthrough_source || !spec.families().contains(&Family::V6) {
+        return Ok(());
+    }
+    const LO_INDEX: u32 = 1;
+    match Rtnetlink::open()?.add_address(LO_INDEX, PASSTHROUGH_SOURCE_V6.into(), 128) {
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => Ok(()),
+        other => other,
+    }
 }
 
 /// Reads the rules in `netns` back and compares them with `spec` (no traffic, no change).

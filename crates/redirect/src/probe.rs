@@ -403,7 +403,21 @@ pub fn plan(
     let (via_excluded, routed): (Vec<&Route>, Vec<&Route>) =
         usable.iter().copied().partition(excluded);
     let ports = candidate_ports(spec);
-    let captured = |ip: IpAddr| captured_target(spec, &ports, ip);
+    // A destination on the pod itself (a loopback address, or one of its own) leaves
+    // through lo, which the spec may treat apart.
+    let own: Vec<IpAddr> = routes
+        .iter()
+        .filter(|r| r.is_local())
+        .map(|r| r.dst.addr())
+        .collect();
+    let captured = |ip: IpAddr| {
+        let out_if = if ip.is_loopback() || own.contains(&ip) {
+            "lo"
+        } else {
+            ""
+        };
+        captured_target(spec, &ports, out_if, ip)
+    };
     if routed.is_empty() {
         if !via_excluded.is_empty() {
             return Ok(Plan::NotCaptured(format!(
@@ -476,7 +490,12 @@ pub fn plan(
         }
     }
     for net in spec.include_cidrs(family) {
-        push(first_host(&net));
+        // The first host may be one the spec leaves alone (127.0.0.1 in 127.0.0.0/8).
+        let first = first_host(&net);
+        push(first);
+        if let Some(second) = next_in(first, &net) {
+            push(second);
+        }
     }
     if beyond_link.iter().any(|r| r.dst.prefix_len() == 0) {
         documentation_addresses(family)
@@ -679,7 +698,7 @@ fn routed_gateway(
     let Some(target) = gateways
         .iter()
         .filter(|&&ip| Family::of(&ip) == family && !is_link_local(ip))
-        .find_map(|&ip| captured_target(spec, &ports, ip))
+        .find_map(|&ip| captured_target(spec, &ports, "", ip))
     else {
         return Ok(None);
     };
@@ -699,12 +718,27 @@ fn routed_gateway(
     })
 }
 
-/// `ip` with the first of `ports` the spec captures outbound to it (from UID 0), if any.
-fn captured_target(spec: &RedirectSpec, ports: &[u16], ip: IpAddr) -> Option<SocketAddr> {
+/// `ip` with the first of `ports` the spec captures outbound to it (from UID 0, leaving
+/// through `out_if`), if any.
+fn captured_target(
+    spec: &RedirectSpec,
+    ports: &[u16],
+    out_if: &str,
+    ip: IpAddr,
+) -> Option<SocketAddr> {
     ports
         .iter()
-        .find(|&&p| spec.captures_outbound(0, 0, "", ip, p))
+        .find(|&&p| spec.captures_outbound(0, 0, out_if, ip, p))
         .map(|&p| SocketAddr::new(ip, p))
+}
+
+/// The address after `ip`, when `net` still holds it.
+fn next_in(ip: IpAddr, net: &IpNet) -> Option<IpAddr> {
+    let next = match ip {
+        IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a).checked_add(1)?)),
+        IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a).checked_add(1)?)),
+    };
+    net.contains(&next).then_some(next)
 }
 
 /// [`connect_first`] when a running proxy owns the port: [`observe`] the first of the
@@ -1279,6 +1313,30 @@ mod tests {
             panic!()
         };
         assert_eq!(t, vec![sa("[fd98::1]:9")]);
+    }
+
+    /// istio-cni's `include-exclude-ip` case: only 127.0.0.0/8 is included and 10.0.0.0/8
+    /// excluded, so neither the gateway nor 127.0.0.1 is captured; the probe proves
+    /// 127.0.0.2, and IPv6 (no included network) has nothing to prove.
+    #[test]
+    fn a_loopback_include_range_is_proven_on_loopback() {
+        let mut s = istio_like();
+        s.outbound.include_cidrs = vec!["127.0.0.0/8".parse().unwrap()];
+        s.outbound.exclude_cidrs = vec!["10.0.0.0/8".parse().unwrap()];
+        s.loopback.app_bypass = false;
+        let Plan::Connect(t) = plan_of(&s, Family::V4, &["10.99.0.1"], &v4_only_pod()) else {
+            panic!()
+        };
+        assert_eq!(t, vec![sa("127.0.0.2:9")]);
+        assert!(matches!(
+            plan_of(&s, Family::V6, &["10.99.0.1"], &v4_only_pod()),
+            Plan::NotCaptured(_)
+        ));
+        // With the apps' loopback traffic passing, no address of the range is captured
+        // and the error says which destinations were tried.
+        s.loopback.app_bypass = true;
+        let e = plan(&s, Family::V4, &[ip("10.99.0.1")], &v4_only_pod(), &links()).unwrap_err();
+        assert!(e.to_string().contains("127.0.0.2"), "{e}");
     }
 
     #[test]

@@ -35,6 +35,14 @@ use nix::sys::time::{TimeVal, TimeValLike};
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const RTM_NEWLINK: u16 = 16;
+const RTM_NEWADDR: u16 = 20;
+const IFA_ADDRESS: u16 = 1;
+const IFA_LOCAL: u16 = 2;
+const IFA_FLAGS: u16 = 8;
+const IFA_F_NODAD: u32 = 0x02;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_EXCL: u16 = 0x200;
+const NLM_F_CREATE: u16 = 0x400;
 const RTM_GETLINK: u16 = 18;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
@@ -259,6 +267,32 @@ impl Rtnetlink {
         }))
     }
 
+    /// Adds `addr`/`prefix` to the interface `index` (no duplicate address detection);
+    /// an address that is there already is fine.
+    pub fn add_address(&mut self, index: u32, addr: IpAddr, prefix: u8) -> io::Result<()> {
+        let (family, bytes) = match addr {
+            IpAddr::V4(a) => (libc::AF_INET as u8, a.octets().to_vec()),
+            IpAddr::V6(a) => (libc::AF_INET6 as u8, a.octets().to_vec()),
+        };
+        // struct ifaddrmsg, then IFA_LOCAL, IFA_ADDRESS and IFA_FLAGS (IFA_F_NODAD).
+        let mut body = vec![family, prefix, 0, 0];
+        body.extend_from_slice(&index.to_ne_bytes());
+        for ty in [IFA_LOCAL, IFA_ADDRESS] {
+            push_attr(&mut body, ty, &bytes);
+        }
+        push_attr(&mut body, IFA_FLAGS, &IFA_F_NODAD.to_ne_bytes());
+        match self.exchange(
+            RTM_NEWADDR,
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+            &body,
+            NLMSG_ERROR,
+        ) {
+            Ok(_) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Sends one request and returns the payload (after the netlink header) of the reply
     /// of type `want`; a kernel error becomes an `io::Error` with its errno.
     fn request(&mut self, kind: u16, body: &[u8], want: u16) -> io::Result<Vec<u8>> {
@@ -311,6 +345,10 @@ impl Rtnetlink {
                                 .get(..4)
                                 .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
                                 .unwrap_or(-libc::EIO);
+                            if errno == 0 {
+                                // The acknowledgement of a request sent with NLM_F_ACK.
+                                return Ok(out);
+                            }
                             return Err(io::Error::from_raw_os_error(-errno));
                         }
                         NLMSG_DONE => return Ok(out),
@@ -499,6 +537,14 @@ fn attrs(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
 fn c_string(v: &[u8]) -> String {
     let end = v.iter().position(|b| *b == 0).unwrap_or(v.len());
     String::from_utf8_lossy(&v[..end]).into_owned()
+}
+
+/// Appends one rtnetlink attribute (type, value, padding to 4 bytes).
+fn push_attr(buf: &mut Vec<u8>, ty: u16, value: &[u8]) {
+    buf.extend_from_slice(&((4 + value.len()) as u16).to_ne_bytes());
+    buf.extend_from_slice(&ty.to_ne_bytes());
+    buf.extend_from_slice(value);
+    buf.resize(align(buf.len()), 0);
 }
 
 #[cfg(test)]

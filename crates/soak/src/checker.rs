@@ -23,9 +23,9 @@ use interlock_cri::{CriClient, SandboxFilter, Timeouts};
 use crate::ledger::{Ledger, Ms, Verdict};
 use crate::probe::ProbeServer;
 
-/// The annotation that marks a sandbox as meshed: Istio's sidecar injector sets it on
-/// every injected pod, and the `istio` profile reads it.
-pub const MESH_ANNOTATION: (&str, &str) = ("sidecar.istio.io/status", "{}");
+/// The annotation that marks a sandbox as meshed: the node kit's, which the `generic`
+/// profile decides from the annotations alone (the soak's agent runs without an API).
+pub const MESH_ANNOTATION: (&str, &str) = interlock_testkit::node::MESHED_ANNOTATION;
 
 /// The soak's clock: milliseconds since it began, for both monotonic and wall times.
 #[derive(Debug, Clone, Copy)]

@@ -42,6 +42,7 @@ pub fn serve_if_child(annotations: &[(&str, &str)]) {
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
+                facts: None,
             };
             let _ = s.write_all(answer_line(&line, reply).as_bytes());
         }

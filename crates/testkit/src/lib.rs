@@ -13,6 +13,7 @@ pub mod forged_agent;
 pub mod http;
 pub mod kubeapi;
 pub mod node;
+pub mod pods;
 pub mod traffic;
 
 pub use tempfile::{tempdir, TempDir};

@@ -36,10 +36,12 @@
 //!   [`NODE_NAME`], registered with the startup taint [`TAINT_NOT_READY`] when
 //!   [`NodeOptions::startup_taint`]; every sandbox the node runs also gets its Pod object
 //!   (same namespace, name, UID and annotations, bound to the node, `Running`).
-//! - Sandboxes: [`Node::run_pod`] runs one over CRI, meshed ones carrying the Istio
-//!   injector's annotation [`MESHED_ANNOTATION`] (the one the plugin and the agent read
-//!   through `interlock_redirect::profile`); it returns a [`Sandbox`] (ID, pod, netns,
-//!   IP) or the runtime's error. [`Node::stop_pod`] / [`Node::remove_pod`] undo it.
+//! - Sandboxes: [`Node::run_pod`] runs one over CRI, meshed ones carrying
+//!   [`MESHED_ANNOTATION`] (the `generic` profile's, which the annotations alone decide,
+//!   with or without the fake API); it returns a [`Sandbox`] (ID, pod, netns, IP) or the
+//!   runtime's error. [`Node::stop_pod`] / [`Node::remove_pod`] undo it. A pod run from a
+//!   config with a mesh's annotations gets that mesh's proxy container in its Pod object
+//!   (the agent reads the spec of Istio and Linkerd pods).
 //!   With the fake API, [`Node::pod_object`] and [`Node::pod_events`] show what the agent
 //!   wrote about a pod, [`Node::taints`] and [`Node::condition`] about the node.
 //! - [`Node::watch_conf_dir`] reports every file deleted or moved out of the conf dir
@@ -95,11 +97,12 @@ pub use crate::containerd::PRIMARY_CONFLIST;
 /// The startup taint the agent removes once ready, and the node condition it writes.
 pub use interlock_contract::names::{CONDITION_READY, TAINT_NOT_READY};
 
-/// The annotation that makes a pod meshed: the Istio injector's status
-/// (`interlock_redirect::profile::istio_keys::STATUS`; the plugin's and the agent's
-/// default profiles read it). Value `{}`.
-pub const MESHED_ANNOTATION: (&str, &str) = ("sidecar.istio.io/status", "{}");
-/// The Istio profile's outbound proxy port, where captured connections land.
+/// The annotation that makes a pod meshed: the `generic` profile's switch
+/// (`interlock_redirect::profile::generic::keys::REDIRECT`), decided from the
+/// annotations alone (Istio's and Linkerd's pods need their spec, which only the agent's
+/// Kubernetes cache has). Its defaults are Istio's ports and UID 1337.
+pub const MESHED_ANNOTATION: (&str, &str) = ("interlock.dev/redirect", "enabled");
+/// The generic profile's outbound proxy port, where captured connections land.
 pub const PROXY_OUTBOUND_PORT: u16 = 15001;
 /// The UID the capture check connects as: `nobody`, never the proxy's 1337.
 pub const CHECK_UID: u32 = 65534;
@@ -589,7 +592,7 @@ impl Node {
             api.put_object(json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": config.metadata.name, "namespace": config.metadata.namespace,
                              "uid": config.metadata.uid, "annotations": config.annotations},
-                "spec": {"nodeName": NODE_NAME, "containers": [{"name": "app", "image": "app"}]},
+                "spec": pod_spec(&config.annotations),
                 "status": {"phase": "Running"}}));
         }
         let cri = self.cri.clone();
@@ -1199,6 +1202,22 @@ fn original_dst(conn: &TcpStream) -> Option<SocketAddrV4> {
         Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
         u16::from_be(sa.sin_port),
     ))
+}
+
+/// The spec of a pod with `annotations`, bound to the node: an app container, and the
+/// proxy container a mesh's injector adds when its annotation says it injected the pod
+/// (as the injector writes them: Istio's proxy runs `proxy sidecar` as 1337).
+fn pod_spec(annotations: &std::collections::BTreeMap<String, String>) -> Value {
+    let mut containers = vec![json!({"name": "app", "image": "app"})];
+    if annotations.contains_key("sidecar.istio.io/status") {
+        containers.push(json!({"name": "istio-proxy", "image": "proxyv2",
+            "args": ["proxy", "sidecar"],
+            "securityContext": {"runAsUser": 1337, "runAsGroup": 1337}}));
+    }
+    if annotations.contains_key("linkerd.io/proxy-version") {
+        containers.push(json!({"name": "linkerd-proxy", "image": "proxy"}));
+    }
+    json!({"nodeName": NODE_NAME, "containers": containers})
 }
 
 #[cfg(test)]

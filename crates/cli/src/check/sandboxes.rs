@@ -102,8 +102,10 @@ pub(crate) fn backend_for(plugin: &PluginConfig) -> BackendKind {
     }
 }
 
-/// The pod's mesh decision as the audit makes it: a host-network sandbox has no netns
-/// of its own to redirect in.
+/// The pod's mesh decision as the audit makes it without a Kubernetes API: a
+/// host-network sandbox has no netns of its own to redirect in, and a profile that reads
+/// the pod's spec (which the runtime does not keep) is judged by the spec the plugin
+/// recorded when it installed the rules.
 pub(crate) fn decision_of(plugin: &PluginConfig, s: &SandboxStatus) -> Decision {
     let meta = &s.metadata;
     interlock_redirect::decision::decide_sandbox(
@@ -112,7 +114,9 @@ pub(crate) fn decision_of(plugin: &PluginConfig, s: &SandboxStatus) -> Decision 
         &meta.name,
         s.host_network,
         &s.annotations,
+        None,
     )
+    .or_recorded(|| sandbox_audit::recorded_spec(&plugin.state_dir, s.netns_path()?))
 }
 
 /// A sandbox's status, or why it could not be read.
@@ -238,8 +242,8 @@ mod tests {
     #[test]
     fn host_network_sandboxes_are_not_meshed_whatever_their_annotations() {
         let mut a = BTreeMap::new();
-        a.insert("sidecar.istio.io/status".to_string(), "{}".to_string());
-        let status = |host_network| SandboxStatus {
+        a.insert("interlock.dev/redirect".to_string(), "enabled".to_string());
+        let status = |host_network, a: &BTreeMap<String, String>| SandboxStatus {
             id: "s".into(),
             metadata: interlock_cri::SandboxMetadata {
                 name: "web".into(),
@@ -259,12 +263,20 @@ mod tests {
         };
         let p = PluginConfig::default();
         assert!(matches!(
-            decision_of(&p, &status(true)),
+            decision_of(&p, &status(true, &a)),
             Decision::NotMeshed { .. }
         ));
         assert!(matches!(
-            decision_of(&p, &status(false)),
+            decision_of(&p, &status(false, &a)),
             Decision::Meshed { .. }
+        ));
+        // An Istio pod's spec is not in the runtime's copy: without a record of what the
+        // plugin installed, the decision says so.
+        a.insert("sidecar.istio.io/status".to_string(), "{}".to_string());
+        a.remove("interlock.dev/redirect");
+        assert!(matches!(
+            decision_of(&p, &status(false, &a)),
+            Decision::NeedsPodSpec { .. }
         ));
     }
 }

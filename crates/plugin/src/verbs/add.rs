@@ -37,6 +37,10 @@ pub(super) fn add(call: &Call) -> Result<CniResult, CniError> {
             Step::Lookup,
             format!("cannot decide whether the pod is meshed: {reason}"),
         )),
+        Decision::NeedsPodSpec { reason, .. } => Err(Failure::clean(
+            Step::Lookup,
+            format!("cannot tell the pod's redirection without its spec: {reason}"),
+        )),
         _ => protect::protect(
             call.config,
             &store,

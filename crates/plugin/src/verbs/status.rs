@@ -6,14 +6,17 @@
 //! now fail, or leave a meshed pod unprotected: the backend cannot work here, the state
 //! dir is unusable, or the pod lookup the entry depends on cannot work (no
 //! `io.kubernetes.cri.pod-annotations` capability, and no reachable, trusted agent
-//! socket). The agent being down or not ready is *not* such a reason — the plugin
-//! protects pods without it; the agent's taint and node condition say that. (The agent's
-//! readiness marker is `interlock_contract::marker`'s, read by `interlock check`.)
+//! socket), or a profile that reads the pod's spec (Istio, Linkerd) is enabled without
+//! an `agentSocket` to ask for it. The agent being down or not ready is *not* such a
+//! reason — it comes back, and meanwhile such pods' ADDs fail with 11 and are retried;
+//! the agent's taint and node condition say that. (The agent's readiness marker is
+//! `interlock_contract::marker`'s, read by `interlock check`.)
 
 use std::io;
 
 use interlock_contract::codes::NOT_AVAILABLE;
 use interlock_contract::config::PluginConfig;
+use interlock_contract::profile::ProfileName;
 use interlock_protocol::CniError;
 
 use super::Call;
@@ -60,6 +63,18 @@ pub fn check_status(config: &PluginConfig, cni_version: &str) -> Result<(), CniE
                 "the entry does not declare the io.kubernetes.cri.pod-annotations capability, so a pod's annotations must be looked up, and that cannot work: {e}"
             ));
         }
+    }
+    let spec_readers: Vec<&str> = config
+        .profiles
+        .iter()
+        .filter(|p| matches!(p, ProfileName::Istio | ProfileName::Linkerd))
+        .map(|p| p.as_str())
+        .collect();
+    if !spec_readers.is_empty() && config.agent_socket.is_none() {
+        problems.push(format!(
+            "the {} profile(s) read a pod's spec, which only the agent can tell, and agentSocket is not configured: every such pod's ADD would fail",
+            spec_readers.join(" and ")
+        ));
     }
     if problems.is_empty() {
         return Ok(());

@@ -239,6 +239,16 @@ pub enum BackendError {
         #[source]
         source: SpecError,
     },
+    /// An address the rules rely on (Envoy's `::6` passthrough source on `lo`) could not
+    /// be added.
+    #[error("{what}: {source}")]
+    Address {
+        /// What was being added.
+        what: String,
+        /// The rtnetlink error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Several parts of one operation failed (e.g. both families' removal); each is kept.
     #[error("{backend} {op}: {}", .errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
     Several {
@@ -268,6 +278,7 @@ impl BackendError {
             | BackendError::Tool { op, .. }
             | BackendError::Spec { op, .. }
             | BackendError::Several { op, .. } => *op,
+            BackendError::Address { .. } => Step::Apply,
         }
     }
 }
