@@ -11,7 +11,8 @@ use interlock_redirect::backend::BackendKind;
 use interlock_testkit::{require_root, Netns};
 use serde_json::Value;
 
-const ISTIO: &str = "sidecar.istio.io/status={}";
+/// A meshed pod's annotation that decides without the pod's spec (the generic profile's).
+const MESHED: &str = "interlock.dev/redirect=enabled";
 
 fn inspect(d: &Dirs, ns: &Netns, extra: &[&str]) -> (i32, Value) {
     let out = std::process::Command::new(interlock())
@@ -47,7 +48,7 @@ fn inspect_netns_shows_spec_rules_and_difference() {
 
     // Meshed by its annotations, no rules: unprotected (2), the difference says what
     // is missing, nothing of ours is present — and inspect installed nothing.
-    let (code, v) = inspect(&d, &ns, &["--annotation", ISTIO]);
+    let (code, v) = inspect(&d, &ns, &["--annotation", MESHED]);
     assert_eq!(code, 2, "{v:#}");
     assert_eq!(v["kind"], "Inspection");
     assert_eq!(v["verdict"], "unprotected");
@@ -64,15 +65,9 @@ fn inspect_netns_shows_spec_rules_and_difference() {
     // The rules the same decision asks for, applied: protected (0), listed.
     let plugin = PluginConfig::from_map(&interlock_agent::plugin_entry(&d.state)).unwrap();
     let mut a = std::collections::BTreeMap::new();
-    a.insert("sidecar.istio.io/status".to_string(), "{}".to_string());
+    a.insert("interlock.dev/redirect".to_string(), "enabled".to_string());
     let interlock_redirect::decision::Decision::Meshed { spec, .. } =
-        interlock_redirect::decision::decide(
-            &plugin,
-            "",
-            "test",
-            Some(&a),
-            Some(&interlock_testkit::pods::istio_sidecar()),
-        )
+        interlock_redirect::decision::decide(&plugin, "", "test", Some(&a), None)
     else {
         panic!("not meshed")
     };
@@ -80,7 +75,7 @@ fn inspect_netns_shows_spec_rules_and_difference() {
     spec.ipv4 = true;
     spec.ipv6 = true;
     interlock_redirect::engine::protect(&ns.path(), &spec, BackendKind::Nftables, &[]).unwrap();
-    let (code, v) = inspect(&d, &ns, &["--annotation", ISTIO]);
+    let (code, v) = inspect(&d, &ns, &["--annotation", MESHED]);
     assert_eq!(code, 0, "{v:#}");
     assert_eq!(v["verdict"], "protected");
     assert_eq!(v["difference"], serde_json::json!([]));
@@ -105,9 +100,9 @@ fn inspect_netns_shows_spec_rules_and_difference() {
         &ns,
         &[
             "--annotation",
-            ISTIO,
+            MESHED,
             "--annotation",
-            "traffic.sidecar.istio.io/excludeOutboundPorts=9999",
+            "interlock.dev/exclude-outbound-ports=9999",
         ],
     );
     assert_eq!(code, 2, "{v:#}");
@@ -135,7 +130,7 @@ fn inspect_netns_shows_spec_rules_and_difference() {
         .arg(ns.path())
         .arg("--state-dir")
         .arg(&d.state)
-        .args(["--cri-endpoint", "none", "--annotation", ISTIO])
+        .args(["--cri-endpoint", "none", "--annotation", MESHED])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
