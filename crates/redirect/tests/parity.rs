@@ -1,0 +1,329 @@
+//! Parity with the meshes' own rules, proven differentially.
+//!
+//! For every case — a pod configuration taken from Istio's, Linkerd's and Consul's own
+//! rule-generation tests and code (`parity/cases/`, each naming its upstream file) — the
+//! rules the mesh writes are loaded with `iptables-restore` into the pod netns of one
+//! closed topology, and interlock's rules for the same pod (its annotations and spec facts
+//! as the mesh's CNI plugin sees them) into another, once per backend. The same probes run
+//! on every side — TCP and UDP from the pod as the app, root, the proxy's UID and GID, to
+//! loopback, 127.0.0.6, the pod itself, the gateway, hosts inside and outside every range
+//! the rules name, on every port they name; TCP from the node to the pod from inside and
+//! outside every source range — and each reports where it landed (which listener in the
+//! pod, with its original destination, or the node's catch-all with the destination it
+//! carried). Any probe that lands differently is a disagreement; the test prints one row
+//! per case × backend × family and fails on any. `INTERLOCK_PARITY_REPORT=<file>` writes
+//! the same table as Markdown.
+//!
+//! The other tests: the harness agrees with itself (the mesh's rules on both sides, and
+//! the mesh's rules sending known probes where the fact sheets say); the meshes'
+//! validators (`istio-validation`, `linkerd-network-validator`) pass against interlock's
+//! rules on every backend; a real DNS query is captured as Istio and Consul capture it.
+
+#[path = "parity/case.rs"]
+mod case;
+#[path = "parity/cases/mod.rs"]
+mod cases;
+#[path = "parity/landing.rs"]
+mod landing;
+#[path = "parity/net.rs"]
+mod net;
+#[path = "parity/probe.rs"]
+mod probe;
+#[path = "parity/report.rs"]
+mod report;
+#[path = "parity/run.rs"]
+mod run;
+#[path = "parity/side.rs"]
+mod side;
+#[path = "parity/topology.rs"]
+mod topology;
+
+use std::net::SocketAddr;
+
+use interlock_testkit::require_root;
+
+use landing::Landing;
+use run::{run, Against, Outcome};
+
+/// How many disagreeing probes each row lists (all are counted).
+const SHOWN_PER_ROW: usize = 12;
+const SHOWN_PER_ROW_MD: usize = 80;
+
+fn timing(o: &Outcome) -> String {
+    format!(
+        "{} cases, {} sides, {} probes sent, {:.1} s wall ({:.2} s per side on average, {} workers)",
+        o.mesh.len(),
+        o.sides,
+        o.probes_sent,
+        o.wall.as_secs_f64(),
+        o.side_time.as_secs_f64() / o.sides.max(1) as f64,
+        std::env::var("INTERLOCK_PARITY_JOBS").unwrap_or_else(|_| "4".into()),
+    )
+}
+
+fn print_and_write(o: &Outcome, title: &str) {
+    println!("{title}: {}", timing(o));
+    println!("{}", report::text(&o.rows, SHOWN_PER_ROW));
+    let cases: Vec<case::Case> = o.mesh.iter().map(|(c, _, _)| c.clone()).collect();
+    if let Ok(path) = std::env::var("INTERLOCK_PARITY_REPORT") {
+        let md = report::markdown(&o.rows, &cases, SHOWN_PER_ROW_MD, &timing(o));
+        std::fs::write(&path, md).unwrap_or_else(|e| panic!("write {path}: {e}"));
+        println!("report written to {path}");
+    }
+}
+
+fn summary(rows: &[report::Row]) -> String {
+    let bad: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.ok())
+        .map(|r| {
+            format!(
+                "{} {} {}: {}/{} agree{}",
+                r.case,
+                r.backend,
+                r.family,
+                r.agreeing,
+                r.probes,
+                match &r.verdict {
+                    report::Verdict::Refused(e) => format!(" (refused: {e})"),
+                    _ => String::new(),
+                }
+            )
+        })
+        .collect();
+    format!(
+        "{} of {} rows disagree:\n{}",
+        bad.len(),
+        rows.len(),
+        bad.join("\n")
+    )
+}
+
+/// Every case, interlock against the mesh, on every backend and both families.
+#[test]
+fn interlock_lands_every_probe_where_the_mesh_does() {
+    require_root!();
+    let o = run(cases::all(), Against::Interlock);
+    print_and_write(&o, "parity");
+    assert!(o.rows.iter().all(report::Row::ok), "{}", summary(&o.rows));
+}
+
+/// Where a probe of a case landed on the mesh's side.
+fn landed(o: &Outcome, case: &str, probe: &str) -> Landing {
+    let (_, plan, side) = o
+        .mesh
+        .iter()
+        .find(|(c, _, _)| c.id() == case)
+        .unwrap_or_else(|| panic!("case {case} not run"));
+    let i = plan
+        .probes
+        .iter()
+        .position(|p| p.to_string() == probe)
+        .unwrap_or_else(|| panic!("{case}: no probe {probe:?}"));
+    side.landings[i].clone()
+}
+
+fn pod(local: &str, orig: Option<&str>) -> Landing {
+    Landing::Pod {
+        local: local.parse().unwrap(),
+        orig: orig.map(|o| o.parse::<SocketAddr>().unwrap()),
+    }
+}
+
+fn node(dst: &str) -> Landing {
+    Landing::Node {
+        dst: dst.parse().unwrap(),
+    }
+}
+
+/// The harness measures the rules and nothing else: the mesh's rules on both sides agree
+/// on every probe, and the mesh's rules send probes where the fact sheets say they go.
+#[test]
+fn harness_agrees_with_itself_and_with_the_fact_sheets() {
+    require_root!();
+    let ids = [
+        "istio/basic",
+        "istio/dns",
+        "istio/include-exclude-ip",
+        "linkerd/cni-annotations",
+        "consul/W11",
+        "consul/D3",
+    ];
+    let o = run(
+        ids.iter().map(|id| cases::by_id(id)).collect(),
+        Against::Itself,
+    );
+    print_and_write(&o, "self-comparison");
+    assert!(o.rows.iter().all(report::Row::ok), "{}", summary(&o.rows));
+    assert!(o.rows.iter().any(|r| r.probes > 100), "probes ran");
+
+    let expect = [
+        // istio.md §1.3: the app's TCP goes to 15001, the proxy's leaves; the proxy's own
+        // connection to its pod over lo goes to the inbound port, unless it comes from
+        // 127.0.0.6 (§1.4); inbound goes to 15006 but for the status ports (§1.5).
+        (
+            "istio/basic",
+            "out tcp app (1000:1000) -> 192.0.2.10:8080",
+            pod("127.0.0.1:15001", Some("192.0.2.10:8080")),
+        ),
+        (
+            "istio/basic",
+            "out tcp proxy (1337:1337) -> 192.0.2.10:8080",
+            node("192.0.2.10:8080"),
+        ),
+        (
+            "istio/basic",
+            "out tcp proxy-gid (1000:1337) -> 192.0.2.10:8080",
+            node("192.0.2.10:8080"),
+        ),
+        (
+            "istio/basic",
+            "out tcp proxy (1337:1337) -> 10.99.1.2:8080",
+            pod("127.0.0.1:15006", Some("10.99.1.2:8080")),
+        ),
+        (
+            "istio/basic",
+            "out tcp proxy (1337:1337) from 127.0.0.6 -> 10.99.1.2:8080",
+            pod("10.99.1.2:8080", None),
+        ),
+        (
+            "istio/basic",
+            "out tcp app (1000:1000) -> 127.0.0.6:8080",
+            pod("127.0.0.6:8080", None),
+        ),
+        (
+            "istio/basic",
+            "out tcp app (1000:1000) -> 192.0.2.10:15020",
+            node("192.0.2.10:15020"),
+        ),
+        (
+            "istio/basic",
+            "in tcp node from 198.51.100.7 -> 10.99.1.2:8080",
+            pod("10.99.1.2:15006", Some("10.99.1.2:8080")),
+        ),
+        (
+            "istio/basic",
+            "in tcp node from 198.51.100.7 -> 10.99.1.2:15021",
+            pod("10.99.1.2:15021", None),
+        ),
+        (
+            "istio/basic",
+            "in tcp node from 198.51.100.7 -> 10.99.1.2:15008",
+            pod("10.99.1.2:15008", None),
+        ),
+        (
+            "istio/basic",
+            "out udp app (1000:1000) -> 10.99.1.1:53",
+            node("10.99.1.1:53"),
+        ),
+        (
+            "istio/basic",
+            "out tcp proxy (1337:1337) -> [fd99:1::2]:8080",
+            pod("[::1]:15006", Some("[fd99:1::2]:8080")),
+        ),
+        // §1.7: DNS to the proxy's 15053, but not the proxy's own.
+        (
+            "istio/dns",
+            "out udp app (1000:1000) -> 10.99.1.1:53",
+            pod("127.0.0.1:15053", None),
+        ),
+        (
+            "istio/dns",
+            "out tcp app (1000:1000) -> 10.99.1.1:53",
+            pod("127.0.0.1:15053", Some("10.99.1.1:53")),
+        ),
+        (
+            "istio/dns",
+            "out udp proxy (1337:1337) -> 10.99.1.1:53",
+            node("10.99.1.1:53"),
+        ),
+        (
+            "istio/dns",
+            "out udp app (1000:1000) -> [fd99:1::1]:53",
+            pod("[::1]:15053", None),
+        ),
+        // include 127.0.0.0/8 captures the app's loopback traffic but 127.0.0.1; 10/8 leaves.
+        (
+            "istio/include-exclude-ip",
+            "out tcp app (1000:1000) -> 127.1.2.3:8080",
+            pod("127.0.0.1:15001", Some("127.1.2.3:8080")),
+        ),
+        (
+            "istio/include-exclude-ip",
+            "out tcp app (1000:1000) -> 10.128.0.1:8080",
+            node("10.128.0.1:8080"),
+        ),
+        (
+            "istio/include-exclude-ip",
+            "out tcp app (1000:1000) -> 192.0.2.10:8080",
+            node("192.0.2.10:8080"),
+        ),
+        // linkerd.md §1.1: skip-subnets are inbound sources; loopback is never captured.
+        (
+            "linkerd/cni-annotations",
+            "in tcp node from 10.99.1.1 -> 10.99.1.2:3306",
+            pod("10.99.1.2:3306", None),
+        ),
+        (
+            "linkerd/cni-annotations",
+            "in tcp node from 198.51.100.7 -> 10.99.1.2:3306",
+            pod("10.99.1.2:4143", Some("10.99.1.2:3306")),
+        ),
+        (
+            "linkerd/cni-annotations",
+            "in tcp node from 198.51.100.7 -> 10.99.1.2:8080",
+            pod("10.99.1.2:8080", None),
+        ),
+        (
+            "linkerd/cni-annotations",
+            "out tcp app (1000:1000) -> 10.128.0.1:8080",
+            pod("127.0.0.1:4140", Some("10.128.0.1:8080")),
+        ),
+        (
+            "linkerd/cni-annotations",
+            "out tcp app (1000:1000) -> 127.1.2.3:8080",
+            pod("127.1.2.3:8080", None),
+        ),
+        (
+            "linkerd/cni-annotations",
+            "out tcp app (1000:1000) -> 192.0.2.10:3306",
+            node("192.0.2.10:3306"),
+        ),
+        // consul.md §4.3, §4.4: DNS to 127.0.0.1:53 goes to 8600; the app's own pod IP to 15001.
+        (
+            "consul/W11",
+            "out udp app (1000:1000) -> 127.0.0.1:53",
+            pod("127.0.0.1:8600", None),
+        ),
+        (
+            "consul/W11",
+            "out tcp app (1000:1000) -> 10.99.1.2:8080",
+            pod("127.0.0.1:15001", Some("10.99.1.2:8080")),
+        ),
+        (
+            "consul/W11",
+            "out tcp uid 5996 (5996:1000) -> 192.0.2.10:8080",
+            node("192.0.2.10:8080"),
+        ),
+        (
+            "consul/D3",
+            "out udp app (1000:1000) -> [::1]:53",
+            pod("[::1]:8600", None),
+        ),
+        (
+            "consul/D3",
+            "out udp app (1000:1000) -> 127.0.0.1:53",
+            pod("127.0.0.1:53", None),
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (case, probe, want) in expect {
+        let got = landed(&o, case, probe);
+        if got != want {
+            wrong.push(format!(
+                "{case}: {probe}: landed {got}, the fact sheet says {want}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

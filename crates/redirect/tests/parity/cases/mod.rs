@@ -1,0 +1,36 @@
+//! The cases, per mesh, each naming the upstream test or code it comes from.
+
+pub mod consul;
+pub mod istio;
+pub mod linkerd;
+
+use super::case::Case;
+
+/// Every case of every mesh, narrowed by `INTERLOCK_PARITY_CASES` (comma-separated
+/// substrings of `mesh/name`) when set.
+pub fn all() -> Vec<Case> {
+    let filter: Vec<String> = std::env::var("INTERLOCK_PARITY_CASES")
+        .map(|v| {
+            v.split(',')
+                .map(str::to_string)
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    istio::cases()
+        .into_iter()
+        .chain(linkerd::cases())
+        .chain(consul::cases())
+        .filter(|c| filter.is_empty() || filter.iter().any(|f| c.id().contains(f.as_str())))
+        .collect()
+}
+
+/// One case by its id (`mesh/name`).
+pub fn by_id(id: &str) -> Case {
+    istio::cases()
+        .into_iter()
+        .chain(linkerd::cases())
+        .chain(consul::cases())
+        .find(|c| c.id() == id)
+        .unwrap_or_else(|| panic!("no case {id}"))
+}
