@@ -23,6 +23,8 @@
 mod case;
 #[path = "parity/cases/mod.rs"]
 mod cases;
+#[path = "parity/dns.rs"]
+mod dns;
 #[path = "parity/landing.rs"]
 mod landing;
 #[path = "parity/net.rs"]
@@ -37,13 +39,18 @@ mod run;
 mod side;
 #[path = "parity/topology.rs"]
 mod topology;
+#[path = "parity/validators.rs"]
+mod validators;
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 
 use interlock_testkit::require_root;
 
 use landing::Landing;
+use net::{Creds, Proto};
 use run::{run, Against, Outcome};
+use side::on_each_side;
+use topology::{NodeSetup, GW4, GW6};
 
 /// How many disagreeing probes each row lists (all are counted).
 const SHOWN_PER_ROW: usize = 12;
@@ -326,4 +333,218 @@ fn harness_agrees_with_itself_and_with_the_fact_sheets() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Every side's failures, in words (the mesh's own rules are the control: a failure there
+/// is the harness's).
+fn failures(case: &str, results: Vec<(String, Result<Vec<String>, String>)>) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (side, r) in results {
+        match r {
+            Err(e) => failures.push(format!("{case} on {side}: the pod would not start: {e}")),
+            Ok(errs) => failures.extend(errs.into_iter().map(|e| format!("{case} on {side}: {e}"))),
+        }
+    }
+    failures
+}
+
+const CLOSED: NodeSetup = NodeSetup {
+    extra_addrs: Vec::new(),
+    catch_all: true,
+};
+
+/// istio-validation, as the injector runs it in every new sidecar pod under CNI mode (as
+/// the proxy's UID/GID, here the default and a custom one), passes against interlock's
+/// rules on every backend, IPv4 and IPv6 — and against Istio's own.
+#[test]
+fn istio_validation_passes() {
+    require_root!();
+    let mut failed = Vec::new();
+    for (id, creds) in [
+        (
+            "istio/basic",
+            Creds {
+                uid: 1337,
+                gid: 1337,
+            },
+        ),
+        (
+            "istio/custom-uid",
+            Creds {
+                uid: 1000670000,
+                gid: 1000670001,
+            },
+        ),
+    ] {
+        let case = cases::by_id(id);
+        let results = on_each_side(&case, &CLOSED, |side| {
+            [false, true]
+                .into_iter()
+                .filter_map(|v6| {
+                    validators::istio_validation(&side.pod.path(), v6, creds)
+                        .err()
+                        .map(|e| format!("{}: {e}", if v6 { "IPv6" } else { "IPv4" }))
+                })
+                .collect()
+        });
+        failed.extend(failures(id, results));
+    }
+    assert!(
+        failed.is_empty(),
+        "istio-validation failed:\n{}",
+        failed.join("\n")
+    );
+}
+
+/// linkerd-network-validator, as the injector runs it under CNI mode (UID 65534), passes
+/// against interlock's rules on every backend: IPv4 to the chart's 1.1.1.1:20001 and the
+/// binary's default 192.0.2.2:1404, IPv6 to [fd00::1]:20001 (all inside the closed
+/// topology) — and against Linkerd's own rules.
+#[test]
+fn linkerd_network_validator_passes() {
+    require_root!();
+    let case = cases::by_id("linkerd/cni-default");
+    let runs = [
+        ("0.0.0.0:4140", "1.1.1.1:20001"),
+        ("0.0.0.0:4140", "192.0.2.2:1404"),
+        ("[::]:4140", "[fd00::1]:20001"),
+    ];
+    let results = on_each_side(&case, &CLOSED, |side| {
+        runs.iter()
+            .filter_map(|(listen, connect)| {
+                validators::linkerd_network_validator(
+                    &side.pod.path(),
+                    listen.parse().unwrap(),
+                    connect.parse().unwrap(),
+                )
+                .err()
+                .map(|e| format!("listen {listen}, connect {connect}: {e}"))
+            })
+            .collect()
+    });
+    let failed = failures(&case.id(), results);
+    assert!(
+        failed.is_empty(),
+        "linkerd-network-validator failed:\n{}",
+        failed.join("\n")
+    );
+}
+
+/// What answers the pod's resolver queries in the DNS test.
+const PROXY_DNS: Ipv4Addr = Ipv4Addr::new(10, 53, 0, 1);
+const NODE_DNS: Ipv4Addr = Ipv4Addr::new(10, 53, 0, 2);
+
+/// One DNS case: the pod's case, the proxy's DNS listeners, and the queries (server, who
+/// asks, who must answer).
+struct DnsCase {
+    id: &'static str,
+    proxy: Creds,
+    proxy_dns: Vec<SocketAddr>,
+    queries: Vec<(SocketAddr, Creds, Ipv4Addr)>,
+}
+
+fn sa(ip: impl Into<std::net::IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
+}
+
+/// A real DNS query, UDP and TCP, from the app is answered by a test listener at the
+/// proxy's DNS port, and the proxy's own query reaches the node's resolver: with Istio's
+/// DNS capture (ISTIO_META_DNS_CAPTURE=true, port 15053, both families) and Consul DNS
+/// (127.0.0.1:8600; ::1:8600 under dual stack) — on interlock's rules on every backend and
+/// on the mesh's own.
+#[test]
+fn dns_is_captured_as_the_mesh_captures_it() {
+    require_root!();
+    let app = case::APP;
+    let istio_proxy = Creds {
+        uid: 1337,
+        gid: 1337,
+    };
+    let consul_proxy = Creds {
+        uid: 5995,
+        gid: 5995,
+    };
+    let lo4 = Ipv4Addr::LOCALHOST;
+    let lo6 = std::net::Ipv6Addr::LOCALHOST;
+    let dns_cases = [
+        DnsCase {
+            id: "istio/dns",
+            proxy: istio_proxy,
+            proxy_dns: vec![sa(lo4, 15053), sa(lo6, 15053)],
+            queries: vec![
+                (sa(GW4, 53), app, PROXY_DNS),
+                (sa(GW4, 53), istio_proxy, NODE_DNS),
+                (sa(GW6, 53), app, PROXY_DNS),
+                (sa(GW6, 53), istio_proxy, NODE_DNS),
+            ],
+        },
+        DnsCase {
+            id: "consul/W11",
+            proxy: consul_proxy,
+            proxy_dns: vec![sa(lo4, 8600)],
+            queries: vec![
+                (sa(lo4, 53), app, PROXY_DNS),
+                (sa(GW4, 53), consul_proxy, NODE_DNS),
+            ],
+        },
+        DnsCase {
+            id: "consul/D3",
+            proxy: consul_proxy,
+            proxy_dns: vec![sa(lo6, 8600)],
+            queries: vec![
+                (sa(lo6, 53), app, PROXY_DNS),
+                (sa(GW6, 53), consul_proxy, NODE_DNS),
+            ],
+        },
+    ];
+    let resolver = NodeSetup {
+        extra_addrs: Vec::new(),
+        catch_all: false,
+    };
+    let mut failed = Vec::new();
+    for dc in dns_cases {
+        let case = cases::by_id(dc.id);
+        let results = on_each_side(&case, &resolver, |side| {
+            let root = Creds { uid: 0, gid: 0 };
+            let node = [sa(GW4, 53), sa(GW6, 53)];
+            let _node = dns::Responder::start(&side.node.path(), &node, NODE_DNS, root);
+            let _proxy =
+                dns::Responder::start(&side.pod.path(), &dc.proxy_dns, PROXY_DNS, dc.proxy);
+            let mut errs = Vec::new();
+            for (i, (server, who, want)) in dc.queries.iter().enumerate() {
+                for proto in [Proto::Udp, Proto::Tcp] {
+                    let asked = format!(
+                        "{} query as {}:{} to {server}",
+                        proto.as_str(),
+                        who.uid,
+                        who.gid
+                    );
+                    match dns::ask(&side.pod.path(), proto, *server, *who, 0x4000 + i as u16) {
+                        Ok(got) if got == *want => {}
+                        Ok(got) => errs.push(format!(
+                            "{asked}: answered by {}, expected {}",
+                            if got == PROXY_DNS {
+                                "the proxy's DNS"
+                            } else {
+                                "the node's resolver"
+                            },
+                            if *want == PROXY_DNS {
+                                "the proxy's DNS"
+                            } else {
+                                "the node's resolver"
+                            },
+                        )),
+                        Err(e) => errs.push(format!("{asked}: {e}")),
+                    }
+                }
+            }
+            errs
+        });
+        failed.extend(failures(dc.id, results));
+    }
+    assert!(
+        failed.is_empty(),
+        "DNS capture failed:\n{}",
+        failed.join("\n")
+    );
 }

@@ -2,7 +2,7 @@
 //! backend × family, printed and (with `INTERLOCK_PARITY_REPORT=<file>`) written as
 //! Markdown.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
@@ -142,28 +142,32 @@ fn ip_class(ip: IpAddr) -> String {
     }
 }
 
-fn landing_class(l: &Landing) -> String {
+/// Where a probe landed, relative to where it was sent.
+fn landing_class(l: &Landing, sent_to: std::net::SocketAddr) -> String {
     match l {
+        Landing::Pod { local, orig: None } if local.port() == sent_to.port() => "own port".into(),
         Landing::Pod { local, orig } => format!(
             "pod:{}{}",
             local.port(),
             if orig.is_some() { " (nat)" } else { "" }
         ),
-        Landing::Node { .. } => "node".into(),
+        Landing::Node { dst } if *dst == sent_to => "node".into(),
+        Landing::Node { dst } => format!("node at {dst}"),
         other => other.to_string(),
     }
 }
 
-/// Disagreements grouped by what kind of probe went where on each side, with counts: the
-/// causes read off this list.
-pub fn patterns(rows: &[Row]) -> Vec<(String, usize, usize)> {
-    let mut by: BTreeMap<String, (usize, std::collections::BTreeSet<String>)> = BTreeMap::new();
+/// Disagreements grouped by kind of probe (ports folded) and where it went on each side,
+/// with the ports, the probe count and the rows: the causes read off this list.
+pub fn patterns(rows: &[Row]) -> Vec<(String, String, usize, usize)> {
+    type Group = (BTreeSet<u16>, usize, BTreeSet<String>);
+    let mut by: BTreeMap<String, Group> = BTreeMap::new();
     for r in rows {
         for d in &r.diffs {
             let p = &d.probe;
             let mesh = r.case.split('/').next().unwrap_or("");
             let key = format!(
-                "{mesh} {} {} {} {}{} -> {}:{}: mesh {} / interlock {}",
+                "{mesh} {} {} {} {}{} -> {}: mesh {} / interlock {}",
                 r.family,
                 if p.dir == super::probe::Dir::Out {
                     "out"
@@ -176,20 +180,28 @@ pub fn patterns(rows: &[Row]) -> Vec<(String, usize, usize)> {
                     .map(|s| format!(" from {}", ip_class(s)))
                     .unwrap_or_default(),
                 ip_class(p.dst.ip()),
-                p.dst.port(),
-                landing_class(&d.mesh),
-                landing_class(&d.other),
+                landing_class(&d.mesh, p.dst),
+                landing_class(&d.other, p.dst),
             );
             let e = by.entry(key).or_default();
-            e.0 += 1;
-            e.1.insert(format!("{} {}", r.case, r.backend));
+            e.0.insert(p.dst.port());
+            e.1 += 1;
+            e.2.insert(format!("{} {}", r.case, r.backend));
         }
     }
     let mut v: Vec<_> = by
         .into_iter()
-        .map(|(k, (n, rows))| (k, n, rows.len()))
+        .map(|(k, (ports, n, rows))| {
+            let mut ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+            if ports.len() > 10 {
+                let more = ports.len() - 10;
+                ports.truncate(10);
+                ports.push(format!("+{more}"));
+            }
+            (k, ports.join(","), n, rows.len())
+        })
         .collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    v.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
     v
 }
 
@@ -266,9 +278,9 @@ pub fn markdown(rows: &[Row], cases: &[Case], per_row: usize, timing: &str) -> S
     }
     let pats = patterns(rows);
     if !pats.is_empty() {
-        s.push_str("\n## Disagreement patterns\n\n| probe → mesh / interlock | probes | rows |\n|---|---|---|\n");
-        for (k, n, r) in &pats {
-            let _ = writeln!(s, "| {} | {n} | {r} |", md_escape(k));
+        s.push_str("\n## Disagreement patterns\n\n| probe → mesh / interlock | ports | probes | rows |\n|---|---|---|---|\n");
+        for (k, ports, n, r) in &pats {
+            let _ = writeln!(s, "| {} | {ports} | {n} | {r} |", md_escape(k));
         }
     }
     let bad: Vec<&Row> = rows.iter().filter(|r| !r.diffs.is_empty()).collect();

@@ -148,13 +148,10 @@ fn listeners(side: &Side, ports: &BTreeSet<u16>) -> Vec<Watched> {
     all
 }
 
-/// Runs `plan`'s probes against a fresh side holding `rules` for `case`.
-pub fn run_side(case: &Case, plan: &ProbePlan, rules: Rules) -> SideRun {
-    let start = Instant::now();
-    let side = Side::new(&NodeSetup {
-        extra_addrs: plan.node_addrs.clone(),
-        catch_all: true,
-    });
+/// A fresh side for `case` whose pod holds `rules`, and how they came about (`Err`: the
+/// pod would not start).
+pub fn prepare(case: &Case, rules: Rules, node: &NodeSetup) -> (Side, Result<String, String>) {
+    let side = Side::new(node);
     let setup = match rules {
         Rules::Mesh => {
             load_mesh_rules(&side.pod, case);
@@ -166,6 +163,20 @@ pub fn run_side(case: &Case, plan: &ProbePlan, rules: Rules) -> SideRun {
         }
         Rules::Interlock(kind) => apply_interlock(&side, case, kind),
     };
+    (side, setup)
+}
+
+/// Runs `plan`'s probes against a fresh side holding `rules` for `case`.
+pub fn run_side(case: &Case, plan: &ProbePlan, rules: Rules) -> SideRun {
+    let start = Instant::now();
+    let (side, setup) = prepare(
+        case,
+        rules,
+        &NodeSetup {
+            extra_addrs: plan.node_addrs.clone(),
+            catch_all: true,
+        },
+    );
     if setup.is_err() {
         return SideRun {
             setup,
@@ -182,4 +193,32 @@ pub fn run_side(case: &Case, plan: &ProbePlan, rules: Rules) -> SideRun {
         landings,
         elapsed: start.elapsed(),
     }
+}
+
+/// Runs `f` on a fresh side for `case` with the mesh's rules (label `mesh`) and with
+/// interlock's on every backend, side by side; a side whose pod would not start gives `Err`.
+pub fn on_each_side<T: Send>(
+    case: &Case,
+    node: &NodeSetup,
+    f: impl Fn(&Side) -> T + Sync,
+) -> Vec<(String, Result<T, String>)> {
+    let mut all = vec![("mesh".to_string(), Rules::Mesh)];
+    all.extend(
+        BackendKind::ALL
+            .into_iter()
+            .map(|k| (k.as_str().to_string(), Rules::Interlock(k))),
+    );
+    std::thread::scope(|s| {
+        let handles: Vec<_> = all
+            .into_iter()
+            .map(|(label, rules)| {
+                let f = &f;
+                s.spawn(move || {
+                    let (side, setup) = prepare(case, rules, node);
+                    (label, setup.map(|_| f(&side)))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
