@@ -12,7 +12,12 @@
 //! pod, with its original destination, or the node's catch-all with the destination it
 //! carried). Any probe that lands differently is a disagreement; the test prints one row
 //! per case × backend × family and fails on any. `INTERLOCK_PARITY_REPORT=<file>` writes
-//! the same table as Markdown.
+//! the same table as Markdown, with the disagreements grouped by pattern and the upstream
+//! configurations that have no case. Knobs: `INTERLOCK_PARITY_CASES=istio/dns,consul/W`
+//! (substrings of the cases to run), `INTERLOCK_PARITY_JOBS` (sides at once, default 4),
+//! `INTERLOCK_PARITY_SHOW` (disagreeing probes listed per row), `INTERLOCK_PARITY_SELF=1`
+//! (the mesh's rules on every side: the harness against itself), `INTERLOCK_PARITY_DEBUG=1`
+//! (each side's time).
 //!
 //! The other tests: the harness agrees with itself (the mesh's rules on both sides, and
 //! the mesh's rules sending known probes where the fact sheets say); the meshes'
@@ -52,9 +57,17 @@ use run::{run, Against, Outcome};
 use side::on_each_side;
 use topology::{NodeSetup, GW4, GW6};
 
-/// How many disagreeing probes each row lists (all are counted).
-const SHOWN_PER_ROW: usize = 12;
-const SHOWN_PER_ROW_MD: usize = 80;
+/// How many disagreeing probes each row lists in the printed table and in the Markdown
+/// report (all are counted): `INTERLOCK_PARITY_SHOW` for both, else 12 and 80.
+fn shown_per_row() -> (usize, usize) {
+    match std::env::var("INTERLOCK_PARITY_SHOW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(n) => (n, n),
+        None => (12, 80),
+    }
+}
 
 fn timing(o: &Outcome) -> String {
     format!(
@@ -70,10 +83,11 @@ fn timing(o: &Outcome) -> String {
 
 fn print_and_write(o: &Outcome, title: &str) {
     println!("{title}: {}", timing(o));
-    println!("{}", report::text(&o.rows, SHOWN_PER_ROW));
+    let (text_rows, md_rows) = shown_per_row();
+    println!("{}", report::text(&o.rows, text_rows));
     let cases: Vec<case::Case> = o.mesh.iter().map(|(c, _, _)| c.clone()).collect();
     if let Ok(path) = std::env::var("INTERLOCK_PARITY_REPORT") {
-        let md = report::markdown(&o.rows, &cases, SHOWN_PER_ROW_MD, &timing(o));
+        let md = report::markdown(&o.rows, &cases, md_rows, &timing(o));
         std::fs::write(&path, md).unwrap_or_else(|e| panic!("write {path}: {e}"));
         println!("report written to {path}");
     }
@@ -110,7 +124,14 @@ fn summary(rows: &[report::Row]) -> String {
 #[test]
 fn interlock_lands_every_probe_where_the_mesh_does() {
     require_root!();
-    let o = run(cases::all(), Against::Interlock);
+    // INTERLOCK_PARITY_SELF=1 puts the mesh's rules on the other sides too: the whole
+    // harness checked against itself.
+    let against = if std::env::var_os("INTERLOCK_PARITY_SELF").is_some() {
+        Against::Itself
+    } else {
+        Against::Interlock
+    };
+    let o = run(cases::all(), against);
     print_and_write(&o, "parity");
     assert!(o.rows.iter().all(report::Row::ok), "{}", summary(&o.rows));
 }

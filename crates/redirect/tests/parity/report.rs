@@ -262,6 +262,12 @@ pub fn markdown(rows: &[Row], cases: &[Case], per_row: usize, timing: &str) -> S
             md_escape(&c.v6_condition)
         );
     }
+    s.push_str(
+        "\n## Upstream configurations not mapped\n\n| mesh | upstream | why |\n|---|---|---|\n",
+    );
+    for (mesh, file, why) in super::cases::not_mapped() {
+        let _ = writeln!(s, "| {mesh} | {} | {} |", md_escape(file), md_escape(why));
+    }
     s.push_str("\n## Results\n\n| case | backend | family | probes | agreeing | verdict | interlock side |\n|---|---|---|---|---|---|---|\n");
     for r in rows {
         let _ = writeln!(

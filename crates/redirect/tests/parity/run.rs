@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use interlock_redirect::BackendKind;
 
 use super::case::{plan, Case, ProbePlan};
+use super::landing::Landing;
 use super::report::{compare, Row};
 use super::side::{run_side, Rules, SideRun};
 
@@ -70,6 +71,19 @@ pub fn run(cases: Vec<Case>, against: Against) -> Outcome {
                     break;
                 };
                 let r = run_side(&cases[i], &plans[i], rules);
+                if std::env::var_os("INTERLOCK_PARITY_DEBUG").is_some() {
+                    let silent = r
+                        .landings
+                        .iter()
+                        .filter(|l| matches!(l, Landing::NoAnswer))
+                        .count();
+                    eprintln!(
+                        "side {} {rules:?}: {:.2} s, {} probes, {silent} without answer",
+                        cases[i].id(),
+                        r.elapsed.as_secs_f64(),
+                        r.landings.len(),
+                    );
+                }
                 results.lock().unwrap()[u] = Some(r);
             });
         }

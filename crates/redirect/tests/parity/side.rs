@@ -163,7 +163,37 @@ pub fn prepare(case: &Case, rules: Rules, node: &NodeSetup) -> (Side, Result<Str
         }
         Rules::Interlock(kind) => apply_interlock(&side, case, kind),
     };
+    settle_loopback(&side.pod);
     (side, setup)
+}
+
+/// Waits until every IPv6 address on the pod's `lo` is usable. An address just added
+/// (Istio's `::6`) is tentative, without its local route, until the kernel's address work
+/// has run; a probe to it before then would leave through `eth0` and land elsewhere than a
+/// moment later. Usable means a socket connected to it picks it as its own source.
+fn settle_loopback(pod: &Netns) {
+    let out = Command::new("ip")
+        .args(["-n", pod.name(), "-o", "-6", "addr", "show", "dev", "lo"])
+        .output()
+        .expect("ip addr show");
+    let addrs: Vec<Ipv6Addr> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3)?.split('/').next()?.parse().ok())
+        .collect();
+    in_netns(&pod.path(), || {
+        for a in addrs {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let ready = std::net::UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0))
+                    .and_then(|s| s.connect((a, 9)).and(s.local_addr()))
+                    .is_ok_and(|l| l.ip() == std::net::IpAddr::V6(a));
+                if ready || Instant::now() > deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    });
 }
 
 /// Runs `plan`'s probes against a fresh side holding `rules` for `case`.

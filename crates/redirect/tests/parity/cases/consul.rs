@@ -967,3 +967,15 @@ const D3_V6: &str = "\
 -A CONSUL_PROXY_REDIRECT -p tcp -j REDIRECT --to-ports 15001
 COMMIT
 ";
+
+/// Upstream configurations with no case, and why.
+pub fn not_mapped() -> Vec<(&'static str, &'static str)> {
+    vec![
+        (SDK, "S4.10 / SD.10 / S6.10 \"additional rules are passed\": the AdditionalRulesFn hook is ECS's; the CNI plugin never passes it (rules otherwise those of S4.9)"),
+        (SDK, "SD.2, SD.4 and S6.2: an IPv4 ConsulDNSIP under dual stack, which Setup refuses (and ip6tables would reject a DNAT to it)"),
+        (SDK, "SD.8 / S6.8: ExcludeOutboundCIDRs of one family under dual stack: the other family's pass hands them to its tool, which rejects them, and Setup fails"),
+        (SDK, "TestSetup_errors, TestVerifyDualStackConfig's errors (consul.md D4-D6): configurations Setup refuses; no rules to compare (interlock must refuse such a pod too)"),
+        (K8S_CNI, "Test_cmdAdd error cases (no pod name, no container IPs, unparsable annotation): plugin errors, no rules"),
+        (WEBHOOK, "W4 \"metrics enabled with incorrect annotation\": the webhook refuses the pod, no annotation is written"),
+    ]
+}

@@ -208,8 +208,25 @@ pub fn cases() -> Vec<Case> {
             "excludeInboundPorts 3306", &[("excludeInboundPorts", "3306")], none, &[], EXCLUDE_INBOUND_3306_V4, &[]),
         case("excludeOutboundIPRanges-all", "cni/pkg/plugin/sidecar_redirect.go; table derived (istio.md §1.3 step 17)",
             "excludeOutboundIPRanges 0.0.0.0/0", &[("excludeOutboundIPRanges", "0.0.0.0/0")], none, &[], EXCLUDE_ALL_V4, &[]),
+        case("excludeInterfaces-eth0", "cni/pkg/plugin/sidecar_redirect.go; table derived (istio.md §1.3 step 2, as in basic-exclude-nic.golden)",
+            "excludeInterfaces eth0 (the pod's own interface)", &[("excludeInterfaces", "eth0")], none, &[], EXCLUDE_ETH0_V4, &[]),
     ]);
     v
+}
+
+/// Upstream configurations with no case, and why.
+pub fn not_mapped() -> Vec<(&'static str, &'static str)> {
+    const CAPTURE: &str = "tools/istio-iptables/pkg/capture/run_test.go";
+    vec![
+        (CAPTURE, "`tproxy`, `inbound-ports-tproxy`, `inbound-ports-wildcard-tproxy`; plugin_dryrun_test.go `tproxy`, `custom-uid-tproxy`: TPROXY interception (interlock implements REDIRECT and refuses TPROXY)"),
+        (CAPTURE, "`ip-range`, `dns-uid-gid`, `ipv6-dns-uid-gid`, `loopback-outbound-iprange`: UID/GID lists and per-nameserver DNS, which istio-cni never passes (one UID and GID from istio-proxy, capture-all DNS); the loopback-include behaviour is covered by `include-exclude-ip`"),
+        (CAPTURE, "`ipv6-virt-interfaces`, `ipv6-ipnets`, `ipv6-uid-gid`, `kube-virt-interfaces`, `ipnets-with-kube-virt-interfaces`: kube-virt/reroute interfaces, which interlock does not support"),
+        (CAPTURE, "`outbound-owner-groups`, `outbound-owner-groups-exclude`, `ipv6-dns-outbound-owner-groups`, `ipv6-dns-outbound-owner-groups-exclude`: owner groups come from the environment of the process running istio-iptables, not from the pod"),
+        (CAPTURE, "`host-ipv4-loopback-cidr`: ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR is read from the CNI plugin process's environment only"),
+        (CAPTURE, "`inbound-ports-wildcard` as its golden stands: istio-cni always adds the 15020,15021,15090 RETURNs; compared in the form istio-cni produces"),
+        ("cni/pkg/plugin/testdata/status-ports.txt.golden", "referenced by no test; stale format"),
+        ("cni/pkg/iptables/testdata/*", "ambient (ztunnel) redirection, not sidecar"),
+    ]
 }
 
 /// istio.md 7.A.1, IPv4.
@@ -721,6 +738,40 @@ const EXCLUDE_ALL_V4: &str = "\
 -A ISTIO_OUTPUT -m owner --gid-owner 1337 -j RETURN
 -A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN
 -A ISTIO_OUTPUT -d 0.0.0.0/0 -j RETURN
+-A ISTIO_OUTPUT -j ISTIO_REDIRECT
+-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001
+COMMIT
+";
+
+/// Derived (istio.md §1.3 step 2): `excludeInterfaces: eth0` puts a RETURN for the
+/// interface first in nat PREROUTING and OUTPUT (as `basic-exclude-nic.golden` shows for
+/// another name); the rest is `basic`.
+const EXCLUDE_ETH0_V4: &str = "\
+*nat
+:ISTIO_INBOUND - [0:0]
+:ISTIO_IN_REDIRECT - [0:0]
+:ISTIO_OUTPUT - [0:0]
+:ISTIO_REDIRECT - [0:0]
+-A PREROUTING -i eth0 -j RETURN
+-A PREROUTING -p tcp -j ISTIO_INBOUND
+-A OUTPUT -o eth0 -j RETURN
+-A OUTPUT -j ISTIO_OUTPUT
+-A ISTIO_INBOUND -p tcp --dport 15008 -j RETURN
+-A ISTIO_INBOUND -p tcp --dport 15020 -j RETURN
+-A ISTIO_INBOUND -p tcp --dport 15021 -j RETURN
+-A ISTIO_INBOUND -p tcp --dport 15090 -j RETURN
+-A ISTIO_INBOUND -p tcp -j ISTIO_IN_REDIRECT
+-A ISTIO_IN_REDIRECT -p tcp -j REDIRECT --to-ports 15006
+-A ISTIO_OUTPUT -p tcp --dport 15020 -j RETURN
+-A ISTIO_OUTPUT -p udp --dport 15020 -j RETURN
+-A ISTIO_OUTPUT -o lo -s 127.0.0.6/32 -j RETURN
+-A ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m owner --uid-owner 1337 -j ISTIO_IN_REDIRECT
+-A ISTIO_OUTPUT -o lo -m owner ! --uid-owner 1337 -j RETURN
+-A ISTIO_OUTPUT -m owner --uid-owner 1337 -j RETURN
+-A ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m owner --gid-owner 1337 -j ISTIO_IN_REDIRECT
+-A ISTIO_OUTPUT -o lo -m owner ! --gid-owner 1337 -j RETURN
+-A ISTIO_OUTPUT -m owner --gid-owner 1337 -j RETURN
+-A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN
 -A ISTIO_OUTPUT -j ISTIO_REDIRECT
 -A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001
 COMMIT

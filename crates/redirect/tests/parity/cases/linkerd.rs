@@ -238,6 +238,18 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
+/// Upstream configurations with no case, and why.
+pub fn not_mapped() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("linkerd2-proxy-init pkg/iptables/iptables_test.go", "TestAddIncomingTrafficRules / TestAddOutgoingTrafficRules: command-list tests with no mode or UID set (no inbound REDIRECT, no owner rule), not a configuration any pod gets"),
+        ("linkerd2 charts/partials/templates/_proxy-init.tpl, controller/proxy-injector/fake/data/pod.patch.json (linkerd.md §3.4 A-C)", "the injector's linkerd-init path (inbound ignore 4190,4191,4567,4568; outbound 4567,4568; control-plane 443,6443): linkerd-cni skips pods with linkerd-init, and interlock replaces linkerd-cni; the annotations it honours are covered under linkerd-cni's semantics"),
+        ("linkerd2-proxy-init proxy-init/integration/iptables/iptablestest-lab.yaml", "`pod-redirects-all-ports`, `pod-with-existing-rules`: proxy ports 8080 in and out are proxy-init flags that linkerd-cni does not take from a pod (it ignores the inbound-port/outbound-port annotations); existing-rules tests re-running proxy-init"),
+        ("linkerd2-proxy-init proxy-init/integration/iptables/iptablestest-lab.yaml", "`pod-redirects-whitelisted` (--ports-to-redirect): linkerd-cni's ports-to-redirect is node-wide config, no pod annotation; `pod-with-no-rules`: the control pod without rules"),
+        ("linkerd2-proxy-init cni-plugin/main.go", "skip-subnets with an IPv6 network: proxy-init hands the list to the IPv4 pass too, which rejects it, so the pod never starts (PR linkerd2-proxy-init#696); with IPv6 on, an IPv4 network fails the IPv6 pass the same way (those IPv6 rows are n/a)"),
+        ("linkerd2 pkg/k8s/labels.go", "config.linkerd.io/inbound-port, outbound-port, admin-port, control-port, close-wait-timeout: read by the injector only, not by linkerd-cni"),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

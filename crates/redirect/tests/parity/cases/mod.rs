@@ -34,3 +34,14 @@ pub fn by_id(id: &str) -> Case {
         .find(|c| c.id() == id)
         .unwrap_or_else(|| panic!("no case {id}"))
 }
+
+/// Every mesh's upstream configurations that have no case: (mesh, upstream file, why).
+pub fn not_mapped() -> Vec<(&'static str, &'static str, &'static str)> {
+    let tag = |mesh: &'static str, v: Vec<(&'static str, &'static str)>| {
+        v.into_iter().map(move |(f, why)| (mesh, f, why))
+    };
+    tag("istio", istio::not_mapped())
+        .chain(tag("linkerd", linkerd::not_mapped()))
+        .chain(tag("consul", consul::not_mapped()))
+        .collect()
+}
