@@ -85,6 +85,16 @@ fn print_and_write(o: &Outcome, title: &str) {
     println!("{title}: {}", timing(o));
     let (text_rows, md_rows) = shown_per_row();
     println!("{}", report::text(&o.rows, text_rows));
+    let patterns = report::patterns(&o.rows);
+    if !patterns.is_empty() {
+        println!("disagreements by pattern (probes, rows):");
+        for (k, ports, n, rows) in patterns.iter().take(60) {
+            println!("  {n:>5} {rows:>4}  {k}  [ports {ports}]");
+        }
+        if patterns.len() > 60 {
+            println!("  … and {} more patterns", patterns.len() - 60);
+        }
+    }
     let cases: Vec<case::Case> = o.mesh.iter().map(|(c, _, _)| c.clone()).collect();
     if let Ok(path) = std::env::var("INTERLOCK_PARITY_REPORT") {
         let md = report::markdown(&o.rows, &cases, md_rows, &timing(o));

@@ -19,7 +19,7 @@ const CONNECT_WAIT: Duration = Duration::from_secs(2);
 /// kernel already: only the recording thread's turn is awaited).
 const RECORD_WAIT: Duration = Duration::from_secs(10);
 /// How long a datagram may take to arrive.
-const UDP_WAIT: Duration = Duration::from_millis(1500);
+const UDP_WAIT: Duration = Duration::from_secs(2);
 
 /// Direction of a probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -123,32 +123,42 @@ fn run_one(n: u32, p: &Probe, rec: &Recorder) -> Landing {
     }
 }
 
-/// Runs `probes` against one side: outbound ones on a thread in the pod netns, inbound
-/// ones on a thread in the node netns, both at once. Landings come back in `probes`' order.
+/// How many threads send a side's outbound probes: a probe that gets no answer holds its
+/// thread for [`CONNECT_WAIT`], and some rule sets black-hole a few (Consul's DNAT of every
+/// port-53 packet sends loopback-sourced ones out of the pod).
+const OUT_THREADS: usize = 3;
+
+/// Runs `probes` against one side: outbound ones on threads in the pod netns, inbound
+/// ones on a thread in the node netns, all at once (each probe is told apart by its
+/// token). Landings come back in `probes`' order.
 pub fn run_all(probes: &[Probe], rec: &Recorder, pod: &Path, node: &Path) -> Vec<Landing> {
     let (out, inb): (Vec<_>, Vec<_>) = probes
         .iter()
         .enumerate()
         .partition(|(_, p)| p.dir == Dir::Out);
-    let (out_res, in_res) = std::thread::scope(|s| {
-        let o = s.spawn(|| {
-            in_netns(pod, || {
-                out.iter()
-                    .map(|(i, p)| (*i, run_one(*i as u32, p, rec)))
-                    .collect::<Vec<_>>()
+    let mut groups: Vec<(&Path, Vec<(usize, &Probe)>)> =
+        (0..OUT_THREADS).map(|_| (pod, Vec::new())).collect();
+    for (k, p) in out.into_iter().enumerate() {
+        groups[k % OUT_THREADS].1.push(p);
+    }
+    groups.push((node, inb));
+    let results: Vec<Vec<(usize, Landing)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = groups
+            .iter()
+            .map(|(ns, list)| {
+                s.spawn(move || {
+                    in_netns(ns, || {
+                        list.iter()
+                            .map(|(i, p)| (*i, run_one(*i as u32, p, rec)))
+                            .collect::<Vec<_>>()
+                    })
+                })
             })
-        });
-        let n = s.spawn(|| {
-            in_netns(node, || {
-                inb.iter()
-                    .map(|(i, p)| (*i, run_one(*i as u32, p, rec)))
-                    .collect::<Vec<_>>()
-            })
-        });
-        (o.join().unwrap(), n.join().unwrap())
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let mut all: Vec<Option<Landing>> = vec![None; probes.len()];
-    for (i, l) in out_res.into_iter().chain(in_res) {
+    for (i, l) in results.into_iter().flatten() {
         all[i] = Some(l);
     }
     all.into_iter()
