@@ -186,6 +186,9 @@ fn harness_agrees_with_itself_and_with_the_fact_sheets() {
         "linkerd/cni-annotations",
         "consul/W11",
         "consul/D3",
+        "istio/excludeInterfaces-eth0",
+        "istio/excludeInboundPorts",
+        "istio/excludeOutboundIPRanges-all",
     ];
     let o = run(
         ids.iter().map(|id| cases::by_id(id)).collect(),
@@ -295,6 +298,44 @@ fn harness_agrees_with_itself_and_with_the_fact_sheets() {
             "istio/include-exclude-ip",
             "out tcp app (1000:1000) -> 192.0.2.10:8080",
             node("192.0.2.10:8080"),
+        ),
+        // The derived tables: an excluded interface passes both ways; 3306 is not captured
+        // inbound; 0.0.0.0/0 excluded leaves every destination alone but the pod's own
+        // loopback rules.
+        (
+            "istio/excludeInterfaces-eth0",
+            "out tcp app (1000:1000) -> 192.0.2.10:8080",
+            node("192.0.2.10:8080"),
+        ),
+        (
+            "istio/excludeInterfaces-eth0",
+            "in tcp node from 198.51.100.7 -> 10.99.1.2:8080",
+            pod("10.99.1.2:8080", None),
+        ),
+        (
+            "istio/excludeInterfaces-eth0",
+            "out tcp proxy (1337:1337) -> 10.99.1.2:8080",
+            pod("127.0.0.1:15006", Some("10.99.1.2:8080")),
+        ),
+        (
+            "istio/excludeInboundPorts",
+            "in tcp node from 198.51.100.7 -> 10.99.1.2:3306",
+            pod("10.99.1.2:3306", None),
+        ),
+        (
+            "istio/excludeInboundPorts",
+            "in tcp node from 198.51.100.7 -> 10.99.1.2:8080",
+            pod("10.99.1.2:15006", Some("10.99.1.2:8080")),
+        ),
+        (
+            "istio/excludeOutboundIPRanges-all",
+            "out tcp app (1000:1000) -> 192.0.2.10:8080",
+            node("192.0.2.10:8080"),
+        ),
+        (
+            "istio/excludeOutboundIPRanges-all",
+            "out tcp proxy (1337:1337) -> 10.99.1.2:8080",
+            pod("127.0.0.1:15006", Some("10.99.1.2:8080")),
         ),
         // linkerd.md §1.1: skip-subnets are inbound sources; loopback is never captured.
         (

@@ -104,6 +104,51 @@ type BCase = (
     &'static str,
 );
 
+/// `table` with `line` put right after its line `after`.
+fn with_line(table: &str, after: &str, line: &str) -> String {
+    assert!(table.lines().any(|l| l == after), "no line {after:?}");
+    table
+        .lines()
+        .flat_map(|l| if l == after { vec![l, line] } else { vec![l] })
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// Derived tables: `basic` with the rules istio-iptables adds for one more setting
+/// (istio.md §1.3), in the place its steps put them.
+fn derived_basic(setting: &str) -> String {
+    match setting {
+        // Step 8: inbound exclusions 3306,15020,15021,15090 follow the 15008 RETURN.
+        "excludeInboundPorts 3306" => with_line(
+            BASIC_V4,
+            "-A ISTIO_INBOUND -p tcp --dport 15008 -j RETURN",
+            "-A ISTIO_INBOUND -p tcp --dport 3306 -j RETURN",
+        ),
+        // Step 17: excluded ranges follow the 127.0.0.1 RETURN (0.0.0.0/0 has no loopback
+        // address, so the `! --uid-owner` loopback RETURNs stay).
+        "excludeOutboundIPRanges 0.0.0.0/0" => with_line(
+            BASIC_V4,
+            "-A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN",
+            "-A ISTIO_OUTPUT -d 0.0.0.0/0 -j RETURN",
+        ),
+        // Step 2: an excluded interface's RETURNs come before the jumps of steps 8 and 9
+        // (as basic-exclude-nic.golden shows for another name).
+        "excludeInterfaces eth0" => {
+            let t = with_line(
+                BASIC_V4,
+                ":ISTIO_REDIRECT - [0:0]",
+                "-A PREROUTING -i eth0 -j RETURN",
+            );
+            with_line(
+                &t,
+                "-A PREROUTING -p tcp -j ISTIO_INBOUND",
+                "-A OUTPUT -o eth0 -j RETURN",
+            )
+        }
+        other => panic!("no derivation for {other}"),
+    }
+}
+
 /// Every Istio case.
 pub fn cases() -> Vec<Case> {
     let none = (None, None);
@@ -205,11 +250,11 @@ pub fn cases() -> Vec<Case> {
             &[("sidecar.istio.io/interceptionMode", "REDIRECT"), ("includeInboundPorts", "*"), ("excludeInboundPorts", "15020"), ("includeOutboundIPRanges", "*")],
             (Some(1337), Some(1337)), &[], BASIC_V4, &[]),
         case("excludeInboundPorts", "cni/pkg/plugin/plugin_test.go (3306 -> 3306,15020,15021,15090), cni/pkg/plugin/sidecar_redirect.go; table derived (istio.md §1.3 step 8)",
-            "excludeInboundPorts 3306", &[("excludeInboundPorts", "3306")], none, &[], EXCLUDE_INBOUND_3306_V4, &[]),
+            "excludeInboundPorts 3306", &[("excludeInboundPorts", "3306")], none, &[], &derived_basic("excludeInboundPorts 3306"), &[]),
         case("excludeOutboundIPRanges-all", "cni/pkg/plugin/sidecar_redirect.go; table derived (istio.md §1.3 step 17)",
-            "excludeOutboundIPRanges 0.0.0.0/0", &[("excludeOutboundIPRanges", "0.0.0.0/0")], none, &[], EXCLUDE_ALL_V4, &[]),
+            "excludeOutboundIPRanges 0.0.0.0/0", &[("excludeOutboundIPRanges", "0.0.0.0/0")], none, &[], &derived_basic("excludeOutboundIPRanges 0.0.0.0/0"), &[]),
         case("excludeInterfaces-eth0", "cni/pkg/plugin/sidecar_redirect.go; table derived (istio.md §1.3 step 2, as in basic-exclude-nic.golden)",
-            "excludeInterfaces eth0 (the pod's own interface)", &[("excludeInterfaces", "eth0")], none, &[], EXCLUDE_ETH0_V4, &[]),
+            "excludeInterfaces eth0 (the pod's own interface)", &[("excludeInterfaces", "eth0")], none, &[], &derived_basic("excludeInterfaces eth0"), &[]),
     ]);
     v
 }
@@ -674,105 +719,6 @@ const INCLUDE_EXCLUDE_IP_V6: &str = "\
 -A ISTIO_OUTPUT -o lo ! -d ::1/128 -p tcp ! --dport 15008 -m owner --gid-owner 1337 -j ISTIO_IN_REDIRECT
 -A ISTIO_OUTPUT -m owner --gid-owner 1337 -j RETURN
 -A ISTIO_OUTPUT -d ::1/128 -j RETURN
--A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001
-COMMIT
-";
-
-/// Derived (istio.md §1.3 step 8, §2.3): `excludeInboundPorts: 3306` gives the inbound
-/// exclusions 3306,15020,15021,15090 after the 15008 RETURN; the rest is `basic`.
-const EXCLUDE_INBOUND_3306_V4: &str = "\
-*nat
-:ISTIO_INBOUND - [0:0]
-:ISTIO_IN_REDIRECT - [0:0]
-:ISTIO_OUTPUT - [0:0]
-:ISTIO_REDIRECT - [0:0]
--A PREROUTING -p tcp -j ISTIO_INBOUND
--A OUTPUT -j ISTIO_OUTPUT
--A ISTIO_INBOUND -p tcp --dport 15008 -j RETURN
--A ISTIO_INBOUND -p tcp --dport 3306 -j RETURN
--A ISTIO_INBOUND -p tcp --dport 15020 -j RETURN
--A ISTIO_INBOUND -p tcp --dport 15021 -j RETURN
--A ISTIO_INBOUND -p tcp --dport 15090 -j RETURN
--A ISTIO_INBOUND -p tcp -j ISTIO_IN_REDIRECT
--A ISTIO_IN_REDIRECT -p tcp -j REDIRECT --to-ports 15006
--A ISTIO_OUTPUT -p tcp --dport 15020 -j RETURN
--A ISTIO_OUTPUT -p udp --dport 15020 -j RETURN
--A ISTIO_OUTPUT -o lo -s 127.0.0.6/32 -j RETURN
--A ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m owner --uid-owner 1337 -j ISTIO_IN_REDIRECT
--A ISTIO_OUTPUT -o lo -m owner ! --uid-owner 1337 -j RETURN
--A ISTIO_OUTPUT -m owner --uid-owner 1337 -j RETURN
--A ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m owner --gid-owner 1337 -j ISTIO_IN_REDIRECT
--A ISTIO_OUTPUT -o lo -m owner ! --gid-owner 1337 -j RETURN
--A ISTIO_OUTPUT -m owner --gid-owner 1337 -j RETURN
--A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN
--A ISTIO_OUTPUT -j ISTIO_REDIRECT
--A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001
-COMMIT
-";
-
-/// Derived (istio.md §1.3 step 17): `excludeOutboundIPRanges: 0.0.0.0/0` adds one RETURN
-/// after the 127.0.0.1 RETURN (0.0.0.0/0 is no loopback address, so the `! --uid-owner`
-/// loopback RETURNs stay); the rest is `basic`.
-const EXCLUDE_ALL_V4: &str = "\
-*nat
-:ISTIO_INBOUND - [0:0]
-:ISTIO_IN_REDIRECT - [0:0]
-:ISTIO_OUTPUT - [0:0]
-:ISTIO_REDIRECT - [0:0]
--A PREROUTING -p tcp -j ISTIO_INBOUND
--A OUTPUT -j ISTIO_OUTPUT
--A ISTIO_INBOUND -p tcp --dport 15008 -j RETURN
--A ISTIO_INBOUND -p tcp --dport 15020 -j RETURN
--A ISTIO_INBOUND -p tcp --dport 15021 -j RETURN
--A ISTIO_INBOUND -p tcp --dport 15090 -j RETURN
--A ISTIO_INBOUND -p tcp -j ISTIO_IN_REDIRECT
--A ISTIO_IN_REDIRECT -p tcp -j REDIRECT --to-ports 15006
--A ISTIO_OUTPUT -p tcp --dport 15020 -j RETURN
--A ISTIO_OUTPUT -p udp --dport 15020 -j RETURN
--A ISTIO_OUTPUT -o lo -s 127.0.0.6/32 -j RETURN
--A ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m owner --uid-owner 1337 -j ISTIO_IN_REDIRECT
--A ISTIO_OUTPUT -o lo -m owner ! --uid-owner 1337 -j RETURN
--A ISTIO_OUTPUT -m owner --uid-owner 1337 -j RETURN
--A ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m owner --gid-owner 1337 -j ISTIO_IN_REDIRECT
--A ISTIO_OUTPUT -o lo -m owner ! --gid-owner 1337 -j RETURN
--A ISTIO_OUTPUT -m owner --gid-owner 1337 -j RETURN
--A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN
--A ISTIO_OUTPUT -d 0.0.0.0/0 -j RETURN
--A ISTIO_OUTPUT -j ISTIO_REDIRECT
--A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001
-COMMIT
-";
-
-/// Derived (istio.md §1.3 step 2): `excludeInterfaces: eth0` puts a RETURN for the
-/// interface first in nat PREROUTING and OUTPUT (as `basic-exclude-nic.golden` shows for
-/// another name); the rest is `basic`.
-const EXCLUDE_ETH0_V4: &str = "\
-*nat
-:ISTIO_INBOUND - [0:0]
-:ISTIO_IN_REDIRECT - [0:0]
-:ISTIO_OUTPUT - [0:0]
-:ISTIO_REDIRECT - [0:0]
--A PREROUTING -i eth0 -j RETURN
--A PREROUTING -p tcp -j ISTIO_INBOUND
--A OUTPUT -o eth0 -j RETURN
--A OUTPUT -j ISTIO_OUTPUT
--A ISTIO_INBOUND -p tcp --dport 15008 -j RETURN
--A ISTIO_INBOUND -p tcp --dport 15020 -j RETURN
--A ISTIO_INBOUND -p tcp --dport 15021 -j RETURN
--A ISTIO_INBOUND -p tcp --dport 15090 -j RETURN
--A ISTIO_INBOUND -p tcp -j ISTIO_IN_REDIRECT
--A ISTIO_IN_REDIRECT -p tcp -j REDIRECT --to-ports 15006
--A ISTIO_OUTPUT -p tcp --dport 15020 -j RETURN
--A ISTIO_OUTPUT -p udp --dport 15020 -j RETURN
--A ISTIO_OUTPUT -o lo -s 127.0.0.6/32 -j RETURN
--A ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m owner --uid-owner 1337 -j ISTIO_IN_REDIRECT
--A ISTIO_OUTPUT -o lo -m owner ! --uid-owner 1337 -j RETURN
--A ISTIO_OUTPUT -m owner --uid-owner 1337 -j RETURN
--A ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m owner --gid-owner 1337 -j ISTIO_IN_REDIRECT
--A ISTIO_OUTPUT -o lo -m owner ! --gid-owner 1337 -j RETURN
--A ISTIO_OUTPUT -m owner --gid-owner 1337 -j RETURN
--A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN
--A ISTIO_OUTPUT -j ISTIO_REDIRECT
 -A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001
 COMMIT
 ";
