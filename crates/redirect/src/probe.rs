@@ -521,10 +521,11 @@ pub fn plan(
     Ok(Plan::Connect(targets))
 }
 
-/// Destination ports the spec captures, in preference order (at most a handful).
+/// Destination ports the spec captures, in preference order (at most a handful): those
+/// captured to any destination count too.
 fn candidate_ports(spec: &RedirectSpec) -> Vec<u16> {
     let ok = |p: &u16| !spec.outbound.exclude_ports.contains(p);
-    match &spec.outbound.include_ports {
+    let mut ports: Vec<u16> = match &spec.outbound.include_ports {
         PortSelection::Only(list) => list.iter().copied().filter(ok).take(4).collect(),
         PortSelection::All => PREFERRED_PORTS
             .iter()
@@ -533,7 +534,20 @@ fn candidate_ports(spec: &RedirectSpec) -> Vec<u16> {
             .filter(ok)
             .take(4)
             .collect(),
+    };
+    for p in spec
+        .outbound
+        .any_destination_ports
+        .iter()
+        .copied()
+        .filter(ok)
+        .take(4)
+    {
+        if !ports.contains(&p) {
+            ports.push(p);
+        }
     }
+    ports
 }
 
 /// Runs the probe for both families (see the module docs) with the proxy's port free

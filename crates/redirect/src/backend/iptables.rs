@@ -249,7 +249,7 @@ pub fn chain_rules(spec: &RedirectSpec, family: Family) -> Vec<ChainRule> {
         push(CHAIN_INBOUND, format!("{} -j RETURN", dport("tcp", &run)));
     }
     for net in spec.exclude_sources(family) {
-        push(CHAIN_INBOUND, format!("-s {net} -j RETURN"));
+        push(CHAIN_INBOUND, format!("{}-j RETURN", addr("-s", &net)));
     }
     match &spec.inbound.include_ports {
         PortSelection::All => push(CHAIN_INBOUND, format!("-p tcp {in_redirect}")),
@@ -382,7 +382,7 @@ pub fn chain_rules(spec: &RedirectSpec, family: Family) -> Vec<ChainRule> {
         push(CHAIN_OUTPUT, "-p udp -j RETURN".to_string());
     }
     for net in spec.exclude_cidrs(family) {
-        push(CHAIN_OUTPUT, format!("-d {net} -j RETURN"));
+        push(CHAIN_OUTPUT, format!("{}-j RETURN", addr("-d", &net)));
     }
     for run in port_runs(&spec.outbound.any_destination_ports) {
         push(
@@ -399,7 +399,10 @@ pub fn chain_rules(spec: &RedirectSpec, family: Family) -> Vec<ChainRule> {
         push(CHAIN_OUTPUT, format!("-j {CHAIN_OUT_PORTS}"));
     } else {
         for net in spec.include_cidrs(family) {
-            push(CHAIN_OUTPUT, format!("-d {net} -j {CHAIN_OUT_PORTS}"));
+            push(
+                CHAIN_OUTPUT,
+                format!("{}-j {CHAIN_OUT_PORTS}", addr("-d", &net)),
+            );
         }
     }
     // Port selection and redirect.
@@ -480,55 +483,48 @@ fn render_restore(obs: &Observed, rules: &[ChainRule], jumps: &[Jump]) -> String
         if !wanted && !present {
             continue;
         }
-        s.push_str(&format!(
-            "*{}
-",
-            table.name()
-        ));
+        s.push_str(&format!("*{}\n", table.name()));
         for c in table.chains() {
-            s.push_str(&format!(
-                ":{c} - [0:0]
-"
-            ));
+            s.push_str(&format!(":{c} - [0:0]\n"));
         }
         for j in obs.jumps.iter().filter(|j| j.table == table) {
-            s.push_str(&format!(
-                "-D {} {}
-",
-                j.builtin, j.rule
-            ));
+            s.push_str(&format!("-D {} {}\n", j.builtin, j.rule));
         }
         // Inserted at 1 in reverse, so each built-in chain starts with its jumps in order.
         for j in jumps.iter().filter(|j| j.table == table).rev() {
-            s.push_str(&format!(
-                "-I {} 1 {}
-",
-                j.builtin, j.rule
-            ));
+            s.push_str(&format!("-I {} 1 {}\n", j.builtin, j.rule));
         }
         for r in rules.iter().filter(|r| r.table() == table) {
-            s.push_str(&format!(
-                "-A {} {}
-",
-                r.chain, r.rule
-            ));
+            s.push_str(&format!("-A {} {}\n", r.chain, r.rule));
         }
         for c in table.chains() {
-            let used = rules.iter().any(|r| r.chain == *c)
-                || jumps.iter().any(|j| j.rule.ends_with(&format!("-j {c}")));
-            if !used {
-                s.push_str(&format!(
-                    "-X {c}
-"
-                ));
+            if !chain_used(c, rules, jumps) {
+                s.push_str(&format!("-X {c}\n"));
             }
         }
-        s.push_str(
-            "COMMIT
-",
-        );
+        s.push_str("COMMIT\n");
     }
     s
+}
+
+/// Whether chain `c` is needed: it holds rules, or a rule or a built-in jump goes to it
+/// (`IL_OUT_PORTS` can be jumped to and empty, when no port is captured).
+fn chain_used(c: &str, rules: &[ChainRule], jumps: &[Jump]) -> bool {
+    let target = format!("-j {c}");
+    rules
+        .iter()
+        .any(|r| r.chain == c || r.rule.ends_with(&target))
+        || jumps.iter().any(|j| j.rule.ends_with(&target))
+}
+
+/// `-d <net> ` (or `-s`), as iptables-save prints it: nothing for a whole family
+/// (`0.0.0.0/0` and `::/0` match every address and are not printed).
+fn addr(flag: &str, net: &ipnet::IpNet) -> String {
+    if net.prefix_len() == 0 {
+        String::new()
+    } else {
+        format!("{flag} {net} ")
+    }
 }
 
 /// One `iptables` argv per rule (program first) that installs `spec` for `family` in a
@@ -656,10 +652,7 @@ fn parse_save(text: &str) -> Observed {
 /// empty = family off) need; every difference in words.
 fn compare(family: Family, expected: &[ChainRule], jumps: &[Jump], obs: &Observed) -> Vec<String> {
     let mut diffs = Vec::new();
-    let used = |c: &str| {
-        expected.iter().any(|r| r.chain == c)
-            || jumps.iter().any(|j| j.rule.ends_with(&format!("-j {c}")))
-    };
+    let used = |c: &str| chain_used(c, expected, jumps);
     for (table, c) in &obs.chains {
         if !used(c) {
             diffs.push(format!(

@@ -27,6 +27,8 @@ pub fn nets() -> impl Strategy<Value = Vec<IpNet>> {
         "127.0.0.0/8",
         "fd00::/8",
         "fd00:1::/32",
+        "0.0.0.0/0",
+        "::/0",
     ]
     .iter()
     .map(|s| s.parse().unwrap())

@@ -170,7 +170,10 @@ pub fn prepare(case: &Case, rules: Rules, node: &NodeSetup) -> (Side, Result<Str
 /// Waits until every IPv6 address on the pod's `lo` is usable. An address just added
 /// (Istio's `::6`) is tentative, without its local route, until the kernel's address work
 /// has run; a probe to it before then would leave through `eth0` and land elsewhere than a
-/// moment later. Usable means a socket connected to it picks it as its own source.
+/// moment later. Usable means a socket connected to it picks it as its own source. That
+/// work waits for the RTNL lock, which netns teardowns hold for long stretches on a busy
+/// machine: the wait is generous, and an address that never settles stops the test
+/// (comparing landings then would compare the kernel's timing, not the rules).
 fn settle_loopback(pod: &Netns) {
     let out = Command::new("ip")
         .args(["-n", pod.name(), "-o", "-6", "addr", "show", "dev", "lo"])
@@ -182,14 +185,19 @@ fn settle_loopback(pod: &Netns) {
         .collect();
     in_netns(&pod.path(), || {
         for a in addrs {
-            let deadline = Instant::now() + Duration::from_secs(5);
+            let deadline = Instant::now() + Duration::from_secs(30);
             loop {
                 let ready = std::net::UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0))
                     .and_then(|s| s.connect((a, 9)).and(s.local_addr()))
                     .is_ok_and(|l| l.ip() == std::net::IpAddr::V6(a));
-                if ready || Instant::now() > deadline {
+                if ready {
                     break;
                 }
+                assert!(
+                    Instant::now() < deadline,
+                    "{a} on lo of {} never became usable within 30 s",
+                    pod.name()
+                );
                 std::thread::sleep(Duration::from_millis(2));
             }
         }

@@ -64,6 +64,7 @@ enum V6 {
     Refused(&'static str),
 }
 
+const DNS_V4_ONLY: &str = "without dual stack consul writes no IPv6 rules, and with it the DNS rule moves to the IPv6 pass (SD.3 compares that form)";
 const DNS_V4_REFUSED: &str = "Setup refuses an IPv4 ConsulDNSIP under dual stack (TestVerifyDualStackConfig, consul.md §4.1)";
 const NOMAD_V6: &str = "Nomad's path never sets dual stack (consul.md §2.2), and Setup would refuse the IPv4 ConsulDNSIP under it";
 const CIDR_V4_REFUSED: &str = "the IPv6 pass gives ip6tables the IPv4 ExcludeOutboundCIDRs, which it rejects: Setup fails under dual stack";
@@ -162,18 +163,6 @@ pub fn cases() -> Vec<Case> {
             V6::Derived,
         ),
         case(
-            "S4.2",
-            &sdk4("\"Consul DNS IP provided\""),
-            AS_ANNOTATION,
-            Config {
-                dns_ip: "10.0.34.16",
-                ..t.clone()
-            },
-            false,
-            S4_2,
-            V6::Refused(DNS_V4_REFUSED),
-        ),
-        case(
             "S4.3",
             &sdk4("\"Consul DNS port provided\""),
             AS_ANNOTATION,
@@ -183,20 +172,7 @@ pub fn cases() -> Vec<Case> {
             },
             false,
             S4_3,
-            V6::Listed(S6_3),
-        ),
-        case(
-            "S4.4",
-            &sdk4("\"Consul DNS IP and port provided\""),
-            AS_ANNOTATION,
-            Config {
-                dns_ip: "10.0.34.16",
-                dns_port: 8600,
-                ..t.clone()
-            },
-            false,
-            S4_4,
-            V6::Refused(DNS_V4_REFUSED),
+            V6::Refused(DNS_V4_ONLY),
         ),
         case(
             "S4.5",
@@ -263,7 +239,6 @@ pub fn cases() -> Vec<Case> {
     v.extend([
         case("SD.1", &sdk_ds("\"no proxy outbound port provided\""), DS, t.clone(), true, S4_1, V6::Derived),
         case("SD.3", &sdk_ds("\"Consul DNS port provided\""), DS, Config { dns_port: 8600, ..t.clone() }, true, S4_1, V6::Listed(S6_3)),
-        case("S6.4", &sdk_ds("\"Consul DNS IP and port provided\" (the IPv6 variant's DNS IP)"), DS, Config { dns_ip: "2406:da1a:23:5e05:e1c6::5", dns_port: 8600, ..t.clone() }, true, S4_1, V6::Listed(S6_4)),
         case("SD.5", &sdk_ds("\"proxy outbound port is provided\""), DS, t21.clone(), true, S4_5, V6::Derived),
         case("SD.6", &sdk_ds("\"exclude inbound ports is set\""), DS, Config { exclude_inbound: &["22000", "22500"], ..t21.clone() }, true, S4_6, V6::Derived),
         case("SD.7", &sdk_ds("\"exclude outbound ports is set\""), DS, Config { exclude_outbound: &["22000", "22500"], ..t21.clone() }, true, S4_7, V6::Derived),
@@ -323,33 +298,6 @@ const S4_1: &str = "\
 COMMIT
 ";
 
-/// consul.md S4.2, IPv4.
-const S4_2: &str = "\
-*nat
-:PREROUTING ACCEPT [0:0]
-:INPUT ACCEPT [0:0]
-:OUTPUT ACCEPT [0:0]
-:POSTROUTING ACCEPT [0:0]
-:CONSUL_DNS_REDIRECT - [0:0]
-:CONSUL_PROXY_INBOUND - [0:0]
-:CONSUL_PROXY_IN_REDIRECT - [0:0]
-:CONSUL_PROXY_OUTPUT - [0:0]
-:CONSUL_PROXY_REDIRECT - [0:0]
--A PREROUTING -p tcp -j CONSUL_PROXY_INBOUND
--A OUTPUT -p udp -m udp --dport 53 -j CONSUL_DNS_REDIRECT
--A OUTPUT -p tcp -m tcp --dport 53 -j CONSUL_DNS_REDIRECT
--A OUTPUT -p tcp -j CONSUL_PROXY_OUTPUT
--A CONSUL_DNS_REDIRECT -p udp -m udp --dport 53 -j DNAT --to-destination 10.0.34.16
--A CONSUL_DNS_REDIRECT -p tcp -m tcp --dport 53 -j DNAT --to-destination 10.0.34.16
--A CONSUL_PROXY_INBOUND -p tcp -j CONSUL_PROXY_IN_REDIRECT
--A CONSUL_PROXY_IN_REDIRECT -p tcp -j REDIRECT --to-ports 20000
--A CONSUL_PROXY_OUTPUT -m owner --uid-owner 123 -j RETURN
--A CONSUL_PROXY_OUTPUT -d 127.0.0.1/32 -j RETURN
--A CONSUL_PROXY_OUTPUT -j CONSUL_PROXY_REDIRECT
--A CONSUL_PROXY_REDIRECT -p tcp -j REDIRECT --to-ports 15001
-COMMIT
-";
-
 /// consul.md S4.3, IPv4.
 const S4_3: &str = "\
 *nat
@@ -368,33 +316,6 @@ const S4_3: &str = "\
 -A OUTPUT -p tcp -j CONSUL_PROXY_OUTPUT
 -A CONSUL_DNS_REDIRECT -d 127.0.0.1/32 -p udp -m udp --dport 53 -j DNAT --to-destination 127.0.0.1:8600
 -A CONSUL_DNS_REDIRECT -d 127.0.0.1/32 -p tcp -m tcp --dport 53 -j DNAT --to-destination 127.0.0.1:8600
--A CONSUL_PROXY_INBOUND -p tcp -j CONSUL_PROXY_IN_REDIRECT
--A CONSUL_PROXY_IN_REDIRECT -p tcp -j REDIRECT --to-ports 20000
--A CONSUL_PROXY_OUTPUT -m owner --uid-owner 123 -j RETURN
--A CONSUL_PROXY_OUTPUT -d 127.0.0.1/32 -j RETURN
--A CONSUL_PROXY_OUTPUT -j CONSUL_PROXY_REDIRECT
--A CONSUL_PROXY_REDIRECT -p tcp -j REDIRECT --to-ports 15001
-COMMIT
-";
-
-/// consul.md S4.4, IPv4.
-const S4_4: &str = "\
-*nat
-:PREROUTING ACCEPT [0:0]
-:INPUT ACCEPT [0:0]
-:OUTPUT ACCEPT [0:0]
-:POSTROUTING ACCEPT [0:0]
-:CONSUL_DNS_REDIRECT - [0:0]
-:CONSUL_PROXY_INBOUND - [0:0]
-:CONSUL_PROXY_IN_REDIRECT - [0:0]
-:CONSUL_PROXY_OUTPUT - [0:0]
-:CONSUL_PROXY_REDIRECT - [0:0]
--A PREROUTING -p tcp -j CONSUL_PROXY_INBOUND
--A OUTPUT -d 10.0.34.16/32 -p udp -m udp --dport 53 -j CONSUL_DNS_REDIRECT
--A OUTPUT -d 10.0.34.16/32 -p tcp -m tcp --dport 53 -j CONSUL_DNS_REDIRECT
--A OUTPUT -p tcp -j CONSUL_PROXY_OUTPUT
--A CONSUL_DNS_REDIRECT -d 10.0.34.16/32 -p udp -m udp --dport 53 -j DNAT --to-destination 10.0.34.16:8600
--A CONSUL_DNS_REDIRECT -d 10.0.34.16/32 -p tcp -m tcp --dport 53 -j DNAT --to-destination 10.0.34.16:8600
 -A CONSUL_PROXY_INBOUND -p tcp -j CONSUL_PROXY_IN_REDIRECT
 -A CONSUL_PROXY_IN_REDIRECT -p tcp -j REDIRECT --to-ports 20000
 -A CONSUL_PROXY_OUTPUT -m owner --uid-owner 123 -j RETURN
@@ -545,33 +466,6 @@ const S6_3: &str = "\
 -A OUTPUT -p tcp -j CONSUL_PROXY_OUTPUT
 -A CONSUL_DNS_REDIRECT -d ::1/128 -p udp -m udp --dport 53 -j DNAT --to-destination [::1]:8600
 -A CONSUL_DNS_REDIRECT -d ::1/128 -p tcp -m tcp --dport 53 -j DNAT --to-destination [::1]:8600
--A CONSUL_PROXY_INBOUND -p tcp -j CONSUL_PROXY_IN_REDIRECT
--A CONSUL_PROXY_IN_REDIRECT -p tcp -j REDIRECT --to-ports 20000
--A CONSUL_PROXY_OUTPUT -m owner --uid-owner 123 -j RETURN
--A CONSUL_PROXY_OUTPUT -d ::1/128 -j RETURN
--A CONSUL_PROXY_OUTPUT -j CONSUL_PROXY_REDIRECT
--A CONSUL_PROXY_REDIRECT -p tcp -j REDIRECT --to-ports 15001
-COMMIT
-";
-
-/// consul.md S6.4, IPv6.
-const S6_4: &str = "\
-*nat
-:PREROUTING ACCEPT [0:0]
-:INPUT ACCEPT [0:0]
-:OUTPUT ACCEPT [0:0]
-:POSTROUTING ACCEPT [0:0]
-:CONSUL_DNS_REDIRECT - [0:0]
-:CONSUL_PROXY_INBOUND - [0:0]
-:CONSUL_PROXY_IN_REDIRECT - [0:0]
-:CONSUL_PROXY_OUTPUT - [0:0]
-:CONSUL_PROXY_REDIRECT - [0:0]
--A PREROUTING -p tcp -j CONSUL_PROXY_INBOUND
--A OUTPUT -d 2406:da1a:23:5e05:e1c6::5/128 -p udp -m udp --dport 53 -j CONSUL_DNS_REDIRECT
--A OUTPUT -d 2406:da1a:23:5e05:e1c6::5/128 -p tcp -m tcp --dport 53 -j CONSUL_DNS_REDIRECT
--A OUTPUT -p tcp -j CONSUL_PROXY_OUTPUT
--A CONSUL_DNS_REDIRECT -d 2406:da1a:23:5e05:e1c6::5/128 -p udp -m udp --dport 53 -j DNAT --to-destination [2406:da1a:23:5e05:e1c6::5]:8600
--A CONSUL_DNS_REDIRECT -d 2406:da1a:23:5e05:e1c6::5/128 -p tcp -m tcp --dport 53 -j DNAT --to-destination [2406:da1a:23:5e05:e1c6::5]:8600
 -A CONSUL_PROXY_INBOUND -p tcp -j CONSUL_PROXY_IN_REDIRECT
 -A CONSUL_PROXY_IN_REDIRECT -p tcp -j REDIRECT --to-ports 20000
 -A CONSUL_PROXY_OUTPUT -m owner --uid-owner 123 -j RETURN
@@ -973,6 +867,7 @@ pub fn not_mapped() -> Vec<(&'static str, &'static str)> {
     vec![
         (SDK, "S4.10 / SD.10 / S6.10 \"additional rules are passed\": the AdditionalRulesFn hook is ECS's; the CNI plugin never passes it (rules otherwise those of S4.9)"),
         (SDK, "SD.2, SD.4 and S6.2: an IPv4 ConsulDNSIP under dual stack, which Setup refuses (and ip6tables would reject a DNAT to it)"),
+        (SDK, "S4.2, S4.4, S6.4 \"Consul DNS IP provided\" / \"… IP and port provided\": a DNAT of DNS to a resolver that is not the pod's loopback (10.0.34.16, 2406:da1a:…); interlock sends DNS only to the proxy's own listener and refuses such a config (consul-k8s's injector only ever writes 127.0.0.1 or ::1 with port 8600)"),
         (SDK, "SD.8 / S6.8: ExcludeOutboundCIDRs of one family under dual stack: the other family's pass hands them to its tool, which rejects them, and Setup fails"),
         (SDK, "TestSetup_errors, TestVerifyDualStackConfig's errors (consul.md D4-D6): configurations Setup refuses; no rules to compare (interlock must refuse such a pod too)"),
         (K8S_CNI, "Test_cmdAdd error cases (no pod name, no container IPs, unparsable annotation): plugin errors, no rules"),
