@@ -618,6 +618,7 @@ impl PodCache {
                     uid: p.metadata.uid.clone(),
                     annotations: p.metadata.annotations.clone().unwrap_or_default(),
                     facts: Some(pod_facts(&p)),
+                    noted: false,
                 }
             }
             // A pod is bound to this node before its sandbox is created, so a synced cache

@@ -113,6 +113,7 @@ pub fn from_sandboxes(pod: &PodRef, sandboxes: &[interlock_cri::SandboxSummary])
             annotations: s.annotations.clone(),
             // The runtime keeps the pod's annotations, never its spec.
             facts: None,
+            noted: false,
         },
         None => Response::Undecided {
             v: PROTOCOL_VERSION,
@@ -266,6 +267,7 @@ mod tests {
                     uid: Some("u1".into()),
                     annotations,
                     facts: None,
+                    noted: false,
                 }
             } else {
                 Response::NotFound {

@@ -667,7 +667,7 @@ mod tests {
         let (p, claim) = protect(&c, &store, &key, "/nonexistent", &not, &prev, "eth0").unwrap();
         assert_eq!(p, Protection::NotNeeded);
         assert!(claim.is_none());
-        let ann = [("sidecar.istio.io/status".to_string(), "{}".to_string())].into();
+        let ann = [("interlock.dev/redirect".to_string(), "enabled".to_string())].into();
         let (profile, spec) = interlock_redirect::spec_for(
             &interlock_redirect::PodView::annotations_only(&ann),
             &c.profiles,

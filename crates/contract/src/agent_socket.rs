@@ -10,6 +10,8 @@
 //!   pod spec's [`PodFacts`], when the agent has the spec), `{"v":1,"status":"notFound"}`,
 //!   or `{"v":1,"status":"undecided","reason":"…"}` when the agent cannot answer with
 //!   authority (for example its pod cache has not synced yet).
+//!   A lookup made for an ADD may carry `"add":{"sandbox":…,"netns":…}`: an agent that takes
+//!   it as the ADD's note answers `found` with `"noted":true`, and no note follows.
 //! - `added` ([`AddedNote`]), the plugin's note after a successful ADD of a meshed pod:
 //!   `{"v":1,"op":"added","sandbox":"<CNI_CONTAINERID>","netns":"<CNI_NETNS>"}`; the agent
 //!   answers `{"v":1,"status":"noted"}` and audits that sandbox at once. Best effort: the
@@ -90,6 +92,20 @@ pub struct Request {
     /// The pod asked about.
     #[serde(flatten)]
     pub pod: PodRef,
+    /// The ADD this lookup is for: an agent that takes it as that ADD's note (as it
+    /// takes an [`AddedNote`]) says so with `noted: true` in its `found` answer, and the
+    /// plugin sends no note afterwards. Older agents ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add: Option<AddTarget>,
+}
+
+/// The sandbox and netns of the ADD a lookup is for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddTarget {
+    /// `CNI_CONTAINERID`.
+    pub sandbox: String,
+    /// `CNI_NETNS`.
+    pub netns: String,
 }
 
 /// The agent's answer.
@@ -110,6 +126,9 @@ pub enum Response {
         /// (its Kubernetes pod cache; the runtime's copy has none).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         facts: Option<PodFacts>,
+        /// The lookup's `add` was taken as the ADD's note.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        noted: bool,
     },
     /// The agent knows with authority that no such pod exists on this node.
     NotFound {
@@ -154,7 +173,14 @@ pub fn answer_request(
         Err(e) => bad(e),
         Ok(v) => match v.get("op").and_then(|o| o.as_str()) {
             Some(OP_POD) => match serde_json::from_value::<Request>(v) {
-                Ok(req) => lookup(&req.pod),
+                Ok(req) => {
+                    let mut resp = lookup(&req.pod);
+                    if let (Response::Found { noted, .. }, Some(add)) = (&mut resp, &req.add) {
+                        let note = AddedNote::new(&add.sandbox, &add.netns);
+                        *noted = matches!(on_added(&note), Response::Noted { .. });
+                    }
+                    resp
+                }
                 Err(e) => bad(e),
             },
             Some(OP_ADDED) => match serde_json::from_value::<AddedNote>(v) {
@@ -188,6 +214,7 @@ mod tests {
                 name: "cart-0".into(),
                 uid: Some("u-1".into()),
             },
+            add: None,
         };
         assert_eq!(
             serde_json::to_value(&req).unwrap(),
@@ -246,5 +273,42 @@ mod tests {
             |_| unreachable!(),
         );
         assert!(out.contains("bad request"), "{out}");
+    }
+
+    #[test]
+    fn a_lookup_for_an_add_is_its_note_where_notes_are_taken() {
+        let req = Request {
+            v: PROTOCOL_VERSION,
+            op: OP_POD.into(),
+            pod: PodRef {
+                namespace: "shop".into(),
+                name: "cart-0".into(),
+                uid: None,
+            },
+            add: Some(AddTarget {
+                sandbox: "sb-1".into(),
+                netns: "/var/run/netns/cni-1".into(),
+            }),
+        };
+        let line = serde_json::to_string(&req).unwrap();
+        assert!(line.contains(r#""add":{"sandbox":"sb-1""#), "{line}");
+        let found = |_: &PodRef| Response::Found {
+            v: 1,
+            uid: None,
+            annotations: Default::default(),
+            facts: None,
+            noted: false,
+        };
+        let mut taken = None;
+        let out = answer_request(&line, found, |n| {
+            taken = Some(n.sandbox.clone());
+            Response::Noted { v: 1 }
+        });
+        assert!(out.contains(r#""noted":true"#), "{out}");
+        assert_eq!(taken.as_deref(), Some("sb-1"));
+        // A server that takes no notes answers without it; so does any other answer.
+        assert!(!answer_line(&line, found).contains("noted"));
+        let out = answer_request(&line, |_| Response::NotFound { v: 1 }, |_| unreachable!());
+        assert!(!out.contains("noted"), "{out}");
     }
 }

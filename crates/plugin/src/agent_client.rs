@@ -15,6 +15,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
+pub use interlock_contract::agent_socket::AddTarget;
 pub use interlock_contract::agent_socket::PodRef;
 use interlock_contract::agent_socket::{Request, Response, PROTOCOL_VERSION};
 use interlock_contract::pod::PodFacts;
@@ -30,6 +31,8 @@ pub enum PodLookup {
         annotations: BTreeMap<String, String>,
         /// The facts of its spec the profiles read, when the source has the spec.
         facts: Option<PodFacts>,
+        /// The agent took the lookup as the ADD's note.
+        noted: bool,
     },
     /// The source is authoritative and has no such pod (or one with another UID).
     NotFound,
@@ -153,9 +156,15 @@ pub fn note_added(socket: &Path, sandbox: &str, netns: &str) -> Result<(), Looku
     }
 }
 
-/// Asks the agent at `socket` about `pod`, giving up after `timeout` in total. The answer
-/// counts only from a trusted socket ([`connect_trusted`]).
-pub fn query(socket: &Path, pod: &PodRef, timeout: Duration) -> Result<PodLookup, LookupError> {
+/// Asks the agent at `socket` about `pod`, giving up after `timeout` in total; `add` names
+/// the ADD the lookup is for, which the agent may take as its note. The answer counts
+/// only from a trusted socket ([`connect_trusted`]).
+pub fn query(
+    socket: &Path,
+    pod: &PodRef,
+    add: Option<&AddTarget>,
+    timeout: Duration,
+) -> Result<PodLookup, LookupError> {
     let err = |msg: String| LookupError::Agent {
         socket: socket.display().to_string(),
         msg,
@@ -171,6 +180,7 @@ pub fn query(socket: &Path, pod: &PodRef, timeout: Duration) -> Result<PodLookup
         v: PROTOCOL_VERSION,
         op: "pod".into(),
         pod: pod.clone(),
+        add: add.cloned(),
     };
     let mut line = serde_json::to_vec(&req).map_err(|e| err(e.to_string()))?;
     line.push(b'\n');
@@ -191,6 +201,7 @@ pub fn query(socket: &Path, pod: &PodRef, timeout: Duration) -> Result<PodLookup
             uid,
             annotations,
             facts,
+            noted,
             ..
         } => {
             if match_uid(pod, uid.as_deref()) {
@@ -198,6 +209,7 @@ pub fn query(socket: &Path, pod: &PodRef, timeout: Duration) -> Result<PodLookup
                     uid,
                     annotations,
                     facts,
+                    noted,
                 })
             } else {
                 Ok(PodLookup::NotFound)
@@ -255,6 +267,7 @@ mod tests {
                     uid: Some("u-1".into()),
                     annotations: [("sidecar.istio.io/status".to_string(), "{}".to_string())].into(),
                     facts: None,
+                    noted: false,
                 }
             } else if p.name == "gone" {
                 Response::NotFound { v: 1 }
@@ -266,7 +279,7 @@ mod tests {
             }
         });
         let t = Duration::from_secs(2);
-        match query(&sock, &pod(), t).unwrap() {
+        match query(&sock, &pod(), None, t).unwrap() {
             PodLookup::Found { annotations, .. } => {
                 assert_eq!(annotations["sidecar.istio.io/status"], "{}")
             }
@@ -274,10 +287,10 @@ mod tests {
         }
         let mut gone = pod();
         gone.name = "gone".into();
-        assert_eq!(query(&sock, &gone, t).unwrap(), PodLookup::NotFound);
+        assert_eq!(query(&sock, &gone, None, t).unwrap(), PodLookup::NotFound);
         let mut other = pod();
         other.name = "x".into();
-        let e = query(&sock, &other, t).unwrap_err().to_string();
+        let e = query(&sock, &other, None, t).unwrap_err().to_string();
         assert!(
             e.contains("pod cache not synced") && e.contains("shop/x"),
             "{e}"
@@ -285,7 +298,10 @@ mod tests {
         // Same name, other UID: a different pod.
         let mut recreated = pod();
         recreated.uid = Some("u-2".into());
-        assert_eq!(query(&sock, &recreated, t).unwrap(), PodLookup::NotFound);
+        assert_eq!(
+            query(&sock, &recreated, None, t).unwrap(),
+            PodLookup::NotFound
+        );
     }
 
     #[test]
@@ -293,6 +309,7 @@ mod tests {
         let e = query(
             Path::new("/nonexistent/il.sock"),
             &pod(),
+            None,
             Duration::from_millis(100),
         )
         .unwrap_err()

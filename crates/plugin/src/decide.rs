@@ -4,6 +4,7 @@
 //! no annotations, or when the pod's profile reads its spec). Acting on the decision is
 //! [`crate::protect`]'s.
 
+use crate::agent_client::AddTarget;
 use crate::identity::PodIdentity;
 use crate::lookup::{self, Resolved, Source};
 use interlock_contract::config::PluginConfig;
@@ -35,29 +36,61 @@ pub fn decide(config: &PluginConfig, pod: &PodIdentity) -> Decision {
     )
 }
 
+/// What [`decide_for_add`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    /// The decision.
+    pub decision: Decision,
+    /// Where the pod's annotations came from.
+    pub source: Source,
+    /// The agent took the lookup as the ADD's note (no note needs to follow).
+    pub noted: bool,
+}
+
 /// [`decide`], but when the runtime passed no annotations ([`needs_lookup`]) they are
 /// fetched first through [`lookup::resolve`] (the agent socket). The
 /// pod identity is updated with what was found; the returned [`Source`] says where the
-/// annotations came from. No network call is made when the runtime passed annotations.
+/// annotations came from. No network call is made for a pod the runtime's annotations
+/// decide alone.
 ///
 /// A pod whose profile reads its spec (the decision needs the pod's spec) is asked about
 /// too: the runtime's annotations stay, the agent adds the spec's facts. Without them the
 /// decision stays [`Decision::NeedsPodSpec`], naming each source tried: the ADD fails
 /// closed and the runtime retries.
 pub fn decide_with_lookup(config: &PluginConfig, pod: &mut PodIdentity) -> (Decision, Source) {
+    let d = decide_for_add(config, pod, None);
+    (d.decision, d.source)
+}
+
+/// [`decide_with_lookup`] for the ADD of `add`: a lookup it needs carries `add`, which the
+/// agent may take as the ADD's note ([`Decided::noted`]).
+pub fn decide_for_add(
+    config: &PluginConfig,
+    pod: &mut PodIdentity,
+    add: Option<&AddTarget>,
+) -> Decided {
+    let decided = |decision, source, noted| Decided {
+        decision,
+        source,
+        noted,
+    };
     if !needs_lookup(config, pod) {
         let d = decide(config, pod);
         let Decision::NeedsPodSpec { profile, reason } = d else {
-            return (d, Source::RuntimeConfig);
+            return decided(d, Source::RuntimeConfig, false);
         };
-        return match lookup::resolve(config, pod) {
+        return match lookup::resolve(config, pod, add) {
             Resolved::Found {
-                facts: Some(facts), ..
+                facts: Some(facts),
+                noted,
+                ..
             } => {
                 pod.facts = Some(facts);
-                (decide(config, pod), Source::RuntimeConfig)
+                decided(decide(config, pod), Source::RuntimeConfig, noted)
             }
-            Resolved::Found { facts: None, .. } => (
+            Resolved::Found {
+                facts: None, noted, ..
+            } => decided(
                 Decision::NeedsPodSpec {
                     profile,
                     reason: format!(
@@ -65,27 +98,30 @@ pub fn decide_with_lookup(config: &PluginConfig, pod: &mut PodIdentity) -> (Deci
                     ),
                 },
                 Source::RuntimeConfig,
+                noted,
             ),
-            Resolved::Undecided { tried } => (
+            Resolved::Undecided { tried } => decided(
                 Decision::NeedsPodSpec {
                     profile,
                     reason: format!("{reason}; {}", tried.join("; ")),
                 },
                 Source::RuntimeConfig,
+                false,
             ),
         };
     }
-    match lookup::resolve(config, pod) {
+    match lookup::resolve(config, pod, add) {
         Resolved::Found {
             annotations,
             facts,
             source,
+            noted,
         } => {
             pod.annotations = Some(annotations);
             pod.facts = facts;
-            (decide(config, pod), source)
+            decided(decide(config, pod), source, noted)
         }
-        Resolved::Undecided { tried } => (
+        Resolved::Undecided { tried } => decided(
             Decision::Undecided {
                 reason: format!(
                     "the runtime did not pass the annotations of pod {} and no source could \
@@ -95,6 +131,7 @@ pub fn decide_with_lookup(config: &PluginConfig, pod: &mut PodIdentity) -> (Deci
                 ),
             },
             Source::None,
+            false,
         ),
     }
 }

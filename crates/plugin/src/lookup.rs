@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::agent_client::{self, PodLookup, PodRef};
+use crate::agent_client::{self, AddTarget, PodLookup, PodRef};
 
 use crate::identity::PodIdentity;
 use interlock_contract::config::PluginConfig;
@@ -39,6 +39,8 @@ pub enum Resolved {
         annotations: BTreeMap<String, String>,
         /// Its spec's facts, when the source has the spec.
         facts: Option<PodFacts>,
+        /// The agent took the lookup as the ADD's note.
+        noted: bool,
         /// Who said so.
         source: Source,
     },
@@ -49,8 +51,9 @@ pub enum Resolved {
     },
 }
 
-/// Asks the configured sources about `pod` (see the module docs for order and authority).
-pub fn resolve(config: &PluginConfig, pod: &PodIdentity) -> Resolved {
+/// Asks the configured sources about `pod` (see the module docs for order and authority);
+/// `add` names the ADD the lookup is for.
+pub fn resolve(config: &PluginConfig, pod: &PodIdentity, add: Option<&AddTarget>) -> Resolved {
     let pod_ref = PodRef {
         namespace: pod.namespace.clone(),
         name: pod.name.clone(),
@@ -59,14 +62,18 @@ pub fn resolve(config: &PluginConfig, pod: &PodIdentity) -> Resolved {
     let mut tried = Vec::new();
     match &config.agent_socket {
         None => tried.push("agent: agentSocket not configured".to_string()),
-        Some(socket) => match agent_client::query(socket, &pod_ref, AGENT_TIMEOUT) {
+        Some(socket) => match agent_client::query(socket, &pod_ref, add, AGENT_TIMEOUT) {
             Ok(PodLookup::Found {
-                annotations, facts, ..
+                annotations,
+                facts,
+                noted,
+                ..
             }) => {
                 return Resolved::Found {
                     annotations,
                     facts,
                     source: Source::Agent,
+                    noted,
                 }
             }
             Ok(PodLookup::NotFound) => tried.push(format!(

@@ -23,10 +23,18 @@ pub(super) fn add(call: &Call) -> Result<CniResult, CniError> {
     let mut pod = PodIdentity::from_cni(call.inv.args(), &call.inv.conf)
         .map_err(|e| call.err(codes::INVALID_NETWORK_CONFIG, e.to_string()))?;
     call.log.debug_with(|| format!("decision input: {pod:?}"));
-    let (decision, source) = decide::decide_with_lookup(call.config, &mut pod);
+    let netns = call.inv.netns();
+    let add = crate::agent_client::AddTarget {
+        sandbox: call.key().container_id.clone(),
+        netns: netns.to_string(),
+    };
+    let decide::Decided {
+        decision,
+        source,
+        noted,
+    } = decide::decide_for_add(call.config, &mut pod, Some(&add));
     let decide_us = micros(start.elapsed());
     let name = pod.display_name();
-    let netns = call.inv.netns();
     let ifname = call.inv.ifname();
     let open = call.config.failure_policy == FailurePolicy::Open;
 
@@ -146,7 +154,10 @@ pub(super) fn add(call: &Call) -> Result<CniResult, CniError> {
         "pod {name}: {what}; annotations from {source}; total {}",
         ms(total)
     ));
-    if let (Some(socket), Protection::Protected(_)) = (&call.config.agent_socket, &protection) {
+    // The agent learnt of this ADD from its lookup already when it says so.
+    if let (Some(socket), Protection::Protected(_), false) =
+        (&call.config.agent_socket, &protection, noted)
+    {
         if let Err(e) = crate::agent_client::note_added(socket, &call.key().container_id, netns) {
             call.log.debug(&format!(
                 "pod {name}: the ADD note to the agent was not sent: {e}"
