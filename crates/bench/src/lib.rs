@@ -5,11 +5,15 @@
 //! one sample of a [`Scenario`]:
 //!
 //! - `add_meshed_<backend>`: the real `interlock-cni` binary run as a runtime runs it
-//!   (conflist entry + `prevResult` + `runtimeConfig` with istio pod annotations);
+//!   (conflist entry + `prevResult` + `runtimeConfig` with istio pod annotations), with
+//!   `agentSocket` set to a live socket that answers the plugin's lookup of the pod's spec
+//!   and takes it as the ADD's note (one round trip, as on a node with the agent);
 //! - `engine_protect_<backend>`: the in-process engine (`interlock_redirect::protect`:
 //!   apply, verify, probe);
-//! - `add_meshed_nftables_agent_note`: the same with `agentSocket` set and a live socket
-//!   answering the plugin's `added` note ([`agent_stub`]), as on a node with the agent;
+//! - `add_generic_nftables`: a pod meshed by interlock's own annotations, which decide
+//!   alone: no `agentSocket`, no round trip;
+//! - `add_generic_nftables_agent_note`: the same with `agentSocket` set: the plugin's
+//!   `added` note to the live socket, answered, is the only difference;
 //! - `add_unmeshed`: the binary for a pod no profile claims;
 //! - `spawn_floor_static`: a static no-op (`gcc -static -Os`, like the shipped static
 //!   plugin) started the same way: the exec floor the budgets are measured against;
@@ -34,7 +38,6 @@
 //! writer clobbers it (`interlock-bench repair`, `make bench-repair`); [`audit`] the
 //! sandbox audit of many meshed netns and one in-place repair (`interlock-bench audit`).
 
-pub mod agent_stub;
 pub mod api_load;
 pub mod audit;
 pub mod concurrent;
@@ -60,6 +63,7 @@ use interlock_redirect::backend::{self as backends, BackendKind};
 use interlock_redirect::netns::in_netns;
 use interlock_redirect::spec::Family;
 use interlock_redirect::{ProfileName, RedirectSpec, Verification};
+use interlock_testkit::agent_standin::AgentStandIn;
 use serde_json::{json, Map, Value};
 
 pub use topology::{Node, Pod};
@@ -97,11 +101,14 @@ pub enum BenchError {
 /// One thing the benchmark measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scenario {
-    /// `interlock-cni` ADD for an istio-meshed pod with this backend configured.
+    /// `interlock-cni` ADD for an istio-meshed pod with this backend configured; the
+    /// plugin asks the live agent socket ([`AgentStandIn`]) for the pod's spec, and that
+    /// lookup is the ADD's note.
     AddMeshed(BackendKind),
-    /// [`Scenario::AddMeshed`] with nftables and `agentSocket` set: the plugin sends its
-    /// `added` note to a live socket ([`agent_stub::AgentStub`]) and waits for the answer.
-    AddMeshedAgentNote,
+    /// `interlock-cni` ADD (nftables) for a pod meshed by interlock's own annotations
+    /// (`generic`, decided without the spec); with `agentSocket` set when `true`, so that
+    /// the plugin sends its `added` note to the live socket and waits for the answer.
+    AddGeneric(bool),
     /// In-process `interlock_redirect::protect` (apply + verify + probe) with this backend.
     Engine(BackendKind),
     /// `interlock-cni` ADD for a pod without mesh annotations.
@@ -154,7 +161,7 @@ impl Scenario {
     pub fn all() -> Vec<Scenario> {
         let mut v = Vec::new();
         v.extend(BackendKind::ALL.map(Scenario::AddMeshed));
-        v.push(Scenario::AddMeshedAgentNote);
+        v.extend([false, true].map(Scenario::AddGeneric));
         v.extend(BackendKind::ALL.map(Scenario::Engine));
         v.push(Scenario::AddUnmeshed);
         v.push(Scenario::StaticFloor);
@@ -170,7 +177,8 @@ impl Scenario {
     pub fn key(&self) -> String {
         match self {
             Scenario::AddMeshed(k) => format!("add_meshed_{}", kind_key(*k)),
-            Scenario::AddMeshedAgentNote => "add_meshed_nftables_agent_note".into(),
+            Scenario::AddGeneric(false) => "add_generic_nftables".into(),
+            Scenario::AddGeneric(true) => "add_generic_nftables_agent_note".into(),
             Scenario::Engine(k) => format!("engine_protect_{}", kind_key(*k)),
             Scenario::AddUnmeshed => "add_unmeshed".into(),
             Scenario::SpawnFloor => "spawn_floor_true".into(),
@@ -188,9 +196,10 @@ impl Scenario {
     pub fn describe(&self) -> String {
         match self {
             Scenario::AddMeshed(k) => format!(
-                "interlock-cni binary, CNI ADD of an istio-meshed pod (conflist entry + prevResult + runtimeConfig annotations), backend {k}; spawn to exit"
+                "interlock-cni binary, CNI ADD of an istio-meshed pod (conflist entry + prevResult + runtimeConfig annotations), backend {k}, agentSocket set: the plugin asks a live socket speaking the agent socket protocol for the pod's spec, and the lookup is the ADD's note; spawn to exit"
             ),
-            Scenario::AddMeshedAgentNote => "interlock-cni binary, CNI ADD of an istio-meshed pod, backend nftables, with agentSocket set: the plugin's `added` note goes to a live socket speaking the agent socket protocol, answered before the plugin exits; spawn to exit".into(),
+            Scenario::AddGeneric(false) => "interlock-cni binary, CNI ADD of a pod meshed by interlock.dev/redirect (the generic profile, decided by the annotations alone), backend nftables, no agentSocket; spawn to exit".into(),
+            Scenario::AddGeneric(true) => "interlock-cni binary, CNI ADD of the generic-profile pod, backend nftables, with agentSocket set: the plugin's `added` note goes to a live socket speaking the agent socket protocol, answered before the plugin exits; spawn to exit".into(),
             Scenario::Engine(k) => format!(
                 "in-process interlock_redirect::protect with {k}: enter netns, apply, verify, probe"
             ),
@@ -232,7 +241,7 @@ impl Scenario {
     pub fn rules_backend(&self) -> Option<BackendKind> {
         match self {
             Scenario::AddMeshed(k) | Scenario::Engine(k) => Some(*k),
-            Scenario::AddMeshedAgentNote => Some(BackendKind::Nftables),
+            Scenario::AddGeneric(_) => Some(BackendKind::Nftables),
             Scenario::AddUnmeshed
             | Scenario::SpawnFloor
             | Scenario::StaticFloor
@@ -293,6 +302,25 @@ pub fn istio_annotations() -> BTreeMap<String, String> {
     ])
 }
 
+/// The annotations of a pod meshed by interlock's own annotations (the `generic` profile).
+pub fn generic_annotations() -> BTreeMap<String, String> {
+    BTreeMap::from([(
+        interlock_redirect::profile::generic::keys::REDIRECT.to_string(),
+        "enabled".to_string(),
+    )])
+}
+
+/// The rule set [`generic_annotations`] ask for.
+pub fn generic_spec() -> RedirectSpec {
+    let (_, spec) = interlock_redirect::spec_for(
+        &interlock_redirect::PodView::annotations_only(&generic_annotations()),
+        &ProfileName::ALL,
+    )
+    .expect("the generic annotations are valid")
+    .expect("the generic profile claims the pod");
+    spec
+}
+
 /// The annotations of an ordinary, unmeshed pod.
 pub fn plain_annotations() -> BTreeMap<String, String> {
     BTreeMap::from([
@@ -308,7 +336,10 @@ pub fn plain_annotations() -> BTreeMap<String, String> {
 /// [`istio_annotations`], dual-stack.
 pub fn bench_spec() -> RedirectSpec {
     let (_, spec) = interlock_redirect::spec_for(
-        &interlock_redirect::PodView::annotations_only(&istio_annotations()),
+        &interlock_redirect::PodView::with_facts(
+            &istio_annotations(),
+            &interlock_testkit::pods::istio_sidecar(),
+        ),
         &ProfileName::ALL,
     )
     .expect("the istio annotations are valid")
@@ -606,9 +637,11 @@ pub struct Bench {
     /// The istio-cni stand-in ([`Scenario::IstioStandIn`]).
     istio_standin: StaticBin,
     bin_dirs: Vec<PathBuf>,
-    /// The live agent socket of [`Scenario::AddMeshedAgentNote`] (`Err`: why there is none),
-    /// in `state`: declared before it, so it closes before the directory goes.
-    agent: Result<agent_stub::AgentStub, String>,
+    /// The rule set of [`Scenario::AddGeneric`].
+    generic_spec: RedirectSpec,
+    /// The live agent socket every meshed ADD asks (`Err`: why there is none), in `state`:
+    /// declared before it, so it closes before the directory goes.
+    agent: Result<AgentStandIn, String>,
     state: tempfile::TempDir,
     /// Per flavour: (restore tool, its input) per family.
     restore: Vec<(Flavour, Vec<(PathBuf, String)>)>,
@@ -671,7 +704,7 @@ impl Bench {
                 ))
             })?;
         let socket = state.path().join("agent.sock");
-        let agent = agent_stub::AgentStub::start(&socket)
+        let agent = AgentStandIn::start(&socket, interlock_testkit::pods::istio_sidecar())
             .map_err(|e| format!("no agent socket at {}: {e}", socket.display()));
         let istio_standin = restore
             .iter()
@@ -701,6 +734,7 @@ impl Bench {
             per_rule,
             next_id: AtomicU64::new(0),
             agent,
+            generic_spec: generic_spec(),
             live: Mutex::new(Vec::new()),
         })
     }
@@ -760,10 +794,13 @@ impl Bench {
         };
         match scenario {
             Scenario::AddMeshed(kind) => self
-                .plugin_add_timed(pod, Some(kind), &istio_annotations())
+                .agent
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|_| self.plugin_add_timed(pod, Some(kind), &istio_annotations()))
                 .map(|a| self.with_plugin_timings(&a))
                 .map_err(fail),
-            Scenario::AddMeshedAgentNote => self
+            Scenario::AddGeneric(note) => self
                 .agent
                 .as_ref()
                 .map_err(Clone::clone)
@@ -771,8 +808,8 @@ impl Bench {
                     let stdin = self.add_stdin_with(
                         pod,
                         Some(BackendKind::Nftables),
-                        &istio_annotations(),
-                        Some(agent.path()),
+                        &generic_annotations(),
+                        note.then(|| agent.path()),
                     );
                     self.plugin_add_stdin(pod, &stdin)
                 })
@@ -808,15 +845,17 @@ impl Bench {
     }
 
     /// The stdin of a plugin ADD as containerd builds it from the conflist: the plugin's
-    /// entry plus `name`, `cniVersion`, `runtimeConfig` (declared capability) and
-    /// `prevResult` (the bridge plugin's result for the pod).
+    /// entry (with `agentSocket` set to the live socket, as the agent writes it) plus
+    /// `name`, `cniVersion`, `runtimeConfig` (declared capability) and `prevResult` (the
+    /// bridge plugin's result for the pod).
     pub fn add_stdin(
         &self,
         pod: &Pod,
         backend: Option<BackendKind>,
         annotations: &BTreeMap<String, String>,
     ) -> Vec<u8> {
-        self.add_stdin_with(pod, backend, annotations, None)
+        let socket = self.agent.as_ref().ok().map(AgentStandIn::path);
+        self.add_stdin_with(pod, backend, annotations, socket)
     }
 
     /// [`Bench::add_stdin`], with `agentSocket` set when `agent_socket` is given.
@@ -1007,7 +1046,8 @@ impl Bench {
         Ok(live.len())
     }
 
-    /// True when the live agent socket took the `added` note of an ADD in `pod`.
+    /// True when the live agent socket took the note of an ADD in `pod` (an `added` note, or
+    /// the lookup made for it).
     pub fn agent_noted(&self, pod: &Pod) -> bool {
         self.agent
             .as_ref()
@@ -1138,7 +1178,16 @@ impl Bench {
 
     /// Reads the pod's rules back with `kind` and compares them with the bench spec.
     pub fn rules_exact(&self, pod: &Pod, kind: BackendKind) -> Result<(), String> {
-        match interlock_redirect::check(&pod.path(), &self.spec, kind) {
+        self.rules_match(pod, kind, &self.spec)
+    }
+
+    /// [`Bench::rules_exact`] for the rule set of [`Scenario::AddGeneric`].
+    pub fn generic_rules_exact(&self, pod: &Pod) -> Result<(), String> {
+        self.rules_match(pod, BackendKind::Nftables, &self.generic_spec)
+    }
+
+    fn rules_match(&self, pod: &Pod, kind: BackendKind, spec: &RedirectSpec) -> Result<(), String> {
+        match interlock_redirect::check(&pod.path(), spec, kind) {
             Ok(Verification::Exact) => Ok(()),
             Ok(Verification::Mismatch(d)) => Err(d.join("; ")),
             Err(e) => Err(e.to_string()),

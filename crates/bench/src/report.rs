@@ -203,6 +203,10 @@ pub fn report(
                 obj.insert("wiring_checks".into(), w.checked.into());
                 obj.insert("rules_visible_after".into(), w.visible.into());
                 obj.insert("rules_exact_after".into(), w.exact.into());
+                if let Some(n) = c.agent_notes.get(&s.key()) {
+                    obj.insert("notes_checked".into(), n.checked.into());
+                    obj.insert("notes_taken".into(), n.taken.into());
+                }
                 obj.insert(
                     "plugin_reported_add_median_us".into(),
                     med(|x| x.inside).into(),
@@ -221,9 +225,11 @@ pub fn report(
                 );
                 obj.insert("outside_plugin_clock_median_us".into(), outside.into());
             }
-            Scenario::AddMeshedAgentNote => {
-                obj.insert("notes_checked".into(), c.agent_notes.checked.into());
-                obj.insert("notes_taken".into(), c.agent_notes.taken.into());
+            Scenario::AddGeneric(_) => {
+                if let Some(n) = c.agent_notes.get(&s.key()) {
+                    obj.insert("notes_checked".into(), n.checked.into());
+                    obj.insert("notes_taken".into(), n.taken.into());
+                }
                 obj.insert(
                     "plugin_reported_add_median_us".into(),
                     med(|x| x.inside).into(),
@@ -382,17 +388,18 @@ pub fn report(
         );
         derived.insert("over_lean_start_floor".into(), Value::Object(lean));
     }
-    // What the note to a live agent socket adds to a meshed ADD (same run, same backend).
+    // What one round trip to a live agent socket adds to a meshed ADD (same run, same
+    // backend, same rules).
     if let (Some(n), Some(m)) = (
-        summary(c, Scenario::AddMeshedAgentNote),
-        summary(c, PRIMARY_SUBJECT),
+        summary(c, Scenario::AddGeneric(true)),
+        summary(c, Scenario::AddGeneric(false)),
     ) {
         derived.insert(
             "agent_note_cost".into(),
             json!({
                 "median_us": round2(n.median_us - m.median_us),
                 "p99_us": round2(n.p99_us - m.p99_us),
-                "how": "add_meshed_nftables_agent_note minus add_meshed_nftables (median; p99), the plugin's `added` note to a live agent socket, answered",
+                "how": "add_generic_nftables_agent_note minus add_generic_nftables (median; p99): one round trip to a live agent socket, answered; an istio or linkerd pod's ADD pays it once, its spec lookup carrying the note",
             }),
         );
     }

@@ -108,8 +108,10 @@ pub struct Collected {
     pub wiring: BTreeMap<&'static str, Wiring>,
     /// Things worth knowing about the run (mismatches seen, …).
     pub notes: Vec<String>,
-    /// The `added` notes of checked [`Scenario::AddMeshedAgentNote`] samples.
-    pub agent_notes: AgentNotes,
+    /// Per scenario key, the notes of checked samples whose ADD had `agentSocket` set
+    /// ([`Scenario::AddMeshed`]: the lookup; [`Scenario::AddGeneric`]`(true)`: the
+    /// `added` note).
+    pub agent_notes: BTreeMap<String, AgentNotes>,
     /// Wall time of the whole run, setup included.
     pub elapsed: Duration,
 }
@@ -126,6 +128,22 @@ impl Collected {
     /// Observed wiring for `kind`.
     pub fn wiring_of(&self, kind: BackendKind) -> Wiring {
         self.wiring.get(kind.as_str()).copied().unwrap_or_default()
+    }
+}
+
+/// Counts whether the live agent socket took the note of the ADD in `pod`. The `added`
+/// note is best effort (20 ms in the plugin): one that did not arrive is counted, so that
+/// a figure made of ADDs without it is visible as such.
+fn count_note(bench: &Bench, s: Scenario, pod: &Pod, collected: &mut Collected) {
+    let n = collected.agent_notes.entry(s.key()).or_default();
+    n.checked += 1;
+    if bench.agent_noted(pod) {
+        n.taken += 1;
+    } else {
+        collected.notes.push(format!(
+            "{}: the ADD's note did not reach the live agent socket",
+            s.key()
+        ));
     }
 }
 
@@ -156,27 +174,17 @@ fn after_check(
                     s.key()
                 ));
             }
+            count_note(bench, s, pod, collected);
         }
-        Scenario::AddMeshedAgentNote => {
-            // The note is best effort (20 ms in the plugin): count the ones that did not
-            // arrive, so that a figure made of plain ADDs is visible as such.
-            collected.agent_notes.checked += 1;
-            if bench.agent_noted(pod) {
-                collected.agent_notes.taken += 1;
-            } else {
-                collected.notes.push(format!(
-                    "{}: an `added` note did not reach the live agent socket (the plugin \
-                     gives it 20 ms)",
-                    s.key()
-                ));
+        Scenario::AddGeneric(note) => {
+            if note {
+                count_note(bench, s, pod, collected);
             }
-            bench
-                .rules_exact(pod, BackendKind::Nftables)
-                .map_err(|why| {
-                    fail(format!(
-                        "the rules read back are not the bench rule set: {why}"
-                    ))
-                })?;
+            bench.generic_rules_exact(pod).map_err(|why| {
+                fail(format!(
+                    "the rules read back are not the generic profile's rule set: {why}"
+                ))
+            })?;
         }
         Scenario::SpawnFloor | Scenario::StaticFloor | Scenario::LeanFloor => {}
         Scenario::AddUnmeshed => {

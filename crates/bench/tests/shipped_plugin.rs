@@ -38,7 +38,8 @@ fn the_shipped_plugin_protects_pods_with_every_backend() {
     let bench = Bench::new(&plugin).unwrap_or_else(|e| panic!("{e}"));
     let mut scenarios: Vec<Scenario> = BackendKind::ALL.map(Scenario::AddMeshed).to_vec();
     scenarios.extend([
-        Scenario::AddMeshedAgentNote,
+        Scenario::AddGeneric(false),
+        Scenario::AddGeneric(true),
         Scenario::AddUnmeshed,
         Scenario::LeanFloor,
     ]);

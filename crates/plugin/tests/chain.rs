@@ -51,6 +51,7 @@ fn chain_list(version: &str, bridge: &str, data: &Path, state: &Path) -> Value {
             {"type": "portmap", "capabilities": {"portMappings": true}, "snat": true},
             {
                 "type": "interlock-cni", "stateDir": state, "logFile": state.join("plugin.log"),
+                "agentSocket": state.join("agent.sock"),
                 "capabilities": {"io.kubernetes.cri.pod-annotations": true},
                 "excludeNamespaces": ["kube-system"], "failurePolicy": "closed"
             }
@@ -59,6 +60,8 @@ fn chain_list(version: &str, bridge: &str, data: &Path, state: &Path) -> Value {
 }
 
 struct Node {
+    /// The stand-in for the agent (an Istio pod's spec comes from it).
+    _agent: interlock_testkit::agent_standin::AgentStandIn,
     node: Netns,
     pod: Netns,
     _data: TempDir,
@@ -76,7 +79,13 @@ fn node(version: CniVersion) -> Node {
     let doc = chain_list(version.as_str(), &unique("br"), data.path(), state.path());
     let list = parse_conflist(doc.to_string().as_bytes()).unwrap();
     let chain = Chain::new(list, vec![bins.path().to_path_buf()]).unwrap();
+    let agent = interlock_testkit::agent_standin::AgentStandIn::start(
+        &state.path().join("agent.sock"),
+        interlock_testkit::pods::istio_sidecar(),
+    )
+    .unwrap();
     Node {
+        _agent: agent,
         node,
         pod,
         _data: data,
@@ -219,8 +228,8 @@ fn chain_1_1_0() {
     let mut only = n.chain.list().clone();
     only.plugins_mut().drain(0..2);
     let only = Chain::new(only, vec![n.bins.path().to_path_buf()]).unwrap();
-    // STATUS needs no agent: the backend, the state dir and the annotations capability
-    // are fine, so an ADD could protect a meshed pod.
+    // STATUS needs no running agent: the backend, the state dir, the annotations
+    // capability and agentSocket are fine, so an ADD could protect a meshed pod.
     only.status()
         .unwrap_or_else(|e| panic!("STATUS without an agent: {e}"));
 

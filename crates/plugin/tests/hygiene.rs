@@ -148,8 +148,9 @@ fn reaches_node_directly(n: &Node, pod: &Pod, proxy_port: u16) -> bool {
 
 /// Annotations that exclude everything in a direction are honoured as "nothing to
 /// redirect there" (it used to be a probe that could never succeed, and a pod that never
-/// started): istio `excludeOutboundIPRanges: 0.0.0.0/0`, linkerd `skip-subnets:
-/// 0.0.0.0/0`, istio `excludeInterfaces: eth0`. The rest stays captured and proven.
+/// started): istio `excludeOutboundIPRanges: 0.0.0.0/0`, istio `excludeInterfaces:
+/// eth0`, and linkerd `skip-subnets: 0.0.0.0/0` inbound. The rest stays captured and
+/// proven.
 #[test]
 fn annotations_that_exclude_everything_are_honoured() {
     require_root!();
@@ -157,32 +158,50 @@ fn annotations_that_exclude_everything_are_honoured() {
     let chain = n.chain(json!({ "backend": "nftables" }));
     let mut istio = ISTIO.annotations();
     istio["traffic.sidecar.istio.io/excludeOutboundIPRanges"] = json!("0.0.0.0/0");
+    let p = n.add(&chain, "istio", Some(istio));
+    let probe = probe_lines(&n, &p);
+    assert!(
+        probe
+            .iter()
+            .any(|l| l
+                .starts_with("IPv4: not probed: every IPv4 destination is excluded (0.0.0.0/0")),
+        "{probe:?}"
+    );
+    // The veth's link-local route appears when the kernel configures the address on
+    // link up, asynchronously: on a loaded machine the probe may run before it, and
+    // then IPv6 honestly has no route yet (its rules are installed either way).
+    assert!(
+        probe
+            .iter()
+            .any(|l| l.starts_with("IPv6: routed only link-locally")
+                || l.starts_with("IPv6: no route")),
+        "{probe:?}"
+    );
+    assert!(
+        reaches_node_directly(&n, &p, ISTIO.outbound),
+        "istio: IPv4 excluded"
+    );
+    n.del(&chain, &p).unwrap();
+
+    // Linkerd's skip-subnets names inbound sources (as proxy-init matches them): every
+    // IPv4 source skipped, outbound stays captured and proven, inbound reaches the app.
     let mut linkerd = LINKERD.annotations();
     linkerd["config.linkerd.io/skip-subnets"] = json!("0.0.0.0/0");
-    for (name, ann, port) in [
-        ("istio", istio, ISTIO.outbound),
-        ("linkerd", linkerd, LINKERD.outbound),
-    ] {
-        let p = n.add(&chain, name, Some(ann));
-        let probe = probe_lines(&n, &p);
-        assert!(
-            probe.iter().any(|l| l
-                .starts_with("IPv4: not probed: every IPv4 destination is excluded (0.0.0.0/0")),
-            "{probe:?}"
-        );
-        // The veth's link-local route appears when the kernel configures the address on
-        // link up, asynchronously: on a loaded machine the probe may run before it, and
-        // then IPv6 honestly has no route yet (its rules are installed either way).
-        assert!(
-            probe
-                .iter()
-                .any(|l| l.starts_with("IPv6: routed only link-locally")
-                    || l.starts_with("IPv6: no route")),
-            "{probe:?}"
-        );
-        assert!(reaches_node_directly(&n, &p, port), "{name}: IPv4 excluded");
-        n.del(&chain, &p).unwrap();
-    }
+    let p = n.add(&chain, "linkerd", Some(linkerd));
+    let probe = probe_lines(&n, &p);
+    assert!(
+        probe
+            .iter()
+            .any(|l| l.starts_with("IPv4: connection to") && l.contains(":4140")),
+        "{probe:?}"
+    );
+    let app = listen(&p.ns, any(false, 8083));
+    connect_as_root(&n.node, SocketAddr::new(p.ip(false), 8083));
+    assert!(
+        accept_within(&app, WAIT).is_some(),
+        "inbound from a skipped subnet"
+    );
+    n.del(&chain, &p).unwrap();
 
     let mut no_eth0 = ISTIO.annotations();
     no_eth0["traffic.sidecar.istio.io/excludeInterfaces"] = json!("eth0");

@@ -61,8 +61,8 @@ fn fake_agent_with_notes(
     ((sock, seen), notes)
 }
 
-/// The agent's answer for a pod it has in its cache: annotations and spec facts (an
-/// Istio sidecar pod's, which every profile but Istio's ignores).
+/// The agent's answer for a pod it has in its cache: annotations and spec facts (a pod
+/// running both meshes' proxies: each profile looks for its own).
 fn found(annotations: &[(&str, &str)], uid: &str) -> Response {
     Response::Found {
         v: 1,
@@ -71,7 +71,8 @@ fn found(annotations: &[(&str, &str)], uid: &str) -> Response {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-        facts: Some(interlock_testkit::pods::istio_sidecar()),
+        facts: Some(interlock_testkit::pods::mesh_proxies()),
+        noted: false,
     }
 }
 
@@ -118,11 +119,21 @@ fn agent_answers_when_the_runtime_passed_no_annotations() {
     assert_eq!(sb["decision"]["decision"], "not-meshed", "{sb}");
     assert_outbound_captured(&a, &b, ISTIO.outbound);
 
-    // When the runtime passes annotations, nobody is asked: no network call at all.
+    // When the runtime passes annotations, only a pod whose profile reads its spec
+    // (Linkerd's, d) is looked up; one without mesh annotations (c) is not.
     let with_cap = n.chain(json!({ "agentSocket": sock, "backend": "nftables" }));
     let c = n.add(&with_cap, "c", Some(Value::Null));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the agent was asked about c"
+    );
     let d = n.add(&with_cap, "d", Some(LINKERD.annotations()));
-    assert_eq!(calls.load(Ordering::SeqCst), 2, "the agent was asked");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "the agent was not asked for d's spec"
+    );
     assert_eq!(
         n.state_of(&c.rt).unwrap()["annotationsSource"],
         "runtime-config"

@@ -65,7 +65,7 @@ fn conf(state: &std::path::Path) -> Value {
     json!({
         "cniVersion": "1.0.0", "name": "n", "type": "interlock-cni",
         "stateDir": state, "logFile": state.join("plugin.log"), "backend": "nftables",
-        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"sidecar.istio.io/status": "{}"}},
+        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"interlock.dev/redirect": "enabled"}},
         "prevResult": {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0"}],
                        "ips": [{"interface": 0, "address": "10.99.12.2/24", "gateway": "10.99.12.1"}]},
     })

@@ -287,11 +287,11 @@ fn add_converts_prev_result_del_is_idempotent_check_knows_the_attachment() {
 fn decision_input_and_failure_policy() {
     let t = tempfile::tempdir().unwrap();
     let env = attach_env("c-mesh", "/var/run/netns/p", POD_ARGS);
-    // Meshed (istio) pod whose netns does not exist: fail closed naming pod, step, cause.
+    // Meshed (generic) pod whose netns does not exist: fail closed naming pod, step, cause.
     let meshed = conf(
         "1.0.0",
         t.path(),
-        json!({"runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"sidecar.istio.io/status": "{}"}}}),
+        json!({"runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"interlock.dev/redirect": "enabled"}}}),
     );
     let r = run("ADD", &env, &bytes(&meshed));
     let v = r.json();
@@ -312,7 +312,7 @@ fn decision_input_and_failure_policy() {
     )
     .unwrap();
     assert_eq!(state["decision"]["decision"], "meshed");
-    assert_eq!(state["decision"]["profile"], "istio");
+    assert_eq!(state["decision"]["profile"], "generic");
     assert_eq!(state["protection"]["protection"], "unprotected");
     assert_eq!(state["protection"]["step"], "netns");
     let log = std::fs::read_to_string(t.path().join("plugin.log")).unwrap();
@@ -358,13 +358,13 @@ fn decision_input_and_failure_policy() {
     let bad = conf(
         "1.0.0",
         t.path(),
-        json!({"runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"linkerd.io/proxy-version": "v2", "config.linkerd.io/skip-inbound-ports": "http"}}}),
+        json!({"runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"interlock.dev/redirect": "enabled", "interlock.dev/exclude-inbound-ports": "http"}}}),
     );
     let r = run("ADD", &attach_env("c-b", "/x", POD_ARGS), &bytes(&bad));
     let v = r.json();
     assert_eq!(v["code"], 101, "{v}");
     assert!(
-        v["msg"].as_str().unwrap().contains("skip-inbound-ports"),
+        v["msg"].as_str().unwrap().contains("exclude-inbound-ports"),
         "{v}"
     );
 }
@@ -411,7 +411,8 @@ fn status_fails_only_when_an_add_could_not_protect() {
         let mut c = conf(
             "1.1.0",
             t.path(),
-            json!({"prevResult": null, "runtimeConfig": null, "backend": "nftables"}),
+            json!({"prevResult": null, "runtimeConfig": null, "backend": "nftables",
+                   "agentSocket": t.path().join("agent.sock")}),
         );
         for (k, v) in extra.as_object().unwrap() {
             if v.is_null() {
@@ -435,6 +436,12 @@ fn status_fails_only_when_an_add_could_not_protect() {
     };
     // No marker at all, then a stale one saying "not ready": ready either way.
     ok(&st(json!({})));
+    // Istio and Linkerd pods need their spec from the agent: enabled without an
+    // agentSocket, every such ADD would fail.
+    fails(&st(json!({"agentSocket": null})), "read a pod's spec");
+    ok(&st(
+        json!({"agentSocket": null, "profiles": ["consul", "generic"]}),
+    ));
     let marker = interlock_contract::marker::ReadinessMarker {
         ready: false,
         reason: "10-calico.conflist sorts first".into(),
@@ -484,7 +491,7 @@ fn status_fails_only_when_an_add_could_not_protect() {
     fails(&st(json!({"stateDir": file})), "the state dir");
     // No annotations capability: the lookup source must work.
     fails(
-        &st(json!({"capabilities": {}})),
+        &st(json!({"capabilities": {}, "agentSocket": null})),
         "agentSocket is not configured",
     );
     let msg = fails(

@@ -21,7 +21,7 @@ fn istio_spec() -> RedirectSpec {
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
     spec_for(
-        &interlock_redirect::PodView::annotations_only(&ann),
+        &interlock_redirect::PodView::with_facts(&ann, &interlock_testkit::pods::injected(&ann)),
         &ProfileName::ALL,
     )
     .unwrap()

@@ -85,7 +85,7 @@ fn probe_refuses_macvlan_egress_and_accepts_veth() {
     let ann: BTreeMap<String, String> =
         [("sidecar.istio.io/status".to_string(), "{}".to_string())].into();
     let mut spec = spec_for(
-        &interlock_redirect::PodView::annotations_only(&ann),
+        &interlock_redirect::PodView::with_facts(&ann, &interlock_testkit::pods::injected(&ann)),
         &ProfileName::ALL,
     )
     .unwrap()

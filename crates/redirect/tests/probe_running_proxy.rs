@@ -20,11 +20,9 @@ use interlock_testkit::require_root;
 const PROXY_UID: u32 = 1337;
 
 fn istio_spec() -> RedirectSpec {
+    let ann = annotations(&[("sidecar.istio.io/status", "{}")]);
     let mut spec = interlock_redirect::spec_for(
-        &interlock_redirect::PodView::annotations_only(&annotations(&[(
-            "sidecar.istio.io/status",
-            "{}",
-        )])),
+        &interlock_redirect::PodView::with_facts(&ann, &interlock_testkit::pods::istio_sidecar()),
         &ProfileName::ALL,
     )
     .unwrap()

@@ -72,7 +72,10 @@ const GENERIC: Mesh = Mesh {
 
 fn spec_for(pairs: &[(&str, &str)]) -> RedirectSpec {
     interlock_redirect::spec_for(
-        &interlock_redirect::PodView::annotations_only(&annotations(pairs)),
+        &interlock_redirect::PodView::with_facts(
+            &annotations(pairs),
+            &interlock_testkit::pods::injected(&annotations(pairs)),
+        ),
         &ProfileName::ALL,
     )
     .unwrap()
@@ -196,14 +199,12 @@ fn exclusions_scenario(kind: BackendKind, v6: bool) {
     let b_net = if v6 { "fd99:1::3/128" } else { "10.99.1.3/32" };
     let ranges = format!("{b_net},10.99.200.0/24");
     let ranges: &'static str = Box::leak(ranges.into_boxed_str());
+    // The generic profile: Istio's lists take no port ranges.
     let spec = spec_for(&[
-        ISTIO.annotations[0],
-        ("traffic.sidecar.istio.io/excludeOutboundIPRanges", ranges),
-        (
-            "traffic.sidecar.istio.io/excludeOutboundPorts",
-            "5432,6000-6010",
-        ),
-        ("traffic.sidecar.istio.io/includeInboundPorts", "8080,9090"),
+        ("interlock.dev/redirect", "enabled"),
+        ("interlock.dev/exclude-outbound-cidrs", ranges),
+        ("interlock.dev/exclude-outbound-ports", "5432,6000-6010"),
+        ("interlock.dev/include-inbound-ports", "8080,9090"),
     ]);
     protect(&a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
     let out_l = listen(&a.ns, loopback(v6, 15001));
@@ -322,13 +323,16 @@ fn garbage_annotation_applies_nothing() {
     require_root!();
     let topo = Topology::new();
     let err = interlock_redirect::spec_for(
-        &interlock_redirect::PodView::annotations_only(&annotations(&[
-            ISTIO.annotations[0],
-            (
-                "traffic.sidecar.istio.io/excludeInboundPorts",
-                "15020,70000",
-            ),
-        ])),
+        &interlock_redirect::PodView::with_facts(
+            &annotations(&[
+                ISTIO.annotations[0],
+                (
+                    "traffic.sidecar.istio.io/excludeInboundPorts",
+                    "15020,70000",
+                ),
+            ]),
+            &interlock_testkit::pods::istio_sidecar(),
+        ),
         &ProfileName::ALL,
     )
     .unwrap_err();

@@ -43,6 +43,7 @@ pub fn serve_if_child(annotations: &[(&str, &str)]) {
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
                 facts: None,
+                noted: false,
             };
             let _ = s.write_all(answer_line(&line, reply).as_bytes());
         }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+pub mod agent_standin;
 pub mod containerd;
 pub mod forged_agent;
 pub mod http;

@@ -34,3 +34,30 @@ pub fn linkerd_proxy() -> PodFacts {
         ],
     }
 }
+
+/// A pod running both meshes' proxy containers: what a stand-in for the agent answers for
+/// any pod, in tests that run the plugin without the agent (each profile looks for its own
+/// proxy container and ignores the other).
+pub fn mesh_proxies() -> PodFacts {
+    let mut facts = istio_sidecar();
+    facts
+        .containers
+        .push(ContainerFacts::named("linkerd-proxy", false));
+    facts
+}
+
+/// The facts of a pod with `annotations` as its mesh's injector makes it: an Istio
+/// sidecar pod for `sidecar.istio.io/status`, a Linkerd pod for
+/// `linkerd.io/proxy-version`, an app alone otherwise.
+pub fn injected(annotations: &std::collections::BTreeMap<String, String>) -> PodFacts {
+    if annotations.contains_key("sidecar.istio.io/status") {
+        istio_sidecar()
+    } else if annotations.contains_key("linkerd.io/proxy-version") {
+        linkerd_proxy()
+    } else {
+        PodFacts {
+            labels: Default::default(),
+            containers: vec![ContainerFacts::named("app", false)],
+        }
+    }
+}

@@ -60,8 +60,11 @@ impl Mesh {
     }
 }
 
-/// The node: its netns, plugin dir, host-local data dir, interlock state dir.
+/// The node: its netns, plugin dir, host-local data dir, interlock state dir, and a
+/// stand-in for the agent's socket in the state dir (the plugin asks it for the spec of
+/// Istio and Linkerd pods; its answer: a pod running both proxies).
 pub struct Node {
+    pub agent: interlock_testkit::agent_standin::AgentStandIn,
     pub state: TempDir,
     pub bins: TempDir,
     pub data: TempDir,
@@ -132,8 +135,15 @@ impl Node {
         for p in ["bridge", "host-local", "loopback"] {
             symlink(cni_plugins_dir().join(p), bins.path().join(p)).unwrap();
         }
+        let state = tempdir().unwrap();
+        let agent = interlock_testkit::agent_standin::AgentStandIn::start(
+            &state.path().join("agent.sock"),
+            interlock_testkit::pods::mesh_proxies(),
+        )
+        .unwrap();
         Node {
-            state: tempdir().unwrap(),
+            agent,
+            state,
             bins,
             data: tempdir().unwrap(),
             bridge: unique("br"),
@@ -151,8 +161,8 @@ impl Node {
         fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
-    /// The interlock-cni entry: defaults for the tests, overridden by `extra` (a `null`
-    /// value removes the field).
+    /// The interlock-cni entry: defaults for the tests (the agent stand-in's socket as
+    /// `agentSocket`), overridden by `extra` (a `null` value removes the field).
     pub fn interlock_entry(&self, extra: Value) -> Value {
         let mut e = json!({
             "type": "interlock-cni",
@@ -161,6 +171,7 @@ impl Node {
             "logLevel": "debug",
             "capabilities": {"io.kubernetes.cri.pod-annotations": true},
             "excludeNamespaces": ["kube-system"],
+            "agentSocket": self.agent.path(),
         });
         for (k, v) in extra.as_object().unwrap() {
             if v.is_null() {
