@@ -33,7 +33,7 @@ use interlock_redirect::{RedirectSpec, Verification};
 use serde::Serialize;
 
 use crate::check::report::Style;
-use crate::check::sandboxes::{backend_for, decision_of, ready_statuses, SandboxVerdict};
+use crate::check::sandboxes::{backend_for, decisions_of, ready_statuses, SandboxVerdict};
 use crate::check::{self, Output};
 
 /// `interlock inspect`.
@@ -339,7 +339,7 @@ fn inspect_at(
             let m = &f.status.metadata;
             r.pod = Some(format!("{}/{}", m.namespace, m.name));
             r.sandbox = Some(f.status.id.clone());
-            (Some(decision_of(plugin, &f.status)), "pod annotations")
+            (decisions_of(plugin, &[&f.status]).pop(), "pod annotations")
         }
         (None, Some(a)) => (
             Some(

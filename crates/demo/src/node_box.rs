@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use interlock_contract::names::LABEL_UNPROTECTED;
 use interlock_cri::SandboxConfig;
+use interlock_testkit::agent_standin::AgentStandIn;
 use interlock_testkit::containerd::Footprint;
 use interlock_testkit::kubeapi::KubeApi;
 use interlock_testkit::node::{
@@ -74,6 +75,10 @@ pub struct PodView {
 
 /// One node of the demo.
 pub struct DemoNode {
+    /// What the mesh's own CNI plugin reads from the API server (the pods' specs: their
+    /// proxy containers), served to the plugin standing in for it when interlock's agent
+    /// does not run. Declared first: it stops before the node's directory goes.
+    mesh_api: AgentStandIn,
     node: Node,
     bins: Binaries,
     /// The demo's own files (plugin config, kubeconfig), inside the kit's directory.
@@ -96,7 +101,13 @@ impl DemoNode {
         let node = Node::start(options).map_err(|e| format!("starting a node: {e}"))?;
         let dir = node.containerd().dir().join("demo");
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mesh_api = AgentStandIn::start(
+            &dir.join("mesh-cni-api.sock"),
+            interlock_testkit::pods::mesh_proxies(),
+        )
+        .map_err(|e| format!("the mesh plugin's pod source: {e}"))?;
         let demo = DemoNode {
+            mesh_api,
             node,
             bins: bins.clone(),
             dir,
@@ -161,11 +172,14 @@ impl DemoNode {
     }
 
     /// The mesh's plugin entry as a mesh CNI installer writes it, without interlock's
-    /// agent (the plugin is interlock-cni, standing in for istio-cni or linkerd-cni).
+    /// agent (the plugin is interlock-cni, standing in for istio-cni or linkerd-cni; like
+    /// them it learns each pod's spec, here from [`DemoNode::mesh_api`] where they ask
+    /// the API server).
     fn plain_mesh_entry(&self) -> Value {
         json!({
             "type": "interlock-cni",
             "stateDir": self.node.state_dir(),
+            "agentSocket": self.mesh_api.path(),
             "capabilities": {"io.kubernetes.cri.pod-annotations": true},
         })
     }

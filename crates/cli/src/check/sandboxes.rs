@@ -8,12 +8,14 @@
 //! with the plugin's record ([`interlock_agent::sandbox_audit::inspect`]), and the verdict
 //! ([`interlock_agent::audit::judge`]).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use interlock_agent::audit;
 use interlock_agent::sandbox_audit::{self, Inspection};
 use interlock_contract::config::{BackendChoice, PluginConfig};
+use interlock_contract::pod::PodFacts;
 use interlock_cri::{CriClient, SandboxFilter, SandboxState, SandboxStatus, Timeouts};
 use interlock_redirect::backend::BackendKind;
 use interlock_redirect::decision::Decision;
@@ -102,11 +104,15 @@ pub(crate) fn backend_for(plugin: &PluginConfig) -> BackendKind {
     }
 }
 
-/// The pod's mesh decision as the audit makes it without a Kubernetes API: a
-/// host-network sandbox has no netns of its own to redirect in, and a profile that reads
-/// the pod's spec (which the runtime does not keep) is judged by the spec the plugin
-/// recorded when it installed the rules.
-pub(crate) fn decision_of(plugin: &PluginConfig, s: &SandboxStatus) -> Decision {
+/// The pod's mesh decision as the audit makes it: a host-network sandbox has no netns of
+/// its own to redirect in, and a profile that reads the pod's spec (which the runtime
+/// does not keep) is judged by the spec the plugin recorded when it installed the rules,
+/// else by the spec's `facts` when the caller read them from the API ([`api_facts`]).
+pub(crate) fn decision_of(
+    plugin: &PluginConfig,
+    s: &SandboxStatus,
+    facts: Option<&PodFacts>,
+) -> Decision {
     let meta = &s.metadata;
     interlock_redirect::decision::decide_sandbox(
         plugin,
@@ -114,9 +120,125 @@ pub(crate) fn decision_of(plugin: &PluginConfig, s: &SandboxStatus) -> Decision 
         &meta.name,
         s.host_network,
         &s.annotations,
-        None,
+        facts,
     )
     .or_recorded(|| sandbox_audit::recorded_spec(&plugin.state_dir, s.netns_path()?))
+}
+
+/// The decisions of `statuses`: [`decision_of`] each, and for those that need their pod's
+/// spec and have no record of it, one read of their pods from the Kubernetes API (the
+/// agent's credentials: in its pod, or `$KUBECONFIG`). A pod the API cannot give stays
+/// [`Decision::NeedsPodSpec`], its reason saying why.
+pub(crate) fn decisions_of(plugin: &PluginConfig, statuses: &[&SandboxStatus]) -> Vec<Decision> {
+    let mut decisions: Vec<Decision> = statuses
+        .iter()
+        .map(|s| decision_of(plugin, s, None))
+        .collect();
+    let wanted: Vec<PodKey> = statuses
+        .iter()
+        .zip(&decisions)
+        .filter(|(_, d)| matches!(d, Decision::NeedsPodSpec { .. }))
+        .map(|(s, _)| PodKey::of(s))
+        .collect();
+    if wanted.is_empty() {
+        return decisions;
+    }
+    let read = api_facts(&wanted);
+    for (s, d) in statuses.iter().zip(decisions.iter_mut()) {
+        let Decision::NeedsPodSpec { profile, reason } = d else {
+            continue;
+        };
+        *d = match &read {
+            Ok(found) => match found.get(&PodKey::of(s)) {
+                Some(Ok(facts)) => decision_of(plugin, s, Some(facts)),
+                Some(Err(why)) => Decision::NeedsPodSpec {
+                    profile: *profile,
+                    reason: format!("{reason}; the API: {why}"),
+                },
+                None => continue,
+            },
+            Err(why) => Decision::NeedsPodSpec {
+                profile: *profile,
+                reason: format!("{reason}; the API: {why}"),
+            },
+        };
+    }
+    decisions
+}
+
+/// A pod as its sandbox names it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct PodKey {
+    namespace: String,
+    name: String,
+    uid: String,
+}
+
+impl PodKey {
+    fn of(s: &SandboxStatus) -> PodKey {
+        PodKey {
+            namespace: s.metadata.namespace.clone(),
+            name: s.metadata.name.clone(),
+            uid: s.metadata.uid.clone(),
+        }
+    }
+}
+
+/// How long reading the pods' specs from the API may take in all.
+const API_BUDGET: Duration = Duration::from_secs(10);
+
+/// The spec facts of `pods`, read from the API one GET each; per pod, why there are none
+/// (gone, or another pod now has the name: its UID differs); the whole read fails when
+/// there are no credentials or the API does not answer in [`API_BUDGET`].
+pub(crate) fn api_facts(
+    pods: &[PodKey],
+) -> Result<BTreeMap<PodKey, Result<PodFacts, String>>, String> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::Api;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    rt.block_on(async {
+        let read = async {
+            let Some((client, creds)) = interlock_agent::kubernetes::connect().await? else {
+                return Err(
+                    "no Kubernetes credentials to read the pod's spec with (not in a pod, no \
+                     $KUBECONFIG, no ~/.kube/config)"
+                        .to_string(),
+                );
+            };
+            let mut out = BTreeMap::new();
+            for key in pods {
+                let api: Api<Pod> = Api::namespaced(client.clone(), &key.namespace);
+                let got = match api.get_opt(&key.name).await {
+                    Ok(Some(pod))
+                        if key.uid.is_empty() || pod.metadata.uid.as_deref() == Some(&key.uid) =>
+                    {
+                        Ok(interlock_agent::kubernetes::pod_facts(&pod))
+                    }
+                    Ok(Some(_)) => {
+                        Err("the pod of that name is another pod now (its UID differs)".to_string())
+                    }
+                    Ok(None) => Err("the pod is gone".to_string()),
+                    Err(e) => Err(format!(
+                        "reading pod {}/{} with {creds}: {e}",
+                        key.namespace, key.name
+                    )),
+                };
+                out.insert(key.clone(), got);
+            }
+            Ok(out)
+        };
+        tokio::time::timeout(API_BUDGET, read)
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "the API did not answer within {} s",
+                    API_BUDGET.as_secs()
+                ))
+            })
+    })
 }
 
 /// A sandbox's status, or why it could not be read.
@@ -166,31 +288,33 @@ pub fn list(endpoint: &str, plugin: &PluginConfig) -> SandboxesSeen {
     };
     let backend = backend_for(plugin);
     let mut docs = Vec::new();
+    let mut ready = Vec::new();
     for (id, status) in statuses {
-        let status = match status {
-            Ok(s) => s,
-            Err(e) => {
-                docs.push(doc(&id, "", None, &audit::Verdict::Unknown { reason: e }));
-                continue;
+        match status {
+            Ok(s) => {
+                if s.state == SandboxState::Ready && s.verbose.netns_closed != Some(true) {
+                    ready.push((id, s));
+                }
             }
-        };
-        if status.state != SandboxState::Ready || status.verbose.netns_closed == Some(true) {
-            continue;
+            Err(e) => docs.push(doc(&id, "", None, &audit::Verdict::Unknown { reason: e })),
         }
+    }
+    let decisions = decisions_of(plugin, &ready.iter().map(|(_, s)| s).collect::<Vec<_>>());
+    for ((id, status), decision) in ready.iter().zip(decisions) {
+        let id = id.as_str();
         let pod = format!("{}/{}", status.metadata.namespace, status.metadata.name);
-        let decision = decision_of(plugin, &status);
         let netns = status.netns_path();
         let verdict = match (&decision, netns) {
             (Decision::Meshed { spec, .. }, Some(path)) => {
                 let spec = spec.as_installed();
-                match sandbox_audit::inspect(path, &spec, &plugin.state_dir, backend, &id) {
+                match sandbox_audit::inspect(path, &spec, &plugin.state_dir, backend, id) {
                     Inspection::Gone => continue,
                     Inspection::Seen { rules, .. } => audit::judge(&decision, Some(&rules)),
                 }
             }
             _ => audit::judge(&decision, None),
         };
-        docs.push(doc(&id, &pod, netns, &verdict));
+        docs.push(doc(id, &pod, netns, &verdict));
     }
     // Worst first, then by pod: the table reads from what needs attention.
     docs.sort_by(|a, b| {
@@ -263,11 +387,11 @@ mod tests {
         };
         let p = PluginConfig::default();
         assert!(matches!(
-            decision_of(&p, &status(true, &a)),
+            decision_of(&p, &status(true, &a), None),
             Decision::NotMeshed { .. }
         ));
         assert!(matches!(
-            decision_of(&p, &status(false, &a)),
+            decision_of(&p, &status(false, &a), None),
             Decision::Meshed { .. }
         ));
         // An Istio pod's spec is not in the runtime's copy: without a record of what the
@@ -275,7 +399,7 @@ mod tests {
         a.insert("sidecar.istio.io/status".to_string(), "{}".to_string());
         a.remove("interlock.dev/redirect");
         assert!(matches!(
-            decision_of(&p, &status(false, &a)),
+            decision_of(&p, &status(false, &a), None),
             Decision::NeedsPodSpec { .. }
         ));
     }
