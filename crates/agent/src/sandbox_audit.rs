@@ -169,6 +169,17 @@ impl Auditor {
         }
     }
 
+    /// The policy the loop guard counts escalation stages from: the configured one, or
+    /// its fallback without a Kubernetes API.
+    fn base_policy(&self) -> RepairPolicy {
+        audit::choose(
+            self.policy,
+            self.cluster.is_some(),
+            audit::LoopView::default(),
+        )
+        .policy
+    }
+
     /// Audits every ready sandbox (or only `only`) and acts on the unprotected ones.
     /// Fails only when the sandboxes cannot be listed.
     pub async fn audit(&self, only: Option<&str>) -> Result<Vec<SandboxReport>, CriError> {
@@ -201,7 +212,7 @@ impl Auditor {
                 *counts.entry(r.verdict.label()).or_default() += 1;
             }
             self.metrics.set_verdicts(&counts);
-            lock(&self.history).retain_running(ids.iter().map(String::as_str));
+            lock(&self.history).forget_old(Instant::now());
             self.collect_gone(all).await;
             self.metrics.duration.observe(start.elapsed().as_secs_f64());
             info!(
@@ -322,8 +333,13 @@ impl Auditor {
         reason: &str,
     ) -> Vec<ActionReport> {
         let now = Instant::now();
-        let recent = lock(&self.history).recent(&status.id, now);
-        let mut action = audit::choose(self.policy, self.cluster.is_some(), recent);
+        let pod_key = audit::PodKey {
+            namespace: status.metadata.namespace.clone(),
+            name: status.metadata.name.clone(),
+            uid: status.metadata.uid.clone(),
+        };
+        let seen = lock(&self.history).view(&pod_key, self.base_policy(), now);
+        let mut action = audit::choose(self.policy, self.cluster.is_some(), seen);
         if let Some(c) = &self.cluster {
             // The pod watch is usually seconds from its first sync at start-up: an API
             // policy waits for it a little rather than a whole audit period.
@@ -368,7 +384,6 @@ impl Auditor {
         }) {
             action = audit::for_mirror_pod(action);
         }
-        lock(&self.history).record(&status.id, now);
         let mut done = Vec::new();
         loop {
             let start = Instant::now();
@@ -435,6 +450,9 @@ impl Auditor {
                 None => break,
             }
         }
+        // The harshest action taken counts for the loop guard (a failed repair that
+        // became a restart is a restart).
+        lock(&self.history).record(&pod_key, action.policy, now);
         done
     }
 
