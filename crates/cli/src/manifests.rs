@@ -334,10 +334,11 @@ data:
   # entry the agent writes.
   INTERLOCK_PLUGIN_CONFIG: "/etc/interlock/plugin-config.json"
   INTERLOCK_PLUGIN_SOURCE: "/usr/local/bin/interlock-cni"
-  # All addresses: the pod is hostNetwork, so this is the node's port {port}. It serves
-  # only /healthz, /readyz and /metrics, all read-only GETs, so Prometheus can scrape it;
-  # restrict who reaches the port with the node's firewall if metrics are sensitive.
-  INTERLOCK_HEALTH_ADDR: "0.0.0.0:{port}"
+  # The kubelet's probes (/healthz, /readyz only) on the node's loopback (the pod is
+  # hostNetwork): no pod and nothing off the node reaches them, so no flood of the
+  # metrics port can fail a liveness probe. `interlock check` on the node asks here too.
+  # The metrics listener is the node's own IP, same port (INTERLOCK_HEALTH_ADDR below).
+  INTERLOCK_PROBE_ADDR: "127.0.0.1:{port}"
 ---
 # The plugin's settings, a file (apart from the environment above: envFrom would skip
 # a key that is not a variable name, with a warning Event).
@@ -401,6 +402,14 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: spec.nodeName
+            # /metrics (with /healthz and /readyz) on the node's IP only, not on every
+            # interface: Prometheus scrapes the pod IP, which is the node's.
+            - name: HOST_IP
+              valueFrom:
+                fieldRef:
+                  fieldPath: status.hostIP
+            - name: INTERLOCK_HEALTH_ADDR
+              value: "$(HOST_IP):{port}"
           ports:
             - name: metrics
               containerPort: {port}
@@ -427,15 +436,19 @@ spec:
                 - NET_RAW
                 # setns(2) into a pod's network namespace (the audit and its repair).
                 - SYS_ADMIN
+          # On the loopback probe listener (INTERLOCK_PROBE_ADDR): the kubelet runs in
+          # the node's network namespace, which is the pod's.
           readinessProbe:
             httpGet:
+              host: 127.0.0.1
               path: /readyz
-              port: metrics
+              port: {port}
             periodSeconds: 2
           livenessProbe:
             httpGet:
+              host: 127.0.0.1
               path: /healthz
-              port: metrics
+              port: {port}
             periodSeconds: 10
             failureThreshold: 3
           resources:

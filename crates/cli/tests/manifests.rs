@@ -185,24 +185,46 @@ fn the_daemonset_is_not_privileged_and_has_only_the_capabilities_it_needs() {
         // with exactly this set.
         BTreeSet::from(["NET_ADMIN", "NET_RAW", "SYS_ADMIN"])
     );
-    // Probes on the named metrics port, which the node exposes (hostNetwork).
+    // Metrics on the node's IP (hostNetwork); the kubelet's probes on the loopback
+    // probe listener, which nothing off the node reaches (redteam-3 H-1).
     let port = &c.ports.as_ref().unwrap()[0];
     assert_eq!(
         (port.name.as_deref(), port.container_port),
         (Some("metrics"), 9102)
     );
-    let path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
-        p.as_ref()
-            .unwrap()
-            .http_get
-            .as_ref()
-            .unwrap()
-            .path
-            .clone()
-            .unwrap()
+    let http = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        let g = p.as_ref().unwrap().http_get.clone().unwrap();
+        (g.host.unwrap_or_default(), g.path.unwrap(), g.port)
     };
-    assert_eq!(path(&c.readiness_probe), "/readyz");
-    assert_eq!(path(&c.liveness_probe), "/healthz");
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    assert_eq!(
+        http(&c.readiness_probe),
+        ("127.0.0.1".into(), "/readyz".into(), IntOrString::Int(9102))
+    );
+    assert_eq!(
+        http(&c.liveness_probe),
+        (
+            "127.0.0.1".into(),
+            "/healthz".into(),
+            IntOrString::Int(9102)
+        )
+    );
+    let env = c.env.as_ref().unwrap();
+    let value = |name: &str| env.iter().find(|e| e.name == name).unwrap().clone();
+    assert_eq!(
+        value("HOST_IP")
+            .value_from
+            .unwrap()
+            .field_ref
+            .unwrap()
+            .field_path,
+        "status.hostIP"
+    );
+    assert_eq!(
+        value("INTERLOCK_HEALTH_ADDR").value.as_deref(),
+        Some("$(HOST_IP):9102"),
+        "/metrics not on every interface"
+    );
     let annotations = ds_annotations(&d);
     assert_eq!(annotations["prometheus.io/scrape"], "true");
     assert_eq!(annotations["prometheus.io/port"], "9102");
@@ -329,7 +351,8 @@ fn settings_rbac_and_namespace_are_as_the_agent_expects() {
         data["INTERLOCK_CRI_ENDPOINT"],
         "unix:///var/run/crio/crio.sock"
     );
-    assert_eq!(data["INTERLOCK_HEALTH_ADDR"], "0.0.0.0:9102");
+    assert_eq!(data["INTERLOCK_PROBE_ADDR"], "127.0.0.1:9102");
+    assert!(!data.contains_key("INTERLOCK_HEALTH_ADDR"));
     assert_eq!(data["INTERLOCK_STATE_DIR"], "/var/run/interlock");
     // The plugin config is one the agent accepts.
     let dir = tempfile::tempdir().unwrap();
