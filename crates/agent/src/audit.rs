@@ -328,6 +328,23 @@ pub fn for_mirror_pod(action: RepairAction) -> RepairAction {
     }
 }
 
+/// A sandbox whose pod (by UID) is no longer in the API cannot be deleted or evicted
+/// through it: the pod of that name, if any, is another one. Such actions become a
+/// restart over CRI (the kubelet does not recreate a sandbox for a pod the API no longer
+/// has), and say so.
+pub fn for_gone_pod(action: RepairAction, uid: &str) -> RepairAction {
+    match action.policy {
+        RepairPolicy::Delete | RepairPolicy::Evict => RepairAction {
+            because: Some(format!(
+                "no pod with UID {uid} in the API (deleted, or another pod now has its name, which is left alone): restarting the sandbox over CRI instead of {}",
+                action.policy
+            )),
+            policy: RepairPolicy::Restart,
+        },
+        _ => action,
+    }
+}
+
 /// What the pod cache shows of an unprotected sandbox's pod, for [`wait_for_api`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodSeen {
@@ -337,6 +354,9 @@ pub enum PodSeen {
     NotSynced,
     /// The pod, being deleted already (it has a deletion timestamp).
     Terminating,
+    /// No pod with the sandbox's UID in a synced cache: it was deleted, or another pod
+    /// now has its name (which nothing may touch).
+    Gone,
     /// Anything else (the pod, or no such pod in a synced cache).
     Known,
 }

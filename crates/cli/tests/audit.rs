@@ -617,6 +617,17 @@ struct ApiScene {
 }
 
 async fn api_scene(tag: &str, extra: &[(&str, &str)], policy: &str) -> ApiScene {
+    api_scene_with(tag, extra, &["--repair-policy", policy], |_| {}).await
+}
+
+/// [`api_scene`] with the agent's flags and `prepare` run on the API before the agent
+/// starts.
+async fn api_scene_with(
+    tag: &str,
+    extra: &[(&str, &str)],
+    flags: &[&str],
+    prepare: impl FnOnce(&interlock_testkit::kubeapi::KubeApi),
+) -> ApiScene {
     use serde_json::json;
     let kit = kit_with_primary();
     let cri = kit.cri().await;
@@ -642,20 +653,18 @@ async fn api_scene(tag: &str, extra: &[(&str, &str)], policy: &str) -> ApiScene 
     let d = agent_dirs(&kit);
     let kubeconfig = d.tmp.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig).unwrap();
-    let agent = Agent::start_env(
-        &d,
-        &[
-            "--cri-endpoint",
-            &kit.endpoint(),
-            "--repair-policy",
-            policy,
-            "--kube",
-            "auto",
-            "--node-name",
-            "n1",
-        ],
-        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
-    );
+    prepare(&api);
+    let endpoint = kit.endpoint();
+    let mut args = vec![
+        "--cri-endpoint",
+        &endpoint,
+        "--kube",
+        "auto",
+        "--node-name",
+        "n1",
+    ];
+    args.extend_from_slice(flags);
+    let agent = Agent::start_env(&d, &args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]);
     ApiScene {
         kit,
         cri,
@@ -806,4 +815,69 @@ async fn delete_and_evict_act_through_the_api_with_an_event() {
         drop(agent);
         kit.teardown().unwrap();
     }
+}
+
+/// redteam-3 M-1: an API server that accepts every write and never answers holds up no
+/// repair. The first repair's label and Event hang in the background; the pod's rules,
+/// deleted again, are back well within 2 s (the audit runs every 0.5 s here), and a
+/// second deletion too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_that_hangs_on_every_write_holds_up_no_repair() {
+    require_root!();
+    let scene = api_scene_with(
+        "hang",
+        &[],
+        &["--repair-policy", "repair", "--audit-interval", "0.5"],
+        |api| api.hang_writes(true),
+    )
+    .await;
+    let a = &scene.agent;
+    let repairs = || {
+        a.log_text()
+            .lines()
+            .filter(|l| l.contains("audit action done") && l.contains(&scene.sandbox))
+            .count()
+    };
+    wait_until(Duration::from_secs(5), || repairs() >= 1, || a.log_text());
+    let status = scene
+        .cri
+        .sandbox_status(&scene.sandbox, true)
+        .await
+        .unwrap();
+    let netns = status.netns_path().unwrap().to_path_buf();
+    let mut took = vec![];
+    for round in 2..=3 {
+        // Every write so far hangs: the first repair's label and Event are stuck.
+        assert!(scene.api.hung_writes() >= 1, "{}", a.log_text());
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .args(["nft", "delete", "table", "inet", "interlock"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let t0 = Instant::now();
+        wait_until(
+            Duration::from_secs(2),
+            || repairs() >= round,
+            || {
+                format!(
+                    "not repaired within 2 s with the API hung; log:\n{}",
+                    a.log_text()
+                )
+            },
+        );
+        took.push(t0.elapsed());
+        assert!(ruleset(&netns).contains("interlock"));
+    }
+    eprintln!(
+        "API hung on every write ({} writes held): rules deleted twice, repaired after {took:?}",
+        scene.api.hung_writes()
+    );
+    let ApiScene { kit, agent, .. } = scene;
+    drop(agent);
+    kit.teardown().unwrap();
 }

@@ -15,11 +15,14 @@
 //! disruption.
 //!
 //! The test side: direct object access, a request log, per-client load counters, and
-//! fault injection (`fail_next`, `compact_history`, `restart`).
+//! fault injection (`fail_next`, `compact_history`, `restart`, `hang_writes`). Unknown
+//! fields in a write are dropped (with a `Warning` header) or refused under
+//! `fieldValidation=Strict`, as the real server does.
 
 mod apply;
 mod meta;
 mod patch;
+mod prune;
 mod select;
 mod server;
 mod store;
@@ -196,6 +199,8 @@ impl KubeApi {
             restart,
             active_watches: AtomicUsize::new(0),
             down: AtomicBool::new(false),
+            hang_writes: AtomicBool::new(false),
+            hung: AtomicUsize::new(0),
             addr,
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -385,6 +390,17 @@ impl KubeApi {
             self.compact_history();
         }
         self.shared.down.store(false, Ordering::SeqCst);
+    }
+
+    /// While `on`, every write (POST, PUT, PATCH, DELETE) is read and never answered, as
+    /// by an API server that accepts requests and hangs; reads and watches still work.
+    pub fn hang_writes(&self, on: bool) {
+        self.shared.hang_writes.store(on, Ordering::SeqCst);
+    }
+
+    /// Writes held unanswered by [`hang_writes`](Self::hang_writes) so far.
+    pub fn hung_writes(&self) -> usize {
+        self.shared.hung.load(Ordering::SeqCst)
     }
 
     /// Watch streams open now.

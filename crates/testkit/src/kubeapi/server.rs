@@ -77,6 +77,10 @@ pub(crate) struct Shared {
     pub active_watches: AtomicUsize,
     /// Between `stop()` and `resume()`: connections are closed as soon as accepted.
     pub down: std::sync::atomic::AtomicBool,
+    /// While set, every write is read and never answered.
+    pub hang_writes: std::sync::atomic::AtomicBool,
+    /// Writes held unanswered so far.
+    pub hung: AtomicUsize,
     pub addr: SocketAddr,
 }
 
@@ -404,6 +408,15 @@ pub(crate) async fn handle(
         .fetch_add(body.len() as u64, Ordering::Relaxed);
     let params = parse_query(&raw_query);
     let query = Query(params.clone());
+    if shared.hang_writes.load(Ordering::SeqCst)
+        && matches!(method.as_str(), "POST" | "PUT" | "PATCH" | "DELETE")
+    {
+        // An API server that accepts the request and never answers (a stuck etcd, a
+        // half-open connection behind a load balancer): the client waits forever unless
+        // it has a deadline. The connection ends when the server is dropped or restarted.
+        shared.hung.fetch_add(1, Ordering::SeqCst);
+        std::future::pending::<()>().await;
+    }
 
     let call = Call {
         method: &method,
@@ -501,6 +514,7 @@ fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Res
     }
     let rt = target.rt;
     let ns = target.namespace.clone().unwrap_or_default();
+    let mut warnings: Vec<String> = vec![];
     let result = match (method, target.name.as_deref(), target.sub.as_deref()) {
         ("GET", None, None) => {
             let scope = match scope(&target, query) {
@@ -518,14 +532,16 @@ fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Res
             .map(|o| (200, o))
             .ok_or_else(|| ApiError::not_found(rt, name)),
         ("POST", None, None) if rt.namespaced == target.namespace.is_some() => {
-            parse_body(body).and_then(|obj| {
-                lock(&shared.store)
-                    .create(rt, &ns, obj, query.dry_run(), manager)
-                    .map(|o| (201, o))
-            })
+            parse_body(body)
+                .and_then(|obj| known_fields(rt, &obj, query, &mut warnings))
+                .and_then(|obj| {
+                    lock(&shared.store)
+                        .create(rt, &ns, obj, query.dry_run(), manager)
+                        .map(|o| (201, o))
+                })
         }
         ("POST", Some(name), Some("eviction")) => {
-            evict(shared, &ns, name, body, query.dry_run()).map(|()| {
+            evict(shared, &ns, name, body, query, &mut warnings).map(|()| {
                 (201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}))
             })
         }
@@ -535,11 +551,13 @@ fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Res
             } else {
                 Part::Main
             };
-            parse_body(body).and_then(|obj| {
-                lock(&shared.store)
-                    .update(rt, &ns, name, WriteMode { part, dry_run: query.dry_run(), manager }, |_| Ok(obj))
-                    .map(|(o, created)| (if created { 201 } else { 200 }, o))
-            })
+            parse_body(body)
+                .and_then(|obj| known_fields(rt, &obj, query, &mut warnings))
+                .and_then(|obj| {
+                    lock(&shared.store)
+                        .update(rt, &ns, name, WriteMode { part, dry_run: query.dry_run(), manager }, |_| Ok(obj))
+                        .map(|(o, created)| (if created { 201 } else { 200 }, o))
+                })
         }
         ("PATCH", Some(name), sub @ (None | Some("status"))) => {
             let part = if sub.is_some() {
@@ -553,7 +571,8 @@ fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Res
             } else {
                 lock(&shared.store)
                     .update(rt, &ns, name, WriteMode { part, dry_run: query.dry_run(), manager }, |cur| match cur {
-                        Some(cur) => patch::apply(rt, ct, cur, body),
+                        Some(cur) => patch::apply(rt, ct, cur, body)
+                            .and_then(|obj| known_fields(rt, &obj, query, &mut warnings)),
                         None => Err(ApiError::not_found(rt, name)),
                     })
                     .map(|(o, _)| (200, o))
@@ -564,9 +583,52 @@ fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Res
         }
         _ => Err(ApiError::method_not_allowed()),
     };
-    match result {
+    let mut resp = match result {
         Ok((code, v)) => respond(code, &v, counters),
         Err(e) => error(e, counters),
+    };
+    for w in warnings {
+        let value = format!("299 - \"unknown field \\\"{w}\\\"\"");
+        if let Ok(v) = hyper::header::HeaderValue::from_str(&value) {
+            resp.headers_mut().append("warning", v);
+        }
+    }
+    resp
+}
+
+/// `obj` as the server keeps it: unknown fields dropped (`fieldValidation` `Warn`, the
+/// default, adds a warning for each; `Ignore` does not), or a 400 naming them
+/// (`Strict`).
+fn known_fields(
+    rt: &ResourceType,
+    obj: &Value,
+    q: &Query,
+    warnings: &mut Vec<String>,
+) -> Result<Value, ApiError> {
+    let (kept, unknown) = super::prune::prune(rt, obj)?;
+    field_validation(q, unknown, warnings)?;
+    Ok(kept)
+}
+
+fn field_validation(
+    q: &Query,
+    unknown: Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Result<(), ApiError> {
+    match q.get("fieldValidation") {
+        Some("Strict") if !unknown.is_empty() => Err(ApiError::bad_request(format!(
+            "strict decoding error: {}",
+            unknown
+                .iter()
+                .map(|u| format!("unknown field \"{u}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+        Some("Ignore") => Ok(()),
+        _ => {
+            warnings.extend(unknown);
+            Ok(())
+        }
     }
 }
 
@@ -1046,8 +1108,20 @@ fn evict(
     ns: &str,
     name: &str,
     body: &[u8],
-    dry_run: bool,
+    q: &Query,
+    warnings: &mut Vec<String>,
 ) -> Result<(), ApiError> {
+    let dry_run = q.dry_run();
+    // An Eviction is decoded like any typed object: unknown fields (kube-core's
+    // `delete_options`) are dropped.
+    let body = if body.is_empty() {
+        vec![]
+    } else {
+        let (kept, unknown) = super::prune::prune_eviction(&parse_body(body)?)?;
+        field_validation(q, unknown, warnings)?;
+        kept.to_string().into_bytes()
+    };
+    let body = &body[..];
     let mut store = lock(&shared.store);
     let done = evict_locked(&mut store, ns, name, body, dry_run)?;
     drop(store);
