@@ -89,10 +89,11 @@ impl Admin {
         let since = self.shared.since_tick();
         match path {
             "/healthz" => probe(probes::healthz(since, &self.windows)),
-            "/readyz" => probe(probes::readyz(
+            "/readyz" => probe(probes::readyz_with_audit(
                 &self.shared.readiness(),
                 since,
                 &self.windows,
+                &self.shared.audit_health.view(),
             )),
             "/metrics" if self.metrics => {
                 reply(StatusCode::OK, OPENMETRICS, self.shared.render_metrics())

@@ -390,12 +390,20 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         // audit and the agent socket take the cluster (`None`: no Kubernetes API; the audit
         // then uses the sandboxes' own annotations and the socket cannot answer lookups).
         let cluster = start_kubernetes(&cfg, &shared).await?;
-        let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let fallback = cfg.audit.as_ref().map(|a| socket::CriFallback {
             endpoint: a.cri_endpoint.clone(),
         });
+        // ADD notes go to the audit, through a bounded queue; without an audit there is
+        // no queue and a note is answered `undecided` (nothing is kept).
+        let (wake_tx, wake_rx) = match &cfg.audit {
+            Some(_) => {
+                let (tx, rx) = tokio::sync::mpsc::channel::<String>(sandbox_audit::NOTE_QUEUE);
+                (Some(tx), Some(rx))
+            }
+            None => (None, None),
+        };
         serve_agent_socket(&cfg.state_dir, cluster.clone(), fallback, wake_tx)?;
-        if let Some(settings) = cfg.audit.clone() {
+        if let (Some(settings), Some(wake_rx)) = (cfg.audit.clone(), wake_rx) {
             let plugin = interlock_contract::PluginConfig::from_map(&cfg.entry())
                 .map_err(|e| AgentError::Runtime(format!("the plugin entry is invalid: {e}")))?;
             tokio::spawn(sandbox_audit::run(
@@ -403,6 +411,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
                 plugin,
                 cluster,
                 shared.audit.clone(),
+                shared.audit_health.clone(),
                 wake_rx,
             ));
         } else {
@@ -495,7 +504,7 @@ fn serve_agent_socket(
     state_dir: &Path,
     cluster: Option<kubernetes::Cluster>,
     fallback: Option<socket::CriFallback>,
-    added: tokio::sync::mpsc::UnboundedSender<String>,
+    added: Option<socket::AddedNotes>,
 ) -> Result<(), AgentError> {
     let path = sandbox_audit::socket_path(state_dir);
     let listener = socket::bind(&path).map_err(|e| AgentError::Runtime(e.to_string()))?;
@@ -507,7 +516,7 @@ fn serve_agent_socket(
         )),
     };
     info!(path = %path.display(), "agent socket listening");
-    tokio::spawn(socket::serve(listener, source, fallback, Some(added)));
+    tokio::spawn(socket::serve(listener, source, fallback, added));
     Ok(())
 }
 

@@ -182,16 +182,24 @@ impl Auditor {
         .policy
     }
 
-    /// Audits every ready sandbox (or only `only`) and acts on the unprotected ones.
-    /// Fails only when the sandboxes cannot be listed.
-    pub async fn audit(&self, only: Option<&str>) -> Result<Vec<SandboxReport>, CriError> {
+    /// Audits every ready sandbox (or only those in `only`) and acts on the unprotected
+    /// ones, with one `ListPodSandbox`. Fails only when the sandboxes cannot be listed.
+    pub async fn audit(
+        &self,
+        only: Option<&BTreeSet<String>>,
+    ) -> Result<Vec<SandboxReport>, CriError> {
         let start = Instant::now();
         // Every sandbox, ready or not: the ones not listed at all are gone (see
         // `collect_gone`).
+        self.metrics.lists.inc();
         let listed = match self.cri.list_sandboxes(&SandboxFilter::default()).await {
-            Ok(l) => l,
+            Ok(l) => {
+                self.metrics.cri_up.set(1);
+                l
+            }
             Err(e) => {
                 self.metrics.errors.inc();
+                self.metrics.cri_up.set(0);
                 return Err(e);
             }
         };
@@ -200,7 +208,7 @@ impl Auditor {
             .into_iter()
             .filter(|s| s.state == SandboxState::Ready)
             .map(|s| s.id)
-            .filter(|id| only.is_none_or(|o| o == id))
+            .filter(|id| only.is_none_or(|o| o.contains(id)))
             .collect();
         let reports: Vec<SandboxReport> = futures::stream::iter(ids.iter().cloned())
             .map(|id| self.audit_one(id))
@@ -1029,40 +1037,65 @@ fn ended_list(ended: &sockdiag::Ended) -> String {
 /// How long a sandbox named by an ADD note is looked for: the plugin sends the note from
 /// inside `RunPodSandbox`, so the runtime lists the sandbox as ready only a little later.
 pub const NOTE_PATIENCE: Duration = Duration::from_secs(5);
-/// How often a noted sandbox that is not ready yet is looked for again.
+/// How soon noted sandboxes that are not ready yet are looked for again; the wait doubles
+/// with each round that finds none of them, up to [`NOTE_RETRY_MAX`].
 pub const NOTE_RETRY: Duration = Duration::from_millis(20);
+/// The longest wait between two rounds of looking for noted sandboxes.
+pub const NOTE_RETRY_MAX: Duration = Duration::from_millis(640);
+/// Noted sandboxes looked for at once; notes past it are left to the periodic audit
+/// (each round is one `ListPodSandbox` for all of them).
+pub const MAX_PENDING_NOTES: usize = 1024;
+/// ADD notes queued for the audit; past it a note is answered `undecided` (the plugin
+/// only logs it) and the periodic audit covers the sandbox.
+pub const NOTE_QUEUE: usize = 1024;
+
+/// The wait before round `round` (0 first) of looking for noted sandboxes (pure).
+pub fn note_retry(round: u32) -> Duration {
+    NOTE_RETRY
+        .saturating_mul(2u32.saturating_pow(round.min(16)))
+        .min(NOTE_RETRY_MAX)
+}
 
 /// The shortest time between two audits woken by the pod watch (a burst of pod changes,
 /// e.g. a rollout, costs one audit per spacing, not one per change).
 const POD_CHANGE_SPACING: Duration = Duration::from_millis(500);
 
-/// Runs the audit loop: connects to CRI (retrying on each tick), audits at once, then on
-/// every `interval` tick and whenever a sandbox ID arrives on `wake` (the plugin's ADD
-/// notes; a noted sandbox not ready yet is looked for again every [`NOTE_RETRY`] for up
-/// to [`NOTE_PATIENCE`]) or the pod watch reports a pod on this node added or changed
-/// (a full audit, at most once per [`POD_CHANGE_SPACING`]), one audit at a time.
+/// How soon the runtime is asked again after it could not be reached.
+const CRI_RETRY: Duration = Duration::from_secs(1);
+
+/// Runs the audit loop: connects to CRI (retrying every second until it answers),
+/// audits at once, then on every `interval` tick and whenever a sandbox ID arrives on
+/// `wake` (the plugin's ADD notes: noted sandboxes not ready yet are looked for again,
+/// all with one list per round, for up to [`NOTE_PATIENCE`]) or the pod watch reports a
+/// pod on this node added or changed (a full audit, at most once per
+/// [`POD_CHANGE_SPACING`]), one audit at a time. What the runtime answers, and each
+/// completed pass, go to `health` for `/readyz`.
 pub async fn run(
     settings: AuditSettings,
     plugin: PluginConfig,
     cluster: Option<Cluster>,
     metrics: AuditMetrics,
-    mut wake: mpsc::UnboundedReceiver<String>,
+    health: std::sync::Arc<crate::status::AuditHealth>,
+    mut wake: mpsc::Receiver<String>,
 ) {
+    health.started(&settings.cri_endpoint, settings.interval);
     let mut tick = tokio::time::interval(settings.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut auditor: Option<Auditor> = None;
     let pod_changes = cluster.as_ref().map(|c| c.pods.changes());
     let mut parts = Some((plugin, cluster, metrics));
     let mut pending: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut rounds = 0u32;
     // The pod watch (with a Kubernetes API) wakes a full audit when a pod on this node
     // appears or changes, at most once per POD_CHANGE_SPACING.
     let mut last_pod_audit: Option<Instant> = None;
+    let mut cri_retry: Option<Instant> = None;
     loop {
         let retry = async {
             if pending.is_empty() {
                 std::future::pending::<()>().await
             } else {
-                tokio::time::sleep(NOTE_RETRY).await
+                tokio::time::sleep(note_retry(rounds)).await
             }
         };
         let pod_changed = async {
@@ -1077,18 +1110,41 @@ pub async fn run(
                 None => std::future::pending::<()>().await,
             }
         };
-        let noted: Option<Vec<String>> = tokio::select! {
-            _ = tick.tick() => None,
+        let reconnect = async {
+            match cri_retry {
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let noted: bool = tokio::select! {
+            _ = tick.tick() => false,
+            () = reconnect => false,
             () = pod_changed => {
                 last_pod_audit = Some(Instant::now());
-                None
+                false
             }
             Some(id) = wake.recv() => {
-                pending.entry(id.clone()).or_insert_with(|| Instant::now() + NOTE_PATIENCE);
-                Some(vec![id])
+                if pending.len() < MAX_PENDING_NOTES || pending.contains_key(&id) {
+                    pending.entry(id).or_insert_with(|| Instant::now() + NOTE_PATIENCE);
+                    rounds = 0;
+                }
+                // Notes that came meanwhile join this round.
+                while pending.len() < MAX_PENDING_NOTES {
+                    match wake.try_recv() {
+                        Ok(id) => {
+                            pending.entry(id).or_insert_with(|| Instant::now() + NOTE_PATIENCE);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                true
             }
-            () = retry => Some(pending.keys().cloned().collect()),
+            () = retry => {
+                rounds = rounds.saturating_add(1);
+                true
+            }
         };
+        cri_retry = None;
         if auditor.is_none() {
             match CriClient::connect(&settings.cri_endpoint).await {
                 Ok(cri) => {
@@ -1101,47 +1157,54 @@ pub async fn run(
                 Err(e) => {
                     if let Some((_, _, m)) = &parts {
                         m.errors.inc();
+                        m.cri_up.set(0);
                     }
-                    warn!(endpoint = %settings.cri_endpoint, error = %e, "audit: cannot reach the runtime over CRI; retrying on the next tick");
+                    health.runtime_failed(&e.to_string());
+                    warn!(endpoint = %settings.cri_endpoint, error = %e, "audit: cannot reach the runtime over CRI; retrying in 1 s");
+                    cri_retry = Some(Instant::now() + CRI_RETRY);
                     continue;
                 }
             }
         }
         let Some(a) = &auditor else { continue };
-        match noted {
-            None => {
-                if let Err(e) = a.audit(None).await {
-                    warn!(error = %e, "audit: cannot list the sandboxes");
+        if !noted {
+            match a.audit(None).await {
+                Ok(_) => health.pass_done(),
+                Err(e) => {
+                    health.runtime_failed(&e.to_string());
+                    cri_retry = Some(Instant::now() + CRI_RETRY);
+                    warn!(error = %e, "audit: cannot list the sandboxes; retrying in 1 s");
                 }
             }
-            Some(ids) => {
-                for id in ids {
-                    match a.audit(Some(&id)).await {
-                        Ok(reports) if !reports.is_empty() => {
-                            pending.remove(&id);
-                            for r in reports {
-                                info!(
-                                    pod = %r.pod,
-                                    sandbox = %r.sandbox,
-                                    verdict = r.verdict.label(),
-                                    "audited on the plugin's ADD note"
-                                );
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(e) => warn!(error = %e, "audit: cannot list the sandboxes"),
-                    }
+            continue;
+        }
+        let ids: BTreeSet<String> = pending.keys().cloned().collect();
+        match a.audit(Some(&ids)).await {
+            Ok(reports) => {
+                health.runtime_answered();
+                for r in reports {
+                    pending.remove(&r.sandbox);
+                    info!(
+                        pod = %r.pod,
+                        sandbox = %r.sandbox,
+                        verdict = r.verdict.label(),
+                        "audited on the plugin's ADD note"
+                    );
                 }
-                let now = Instant::now();
-                pending.retain(|id, until| {
-                    let keep = *until > now;
-                    if !keep {
-                        info!(sandbox = %id, "audit: the sandbox of an ADD note never became ready; the periodic audit covers it if it does");
-                    }
-                    keep
-                });
+            }
+            Err(e) => {
+                health.runtime_failed(&e.to_string());
+                warn!(error = %e, "audit: cannot list the sandboxes");
             }
         }
+        let now = Instant::now();
+        pending.retain(|id, until| {
+            let keep = *until > now;
+            if !keep {
+                info!(sandbox = %id, "audit: the sandbox of an ADD note never became ready; the periodic audit covers it if it does");
+            }
+            keep
+        });
     }
 }
 
@@ -1163,6 +1226,23 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(format!("{id}.json")), "{not json").unwrap();
         assert!(read_record(t.path(), id).is_none());
+    }
+
+    /// redteam-3 L-2: noted sandboxes that do not appear are looked for with a wait
+    /// that doubles, one list per round for all of them: about a dozen lists in
+    /// NOTE_PATIENCE instead of 250 per note.
+    #[test]
+    fn noted_sandboxes_are_looked_for_less_and_less_often() {
+        assert_eq!(note_retry(0), NOTE_RETRY);
+        assert_eq!(note_retry(1), NOTE_RETRY * 2);
+        assert_eq!(note_retry(10), NOTE_RETRY_MAX);
+        let mut t = Duration::ZERO;
+        let mut rounds = 0;
+        while t < NOTE_PATIENCE {
+            t += note_retry(rounds);
+            rounds += 1;
+        }
+        assert!(rounds <= 15, "{rounds} lists in {NOTE_PATIENCE:?}");
     }
 
     #[test]

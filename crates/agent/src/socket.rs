@@ -165,8 +165,8 @@ pub fn bind(path: &Path) -> Result<UnixListener, SocketError> {
     Ok(listener)
 }
 
-/// Where the plugin's ADD notes go: the sandbox IDs, to the audit.
-pub type AddedNotes = tokio::sync::mpsc::UnboundedSender<String>;
+/// Where the plugin's ADD notes go: the sandbox IDs, to the audit (a bounded queue).
+pub type AddedNotes = tokio::sync::mpsc::Sender<String>;
 
 /// Serves `listener` with `source` until the task is dropped; ADD notes go to `added`
 /// (without it they are answered `undecided`).
@@ -197,6 +197,13 @@ pub async fn serve(
             let _slot = slot;
             let _ = tokio::time::timeout(DEADLINE, answer(stream, source, fallback, added)).await;
         });
+    }
+}
+
+fn not_running() -> Response {
+    Response::Undecided {
+        v: PROTOCOL_VERSION,
+        reason: "the agent's audit is not running (--cri-endpoint none)".into(),
     }
 }
 
@@ -234,13 +241,19 @@ async fn answer(
         &line,
         |pod| looked_up.unwrap_or_else(|| source.answer(pod)),
         |note| match &added {
-            Some(tx) if tx.send(note.sandbox.clone()).is_ok() => Response::Noted {
-                v: PROTOCOL_VERSION,
+            Some(tx) => match tx.try_send(note.sandbox.clone()) {
+                Ok(()) => Response::Noted {
+                    v: PROTOCOL_VERSION,
+                },
+                Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => Response::Undecided {
+                    v: PROTOCOL_VERSION,
+                    reason:
+                        "the audit's queue of ADD notes is full; its next pass covers the sandbox"
+                            .into(),
+                },
+                Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => not_running(),
             },
-            _ => Response::Undecided {
-                v: PROTOCOL_VERSION,
-                reason: "the agent's audit is not running (--cri-endpoint none)".into(),
-            },
+            None => not_running(),
         },
     );
     write.write_all(reply.as_bytes()).await?;
@@ -356,7 +369,7 @@ mod tests {
         let listener = bind(&path).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let (tx, mut notes) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, mut notes) = tokio::sync::mpsc::channel(4);
         let server = tokio::spawn(serve(listener, Arc::new(OnePod), None, Some(tx)));
         let p = path.clone();
         let (found, missing, garbage, noted) = tokio::task::spawn_blocking(move || {

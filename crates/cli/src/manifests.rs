@@ -213,6 +213,15 @@ impl Values {
         }
     }
 
+    /// The directory of the CRI socket on the host, mounted at the same path.
+    pub fn cri_socket_dir(&self) -> &str {
+        let s = self.cri_socket();
+        match s.rsplit_once('/') {
+            Some(("", _)) | None => "/",
+            Some((dir, _)) => dir,
+        }
+    }
+
     /// The plugin settings the agent merges into its entry (`INTERLOCK_PLUGIN_CONFIG`).
     pub fn plugin_config(&self) -> String {
         // The agent socket: the plugin asks it when the runtime passed no annotations,
@@ -472,9 +481,13 @@ spec:
               mountPath: /var/run/netns
               mountPropagation: HostToContainer
               readOnly: true
-            # The audit lists the node's pod sandboxes over CRI.
-            - name: cri-socket
-              mountPath: {cri_plain}
+            # The audit lists the node's pod sandboxes over CRI. The socket's directory,
+            # not the socket file: a runtime re-creates its socket when it restarts, and a
+            # bind mount of the file would keep the old one (the audit reconnects by path).
+            # Read-only: connecting to a socket needs no write access to the mount.
+            - name: cri-socket-dir
+              mountPath: {cri_dir_plain}
+              readOnly: true
             - name: config
               mountPath: /etc/interlock
               readOnly: true
@@ -495,10 +508,10 @@ spec:
           hostPath:
             path: /var/run/netns
             type: DirectoryOrCreate
-        - name: cri-socket
+        - name: cri-socket-dir
           hostPath:
-            path: {cri_q}
-            type: Socket
+            path: {cri_dir_q}
+            type: Directory
         - name: config
           configMap:
             name: interlock-plugin-config
@@ -519,8 +532,8 @@ spec:
         repair = q(&v.repair_policy),
         taint = q(&v.taint_effect),
         cri_endpoint = q(&format!("unix://{cri}")),
-        cri_plain = q(cri),
-        cri_q = q(cri),
+        cri_dir_plain = q(v.cri_socket_dir()),
+        cri_dir_q = q(v.cri_socket_dir()),
         plugin_config = q(&v.plugin_config()),
         image = q(&v.image),
         conf_dir = q(&v.cni_conf_dir),
@@ -599,6 +612,7 @@ mod tests {
         assert_eq!(v.profiles, ["linkerd", "istio"]);
         v.set("runtime=crio").unwrap();
         assert_eq!(v.cri_socket(), "/var/run/crio/crio.sock");
+        assert_eq!(v.cri_socket_dir(), "/var/run/crio");
     }
 
     #[test]

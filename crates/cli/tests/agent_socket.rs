@@ -3,6 +3,8 @@
 //! `socket::serve`, asked by the plugin's own lookup code (`interlock_cni::decide`, with
 //! its trust checks) for a pod whose annotations the runtime did not pass.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -109,7 +111,7 @@ async fn the_plugins_lookup_is_answered_from_the_pod_cache() {
 async fn add_notes_reach_the_audit_and_cost_an_add_little() {
     let dir = interlock_testkit::tempdir().unwrap();
     let path = dir.path().join("agent.sock");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(interlock_agent::sandbox_audit::NOTE_QUEUE);
     let server = tokio::spawn(socket::serve(
         socket::bind(&path).unwrap(),
         Arc::new(socket::NoSource("no API".into())),
@@ -146,4 +148,48 @@ async fn add_notes_reach_the_audit_and_cost_an_add_little() {
     let t = Instant::now();
     assert!(interlock_cni::agent_client::note_added(&path, "sb", "/x").is_err());
     assert!(t.elapsed() < Duration::from_millis(200));
+}
+
+/// redteam-3 L-1: without the audit (`--cri-endpoint none`) an ADD note is answered
+/// `undecided` and nothing is kept: 3,000 notes of 60 KB used to be answered `noted` and
+/// stay in memory forever (13 MB to 189 MB).
+#[test]
+fn without_the_audit_add_notes_are_refused_and_not_kept() {
+    use std::io::{BufRead, Write};
+    let d = common::Dirs::new();
+    d.write("10-calico.conflist", common::CALICO);
+    let a = d.agent(&["--cri-endpoint", "none"]);
+    common::wait_protected(&d, &a);
+    let sock = d.state.join("agent.sock");
+    let big = "x".repeat(60_000);
+    let rss = |pid: u32| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap()
+    };
+    let before = rss(a.pid());
+    let mut last = String::new();
+    for i in 0..1500 {
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        writeln!(
+            s,
+            r#"{{"v":1,"op":"added","sandbox":"{i:08}{big}","netns":"/x"}}"#
+        )
+        .unwrap();
+        last.clear();
+        std::io::BufReader::new(s).read_line(&mut last).unwrap();
+        assert!(
+            last.contains("undecided") && last.contains("not running"),
+            "{last}"
+        );
+    }
+    let after = rss(a.pid());
+    eprintln!("1500 notes of 60 KB without the audit: agent RSS {before} KiB -> {after} KiB");
+    assert!(
+        after < before + 20 * 1024,
+        "RSS {before} KiB -> {after} KiB"
+    );
 }

@@ -881,3 +881,80 @@ async fn an_api_that_hangs_on_every_write_holds_up_no_repair() {
     drop(agent);
     kit.teardown().unwrap();
 }
+
+/// ux-3 finding 4: a runtime that stops answering shows in `/readyz` (and
+/// `interlock_cri_up`) within seconds, and once the runtime is back, re-created socket
+/// and all, the audit reaches it again by path (the DaemonSet mounts the socket's
+/// directory, not the socket file) and repairs what went unprotected meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_runtime_shows_in_readyz_and_a_restarted_one_is_reached_again() {
+    require_root!();
+    let (kit, _cri, _server, pods) = kit_with_meshed_pods(&["crirestart"]).await;
+    let d = agent_dirs(&kit);
+    let a = Agent::start(
+        &d,
+        &["--cri-endpoint", &kit.endpoint(), "--audit-interval", "1"],
+    );
+    let repairs = || {
+        a.log_text()
+            .lines()
+            .filter(|l| l.contains("audit action done") && l.contains(&pods[0].id))
+            .count()
+    };
+    wait_until(Duration::from_secs(5), || repairs() >= 1, || a.log_text());
+    common::wait_protected(&d, &a);
+    wait_until(
+        Duration::from_secs(5),
+        || a.ready() == Some(true),
+        || format!("{:?}\n{}", a.get("/readyz"), a.log_text()),
+    );
+    assert_eq!(a.metric("interlock_cri_up"), Some(1.0));
+
+    kit.stop_daemon().unwrap();
+    let t0 = Instant::now();
+    wait_until(
+        Duration::from_secs(10),
+        || a.ready() == Some(false),
+        || {
+            format!(
+                "/readyz still ready with the runtime down: {:?}",
+                a.get("/readyz")
+            )
+        },
+    );
+    let noticed = t0.elapsed();
+    let (_, body) = a.get("/readyz").unwrap();
+    assert!(
+        body.contains("container runtime") && body.contains(&kit.endpoint()),
+        "{body}"
+    );
+    assert_eq!(a.metric("interlock_cri_up"), Some(0.0));
+
+    // The runtime comes back with a new socket at the same path; meanwhile the pod lost
+    // its rules.
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", pods[0].netns.display()))
+        .args(["nft", "delete", "table", "inet", "interlock"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    kit.start_daemon().unwrap();
+    let t0 = Instant::now();
+    wait_until(
+        Duration::from_secs(10),
+        || a.ready() == Some(true) && repairs() >= 2,
+        || format!("{:?}\n{}", a.get("/readyz"), a.log_text()),
+    );
+    eprintln!(
+        "runtime down: /readyz not ready after {noticed:?}; back: ready and the pod repaired after {:?}",
+        t0.elapsed()
+    );
+    assert!(ruleset(&pods[0].netns).contains("interlock"));
+    drop(a);
+    drop(pods);
+    kit.teardown().unwrap();
+}

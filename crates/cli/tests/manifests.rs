@@ -243,7 +243,9 @@ fn the_daemonset_is_not_privileged_and_has_only_the_capabilities_it_needs() {
             // No /proc: the runtime reports pinned netns files under /var/run/netns,
             // which the audit enters; nothing reads another process's /proc.
             "/var/run/netns",
-            "/run/containerd/containerd.sock"
+            // The socket's directory (ux-3 finding 4): a bind mount of the socket file
+            // keeps the old socket after the runtime re-creates it.
+            "/run/containerd"
         ]
         .into_iter()
         .map(String::from)
@@ -270,6 +272,13 @@ fn the_daemonset_is_not_privileged_and_has_only_the_capabilities_it_needs() {
         mount_of("netns").mount_propagation.as_deref(),
         Some("HostToContainer")
     );
+    assert_eq!(mount_of("cri-socket-dir").mount_path, "/run/containerd");
+    assert_eq!(mount_of("cri-socket-dir").read_only, Some(true));
+    let cri_type = volumes
+        .iter()
+        .find(|v| v.name == "cri-socket-dir")
+        .and_then(|v| v.host_path.as_ref()?.type_.clone());
+    assert_eq!(cri_type.as_deref(), Some("Directory"));
     // Settings from the ConfigMap; the node name from the downward API.
     let env_from = c.env_from.as_ref().unwrap();
     assert_eq!(
