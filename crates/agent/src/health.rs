@@ -454,7 +454,7 @@ pub async fn serve(listener: TcpListener, admin: Admin, limits: ServerLimits) {
                 // request at once is served long before `max_connections` newer ones
                 // can push it out, and the accept queue still drains quickly.
                 accepted += 1;
-                if accepted % ACCEPTS_BETWEEN_YIELDS == 0 {
+                if accepted.is_multiple_of(ACCEPTS_BETWEEN_YIELDS) {
                     tokio::task::yield_now().await;
                 }
             }

@@ -860,8 +860,10 @@ async fn requests_use_exactly_the_granted_rbac_verbs() {
 
     let used: BTreeSet<(String, String, String)> =
         api.requests().iter().filter_map(rbac_of).collect();
+    // The evict policy's grant is rendered with it alone; this test uses every action.
     let granted: BTreeSet<(String, String, String)> = interlock_contract::rbac::AGENT_RULES
         .iter()
+        .chain(interlock_contract::rbac::EVICT_RULES)
         .flat_map(|r| {
             r.resources.iter().flat_map(move |res| {
                 r.verbs

@@ -5,7 +5,7 @@
 //! every object against the Kubernetes schemas.
 
 use clap::Args;
-use interlock_contract::rbac::{Rule, AGENT_RULES};
+use interlock_contract::rbac::{Rule, AGENT_RULES, EVICT_RULES, NODE_SCOPE_POLICY};
 use std::fmt::Write as _;
 
 /// `interlock manifests` flags.
@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 pub struct ManifestsArgs {
     /// A setting, `key=value` (repeatable): image, namespace, configMode, runtime,
     /// repairPolicy, taintEffect, profiles, excludeNamespaces, cniConfDir, cniBinDir,
-    /// criSocket, healthPort, podMonitor.
+    /// criSocket, healthPort, podMonitor, nodeScope.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
 }
@@ -47,6 +47,9 @@ pub struct Values {
     pub health_port: u16,
     /// Also render a prometheus-operator `PodMonitor`.
     pub pod_monitor: bool,
+    /// Render the admission policy that limits each agent's writes to its own node
+    /// (Kubernetes ≥ 1.30; `false` for older clusters, where the RBAC alone applies).
+    pub node_scope: bool,
 }
 
 /// The image the default rendering names: the release of this version.
@@ -71,6 +74,7 @@ impl Default for Values {
             cri_socket: String::new(),
             health_port: 9102,
             pod_monitor: false,
+            node_scope: true,
         }
     }
 }
@@ -108,6 +112,14 @@ fn host_path(key: &str, v: &str) -> Result<String, String> {
         Ok(v.trim_end_matches('/').to_string()).map(|p| if p.is_empty() { "/".into() } else { p })
     } else {
         Err(format!("{key}={v:?}: expected an absolute host path"))
+    }
+}
+
+fn boolean(key: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(format!("{key}={v:?}: expected true or false")),
     }
 }
 
@@ -186,16 +198,11 @@ impl Values {
                     .filter(|p| *p >= 1024)
                     .ok_or_else(|| format!("{k}={v:?}: expected a port from 1024 to 65535"))?
             }
-            "podMonitor" => {
-                self.pod_monitor = match v {
-                    "true" => true,
-                    "false" => false,
-                    _ => return Err(format!("{k}={v:?}: expected true or false")),
-                }
-            }
+            "podMonitor" => self.pod_monitor = boolean(k, v)?,
+            "nodeScope" => self.node_scope = boolean(k, v)?,
             other => {
                 return Err(format!(
-                    "--set {other}: unknown setting (known: image, namespace, configMode, runtime, repairPolicy, taintEffect, profiles, excludeNamespaces, cniConfDir, cniBinDir, criSocket, healthPort, podMonitor)"
+                    "--set {other}: unknown setting (known: image, namespace, configMode, runtime, repairPolicy, taintEffect, profiles, excludeNamespaces, cniConfDir, cniBinDir, criSocket, healthPort, podMonitor, nodeScope)"
                 ))
             }
         }
@@ -539,6 +546,98 @@ spec:
         conf_dir = q(&v.cni_conf_dir),
         bin_dir = q(&v.cni_bin_dir),
     );
+    if v.repair_policy == "evict" {
+        let _ = write!(
+            out,
+            r#"---
+# repairPolicy=evict only: the Eviction subresource (PodDisruptionBudgets apply). No
+# admission policy can narrow it to this node's pods (a policy sees the Eviction, not
+# the pod): with it, each node's agent token may evict any pod of the cluster. The
+# other repair policies need no such grant.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: interlock-agent-evict
+  labels:
+    {labels}
+rules:
+{rules}---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: interlock-agent-evict
+  labels:
+    {labels}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: interlock-agent-evict
+subjects:
+  - kind: ServiceAccount
+    name: interlock
+    namespace: {ns}
+"#,
+            rules = rules_yaml(EVICT_RULES),
+        );
+    }
+    if v.node_scope {
+        let _ = write!(
+            out,
+            r#"---
+# Least privilege at cluster scope. RBAC gives every node's agent the same cluster-wide
+# verbs; this policy lets an agent's token change only its own Node and the pods bound
+# to its node, and report Events only as its own node's agent, keyed on the node claim
+# of the agent pod's token (authentication.kubernetes.io/node-name), as NodeRestriction
+# does for the kubelet. Needs Kubernetes 1.30 or later (admissionregistration.k8s.io/v1
+# and the claim, on by default); a token without the claim may write nothing. Older
+# clusters: render with --set nodeScope=false (the RBAC alone then applies).
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {policy}
+  labels:
+    {labels}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [""]
+        apiVersions: ["v1"]
+        operations: ["UPDATE", "DELETE"]
+        resources: ["nodes", "nodes/status", "pods"]
+      - apiGroups: ["events.k8s.io"]
+        apiVersions: ["v1"]
+        operations: ["CREATE", "UPDATE"]
+        resources: ["events"]
+  matchConditions:
+    - name: interlock-agent
+      expression: "request.userInfo.username == 'system:serviceaccount:{ns}:interlock'"
+  variables:
+    - name: node
+      expression: "has(request.userInfo.extra) && 'authentication.kubernetes.io/node-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/node-name']) == 1 ? request.userInfo.extra['authentication.kubernetes.io/node-name'][0] : ''"
+  validations:
+    - expression: "variables.node != ''"
+      message: "the interlock agent's token carries no node claim (authentication.kubernetes.io/node-name, Kubernetes 1.30 or later): it may change nothing"
+    - expression: "request.resource.resource != 'nodes' || request.name == variables.node"
+      messageExpression: "'the interlock agent of node ' + variables.node + ' may change only its own Node, not ' + request.name"
+    - expression: "request.resource.resource != 'pods' || (has(oldObject.spec.nodeName) && oldObject.spec.nodeName == variables.node)"
+      messageExpression: "'the interlock agent of node ' + variables.node + ' may change only the pods bound to its node, not ' + request.namespace + '/' + request.name"
+    - expression: "request.resource.resource != 'events' || (has(object.reportingInstance) && object.reportingInstance == 'interlock.dev/agent/' + variables.node)"
+      messageExpression: "'the interlock agent of node ' + variables.node + ' may report Events only as interlock.dev/agent/' + variables.node"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {policy}
+  labels:
+    {labels}
+spec:
+  policyName: {policy}
+  validationActions: ["Deny"]
+"#,
+            policy = NODE_SCOPE_POLICY,
+        );
+    }
     if v.pod_monitor {
         let _ = write!(
             out,

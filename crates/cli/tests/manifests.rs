@@ -93,9 +93,12 @@ fn every_object_validates_against_the_kubernetes_schemas() {
         eprintln!("skipped: kubernetes-validate not installed (run `make deps`)");
         return;
     };
-    let variants: [&[&str]; 2] = [
-        &[],
-        &[
+    // The node-scope admission policy is admissionregistration.k8s.io/v1 (Kubernetes
+    // 1.30+); older clusters get the rendering without it.
+    let variants: [(&[&str], &[&str]); 3] = [
+        (&[], &["1.30.0", "1.37.0"]),
+        (&["nodeScope=false"], &["1.29.0"]),
+        (&[
             "runtime=crio",
             "configMode=chain",
             "repairPolicy=report",
@@ -105,11 +108,11 @@ fn every_object_validates_against_the_kubernetes_schemas() {
             "cniBinDir=/home/kubernetes/bin",
             "healthPort=19102",
             "image=registry.example.com/mesh/interlock@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-        ],
+        ], &["1.30.0", "1.37.0"]),
     ];
-    for set in variants {
+    for (set, versions) in variants {
         let yaml = manifests(set);
-        for k8s in ["1.29.0", "1.37.0"] {
+        for &k8s in versions {
             let (ok, text) = validate(&bin, &yaml, k8s);
             assert!(ok, "{set:?} against {k8s}:\n{text}");
             for kind in [
@@ -120,7 +123,17 @@ fn every_object_validates_against_the_kubernetes_schemas() {
                 "configmap/interlock-config",
                 "configmap/interlock-plugin-config",
                 "daemonset/",
-            ] {
+            ]
+            .into_iter()
+            .chain(
+                (!set.contains(&"nodeScope=false"))
+                    .then_some([
+                        "validatingadmissionpolicy/",
+                        "validatingadmissionpolicybinding/",
+                    ])
+                    .into_iter()
+                    .flatten(),
+            ) {
                 assert!(
                     text.contains(&format!("passed for resource {kind}")),
                     "{kind}: {text}"

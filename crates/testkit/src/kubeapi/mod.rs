@@ -19,6 +19,8 @@
 //! fields in a write are dropped (with a `Warning` header) or refused under
 //! `fieldValidation=Strict`, as the real server does.
 
+mod admission;
+pub use admission::{UserInfo, NODE_NAME_CLAIM};
 mod apply;
 mod meta;
 mod patch;
@@ -200,6 +202,7 @@ impl KubeApi {
             active_watches: AtomicUsize::new(0),
             down: AtomicBool::new(false),
             hang_writes: AtomicBool::new(false),
+            users: Mutex::new(BTreeMap::new()),
             hung: AtomicUsize::new(0),
             addr,
         });
@@ -261,6 +264,22 @@ impl KubeApi {
              current-context: fake\npreferences: {{}}\n",
             self.url()
         );
+        std::fs::write(path, text)
+    }
+
+    /// Registers `token`: a request with `Authorization: Bearer <token>` is `user`'s, and
+    /// RBAC (the stored ClusterRoles and ClusterRoleBindings) and the stored
+    /// ValidatingAdmissionPolicies apply to it. Requests without a registered token stay
+    /// the admin's.
+    pub fn add_token(&self, token: &str, user: UserInfo) {
+        lock(&self.shared.users).insert(token.to_string(), user);
+    }
+
+    /// [`write_kubeconfig`](Self::write_kubeconfig) with `token` as the credentials.
+    pub fn write_kubeconfig_with_token(&self, path: &Path, token: &str) -> io::Result<()> {
+        self.write_kubeconfig(path)?;
+        let text =
+            std::fs::read_to_string(path)?.replace("token: fake-token", &format!("token: {token}"));
         std::fs::write(path, text)
     }
 
