@@ -165,6 +165,12 @@ pub fn bind(path: &Path) -> Result<UnixListener, SocketError> {
     Ok(listener)
 }
 
+/// Whether a client with `uid` (from `SO_PEERCRED`) may use the socket: root only, as the
+/// plugin runs as root under the runtime.
+pub fn peer_allowed(uid: u32) -> bool {
+    uid == 0
+}
+
 /// Where the plugin's ADD notes go: the sandbox IDs, to the audit (a bounded queue).
 pub type AddedNotes = tokio::sync::mpsc::Sender<String>;
 
@@ -192,6 +198,19 @@ pub async fn serve(
             drop(stream);
             continue;
         };
+        // Only root may ask or note (the socket is 0600 root; this holds even if its mode
+        // were changed): anyone else is closed without an answer.
+        match stream.peer_cred() {
+            Ok(c) if peer_allowed(c.uid()) => {}
+            Ok(c) => {
+                tracing::warn!(uid = c.uid(), pid = ?c.pid(), "agent socket: refused a client that is not root");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "agent socket: cannot read the client's credentials; refused");
+                continue;
+            }
+        }
         let (source, fallback, added) = (source.clone(), fallback.clone(), added.clone());
         tokio::spawn(async move {
             let _slot = slot;

@@ -1157,13 +1157,25 @@ fn chain_rewrite_follows_the_newer_content_of_the_target() {
 /// overtaken: the owned file keeps its leading bytes and puts `-` before its `.`.
 #[test]
 fn a_primary_named_below_dash_is_still_overtaken() {
-    for first in ["!.conflist", " .conflist", "!!.conflist", "!-.conf", "#a.conflist"] {
+    for first in [
+        "!.conflist",
+        " .conflist",
+        "!!.conflist",
+        "!-.conf",
+        "#a.conflist",
+    ] {
         let name = owned_name_before(first).unwrap_or_else(|| panic!("{first:?}: no name"));
         assert!(name.as_bytes() < first.as_bytes(), "{name:?} !< {first:?}");
         assert!(is_owned_name(&name), "{name:?}");
     }
-    assert_eq!(owned_name_before("!.conflist").unwrap(), "!-interlock.conflist");
-    assert_eq!(owned_name_before("10-calico.conflist").unwrap(), "00-interlock.conflist");
+    assert_eq!(
+        owned_name_before("!.conflist").unwrap(),
+        "!-interlock.conflist"
+    );
+    assert_eq!(
+        owned_name_before("10-calico.conflist").unwrap(),
+        "00-interlock.conflist"
+    );
     // Control characters cannot start an owned name.
     assert_eq!(owned_name_before("\u{1}.conflist"), None);
 }
