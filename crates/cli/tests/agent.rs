@@ -1306,3 +1306,30 @@ fn chain_mode_never_loses_a_primary_write_renamed_or_in_place() {
         );
     }
 }
+
+/// redteam-3 L-3: a state dir another user can write is not ready (the plugin refuses
+/// to write its state there), not a warning; once fixed, the agent is ready again.
+#[test]
+fn a_state_dir_others_can_write_is_not_ready() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    std::fs::set_permissions(&d.state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let a = d.agent(&["--resync-seconds", "1"]);
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            a.get("/readyz")
+                .is_some_and(|(c, b)| c == 503 && b.contains("state dir"))
+        },
+        || format!("{:?}\n{}", a.get("/readyz"), a.log_text()),
+    );
+    let (_, body) = a.get("/readyz").unwrap();
+    assert!(body.contains("writable by group or others"), "{body}");
+    std::fs::set_permissions(&d.state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        || a.ready() == Some(true),
+        || format!("{:?}\n{}", a.get("/readyz"), a.log_text()),
+    );
+}
