@@ -426,6 +426,11 @@ spec:
                   fieldPath: status.hostIP
             - name: INTERLOCK_HEALTH_ADDR
               value: "$(HOST_IP):{port}"
+            # The image's iptables-legacy tools (legacy nodes) take their lock here: the
+            # image's root is read-only. The plugin on the host uses the host's lock; the
+            # netns lock in the state dir keeps the two from one pod's netns at once.
+            - name: XTABLES_LOCKFILE
+              value: "{state_plain}/xtables.lock"
           ports:
             - name: metrics
               containerPort: {port}
