@@ -19,7 +19,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
 
 /// The tests that load the machine (or measure under its load) run one at a time.
-static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn kube_client(api: &KubeApi, dir: &std::path::Path) -> kube::Client {
     let path = dir.join("kubeconfig");
@@ -121,9 +121,7 @@ async fn add_notes_reach_the_audit_and_cost_an_add_little() {
         None,
         Some(tx),
     ));
-    let _heavy = HEAVY
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _heavy = HEAVY.lock().await;
     let p = path.clone();
     // The plugin waits 20 ms for the answer, then goes on without it: on a loaded
     // machine a few notes may miss that, which costs nothing but the note.
@@ -178,9 +176,7 @@ async fn add_notes_reach_the_audit_and_cost_an_add_little() {
 #[test]
 fn without_the_audit_add_notes_are_refused_and_not_kept() {
     use std::io::{BufRead, Write};
-    let _heavy = HEAVY
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _heavy = HEAVY.blocking_lock();
     let d = common::Dirs::new();
     d.write("10-calico.conflist", common::CALICO);
     let a = d.agent(&["--cri-endpoint", "none"]);

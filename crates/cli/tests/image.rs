@@ -285,10 +285,13 @@ fn the_image_reads_and_repairs_legacy_iptables_rules() {
     );
     let ann: std::collections::BTreeMap<String, String> =
         [("sidecar.istio.io/status".to_string(), "{}".to_string())].into();
-    let spec = interlock_redirect::spec_for(&ann, &interlock_redirect::ProfileName::ALL)
-        .unwrap()
-        .unwrap()
-        .1;
+    let spec = interlock_redirect::spec_for(
+        &interlock_redirect::PodView::annotations_only(&ann),
+        &interlock_redirect::ProfileName::ALL,
+    )
+    .unwrap()
+    .unwrap()
+    .1;
     let ns = interlock_testkit::Netns::new("imglg").unwrap();
     let host_save = || ns.exec_ok(&["iptables-legacy-save", "-t", "nat"]);
     ns.run(|| {
