@@ -429,7 +429,7 @@ fn readyz_flips_when_a_foreign_file_takes_first_place_and_back_after() {
     let (mut downs, mut ups) = (vec![], vec![]);
     for _ in 0..7 {
         let t0 = Instant::now();
-        d.rename_in("!first.conflist", CALICO);
+        d.rename_in("\u{1}first.conflist", CALICO);
         wait_until(
             Duration::from_secs(2),
             || a.ready() == Some(false),
@@ -437,9 +437,9 @@ fn readyz_flips_when_a_foreign_file_takes_first_place_and_back_after() {
         );
         downs.push(t0.elapsed());
         let body = a.get("/readyz").unwrap().1;
-        assert!(body.contains("!first.conflist"), "{body}");
+        assert!(body.contains("first.conflist"), "{body}");
         let t1 = Instant::now();
-        std::fs::remove_file(d.conf.join("!first.conflist")).unwrap();
+        std::fs::remove_file(d.conf.join("\u{1}first.conflist")).unwrap();
         wait_until(
             Duration::from_secs(2),
             || a.ready() == Some(true),

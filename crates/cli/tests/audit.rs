@@ -958,3 +958,71 @@ async fn an_unreachable_runtime_shows_in_readyz_and_a_restarted_one_is_reached_a
     drop(pods);
     kit.teardown().unwrap();
 }
+
+/// redteam-3 M-3: a pod whose rules something keeps deleting. Each restart makes a new
+/// sandbox (the test plays the kubelet: same pod, next attempt); the loop guard follows
+/// the pod, so repair → restart → report ends in `report` within the documented bound
+/// (3 repairs, 1 restart), where a guard keyed by sandbox restarted it forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_rules_keep_being_undone_ends_in_report() {
+    require_root!();
+    let kit = kit_with_primary();
+    let cri = kit.cri().await;
+    network_ready(&cri).await;
+    let config = kit.pod("loop").annotation(ISTIO.0, ISTIO.1);
+    let name = config.metadata.name.clone();
+    let mut id = cri.run_sandbox(&config).await.unwrap();
+    let d = agent_dirs(&kit);
+    let a = Agent::start(
+        &d,
+        &["--cri-endpoint", &kit.endpoint(), "--audit-interval", "0.5"],
+    );
+    let actions = |policy: &str| {
+        a.log_text()
+            .lines()
+            .filter(|l| {
+                l.contains("audit action done")
+                    && l.contains(&name)
+                    && l.contains(&format!("policy={policy}"))
+            })
+            .count()
+    };
+    let (mut attempt, mut sandboxes) = (0u32, 1);
+    let t0 = Instant::now();
+    while actions("report") == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no report after {sandboxes} sandboxes; log:\n{}",
+            a.log_text()
+        );
+        let status = cri.sandbox_status(&id, true).await.unwrap();
+        if status.state != SandboxState::Ready {
+            // The kubelet's part: a new sandbox for the same pod.
+            attempt += 1;
+            id = cri
+                .run_sandbox(&config.clone().attempt(attempt))
+                .await
+                .unwrap();
+            sandboxes += 1;
+            continue;
+        }
+        // The undoer's part.
+        if let Some(netns) = status.netns_path() {
+            let _ = Command::new("nsenter")
+                .arg(format!("--net={}", netns.display()))
+                .args(["nft", "delete", "table", "inet", "interlock"])
+                .output();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (repairs, restarts) = (actions("repair"), actions("restart"));
+    eprintln!(
+        "loop guard: {repairs} repairs, {restarts} restart(s), then report, over {sandboxes} sandboxes in {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(restarts, 1, "{}", a.log_text());
+    assert!(repairs <= 3, "{repairs} repairs: {}", a.log_text());
+    assert!(sandboxes >= 2, "the restart made no new sandbox");
+    drop(a);
+    kit.teardown().unwrap();
+}
