@@ -882,8 +882,13 @@ async fn requests_use_exactly_the_granted_rbac_verbs() {
         not_used.is_empty(),
         "AGENT_RULES grants verbs no code path uses: {not_used:?}"
     );
+    // `grants` is the default ClusterRole alone; the eviction is the evict policy's grant.
     for (g, res, v) in &used {
-        assert!(interlock_contract::rbac::grants(g, res, v));
+        assert!(
+            interlock_contract::rbac::grants(g, res, v)
+                || (res == "pods/eviction" && v == "create"),
+            "{g} {res} {v}"
+        );
     }
 }
 
