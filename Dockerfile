@@ -10,8 +10,9 @@
 
 # Pinned by exact tag: the workspace's MSRV, on Debian 12.
 FROM docker.io/library/rust:1.89.0-slim-bookworm AS build
+# iptables: its legacy tools go into the image (scripts/image-rootfs.sh says why).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends protobuf-compiler \
+    && apt-get install -y --no-install-recommends protobuf-compiler iptables \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -20,8 +21,9 @@ ARG INTERLOCK_BUILD_COMMIT=""
 ENV INTERLOCK_BUILD_COMMIT=${INTERLOCK_BUILD_COMMIT}
 RUN scripts/image-rootfs.sh /rootfs
 
-# Nothing but the two static binaries: no shell, no libc, no package manager. `scratch`
-# is the empty image, so there is nothing to pin or patch.
+# The two static binaries and Debian's iptables-legacy tools with the libraries they load:
+# no shell, no package manager. `scratch` is the empty image, so there is nothing to pin;
+# the iptables tools are patched with the build image.
 FROM scratch
 COPY --from=build /rootfs/ /
 # The agent copies this file into the host's CNI bin dir (INTERLOCK_PLUGIN_SOURCE).

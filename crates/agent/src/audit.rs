@@ -3,8 +3,9 @@
 //!
 //! The thin layer that lists sandboxes over CRI, enters their netns and acts lives
 //! elsewhere; everything here takes what was observed and returns what to do, so every
-//! rule is tested without root. Sandboxes are keyed by sandbox ID and netns identity,
-//! never by pod UID: a replaced sandbox keeps its pod's UID.
+//! rule is tested without root. Sandboxes are keyed by sandbox ID and netns identity; the
+//! loop guard is keyed by the pod (namespace, name, UID), which a restart's new sandbox
+//! keeps.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -241,19 +242,43 @@ pub struct RepairAction {
     pub because: Option<String>,
 }
 
-/// How many repairs of one sandbox within [`LOOP_WINDOW`] mean that something keeps
+/// How many actions on one pod within [`LOOP_WINDOW`] mean that something keeps
 /// undoing them (another agent, a mesh's own CNI, a hostile process in the pod): the
 /// next one escalates instead of looping.
 pub const LOOP_LIMIT: usize = 3;
 /// The window of [`LOOP_LIMIT`].
 pub const LOOP_WINDOW: Duration = Duration::from_secs(600);
 
+/// What the loop guard knows of one pod's recent actions ([`RepairHistory::view`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoopView {
+    /// Actions on the pod within [`LOOP_WINDOW`], whatever its sandbox.
+    pub recent: usize,
+    /// The harshest of them as an escalation stage of the configured policy (0: the
+    /// policy itself, 1: one step harsher, 2: report), see [`stage_of`].
+    pub harshest: u8,
+}
+
+/// How far `taken` is from `base` along `base → base.escalated() → report`.
+pub fn stage_of(base: RepairPolicy, taken: RepairPolicy) -> u8 {
+    if taken == base {
+        0
+    } else if taken == base.escalated() && taken != RepairPolicy::Report {
+        1
+    } else {
+        2
+    }
+}
+
 /// Chooses the action for an unprotected sandbox.
 ///
 /// `kube` says whether a Kubernetes API is available (delete and evict need it; without
-/// it they fall back to a restart over CRI). `recent` is how many times this sandbox was
-/// acted on within [`LOOP_WINDOW`].
-pub fn choose(policy: RepairPolicy, kube: bool, recent: usize) -> RepairAction {
+/// it they fall back to a restart over CRI). `seen` is what the loop guard remembers of
+/// the sandbox's pod (keyed by namespace, name and UID, so a restart's new sandbox keeps
+/// its pod's history): with [`LOOP_LIMIT`] actions within [`LOOP_WINDOW`] the next one
+/// is one step harsher than the harshest of them, so the escalation
+/// `repair → restart → report` ends in `report` after at most `LOOP_LIMIT + 1` actions.
+pub fn choose(policy: RepairPolicy, kube: bool, seen: LoopView) -> RepairAction {
     let mut action = RepairAction {
         policy,
         because: None,
@@ -266,14 +291,19 @@ pub fn choose(policy: RepairPolicy, kube: bool, recent: usize) -> RepairAction {
             )),
         };
     }
-    if recent >= LOOP_LIMIT && action.policy != RepairPolicy::Report {
-        let next = action.policy.escalated();
+    if seen.recent >= LOOP_LIMIT && action.policy != RepairPolicy::Report {
+        let base = action.policy;
+        let next = match seen.harshest {
+            0 => base.escalated(),
+            _ => RepairPolicy::Report,
+        };
         action = RepairAction {
             because: Some(format!(
-                "acted on {recent} times within {} s and it is unprotected again (something keeps undoing the rules): {} instead of {}",
+                "acted on this pod {} times within {} s and it is unprotected again (something keeps undoing the rules): {} instead of {}",
+                seen.recent,
                 LOOP_WINDOW.as_secs(),
                 next,
-                action.policy
+                base
             )),
             policy: next,
         };
@@ -300,6 +330,23 @@ pub fn for_mirror_pod(action: RepairAction) -> RepairAction {
     }
 }
 
+/// A sandbox whose pod (by UID) is no longer in the API cannot be deleted or evicted
+/// through it: the pod of that name, if any, is another one. Such actions become a
+/// restart over CRI (the kubelet does not recreate a sandbox for a pod the API no longer
+/// has), and say so.
+pub fn for_gone_pod(action: RepairAction, uid: &str) -> RepairAction {
+    match action.policy {
+        RepairPolicy::Delete | RepairPolicy::Evict => RepairAction {
+            because: Some(format!(
+                "no pod with UID {uid} in the API (deleted, or another pod now has its name, which is left alone): restarting the sandbox over CRI instead of {}",
+                action.policy
+            )),
+            policy: RepairPolicy::Restart,
+        },
+        _ => action,
+    }
+}
+
 /// What the pod cache shows of an unprotected sandbox's pod, for [`wait_for_api`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodSeen {
@@ -309,6 +356,9 @@ pub enum PodSeen {
     NotSynced,
     /// The pod, being deleted already (it has a deletion timestamp).
     Terminating,
+    /// No pod with the sandbox's UID in a synced cache: it was deleted, or another pod
+    /// now has its name (which nothing may touch).
+    Gone,
     /// Anything else (the pod, or no such pod in a synced cache).
     Known,
 }
@@ -356,41 +406,74 @@ pub fn event_for(
     }
 }
 
-/// Remembers when each sandbox was acted on, for the loop guard ([`choose`]'s `recent`).
+/// The pod an action is about: its namespace, name and UID (a pod deleted and created
+/// again under the same name is another pod; a restart's new sandbox is the same pod).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodKey {
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`.
+    pub uid: String,
+}
+
+impl std::fmt::Display for PodKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} (uid {})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// Remembers the actions on each pod (across its sandboxes), for the loop guard
+/// ([`choose`]'s `seen`).
 #[derive(Debug, Default)]
 pub struct RepairHistory {
-    by_sandbox: BTreeMap<String, VecDeque<Instant>>,
+    by_pod: BTreeMap<PodKey, VecDeque<(Instant, RepairPolicy)>>,
 }
 
 impl RepairHistory {
-    /// How many actions on `sandbox` fall within [`LOOP_WINDOW`] before `now`.
-    pub fn recent(&mut self, sandbox: &str, now: Instant) -> usize {
-        match self.by_sandbox.get_mut(sandbox) {
-            Some(q) => {
-                while q
-                    .front()
-                    .is_some_and(|t| now.duration_since(*t) > LOOP_WINDOW)
-                {
-                    q.pop_front();
-                }
-                q.len()
-            }
-            None => 0,
+    /// What the guard knows of `pod` at `now`, with stages counted from `base`.
+    pub fn view(&mut self, pod: &PodKey, base: RepairPolicy, now: Instant) -> LoopView {
+        let Some(q) = self.by_pod.get_mut(pod) else {
+            return LoopView::default();
+        };
+        while q
+            .front()
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) > LOOP_WINDOW)
+        {
+            q.pop_front();
+        }
+        LoopView {
+            recent: q.len(),
+            harshest: q.iter().map(|(_, p)| stage_of(base, *p)).max().unwrap_or(0),
         }
     }
 
-    /// Records an action on `sandbox` at `now`.
-    pub fn record(&mut self, sandbox: &str, now: Instant) {
-        self.by_sandbox
-            .entry(sandbox.to_string())
+    /// Records the action `taken` on `pod` at `now`.
+    pub fn record(&mut self, pod: &PodKey, taken: RepairPolicy, now: Instant) {
+        self.by_pod
+            .entry(pod.clone())
             .or_default()
-            .push_back(now);
+            .push_back((now, taken));
     }
 
-    /// Forgets sandboxes that no longer run (bounded memory as pods come and go).
-    pub fn retain_running<'a>(&mut self, running: impl IntoIterator<Item = &'a str>) {
-        let keep: std::collections::BTreeSet<&str> = running.into_iter().collect();
-        self.by_sandbox.retain(|id, _| keep.contains(id.as_str()));
+    /// Forgets pods with no action within [`LOOP_WINDOW`] before `now` (bounded memory
+    /// as pods come and go; a pod between two sandboxes keeps its history).
+    pub fn forget_old(&mut self, now: Instant) {
+        self.by_pod.retain(|_, q| {
+            q.back()
+                .is_some_and(|(t, _)| now.saturating_duration_since(*t) <= LOOP_WINDOW)
+        });
+    }
+
+    /// Pods remembered.
+    pub fn len(&self) -> usize {
+        self.by_pod.len()
+    }
+
+    /// Whether no pod is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.by_pod.is_empty()
     }
 }
 
@@ -532,44 +615,90 @@ mod tests {
     #[test]
     fn delete_and_evict_without_an_api_restart_and_say_so() {
         for p in [RepairPolicy::Delete, RepairPolicy::Evict] {
-            let a = choose(p, false, 0);
+            let a = choose(p, false, LoopView::default());
             assert_eq!(a.policy, RepairPolicy::Restart);
             assert!(a.because.unwrap().contains(p.as_str()));
             assert_eq!(
-                choose(p, true, 0),
+                choose(p, true, LoopView::default()),
                 RepairAction {
                     policy: p,
                     because: None
                 }
             );
         }
-        assert_eq!(choose(RepairPolicy::Repair, false, 0).because, None);
+        assert_eq!(
+            choose(RepairPolicy::Repair, false, LoopView::default()).because,
+            None
+        );
+    }
+
+    fn seen(recent: usize, harshest: u8) -> LoopView {
+        LoopView { recent, harshest }
     }
 
     #[test]
     fn the_loop_guard_escalates_and_ends_in_report() {
-        assert_eq!(
-            choose(RepairPolicy::Repair, true, LOOP_LIMIT - 1).policy,
-            RepairPolicy::Repair
-        );
-        let a = choose(RepairPolicy::Repair, true, LOOP_LIMIT);
-        assert_eq!(a.policy, RepairPolicy::Restart);
+        use RepairPolicy::*;
+        assert_eq!(choose(Repair, true, seen(LOOP_LIMIT - 1, 0)).policy, Repair);
+        let a = choose(Repair, true, seen(LOOP_LIMIT, 0));
+        assert_eq!(a.policy, Restart);
         assert!(a.because.unwrap().contains("keeps undoing"));
+        // Once an escalated action is in the window, the next one reports.
+        assert_eq!(choose(Repair, true, seen(LOOP_LIMIT + 1, 1)).policy, Report);
+        assert_eq!(choose(Restart, true, seen(LOOP_LIMIT, 0)).policy, Report);
+        assert_eq!(choose(Evict, true, seen(LOOP_LIMIT, 0)).policy, Report);
         assert_eq!(
-            choose(RepairPolicy::Restart, true, LOOP_LIMIT).policy,
-            RepairPolicy::Report
-        );
-        assert_eq!(
-            choose(RepairPolicy::Evict, true, LOOP_LIMIT).policy,
-            RepairPolicy::Report
-        );
-        assert_eq!(
-            choose(RepairPolicy::Report, true, 99),
+            choose(Report, true, seen(99, 2)),
             RepairAction {
-                policy: RepairPolicy::Report,
+                policy: Report,
                 because: None
             }
         );
+        assert_eq!(stage_of(Repair, Repair), 0);
+        assert_eq!(stage_of(Repair, Restart), 1);
+        assert_eq!(stage_of(Repair, Report), 2);
+        assert_eq!(stage_of(Restart, Report), 2);
+    }
+
+    /// M-3: a pod whose rules keep being undone gets new sandboxes from its restarts; the
+    /// history follows the pod, so repair → restart → report ends in report within
+    /// LOOP_LIMIT + 1 actions, whatever the sandbox IDs.
+    #[test]
+    fn the_loop_guard_follows_the_pod_across_its_sandboxes() {
+        let pod = PodKey {
+            namespace: "shop".into(),
+            name: "loop".into(),
+            uid: "u-1".into(),
+        };
+        let mut h = RepairHistory::default();
+        let t0 = Instant::now();
+        let mut taken = vec![];
+        for i in 0..8u64 {
+            let now = t0 + Duration::from_secs(i);
+            let a = choose(
+                RepairPolicy::Repair,
+                false,
+                h.view(&pod, RepairPolicy::Repair, now),
+            );
+            h.record(&pod, a.policy, now);
+            taken.push(a.policy);
+            // The restart's new sandbox belongs to the same pod: nothing to forget.
+            h.forget_old(now);
+        }
+        use RepairPolicy::*;
+        assert_eq!(
+            taken,
+            [Repair, Repair, Repair, Restart, Report, Report, Report, Report]
+        );
+        // Another pod of the same name (another UID) starts afresh.
+        let other = PodKey {
+            uid: "u-2".into(),
+            ..pod.clone()
+        };
+        assert_eq!(h.view(&other, Repair, t0).recent, 0);
+        // Old actions leave the window and the memory.
+        h.forget_old(t0 + LOOP_WINDOW + Duration::from_secs(30));
+        assert!(h.is_empty());
     }
 
     #[test]
@@ -624,15 +753,32 @@ mod tests {
     }
 
     #[test]
-    fn history_counts_within_the_window_and_forgets_gone_sandboxes() {
+    fn history_counts_within_the_window() {
+        let pod = |uid: &str| PodKey {
+            namespace: "shop".into(),
+            name: "web".into(),
+            uid: uid.into(),
+        };
         let mut h = RepairHistory::default();
         let t0 = Instant::now();
-        h.record("s1", t0);
-        h.record("s1", t0 + Duration::from_secs(10));
-        assert_eq!(h.recent("s1", t0 + Duration::from_secs(20)), 2);
-        assert_eq!(h.recent("s1", t0 + LOOP_WINDOW + Duration::from_secs(5)), 1);
-        assert_eq!(h.recent("s2", t0), 0);
-        h.retain_running(["s2"]);
-        assert_eq!(h.recent("s1", t0), 0);
+        h.record(&pod("a"), RepairPolicy::Repair, t0);
+        h.record(
+            &pod("a"),
+            RepairPolicy::Restart,
+            t0 + Duration::from_secs(10),
+        );
+        let v = h.view(
+            &pod("a"),
+            RepairPolicy::Repair,
+            t0 + Duration::from_secs(20),
+        );
+        assert_eq!((v.recent, v.harshest), (2, 1));
+        let v = h.view(
+            &pod("a"),
+            RepairPolicy::Repair,
+            t0 + LOOP_WINDOW + Duration::from_secs(5),
+        );
+        assert_eq!((v.recent, v.harshest), (1, 1));
+        assert_eq!(h.view(&pod("b"), RepairPolicy::Repair, t0).recent, 0);
     }
 }

@@ -304,6 +304,24 @@ pub struct Guard {
     /// change behind a symbolic link in a bin dir has no event of its own: it is seen at
     /// the next resync.)
     plugins: HashMap<String, Option<PathBuf>>,
+    /// Why the state dir cannot be trusted with interlock's state, if it cannot: the node
+    /// is then not ready (the plugin refuses to write there too).
+    untrusted_state: Option<String>,
+}
+
+/// Why `state_dir` or its `attachments` and `netns` subdirs cannot hold interlock's
+/// state (see `interlock_redirect::netns_record::untrusted_dir`, which the plugin applies
+/// before every write).
+pub fn untrusted_state_dir(state_dir: &Path) -> Option<String> {
+    use interlock_contract::layout::NETNS_DIR;
+    use interlock_redirect::netns_record::untrusted_dir;
+    [
+        state_dir.to_path_buf(),
+        state_dir.join("attachments"),
+        state_dir.join(NETNS_DIR),
+    ]
+    .iter()
+    .find_map(|d| untrusted_dir(d))
 }
 
 /// `t`'s binary in `dirs`, through `known` (see [`Guard::plugins`]).
@@ -328,6 +346,7 @@ impl Guard {
             warn!("{finding}");
         }
         shared.insecure_dirs.set(insecure.len() as i64);
+        let cfg_state_dir = cfg.state_dir.clone();
         Guard {
             settings: cfg.settings(),
             conflicts: ConflictTracker::new(cfg.conflict_window, cfg.conflict_threshold),
@@ -338,6 +357,7 @@ impl Guard {
             installer,
             shared,
             left: HashMap::new(),
+            untrusted_state: untrusted_state_dir(&cfg_state_dir),
             binary_problem: None,
             retry_at: None,
             retries: 0,
@@ -714,6 +734,16 @@ impl Guard {
     }
 
     fn set_ready(&mut self, r: Readiness) {
+        // A state dir another user can write is no protection (redteam-3 L-3): the
+        // plugin refuses it, so meshed ADDs fail; say so instead of ready.
+        let r = match &self.untrusted_state {
+            Some(why) if r.ready => Readiness {
+                ready: false,
+                reason: format!("state dir {why}"),
+                effective: None,
+            },
+            _ => r,
+        };
         // Log and mark only real changes (a transient "repairing" state is neither). The
         // marker goes first, so STATUS never lags behind /readyz.
         if self.published.as_ref() != Some(&r) {
@@ -828,6 +858,7 @@ impl Guard {
                 self.shared
                     .insecure_dirs
                     .set(writable_by_others(&dir_facts(&self.cfg)).len() as i64);
+                self.untrusted_state = untrusted_state_dir(&self.cfg.state_dir);
             }
             let retry = self.retry_at.is_some_and(|r| now >= r);
             if retry {

@@ -32,6 +32,7 @@ use tokio::sync::oneshot;
 pub struct Admin {
     shared: Arc<Shared>,
     windows: ProbeWindows,
+    metrics: bool,
 }
 
 const TEXT: &str = "text/plain; charset=utf-8";
@@ -57,7 +58,19 @@ fn probe(a: probes::ProbeAnswer) -> Response<Full<Bytes>> {
 impl Admin {
     /// The endpoints over `shared`, judging staleness by `windows`.
     pub fn new(shared: Arc<Shared>, windows: ProbeWindows) -> Admin {
-        Admin { shared, windows }
+        Admin {
+            shared,
+            windows,
+            metrics: true,
+        }
+    }
+
+    /// The same endpoints without `/metrics`: the kubelet's probe listener.
+    pub fn probes_only(self) -> Admin {
+        Admin {
+            metrics: false,
+            ..self
+        }
     }
 
     /// The answer to `method` on `path` (query ignored). HEAD gets GET's status and
@@ -76,12 +89,15 @@ impl Admin {
         let since = self.shared.since_tick();
         match path {
             "/healthz" => probe(probes::healthz(since, &self.windows)),
-            "/readyz" => probe(probes::readyz(
+            "/readyz" => probe(probes::readyz_with_audit(
                 &self.shared.readiness(),
                 since,
                 &self.windows,
+                &self.shared.audit_health.view(),
             )),
-            "/metrics" => reply(StatusCode::OK, OPENMETRICS, self.shared.render_metrics()),
+            "/metrics" if self.metrics => {
+                reply(StatusCode::OK, OPENMETRICS, self.shared.render_metrics())
+            }
             _ => reply(
                 StatusCode::NOT_FOUND,
                 TEXT,
@@ -109,13 +125,16 @@ impl<B> tower_service::Service<Request<B>> for Admin {
 /// The bounds the server puts on its clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerLimits {
-    /// Connections open at once before the oldest waiting one makes room for a new one.
-    /// Twice this many is the hard cap on the server's descriptors.
+    /// Connections open at once before the oldest one still waiting for its request is
+    /// dropped for a newcomer. Twice this many is the hard cap on the server's
+    /// descriptors.
     pub max_connections: usize,
-    /// A connection gets at least this long to send its request before a newcomer may
-    /// take its place (so a burst of new connections cannot push out a probe that has just
-    /// connected).
-    pub min_wait: Duration,
+    /// The slowest a request head may arrive, in bytes per second averaged from the
+    /// accept, once [`rate_grace`](Self::rate_grace) has passed: a client that trickles
+    /// its head to hold a place is dropped long before the head deadline.
+    pub min_rate: u64,
+    /// How long a connection may send nothing before the minimum rate applies.
+    pub rate_grace: Duration,
     /// Time to receive the whole request head.
     pub header_timeout: Duration,
     /// Time for the whole exchange, from accept to the last byte of the answer.
@@ -126,7 +145,8 @@ impl Default for ServerLimits {
     fn default() -> Self {
         ServerLimits {
             max_connections: 64,
-            min_wait: Duration::from_millis(250),
+            min_rate: 128,
+            rate_grace: Duration::from_millis(250),
             header_timeout: Duration::from_secs(2),
             deadline: Duration::from_secs(5),
         }
@@ -134,21 +154,29 @@ impl Default for ServerLimits {
 }
 
 impl ServerLimits {
-    /// These limits with the connection cap lowered so that the server never holds more
-    /// than half of the descriptors left after `reserved` for the rest of the agent.
-    pub fn within_descriptors(self, nofile: u64, reserved: u64) -> ServerLimits {
-        let spare = usize::try_from(nofile.saturating_sub(reserved) / 4).unwrap_or(usize::MAX);
+    /// These limits with the connection cap lowered so that `listeners` servers never
+    /// hold more than half of the descriptors left after `reserved` for the rest of the
+    /// agent.
+    pub fn within_descriptors(self, nofile: u64, reserved: u64, listeners: u64) -> ServerLimits {
+        let spare = usize::try_from(nofile.saturating_sub(reserved) / 4 / listeners.max(1))
+            .unwrap_or(usize::MAX);
         ServerLimits {
             max_connections: self.max_connections.min(spare).max(1),
             ..self
         }
+    }
+
+    /// Whether a request head of which `received` bytes arrived within `elapsed` of the
+    /// accept is too slow (pure).
+    pub fn too_slow(&self, received: u64, elapsed: Duration) -> bool {
+        elapsed > self.rate_grace
+            && u128::from(received) * 1000 < u128::from(self.min_rate) * elapsed.as_millis()
     }
 }
 
 #[derive(Debug)]
 struct Waiting {
     id: u64,
-    since: Instant,
     evict: oneshot::Sender<()>,
 }
 
@@ -156,12 +184,20 @@ struct Waiting {
 struct Slots {
     open: usize,
     next_id: u64,
-    /// Connections that have not sent their request yet, oldest first.
+    /// Connections that have not sent their whole request head yet, oldest first.
     waiting: VecDeque<Waiting>,
 }
 
 /// Who may hold a connection: the cap, and eviction of the oldest connection that is
 /// still waiting for its request once the cap is reached.
+///
+/// The oldest waiting connection is evicted whatever its age: a client that reconnects
+/// as soon as it is dropped keeps every waiting connection young, so an age threshold
+/// would let it refuse every newcomer (redteam-3 H-1). A newcomer is therefore only
+/// refused when every place is taken by a connection whose request already arrived and
+/// is being answered, or by evicted ones not closed yet. A probe that sends its request
+/// at once is read before [`max_connections`](ServerLimits::max_connections) newer
+/// connections can arrive (the accept loop yields after each accept).
 #[derive(Debug)]
 pub struct Admission {
     limits: ServerLimits,
@@ -193,19 +229,15 @@ impl Admission {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Admits a new connection at `now`, or `None` when it must be closed at once.
-    pub fn admit(self: &Arc<Self>, now: Instant) -> Option<(Ticket, Eviction)> {
+    /// Admits a new connection, or `None` when it must be closed at once.
+    pub fn admit(self: &Arc<Self>) -> Option<(Ticket, Eviction)> {
         let mut s = self.slots();
         if s.open >= self.limits.max_connections {
-            let old_enough = s
-                .waiting
-                .front()
-                .is_some_and(|w| now.saturating_duration_since(w.since) >= self.limits.min_wait);
-            if !old_enough {
-                return None;
-            }
-            if let Some(w) = s.waiting.pop_front() {
-                let _ = w.evict.send(());
+            match s.waiting.pop_front() {
+                Some(w) => {
+                    let _ = w.evict.send(());
+                }
+                None => return None,
             }
         }
         // Evicted connections close on their next poll; until then they still count.
@@ -216,11 +248,7 @@ impl Admission {
         s.next_id += 1;
         s.open += 1;
         let (evict, evicted) = oneshot::channel();
-        s.waiting.push_back(Waiting {
-            id,
-            since: now,
-            evict,
-        });
+        s.waiting.push_back(Waiting { id, evict });
         Some((
             Ticket {
                 id,
@@ -252,6 +280,52 @@ impl Drop for Ticket {
     }
 }
 
+/// The connection, counting the bytes it received (for the minimum byte rate).
+struct Counted<T> {
+    inner: T,
+    received: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counted<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        let got = buf.filled().len().saturating_sub(before);
+        self.received
+            .fetch_add(got as u64, std::sync::atomic::Ordering::Relaxed);
+        r
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<Result<usize, std::io::Error>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), std::io::Error>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), std::io::Error>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// How often a waiting connection's byte rate is checked.
+const RATE_CHECK: Duration = Duration::from_millis(50);
+
 async fn serve_one(
     stream: tokio::net::TcpStream,
     admin: Admin,
@@ -259,6 +333,7 @@ async fn serve_one(
     ticket: Ticket,
     evicted: Eviction,
 ) {
+    let accepted = Instant::now();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
@@ -269,18 +344,40 @@ async fn serve_one(
     // The ticket lives (and holds the place) until this task ends.
     let ticket = Arc::new(ticket);
     let t = ticket.clone();
+    let head_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = head_done.clone();
     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
         t.served();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
         std::future::ready(Ok::<_, Infallible>(
             admin.respond(req.method(), req.uri().path()),
         ))
     });
-    let conn = http.serve_connection(TokioIo::new(stream), service);
+    let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let io = TokioIo::new(Counted {
+        inner: stream,
+        received: received.clone(),
+    });
+    let conn = http.serve_connection(io, service);
+    let too_slow = async {
+        let mut every = tokio::time::interval(RATE_CHECK);
+        loop {
+            every.tick().await;
+            if head_done.load(std::sync::atomic::Ordering::Relaxed) {
+                return std::future::pending::<()>().await;
+            }
+            let got = received.load(std::sync::atomic::Ordering::Relaxed);
+            if limits.too_slow(got, accepted.elapsed()) {
+                return;
+            }
+        }
+    };
     tokio::select! {
         _ = conn => {}
         // Only a sent eviction counts: once the request arrived, the sender is dropped
         // (and the receiver yields an error) while the answer is still being written.
         Ok(()) = evicted => {}
+        () = too_slow => {}
         _ = tokio::time::sleep(limits.deadline) => {}
     }
 }
@@ -313,22 +410,54 @@ impl AcceptErrors {
     }
 }
 
+/// The accept queue asked for (the kernel caps it at `net.core.somaxconn`, 4096 by
+/// default). A client that opens connections faster than they are accepted fills the
+/// queue, and then the kernel drops every newcomer's SYN, a probe's included (it retries
+/// only after 1 s); the usual 128 was filled by 400 reconnecting clients.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds `addr` for [`serve`], with an accept queue of [`LISTEN_BACKLOG`].
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Accepts between two yields of the accept loop (far below any connection cap).
+const ACCEPTS_BETWEEN_YIELDS: u64 = 8;
+
 /// Serves `admin` on `listener` forever, within `limits`.
 pub async fn serve(listener: TcpListener, admin: Admin, limits: ServerLimits) {
     let admission = Admission::new(limits);
+    let mut accepted = 0u64;
     let mut errors = AcceptErrors {
         last: None,
         unlogged: 0,
     };
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => match admission.admit(Instant::now()) {
-                Some((ticket, evicted)) => {
-                    tokio::spawn(serve_one(stream, admin.clone(), limits, ticket, evicted));
+            Ok((stream, _)) => {
+                match admission.admit() {
+                    Some((ticket, evicted)) => {
+                        tokio::spawn(serve_one(stream, admin.clone(), limits, ticket, evicted));
+                    }
+                    // Closing it here frees the descriptor and the backlog at once.
+                    None => drop(stream),
                 }
-                // Closing it here frees the descriptor and the backlog at once.
-                None => drop(stream),
-            },
+                // Let the connections just accepted read their requests every few
+                // accepts: under a flood of new connections, a probe that sent its
+                // request at once is served long before `max_connections` newer ones
+                // can push it out, and the accept queue still drains quickly.
+                accepted += 1;
+                if accepted.is_multiple_of(ACCEPTS_BETWEEN_YIELDS) {
+                    tokio::task::yield_now().await;
+                }
+            }
             Err(e) => {
                 errors.record(&e, admission.open());
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -427,6 +556,14 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_probe_listener_serves_no_metrics() {
+        let admin = Admin::new(Arc::new(Shared::default()), ProbeWindows::default()).probes_only();
+        assert_eq!(get(&admin, Method::GET, "/healthz").await.0, 200);
+        assert_eq!(get(&admin, Method::GET, "/readyz").await.0, 503);
+        assert_eq!(get(&admin, Method::GET, "/metrics").await.0, 404);
+    }
+
+    #[tokio::test]
     async fn a_stalled_guard_is_not_ready() {
         let s = Arc::new(Shared::default());
         s.set_readiness(Readiness {
@@ -453,44 +590,52 @@ mod tests {
     }
 
     #[test]
-    fn admission_caps_and_evicts_the_oldest_waiting() {
+    fn admission_caps_and_evicts_the_oldest_waiting_whatever_its_age() {
         let limits = ServerLimits {
             max_connections: 2,
-            min_wait: Duration::from_millis(100),
             ..ServerLimits::default()
         };
         let a = Admission::new(limits);
-        let t0 = Instant::now();
-        let (first, mut first_evicted) = a.admit(t0).unwrap();
-        let (second, _) = a.admit(t0).unwrap();
+        let (first, mut first_evicted) = a.admit().unwrap();
+        let (second, _) = a.admit().unwrap();
         second.served();
-        // Full, and the oldest waiting connection is too young to be pushed out.
-        assert!(a.admit(t0 + Duration::from_millis(50)).is_none());
-        // Old enough: the newcomer takes its place.
-        let (third, _) = a.admit(t0 + Duration::from_millis(100)).unwrap();
+        // Full: the oldest waiting connection makes room at once, however young.
+        let (third, mut third_evicted) = a.admit().unwrap();
         assert!(first_evicted.try_recv().is_ok(), "oldest was not evicted");
-        // The served one is never evicted; the third is too young.
-        assert!(a.admit(t0 + Duration::from_millis(150)).is_none());
-        drop(first);
-        assert_eq!(a.open(), 2);
-        let (fourth, mut fourth_evicted) = a.admit(t0 + Duration::from_millis(500)).unwrap();
-        assert_eq!(a.open(), 3, "evicted third still counts until it closes");
-        assert!(fourth_evicted.try_recv().is_err());
+        assert_eq!(a.open(), 3, "the evicted one counts until it closes");
+        let (fourth, _) = a.admit().unwrap();
+        assert!(third_evicted.try_recv().is_ok());
         // Hard cap: twice the soft cap, whatever is evictable.
-        let (fifth, _) = a.admit(t0 + Duration::from_secs(5)).unwrap();
         assert_eq!(a.open(), 4);
-        assert!(a.admit(t0 + Duration::from_secs(10)).is_none());
-        drop((second, third, fourth, fifth));
+        assert!(a.admit().is_none());
+        drop((first, third));
+        // The served one is never evicted: with only served and waiting ones open, the
+        // waiting one goes.
+        fourth.served();
+        assert_eq!(a.open(), 2);
+        assert!(a.admit().is_none(), "every place is being answered");
+        drop((second, fourth));
         assert_eq!(a.open(), 0);
+    }
+
+    #[test]
+    fn a_trickled_request_head_is_too_slow() {
+        let l = ServerLimits::default();
+        let ms = Duration::from_millis;
+        assert!(!l.too_slow(0, ms(200)), "within the grace");
+        assert!(l.too_slow(5, ms(300)), "20 B/s");
+        assert!(!l.too_slow(150, ms(1000)));
+        assert!(l.too_slow(100, ms(1000)));
     }
 
     #[test]
     fn limits_leave_descriptors_for_the_guard() {
         let l = ServerLimits::default();
-        assert_eq!(l.within_descriptors(1024, 256).max_connections, 64);
-        assert_eq!(l.within_descriptors(512, 256).max_connections, 64);
-        assert_eq!(l.within_descriptors(300, 256).max_connections, 11);
-        assert_eq!(l.within_descriptors(100, 256).max_connections, 1);
+        assert_eq!(l.within_descriptors(1024, 256, 1).max_connections, 64);
+        assert_eq!(l.within_descriptors(512, 256, 1).max_connections, 64);
+        assert_eq!(l.within_descriptors(512, 256, 2).max_connections, 32);
+        assert_eq!(l.within_descriptors(300, 256, 1).max_connections, 11);
+        assert_eq!(l.within_descriptors(100, 256, 2).max_connections, 1);
     }
 
     async fn start(limits: ServerLimits) -> (std::net::SocketAddr, Arc<Shared>) {
@@ -615,7 +760,6 @@ mod tests {
     async fn idle_connections_cannot_lock_out_a_probe() {
         let limits = ServerLimits {
             max_connections: 8,
-            min_wait: Duration::from_millis(50),
             ..ServerLimits::default()
         };
         let (addr, _) = start(limits).await;

@@ -20,13 +20,14 @@ use interlock_contract::names::{CONDITION_READY, EVENTS_REPORTER, LABEL_UNPROTEC
 use interlock_contract::pod::{ContainerFacts, PodFacts};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, ObjectReference, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Client, Resource};
+use kube::Client;
 use serde_json::json;
 
+use crate::audit::PodKey;
 use crate::gating::{
     condition_edit, node_state, taints_edit, Debounce, NodeState, TaintEffect, REASON_NOT_EFFECTIVE,
 };
@@ -60,15 +61,55 @@ impl std::fmt::Display for Credentials {
 pub struct KubeError {
     /// What was being done (`patching node n1`, …).
     pub doing: String,
-    /// The client's error.
+    /// What went wrong.
     #[source]
-    pub source: kube::Error,
+    pub source: ApiFailure,
 }
 
-fn ctx(doing: impl FnOnce() -> String) -> impl FnOnce(kube::Error) -> KubeError {
-    move |source| KubeError {
-        doing: doing(),
-        source,
+/// Why an API call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiFailure {
+    /// The client's error (an answer, or a failed connection).
+    #[error(transparent)]
+    Client(#[from] kube::Error),
+    /// No answer within the call's deadline ([`API_DEADLINE`]).
+    #[error("no answer within {0:?} (the call was abandoned)")]
+    TimedOut(Duration),
+    /// The pod of that name is another pod now (this UID): nothing was changed.
+    #[error("the pod of that name is another pod now (UID {0}); nothing changed")]
+    OtherPod(String),
+}
+
+impl ApiFailure {
+    /// The HTTP status of an API answer, if that is what it was.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            ApiFailure::Client(kube::Error::Api(e)) => Some(e.code),
+            _ => None,
+        }
+    }
+}
+
+/// The longest any single (non-watch) API call may take: an API server that accepts a
+/// request and never answers, or a half-open connection after a load balancer failover,
+/// costs this much and no more (kube-client has no request timeout of its own).
+pub const API_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Runs one API call with [`API_DEADLINE`].
+pub async fn bounded<T>(
+    doing: impl FnOnce() -> String,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, KubeError> {
+    match tokio::time::timeout(API_DEADLINE, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(KubeError {
+            doing: doing(),
+            source: e.into(),
+        }),
+        Err(_) => Err(KubeError {
+            doing: doing(),
+            source: ApiFailure::TimedOut(API_DEADLINE),
+        }),
     }
 }
 
@@ -115,9 +156,19 @@ pub async fn config_from_kubeconfig(path: &str) -> Result<kube::Config, String> 
 /// would stall readiness changes behind it. The agent retries where it acts (the
 /// watchers' back-off, the gate's back-off, the eviction's budget), so the client does
 /// not.
+///
+/// Every call the agent makes is bounded by [`API_DEADLINE`] where it is made; the
+/// client's own read timeout (none by default) only catches a watch whose connection
+/// went silent: longer than the watcher's 290 s server-side timeout, so a healthy quiet
+/// watch is never cut.
 fn without_client_retries(config: &mut kube::Config) {
     config.default_retry = false;
+    config.read_timeout = Some(WATCH_SILENCE);
 }
+
+/// How long a watch connection may stay silent before the client gives up on it (the
+/// watcher asks the server to end each watch after 290 s).
+const WATCH_SILENCE: Duration = Duration::from_secs(330);
 
 /// The node's taint and condition, kept in step with the agent's readiness.
 pub struct NodeGate {
@@ -254,11 +305,11 @@ impl NodeGate {
             ..GateWrites::default()
         };
         for attempt in 0..=CONFLICT_RETRIES {
-            let mut node = self
-                .nodes
-                .get(&self.name)
-                .await
-                .map_err(ctx(|| format!("reading node {}", self.name)))?;
+            let mut node = bounded(
+                || format!("reading node {}", self.name),
+                self.nodes.get(&self.name),
+            )
+            .await?;
             self.uid = node.metadata.uid.clone();
             if !writes.condition {
                 if let Some(cond) = condition_edit(
@@ -270,17 +321,15 @@ impl NodeGate {
                     // is needed, nobody else's condition is touched. The node it returns is
                     // the one the taint edit starts from: its own resourceVersion moved.
                     let patch = json!({"status": {"conditions": [cond]}});
-                    node = self
-                        .nodes
-                        .patch_status(
+                    node = bounded(
+                        || format!("writing condition {CONDITION_READY} on node {}", self.name),
+                        self.nodes.patch_status(
                             &self.name,
                             &PatchParams::default(),
                             &Patch::Strategic(&patch),
-                        )
-                        .await
-                        .map_err(ctx(|| {
-                            format!("writing condition {CONDITION_READY} on node {}", self.name)
-                        }))?;
+                        ),
+                    )
+                    .await?;
                     writes.condition = true;
                 }
             }
@@ -293,24 +342,21 @@ impl NodeGate {
                 "metadata": {"resourceVersion": node.metadata.resource_version},
                 "spec": {"taints": next},
             });
-            match self
-                .nodes
-                .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
+            match bounded(
+                || format!("writing the taints of node {}", self.name),
+                self.nodes
+                    .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .await
             {
                 Ok(_) => {
                     writes.taints = true;
                     return Ok(writes);
                 }
-                Err(kube::Error::Api(e)) if e.code == 409 && attempt < CONFLICT_RETRIES => {
+                Err(e) if e.source.code() == Some(409) && attempt < CONFLICT_RETRIES => {
                     tracing::debug!(node = %self.name, "taint edit conflicted; reading the node again");
                 }
-                Err(e) => {
-                    return Err(KubeError {
-                        doing: format!("writing the taints of node {}", self.name),
-                        source: e,
-                    })
-                }
+                Err(e) => return Err(e),
             }
         }
         unreachable!("the loop returns on its last attempt")
@@ -505,8 +551,14 @@ async fn publish(
         action: reason.to_string(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, reference).await {
-        tracing::warn!(reason, error = %e, "cannot publish a Kubernetes Event");
+    match tokio::time::timeout(API_DEADLINE, recorder.publish(&event, reference)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(reason, error = %e, "cannot publish a Kubernetes Event"),
+        Err(_) => tracing::warn!(
+            reason,
+            deadline = ?API_DEADLINE,
+            "cannot publish a Kubernetes Event: no answer within the deadline"
+        ),
     }
 }
 
@@ -578,9 +630,17 @@ impl PodCache {
         self.synced.load(Ordering::Acquire)
     }
 
-    /// The pod `namespace/name`, if cached.
+    /// The pod `namespace/name`, if cached, whatever its UID.
     pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
         self.store.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The pod `namespace/name` whose UID is `uid` (a sandbox's pod), if cached: a pod of
+    /// that name with another UID is another pod (deleted and created again) and is not
+    /// returned. A static pod's API copy (mirror) has a UID of its own and carries the
+    /// kubelet's, which the sandbox has, in `kubernetes.io/config.mirror`.
+    pub fn pod(&self, namespace: &str, name: &str, uid: &str) -> Option<Arc<Pod>> {
+        self.get(namespace, name).filter(|p| is_that_pod(p, uid))
     }
 
     /// The current annotations of `namespace/name` with that `uid` (when given), and
@@ -591,12 +651,10 @@ impl PodCache {
         name: &str,
         uid: Option<&str>,
     ) -> Option<(BTreeMap<String, String>, PodFacts)> {
-        let pod = self.get(namespace, name)?;
-        if let (Some(want), Some(have)) = (uid, pod.metadata.uid.as_deref()) {
-            if !want.is_empty() && want != have {
-                return None;
-            }
-        }
+        let pod = match uid.filter(|u| !u.is_empty()) {
+            Some(uid) => self.pod(namespace, name, uid)?,
+            None => self.get(namespace, name)?,
+        };
         Some((
             pod.metadata.annotations.clone().unwrap_or_default(),
             pod_facts(&pod),
@@ -612,7 +670,10 @@ impl PodCache {
             };
         }
         match self.get(&pod.namespace, &pod.name) {
-            Some(p) if uid_matches(pod.uid.as_deref(), p.metadata.uid.as_deref()) => {
+            Some(p)
+                if uid_matches(pod.uid.as_deref(), p.metadata.uid.as_deref())
+                    || pod.uid.as_deref().is_some_and(|u| is_that_pod(&p, u)) =>
+            {
                 Response::Found {
                     v: PROTOCOL_VERSION,
                     uid: p.metadata.uid.clone(),
@@ -684,6 +745,32 @@ fn uid_matches(want: Option<&str>, have: Option<&str>) -> bool {
     }
 }
 
+/// Whether `pod` is the pod with UID `uid` as the runtime knows it: its own UID, or for a
+/// mirror pod the static pod's UID it carries.
+pub fn is_that_pod(pod: &Pod, uid: &str) -> bool {
+    let own = pod.metadata.uid.as_deref() == Some(uid);
+    let mirror = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::audit::MIRROR_POD_ANNOTATION))
+        .is_some_and(|h| h == uid);
+    own || mirror
+}
+
+/// The reference an Event about the pod `namespace/name` with UID `uid` carries: always
+/// the sandbox's pod, never whichever pod now has that name.
+pub fn pod_reference(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(namespace.to_string()),
+        name: Some(name.to_string()),
+        uid: Some(uid.to_string()),
+        ..Default::default()
+    }
+}
+
 /// What the agent holds of the cluster when it runs with a Kubernetes API: the pod cache
 /// (current annotations for the audit and the agent socket) and the pod actions (label,
 /// Events, delete, evict).
@@ -720,25 +807,30 @@ impl PodActions {
         }
     }
 
-    /// Sets or removes `interlock.dev/unprotected=true` on the pod, only when its labels
-    /// differ: `current` are its labels from the cache; `None` (not cached yet) reads the
-    /// pod first.
+    /// Sets or removes `interlock.dev/unprotected=true` on the pod `namespace/name`
+    /// whose UID is `uid`, only when its labels differ: `current` are its labels from the
+    /// cache; `None` (not cached yet) reads the pod first. The patch carries the UID,
+    /// which the API server checks: a pod created again under that name is refused
+    /// (409), never labelled.
     pub async fn label(
         &self,
-        namespace: &str,
-        name: &str,
+        pod: &PodKey,
         current: Option<&BTreeMap<String, String>>,
         unprotected: bool,
     ) -> Result<bool, KubeError> {
+        let (namespace, name) = (&pod.namespace, &pod.name);
         let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
         let read;
         let current = match current {
             Some(c) => Some(c),
             None => {
-                read = api
-                    .get(name)
-                    .await
-                    .map_err(ctx(|| format!("reading pod {namespace}/{name}")))?;
+                read = bounded(|| format!("reading pod {namespace}/{name}"), api.get(name)).await?;
+                if !is_that_pod(&read, &pod.uid) {
+                    return Err(KubeError {
+                        doing: format!("labelling pod {pod}"),
+                        source: ApiFailure::OtherPod(read.metadata.uid.clone().unwrap_or_default()),
+                    });
+                }
                 read.metadata.labels.as_ref()
             }
         };
@@ -753,68 +845,98 @@ impl PodActions {
         } else {
             json!(null)
         };
-        let patch = json!({"metadata": {"labels": {LABEL_UNPROTECTED: value}}});
-        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(ctx(|| format!("labelling pod {namespace}/{name}")))?;
+        let patch = json!({"metadata": {"uid": pod.uid, "labels": {LABEL_UNPROTECTED: value}}});
+        bounded(
+            || format!("labelling pod {pod}"),
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await?;
         Ok(true)
     }
 
-    /// Publishes an Event on a pod (de-duplicated into a series by the recorder).
-    pub async fn event(&self, pod: &Pod, warning: bool, reason: &str, note: &str) {
+    /// Publishes an Event on the pod `pod` (by its UID; de-duplicated into a series by the
+    /// recorder).
+    pub async fn event(&self, pod: &PodKey, warning: bool, reason: &str, note: &str) {
         let type_ = if warning {
             EventType::Warning
         } else {
             EventType::Normal
         };
-        publish(&self.recorder, type_, reason, note, &pod.object_ref(&())).await;
+        let reference = pod_reference(&pod.namespace, &pod.name, &pod.uid);
+        publish(&self.recorder, type_, reason, note, &reference).await;
     }
 
-    /// Deletes the pod, only if it is still the one with `uid`.
-    pub async fn delete(&self, namespace: &str, name: &str, uid: &str) -> Result<(), KubeError> {
+    /// Deletes the pod, only if it is still the one with `pod.uid`.
+    pub async fn delete(&self, pod: &PodKey) -> Result<(), KubeError> {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
-                uid: Some(uid.to_string()),
+                uid: Some(pod.uid.clone()),
                 resource_version: None,
             }),
             ..DeleteParams::default()
         };
-        Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .delete(name, &params)
-            .await
-            .map_err(ctx(|| format!("deleting pod {namespace}/{name}")))?;
+        bounded(
+            || format!("deleting pod {pod}"),
+            Api::<Pod>::namespaced(self.client.clone(), &pod.namespace).delete(&pod.name, &params),
+        )
+        .await?;
         Ok(())
     }
 
-    /// Evicts the pod through the Eviction subresource (PodDisruptionBudgets apply). A 429
-    /// is retried with back-off up to `budget`, then reported — never turned into a
-    /// delete.
-    pub async fn evict(
-        &self,
-        namespace: &str,
-        name: &str,
-        budget: Duration,
-    ) -> Result<Evicted, KubeError> {
-        let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
+    /// Evicts the pod through the Eviction subresource (PodDisruptionBudgets apply), only
+    /// if it is still the one with `pod.uid`. A 429 is retried with back-off up to
+    /// `budget`, then reported — never turned into a delete.
+    ///
+    /// The Eviction is built here: kube-core's `evict` sends its options under
+    /// `delete_options`, a field the API server does not know and drops, so a UID
+    /// precondition passed through `EvictParams` never reaches it.
+    pub async fn evict(&self, pod: &PodKey, budget: Duration) -> Result<Evicted, KubeError> {
         let deadline = Instant::now() + budget;
         let mut wait = Duration::from_millis(200);
+        let body = eviction_body(pod);
         loop {
-            match api.evict(name, &EvictParams::default()).await {
+            let url = format!(
+                "/api/v1/namespaces/{}/pods/{}/eviction",
+                pod.namespace, pod.name
+            );
+            let request = http::Request::post(url)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(body.clone())
+                .map_err(|e| KubeError {
+                    doing: format!("evicting pod {pod}"),
+                    source: ApiFailure::Client(kube::Error::HttpError(e)),
+                })?;
+            let sent = bounded(
+                || format!("evicting pod {pod}"),
+                self.client.request::<serde_json::Value>(request),
+            )
+            .await;
+            match sent {
                 Ok(_) => return Ok(Evicted::Done),
-                Err(kube::Error::Api(e)) if e.code == 429 => {
+                Err(KubeError {
+                    source: ApiFailure::Client(kube::Error::Api(e)),
+                    ..
+                }) if e.code == 429 => {
                     if Instant::now() + wait > deadline {
                         return Ok(Evicted::Blocked(e.message));
                     }
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_secs(5));
                 }
-                Err(e) => {
-                    return Err(KubeError {
-                        doing: format!("evicting pod {namespace}/{name}"),
-                        source: e,
-                    })
-                }
+                Err(e) => return Err(e),
             }
         }
     }
+}
+
+/// The Eviction the agent sends for `pod` (policy/v1): its UID as a precondition.
+pub fn eviction_body(pod: &PodKey) -> Vec<u8> {
+    json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod.name, "namespace": pod.namespace},
+        "deleteOptions": {"preconditions": {"uid": pod.uid}},
+    })
+    .to_string()
+    .into_bytes()
 }

@@ -95,6 +95,10 @@ pub struct AgentConfig {
     pub taint_effect: gating::TaintEffect,
     /// Address of `/healthz`, `/readyz`, `/metrics`.
     pub health_addr: SocketAddr,
+    /// A second listener with `/healthz` and `/readyz` only, for the kubelet's probes
+    /// (`127.0.0.1:…` in the DaemonSet: nothing off the node reaches it, and a flood of
+    /// the metrics port cannot fail a probe). `None`: the probes use `health_addr`.
+    pub probe_addr: Option<SocketAddr>,
     /// The `interlock-cni` binary to install.
     pub plugin_source: PathBuf,
     /// Remove what interlock added when the agent exits.
@@ -134,6 +138,7 @@ impl AgentConfig {
             node_name: None,
             taint_effect: gating::TaintEffect::NoSchedule,
             health_addr: "127.0.0.1:9102".parse().expect("valid address"),
+            probe_addr: None,
             plugin_source,
             uninstall_on_exit: false,
             allow_ahead: vec![],
@@ -338,7 +343,9 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         guard::sweep_stale_temps(b);
     }
     let nofile = raise_nofile_limit();
-    let limits = health::ServerLimits::default().within_descriptors(nofile, RESERVED_DESCRIPTORS);
+    let listeners = 1 + u64::from(cfg.probe_addr.is_some());
+    let limits =
+        health::ServerLimits::default().within_descriptors(nofile, RESERVED_DESCRIPTORS, listeners);
     let installer = install::PluginInstaller::new(&cfg.plugin_source)?;
     info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -363,12 +370,13 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         probes::ProbeWindows::for_marker(cfg.marker_stale_after),
     );
     let served = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind(cfg.health_addr)
-            .await
-            .map_err(|e| AgentError::Listen {
-                addr: cfg.health_addr.to_string(),
+        let listen = |addr: SocketAddr| {
+            health::bind(addr).map_err(|e| AgentError::Listen {
+                addr: addr.to_string(),
                 reason: e.to_string(),
-            })?;
+            })
+        };
+        let listener = listen(cfg.health_addr)?;
         info!(
             addr = %listener
                 .local_addr()
@@ -378,17 +386,30 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
             open_file_limit = nofile,
             "health endpoints listening"
         );
+        if let Some(addr) = cfg.probe_addr {
+            let probes = listen(addr)?;
+            info!(%addr, "kubelet probe endpoints (/healthz, /readyz) listening");
+            tokio::spawn(health::serve(probes, admin.clone().probes_only(), limits));
+        }
         tokio::spawn(health::serve(listener, admin, limits));
         // Before the guard writes anything: a missing node name stops the agent here. The
         // audit and the agent socket take the cluster (`None`: no Kubernetes API; the audit
         // then uses the sandboxes' own annotations and the socket cannot answer lookups).
         let cluster = start_kubernetes(&cfg, &shared).await?;
-        let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let fallback = cfg.audit.as_ref().map(|a| socket::CriFallback {
             endpoint: a.cri_endpoint.clone(),
         });
+        // ADD notes go to the audit, through a bounded queue; without an audit there is
+        // no queue and a note is answered `undecided` (nothing is kept).
+        let (wake_tx, wake_rx) = match &cfg.audit {
+            Some(_) => {
+                let (tx, rx) = tokio::sync::mpsc::channel::<String>(sandbox_audit::NOTE_QUEUE);
+                (Some(tx), Some(rx))
+            }
+            None => (None, None),
+        };
         serve_agent_socket(&cfg.state_dir, cluster.clone(), fallback, wake_tx)?;
-        if let Some(settings) = cfg.audit.clone() {
+        if let (Some(settings), Some(wake_rx)) = (cfg.audit.clone(), wake_rx) {
             let plugin = interlock_contract::PluginConfig::from_map(&cfg.entry())
                 .map_err(|e| AgentError::Runtime(format!("the plugin entry is invalid: {e}")))?;
             tokio::spawn(sandbox_audit::run(
@@ -396,6 +417,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
                 plugin,
                 cluster,
                 shared.audit.clone(),
+                shared.audit_health.clone(),
                 wake_rx,
             ));
         } else {
@@ -488,7 +510,7 @@ fn serve_agent_socket(
     state_dir: &Path,
     cluster: Option<kubernetes::Cluster>,
     fallback: Option<socket::CriFallback>,
-    added: tokio::sync::mpsc::UnboundedSender<String>,
+    added: Option<socket::AddedNotes>,
 ) -> Result<(), AgentError> {
     let path = sandbox_audit::socket_path(state_dir);
     let listener = socket::bind(&path).map_err(|e| AgentError::Runtime(e.to_string()))?;
@@ -500,7 +522,7 @@ fn serve_agent_socket(
         )),
     };
     info!(path = %path.display(), "agent socket listening");
-    tokio::spawn(socket::serve(listener, source, fallback, Some(added)));
+    tokio::spawn(socket::serve(listener, source, fallback, added));
     Ok(())
 }
 

@@ -270,6 +270,10 @@ pub struct AuditMetrics {
     pub duration: Histogram,
     /// Audit failures (CRI unreachable, a sandbox whose status or netns could not be read).
     pub errors: Counter,
+    /// `ListPodSandbox` calls of the audit.
+    pub lists: Counter,
+    /// Whether the runtime answered the audit's last call (1) or not (0).
+    pub cri_up: Gauge,
 }
 
 impl AuditMetrics {
@@ -281,6 +285,8 @@ impl AuditMetrics {
             connections_ended: Counter::default(),
             duration: Histogram::new(AUDIT_BUCKETS),
             errors: Counter::default(),
+            lists: Counter::default(),
+            cri_up: Gauge::default(),
         };
         for v in crate::audit::Verdict::LABELS {
             m.sandboxes
@@ -313,6 +319,16 @@ impl AuditMetrics {
             "interlock_audit_errors",
             "Audit failures: CRI unreachable, or a sandbox whose status or netns could not be read",
             m.errors.clone(),
+        );
+        r.register(
+            "interlock_audit_sandbox_lists",
+            "ListPodSandbox calls made by the sandbox audit",
+            m.lists.clone(),
+        );
+        r.register(
+            "interlock_cri_up",
+            "Whether the container runtime answered the sandbox audit's last call (1) or not (0)",
+            m.cri_up.clone(),
         );
         m
     }

@@ -167,14 +167,26 @@ pub struct Plan {
     pub blocks_ready: bool,
 }
 
-/// True for names of the owned file (`[0-9-]*interlock.conflist`).
+/// The bytes an owned file's name may start with: digits, space and the punctuation
+/// below `.` (no letters, so no other writer's `…-interlock.conflist` is taken for ours,
+/// no `.` or `/`).
+fn owned_prefix_byte(b: u8) -> bool {
+    b.is_ascii_digit() || (b' '..=b'-').contains(&b)
+}
+
+/// True for names of the owned file (`<prefix>interlock.conflist`, the prefix digits,
+/// spaces and punctuation below `.`, e.g. `00-`, `--`, `!-`).
 pub fn is_owned_name(name: &str) -> bool {
     name.strip_suffix("interlock.conflist")
-        .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit() || b == b'-'))
+        .is_some_and(|p| p.bytes().all(owned_prefix_byte))
 }
 
 /// A name for the owned file that sorts strictly before `first`, preferring the usual
-/// `00-interlock.conflist`. `None` when no such name exists (e.g. `first` starts with `!`).
+/// `00-interlock.conflist`. When even `-interlock.conflist` does not sort first (a name
+/// starting with `!`, a space, …), the name keeps `first`'s leading bytes up to the first
+/// one above `-` and puts `-` there: `!.conflist` gives `!-interlock.conflist` (every
+/// config name has a `.`, which sorts after `-`). `None` only when `first` starts with
+/// bytes no owned name may hold (control characters, letters below `-` do not exist).
 pub fn owned_name_before(first: &str) -> Option<String> {
     let mut candidates = vec![
         "00-interlock.conflist".to_string(),
@@ -183,9 +195,20 @@ pub fn owned_name_before(first: &str) -> Option<String> {
     for n in 1..=8 {
         candidates.push(format!("{}interlock.conflist", "-".repeat(n)));
     }
-    candidates
+    if let Some(c) = candidates
         .into_iter()
         .find(|c| c.as_bytes() < first.as_bytes())
+    {
+        return Some(c);
+    }
+    let bytes = first.as_bytes();
+    let k = bytes.iter().position(|b| *b > b'-')?;
+    let prefix = &first[..k];
+    if !prefix.bytes().all(owned_prefix_byte) {
+        return None;
+    }
+    let name = format!("{prefix}-interlock.conflist");
+    (name.as_bytes() < bytes).then_some(name)
 }
 
 /// The `cniVersion` for a list of `types`: the highest known version every plugin said it

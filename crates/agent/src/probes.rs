@@ -87,6 +87,74 @@ pub fn readyz(r: &Readiness, since_pass: Duration, w: &ProbeWindows) -> ProbeAns
     }
 }
 
+/// What the sandbox audit last reported, for [`audit_problem`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditView {
+    /// The audit runs (`--cri-endpoint` is not `none`).
+    pub enabled: bool,
+    /// The CRI endpoint.
+    pub endpoint: String,
+    /// How long the runtime has failed to answer, with its last error (`None`: its last
+    /// call succeeded).
+    pub failing: Option<(Duration, String)>,
+    /// Time since the audit last completed a full pass (`None`: never).
+    pub since_pass: Option<Duration>,
+    /// Time since the audit started.
+    pub running_for: Duration,
+    /// The audit's period.
+    pub interval: Duration,
+}
+
+/// How long the runtime may fail to answer before `/readyz` says the audit is blind.
+pub const CRI_GRACE: Duration = Duration::from_secs(3);
+
+/// Why the agent cannot do the audit's job, if it cannot (pure): the runtime has not
+/// answered for [`CRI_GRACE`] (a runtime restart re-creates its socket within about a
+/// second), or no full pass completed within three periods (at least 30 s): the audit
+/// is stuck.
+pub fn audit_problem(a: &AuditView) -> Option<String> {
+    if !a.enabled {
+        return None;
+    }
+    if let Some((for_, why)) = &a.failing {
+        if *for_ >= CRI_GRACE {
+            return Some(format!(
+                "the container runtime at {} has not answered for {:.0} s ({why}): the sandbox audit cannot see or repair pods",
+                a.endpoint,
+                for_.as_secs_f64()
+            ));
+        }
+    }
+    let limit = (a.interval * 3).max(Duration::from_secs(30));
+    let stuck = match a.since_pass {
+        Some(t) => t > limit,
+        None => a.running_for > limit,
+    };
+    stuck.then(|| {
+        format!(
+            "the sandbox audit has not completed a pass for over {:.0} s",
+            limit.as_secs_f64()
+        )
+    })
+}
+
+/// `/readyz` with the audit's state: not ready when [`audit_problem`] says so.
+pub fn readyz_with_audit(
+    r: &Readiness,
+    since_pass: Duration,
+    w: &ProbeWindows,
+    audit: &AuditView,
+) -> ProbeAnswer {
+    let answer = readyz(r, since_pass, w);
+    match audit_problem(audit) {
+        Some(why) if answer.pass => ProbeAnswer {
+            pass: false,
+            body: format!("not ready: {why}\n"),
+        },
+        _ => answer,
+    }
+}
+
 /// `/healthz`: alive unless the guard loop has not completed a pass within
 /// `w.alive_within`.
 pub fn healthz(since_pass: Duration, w: &ProbeWindows) -> ProbeAnswer {
@@ -189,5 +257,51 @@ mod tests {
             )
             .pass
         );
+    }
+
+    #[test]
+    fn a_runtime_that_does_not_answer_makes_the_agent_not_ready() {
+        let ready = Readiness {
+            ready: true,
+            reason: "ok".into(),
+            effective: Some("00-interlock.conflist".into()),
+        };
+        let w = ProbeWindows::default();
+        let mut a = AuditView {
+            enabled: true,
+            endpoint: "unix:///run/containerd/containerd.sock".into(),
+            failing: None,
+            since_pass: Some(Duration::from_secs(1)),
+            running_for: Duration::from_secs(60),
+            interval: Duration::from_secs(10),
+        };
+        assert!(readyz_with_audit(&ready, Duration::ZERO, &w, &a).pass);
+        a.failing = Some((Duration::from_secs(1), "connection refused".into()));
+        assert!(
+            readyz_with_audit(&ready, Duration::ZERO, &w, &a).pass,
+            "within the grace"
+        );
+        a.failing = Some((CRI_GRACE, "connection refused".into()));
+        let r = readyz_with_audit(&ready, Duration::ZERO, &w, &a);
+        assert!(!r.pass);
+        assert!(
+            r.body.contains("containerd.sock") && r.body.contains("connection refused"),
+            "{}",
+            r.body
+        );
+        a.failing = None;
+        a.since_pass = Some(Duration::from_secs(31));
+        assert!(readyz_with_audit(&ready, Duration::ZERO, &w, &a)
+            .body
+            .contains("not completed a pass"));
+        a.since_pass = None;
+        a.running_for = Duration::from_secs(5);
+        assert!(
+            readyz_with_audit(&ready, Duration::ZERO, &w, &a).pass,
+            "starting"
+        );
+        a.enabled = false;
+        a.failing = Some((Duration::from_secs(60), "x".into()));
+        assert!(readyz_with_audit(&ready, Duration::ZERO, &w, &a).pass);
     }
 }

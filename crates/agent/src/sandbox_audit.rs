@@ -126,6 +126,7 @@ pub struct Auditor {
     backend: BackendKind,
     policy: RepairPolicy,
     cluster: Option<Cluster>,
+    api: Option<ApiWork>,
     metrics: AuditMetrics,
     history: Mutex<RepairHistory>,
 }
@@ -163,22 +164,42 @@ impl Auditor {
             plugin,
             backend,
             policy,
+            api: cluster.clone().map(|c| ApiWork::new(c, metrics.clone())),
             cluster,
             metrics,
             history: Mutex::new(RepairHistory::default()),
         }
     }
 
-    /// Audits every ready sandbox (or only `only`) and acts on the unprotected ones.
-    /// Fails only when the sandboxes cannot be listed.
-    pub async fn audit(&self, only: Option<&str>) -> Result<Vec<SandboxReport>, CriError> {
+    /// The policy the loop guard counts escalation stages from: the configured one, or
+    /// its fallback without a Kubernetes API.
+    fn base_policy(&self) -> RepairPolicy {
+        audit::choose(
+            self.policy,
+            self.cluster.is_some(),
+            audit::LoopView::default(),
+        )
+        .policy
+    }
+
+    /// Audits every ready sandbox (or only those in `only`) and acts on the unprotected
+    /// ones, with one `ListPodSandbox`. Fails only when the sandboxes cannot be listed.
+    pub async fn audit(
+        &self,
+        only: Option<&BTreeSet<String>>,
+    ) -> Result<Vec<SandboxReport>, CriError> {
         let start = Instant::now();
         // Every sandbox, ready or not: the ones not listed at all are gone (see
         // `collect_gone`).
+        self.metrics.lists.inc();
         let listed = match self.cri.list_sandboxes(&SandboxFilter::default()).await {
-            Ok(l) => l,
+            Ok(l) => {
+                self.metrics.cri_up.set(1);
+                l
+            }
             Err(e) => {
                 self.metrics.errors.inc();
+                self.metrics.cri_up.set(0);
                 return Err(e);
             }
         };
@@ -187,7 +208,7 @@ impl Auditor {
             .into_iter()
             .filter(|s| s.state == SandboxState::Ready)
             .map(|s| s.id)
-            .filter(|id| only.is_none_or(|o| o == id))
+            .filter(|id| only.is_none_or(|o| o.contains(id)))
             .collect();
         let reports: Vec<SandboxReport> = futures::stream::iter(ids.iter().cloned())
             .map(|id| self.audit_one(id))
@@ -201,7 +222,7 @@ impl Auditor {
                 *counts.entry(r.verdict.label()).or_default() += 1;
             }
             self.metrics.set_verdicts(&counts);
-            lock(&self.history).retain_running(ids.iter().map(String::as_str));
+            lock(&self.history).forget_old(Instant::now());
             self.collect_gone(all).await;
             self.metrics.duration.observe(start.elapsed().as_secs_f64());
             info!(
@@ -315,13 +336,16 @@ impl Auditor {
             Verdict::Unknown { reason } => {
                 warn!(pod = %report.pod, sandbox = %report.sandbox, reason = %reason, "audit: cannot decide")
             }
-            Verdict::Protected => self.mark_repaired(&status, None).await,
+            Verdict::Protected => self.mark_repaired(&status),
             Verdict::NotMeshed { .. } => {}
         }
         Some(report)
     }
 
-    /// Applies the policy (with the loop guard) to an unprotected sandbox.
+    /// Applies the policy (with the loop guard) to an unprotected sandbox. Nothing here
+    /// waits on the Kubernetes API: an in-place repair or a restart is done and reported
+    /// at once, and the label, the Events, a delete or an eviction run as background
+    /// tasks, each call bounded by `kubernetes::API_DEADLINE` (redteam-3 M-1).
     async fn act(
         &self,
         status: &SandboxStatus,
@@ -329,8 +353,13 @@ impl Auditor {
         reason: &str,
     ) -> Vec<ActionReport> {
         let now = Instant::now();
-        let recent = lock(&self.history).recent(&status.id, now);
-        let mut action = audit::choose(self.policy, self.cluster.is_some(), recent);
+        let pod_key = audit::PodKey {
+            namespace: status.metadata.namespace.clone(),
+            name: status.metadata.name.clone(),
+            uid: status.metadata.uid.clone(),
+        };
+        let seen = lock(&self.history).view(&pod_key, self.base_policy(), now);
+        let mut action = audit::choose(self.policy, self.cluster.is_some(), seen);
         if let Some(c) = &self.cluster {
             // The pod watch is usually seconds from its first sync at start-up: an API
             // policy waits for it a little rather than a whole audit period.
@@ -342,30 +371,32 @@ impl Auditor {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
-        let cached = self.cluster.as_ref().and_then(|c| {
-            c.pods
-                .get(&status.metadata.namespace, &status.metadata.name)
-        });
+        // Only the pod with the sandbox's UID: a pod created again under that name is
+        // another pod, and nothing is done to it.
+        let cached = self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.pods.pod(&pod_key.namespace, &pod_key.name, &pod_key.uid));
         let seen = match &self.cluster {
             None => audit::PodSeen::NoApi,
             Some(c) if !c.pods.is_synced() => audit::PodSeen::NotSynced,
-            Some(_)
-                if cached
-                    .as_ref()
-                    .is_some_and(|p| p.metadata.deletion_timestamp.is_some()) =>
-            {
-                audit::PodSeen::Terminating
-            }
-            Some(_) => audit::PodSeen::Known,
+            Some(_) => match &cached {
+                None => audit::PodSeen::Gone,
+                Some(p) if p.metadata.deletion_timestamp.is_some() => audit::PodSeen::Terminating,
+                Some(_) => audit::PodSeen::Known,
+            },
         };
         if let Some(why) = audit::wait_for_api(action.policy, seen) {
             info!(
-                pod = %format!("{}/{}", status.metadata.namespace, status.metadata.name),
+                pod = %pod_key,
                 sandbox = %status.id,
                 policy = %action.policy,
                 "audit: not acting on this pass: {why}"
             );
             return Vec::new();
+        }
+        if seen == audit::PodSeen::Gone {
+            action = audit::for_gone_pod(action, &pod_key.uid);
         }
         if cached.as_ref().is_some_and(|p| {
             p.metadata
@@ -375,64 +406,50 @@ impl Auditor {
         }) {
             action = audit::for_mirror_pod(action);
         }
-        lock(&self.history).record(&status.id, now);
+        if self.api.as_ref().is_some_and(|w| w.busy_with(&pod_key.uid)) {
+            info!(pod = %pod_key, sandbox = %status.id, "audit: not acting on this pass: an API action on this pod is still running");
+            return Vec::new();
+        }
+        // Only a pod the API has (with this UID) gets a label and Events.
+        let api_pod = self.api.as_ref().filter(|_| cached.is_some());
         let mut done = Vec::new();
         loop {
             let start = Instant::now();
-            let result = self.perform(&action, status, decision, reason).await;
+            let result = self
+                .perform(&action, status, &pod_key, api_pod, decision, reason)
+                .await;
             let report = ActionReport {
                 policy: action.policy,
                 because: action.because.clone(),
-                result: result.clone().map_err(|e| e.message),
+                result: result.clone().map(Performed::text).map_err(|e| e.message),
                 duration: start.elapsed(),
             };
             let escalate = match &result {
                 Err(e) if e.escalate => Some(audit::after_failed_repair(&e.message)),
                 _ => None,
             };
-            let outcome = match (&result, &escalate) {
-                (Ok(_), _) => "done",
-                (Err(_), Some(_)) => "escalated",
-                (Err(_), None) => "failed",
-            };
-            self.metrics.repaired(action.policy.as_str(), outcome);
-            let (ns, name) = (&status.metadata.namespace, &status.metadata.name);
-            match &report.result {
-                Ok(what) => info!(
-                    pod = %format!("{ns}/{name}"),
-                    sandbox = %status.id,
-                    policy = %action.policy,
-                    because = action.because.as_deref().unwrap_or(""),
-                    result = %what,
-                    duration_ms = report.duration.as_secs_f64() * 1e3,
-                    "audit action done"
-                ),
-                Err(why) => {
-                    self.metrics.errors.inc();
-                    error!(
-                        pod = %format!("{ns}/{name}"),
-                        sandbox = %status.id,
-                        policy = %action.policy,
-                        because = action.because.as_deref().unwrap_or(""),
-                        result = %why,
-                        duration_ms = report.duration.as_secs_f64() * 1e3,
-                        "audit action failed"
-                    )
-                }
-            }
-            if let (Some(c), Some(pod)) = (&self.cluster, &cached) {
-                let event = audit::event_for(action.policy, result.is_ok(), escalate.is_some());
-                if let Some((reason_name, warning)) = event {
-                    let note = match &report.result {
-                        Ok(what) => format!("{reason}: {what}"),
-                        Err(why) => format!("{reason}: {} failed: {why}", action.policy),
-                    };
-                    c.actions.event(pod, warning, reason_name, &note).await;
-                    if reason_name == "RepairFailed" {
-                        let labels = pod.metadata.labels.as_ref();
-                        if let Err(e) = c.actions.label(ns, name, labels, true).await {
-                            warn!(pod = %format!("{ns}/{name}"), error = %e, "cannot label the unprotected pod");
-                        }
+            if !matches!(&result, Ok(Performed::Dispatched(_))) {
+                let outcome = match (&result, &escalate) {
+                    (Ok(_), _) => "done",
+                    (Err(_), Some(_)) => "escalated",
+                    (Err(_), None) => "failed",
+                };
+                self.metrics.repaired(action.policy.as_str(), outcome);
+                log_action(&pod_key, &status.id, &action, &report, &self.metrics);
+                if let Some(w) = api_pod {
+                    let event = audit::event_for(action.policy, result.is_ok(), escalate.is_some());
+                    if let Some((reason_name, warning)) = event {
+                        let note = match &report.result {
+                            Ok(what) => format!("{reason}: {what}"),
+                            Err(why) => format!("{reason}: {} failed: {why}", action.policy),
+                        };
+                        w.publish(
+                            &pod_key,
+                            warning,
+                            reason_name,
+                            note,
+                            reason_name == "RepairFailed",
+                        );
                     }
                 }
             }
@@ -442,6 +459,9 @@ impl Auditor {
                 None => break,
             }
         }
+        // The harshest action taken counts for the loop guard (a failed repair that
+        // became a restart is a restart).
+        lock(&self.history).record(&pod_key, action.policy, now);
         done
     }
 
@@ -449,10 +469,11 @@ impl Auditor {
         &self,
         action: &RepairAction,
         status: &SandboxStatus,
+        pod: &audit::PodKey,
+        api_pod: Option<&ApiWork>,
         decision: &Decision,
         reason: &str,
-    ) -> Result<String, ActionError> {
-        let meta = &status.metadata;
+    ) -> Result<Performed, ActionError> {
         match action.policy {
             RepairPolicy::Repair => {
                 let Some(netns) = status.netns_path().map(Path::to_path_buf) else {
@@ -470,66 +491,41 @@ impl Auditor {
                 .await
                 .map_err(|e| ActionError::escalate(format!("the repair thread failed: {e}")))??;
                 self.metrics.connections_ended.inc_by(done.ended as u64);
-                self.mark_repaired(status, Some(&done.summary)).await;
-                Ok(done.summary)
+                if let Some(w) = api_pod {
+                    w.repaired(pod, None, Some(done.summary.clone()));
+                }
+                Ok(Performed::Done(done.summary))
             }
             RepairPolicy::Restart => {
                 self.cri
                     .stop_sandbox(&status.id)
                     .await
                     .map_err(|e| ActionError::fail(e.to_string()))?;
-                Ok("sandbox stopped over CRI; the kubelet creates a new one through the current CNI config \
+                Ok(Performed::Done("sandbox stopped over CRI; the kubelet creates a new one through the current CNI config \
                     (a finished pod with restartPolicy Never is not recreated)"
-                    .into())
+                    .into()))
             }
-            RepairPolicy::Delete => {
-                let c = self
-                    .cluster
-                    .as_ref()
-                    .ok_or_else(|| ActionError::fail("no Kubernetes API"))?;
-                c.actions
-                    .delete(&meta.namespace, &meta.name, &meta.uid)
-                    .await
-                    .map_err(|e| ActionError::fail(e.to_string()))?;
-                Ok("pod deleted (UID precondition)".into())
-            }
-            RepairPolicy::Evict => {
-                let c = self
-                    .cluster
-                    .as_ref()
-                    .ok_or_else(|| ActionError::fail("no Kubernetes API"))?;
-                match c
-                    .actions
-                    .evict(&meta.namespace, &meta.name, EVICT_BUDGET)
-                    .await
-                    .map_err(|e| ActionError::fail(e.to_string()))?
-                {
-                    crate::kubernetes::Evicted::Done => Ok("pod evicted".into()),
-                    crate::kubernetes::Evicted::Blocked(why) => Err(ActionError::fail(format!(
-                        "eviction blocked by a PodDisruptionBudget: {why}"
-                    ))),
+            RepairPolicy::Delete | RepairPolicy::Evict => {
+                let w = api_pod.ok_or_else(|| ActionError::fail("no Kubernetes API"))?;
+                if !w.remove(pod, action.clone(), status.id.clone(), reason.to_string()) {
+                    return Err(ActionError::fail(
+                        "too many Kubernetes API actions are running; the next pass tries again",
+                    ));
                 }
+                Ok(Performed::Dispatched(format!(
+                    "{} requested (UID precondition); its outcome is logged when the API answers",
+                    action.policy
+                )))
             }
-            RepairPolicy::Report => {
-                if let Some(c) = &self.cluster {
-                    if let Some(pod) = c.pods.get(&meta.namespace, &meta.name) {
-                        c.actions
-                            .label(
-                                &meta.namespace,
-                                &meta.name,
-                                pod.metadata.labels.as_ref(),
-                                true,
-                            )
-                            .await
-                            .map_err(|e| ActionError::fail(e.to_string()))?;
-                        c.actions.event(&pod, true, "Unprotected", reason).await;
-                        return Ok(format!(
-                            "reported: labelled {LABEL_UNPROTECTED}=true and an Unprotected Event"
-                        ));
-                    }
+            RepairPolicy::Report => match api_pod {
+                Some(w) => {
+                    w.report(pod, reason.to_string());
+                    Ok(Performed::Done(format!(
+                        "reported: {LABEL_UNPROTECTED}=true and an Unprotected Event (sent in the background)"
+                    )))
                 }
-                Ok("reported (log and metrics only)".into())
-            }
+                None => Ok(Performed::Done("reported (log and metrics only)".into())),
+            },
         }
     }
 
@@ -564,11 +560,13 @@ impl Auditor {
     }
 
     /// With a Kubernetes API: removes the `unprotected` label of a pod that is protected
-    /// now and sends a `Repaired` Event.
-    async fn mark_repaired(&self, status: &SandboxStatus, how: Option<&str>) {
-        let Some(c) = &self.cluster else { return };
+    /// now (in the background).
+    fn mark_repaired(&self, status: &SandboxStatus) {
+        let (Some(c), Some(w)) = (&self.cluster, &self.api) else {
+            return;
+        };
         let meta = &status.metadata;
-        let Some(pod) = c.pods.get(&meta.namespace, &meta.name) else {
+        let Some(pod) = c.pods.pod(&meta.namespace, &meta.name, &meta.uid) else {
             return;
         };
         let labelled = pod
@@ -577,28 +575,271 @@ impl Auditor {
             .as_ref()
             .and_then(|l| l.get(LABEL_UNPROTECTED))
             .is_some_and(|v| v == "true");
-        if !labelled && how.is_none() {
-            return;
+        if labelled {
+            let key = audit::PodKey {
+                namespace: meta.namespace.clone(),
+                name: meta.name.clone(),
+                uid: meta.uid.clone(),
+            };
+            w.repaired(&key, pod.metadata.labels.clone(), None);
         }
-        match c
-            .actions
-            .label(
-                &meta.namespace,
-                &meta.name,
-                pod.metadata.labels.as_ref(),
-                false,
+    }
+}
+
+/// What `perform` did.
+#[derive(Debug, Clone)]
+enum Performed {
+    /// Done, with details.
+    Done(String),
+    /// Sent to the Kubernetes API in the background, which logs and counts its outcome.
+    Dispatched(String),
+}
+
+impl Performed {
+    fn text(self) -> String {
+        match self {
+            Performed::Done(s) | Performed::Dispatched(s) => s,
+        }
+    }
+}
+
+fn log_action(
+    pod: &audit::PodKey,
+    sandbox: &str,
+    action: &RepairAction,
+    report: &ActionReport,
+    metrics: &AuditMetrics,
+) {
+    match &report.result {
+        Ok(what) => info!(
+            pod = %format!("{}/{}", pod.namespace, pod.name),
+            uid = %pod.uid,
+            sandbox = %sandbox,
+            policy = %action.policy,
+            because = action.because.as_deref().unwrap_or(""),
+            result = %what,
+            duration_ms = report.duration.as_secs_f64() * 1e3,
+            "audit action done"
+        ),
+        Err(why) => {
+            metrics.errors.inc();
+            error!(
+                pod = %format!("{}/{}", pod.namespace, pod.name),
+                uid = %pod.uid,
+                sandbox = %sandbox,
+                policy = %action.policy,
+                because = action.because.as_deref().unwrap_or(""),
+                result = %why,
+                duration_ms = report.duration.as_secs_f64() * 1e3,
+                "audit action failed"
             )
-            .await
-        {
-            Ok(_) => {
-                let note = how.unwrap_or("the pod's redirection is in place again");
-                c.actions.event(&pod, false, "Repaired", note).await;
+        }
+    }
+}
+
+/// The audit's Kubernetes work (labels, Events, delete, evict), run as background tasks
+/// so that no audit pass waits on the API; every call in them is bounded by
+/// `kubernetes::API_DEADLINE`. At most [`API_TASKS`] run at once: past that new work is
+/// dropped with a warning (the next pass sees the pod again).
+#[derive(Clone)]
+pub struct ApiWork {
+    cluster: Cluster,
+    metrics: AuditMetrics,
+    permits: std::sync::Arc<tokio::sync::Semaphore>,
+    removing: std::sync::Arc<Mutex<BTreeSet<String>>>,
+}
+
+/// Kubernetes tasks of the audit running at once.
+pub const API_TASKS: usize = 16;
+
+impl ApiWork {
+    fn new(cluster: Cluster, metrics: AuditMetrics) -> ApiWork {
+        ApiWork {
+            cluster,
+            metrics,
+            permits: std::sync::Arc::new(tokio::sync::Semaphore::new(API_TASKS)),
+            removing: std::sync::Arc::default(),
+        }
+    }
+
+    fn spawn(
+        &self,
+        what: &str,
+        job: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> bool {
+        match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tokio::spawn(async move {
+                    job.await;
+                    drop(permit);
+                });
+                true
             }
-            Err(e) => {
+            Err(_) => {
                 self.metrics.errors.inc();
-                warn!(pod = %format!("{}/{}", meta.namespace, meta.name), error = %e, "cannot remove the unprotected label");
+                warn!(what, running = API_TASKS, "audit: too many Kubernetes API calls are running (is the API slow?); dropped, the next pass tries again");
+                false
             }
         }
+    }
+
+    /// Whether a delete or an eviction of the pod with `uid` is still running.
+    fn busy_with(&self, uid: &str) -> bool {
+        lock(&self.removing).contains(uid)
+    }
+
+    /// An Event on `pod`, and with `label` the `unprotected` label too.
+    fn publish(
+        &self,
+        pod: &audit::PodKey,
+        warning: bool,
+        reason: &'static str,
+        note: String,
+        label: bool,
+    ) {
+        let (actions, pod) = (self.cluster.actions.clone(), pod.clone());
+        let labels = self
+            .cluster
+            .pods
+            .pod(&pod.namespace, &pod.name, &pod.uid)
+            .and_then(|p| p.metadata.labels.clone());
+        self.spawn(reason, async move {
+            actions.event(&pod, warning, reason, &note).await;
+            if label {
+                if let Err(e) = actions.label(&pod, labels.as_ref(), true).await {
+                    warn!(pod = %pod, error = %e, "cannot label the unprotected pod");
+                }
+            }
+        });
+    }
+
+    /// The `unprotected` label removed and, with `how`, a `Repaired` Event.
+    fn repaired(
+        &self,
+        pod: &audit::PodKey,
+        labels: Option<BTreeMap<String, String>>,
+        how: Option<String>,
+    ) {
+        let (actions, pod, metrics) = (
+            self.cluster.actions.clone(),
+            pod.clone(),
+            self.metrics.clone(),
+        );
+        let labels = labels.or_else(|| {
+            self.cluster
+                .pods
+                .pod(&pod.namespace, &pod.name, &pod.uid)
+                .and_then(|p| p.metadata.labels.clone())
+        });
+        self.spawn("Repaired", async move {
+            match actions.label(&pod, labels.as_ref(), false).await {
+                Ok(changed) => {
+                    if changed || how.is_some() {
+                        let note = how
+                            .as_deref()
+                            .unwrap_or("the pod's redirection is in place again");
+                        actions.event(&pod, false, "Repaired", note).await;
+                    }
+                }
+                Err(e) => {
+                    metrics.errors.inc();
+                    warn!(pod = %pod, error = %e, "cannot remove the unprotected label");
+                }
+            }
+        });
+    }
+
+    /// The `report` policy: the label and an `Unprotected` Event.
+    fn report(&self, pod: &audit::PodKey, reason: String) {
+        let (actions, pod, metrics) = (
+            self.cluster.actions.clone(),
+            pod.clone(),
+            self.metrics.clone(),
+        );
+        let labels = self
+            .cluster
+            .pods
+            .pod(&pod.namespace, &pod.name, &pod.uid)
+            .and_then(|p| p.metadata.labels.clone());
+        self.spawn("Unprotected", async move {
+            if let Err(e) = actions.label(&pod, labels.as_ref(), true).await {
+                metrics.errors.inc();
+                warn!(pod = %pod, error = %e, "cannot label the unprotected pod");
+            }
+            actions.event(&pod, true, "Unprotected", &reason).await;
+        });
+    }
+
+    /// A delete or an eviction of `pod` (UID precondition), its outcome logged, counted
+    /// and published when the API answers. `false` when it could not be started.
+    fn remove(
+        &self,
+        pod: &audit::PodKey,
+        action: RepairAction,
+        sandbox: String,
+        reason: String,
+    ) -> bool {
+        if !lock(&self.removing).insert(pod.uid.clone()) {
+            return false;
+        }
+        let (actions, key, metrics, removing) = (
+            self.cluster.actions.clone(),
+            pod.clone(),
+            self.metrics.clone(),
+            self.removing.clone(),
+        );
+        let labels = self
+            .cluster
+            .pods
+            .pod(&pod.namespace, &pod.name, &pod.uid)
+            .and_then(|p| p.metadata.labels.clone());
+        let started = self.spawn(action.policy.as_str(), async move {
+            let start = Instant::now();
+            let result = match action.policy {
+                RepairPolicy::Delete => actions
+                    .delete(&key)
+                    .await
+                    .map(|()| "pod deleted (UID precondition)".to_string())
+                    .map_err(|e| e.to_string()),
+                _ => match actions.evict(&key, EVICT_BUDGET).await {
+                    Ok(crate::kubernetes::Evicted::Done) => {
+                        Ok("pod evicted (UID precondition)".into())
+                    }
+                    Ok(crate::kubernetes::Evicted::Blocked(why)) => {
+                        Err(format!("eviction blocked by a PodDisruptionBudget: {why}"))
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+            };
+            metrics.repaired(
+                action.policy.as_str(),
+                if result.is_ok() { "done" } else { "failed" },
+            );
+            let report = ActionReport {
+                policy: action.policy,
+                because: action.because.clone(),
+                result: result.clone(),
+                duration: start.elapsed(),
+            };
+            log_action(&key, &sandbox, &action, &report, &metrics);
+            if let Some((name, warning)) = audit::event_for(action.policy, result.is_ok(), false) {
+                let note = match &result {
+                    Ok(what) => format!("{reason}: {what}"),
+                    Err(why) => format!("{reason}: {} failed: {why}", action.policy),
+                };
+                actions.event(&key, warning, name, &note).await;
+                if name == "RepairFailed" {
+                    if let Err(e) = actions.label(&key, labels.as_ref(), true).await {
+                        warn!(pod = %key, error = %e, "cannot label the unprotected pod");
+                    }
+                }
+            }
+            lock(&removing).remove(&key.uid);
+        });
+        if !started {
+            lock(&self.removing).remove(&pod.uid);
+        }
+        started
     }
 }
 
@@ -812,40 +1053,65 @@ fn ended_list(ended: &sockdiag::Ended) -> String {
 /// How long a sandbox named by an ADD note is looked for: the plugin sends the note from
 /// inside `RunPodSandbox`, so the runtime lists the sandbox as ready only a little later.
 pub const NOTE_PATIENCE: Duration = Duration::from_secs(5);
-/// How often a noted sandbox that is not ready yet is looked for again.
+/// How soon noted sandboxes that are not ready yet are looked for again; the wait doubles
+/// with each round that finds none of them, up to [`NOTE_RETRY_MAX`].
 pub const NOTE_RETRY: Duration = Duration::from_millis(20);
+/// The longest wait between two rounds of looking for noted sandboxes.
+pub const NOTE_RETRY_MAX: Duration = Duration::from_millis(640);
+/// Noted sandboxes looked for at once; notes past it are left to the periodic audit
+/// (each round is one `ListPodSandbox` for all of them).
+pub const MAX_PENDING_NOTES: usize = 1024;
+/// ADD notes queued for the audit; past it a note is answered `undecided` (the plugin
+/// only logs it) and the periodic audit covers the sandbox.
+pub const NOTE_QUEUE: usize = 1024;
+
+/// The wait before round `round` (0 first) of looking for noted sandboxes (pure).
+pub fn note_retry(round: u32) -> Duration {
+    NOTE_RETRY
+        .saturating_mul(2u32.saturating_pow(round.min(16)))
+        .min(NOTE_RETRY_MAX)
+}
 
 /// The shortest time between two audits woken by the pod watch (a burst of pod changes,
 /// e.g. a rollout, costs one audit per spacing, not one per change).
 const POD_CHANGE_SPACING: Duration = Duration::from_millis(500);
 
-/// Runs the audit loop: connects to CRI (retrying on each tick), audits at once, then on
-/// every `interval` tick and whenever a sandbox ID arrives on `wake` (the plugin's ADD
-/// notes; a noted sandbox not ready yet is looked for again every [`NOTE_RETRY`] for up
-/// to [`NOTE_PATIENCE`]) or the pod watch reports a pod on this node added or changed
-/// (a full audit, at most once per [`POD_CHANGE_SPACING`]), one audit at a time.
+/// How soon the runtime is asked again after it could not be reached.
+const CRI_RETRY: Duration = Duration::from_secs(1);
+
+/// Runs the audit loop: connects to CRI (retrying every second until it answers),
+/// audits at once, then on every `interval` tick and whenever a sandbox ID arrives on
+/// `wake` (the plugin's ADD notes: noted sandboxes not ready yet are looked for again,
+/// all with one list per round, for up to [`NOTE_PATIENCE`]) or the pod watch reports a
+/// pod on this node added or changed (a full audit, at most once per
+/// [`POD_CHANGE_SPACING`]), one audit at a time. What the runtime answers, and each
+/// completed pass, go to `health` for `/readyz`.
 pub async fn run(
     settings: AuditSettings,
     plugin: PluginConfig,
     cluster: Option<Cluster>,
     metrics: AuditMetrics,
-    mut wake: mpsc::UnboundedReceiver<String>,
+    health: std::sync::Arc<crate::status::AuditHealth>,
+    mut wake: mpsc::Receiver<String>,
 ) {
+    health.started(&settings.cri_endpoint, settings.interval);
     let mut tick = tokio::time::interval(settings.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut auditor: Option<Auditor> = None;
     let pod_changes = cluster.as_ref().map(|c| c.pods.changes());
     let mut parts = Some((plugin, cluster, metrics));
     let mut pending: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut rounds = 0u32;
     // The pod watch (with a Kubernetes API) wakes a full audit when a pod on this node
     // appears or changes, at most once per POD_CHANGE_SPACING.
     let mut last_pod_audit: Option<Instant> = None;
+    let mut cri_retry: Option<Instant> = None;
     loop {
         let retry = async {
             if pending.is_empty() {
                 std::future::pending::<()>().await
             } else {
-                tokio::time::sleep(NOTE_RETRY).await
+                tokio::time::sleep(note_retry(rounds)).await
             }
         };
         let pod_changed = async {
@@ -860,18 +1126,41 @@ pub async fn run(
                 None => std::future::pending::<()>().await,
             }
         };
-        let noted: Option<Vec<String>> = tokio::select! {
-            _ = tick.tick() => None,
+        let reconnect = async {
+            match cri_retry {
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let noted: bool = tokio::select! {
+            _ = tick.tick() => false,
+            () = reconnect => false,
             () = pod_changed => {
                 last_pod_audit = Some(Instant::now());
-                None
+                false
             }
             Some(id) = wake.recv() => {
-                pending.entry(id.clone()).or_insert_with(|| Instant::now() + NOTE_PATIENCE);
-                Some(vec![id])
+                if pending.len() < MAX_PENDING_NOTES || pending.contains_key(&id) {
+                    pending.entry(id).or_insert_with(|| Instant::now() + NOTE_PATIENCE);
+                    rounds = 0;
+                }
+                // Notes that came meanwhile join this round.
+                while pending.len() < MAX_PENDING_NOTES {
+                    match wake.try_recv() {
+                        Ok(id) => {
+                            pending.entry(id).or_insert_with(|| Instant::now() + NOTE_PATIENCE);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                true
             }
-            () = retry => Some(pending.keys().cloned().collect()),
+            () = retry => {
+                rounds = rounds.saturating_add(1);
+                true
+            }
         };
+        cri_retry = None;
         if auditor.is_none() {
             match CriClient::connect(&settings.cri_endpoint).await {
                 Ok(cri) => {
@@ -884,47 +1173,54 @@ pub async fn run(
                 Err(e) => {
                     if let Some((_, _, m)) = &parts {
                         m.errors.inc();
+                        m.cri_up.set(0);
                     }
-                    warn!(endpoint = %settings.cri_endpoint, error = %e, "audit: cannot reach the runtime over CRI; retrying on the next tick");
+                    health.runtime_failed(&e.to_string());
+                    warn!(endpoint = %settings.cri_endpoint, error = %e, "audit: cannot reach the runtime over CRI; retrying in 1 s");
+                    cri_retry = Some(Instant::now() + CRI_RETRY);
                     continue;
                 }
             }
         }
         let Some(a) = &auditor else { continue };
-        match noted {
-            None => {
-                if let Err(e) = a.audit(None).await {
-                    warn!(error = %e, "audit: cannot list the sandboxes");
+        if !noted {
+            match a.audit(None).await {
+                Ok(_) => health.pass_done(),
+                Err(e) => {
+                    health.runtime_failed(&e.to_string());
+                    cri_retry = Some(Instant::now() + CRI_RETRY);
+                    warn!(error = %e, "audit: cannot list the sandboxes; retrying in 1 s");
                 }
             }
-            Some(ids) => {
-                for id in ids {
-                    match a.audit(Some(&id)).await {
-                        Ok(reports) if !reports.is_empty() => {
-                            pending.remove(&id);
-                            for r in reports {
-                                info!(
-                                    pod = %r.pod,
-                                    sandbox = %r.sandbox,
-                                    verdict = r.verdict.label(),
-                                    "audited on the plugin's ADD note"
-                                );
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(e) => warn!(error = %e, "audit: cannot list the sandboxes"),
-                    }
+            continue;
+        }
+        let ids: BTreeSet<String> = pending.keys().cloned().collect();
+        match a.audit(Some(&ids)).await {
+            Ok(reports) => {
+                health.runtime_answered();
+                for r in reports {
+                    pending.remove(&r.sandbox);
+                    info!(
+                        pod = %r.pod,
+                        sandbox = %r.sandbox,
+                        verdict = r.verdict.label(),
+                        "audited on the plugin's ADD note"
+                    );
                 }
-                let now = Instant::now();
-                pending.retain(|id, until| {
-                    let keep = *until > now;
-                    if !keep {
-                        info!(sandbox = %id, "audit: the sandbox of an ADD note never became ready; the periodic audit covers it if it does");
-                    }
-                    keep
-                });
+            }
+            Err(e) => {
+                health.runtime_failed(&e.to_string());
+                warn!(error = %e, "audit: cannot list the sandboxes");
             }
         }
+        let now = Instant::now();
+        pending.retain(|id, until| {
+            let keep = *until > now;
+            if !keep {
+                info!(sandbox = %id, "audit: the sandbox of an ADD note never became ready; the periodic audit covers it if it does");
+            }
+            keep
+        });
     }
 }
 
@@ -946,6 +1242,23 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(format!("{id}.json")), "{not json").unwrap();
         assert!(read_record(t.path(), id).is_none());
+    }
+
+    /// redteam-3 L-2: noted sandboxes that do not appear are looked for with a wait
+    /// that doubles, one list per round for all of them: about a dozen lists in
+    /// NOTE_PATIENCE instead of 250 per note.
+    #[test]
+    fn noted_sandboxes_are_looked_for_less_and_less_often() {
+        assert_eq!(note_retry(0), NOTE_RETRY);
+        assert_eq!(note_retry(1), NOTE_RETRY * 2);
+        assert_eq!(note_retry(10), NOTE_RETRY_MAX);
+        let mut t = Duration::ZERO;
+        let mut rounds = 0;
+        while t < NOTE_PATIENCE {
+            t += note_retry(rounds);
+            rounds += 1;
+        }
+        assert!(rounds <= 15, "{rounds} lists in {NOTE_PATIENCE:?}");
     }
 
     #[test]

@@ -168,8 +168,14 @@ pub fn bind(path: &Path) -> Result<UnixListener, SocketError> {
     Ok(listener)
 }
 
-/// Where the plugin's ADD notes go: the sandbox IDs, to the audit.
-pub type AddedNotes = tokio::sync::mpsc::UnboundedSender<String>;
+/// Whether a client with `uid` (from `SO_PEERCRED`) may use the socket: root only, as the
+/// plugin runs as root under the runtime.
+pub fn peer_allowed(uid: u32) -> bool {
+    uid == 0
+}
+
+/// Where the plugin's ADD notes go: the sandbox IDs, to the audit (a bounded queue).
+pub type AddedNotes = tokio::sync::mpsc::Sender<String>;
 
 /// Serves `listener` with `source` until the task is dropped; ADD notes go to `added`
 /// (without it they are answered `undecided`).
@@ -195,11 +201,31 @@ pub async fn serve(
             drop(stream);
             continue;
         };
+        // Only root may ask or note (the socket is 0600 root; this holds even if its mode
+        // were changed): anyone else is closed without an answer.
+        match stream.peer_cred() {
+            Ok(c) if peer_allowed(c.uid()) => {}
+            Ok(c) => {
+                tracing::warn!(uid = c.uid(), pid = ?c.pid(), "agent socket: refused a client that is not root");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "agent socket: cannot read the client's credentials; refused");
+                continue;
+            }
+        }
         let (source, fallback, added) = (source.clone(), fallback.clone(), added.clone());
         tokio::spawn(async move {
             let _slot = slot;
             let _ = tokio::time::timeout(DEADLINE, answer(stream, source, fallback, added)).await;
         });
+    }
+}
+
+fn not_running() -> Response {
+    Response::Undecided {
+        v: PROTOCOL_VERSION,
+        reason: "the agent's audit is not running (--cri-endpoint none)".into(),
     }
 }
 
@@ -237,13 +263,19 @@ async fn answer(
         &line,
         |pod| looked_up.unwrap_or_else(|| source.answer(pod)),
         |note| match &added {
-            Some(tx) if tx.send(note.sandbox.clone()).is_ok() => Response::Noted {
-                v: PROTOCOL_VERSION,
+            Some(tx) => match tx.try_send(note.sandbox.clone()) {
+                Ok(()) => Response::Noted {
+                    v: PROTOCOL_VERSION,
+                },
+                Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => Response::Undecided {
+                    v: PROTOCOL_VERSION,
+                    reason:
+                        "the audit's queue of ADD notes is full; its next pass covers the sandbox"
+                            .into(),
+                },
+                Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => not_running(),
             },
-            _ => Response::Undecided {
-                v: PROTOCOL_VERSION,
-                reason: "the agent's audit is not running (--cri-endpoint none)".into(),
-            },
+            None => not_running(),
         },
     );
     write.write_all(reply.as_bytes()).await?;
@@ -361,7 +393,7 @@ mod tests {
         let listener = bind(&path).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let (tx, mut notes) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, mut notes) = tokio::sync::mpsc::channel(4);
         let server = tokio::spawn(serve(listener, Arc::new(OnePod), None, Some(tx)));
         let p = path.clone();
         let (found, missing, garbage, noted) = tokio::task::spawn_blocking(move || {

@@ -11,7 +11,7 @@ use crate::metrics::{
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Readiness as last decided by the guard.
@@ -73,6 +73,67 @@ pub struct Shared {
     pub insecure_dirs: Gauge,
     /// The sandbox audit's series.
     pub audit: AuditMetrics,
+    /// What the sandbox audit last reported about the runtime and its passes.
+    pub audit_health: Arc<AuditHealth>,
+}
+
+/// The sandbox audit's own state, for `/readyz` (`crate::probes::audit_problem`).
+#[derive(Debug, Default)]
+pub struct AuditHealth {
+    state: Mutex<AuditState>,
+}
+
+#[derive(Debug, Default)]
+struct AuditState {
+    started: Option<(Instant, String, Duration)>,
+    failing: Option<(Instant, String)>,
+    last_pass: Option<Instant>,
+}
+
+impl AuditHealth {
+    /// The audit starts on `endpoint` with period `interval`.
+    pub fn started(&self, endpoint: &str, interval: Duration) {
+        lock(&self.state).started = Some((Instant::now(), endpoint.to_string(), interval));
+    }
+
+    /// The runtime answered.
+    pub fn runtime_answered(&self) {
+        lock(&self.state).failing = None;
+    }
+
+    /// The runtime failed to answer with `error` (the first failure in a row counts).
+    pub fn runtime_failed(&self, error: &str) {
+        let mut s = lock(&self.state);
+        let since = s.failing.as_ref().map_or_else(Instant::now, |f| f.0);
+        s.failing = Some((since, error.to_string()));
+    }
+
+    /// A full pass completed.
+    pub fn pass_done(&self) {
+        let mut s = lock(&self.state);
+        s.last_pass = Some(Instant::now());
+        s.failing = None;
+    }
+
+    /// The state as `crate::probes::audit_problem` reads it.
+    pub fn view(&self) -> crate::probes::AuditView {
+        let s = lock(&self.state);
+        let now = Instant::now();
+        match &s.started {
+            None => crate::probes::AuditView::default(),
+            Some((at, endpoint, interval)) => crate::probes::AuditView {
+                enabled: true,
+                endpoint: endpoint.clone(),
+                failing: s
+                    .failing
+                    .as_ref()
+                    .map(|(t, e)| (now.saturating_duration_since(*t), e.clone())),
+                since_pass: s.last_pass.map(|t| now.saturating_duration_since(t)),
+                running_for: now.saturating_duration_since(*at),
+                interval: *interval,
+            },
+        }
+    }
 }
 
 impl Default for Shared {
@@ -90,6 +151,7 @@ impl Default for Shared {
         };
         Shared {
             audit,
+            audit_health: Arc::default(),
             readiness_changes: tokio::sync::watch::Sender::new(starting.clone()),
             takeovers: tokio::sync::watch::Sender::new(None),
             readiness: Mutex::new(starting),

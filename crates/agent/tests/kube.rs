@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use interlock_agent::audit::PodKey;
 use interlock_agent::gating::{NodeState, TaintEffect, LOSS_DEBOUNCE};
 use interlock_agent::kubernetes::{self, Evicted, KubeSettings, NodeGate, PodActions, PodCache};
 use interlock_agent::status::{FileConflict, Readiness, Shared};
@@ -34,6 +35,16 @@ fn node(name: &str, taints: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
            "spec": {"taints": taints},
            "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}]}})
+}
+
+/// The key of the stored pod `ns/name` (its UID as the API stamped it).
+fn key(api: &KubeApi, ns: &str, name: &str) -> PodKey {
+    let p = api.get_object("pods", ns, name).unwrap();
+    PodKey {
+        namespace: ns.into(),
+        name: name.into(),
+        uid: p["metadata"]["uid"].as_str().unwrap().into(),
+    }
 }
 
 fn pod(ns: &str, name: &str, node: &str) -> Value {
@@ -487,29 +498,59 @@ async fn unprotected_label_is_added_and_removed_only_on_change() {
     let api = KubeApi::start().unwrap();
     api.put_object(pod("ns", "a", "n1"));
     let actions = PodActions::new(client(&api, "agent").await, "n1");
+    let a = key(&api, "ns", "a");
     // Not cached: read first, then written.
-    assert!(actions.label("ns", "a", None, true).await.unwrap());
+    assert!(actions.label(&a, None, true).await.unwrap());
     let labels = api.get_object("pods", "ns", "a").unwrap()["metadata"]["labels"].clone();
     assert_eq!(labels, json!({"app": "web", LABEL_UNPROTECTED: "true"}));
     // The cache already shows it: nothing sent.
     api.clear_requests();
     let cached: std::collections::BTreeMap<String, String> =
         serde_json::from_value(labels).unwrap();
-    assert!(!actions.label("ns", "a", Some(&cached), true).await.unwrap());
+    assert!(!actions.label(&a, Some(&cached), true).await.unwrap());
     assert!(api.requests().is_empty());
-    assert!(actions
-        .label("ns", "a", Some(&cached), false)
-        .await
-        .unwrap());
+    assert!(actions.label(&a, Some(&cached), false).await.unwrap());
     assert_eq!(
         api.get_object("pods", "ns", "a").unwrap()["metadata"]["labels"],
         json!({"app": "web"})
     );
-    assert!(!actions.label("ns", "a", None, false).await.unwrap());
+    assert!(!actions.label(&a, None, false).await.unwrap());
     assert_eq!(
         writes(&api.requests()),
         ["PATCH /api/v1/namespaces/ns/pods/a 200"]
     );
+}
+
+/// redteam-3 M-2: the label and the Events are bound to the pod's UID. A pod created
+/// again under the same name (another UID) is neither labelled (the patch carries the
+/// UID, which the server checks, and an uncached read is compared first) nor named by
+/// the Event.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_label_and_events_only_reach_the_pod_with_that_uid() {
+    let api = KubeApi::start().unwrap();
+    api.put_object(pod("ns", "a", "n1"));
+    let actions = PodActions::new(client(&api, "agent").await, "n1");
+    let old = PodKey {
+        uid: "uid-of-the-deleted-pod".into(),
+        ..key(&api, "ns", "a")
+    };
+    // Uncached: read, found to be another pod, nothing written.
+    let err = actions.label(&old, None, true).await.unwrap_err();
+    assert!(err.to_string().contains("another pod"), "{err}");
+    // Cached labels of the old pod: the server refuses the patch (UID precondition).
+    let err = actions
+        .label(&old, Some(&Default::default()), true)
+        .await
+        .unwrap_err();
+    assert_eq!(err.source.code(), Some(409), "{err}");
+    assert_eq!(
+        api.get_object("pods", "ns", "a").unwrap()["metadata"]["labels"],
+        json!({"app": "web"})
+    );
+    actions.event(&old, true, "Unprotected", "no rules").await;
+    let events = api.objects("events");
+    assert_eq!(events[0]["regarding"]["uid"], "uid-of-the-deleted-pod");
+    assert_eq!(events[0]["regarding"]["name"], "a");
 }
 
 /// A repeated Event is one object whose series counts the repeats (a loop cannot flood
@@ -520,13 +561,14 @@ async fn repeated_events_become_one_series() {
     api.put_object(pod("ns", "a", "n1"));
     let actions = PodActions::new(client(&api, "agent").await, "n1");
     let p: Pod = serde_json::from_value(api.get_object("pods", "ns", "a").unwrap()).unwrap();
+    let k = key(&api, "ns", "a");
     for _ in 0..5 {
         actions
-            .event(&p, true, "Unprotected", "pod ns/a has no redirection rules")
+            .event(&k, true, "Unprotected", "pod ns/a has no redirection rules")
             .await;
     }
     actions
-        .event(&p, false, "Repaired", "rules re-applied")
+        .event(&k, false, "Repaired", "rules re-applied")
         .await;
     let events = api.objects("events");
     assert_eq!(events.len(), 2, "{events:#?}");
@@ -563,10 +605,8 @@ async fn eviction_429_is_retried_and_never_becomes_a_delete() {
     api.put_object(pod("ns", "a", "n1"));
     api.put_object(pdb(0));
     let actions = PodActions::new(client(&api, "agent").await, "n1");
-    let out = actions
-        .evict("ns", "a", Duration::from_millis(700))
-        .await
-        .unwrap();
+    let a = key(&api, "ns", "a");
+    let out = actions.evict(&a, Duration::from_millis(700)).await.unwrap();
     match out {
         Evicted::Blocked(why) => assert!(why.contains("disruption budget"), "{why}"),
         other => panic!("{other:?}"),
@@ -589,12 +629,68 @@ async fn eviction_429_is_retried_and_never_becomes_a_delete() {
     assert!(api.get_object("pods", "ns", "a").is_some());
     api.put_object(pdb(1));
     assert_eq!(
-        actions
-            .evict("ns", "a", Duration::from_secs(2))
-            .await
-            .unwrap(),
+        actions.evict(&a, Duration::from_secs(2)).await.unwrap(),
         Evicted::Done
     );
+    assert!(api.wait_until(Duration::from_secs(2), |a| a
+        .get_object("pods", "ns", "a")
+        .is_none()));
+}
+
+/// redteam-3 M-2: the Eviction carries the pod's UID as a precondition
+/// (`deleteOptions`, a body built by the agent): a pod created again under the same name
+/// (another UID, maybe on another node) is not evicted. kube-core's own `evict` sends its
+/// options as `delete_options`, which the API server (and the fake, like it) drops as an
+/// unknown field, so the same precondition through `EvictParams` evicts the wrong pod.
+#[tokio::test(flavor = "multi_thread")]
+async fn eviction_only_evicts_the_pod_with_that_uid() {
+    let api = KubeApi::start().unwrap();
+    api.put_object(pod("ns", "a", "n2"));
+    let client = client(&api, "agent").await;
+    let actions = PodActions::new(client.clone(), "n1");
+    let old = PodKey {
+        uid: "uid-of-the-deleted-pod".into(),
+        ..key(&api, "ns", "a")
+    };
+    let err = actions
+        .evict(&old, Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    assert_eq!(err.source.code(), Some(409), "{err}");
+    assert!(
+        api.get_object("pods", "ns", "a").is_some(),
+        "the wrong pod was evicted"
+    );
+    let sent = api
+        .requests()
+        .into_iter()
+        .rfind(|r| r.path.ends_with("/eviction"))
+        .unwrap();
+    assert_eq!(
+        sent.json()["deleteOptions"]["preconditions"]["uid"],
+        "uid-of-the-deleted-pod"
+    );
+    // The same precondition through kube-core's EvictParams never reaches the server.
+    let params = kube::api::EvictParams {
+        delete_options: Some(kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some("uid-of-the-deleted-pod".into()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    kube::Api::<Pod>::namespaced(client, "ns")
+        .evict("a", &params)
+        .await
+        .unwrap();
+    let sent = api
+        .requests()
+        .into_iter()
+        .rfind(|r| r.path.ends_with("/eviction"))
+        .unwrap();
+    assert!(sent.json().get("delete_options").is_some(), "{}", sent.body);
     assert!(api.wait_until(Duration::from_secs(2), |a| a
         .get_object("pods", "ns", "a")
         .is_none()));
@@ -607,17 +703,15 @@ async fn delete_only_deletes_the_pod_with_that_uid() {
     let api = KubeApi::start().unwrap();
     let stored = api.put_object(pod("ns", "a", "n1"));
     let actions = PodActions::new(client(&api, "agent").await, "n1");
-    let err = actions.delete("ns", "a", "not-the-uid").await.unwrap_err();
+    let not_it = PodKey {
+        uid: "not-the-uid".into(),
+        ..key(&api, "ns", "a")
+    };
+    let err = actions.delete(&not_it).await.unwrap_err();
     assert!(err.to_string().contains("deleting pod ns/a"), "{err}");
-    assert!(
-        matches!(err.source, kube::Error::Api(ref s) if s.code == 409),
-        "{err}"
-    );
+    assert_eq!(err.source.code(), Some(409), "{err}");
     assert!(api.get_object("pods", "ns", "a").is_some());
-    actions
-        .delete("ns", "a", stored["metadata"]["uid"].as_str().unwrap())
-        .await
-        .unwrap();
+    actions.delete(&key(&api, "ns", "a")).await.unwrap();
     let del = api
         .requests()
         .into_iter()
@@ -743,19 +837,16 @@ async fn requests_use_exactly_the_granted_rbac_verbs() {
         undos: 2,
         backing_off: false,
     }]);
-    let a = cluster.pods.get("ns", "a").unwrap();
-    cluster.actions.label("ns", "a", None, true).await.unwrap();
+    assert!(cluster.pods.get("ns", "a").is_some());
+    let a = key(&api, "ns", "a");
+    cluster.actions.label(&a, None, true).await.unwrap();
     cluster.actions.event(&a, true, "Unprotected", "x").await;
     cluster.actions.event(&a, true, "Unprotected", "x").await;
-    cluster
-        .actions
-        .delete("ns", "a", a.metadata.uid.as_deref().unwrap())
-        .await
-        .unwrap();
+    cluster.actions.delete(&a).await.unwrap();
     assert_eq!(
         cluster
             .actions
-            .evict("ns", "b", Duration::from_secs(1))
+            .evict(&key(&api, "ns", "b"), Duration::from_secs(1))
             .await
             .unwrap(),
         Evicted::Done
@@ -769,8 +860,10 @@ async fn requests_use_exactly_the_granted_rbac_verbs() {
 
     let used: BTreeSet<(String, String, String)> =
         api.requests().iter().filter_map(rbac_of).collect();
+    // The evict policy's grant is rendered with it alone; this test uses every action.
     let granted: BTreeSet<(String, String, String)> = interlock_contract::rbac::AGENT_RULES
         .iter()
+        .chain(interlock_contract::rbac::EVICT_RULES)
         .flat_map(|r| {
             r.resources.iter().flat_map(move |res| {
                 r.verbs
@@ -789,8 +882,13 @@ async fn requests_use_exactly_the_granted_rbac_verbs() {
         not_used.is_empty(),
         "AGENT_RULES grants verbs no code path uses: {not_used:?}"
     );
+    // `grants` is the default ClusterRole alone; the eviction is the evict policy's grant.
     for (g, res, v) in &used {
-        assert!(interlock_contract::rbac::grants(g, res, v));
+        assert!(
+            interlock_contract::rbac::grants(g, res, v)
+                || (res == "pods/eviction" && v == "create"),
+            "{g} {res} {v}"
+        );
     }
 }
 
@@ -833,18 +931,28 @@ async fn api_failures_are_retried_with_back_off() {
         || taint_keys(&api, "n1") == [TAINT_NOT_READY],
     )
     .await;
+    // The fake logs a request just after its change is stored: the taint can show
+    // before its PATCH is in the log (the flake of `[500, 500, 500, 200]`).
+    let node_patches = |api: &KubeApi| {
+        api.requests()
+            .iter()
+            .filter(|r| r.method == "PATCH" && r.path.starts_with("/api/v1/nodes/n1"))
+            .map(|r| r.status)
+            .collect::<Vec<u16>>()
+    };
+    wait_for(
+        "the taint's PATCH in the log",
+        Duration::from_secs(5),
+        || node_patches(&api).len() >= 5,
+    )
+    .await;
     // Back-off of 0.4 + 0.8 + 1.6 s; a loop without it would be done in milliseconds.
     assert!(
         first_failure.elapsed() >= Duration::from_secs(1),
         "retried without back-off: {:?}",
         first_failure.elapsed()
     );
-    let patches: Vec<u16> = api
-        .requests()
-        .iter()
-        .filter(|r| r.method == "PATCH" && r.path.starts_with("/api/v1/nodes/n1"))
-        .map(|r| r.status)
-        .collect();
+    let patches = node_patches(&api);
     // Three failures, then the condition and the taint: no busy loop in between.
     assert_eq!(patches, [500, 500, 500, 200, 200], "{patches:?}");
 }

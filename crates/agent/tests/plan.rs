@@ -294,10 +294,14 @@ fn allow_ahead_is_chained_into() {
 #[test]
 fn unbeatable_name_is_a_problem_not_a_guess() {
     let st = settings(ConfigMode::Owned);
-    let p = plan(&snap(&[("!first.conflist", CALICO)]), &st, &facts());
+    let first = "\u{1}first.conflist";
+    let p = plan(&snap(&[(first, CALICO)]), &st, &facts());
     assert!(p.actions.is_empty());
-    assert!(p.problem.unwrap().contains("!first.conflist"));
-    assert!(check_effective(&snap(&[("!first.conflist", CALICO)]), &st, &facts()).is_err());
+    assert!(p.problem.unwrap().contains("first.conflist"));
+    assert!(check_effective(&snap(&[(first, CALICO)]), &st, &facts()).is_err());
+    // A primary named below `-` is overtaken (redteam-3 L-4).
+    let p = plan(&snap(&[("!first.conflist", CALICO)]), &st, &facts());
+    assert!(p.problem.is_none(), "{:?}", p.problem);
 }
 
 #[test]
@@ -657,6 +661,8 @@ fn owned_names() {
     assert!(!is_owned_name("10-calico.conflist"));
     assert!(!is_owned_name("00-interlock.conf"));
     assert!(!is_owned_name("a-interlock.conflist"));
+    assert!(!is_owned_name("10-calico-interlock.conflist"));
+    assert!(is_owned_name("!-interlock.conflist"));
     assert_eq!(
         owned_name_before("10-calico.conflist").unwrap(),
         "00-interlock.conflist"
@@ -673,7 +679,10 @@ fn owned_names() {
         owned_name_before("-a.conf").unwrap(),
         "--interlock.conflist"
     );
-    assert_eq!(owned_name_before("!x.conf"), None);
+    assert_eq!(
+        owned_name_before("!x.conf").unwrap(),
+        "!-interlock.conflist"
+    );
     for first in [
         "00-multus.conf",
         "05-cilium.conflist",
@@ -1142,4 +1151,31 @@ fn chain_rewrite_follows_the_newer_content_of_the_target() {
         ),
         None
     );
+}
+
+/// redteam-3 L-4: a primary named below `-` (`!.conflist`, ` .conflist`) is still
+/// overtaken: the owned file keeps its leading bytes and puts `-` before its `.`.
+#[test]
+fn a_primary_named_below_dash_is_still_overtaken() {
+    for first in [
+        "!.conflist",
+        " .conflist",
+        "!!.conflist",
+        "!-.conf",
+        "#a.conflist",
+    ] {
+        let name = owned_name_before(first).unwrap_or_else(|| panic!("{first:?}: no name"));
+        assert!(name.as_bytes() < first.as_bytes(), "{name:?} !< {first:?}");
+        assert!(is_owned_name(&name), "{name:?}");
+    }
+    assert_eq!(
+        owned_name_before("!.conflist").unwrap(),
+        "!-interlock.conflist"
+    );
+    assert_eq!(
+        owned_name_before("10-calico.conflist").unwrap(),
+        "00-interlock.conflist"
+    );
+    // Control characters cannot start an owned name.
+    assert_eq!(owned_name_before("\u{1}.conflist"), None);
 }

@@ -168,12 +168,19 @@ impl StateStore {
         let mut data = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;
         data.push(b'\n');
         let path = self.path_for(&state.key);
+        // Never through a symbolic link or into a directory another user can write
+        // (redteam-3 L-3): root's state would land where they point it.
+        let trusted = |dirs: &[&Path]| interlock_redirect::netns_record::check_trusted(dirs);
+        if let Some(state_dir) = self.dir.parent() {
+            trusted(&[state_dir, &self.dir])?;
+        }
         // The directory exists after the first pod: make it only when it is missing.
         match write_file_atomic(&path, &data, Some(0o600)) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 fs::create_dir_all(&self.dir).map_err(|e| {
                     io::Error::new(e.kind(), format!("creating {}: {e}", self.dir.display()))
                 })?;
+                trusted(&[&self.dir])?;
                 write_file_atomic(&path, &data, Some(0o600))
             }
             done => done,
@@ -355,6 +362,27 @@ mod tests {
             added_at_ms: 1,
             add_us: 2,
         }
+    }
+
+    /// redteam-3 L-3: the plugin (root) writes no state into a directory another user
+    /// can write, nor through a symbolic link they planted.
+    #[test]
+    fn state_goes_only_into_a_directory_only_root_can_write() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = interlock_testkit::tempdir().unwrap();
+        let store = StateStore::new(t.path());
+        let st = state("c1", "eth0");
+        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o777)).unwrap();
+        let e = store.save(&st).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        let victim = interlock_testkit::tempdir().unwrap();
+        std::os::unix::fs::symlink(victim.path(), store.dir()).unwrap();
+        let e = store.save(&st).unwrap_err();
+        assert!(e.to_string().contains("a symbolic link"), "{e}");
+        assert_eq!(fs::read_dir(victim.path()).unwrap().count(), 0);
+        fs::remove_file(store.dir()).unwrap();
+        store.save(&st).unwrap();
     }
 
     #[test]

@@ -392,10 +392,10 @@ impl Session {
     /// time until `/readyz` says 503; then it goes away, and the time until 200 again.
     pub fn readyz_flip(&mut self) -> anyhow::Result<(Duration, Duration)> {
         let t0 = Instant::now();
-        rename_in(&self.conf, "!first.conflist", PRIMARY.as_bytes())?;
+        rename_in(&self.conf, "\u{1}first.conflist", PRIMARY.as_bytes())?;
         let down = self.wait_readyz(503, t0)?;
         let t1 = Instant::now();
-        std::fs::remove_file(self.conf.join("!first.conflist"))?;
+        std::fs::remove_file(self.conf.join("\u{1}first.conflist"))?;
         let up = self.wait_readyz(200, t1)?;
         Ok((down, up))
     }

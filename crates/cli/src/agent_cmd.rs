@@ -56,8 +56,12 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub kube: KubeArgs,
     /// Address for /healthz, /readyz and /metrics.
-    #[arg(long, env = "INTERLOCK_HEALTH_ADDR", default_value = "127.0.0.1:9102")]
+    #[arg(long, env = "INTERLOCK_HEALTH_ADDR", default_value = "127.0.0.1:9102", value_parser = parse_listen_addr)]
     pub health_addr: SocketAddr,
+    /// A second address with /healthz and /readyz only, for the kubelet's probes (e.g.
+    /// 127.0.0.1:9103; empty: the probes use --health-addr).
+    #[arg(long, env = "INTERLOCK_PROBE_ADDR", value_parser = parse_listen_addr)]
+    pub probe_addr: Option<SocketAddr>,
     /// The interlock-cni binary to install (default: next to this binary).
     #[arg(long, env = "INTERLOCK_PLUGIN_SOURCE")]
     pub plugin_source: Option<PathBuf>,
@@ -167,6 +171,7 @@ pub fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     cfg.node_name = a.kube.node_name;
     cfg.taint_effect = a.kube.taint_effect;
     cfg.health_addr = a.health_addr;
+    cfg.probe_addr = a.probe_addr;
     cfg.uninstall_on_exit = a.uninstall_on_exit;
     cfg.allow_ahead = a.allow_ahead;
     cfg.max_cni_version = a.max_cni_version;
@@ -215,4 +220,40 @@ pub fn run_uninstall(a: UninstallArgs) -> anyhow::Result<()> {
         println!("{d}");
     }
     Ok(())
+}
+
+/// A listen address: `ip:port`, `[ipv6]:port`, or a bare IPv6 address and a port
+/// (`fd00::1:9102`, what `$(HOST_IP):9102` gives on an IPv6 node in the DaemonSet).
+fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let bad = || format!("{s:?}: expected ip:port, e.g. 127.0.0.1:9102 or [fd00::1]:9102");
+    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    let ip: std::net::Ipv6Addr = host.parse().map_err(|_| bad())?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    Ok(SocketAddr::from((ip, port)))
+}
+
+#[cfg(test)]
+mod listen_addr_tests {
+    use super::parse_listen_addr;
+
+    #[test]
+    fn listen_addresses_of_both_families() {
+        assert_eq!(
+            parse_listen_addr("10.0.0.7:9102").unwrap().to_string(),
+            "10.0.0.7:9102"
+        );
+        assert_eq!(
+            parse_listen_addr("[fd00::7]:9102").unwrap().to_string(),
+            "[fd00::7]:9102"
+        );
+        assert_eq!(
+            parse_listen_addr("fd00::7:9102").unwrap().to_string(),
+            "[fd00::7]:9102"
+        );
+        assert!(parse_listen_addr(":9102").unwrap_err().contains("ip:port"));
+        assert!(parse_listen_addr("node-1:9102").is_err());
+    }
 }

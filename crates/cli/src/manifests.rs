@@ -5,7 +5,7 @@
 //! every object against the Kubernetes schemas.
 
 use clap::Args;
-use interlock_contract::rbac::{Rule, AGENT_RULES};
+use interlock_contract::rbac::{Rule, AGENT_RULES, EVICT_RULES, NODE_SCOPE_POLICY};
 use std::fmt::Write as _;
 
 /// `interlock manifests` flags.
@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 pub struct ManifestsArgs {
     /// A setting, `key=value` (repeatable): image, namespace, configMode, runtime,
     /// repairPolicy, taintEffect, profiles, excludeNamespaces, cniConfDir, cniBinDir,
-    /// criSocket, healthPort, podMonitor.
+    /// criSocket, healthPort, podMonitor, nodeScope.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
 }
@@ -47,6 +47,9 @@ pub struct Values {
     pub health_port: u16,
     /// Also render a prometheus-operator `PodMonitor`.
     pub pod_monitor: bool,
+    /// Render the admission policy that limits each agent's writes to its own node
+    /// (Kubernetes ≥ 1.30; `false` for older clusters, where the RBAC alone applies).
+    pub node_scope: bool,
 }
 
 /// The image the default rendering names: the release of this version.
@@ -71,6 +74,7 @@ impl Default for Values {
             cri_socket: String::new(),
             health_port: 9102,
             pod_monitor: false,
+            node_scope: true,
         }
     }
 }
@@ -108,6 +112,14 @@ fn host_path(key: &str, v: &str) -> Result<String, String> {
         Ok(v.trim_end_matches('/').to_string()).map(|p| if p.is_empty() { "/".into() } else { p })
     } else {
         Err(format!("{key}={v:?}: expected an absolute host path"))
+    }
+}
+
+fn boolean(key: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(format!("{key}={v:?}: expected true or false")),
     }
 }
 
@@ -186,16 +198,11 @@ impl Values {
                     .filter(|p| *p >= 1024)
                     .ok_or_else(|| format!("{k}={v:?}: expected a port from 1024 to 65535"))?
             }
-            "podMonitor" => {
-                self.pod_monitor = match v {
-                    "true" => true,
-                    "false" => false,
-                    _ => return Err(format!("{k}={v:?}: expected true or false")),
-                }
-            }
+            "podMonitor" => self.pod_monitor = boolean(k, v)?,
+            "nodeScope" => self.node_scope = boolean(k, v)?,
             other => {
                 return Err(format!(
-                    "--set {other}: unknown setting (known: image, namespace, configMode, runtime, repairPolicy, taintEffect, profiles, excludeNamespaces, cniConfDir, cniBinDir, criSocket, healthPort, podMonitor)"
+                    "--set {other}: unknown setting (known: image, namespace, configMode, runtime, repairPolicy, taintEffect, profiles, excludeNamespaces, cniConfDir, cniBinDir, criSocket, healthPort, podMonitor, nodeScope)"
                 ))
             }
         }
@@ -210,6 +217,15 @@ impl Values {
             "/var/run/crio/crio.sock"
         } else {
             "/run/containerd/containerd.sock"
+        }
+    }
+
+    /// The directory of the CRI socket on the host, mounted at the same path.
+    pub fn cri_socket_dir(&self) -> &str {
+        let s = self.cri_socket();
+        match s.rsplit_once('/') {
+            Some(("", _)) | None => "/",
+            Some((dir, _)) => dir,
         }
     }
 
@@ -334,10 +350,11 @@ data:
   # entry the agent writes.
   INTERLOCK_PLUGIN_CONFIG: "/etc/interlock/plugin-config.json"
   INTERLOCK_PLUGIN_SOURCE: "/usr/local/bin/interlock-cni"
-  # All addresses: the pod is hostNetwork, so this is the node's port {port}. It serves
-  # only /healthz, /readyz and /metrics, all read-only GETs, so Prometheus can scrape it;
-  # restrict who reaches the port with the node's firewall if metrics are sensitive.
-  INTERLOCK_HEALTH_ADDR: "0.0.0.0:{port}"
+  # The kubelet's probes (/healthz, /readyz only) on the node's loopback (the pod is
+  # hostNetwork): no pod and nothing off the node reaches them, so no flood of the
+  # metrics port can fail a liveness probe. `interlock check` on the node asks here too.
+  # The metrics listener is the node's own IP, same port (INTERLOCK_HEALTH_ADDR below).
+  INTERLOCK_PROBE_ADDR: "127.0.0.1:{port}"
 ---
 # The plugin's settings, a file (apart from the environment above: envFrom would skip
 # a key that is not a variable name, with a warning Event).
@@ -401,6 +418,19 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: spec.nodeName
+            # /metrics (with /healthz and /readyz) on the node's IP only, not on every
+            # interface: Prometheus scrapes the pod IP, which is the node's.
+            - name: HOST_IP
+              valueFrom:
+                fieldRef:
+                  fieldPath: status.hostIP
+            - name: INTERLOCK_HEALTH_ADDR
+              value: "$(HOST_IP):{port}"
+            # The image's iptables-legacy tools (legacy nodes) take their lock here: the
+            # image's root is read-only. The plugin on the host uses the host's lock; the
+            # netns lock in the state dir keeps the two from one pod's netns at once.
+            - name: XTABLES_LOCKFILE
+              value: "{state_plain}/xtables.lock"
           ports:
             - name: metrics
               containerPort: {port}
@@ -427,15 +457,19 @@ spec:
                 - NET_RAW
                 # setns(2) into a pod's network namespace (the audit and its repair).
                 - SYS_ADMIN
+          # On the loopback probe listener (INTERLOCK_PROBE_ADDR): the kubelet runs in
+          # the node's network namespace, which is the pod's.
           readinessProbe:
             httpGet:
+              host: 127.0.0.1
               path: /readyz
-              port: metrics
+              port: {port}
             periodSeconds: 2
           livenessProbe:
             httpGet:
+              host: 127.0.0.1
               path: /healthz
-              port: metrics
+              port: {port}
             periodSeconds: 10
             failureThreshold: 3
           resources:
@@ -459,9 +493,13 @@ spec:
               mountPath: /var/run/netns
               mountPropagation: HostToContainer
               readOnly: true
-            # The audit lists the node's pod sandboxes over CRI.
-            - name: cri-socket
-              mountPath: {cri_plain}
+            # The audit lists the node's pod sandboxes over CRI. The socket's directory,
+            # not the socket file: a runtime re-creates its socket when it restarts, and a
+            # bind mount of the file would keep the old one (the audit reconnects by path).
+            # Read-only: connecting to a socket needs no write access to the mount.
+            - name: cri-socket-dir
+              mountPath: {cri_dir_plain}
+              readOnly: true
             - name: config
               mountPath: /etc/interlock
               readOnly: true
@@ -482,10 +520,10 @@ spec:
           hostPath:
             path: /var/run/netns
             type: DirectoryOrCreate
-        - name: cri-socket
+        - name: cri-socket-dir
           hostPath:
-            path: {cri_q}
-            type: Socket
+            path: {cri_dir_q}
+            type: Directory
         - name: config
           configMap:
             name: interlock-plugin-config
@@ -506,13 +544,105 @@ spec:
         repair = q(&v.repair_policy),
         taint = q(&v.taint_effect),
         cri_endpoint = q(&format!("unix://{cri}")),
-        cri_plain = q(cri),
-        cri_q = q(cri),
+        cri_dir_plain = q(v.cri_socket_dir()),
+        cri_dir_q = q(v.cri_socket_dir()),
         plugin_config = q(&v.plugin_config()),
         image = q(&v.image),
         conf_dir = q(&v.cni_conf_dir),
         bin_dir = q(&v.cni_bin_dir),
     );
+    if v.repair_policy == "evict" {
+        let _ = write!(
+            out,
+            r#"---
+# repairPolicy=evict only: the Eviction subresource (PodDisruptionBudgets apply). No
+# admission policy can narrow it to this node's pods (a policy sees the Eviction, not
+# the pod): with it, each node's agent token may evict any pod of the cluster. The
+# other repair policies need no such grant.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: interlock-agent-evict
+  labels:
+    {labels}
+rules:
+{rules}---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: interlock-agent-evict
+  labels:
+    {labels}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: interlock-agent-evict
+subjects:
+  - kind: ServiceAccount
+    name: interlock
+    namespace: {ns}
+"#,
+            rules = rules_yaml(EVICT_RULES),
+        );
+    }
+    if v.node_scope {
+        let _ = write!(
+            out,
+            r#"---
+# Least privilege at cluster scope. RBAC gives every node's agent the same cluster-wide
+# verbs; this policy lets an agent's token change only its own Node and the pods bound
+# to its node, and report Events only as its own node's agent, keyed on the node claim
+# of the agent pod's token (authentication.kubernetes.io/node-name), as NodeRestriction
+# does for the kubelet. Needs Kubernetes 1.30 or later (admissionregistration.k8s.io/v1
+# and the claim, on by default); a token without the claim may write nothing. Older
+# clusters: render with --set nodeScope=false (the RBAC alone then applies).
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {policy}
+  labels:
+    {labels}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [""]
+        apiVersions: ["v1"]
+        operations: ["UPDATE", "DELETE"]
+        resources: ["nodes", "nodes/status", "pods"]
+      - apiGroups: ["events.k8s.io"]
+        apiVersions: ["v1"]
+        operations: ["CREATE", "UPDATE"]
+        resources: ["events"]
+  matchConditions:
+    - name: interlock-agent
+      expression: "request.userInfo.username == 'system:serviceaccount:{ns}:interlock'"
+  variables:
+    - name: node
+      expression: "has(request.userInfo.extra) && 'authentication.kubernetes.io/node-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/node-name']) == 1 ? request.userInfo.extra['authentication.kubernetes.io/node-name'][0] : ''"
+  validations:
+    - expression: "variables.node != ''"
+      message: "the interlock agent's token carries no node claim (authentication.kubernetes.io/node-name, Kubernetes 1.30 or later): it may change nothing"
+    - expression: "request.resource.resource != 'nodes' || request.name == variables.node"
+      messageExpression: "'the interlock agent of node ' + variables.node + ' may change only its own Node, not ' + request.name"
+    - expression: "request.resource.resource != 'pods' || (has(oldObject.spec.nodeName) && oldObject.spec.nodeName == variables.node)"
+      messageExpression: "'the interlock agent of node ' + variables.node + ' may change only the pods bound to its node, not ' + request.namespace + '/' + request.name"
+    - expression: "request.resource.resource != 'events' || (has(object.reportingInstance) && object.reportingInstance == 'interlock.dev/agent/' + variables.node)"
+      messageExpression: "'the interlock agent of node ' + variables.node + ' may report Events only as interlock.dev/agent/' + variables.node"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {policy}
+  labels:
+    {labels}
+spec:
+  policyName: {policy}
+  validationActions: ["Deny"]
+"#,
+            policy = NODE_SCOPE_POLICY,
+        );
+    }
     if v.pod_monitor {
         let _ = write!(
             out,
@@ -586,6 +716,7 @@ mod tests {
         assert_eq!(v.profiles, ["linkerd", "istio"]);
         v.set("runtime=crio").unwrap();
         assert_eq!(v.cri_socket(), "/var/run/crio/crio.sock");
+        assert_eq!(v.cri_socket_dir(), "/var/run/crio");
     }
 
     #[test]

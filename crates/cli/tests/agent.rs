@@ -430,7 +430,7 @@ fn readyz_flips_when_a_foreign_file_takes_first_place_and_back_after() {
     let (mut downs, mut ups) = (vec![], vec![]);
     for _ in 0..7 {
         let t0 = Instant::now();
-        d.rename_in("!first.conflist", CALICO);
+        d.rename_in("\u{1}first.conflist", CALICO);
         wait_until(
             Duration::from_secs(2),
             || a.ready() == Some(false),
@@ -438,9 +438,9 @@ fn readyz_flips_when_a_foreign_file_takes_first_place_and_back_after() {
         );
         downs.push(t0.elapsed());
         let body = a.get("/readyz").unwrap().1;
-        assert!(body.contains("!first.conflist"), "{body}");
+        assert!(body.contains("first.conflist"), "{body}");
         let t1 = Instant::now();
-        std::fs::remove_file(d.conf.join("!first.conflist")).unwrap();
+        std::fs::remove_file(d.conf.join("\u{1}first.conflist")).unwrap();
         wait_until(
             Duration::from_secs(2),
             || a.ready() == Some(true),
@@ -1323,4 +1323,31 @@ fn chain_mode_never_loses_a_primary_write_renamed_or_in_place() {
             a.log_text()
         );
     }
+}
+
+/// redteam-3 L-3: a state dir another user can write is not ready (the plugin refuses
+/// to write its state there), not a warning; once fixed, the agent is ready again.
+#[test]
+fn a_state_dir_others_can_write_is_not_ready() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    std::fs::set_permissions(&d.state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let a = d.agent(&["--resync-seconds", "1"]);
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            a.get("/readyz")
+                .is_some_and(|(c, b)| c == 503 && b.contains("state dir"))
+        },
+        || format!("{:?}\n{}", a.get("/readyz"), a.log_text()),
+    );
+    let (_, body) = a.get("/readyz").unwrap();
+    assert!(body.contains("writable by group or others"), "{body}");
+    std::fs::set_permissions(&d.state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        || a.ready() == Some(true),
+        || format!("{:?}\n{}", a.get("/readyz"), a.log_text()),
+    );
 }

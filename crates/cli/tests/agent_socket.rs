@@ -3,6 +3,8 @@
 //! `socket::serve`, asked by the plugin's own lookup code (`interlock_cni::decide`, with
 //! its trust checks) for a pod whose annotations the runtime did not pass.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +17,9 @@ use interlock_contract::config::PluginConfig;
 use interlock_testkit::kubeapi::KubeApi;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
+
+/// The tests that load the machine (or measure under its load) run one at a time.
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn kube_client(api: &KubeApi, dir: &std::path::Path) -> kube::Client {
     let path = dir.join("kubeconfig");
@@ -117,31 +122,48 @@ async fn the_plugins_lookup_is_answered_from_the_pod_cache() {
 async fn add_notes_reach_the_audit_and_cost_an_add_little() {
     let dir = interlock_testkit::tempdir().unwrap();
     let path = dir.path().join("agent.sock");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(interlock_agent::sandbox_audit::NOTE_QUEUE);
     let server = tokio::spawn(socket::serve(
         socket::bind(&path).unwrap(),
         Arc::new(socket::NoSource("no API".into())),
         None,
         Some(tx),
     ));
+    let _heavy = HEAVY.lock().await;
     let p = path.clone();
-    let mut took = tokio::task::spawn_blocking(move || {
-        (0..200)
+    // The plugin waits 20 ms for the answer, then goes on without it: on a loaded
+    // machine a few notes may miss that, which costs nothing but the note.
+    let (mut took, taken) = tokio::task::spawn_blocking(move || {
+        let mut taken = std::collections::BTreeSet::new();
+        let took = (0..200)
             .map(|i| {
                 let t = Instant::now();
-                interlock_cni::agent_client::note_added(&p, &format!("sb-{i}"), "/x").unwrap();
+                if interlock_cni::agent_client::note_added(&p, &format!("sb-{i}"), "/x").is_ok() {
+                    taken.insert(format!("sb-{i}"));
+                }
                 t.elapsed()
             })
-            .collect::<Vec<_>>()
+            .collect::<Vec<_>>();
+        (took, taken)
     })
     .await
     .unwrap();
+    assert!(
+        taken.len() >= 196,
+        "only {} of 200 notes taken",
+        taken.len()
+    );
     let mut got = std::collections::BTreeSet::new();
-    for _ in 0..200 {
-        let id = tokio::time::timeout(Duration::from_secs(2), rx.recv()).await;
-        got.insert(id.unwrap().unwrap());
+    while let Ok(Some(id)) = tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
+        got.insert(id);
+        if got.len() == 200 {
+            break;
+        }
     }
-    assert_eq!(got, (0..200).map(|i| format!("sb-{i}")).collect());
+    assert!(
+        got.is_superset(&taken),
+        "a taken note did not reach the audit"
+    );
     took.sort();
     eprintln!(
         "ADD note: median {:?}, p99 {:?}, max {:?}",
@@ -154,4 +176,91 @@ async fn add_notes_reach_the_audit_and_cost_an_add_little() {
     let t = Instant::now();
     assert!(interlock_cni::agent_client::note_added(&path, "sb", "/x").is_err());
     assert!(t.elapsed() < Duration::from_millis(200));
+}
+
+/// redteam-3 L-1: without the audit (`--cri-endpoint none`) an ADD note is answered
+/// `undecided` and nothing is kept: 3,000 notes of 60 KB used to be answered `noted` and
+/// stay in memory forever (13 MB to 189 MB).
+#[test]
+fn without_the_audit_add_notes_are_refused_and_not_kept() {
+    use std::io::{BufRead, Write};
+    let _heavy = HEAVY.blocking_lock();
+    let d = common::Dirs::new();
+    d.write("10-calico.conflist", common::CALICO);
+    let a = d.agent(&["--cri-endpoint", "none"]);
+    common::wait_protected(&d, &a);
+    let sock = d.state.join("agent.sock");
+    let big = "x".repeat(60_000);
+    let rss = |pid: u32| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap()
+    };
+    let before = rss(a.pid());
+    let mut last = String::new();
+    for i in 0..1500 {
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        writeln!(
+            s,
+            r#"{{"v":1,"op":"added","sandbox":"{i:08}{big}","netns":"/x"}}"#
+        )
+        .unwrap();
+        last.clear();
+        std::io::BufReader::new(s).read_line(&mut last).unwrap();
+        assert!(
+            last.contains("undecided") && last.contains("not running"),
+            "{last}"
+        );
+    }
+    let after = rss(a.pid());
+    eprintln!("1500 notes of 60 KB without the audit: agent RSS {before} KiB -> {after} KiB");
+    assert!(
+        after < before + 20 * 1024,
+        "RSS {before} KiB -> {after} KiB"
+    );
+}
+
+/// redteam-3 L-5: the socket answers root only (`SO_PEERCRED`), even when its mode lets
+/// another user connect.
+#[test]
+fn a_client_that_is_not_root_gets_no_answer() {
+    interlock_testkit::require_root!();
+    use std::io::{BufRead, Write};
+    use std::os::unix::fs::PermissionsExt;
+    let d = common::Dirs::new();
+    d.write("10-calico.conflist", common::CALICO);
+    let a = d.agent(&["--cri-endpoint", "none"]);
+    common::wait_protected(&d, &a);
+    let sock = d.state.join("agent.sock");
+    let ask = r#"{"v":1,"op":"pod","namespace":"shop","name":"web-0"}"#;
+    // Root is answered.
+    let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    writeln!(s, "{ask}").unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(s).read_line(&mut line).unwrap();
+    assert!(line.contains("undecided"), "{line}");
+    // A mis-provisioned mode lets nobody connect: still no answer.
+    for dir in [d.state.as_path(), d.tmp.path()] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let script = format!(
+        "import socket\ns=socket.socket(socket.AF_UNIX)\ns.connect({:?})\ns.sendall(b'{ask}\\n')\ns.settimeout(3)\ntry:\n    print(repr(s.recv(4096)))\nexcept ConnectionResetError:\n    print(repr(b''))",
+        sock.display().to_string()
+    );
+    let out = std::process::Command::new("runuser")
+        .args(["-u", "nobody", "--", "python3", "-c", &script])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text.trim(), "b''", "nobody was answered: {text}");
+    assert!(a.log_text().contains("refused a client that is not root"));
 }

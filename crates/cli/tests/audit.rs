@@ -619,6 +619,17 @@ struct ApiScene {
 }
 
 async fn api_scene(tag: &str, extra: &[(&str, &str)], policy: &str) -> ApiScene {
+    api_scene_with(tag, extra, &["--repair-policy", policy], |_| {}).await
+}
+
+/// [`api_scene`] with the agent's flags and `prepare` run on the API before the agent
+/// starts.
+async fn api_scene_with(
+    tag: &str,
+    extra: &[(&str, &str)],
+    flags: &[&str],
+    prepare: impl FnOnce(&interlock_testkit::kubeapi::KubeApi),
+) -> ApiScene {
     use serde_json::json;
     let kit = kit_with_primary();
     let cri = kit.cri().await;
@@ -644,20 +655,18 @@ async fn api_scene(tag: &str, extra: &[(&str, &str)], policy: &str) -> ApiScene 
     let d = agent_dirs(&kit);
     let kubeconfig = d.tmp.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig).unwrap();
-    let agent = Agent::start_env(
-        &d,
-        &[
-            "--cri-endpoint",
-            &kit.endpoint(),
-            "--repair-policy",
-            policy,
-            "--kube",
-            "auto",
-            "--node-name",
-            "n1",
-        ],
-        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
-    );
+    prepare(&api);
+    let endpoint = kit.endpoint();
+    let mut args = vec![
+        "--cri-endpoint",
+        &endpoint,
+        "--kube",
+        "auto",
+        "--node-name",
+        "n1",
+    ];
+    args.extend_from_slice(flags);
+    let agent = Agent::start_env(&d, &args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]);
     ApiScene {
         kit,
         cri,
@@ -808,4 +817,214 @@ async fn delete_and_evict_act_through_the_api_with_an_event() {
         drop(agent);
         kit.teardown().unwrap();
     }
+}
+
+/// redteam-3 M-1: an API server that accepts every write and never answers holds up no
+/// repair. The first repair's label and Event hang in the background; the pod's rules,
+/// deleted again, are back well within 2 s (the audit runs every 0.5 s here), and a
+/// second deletion too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_that_hangs_on_every_write_holds_up_no_repair() {
+    require_root!();
+    let scene = api_scene_with(
+        "hang",
+        &[],
+        &["--repair-policy", "repair", "--audit-interval", "0.5"],
+        |api| api.hang_writes(true),
+    )
+    .await;
+    let a = &scene.agent;
+    let repairs = || {
+        a.log_text()
+            .lines()
+            .filter(|l| l.contains("audit action done") && l.contains(&scene.sandbox))
+            .count()
+    };
+    wait_until(Duration::from_secs(5), || repairs() >= 1, || a.log_text());
+    let status = scene
+        .cri
+        .sandbox_status(&scene.sandbox, true)
+        .await
+        .unwrap();
+    let netns = status.netns_path().unwrap().to_path_buf();
+    let mut took = vec![];
+    for round in 2..=3 {
+        // Every write so far hangs: the first repair's label and Event are stuck.
+        assert!(scene.api.hung_writes() >= 1, "{}", a.log_text());
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .args(["nft", "delete", "table", "inet", "interlock"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let t0 = Instant::now();
+        wait_until(
+            Duration::from_secs(2),
+            || repairs() >= round,
+            || {
+                format!(
+                    "not repaired within 2 s with the API hung; log:\n{}",
+                    a.log_text()
+                )
+            },
+        );
+        took.push(t0.elapsed());
+        assert!(ruleset(&netns).contains("interlock"));
+    }
+    eprintln!(
+        "API hung on every write ({} writes held): rules deleted twice, repaired after {took:?}",
+        scene.api.hung_writes()
+    );
+    let ApiScene { kit, agent, .. } = scene;
+    drop(agent);
+    kit.teardown().unwrap();
+}
+
+/// ux-3 finding 4: a runtime that stops answering shows in `/readyz` (and
+/// `interlock_cri_up`) within seconds, and once the runtime is back, re-created socket
+/// and all, the audit reaches it again by path (the DaemonSet mounts the socket's
+/// directory, not the socket file) and repairs what went unprotected meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_runtime_shows_in_readyz_and_a_restarted_one_is_reached_again() {
+    require_root!();
+    let (kit, _cri, _server, pods) = kit_with_meshed_pods(&["crirestart"]).await;
+    let d = agent_dirs(&kit);
+    let a = Agent::start(
+        &d,
+        &["--cri-endpoint", &kit.endpoint(), "--audit-interval", "1"],
+    );
+    let repairs = || {
+        a.log_text()
+            .lines()
+            .filter(|l| l.contains("audit action done") && l.contains(&pods[0].id))
+            .count()
+    };
+    wait_until(Duration::from_secs(5), || repairs() >= 1, || a.log_text());
+    common::wait_protected(&d, &a);
+    wait_until(
+        Duration::from_secs(5),
+        || a.ready() == Some(true),
+        || format!("{:?}\n{}", a.get("/readyz"), a.log_text()),
+    );
+    assert_eq!(a.metric("interlock_cri_up"), Some(1.0));
+
+    kit.stop_daemon().unwrap();
+    let t0 = Instant::now();
+    wait_until(
+        Duration::from_secs(10),
+        || a.ready() == Some(false),
+        || {
+            format!(
+                "/readyz still ready with the runtime down: {:?}",
+                a.get("/readyz")
+            )
+        },
+    );
+    let noticed = t0.elapsed();
+    let (_, body) = a.get("/readyz").unwrap();
+    assert!(
+        body.contains("container runtime") && body.contains(&kit.endpoint()),
+        "{body}"
+    );
+    assert_eq!(a.metric("interlock_cri_up"), Some(0.0));
+
+    // The runtime comes back with a new socket at the same path; meanwhile the pod lost
+    // its rules.
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", pods[0].netns.display()))
+        .args(["nft", "delete", "table", "inet", "interlock"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    kit.start_daemon().unwrap();
+    let t0 = Instant::now();
+    wait_until(
+        Duration::from_secs(10),
+        || a.ready() == Some(true) && repairs() >= 2,
+        || format!("{:?}\n{}", a.get("/readyz"), a.log_text()),
+    );
+    eprintln!(
+        "runtime down: /readyz not ready after {noticed:?}; back: ready and the pod repaired after {:?}",
+        t0.elapsed()
+    );
+    assert!(ruleset(&pods[0].netns).contains("interlock"));
+    drop(a);
+    drop(pods);
+    kit.teardown().unwrap();
+}
+
+/// redteam-3 M-3: a pod whose rules something keeps deleting. Each restart makes a new
+/// sandbox (the test plays the kubelet: same pod, next attempt); the loop guard follows
+/// the pod, so repair → restart → report ends in `report` within the documented bound
+/// (3 repairs, 1 restart), where a guard keyed by sandbox restarted it forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_rules_keep_being_undone_ends_in_report() {
+    require_root!();
+    let kit = kit_with_primary();
+    let cri = kit.cri().await;
+    network_ready(&cri).await;
+    let config = kit.pod("loop").annotation(MESHED.0, MESHED.1);
+    let name = config.metadata.name.clone();
+    let mut id = cri.run_sandbox(&config).await.unwrap();
+    let d = agent_dirs(&kit);
+    let a = Agent::start(
+        &d,
+        &["--cri-endpoint", &kit.endpoint(), "--audit-interval", "0.5"],
+    );
+    let actions = |policy: &str| {
+        a.log_text()
+            .lines()
+            .filter(|l| {
+                l.contains("audit action done")
+                    && l.contains(&name)
+                    && l.contains(&format!("policy={policy}"))
+            })
+            .count()
+    };
+    let (mut attempt, mut sandboxes) = (0u32, 1);
+    let t0 = Instant::now();
+    while actions("report") == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no report after {sandboxes} sandboxes; log:\n{}",
+            a.log_text()
+        );
+        let status = cri.sandbox_status(&id, true).await.unwrap();
+        if status.state != SandboxState::Ready {
+            // The kubelet's part: a new sandbox for the same pod.
+            attempt += 1;
+            id = cri
+                .run_sandbox(&config.clone().attempt(attempt))
+                .await
+                .unwrap();
+            sandboxes += 1;
+            continue;
+        }
+        // The undoer's part.
+        if let Some(netns) = status.netns_path() {
+            let _ = Command::new("nsenter")
+                .arg(format!("--net={}", netns.display()))
+                .args(["nft", "delete", "table", "inet", "interlock"])
+                .output();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (repairs, restarts) = (actions("repair"), actions("restart"));
+    eprintln!(
+        "loop guard: {repairs} repairs, {restarts} restart(s), then report, over {sandboxes} sandboxes in {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(restarts, 1, "{}", a.log_text());
+    assert!(repairs <= 3, "{repairs} repairs: {}", a.log_text());
+    assert!(sandboxes >= 2, "the restart made no new sandbox");
+    drop(a);
+    kit.teardown().unwrap();
 }

@@ -236,3 +236,79 @@ fn the_image_plugin_places_the_code_of_an_add_first() {
         );
     }
 }
+
+/// ux-3 finding 5: on a node whose rules are legacy iptables, the agent reads a pod's
+/// rules back and repairs them with the image's own iptables-legacy tools. The redirect
+/// backend's code (what the audit runs) drives the image's tools, each run in the image's
+/// filesystem (`chroot`, as the container's root) inside a test netns, with the lock file
+/// the DaemonSet points them to (the image's root is read-only): apply, read back exact,
+/// remove.
+#[test]
+fn the_image_reads_and_repairs_legacy_iptables_rules() {
+    interlock_testkit::require_root!();
+    use interlock_redirect::backend::iptables::{Flavour, IptablesBackend, Tool};
+    use interlock_redirect::backend::{Backend, ToolLookup};
+    use interlock_redirect::spec::Family;
+    use std::os::unix::fs::PermissionsExt;
+    let out = image_rootfs();
+    let root = out.path();
+    // The DaemonSet's lock file, in the state dir (mounted read-write).
+    let yaml = std::fs::read_to_string(repo().join("deploy/interlock.yaml")).unwrap();
+    assert!(
+        yaml.contains("XTABLES_LOCKFILE"),
+        "the DaemonSet sets no lock file"
+    );
+    std::fs::create_dir_all(root.join("var/run/interlock")).unwrap();
+    let chroot = ["/usr/sbin/chroot", "/usr/bin/chroot"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("chroot");
+    let wrappers = tempfile::tempdir().unwrap();
+    for family in [Family::V4, Family::V6] {
+        for tool in [Tool::Iptables, Tool::Restore, Tool::Save] {
+            let name = Flavour::Legacy.tool(family, tool);
+            let path = wrappers.path().join(&name);
+            std::fs::write(
+                &path,
+                format!(
+                    "#!/bin/sh\nexec env -i XTABLES_LOCKFILE=/var/run/interlock/xtables.lock {chroot} {} /usr/sbin/{name} \"$@\"\n",
+                    root.display()
+                ),
+            )
+            .unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+    let backend = IptablesBackend::with_tools(
+        Flavour::Legacy,
+        ToolLookup::Dirs(vec![wrappers.path().to_path_buf()]),
+    );
+    let ann: std::collections::BTreeMap<String, String> =
+        [("sidecar.istio.io/status".to_string(), "{}".to_string())].into();
+    let spec = interlock_redirect::spec_for(
+        &interlock_redirect::PodView::annotations_only(&ann),
+        &interlock_redirect::ProfileName::ALL,
+    )
+    .unwrap()
+    .unwrap()
+    .1;
+    let ns = interlock_testkit::Netns::new("imglg").unwrap();
+    let host_save = || ns.exec_ok(&["iptables-legacy-save", "-t", "nat"]);
+    ns.run(|| {
+        assert!(!backend.verify(&spec).unwrap().is_exact());
+        backend.apply(&spec).unwrap();
+        assert!(
+            backend.verify(&spec).unwrap().is_exact(),
+            "read back with the image's tools"
+        );
+    });
+    // The host's own tools see what the image's wrote.
+    assert!(host_save().contains("IL_OUTPUT"), "{}", host_save());
+    ns.run(|| backend.remove().unwrap());
+    assert!(!host_save().contains("IL_"), "{}", host_save());
+    assert!(root.join("var/run/interlock/xtables.lock").exists());
+    assert!(
+        !root.join("run/xtables.lock").exists(),
+        "the tools took the lock on the (read-only) image root"
+    );
+}

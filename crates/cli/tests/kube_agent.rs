@@ -92,7 +92,7 @@ fn node_is_gated_by_the_agents_readiness() {
     // A foreign file takes first place and stays: after the debounce, the taint is back
     // and the condition says why.
     let t0 = Instant::now();
-    d.rename_in("!first.conflist", CALICO);
+    d.rename_in("\u{1}first.conflist", CALICO);
     assert!(
         api.wait_until(LOSS_DEBOUNCE + Duration::from_secs(5), |api| taint_keys(
             api
@@ -111,7 +111,7 @@ fn node_is_gated_by_the_agents_readiness() {
     let c = condition(&api).unwrap();
     assert_eq!(c["status"], "False");
     assert!(
-        c["message"].as_str().unwrap().contains("!first.conflist"),
+        c["message"].as_str().unwrap().contains("first.conflist"),
         "{c}"
     );
     // The Events follow the node's writes (published after them): wait for them.
@@ -131,7 +131,7 @@ fn node_is_gated_by_the_agents_readiness() {
     );
 
     // Removed again: ready, the taint goes.
-    std::fs::remove_file(d.conf.join("!first.conflist")).unwrap();
+    std::fs::remove_file(d.conf.join("\u{1}first.conflist")).unwrap();
     assert!(api.wait_until(Duration::from_secs(5), |api| taint_keys(api) == ["gpu"]));
     // Every pod request was field-selected to this node.
     for r in api.requests().iter().filter(|r| r.path.contains("/pods")) {

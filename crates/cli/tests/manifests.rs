@@ -93,9 +93,12 @@ fn every_object_validates_against_the_kubernetes_schemas() {
         eprintln!("skipped: kubernetes-validate not installed (run `make deps`)");
         return;
     };
-    let variants: [&[&str]; 2] = [
-        &[],
-        &[
+    // The node-scope admission policy is admissionregistration.k8s.io/v1 (Kubernetes
+    // 1.30+); older clusters get the rendering without it.
+    let variants: [(&[&str], &[&str]); 3] = [
+        (&[], &["1.30.0", "1.37.0"]),
+        (&["nodeScope=false"], &["1.29.0"]),
+        (&[
             "runtime=crio",
             "configMode=chain",
             "repairPolicy=report",
@@ -105,11 +108,11 @@ fn every_object_validates_against_the_kubernetes_schemas() {
             "cniBinDir=/home/kubernetes/bin",
             "healthPort=19102",
             "image=registry.example.com/mesh/interlock@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-        ],
+        ], &["1.30.0", "1.37.0"]),
     ];
-    for set in variants {
+    for (set, versions) in variants {
         let yaml = manifests(set);
-        for k8s in ["1.29.0", "1.37.0"] {
+        for &k8s in versions {
             let (ok, text) = validate(&bin, &yaml, k8s);
             assert!(ok, "{set:?} against {k8s}:\n{text}");
             for kind in [
@@ -120,7 +123,17 @@ fn every_object_validates_against_the_kubernetes_schemas() {
                 "configmap/interlock-config",
                 "configmap/interlock-plugin-config",
                 "daemonset/",
-            ] {
+            ]
+            .into_iter()
+            .chain(
+                (!set.contains(&"nodeScope=false"))
+                    .then_some([
+                        "validatingadmissionpolicy/",
+                        "validatingadmissionpolicybinding/",
+                    ])
+                    .into_iter()
+                    .flatten(),
+            ) {
                 assert!(
                     text.contains(&format!("passed for resource {kind}")),
                     "{kind}: {text}"
@@ -185,24 +198,46 @@ fn the_daemonset_is_not_privileged_and_has_only_the_capabilities_it_needs() {
         // with exactly this set.
         BTreeSet::from(["NET_ADMIN", "NET_RAW", "SYS_ADMIN"])
     );
-    // Probes on the named metrics port, which the node exposes (hostNetwork).
+    // Metrics on the node's IP (hostNetwork); the kubelet's probes on the loopback
+    // probe listener, which nothing off the node reaches (redteam-3 H-1).
     let port = &c.ports.as_ref().unwrap()[0];
     assert_eq!(
         (port.name.as_deref(), port.container_port),
         (Some("metrics"), 9102)
     );
-    let path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
-        p.as_ref()
-            .unwrap()
-            .http_get
-            .as_ref()
-            .unwrap()
-            .path
-            .clone()
-            .unwrap()
+    let http = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        let g = p.as_ref().unwrap().http_get.clone().unwrap();
+        (g.host.unwrap_or_default(), g.path.unwrap(), g.port)
     };
-    assert_eq!(path(&c.readiness_probe), "/readyz");
-    assert_eq!(path(&c.liveness_probe), "/healthz");
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    assert_eq!(
+        http(&c.readiness_probe),
+        ("127.0.0.1".into(), "/readyz".into(), IntOrString::Int(9102))
+    );
+    assert_eq!(
+        http(&c.liveness_probe),
+        (
+            "127.0.0.1".into(),
+            "/healthz".into(),
+            IntOrString::Int(9102)
+        )
+    );
+    let env = c.env.as_ref().unwrap();
+    let value = |name: &str| env.iter().find(|e| e.name == name).unwrap().clone();
+    assert_eq!(
+        value("HOST_IP")
+            .value_from
+            .unwrap()
+            .field_ref
+            .unwrap()
+            .field_path,
+        "status.hostIP"
+    );
+    assert_eq!(
+        value("INTERLOCK_HEALTH_ADDR").value.as_deref(),
+        Some("$(HOST_IP):9102"),
+        "/metrics not on every interface"
+    );
     let annotations = ds_annotations(&d);
     assert_eq!(annotations["prometheus.io/scrape"], "true");
     assert_eq!(annotations["prometheus.io/port"], "9102");
@@ -221,7 +256,9 @@ fn the_daemonset_is_not_privileged_and_has_only_the_capabilities_it_needs() {
             // No /proc: the runtime reports pinned netns files under /var/run/netns,
             // which the audit enters; nothing reads another process's /proc.
             "/var/run/netns",
-            "/run/containerd/containerd.sock"
+            // The socket's directory (ux-3 finding 4): a bind mount of the socket file
+            // keeps the old socket after the runtime re-creates it.
+            "/run/containerd"
         ]
         .into_iter()
         .map(String::from)
@@ -248,6 +285,13 @@ fn the_daemonset_is_not_privileged_and_has_only_the_capabilities_it_needs() {
         mount_of("netns").mount_propagation.as_deref(),
         Some("HostToContainer")
     );
+    assert_eq!(mount_of("cri-socket-dir").mount_path, "/run/containerd");
+    assert_eq!(mount_of("cri-socket-dir").read_only, Some(true));
+    let cri_type = volumes
+        .iter()
+        .find(|v| v.name == "cri-socket-dir")
+        .and_then(|v| v.host_path.as_ref()?.type_.clone());
+    assert_eq!(cri_type.as_deref(), Some("Directory"));
     // Settings from the ConfigMap; the node name from the downward API.
     let env_from = c.env_from.as_ref().unwrap();
     assert_eq!(
@@ -329,7 +373,8 @@ fn settings_rbac_and_namespace_are_as_the_agent_expects() {
         data["INTERLOCK_CRI_ENDPOINT"],
         "unix:///var/run/crio/crio.sock"
     );
-    assert_eq!(data["INTERLOCK_HEALTH_ADDR"], "0.0.0.0:9102");
+    assert_eq!(data["INTERLOCK_PROBE_ADDR"], "127.0.0.1:9102");
+    assert!(!data.contains_key("INTERLOCK_HEALTH_ADDR"));
     assert_eq!(data["INTERLOCK_STATE_DIR"], "/var/run/interlock");
     // The plugin config is one the agent accepts.
     let dir = tempfile::tempdir().unwrap();

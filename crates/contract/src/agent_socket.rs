@@ -171,6 +171,21 @@ pub fn answer_request(
     };
     let resp = match serde_json::from_str::<serde_json::Value>(line.trim()) {
         Err(e) => bad(e),
+        // Another protocol version may mean other things by the same words: not an
+        // answer of this one.
+        Ok(v)
+            if v.get("v").and_then(serde_json::Value::as_u64)
+                != Some(u64::from(PROTOCOL_VERSION)) =>
+        {
+            Response::Undecided {
+                v: PROTOCOL_VERSION,
+                reason: format!(
+                    "unsupported protocol version {} (this agent speaks {PROTOCOL_VERSION})",
+                    v.get("v")
+                        .map_or_else(|| "none".to_string(), |x| x.to_string())
+                ),
+            }
+        }
         Ok(v) => match v.get("op").and_then(|o| o.as_str()) {
             Some(OP_POD) => match serde_json::from_value::<Request>(v) {
                 Ok(req) => {
@@ -239,6 +254,23 @@ mod tests {
             |_| Response::NotFound { v: 1 },
         );
         assert!(out.contains("unknown op"), "{out}");
+    }
+
+    /// redteam-3 L-5: a request of another protocol version (or none) is not answered as
+    /// version 1.
+    #[test]
+    fn another_protocol_version_is_not_answered_as_this_one() {
+        for line in [
+            r#"{"v":2,"op":"pod","namespace":"a","name":"b"}"#,
+            r#"{"op":"pod","namespace":"a","name":"b"}"#,
+            r#"{"v":"1","op":"pod","namespace":"a","name":"b"}"#,
+        ] {
+            let out = answer_line(line, |_| unreachable!("{line}"));
+            assert!(
+                out.contains("undecided") && out.contains("unsupported protocol version"),
+                "{line}: {out}"
+            );
+        }
     }
 
     #[test]

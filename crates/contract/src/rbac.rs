@@ -1,6 +1,12 @@
 //! The Kubernetes API access the agent needs, as RBAC rules: the one list that
 //! `interlock manifests` grants and that the agent's tests check its requests against
 //! (every verb it calls is granted, every granted verb is called).
+//!
+//! RBAC grants every node's agent the same cluster-wide verbs; the manifests' admission
+//! policy ([`NODE_SCOPE_POLICY`]) narrows the writes to the agent's own Node and the pods
+//! bound to its node. The Eviction subresource cannot be narrowed that way (an admission
+//! policy sees the Eviction, not the pod), so it is granted apart ([`EVICT_RULES`]) and
+//! only when the evict repair policy is chosen.
 
 /// One RBAC rule: API group (`""` for core), resources, verbs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,12 +28,6 @@ pub const AGENT_RULES: &[Rule] = &[
         resources: &["pods"],
         verbs: &["get", "list", "watch", "patch", "delete"],
     },
-    // The evict repair policy (PodDisruptionBudgets apply).
-    Rule {
-        group: "",
-        resources: &["pods/eviction"],
-        verbs: &["create"],
-    },
     // The startup taint.
     Rule {
         group: "",
@@ -48,6 +48,18 @@ pub const AGENT_RULES: &[Rule] = &[
     },
 ];
 
+/// What the evict repair policy needs besides [`AGENT_RULES`], granted only with it (its
+/// own ClusterRole): the Eviction subresource (PodDisruptionBudgets apply).
+pub const EVICT_RULES: &[Rule] = &[Rule {
+    group: "",
+    resources: &["pods/eviction"],
+    verbs: &["create"],
+}];
+
+/// The name of the admission policy (and its binding) that limits each agent's writes
+/// to its own node.
+pub const NODE_SCOPE_POLICY: &str = "interlock-agent-node-scope";
+
 /// Whether `AGENT_RULES` grants `verb` on `resource` in `group`.
 pub fn grants(group: &str, resource: &str, verb: &str) -> bool {
     AGENT_RULES
@@ -62,7 +74,10 @@ mod tests {
     #[test]
     fn grants_what_is_listed_and_nothing_else() {
         assert!(grants("", "pods", "watch"));
-        assert!(grants("", "pods/eviction", "create"));
+        assert!(
+            !grants("", "pods/eviction", "create"),
+            "only with the evict policy"
+        );
         assert!(grants("events.k8s.io", "events", "patch"));
         assert!(!grants("", "pods", "create"));
         assert!(!grants("", "secrets", "get"));

@@ -401,6 +401,35 @@ fn gc_removes_state_not_in_valid_attachments() {
     assert_eq!(run("GC", &[], &bytes(&old)).json()["code"], 1);
 }
 
+/// redteam-3 N-1: two networks chain interlock into one state dir (Multus). GC of one
+/// network, whose valid list names only its own attachments, leaves the other
+/// network's attachments alone.
+#[test]
+fn gc_of_one_network_leaves_another_networks_attachments() {
+    let t = tempfile::tempdir().unwrap();
+    let on = |network: &str| {
+        let mut c = conf("1.1.0", t.path(), json!({}));
+        c["name"] = json!(network);
+        c
+    };
+    for (cid, net) in [("a", "k8s"), ("b", "k8s"), ("m", "macvlan-net")] {
+        let r = run("ADD", &attach_env(cid, "/x", POD_ARGS), &bytes(&on(net)));
+        assert_eq!(r.code, 0, "{}", r.stdout);
+    }
+    let mut gc = on("k8s");
+    gc.as_object_mut().unwrap().remove("prevResult");
+    gc.as_object_mut().unwrap().remove("runtimeConfig");
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "b", "ifname": "eth0"}]);
+    let r = run("GC", &[], &bytes(&gc));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let mut names: Vec<String> = std::fs::read_dir(t.path().join("attachments"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["b+eth0.json", "m+eth0.json"]);
+}
+
 /// STATUS answers 50 only when an ADD on this node could not protect a meshed pod (issue
 /// 10 item 2): not because the agent's marker is missing, stale or says not ready.
 #[test]

@@ -19,6 +19,56 @@ use interlock_contract::state::NetnsRecord;
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::netns::NetnsId;
+use std::time::{Duration, Instant};
+
+/// Why `dir` must not hold interlock's state, if it must not (`None` when it is missing:
+/// it is created, then checked): a directory, not a symbolic link (whose target someone
+/// else chose), owned by root or by this process's user, writable by neither group nor
+/// others. Otherwise an unprivileged user could point the plugin's root writes anywhere,
+/// or hold a netns lock to block every ADD and DEL of that pod.
+pub fn untrusted_dir(dir: &Path) -> Option<String> {
+    let m = match fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        Err(e) => return Some(format!("{} cannot be inspected: {e}", dir.display())),
+    };
+    let mut why = vec![];
+    if m.file_type().is_symlink() {
+        why.push("a symbolic link".to_string());
+    } else if !m.is_dir() {
+        why.push("not a directory".to_string());
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if m.uid() != 0 && m.uid() != me {
+        why.push(format!("owned by uid {}", m.uid()));
+    }
+    if m.mode() & 0o022 != 0 && !m.file_type().is_symlink() {
+        why.push(format!(
+            "writable by group or others (mode {:04o})",
+            m.mode() & 0o7777
+        ));
+    }
+    (!why.is_empty()).then(|| {
+        format!(
+            "{} is {}: refusing to keep interlock's state there; make it a root-owned directory not writable by group or others",
+            dir.display(),
+            why.join(" and ")
+        )
+    })
+}
+
+/// [`untrusted_dir`] as an error, for each of `dirs`.
+pub fn check_trusted(dirs: &[&Path]) -> io::Result<()> {
+    match dirs.iter().find_map(|d| untrusted_dir(d)) {
+        Some(why) => Err(io::Error::new(io::ErrorKind::PermissionDenied, why)),
+        None => Ok(()),
+    }
+}
+
+/// How long [`NetnsStore::lock`] waits for another holder of a netns's lock: an ADD, DEL
+/// or GC holds it for milliseconds; a holder that keeps it longer fails the verb (the
+/// runtime retries it) instead of blocking it forever.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The records and locks under `<stateDir>/netns`.
 #[derive(Debug, Clone)]
@@ -35,6 +85,41 @@ pub struct NetnsLock {
     _flock: Flock<File>,
 }
 
+/// `flock` without blocking, retried (1 ms, doubling to 50 ms) until `deadline`.
+fn lock_until(
+    mut file: File,
+    path: &Path,
+    deadline: Instant,
+    timeout: Duration,
+) -> io::Result<Flock<File>> {
+    let mut wait = Duration::from_millis(1);
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(held) => return Ok(held),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) => {
+                if Instant::now() >= deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "locking {}: another process has held it for over {timeout:?}",
+                            path.display()
+                        ),
+                    ));
+                }
+                file = f;
+                std::thread::sleep(wait.min(deadline.saturating_duration_since(Instant::now())));
+                wait = (wait * 2).min(Duration::from_millis(50));
+            }
+            Err((_, e)) => {
+                return Err(io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("locking {}: {e}", path.display()),
+                ))
+            }
+        }
+    }
+}
+
 impl NetnsStore {
     /// The store under `state_dir`.
     pub fn new(state_dir: &Path) -> NetnsStore {
@@ -49,8 +134,18 @@ impl NetnsStore {
     }
 
     /// Takes the lock of netns `id`, waiting for its holder (another ADD, DEL or GC of
-    /// the same netns; never one of another netns).
+    /// the same netns; never one of another netns) at most [`LOCK_TIMEOUT`].
     pub fn lock(&self, id: NetnsId) -> io::Result<NetnsLock> {
+        self.lock_within(id, LOCK_TIMEOUT)
+    }
+
+    /// [`lock`](Self::lock) waiting at most `timeout`; refuses a state dir or netns dir
+    /// that [`untrusted_dir`] refuses.
+    pub fn lock_within(&self, id: NetnsId, timeout: Duration) -> io::Result<NetnsLock> {
+        if let Some(state_dir) = self.dir.parent() {
+            check_trusted(&[state_dir, &self.dir])?;
+        }
+        let deadline = Instant::now() + timeout;
         let lock_path = self.dir.join(format!("{id}.lock"));
         let open = || {
             OpenOptions::new()
@@ -69,6 +164,7 @@ impl NetnsStore {
                     fs::create_dir_all(&self.dir).map_err(|e| {
                         io::Error::new(e.kind(), format!("creating {}: {e}", self.dir.display()))
                     })?;
+                    check_trusted(&[&self.dir])?;
                     open()
                 }
                 other => other,
@@ -76,12 +172,7 @@ impl NetnsStore {
             .map_err(|e| {
                 io::Error::new(e.kind(), format!("opening {}: {e}", lock_path.display()))
             })?;
-            let held = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| {
-                io::Error::new(
-                    io::Error::from(e).kind(),
-                    format!("locking {}: {e}", lock_path.display()),
-                )
-            })?;
+            let held = lock_until(file, &lock_path, deadline, timeout)?;
             // The holder before us may have deleted the file (its last reference went):
             // then this lock guards nothing, start over on the path's current file.
             let mine = held.metadata()?.ino();
@@ -202,7 +293,43 @@ mod tests {
     use interlock_contract::state::AttachmentKey;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
-    use std::time::Duration;
+
+    /// redteam-3 L-3: a held netns lock fails the verb after the timeout instead of
+    /// blocking it forever, and the state dir must be one only root can write.
+    #[test]
+    fn a_held_lock_times_out_and_an_untrusted_state_dir_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = interlock_testkit::tempdir().unwrap();
+        let store = NetnsStore::new(t.path());
+        let id = NetnsId { dev: 3, ino: 77 };
+        let held = store.lock(id).unwrap();
+        let t0 = Instant::now();
+        let e = store
+            .lock_within(id, Duration::from_millis(200))
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(e.to_string().contains("held it for over"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        drop(held);
+        drop(store.lock_within(id, Duration::from_millis(200)).unwrap());
+
+        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o777)).unwrap();
+        let e = store.lock(id).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        assert!(
+            e.to_string()
+                .contains("writable by group or others (mode 0777)"),
+            "{e}"
+        );
+        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        // A netns dir that is a symbolic link to somewhere else.
+        let elsewhere = interlock_testkit::tempdir().unwrap();
+        fs::remove_dir_all(store.dir()).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), store.dir()).unwrap();
+        let e = store.lock(id).unwrap_err();
+        assert!(e.to_string().contains("a symbolic link"), "{e}");
+        assert_eq!(fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+    }
 
     fn record(id: NetnsId) -> NetnsRecord {
         let key = AttachmentKey {

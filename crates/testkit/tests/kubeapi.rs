@@ -280,7 +280,15 @@ async fn discovery_documents() {
         .iter()
         .map(|g| g["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["events.k8s.io", "policy"]);
+    assert_eq!(
+        names,
+        [
+            "events.k8s.io",
+            "rbac.authorization.k8s.io",
+            "admissionregistration.k8s.io",
+            "policy"
+        ]
+    );
     let (_, core) = get(&api, "/api/v1").await;
     let rs: Vec<&str> = core["resources"]
         .as_array()

@@ -196,6 +196,10 @@ impl Agent {
     /// Starts the agent with `env` added; `--kube=none` unless `extra` sets `--kube`.
     pub fn start_env(d: &Dirs, extra: &[&str], env: &[(&str, &str)]) -> Agent {
         let kube_given = extra.iter().any(|a| a.starts_with("--kube"));
+        // No runtime on a test machine unless the test brings one (the containerd kit):
+        // an agent auditing a missing runtime is rightly not ready.
+        let cri_given = extra.iter().any(|a| a.starts_with("--cri-endpoint"))
+            || env.iter().any(|(k, _)| *k == "INTERLOCK_CRI_ENDPOINT");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -205,6 +209,7 @@ impl Agent {
         let child = d
             .interlock("agent")
             .args((!kube_given).then_some("--kube=none"))
+            .args((!cri_given).then_some("--cri-endpoint=none"))
             .envs(env.iter().copied())
             .arg("--plugin-source")
             .arg(plugin())

@@ -1,6 +1,12 @@
-//! GC: what DEL does, for every attachment not in `cni.dev/valid-attachments` (only the
-//! listed ones count as live references), and the sweep of temp files that killed
-//! writers left in the state dir.
+//! GC: what DEL does, for every attachment of this network not in
+//! `cni.dev/valid-attachments`, and the sweep of temp files that killed writers left in
+//! the state dir.
+//!
+//! The list is the valid attachments *of the network being collected* (the spec's
+//! wording; libcni passes it per network list). The state dir is shared by every network
+//! that chains interlock-cni (Multus): an attachment recorded under another network is
+//! neither collected nor counted as dead here, and stays a live reference to its netns's
+//! rules.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -28,21 +34,40 @@ pub(super) fn gc(call: &Call) -> Result<(), CniError> {
     let valid: Vec<AttachmentKey> = serde_json::from_value(raw.clone())
         .map_err(|e| call.err(codes::INVALID_NETWORK_CONFIG, format!("{field}: {e}")))?;
     let valid: BTreeSet<AttachmentKey> = valid.into_iter().collect();
+    let network = call
+        .inv
+        .conf
+        .get("name")
+        .and_then(|n| n.as_str())
+        .unwrap_or("");
     let store = StateStore::new(&call.config.state_dir);
-    // Leftover rules of stale attachments whose netns still exists are removed first
-    // (best effort: a failure is logged, the state goes anyway).
     let keys = store
         .keys()
         .map_err(|e| call.err(codes::IO_FAILURE, format!("GC of attachment state: {e}")))?;
-    for key in keys.iter().filter(|k| !valid.contains(k)) {
-        if let Ok(Some(state)) = store.load(key) {
+    // What stays: the valid attachments, and every attachment of another network (its own
+    // GC decides about it). A state that cannot be read belongs to no network: it goes.
+    let mut states = Vec::new();
+    let mut keep = valid.clone();
+    for key in &keys {
+        match store.load(key) {
+            Ok(Some(state)) if state.network != network => {
+                keep.insert(key.clone());
+            }
+            Ok(Some(state)) if !valid.contains(key) => states.push((key, state)),
+            _ => {}
+        }
+    }
+    // Leftover rules of stale attachments whose netns still exists are removed first
+    // (best effort: a failure is logged, the state goes anyway).
+    for (key, state) in states {
+        {
             if let Err(f) = protect::release(
                 &call.config.state_dir,
                 &store,
                 key,
                 Some(&state),
                 &state.netns,
-                Some(&valid),
+                Some(&keep),
             ) {
                 call.log.error(&format!(
                     "GC: pod {}: removing leftover rules in {} failed: {}",
@@ -69,11 +94,12 @@ pub(super) fn gc(call: &Call) -> Result<(), CniError> {
         ));
     }
     let removed = store
-        .retain(&valid)
+        .retain(&keep)
         .map_err(|e| call.err(codes::IO_FAILURE, format!("GC of attachment state: {e}")))?;
     call.log.info(&format!(
-        "GC kept {} valid attachment(s), removed state of {}; total {}",
+        "GC of network {network:?} kept {} valid attachment(s) and {} of other networks, removed state of {}; total {}",
         valid.len(),
+        keep.len() - valid.len(),
         removed.len(),
         ms(micros(start.elapsed()))
     ));

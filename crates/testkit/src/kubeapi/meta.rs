@@ -112,6 +112,62 @@ pub(crate) static RESOURCES: &[ResourceType] = &[
         ],
     },
     ResourceType {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "clusterroles",
+        singular: "clusterrole",
+        kind: "ClusterRole",
+        namespaced: false,
+        status_subresource: false,
+        has_generation: false,
+        create_on_update: false,
+        delete_returns_object: false,
+        short_names: &[],
+        fields: &[],
+    },
+    ResourceType {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "clusterrolebindings",
+        singular: "clusterrolebinding",
+        kind: "ClusterRoleBinding",
+        namespaced: false,
+        status_subresource: false,
+        has_generation: false,
+        create_on_update: false,
+        delete_returns_object: false,
+        short_names: &[],
+        fields: &[],
+    },
+    ResourceType {
+        group: "admissionregistration.k8s.io",
+        version: "v1",
+        plural: "validatingadmissionpolicies",
+        singular: "validatingadmissionpolicy",
+        kind: "ValidatingAdmissionPolicy",
+        namespaced: false,
+        status_subresource: true,
+        has_generation: true,
+        create_on_update: false,
+        delete_returns_object: false,
+        short_names: &[],
+        fields: &[],
+    },
+    ResourceType {
+        group: "admissionregistration.k8s.io",
+        version: "v1",
+        plural: "validatingadmissionpolicybindings",
+        singular: "validatingadmissionpolicybinding",
+        kind: "ValidatingAdmissionPolicyBinding",
+        namespaced: false,
+        status_subresource: false,
+        has_generation: true,
+        create_on_update: false,
+        delete_returns_object: false,
+        short_names: &[],
+        fields: &[],
+    },
+    ResourceType {
         group: "policy",
         version: "v1",
         plural: "poddisruptionbudgets",
@@ -235,6 +291,11 @@ impl ApiError {
     }
 
     /// 422 Invalid with the field errors the real validation names.
+    /// A 422 `Invalid` with only a message (an admission policy's denial).
+    pub fn invalid_message(message: String) -> ApiError {
+        ApiError::new(422, "Invalid", message, None)
+    }
+
     pub fn invalid(rt: &ResourceType, name: &str, causes: &[(&str, String)]) -> ApiError {
         let list: Vec<String> = causes.iter().map(|(f, m)| format!("{f}: {m}")).collect();
         let joined = if list.len() == 1 {

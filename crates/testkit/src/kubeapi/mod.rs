@@ -15,11 +15,16 @@
 //! disruption.
 //!
 //! The test side: direct object access, a request log, per-client load counters, and
-//! fault injection (`fail_next`, `compact_history`, `restart`).
+//! fault injection (`fail_next`, `compact_history`, `restart`, `hang_writes`). Unknown
+//! fields in a write are dropped (with a `Warning` header) or refused under
+//! `fieldValidation=Strict`, as the real server does.
 
+mod admission;
+pub use admission::{UserInfo, NODE_NAME_CLAIM};
 mod apply;
 mod meta;
 mod patch;
+mod prune;
 mod select;
 mod server;
 mod store;
@@ -196,6 +201,9 @@ impl KubeApi {
             restart,
             active_watches: AtomicUsize::new(0),
             down: AtomicBool::new(false),
+            hang_writes: AtomicBool::new(false),
+            users: Mutex::new(BTreeMap::new()),
+            hung: AtomicUsize::new(0),
             addr,
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -256,6 +264,22 @@ impl KubeApi {
              current-context: fake\npreferences: {{}}\n",
             self.url()
         );
+        std::fs::write(path, text)
+    }
+
+    /// Registers `token`: a request with `Authorization: Bearer <token>` is `user`'s, and
+    /// RBAC (the stored ClusterRoles and ClusterRoleBindings) and the stored
+    /// ValidatingAdmissionPolicies apply to it. Requests without a registered token stay
+    /// the admin's.
+    pub fn add_token(&self, token: &str, user: UserInfo) {
+        lock(&self.shared.users).insert(token.to_string(), user);
+    }
+
+    /// [`write_kubeconfig`](Self::write_kubeconfig) with `token` as the credentials.
+    pub fn write_kubeconfig_with_token(&self, path: &Path, token: &str) -> io::Result<()> {
+        self.write_kubeconfig(path)?;
+        let text =
+            std::fs::read_to_string(path)?.replace("token: fake-token", &format!("token: {token}"));
         std::fs::write(path, text)
     }
 
@@ -385,6 +409,17 @@ impl KubeApi {
             self.compact_history();
         }
         self.shared.down.store(false, Ordering::SeqCst);
+    }
+
+    /// While `on`, every write (POST, PUT, PATCH, DELETE) is read and never answered, as
+    /// by an API server that accepts requests and hangs; reads and watches still work.
+    pub fn hang_writes(&self, on: bool) {
+        self.shared.hang_writes.store(on, Ordering::SeqCst);
+    }
+
+    /// Writes held unanswered by [`hang_writes`](Self::hang_writes) so far.
+    pub fn hung_writes(&self) -> usize {
+        self.shared.hung.load(Ordering::SeqCst)
     }
 
     /// Watch streams open now.

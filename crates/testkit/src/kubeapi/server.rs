@@ -77,6 +77,13 @@ pub(crate) struct Shared {
     pub active_watches: AtomicUsize,
     /// Between `stop()` and `resume()`: connections are closed as soon as accepted.
     pub down: std::sync::atomic::AtomicBool,
+    /// While set, every write is read and never answered.
+    pub hang_writes: std::sync::atomic::AtomicBool,
+    /// Bearer tokens and the users they authenticate (RBAC and admission policies then
+    /// apply); any other request is the admin's.
+    pub users: Mutex<BTreeMap<String, super::admission::UserInfo>>,
+    /// Writes held unanswered so far.
+    pub hung: AtomicUsize,
     pub addr: SocketAddr,
 }
 
@@ -390,6 +397,12 @@ pub(crate) async fn handle(
         .unwrap_or("")
         .to_string();
     let client = client_key(&req);
+    let user = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|t| lock(&shared.users).get(t.trim()).cloned());
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => Bytes::new(),
@@ -404,6 +417,15 @@ pub(crate) async fn handle(
         .fetch_add(body.len() as u64, Ordering::Relaxed);
     let params = parse_query(&raw_query);
     let query = Query(params.clone());
+    if shared.hang_writes.load(Ordering::SeqCst)
+        && matches!(method.as_str(), "POST" | "PUT" | "PATCH" | "DELETE")
+    {
+        // An API server that accepts the request and never answers (a stuck etcd, a
+        // half-open connection behind a load balancer): the client waits forever unless
+        // it has a deadline. The connection ends when the server is dropped or restarted.
+        shared.hung.fetch_add(1, Ordering::SeqCst);
+        std::future::pending::<()>().await;
+    }
 
     let call = Call {
         method: &method,
@@ -412,6 +434,7 @@ pub(crate) async fn handle(
         content_type: content_type.as_deref(),
         user_agent: &user_agent,
         body: &body,
+        user: user.as_ref(),
     };
     let interposed = {
         let mut pending = lock(&shared.interpose);
@@ -462,6 +485,8 @@ struct Call<'a> {
     content_type: Option<&'a str>,
     user_agent: &'a str,
     body: &'a [u8],
+    /// A registered token's user (RBAC and admission policies apply).
+    user: Option<&'a super::admission::UserInfo>,
 }
 
 fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Response<ApiBody> {
@@ -472,6 +497,7 @@ fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Res
         content_type,
         user_agent,
         body,
+        user,
     } = call;
     // Who owns what this request writes: `fieldManager`, else the User-Agent's product.
     let manager_name = query
@@ -501,6 +527,50 @@ fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Res
     }
     let rt = target.rt;
     let ns = target.namespace.clone().unwrap_or_default();
+    let mut warnings: Vec<String> = vec![];
+    // A registered user: RBAC first, then (for writes) the admission policies.
+    let verb = match (method, target.name.is_some()) {
+        ("GET", false) if query.flag("watch") => "watch",
+        ("GET", false) => "list",
+        ("GET", true) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", _) => "delete",
+        _ => "",
+    };
+    let attrs = user.map(|u| super::admission::Attributes {
+        user: u,
+        verb,
+        rt,
+        sub: target.sub.as_deref(),
+        namespace: &ns,
+        name: target.name.as_deref().unwrap_or(""),
+        dry_run: query.dry_run(),
+    });
+    let (policies, bindings) = match &attrs {
+        Some(a) => {
+            let (roles, role_bindings, policies, bindings) = {
+                let store = lock(&shared.store);
+                let all = |plural| store.all(resource_by_plural(plural).expect("served"));
+                (
+                    all("clusterroles"),
+                    all("clusterrolebindings"),
+                    all("validatingadmissionpolicies"),
+                    all("validatingadmissionpolicybindings"),
+                )
+            };
+            if let Err(e) = super::admission::authorize(&roles, &role_bindings, a) {
+                return error(e, counters);
+            }
+            (policies, bindings)
+        }
+        None => (vec![], vec![]),
+    };
+    let admit = |object: Option<&Value>, old: Option<&Value>| match &attrs {
+        Some(a) => super::admission::admit(&policies, &bindings, a, object, old),
+        None => Ok(()),
+    };
     let result = match (method, target.name.as_deref(), target.sub.as_deref()) {
         ("GET", None, None) => {
             let scope = match scope(&target, query) {
@@ -517,15 +587,23 @@ fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Res
             .cloned()
             .map(|o| (200, o))
             .ok_or_else(|| ApiError::not_found(rt, name)),
-        ("POST", None, None) if rt.namespaced == target.namespace.is_some() => {
-            parse_body(body).and_then(|obj| {
+        ("POST", None, None) if rt.namespaced == target.namespace.is_some() => parse_body(body)
+            .and_then(|obj| known_fields(rt, &obj, query, &mut warnings))
+            .and_then(|obj| admit(Some(&obj), None).map(|()| obj))
+            .and_then(|obj| {
                 lock(&shared.store)
                     .create(rt, &ns, obj, query.dry_run(), manager)
                     .map(|o| (201, o))
-            })
-        }
+            }),
         ("POST", Some(name), Some("eviction")) => {
-            evict(shared, &ns, name, body, query.dry_run()).map(|()| {
+            let admitted = match (&attrs, body.is_empty()) {
+                (Some(_), false) => parse_body(body)
+                    .and_then(|b| super::prune::prune_eviction(&b))
+                    .and_then(|(e, _)| admit(Some(&e), None)),
+                (Some(_), true) => admit(Some(&json!({})), None),
+                (None, _) => Ok(()),
+            };
+            admitted.and_then(|()| evict(shared, &ns, name, body, query, &mut warnings)).map(|()| {
                 (201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}))
             })
         }
@@ -535,11 +613,26 @@ fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Res
             } else {
                 Part::Main
             };
-            parse_body(body).and_then(|obj| {
-                lock(&shared.store)
-                    .update(rt, &ns, name, WriteMode { part, dry_run: query.dry_run(), manager }, |_| Ok(obj))
-                    .map(|(o, created)| (if created { 201 } else { 200 }, o))
-            })
+            parse_body(body)
+                .and_then(|obj| known_fields(rt, &obj, query, &mut warnings))
+                .and_then(|obj| {
+                    lock(&shared.store)
+                        .update(
+                            rt,
+                            &ns,
+                            name,
+                            WriteMode {
+                                part,
+                                dry_run: query.dry_run(),
+                                manager,
+                            },
+                            |cur| {
+                                admit(Some(&obj), cur)?;
+                                Ok(obj)
+                            },
+                        )
+                        .map(|(o, created)| (if created { 201 } else { 200 }, o))
+                })
         }
         ("PATCH", Some(name), sub @ (None | Some("status"))) => {
             let part = if sub.is_some() {
@@ -549,24 +642,92 @@ fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Res
             };
             let ct = content_type.unwrap_or("");
             if patch::media_type(ct) == "application/apply-patch+yaml" {
+                if attrs.is_some() {
+                    return error(
+                        ApiError::internal(
+                            "the fake API server does not evaluate admission policies for server-side apply",
+                        ),
+                        counters,
+                    );
+                }
                 server_side_apply(&mut lock(&shared.store), rt, &ns, name, part, query, body)
             } else {
                 lock(&shared.store)
-                    .update(rt, &ns, name, WriteMode { part, dry_run: query.dry_run(), manager }, |cur| match cur {
-                        Some(cur) => patch::apply(rt, ct, cur, body),
-                        None => Err(ApiError::not_found(rt, name)),
-                    })
+                    .update(
+                        rt,
+                        &ns,
+                        name,
+                        WriteMode {
+                            part,
+                            dry_run: query.dry_run(),
+                            manager,
+                        },
+                        |cur| match cur {
+                            Some(cur) => patch::apply(rt, ct, cur, body)
+                                .and_then(|obj| known_fields(rt, &obj, query, &mut warnings))
+                                .and_then(|obj| admit(Some(&obj), Some(cur)).map(|()| obj)),
+                            None => Err(ApiError::not_found(rt, name)),
+                        },
+                    )
                     .map(|(o, _)| (200, o))
             }
         }
         ("DELETE", Some(name), None) => {
-            delete(shared, rt, &ns, name, body, query)
+            let old = lock(&shared.store).get(rt, &ns, name).cloned();
+            match old {
+                Some(old) => admit(None, Some(&old))
+                    .and_then(|()| delete(shared, rt, &ns, name, body, query)),
+                None => delete(shared, rt, &ns, name, body, query),
+            }
         }
         _ => Err(ApiError::method_not_allowed()),
     };
-    match result {
+    let mut resp = match result {
         Ok((code, v)) => respond(code, &v, counters),
         Err(e) => error(e, counters),
+    };
+    for w in warnings {
+        let value = format!("299 - \"unknown field \\\"{w}\\\"\"");
+        if let Ok(v) = hyper::header::HeaderValue::from_str(&value) {
+            resp.headers_mut().append("warning", v);
+        }
+    }
+    resp
+}
+
+/// `obj` as the server keeps it: unknown fields dropped (`fieldValidation` `Warn`, the
+/// default, adds a warning for each; `Ignore` does not), or a 400 naming them
+/// (`Strict`).
+fn known_fields(
+    rt: &ResourceType,
+    obj: &Value,
+    q: &Query,
+    warnings: &mut Vec<String>,
+) -> Result<Value, ApiError> {
+    let (kept, unknown) = super::prune::prune(rt, obj)?;
+    field_validation(q, unknown, warnings)?;
+    Ok(kept)
+}
+
+fn field_validation(
+    q: &Query,
+    unknown: Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Result<(), ApiError> {
+    match q.get("fieldValidation") {
+        Some("Strict") if !unknown.is_empty() => Err(ApiError::bad_request(format!(
+            "strict decoding error: {}",
+            unknown
+                .iter()
+                .map(|u| format!("unknown field \"{u}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+        Some("Ignore") => Ok(()),
+        _ => {
+            warnings.extend(unknown);
+            Ok(())
+        }
     }
 }
 
@@ -1046,8 +1207,20 @@ fn evict(
     ns: &str,
     name: &str,
     body: &[u8],
-    dry_run: bool,
+    q: &Query,
+    warnings: &mut Vec<String>,
 ) -> Result<(), ApiError> {
+    let dry_run = q.dry_run();
+    // An Eviction is decoded like any typed object: unknown fields (kube-core's
+    // `delete_options`) are dropped.
+    let body = if body.is_empty() {
+        vec![]
+    } else {
+        let (kept, unknown) = super::prune::prune_eviction(&parse_body(body)?)?;
+        field_validation(q, unknown, warnings)?;
+        kept.to_string().into_bytes()
+    };
+    let body = &body[..];
     let mut store = lock(&shared.store);
     let done = evict_locked(&mut store, ns, name, body, dry_run)?;
     drop(store);
