@@ -2,7 +2,7 @@
 # Prints the RUSTFLAGS of the shipped plugin build (`make plugin-static`, and
 # scripts/image-rootfs.sh for the image), for target triple $1:
 #   static glibc, non-PIE: the runtime starts the plugin once per pod, and dynamic loading
-#   and relocation cost about 0.3 ms of every ADD (README, Performance);
+#   and relocation cost about 0.3 ms of every ADD (docs/performance.md);
 #   and, where the toolchain ships its own lld (rust-lld), glibc's start-up and the
 #   functions a pod's ADD and DEL run placed first in the text, and the small .bss objects
 #   first in .bss (crates/plugin/hot-text.order, made by scripts/plugin-hot-text.sh): the

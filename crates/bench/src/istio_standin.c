@@ -1,12 +1,12 @@
 /*
  * A stand-in for istio-cni's way of installing a pod's redirection: the baseline of
- * DESIGN.md's "a meshed ADD >= 5x faster" budget, with each side paying its process
- * start. Exec'd by the bench exactly as interlock-cni is (environment, stdin, pipes;
- * timed from spawn to exit), it reads its CNI config from stdin, enters the pod's network
- * namespace (CNI_NETNS) and runs `iptables-restore --noflush` once per family there, fed
- * the rules interlock installs, waiting for each. istio-cni does the same from a Go
- * binary, which starts slower than this static C one: the baseline is a lower bound of
- * istio-cni's cost, so ratios against it favour istio.
+ * the "a meshed ADD >= 5x faster" budget (docs/performance.md), with each side paying
+ * its process start. Exec'd by the bench exactly as interlock-cni is (environment,
+ * stdin, pipes; timed from spawn to exit), it reads its CNI config from stdin, enters the
+ * pod's network namespace (CNI_NETNS) and runs `iptables-restore --noflush` once per
+ * family there, fed the rules interlock installs, waiting for each. istio-cni does the
+ * same from a Go binary, which starts slower than this static C one: the baseline is a
+ * lower bound of istio-cni's cost, so ratios against it favour istio.
  *
  * STANDIN_JOBS, a path fixed at compile time, lists one job per line: the restore tool,
  * a tab, the file holding its input.

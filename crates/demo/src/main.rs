@@ -1,4 +1,4 @@
-//! `make demo`: nodes in a box. For each of the seed's three scenarios, two fresh nodes —
+//! `make demo`: nodes in a box. For each of the three race scenarios, two fresh nodes —
 //! each a private containerd with a reference primary (`bridge` + `host-local` +
 //! `portmap` as `10-calico.conflist`) and a fake Kubernetes API — show the same events
 //! without interlock and with it (the real `interlock agent`), and print for every pod
@@ -38,7 +38,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     println!(
-        "interlock demo: the seed's three scenarios on real containerd, without and with interlock"
+        "interlock demo: the three race scenarios on real containerd, without and with interlock"
     );
     println!("(each node: a private containerd, bridge+host-local+portmap as 10-calico.conflist, a fake Kubernetes API;");
     println!(" pods shop/web (Istio sidecar), shop/api (Linkerd proxy), shop/db (no mesh); traffic checked by connecting from inside each pod)");

@@ -1,4 +1,4 @@
-//! The seed's three scenarios, each replayed on two fresh nodes: "without interlock" (a
+//! The three race scenarios, each replayed on two fresh nodes: "without interlock" (a
 //! mesh CNI installed the usual way: its plugin entry written by an installer, no agent)
 //! and "with interlock" (the agent running, the node registered with the startup taint).
 //! Each side prints its timeline as it happens, then one line per pod, the node, and —

@@ -1,5 +1,5 @@
 //! The verdict on a node from what `check` observed: pure, so every case is unit-tested
-//! without root. Each finding has a stable id and a hint (the README's troubleshooting
+//! without root. Each finding has a stable id and a hint (docs/check.md's findings
 //! section has one entry per id); the verdict follows from the worst finding.
 
 use super::sandboxes::{SandboxVerdict, SandboxesSeen};
@@ -203,7 +203,7 @@ const HINT_WAITING_FOR_PRIMARY: &str = "look at the primary CNI (its DaemonSet a
 const HINT_VERSION: &str = "use a cniVersion interlock-cni supports (INTERLOCK_MAX_CNI_VERSION caps what the agent writes)";
 const HINT_CAPABILITY: &str = "let the agent write the entry, or add \"capabilities\": {\"io.kubernetes.cri.pod-annotations\": true} to it";
 const HINT_PLUGIN_MISSING: &str = "install the primary's plugin binaries into the bin dir (the primary CNI's DaemonSet does this), or fix INTERLOCK_CNI_BIN_DIR";
-const HINT_OTHER_MESH: &str = "remove the mesh's own CNI plugin (its CNI DaemonSet) before relying on interlock: see README, Migrating";
+const HINT_OTHER_MESH: &str = "remove the mesh's own CNI plugin (its CNI DaemonSet) before relying on interlock: see docs/migration.md";
 const HINT_STALE: &str = "start the interlock agent (it rewrites the copy at once); until then pods get the old settings";
 const HINT_BINARY_MISSING: &str =
     "start the interlock agent (it installs the plugin), or fix INTERLOCK_CNI_BIN_DIR";
