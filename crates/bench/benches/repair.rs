@@ -1,6 +1,6 @@
 //! Repair latency of a real `interlock agent`: a foreign writer clobbers the config
 //! (temp file + rename, like aws-node), and we measure until the effective config (by
-//! `interlock_protocol::confdir::load`) carries interlock again. Also prints one JSON
+//! `interlock_confdir::load`) carries interlock again. Also prints one JSON
 //! line per mode with p50/p99 over every clobber criterion ran, and the agent's idle RSS.
 //!
 //! Run: `cargo build --release -p interlock && cargo bench -p interlock-bench --bench repair`

@@ -54,7 +54,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use interlock_protocol::exec::{self, RuntimeConf};
+use interlock_libcni::exec;
+use interlock_libcni::RuntimeConf;
 use interlock_redirect::backend::iptables::{self, Flavour, Tool};
 use interlock_redirect::backend::{self as backends, BackendKind};
 use interlock_redirect::netns::in_netns;
@@ -944,7 +945,13 @@ impl Bench {
     fn plugin_add_stdin(&self, pod: &Pod, stdin: &[u8]) -> Result<PluginAdd, String> {
         let rt = self.runtime_conf(pod);
         let t = Instant::now();
-        let out = exec::exec_plugin(&self.plugin, exec::Command::Add, &rt, &self.bin_dirs, stdin);
+        let out = exec::exec_plugin(
+            &self.plugin,
+            interlock_cni_types::Command::Add,
+            &rt,
+            &self.bin_dirs,
+            stdin,
+        );
         let elapsed = t.elapsed();
         let out = out.map_err(|e| format!("plugin ADD failed: {e}"))?;
         let v: Value = serde_json::from_slice(&out).map_err(|e| {
@@ -990,7 +997,7 @@ impl Bench {
         for a in &live {
             exec::exec_plugin(
                 &self.plugin,
-                exec::Command::Del,
+                interlock_cni_types::Command::Del,
                 &a.rt,
                 &self.bin_dirs,
                 &a.stdin,
@@ -1025,7 +1032,13 @@ impl Bench {
         let stdin = self.add_stdin(pod, Some(BackendKind::Nftables), &istio_annotations());
         let rt = self.runtime_conf(pod);
         let t = Instant::now();
-        let out = exec::exec_plugin(bin, exec::Command::Add, &rt, &self.bin_dirs, &stdin);
+        let out = exec::exec_plugin(
+            bin,
+            interlock_cni_types::Command::Add,
+            &rt,
+            &self.bin_dirs,
+            &stdin,
+        );
         let elapsed = t.elapsed();
         out.map_err(|e| format!("{} failed: {e}", bin.display()))?;
         Ok(elapsed)

@@ -1,7 +1,7 @@
 //! `interlock-bench repair`: starts a real agent on throwaway directories, clobbers its
 //! config again and again the way a primary CNI's installer would (write a temp file,
 //! rename it over the file), and measures the time from each clobber until the runtime's
-//! effective config (by `interlock_protocol::confdir::load`) carries interlock again.
+//! effective config (by `interlock_confdir::load`) carries interlock again.
 //! With `--scenario follow` it changes the primary's subnet instead and measures until
 //! the effective config carries the new subnet and interlock; with `--scenario readyz` it
 //! renames in a foreign file that sorts first and measures until `/readyz` answers 503,
@@ -20,7 +20,7 @@
 use crate::stats::Summary;
 use anyhow::{bail, Context};
 use clap::Args;
-use interlock_protocol::confdir;
+use interlock_confdir as confdir;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -94,7 +94,7 @@ fn containerd_list(dir: &Path) -> Option<confdir::Parsed> {
         .map(|e| e.file_name())
         .filter(|n| confdir::is_config_name(&n.to_string_lossy()))
         .min_by(|a, b| a.as_bytes().cmp(b.as_bytes()))?;
-    let content = interlock_protocol::bounded::read_config(&dir.join(&first)).ok()?;
+    let content = interlock_contract::bounded::read_config(&dir.join(&first)).ok()?;
     let mut entry = confdir::DirEntry::file(&first.to_string_lossy(), &content, 0o644);
     entry.os_name = first;
     entry.parse().ok()

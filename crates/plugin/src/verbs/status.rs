@@ -12,9 +12,9 @@
 
 use std::io;
 
+use interlock_cni_types::CniError;
 use interlock_contract::codes::NOT_AVAILABLE;
 use interlock_contract::config::PluginConfig;
-use interlock_protocol::CniError;
 
 use super::Call;
 

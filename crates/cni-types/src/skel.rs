@@ -16,8 +16,9 @@ use serde_json::{Map, Value};
 use crate::error::{
     CniError, DECODING_FAILURE, INCOMPATIBLE_VERSION, INVALID_ENVIRONMENT, INVALID_NETWORK_CONFIG,
 };
-use crate::exec::Command;
-use crate::{CniResult, CniVersion};
+use crate::result::CniResult;
+use crate::verb::Command;
+use crate::version::CniVersion;
 
 /// The `CNI_*` environment of one invocation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

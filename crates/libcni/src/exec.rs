@@ -11,8 +11,9 @@
 //! Plugins are started from the calling thread, so a caller that entered a network
 //! namespace on that thread runs them inside it.
 
-use std::fmt;
+use std::fs;
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command as Process, Stdio};
 use std::time::{Duration, Instant};
@@ -20,114 +21,15 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::cache::ResultCache;
-use crate::conf::{ConfError, NetworkConfigList};
-use crate::confdir::find_plugin;
-use crate::error::CniError;
-use crate::result::{CniResult, ResultError};
-use crate::version::CniVersion;
+use interlock_cni_types::error::{self as cni_error, CniError};
+use interlock_cni_types::result::{CniResult, ResultError};
+use interlock_cni_types::verb::Command;
+use interlock_cni_types::version::CniVersion;
 
-/// A CNI verb.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Command {
-    /// Attach a container.
-    Add,
-    /// Detach a container.
-    Del,
-    /// Verify an attachment (0.4.0+).
-    Check,
-    /// Clean up everything not in the valid attachments (1.1.0+).
-    Gc,
-    /// Is the plugin ready to ADD (1.1.0+).
-    Status,
-    /// Which spec versions the plugin supports.
-    Version,
-}
-
-impl Command {
-    /// The `CNI_COMMAND` value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Command::Add => "ADD",
-            Command::Del => "DEL",
-            Command::Check => "CHECK",
-            Command::Gc => "GC",
-            Command::Status => "STATUS",
-            Command::Version => "VERSION",
-        }
-    }
-}
-
-impl fmt::Display for Command {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Command {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "ADD" => Command::Add,
-            "DEL" => Command::Del,
-            "CHECK" => Command::Check,
-            "GC" => Command::Gc,
-            "STATUS" => Command::Status,
-            "VERSION" => Command::Version,
-            other => return Err(format!("unknown CNI_COMMAND {other:?}")),
-        })
-    }
-}
-
-/// Per-attachment parameters of a call (libcni `RuntimeConf`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RuntimeConf {
-    /// `CNI_CONTAINERID` (the sandbox id).
-    pub container_id: String,
-    /// `CNI_NETNS` (path of the netns; empty on a late DEL).
-    pub netns: String,
-    /// `CNI_IFNAME`.
-    pub ifname: String,
-    /// `CNI_ARGS` pairs, joined as `K=V;K=V`.
-    pub args: Vec<(String, String)>,
-    /// Capability arguments (`portMappings`, `io.kubernetes.cri.pod-annotations`, …),
-    /// injected as `runtimeConfig` into plugins that declare the capability.
-    pub capability_args: Map<String, Value>,
-}
-
-impl RuntimeConf {
-    /// A runtime conf for one attachment.
-    pub fn new(container_id: &str, netns: &str, ifname: &str) -> RuntimeConf {
-        RuntimeConf {
-            container_id: container_id.into(),
-            netns: netns.into(),
-            ifname: ifname.into(),
-            ..RuntimeConf::default()
-        }
-    }
-
-    /// Adds a `CNI_ARGS` pair.
-    pub fn with_arg(mut self, key: &str, value: &str) -> RuntimeConf {
-        self.args.push((key.into(), value.into()));
-        self
-    }
-
-    /// Adds a capability argument.
-    pub fn with_capability(mut self, capability: &str, value: Value) -> RuntimeConf {
-        self.capability_args.insert(capability.into(), value);
-        self
-    }
-
-    /// `CNI_ARGS` as the runtime passes it.
-    pub fn cni_args(&self) -> String {
-        self.args
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(";")
-    }
-}
+use crate::conf::NetworkConfigList;
+use crate::error::ConfError;
+use crate::result_cache::ResultCache;
+use crate::runtime_conf::RuntimeConf;
 
 /// One entry of `cni.dev/valid-attachments` for GC.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -148,7 +50,7 @@ pub struct PluginInfo {
     /// Every spec version the plugin accepts.
     #[serde(rename = "supportedVersions", default)]
     pub supported_versions: Vec<String>,
-    /// The build an interlock plugin says it is ([`crate::skel::Plugin::build_version`]);
+    /// The build an interlock plugin says it is ([`interlock_cni_types::skel::Plugin::build_version`]);
     /// other plugins do not answer it.
     #[serde(
         rename = "interlockVersion",
@@ -264,6 +166,21 @@ fn plugin_error(stdout: &[u8], stderr: &str, status: std::process::ExitStatus) -
             ),
         ),
     }
+}
+
+fn is_executable_file(p: &Path) -> bool {
+    fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Finds a plugin binary in `bin_dirs` (libcni `FindInPath`).
+pub fn find_plugin(plugin: &str, bin_dirs: &[PathBuf]) -> Option<PathBuf> {
+    if plugin.is_empty() || plugin.contains('/') {
+        return None;
+    }
+    bin_dirs
+        .iter()
+        .map(|d| d.join(plugin))
+        .find(|p| is_executable_file(p))
 }
 
 /// The process of plugin `path` for `command`: the caller's environment minus any stale
@@ -535,42 +452,42 @@ fn valid_name_chars(s: &str) -> bool {
 pub fn validate_attachment(network: &str, rt: &RuntimeConf) -> Result<(), CniError> {
     let err = |code, msg: &str| Err(CniError::new("", code, msg));
     if rt.container_id.is_empty() {
-        return err(crate::error::UNKNOWN_CONTAINER, "missing containerID");
+        return err(cni_error::UNKNOWN_CONTAINER, "missing containerID");
     }
     if !valid_name_chars(&rt.container_id) {
         return err(
-            crate::error::INVALID_ENVIRONMENT,
+            cni_error::INVALID_ENVIRONMENT,
             &format!("invalid characters in containerID {:?}", rt.container_id),
         );
     }
     if network.is_empty() {
-        return err(crate::error::INVALID_NETWORK_CONFIG, "missing network name");
+        return err(cni_error::INVALID_NETWORK_CONFIG, "missing network name");
     }
     if !valid_name_chars(network) {
         return err(
-            crate::error::INVALID_NETWORK_CONFIG,
+            cni_error::INVALID_NETWORK_CONFIG,
             &format!("invalid characters found in network name {network:?}"),
         );
     }
     let ifname = &rt.ifname;
     if ifname.is_empty() {
-        return err(crate::error::INVALID_ENVIRONMENT, "interface name is empty");
+        return err(cni_error::INVALID_ENVIRONMENT, "interface name is empty");
     }
     if ifname.len() > 15 {
         return err(
-            crate::error::INVALID_ENVIRONMENT,
+            cni_error::INVALID_ENVIRONMENT,
             &format!("interface name {ifname:?} is too long (15 bytes at most)"),
         );
     }
     if ifname == "." || ifname == ".." {
         return err(
-            crate::error::INVALID_ENVIRONMENT,
+            cni_error::INVALID_ENVIRONMENT,
             &format!("interface name {ifname:?} is . or .."),
         );
     }
     if ifname.contains(['/', ':']) || ifname.chars().any(char::is_whitespace) {
         return err(
-            crate::error::INVALID_ENVIRONMENT,
+            cni_error::INVALID_ENVIRONMENT,
             &format!("interface name {ifname:?} contains / or : or whitespace characters"),
         );
     }
@@ -951,25 +868,6 @@ mod tests {
             c2["runtimeConfig"],
             serde_json::json!({"io.kubernetes.cri.pod-annotations": null})
         );
-    }
-
-    #[test]
-    fn cni_args_and_commands() {
-        let rt = RuntimeConf::new("c", "", "eth0")
-            .with_arg("K8S_POD_NAMESPACE", "ns")
-            .with_arg("IgnoreUnknown", "1");
-        assert_eq!(rt.cni_args(), "K8S_POD_NAMESPACE=ns;IgnoreUnknown=1");
-        for c in [
-            Command::Add,
-            Command::Del,
-            Command::Check,
-            Command::Gc,
-            Command::Status,
-            Command::Version,
-        ] {
-            assert_eq!(c.as_str().parse::<Command>().unwrap(), c);
-        }
-        assert!("add".parse::<Command>().is_err());
     }
 
     #[test]

@@ -26,7 +26,7 @@
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use crate::conf::ConfError;
+use crate::error::ConfError;
 
 /// A Go type of a field libcni decodes, as far as it decides what is accepted.
 #[derive(Debug, Clone, Copy)]

@@ -10,8 +10,8 @@
 //! the table's verdicts as `expected.tsv` (`NNN.ext<TAB>accept<TAB>name="…" type="…"`
 //! or `NNN.ext<TAB>reject`) to compare its output with.
 
-use interlock_protocol::conf::{parse_conf_with, parse_conflist_with, Validation};
-use interlock_protocol::NetworkConfigList;
+use interlock_libcni::conf::{parse_conf_with, parse_conflist_with, Validation};
+use interlock_libcni::NetworkConfigList;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -295,7 +295,7 @@ fn our_verdict(c: &Case) -> Result<NetworkConfigList, String> {
 /// it recurse; parsing does not).
 fn with_deep_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     std::thread::Builder::new()
-        .stack_size(interlock_protocol::gojson::DEEP_VALUE_STACK)
+        .stack_size(interlock_libcni::gojson::DEEP_VALUE_STACK)
         .spawn(f)
         .unwrap()
         .join()
@@ -403,7 +403,7 @@ fn errors_name_the_file_problem() {
 
 #[test]
 fn the_conf_dir_verdict_is_the_runtimes() {
-    use interlock_protocol::confdir::{self, Runtime, Verdict};
+    use interlock_confdir::{self as confdir, Runtime, Verdict};
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
@@ -447,5 +447,42 @@ fn the_conf_dir_verdict_is_the_runtimes() {
         Verdict::LoadedNotDefault,
         "{:?}",
         e.files
+    );
+}
+
+/// CRI-O's VERSION probe against the real plugins: a 1.1.0 list is skipped (the
+/// installed plugins stop at 1.0.0) and CRI-O falls back to the next file.
+#[test]
+fn crio_probe_with_reference_plugins() {
+    use interlock_confdir::{load_with, LoadOptions, Runtime, Verdict};
+    use serde_json::json;
+    use std::fs;
+    let t = interlock_testkit::tempdir().unwrap();
+    let list = |v: &str, n: &str| {
+        json!({"cniVersion": v, "name": n, "plugins": [{"type": "bridge"}, {"type": "portmap"}]})
+            .to_string()
+    };
+    fs::write(t.path().join("00-a.conflist"), list("1.1.0", "a")).unwrap();
+    fs::write(t.path().join("10-b.conflist"), list("1.0.0", "b")).unwrap();
+    let e = load_with(
+        t.path(),
+        Runtime::Crio,
+        &[interlock_testkit::cni_plugins_dir()],
+        LoadOptions {
+            probe_versions: true,
+        },
+    )
+    .unwrap();
+    if e.chosen_name().as_deref() == Some("00-a.conflist") {
+        eprintln!("SKIP: the installed reference plugins support 1.1.0");
+        return;
+    }
+    assert_eq!(e.chosen_name().as_deref(), Some("10-b.conflist"));
+    let a = e.verdict_for("00-a.conflist").unwrap();
+    assert_eq!(a.verdict, Verdict::Skipped);
+    assert!(
+        a.reason.contains("bridge does not support config version"),
+        "{}",
+        a.reason
     );
 }

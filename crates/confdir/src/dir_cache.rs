@@ -1,4 +1,4 @@
-//! A conf dir read incrementally: the same [`Snapshot`] as [`super::read_until`], kept
+//! A conf dir read incrementally: the same [`Snapshot`] as [`crate::read_until`], kept
 //! between reads and updated in place, so that a long-lived reader (the agent's guard)
 //! pays per wake for what changed, not for the number of files in the directory: no
 //! entry is copied, stat'ed or read again unless it changed.
@@ -21,7 +21,7 @@
 //!
 //! Symbolic links are stat'ed on every read (inotify does not see their targets
 //! change). Failed reads other than a refusal (not a regular file, over the cap) are
-//! never kept. Which entries carry content follows [`super::read_until`]'s rules on
+//! never kept. Which entries carry content follows [`crate::read_until`]'s rules on
 //! every read: what sorts after the stop is held back (kept, not shown) and shown again
 //! when the stop moves past it. The tests check that a cached read equals a fresh one
 //! after every kind of change.
@@ -34,8 +34,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::{ConfigOrder, DirEntry, ParseMemo, Snapshot};
-use crate::bounded;
+use interlock_contract::bounded;
+
+use crate::{ConfigOrder, DirEntry, ParseMemo, Snapshot};
 
 /// What identifies one version of a file without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +103,7 @@ pub struct CacheWork {
 #[derive(Debug, Default)]
 pub struct DirCache {
     dir: PathBuf,
-    /// Which names' content is read wherever they sort ([`super::read_until`]'s
+    /// Which names' content is read wherever they sort ([`crate::read_until`]'s
     /// `also_read`; a property of the name, so it is fixed for the cache's life).
     also_read: Option<fn(&str) -> bool>,
     /// The directory as last read: entries in the runtime's (bytewise) order.
@@ -140,7 +141,7 @@ impl DirCache {
     }
 
     /// A cache of `dir` that also reads the content of entries for which
-    /// `also_read(name)` is true, wherever they sort ([`super::read_with`]).
+    /// `also_read(name)` is true, wherever they sort ([`crate::read_with`]).
     pub fn reading_also(dir: &Path, also_read: fn(&str) -> bool) -> DirCache {
         DirCache {
             dir: dir.to_path_buf(),
@@ -177,12 +178,12 @@ impl DirCache {
         self.work
     }
 
-    /// [`super::read_with`] through the cache.
+    /// [`crate::read_with`] through the cache.
     pub fn read(&mut self) -> io::Result<&Snapshot> {
         self.read_until(None)
     }
 
-    /// [`super::read_until`] through the cache (with the `also_read` it was made with):
+    /// [`crate::read_until`] through the cache (with the `also_read` it was made with):
     /// the same snapshot, re-reading only entries named by [`DirCache::changed`],
     /// symbolic links, and (after [`DirCache::resync`]) entries whose key changed. The
     /// work beyond that is the entries up to the one `stop` stops at and those whose
@@ -501,7 +502,7 @@ fn held(entry: &mut DirEntry, kept: Option<(FileKey, Kept)>) -> Option<(FileKey,
     }
 }
 
-/// Metadata of what `path` resolves to, else of the link itself (as [`super::read_until`]).
+/// Metadata of what `path` resolves to, else of the link itself (as [`crate::read_until`]).
 fn stat(path: &Path) -> io::Result<fs::Metadata> {
     fs::metadata(path).or_else(|_| fs::symlink_metadata(path))
 }
@@ -509,7 +510,7 @@ fn stat(path: &Path) -> io::Result<fs::Metadata> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::confdir::read_until;
+    use crate::read_until;
     use std::os::unix::fs::symlink;
 
     fn conflist(name: &str) -> String {

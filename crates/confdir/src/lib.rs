@@ -16,7 +16,7 @@
 //!   already loaded name is ignored ([`crio_rules`]).
 //!
 //! The layers: [`read`] takes a [`Snapshot`] of the directory (bounded reads of regular
-//! files only, see [`crate::bounded`]); [`effective`] judges it, purely — the plugin
+//! files only, `interlock_contract::bounded`); [`effective`] judges it, purely — the plugin
 //! binaries are seen through a [`Binaries`] the caller provides (CRI-O's VERSION probe is
 //! a closure); [`load`] is the two together. [`DirCache`] gives the same snapshot to a
 //! long-lived reader (the agent) re-reading only what changed. [`runs_plugin`] answers "does this list run
@@ -24,7 +24,7 @@
 //! agent's readiness and for `interlock check` alike.
 
 use std::cell::OnceCell;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::fmt;
 use std::fs;
 use std::io;
@@ -35,12 +35,14 @@ use std::str::FromStr;
 
 use serde_json::{Map, Value};
 
-mod cache;
-pub use cache::{CacheWork, DirCache};
+mod dir_cache;
+pub use dir_cache::{CacheWork, DirCache};
 
-use crate::bounded;
-use crate::conf::{self, ConfFormat, NetworkConfigList, Validation};
-use crate::version::CniVersion;
+use interlock_cni_types::version::CniVersion;
+use interlock_contract::bounded;
+use interlock_contract::shown::shown_os;
+use interlock_libcni::conf::{self, ConfFormat, NetworkConfigList, Validation};
+use interlock_libcni::exec::{find_plugin, plugin_version};
 
 /// The extensions both runtimes load.
 pub const EXTENSIONS: [&str; 3] = [".conf", ".conflist", ".json"];
@@ -169,36 +171,6 @@ impl Effective {
             .and_then(|c| c.path.file_name())
             .map(|n| n.to_string_lossy().into_owned())
     }
-}
-
-/// A file name made safe to print: control characters (terminal escape sequences) and
-/// bytes that are not UTF-8 are written as `\x..` escapes, a backslash as `\\`.
-pub fn shown_os(name: &OsStr) -> String {
-    let bytes = name.as_bytes();
-    let mut out = String::with_capacity(bytes.len());
-    for chunk in bytes.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                c if c.is_control() => {
-                    let mut b = [0u8; 4];
-                    for byte in c.encode_utf8(&mut b).bytes() {
-                        out.push_str(&format!("\\x{byte:02x}"));
-                    }
-                }
-                c => out.push(c),
-            }
-        }
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    out
-}
-
-/// [`shown_os`] for a name already in a `String`.
-pub fn shown(name: &str) -> String {
-    shown_os(OsStr::new(name))
 }
 
 /// `filepath.Ext`: the suffix from the last dot of the final element.
@@ -555,7 +527,7 @@ impl Snapshot {
 }
 
 /// Reads `dir`: every entry, with the content of every config file (bounded, regular
-/// files only: [`crate::bounded`]). A missing directory is an error of kind `NotFound`.
+/// files only: `interlock_contract::bounded`). A missing directory is an error of kind `NotFound`.
 pub fn read(dir: &Path) -> io::Result<Snapshot> {
     read_with(dir, &|_| false)
 }
@@ -1026,21 +998,6 @@ pub fn effective(snap: &Snapshot, runtime: Runtime, bins: &Binaries<'_>) -> Effe
     }
 }
 
-fn is_executable_file(p: &Path) -> bool {
-    fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// Finds a plugin binary in `bin_dirs` (libcni `FindInPath`).
-pub fn find_plugin(plugin: &str, bin_dirs: &[PathBuf]) -> Option<PathBuf> {
-    if plugin.is_empty() || plugin.contains('/') {
-        return None;
-    }
-    bin_dirs
-        .iter()
-        .map(|d| d.join(plugin))
-        .find(|p| is_executable_file(p))
-}
-
 /// Options for [`load_with`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadOptions {
@@ -1077,7 +1034,7 @@ pub fn load_with(
         let Some(path) = find_plugin(t, bin_dirs) else {
             return Err(format!("{t} not found"));
         };
-        crate::exec::plugin_version(&path, bin_dirs)
+        plugin_version(&path, bin_dirs)
             .map(|i| i.supported_versions)
             .map_err(|e| e.to_string())
     };
@@ -1294,6 +1251,7 @@ mod tests {
     }
 
     use super::*;
+    use interlock_contract::shown::shown;
     use proptest::prelude::*;
     use std::os::unix::ffi::OsStrExt;
 

@@ -10,10 +10,11 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::atomic::write_file_atomic;
-use crate::exec::RuntimeConf;
-use crate::result::CniResult;
-use crate::version::CniVersion;
+use interlock_cni_types::result::CniResult;
+use interlock_cni_types::version::CniVersion;
+use interlock_contract::atomic::write_file_atomic;
+
+use crate::runtime_conf::RuntimeConf;
 
 /// The `kind` of a libcni cache entry.
 pub const CACHE_KIND: &str = "cniCacheV1";

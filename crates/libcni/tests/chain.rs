@@ -5,9 +5,10 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
-use interlock_protocol::cache::ResultCache;
-use interlock_protocol::exec::{Attachment, Chain, ExecError, RuntimeConf};
-use interlock_protocol::{error, parse_conflist, CniVersion};
+use interlock_cni_types::{error, CniVersion};
+use interlock_libcni::exec::{Attachment, Chain, ExecError};
+use interlock_libcni::result_cache::ResultCache;
+use interlock_libcni::{parse_conflist, RuntimeConf};
 use interlock_testkit::{cni_plugins_dir, require_root, unique, Netns};
 use serde_json::json;
 
@@ -326,40 +327,5 @@ fn gc_and_status_pass_the_spec_fields() {
     assert!(
         e.to_string().contains("nonexistent") && e.to_string().contains(&bin.display().to_string()),
         "{e}"
-    );
-}
-
-/// CRI-O's VERSION probe against the real plugins: a 1.1.0 list is skipped (the
-/// installed plugins stop at 1.0.0) and CRI-O falls back to the next file.
-#[test]
-fn crio_probe_with_reference_plugins() {
-    use interlock_protocol::confdir::{load_with, LoadOptions, Runtime, Verdict};
-    let t = interlock_testkit::tempdir().unwrap();
-    let list = |v: &str, n: &str| {
-        json!({"cniVersion": v, "name": n, "plugins": [{"type": "bridge"}, {"type": "portmap"}]})
-            .to_string()
-    };
-    fs::write(t.path().join("00-a.conflist"), list("1.1.0", "a")).unwrap();
-    fs::write(t.path().join("10-b.conflist"), list("1.0.0", "b")).unwrap();
-    let e = load_with(
-        t.path(),
-        Runtime::Crio,
-        &[cni_plugins_dir()],
-        LoadOptions {
-            probe_versions: true,
-        },
-    )
-    .unwrap();
-    if e.chosen_name().as_deref() == Some("00-a.conflist") {
-        eprintln!("SKIP: the installed reference plugins support 1.1.0");
-        return;
-    }
-    assert_eq!(e.chosen_name().as_deref(), Some("10-b.conflist"));
-    let a = e.verdict_for("00-a.conflist").unwrap();
-    assert_eq!(a.verdict, Verdict::Skipped);
-    assert!(
-        a.reason.contains("bridge does not support config version"),
-        "{}",
-        a.reason
     );
 }

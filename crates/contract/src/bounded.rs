@@ -79,7 +79,7 @@ pub fn kind_of(t: std::fs::FileType) -> &'static str {
 /// Opens `path` (following symlinks) without blocking and checks on the descriptor that
 /// it is a regular file of at most `cap` bytes. Returns the file and its metadata.
 pub fn open_regular(path: &Path, cap: u64) -> Result<(File, std::fs::Metadata), BoundedReadError> {
-    let shown = || crate::confdir::shown_os(path.as_os_str());
+    let shown = || crate::shown::shown_os(path.as_os_str());
     let io_err = |source| BoundedReadError::Io {
         path: shown(),
         source,
@@ -132,12 +132,12 @@ pub fn read_regular_with_meta(
     f.take(cap + 1)
         .read_to_end(&mut out)
         .map_err(|source| BoundedReadError::Io {
-            path: crate::confdir::shown_os(path.as_os_str()),
+            path: crate::shown::shown_os(path.as_os_str()),
             source,
         })?;
     if out.len() as u64 > cap {
         return Err(BoundedReadError::TooLarge {
-            path: crate::confdir::shown_os(path.as_os_str()),
+            path: crate::shown::shown_os(path.as_os_str()),
             size: out.len() as u64,
             cap,
         });
