@@ -1,9 +1,11 @@
 //! Checks on the repository itself, run by `make test` (`tests/repo.rs`): every relative
 //! link and anchor in the README, ARCHITECTURE.md and `docs/` resolves, the documents cite
-//! nothing a reader cannot open, and the crate diagram and table in ARCHITECTURE.md agree
-//! with `cargo metadata`.
+//! nothing a reader cannot open, the crate diagram and table in ARCHITECTURE.md agree
+//! with `cargo metadata`, and no crate has an import cycle between its modules
+//! ([`imports`]; `cargo run -p interlock-repo-checks` prints every crate's module graph).
 
 pub mod crates;
+pub mod imports;
 pub mod markdown;
 
 use std::path::{Path, PathBuf};

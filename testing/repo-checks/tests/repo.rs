@@ -173,3 +173,34 @@ fn crate_graph_matches_cargo_metadata() {
         "ARCHITECTURE.md's crate table (path, package) against cargo metadata"
     );
 }
+
+/// No crate has modules that import each other, directly or around a loop.
+#[test]
+fn no_import_cycle_between_modules_of_any_crate() {
+    let root = repo_root();
+    let mut found = Vec::new();
+    let mut modules = 0;
+    for m in crates::members(&root).expect("cargo metadata") {
+        for g in interlock_repo_checks::imports::crate_graphs(&root.join(&m.dir)).unwrap() {
+            modules += g.modules.len();
+            for (set, edges) in g.cycles() {
+                let edges: Vec<String> = edges
+                    .iter()
+                    .map(|e| format!("{} -> {} ({})", e.from, e.to, e.at))
+                    .collect();
+                found.push(format!(
+                    "{} ({}): {{{}}}\n    {}",
+                    m.name,
+                    g.root,
+                    set.into_iter().collect::<Vec<_>>().join(", "),
+                    edges.join("\n    ")
+                ));
+            }
+        }
+    }
+    assert!(
+        modules > 100,
+        "only {modules} modules found: is the walk still working?"
+    );
+    assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));
+}
