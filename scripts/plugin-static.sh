@@ -3,7 +3,7 @@
 # lean-start), portable SHA-256 (feature soft-sha256), and the hot-text order where the
 # toolchain has rust-lld (the flags come from scripts/plugin-rustflags.sh). The one place
 # the shipped build is spelled out: `make plugin-static`, scripts/image-rootfs.sh,
-# scripts/plugin-hot-text.sh and crates/bench/tests/shipped_plugin.rs all run it.
+# scripts/plugin-hot-text.sh and testing/bench/tests/shipped_plugin.rs all run it.
 #
 #   scripts/plugin-static.sh TRIPLE TARGET_DIR [more cargo build arguments]
 #

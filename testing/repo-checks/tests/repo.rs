@@ -155,6 +155,26 @@ fn crate_graph_matches_cargo_metadata() {
         "the diagram's nodes are the workspace members"
     );
 
+    // Product crates and test/measurement crates apart: the diagram's subgraphs follow
+    // the directories.
+    for m in &members {
+        let id = m.name.replace('-', "_");
+        let want = if m.dir.starts_with("crates/") {
+            "product"
+        } else if m.dir.starts_with("testing/") {
+            "tools"
+        } else {
+            panic!("{} lives in {}: product crates go in crates/, test and measurement crates in testing/", m.name, m.dir)
+        };
+        assert_eq!(
+            chart.nodes[&id].as_deref(),
+            Some(want),
+            "{} ({}) belongs in the {want} subgraph",
+            m.name,
+            m.dir
+        );
+    }
+
     let table: BTreeSet<(String, String)> = first_table(part)
         .into_iter()
         .map(|row| {

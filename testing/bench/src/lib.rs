@@ -436,8 +436,8 @@ pub fn install_plugin(source: &Path) -> Result<(tempfile::TempDir, PathBuf), Ben
 }
 
 /// The shipped plugin's start-up (see [`Scenario::LeanFloor`]) and its compiler flags.
-const LEAN_START_C: &str = include_str!("../../plugin/start/lean_start.c");
-const LEAN_START_CFLAGS: &str = include_str!("../../plugin/start/cflags");
+const LEAN_START_C: &str = include_str!("../../../crates/plugin/start/lean_start.c");
+const LEAN_START_CFLAGS: &str = include_str!("../../../crates/plugin/start/cflags");
 
 /// A static C program built in a temp dir of its own (the dir goes with it).
 type StaticBin = Result<(tempfile::TempDir, PathBuf), String>;
