@@ -26,7 +26,8 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## test: everything CI runs (needs root for the netns / netfilter tests; they skip otherwise)
+## test: everything CI runs (needs root for the netns / netfilter tests; they skip otherwise),
+## the static plugin built and tested both with and without its lean start-up among them
 test: deps lint
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast

@@ -114,7 +114,7 @@ names() {
     sed -nE "s/^c?fn=\([0-9]+\) (.+)$/\1/p" "$1" | sed -E "s/'[0-9]+$//" |
         grep -vE '^(0x[0-9a-f]+|\(below main\))$'
 }
-# The start-up (crates/plugin/start/lean_start.c) and glibc's parts of it and of the exit,
+# The start-up (crates/lean-start/c/lean_start.c) and glibc's parts of it and of the exit,
 # by name; those this build lacks are left out.
 startup="__libc_start_main run_init_array run_fini_array
 _dl_relocate_static_pie _dl_aux_init __tunables_init __tunable_get_val

@@ -6,7 +6,8 @@
 //! ([`decide`], pure) and its effects ([`protect`]), what is recorded ([`protection`],
 //! [`state`] per attachment; per netns: `interlock_redirect::netns_record`), where annotations come from
 //! besides the runtime ([`lookup`], [`agent_client`]), the backend detection cache
-//! ([`backend_cache`]), the pod's identity ([`identity`]) and the log ([`log`]). The
+//! ([`backend_cache`]), the pod's identity ([`identity`]), the log ([`log`]) and
+//! `--self-check` of the process start-up ([`self_check`]). The
 //! plugin's config, error codes and state-dir layout are `interlock_contract`'s.
 //!
 //! # Verbs
@@ -77,6 +78,7 @@ pub mod agent_client;
 pub mod decide;
 pub mod log;
 pub mod lookup;
+pub mod self_check;
 pub mod verbs;
 
 // The attachment's protection is shared with the agent's in-place repair: one definition,

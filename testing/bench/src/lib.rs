@@ -14,7 +14,7 @@
 //! - `spawn_floor_static`: a static no-op (`gcc -static -Os`, like the shipped static
 //!   plugin) started the same way: the exec floor the budgets are measured against;
 //! - `spawn_floor_lean_start`: the same no-op linked with the shipped plugin's own
-//!   start-up (`crates/plugin/start/lean_start.c`: glibc's, without identifying the CPU),
+//!   start-up (`crates/lean-start/c/lean_start.c`: glibc's, without identifying the CPU),
 //!   the floor of what the plugin does after it has started;
 //! - `spawn_floor_true`: `/bin/true` (dynamic) started the same way, for comparison;
 //! - `iptables_restore_per_family_<flavour>`: one `iptables-restore --noflush` and one
@@ -111,7 +111,7 @@ pub enum Scenario {
     /// started exactly like the plugin: the exec floor of a static plugin.
     StaticFloor,
     /// Reference: the same no-op linked with the shipped plugin's start-up
-    /// (`crates/plugin/start/lean_start.c`, which skips glibc's 43 `cpuid`): what is left
+    /// (`crates/lean-start/c/lean_start.c`, which skips glibc's 43 `cpuid`): what is left
     /// of the plugin's time over it is the plugin's own work.
     LeanFloor,
     /// Reference: `/bin/true` started exactly like the plugin (same environment, stdin
@@ -205,7 +205,7 @@ impl Scenario {
                 "a static no-op (gcc -static -Os) through the same exec path as the plugin: the exec floor".into()
             }
             Scenario::LeanFloor => {
-                "the static no-op linked with the shipped plugin's start-up (crates/plugin/start/lean_start.c: glibc's without CPU identification), same exec path: the floor of the plugin's own work".into()
+                "the static no-op linked with the shipped plugin's start-up (crates/lean-start/c/lean_start.c: glibc's without CPU identification), same exec path: the floor of the plugin's own work".into()
             }
             Scenario::RestorePerFamily(f) => format!(
                 "baseline: iptables-{0}-restore --noflush + ip6tables-{0}-restore --noflush with the same rules, from a thread inside the pod netns (the restores alone)",
@@ -436,14 +436,14 @@ pub fn install_plugin(source: &Path) -> Result<(tempfile::TempDir, PathBuf), Ben
 }
 
 /// The shipped plugin's start-up (see [`Scenario::LeanFloor`]) and its compiler flags.
-const LEAN_START_C: &str = include_str!("../../../crates/plugin/start/lean_start.c");
-const LEAN_START_CFLAGS: &str = include_str!("../../../crates/plugin/start/cflags");
+const LEAN_START_C: &str = include_str!("../../../crates/lean-start/c/lean_start.c");
+const LEAN_START_CFLAGS: &str = include_str!("../../../crates/lean-start/c/cflags");
 
 /// A static C program built in a temp dir of its own (the dir goes with it).
 type StaticBin = Result<(tempfile::TempDir, PathBuf), String>;
 
 /// Builds the static no-op floor with `gcc -static -Os` in a temp dir; with `lean`, linked
-/// with the plugin's start-up, compiled with its build script's flags (`start/cflags`).
+/// with the plugin's start-up, compiled with its build script's flags (`crates/lean-start/c/cflags`).
 fn build_static_noop(lean: bool) -> StaticBin {
     let what = if lean {
         "lean-start no-op floor"

@@ -378,7 +378,7 @@ pub fn report(
         }
         lean.insert(
             "how".into(),
-            "median minus spawn_floor_lean_start median: the no-op linked with the plugin's own start-up (crates/plugin/start/lean_start.c), so what remains is the plugin's work after start-up; the budgets are measured against spawn_floor_static".into(),
+            "median minus spawn_floor_lean_start median: the no-op linked with the plugin's own start-up (crates/lean-start/c/lean_start.c), so what remains is the plugin's work after start-up; the budgets are measured against spawn_floor_static".into(),
         );
         derived.insert("over_lean_start_floor".into(), Value::Object(lean));
     }

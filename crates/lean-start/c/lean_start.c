@@ -1,5 +1,7 @@
 /*
- * interlock-cni's process start-up for the shipped static build (feature `lean-start`).
+ * interlock-cni's process start-up for the shipped static build (feature `lean-start` of
+ * interlock-cni and of this crate; the build script builds it only against the glibc
+ * objects pinned in glibc.pin).
  *
  * Why: a statically linked glibc program identifies the CPU before `main`: glibc 2.36's
  * `__libc_start_main` runs 43 `cpuid` instructions (CPU features, then cache sizes for
@@ -24,9 +26,11 @@
  *
  * The sequence is glibc 2.36's (Debian 12, the image's build stage): another glibc may
  * order or name its internal steps differently, so any other version is refused at
- * compile time. Build without the feature there.
+ * compile time, and the build script refuses any libc.a whose start-up objects are not
+ * the pinned ones. `interlock-cni --self-check` (self_check.c) checks the invariants
+ * this start-up must establish.
  *
- * Compiled with the flags in start/cflags (-ffreestanding, -fno-builtin,
+ * Compiled with the flags in c/cflags (-ffreestanding, -fno-builtin,
  * -fno-stack-protector, …): before the IRELATIVE relocations are applied no string
  * function may be called, and before TLS exists no stack canary may be read.
  */
@@ -153,6 +157,10 @@ static void init_first(int argc, char **argv) {
     __init_misc(argc, argv, __environ);
 }
 
+/* Set first thing in `__libc_start_main`: the self-check (self_check.c) reports which
+ * start-up ran from it. */
+__attribute__((used)) int interlock_lean_start_ran;
+
 static void run_fini_array(void *unused) {
     (void)unused;
     size_t i = (size_t)(__fini_array_end - __fini_array_start);
@@ -175,6 +183,7 @@ __attribute__((noreturn, used)) int __libc_start_main(int (*main)(int, char **, 
     /* Since glibc 2.34 `_start` passes neither. */
     (void)init;
     (void)fini;
+    interlock_lean_start_ran = 1;
 
     /* The environment follows argv; the auxiliary vector follows the environment. */
     char **env = &argv[argc + 1];
