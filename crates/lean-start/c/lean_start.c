@@ -6,10 +6,10 @@
  * Why: a statically linked glibc program identifies the CPU before `main`: glibc 2.36's
  * `__libc_start_main` runs 43 `cpuid` instructions (CPU features, then cache sizes for
  * the string functions). On a virtual machine, where most nodes run, every `cpuid` exits
- * to the hypervisor: on the benchmark VM that is 0.18 ms of a 0.39 ms no-op, paid by
- * every pod's ADD and DEL. This file provides `__libc_start_main` instead of glibc's
- * (the linker then never takes glibc's `libc-start.o`) and runs the same start-up steps
- * in the same order, without identifying the CPU.
+ * to the hypervisor, which makes the CPU identification a large share of the plugin's
+ * process start, paid by every pod's ADD and DEL. This file provides `__libc_start_main`
+ * instead of glibc's (the linker then never takes glibc's `libc-start.o`) and runs the
+ * same start-up steps in the same order, without identifying the CPU.
  *
  * What changes for the process:
  * - glibc's string functions (IFUNCs) resolve to their baseline x86-64 (SSE2) variants:
@@ -118,11 +118,9 @@ const char *_dl_get_origin(void) { return (const char *)-1; }
  * Kept, in glibc's order: the stack permissions from PT_GNU_STACK (for thread stacks)
  * and RELRO (the relocated read-only data, IRELATIVE slots included, made read-only).
  *
- * Without the vDSO, `clock_gettime` is a system call: 0.16 µs instead of 0.02 on the
- * benchmark VM, for the dozen clock reads of an ADD. Its first use would cost more: the
- * vDSO's code and data pages fault in, a few µs each. Measured
- * on the benchmark VM, paired: a no-op 0.020 ms faster (4 faults fewer), the plugin's
- * ADD 0.010 (meshed) and 0.018 ms (not meshed) faster (4 x 200 ADDs each).
+ * Without the vDSO, `clock_gettime` is a system call, slower per read; but a plugin
+ * process reads the clock a dozen times in its life, and the vDSO's first use would
+ * fault in its code and data pages, which costs more than those system calls.
  *
  * Unlike glibc's, `dl_iterate_phdr` and `_dl_find_object` do not know the program's
  * headers afterwards, so an unwinder finds no frames: the plugin aborts on panic and

@@ -443,7 +443,8 @@ const LEAN_START_CFLAGS: &str = include_str!("../../../crates/lean-start/c/cflag
 type StaticBin = Result<(tempfile::TempDir, PathBuf), String>;
 
 /// Builds the static no-op floor with `gcc -static -Os` in a temp dir; with `lean`, linked
-/// with the plugin's start-up, compiled with its build script's flags (`crates/lean-start/c/cflags`).
+/// with the plugin's start-up, compiled with its build script's flags
+/// (`crates/lean-start/c/cflags`).
 fn build_static_noop(lean: bool) -> StaticBin {
     let what = if lean {
         "lean-start no-op floor"

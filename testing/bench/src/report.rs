@@ -1,7 +1,7 @@
 //! The JSON document `interlock-bench` prints: per-scenario statistics, ratios of the
 //! baselines to interlock, and the design's budget verdicts, all computed from one run.
 //!
-//! Budgets (DESIGN.md "Performance budgets"): meshed plugin ADD median ≤ 2 ms including
+//! Budgets (docs/performance.md, "Budgets"): meshed plugin ADD median ≤ 2 ms including
 //! the proof, ≥ 5× faster than istio-cni's way (a CNI plugin process running one
 //! `iptables-restore` per family in the pod netns, each side paying its process start:
 //! [`Scenario::IstioStandIn`]; the restores alone are reported next to it), ≥ 20× faster
@@ -29,9 +29,9 @@ pub const UNMESHED_ADD_LIMIT_US: f64 = 500.0;
 pub const RESTORE_RATIO_MIN: f64 = 5.0;
 /// Minimum speed-up over one `iptables` call per rule.
 pub const PER_RULE_RATIO_MIN: f64 = 20.0;
-/// DESIGN.md: a meshed ADD within this much of the static exec floor (µs).
+/// Budget: a meshed ADD within this much of the static exec floor (µs).
 pub const MESHED_OVER_FLOOR_GOAL_US: f64 = 300.0;
-/// DESIGN.md: an unmeshed ADD within this much of the static exec floor (µs).
+/// Budget: an unmeshed ADD within this much of the static exec floor (µs).
 pub const UNMESHED_OVER_FLOOR_LIMIT_US: f64 = 100.0;
 
 /// Every top-level key of the document.
@@ -318,7 +318,7 @@ pub fn report(
             round2(u - f).into(),
         );
     }
-    // Against the static no-op floor (the one DESIGN.md's budgets mean).
+    // Against the static no-op floor (the one the budgets mean).
     let static_floor = median_of(c, Scenario::StaticFloor);
     if let Some(f) = static_floor {
         if let Some(u) = unmeshed_med {
