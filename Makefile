@@ -5,7 +5,7 @@ CARGO ?= cargo
 
 # The plugin is shipped as a static, non-PIE executable with the code a pod's ADD runs
 # placed first: the runtime starts it once per pod (scripts/plugin-rustflags.sh says why
-# each flag; see README, Performance). --target keeps these flags away from proc-macros
+# each flag; see docs/performance.md). --target keeps these flags away from proc-macros
 # and build scripts.
 HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 STATIC_PLUGIN := target/static/$(HOST_TRIPLE)/plugin/interlock-cni
@@ -26,12 +26,13 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## test: everything CI runs (needs root for the netns / netfilter tests; they skip otherwise)
+## test: everything CI runs (needs root for the netns / netfilter tests; they skip otherwise),
+## the static plugin built and tested both with and without its lean start-up among them
 test: deps lint
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
-## demo: the seed's three scenarios on nodes in a box (private containerd, reference
+## demo: the three race scenarios on nodes in a box (private containerd, reference
 ## primary, fake Kubernetes API), without and with interlock; exit 1 if a meshed pod
 ## ran unprotected with interlock. Removes everything it made, also on Ctrl-C.
 demo: deps

@@ -19,12 +19,12 @@
 #
 # Two lists come from the binary, not from callgrind:
 # - the start-up and glibc's exit code, which run before and after main on every host,
-#   and every IRELATIVE resolver (the start-up calls all of them); placed first, they need
-#   3-4 fewer text faults per start;
+#   and every IRELATIVE resolver (the start-up calls all of them); placed first, they
+#   share the text pages the start faults in anyway;
 # - the small .bss objects (under 4 KiB each), listed last: the linker puts them at the
 #   start of .bss, before the large buffers (the netlink receive buffer, 64 KiB; glibc's
-#   key table, 16 KiB) that otherwise spread the start-up's scattered writes over five
-#   pages. Together: a meshed ADD 5 faults and 0.006-0.017 ms less (paired).
+#   key table, 16 KiB) that otherwise spread the start-up's scattered writes over more
+#   pages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ $(id -u) != 0 ]]; then
@@ -114,7 +114,7 @@ names() {
     sed -nE "s/^c?fn=\([0-9]+\) (.+)$/\1/p" "$1" | sed -E "s/'[0-9]+$//" |
         grep -vE '^(0x[0-9a-f]+|\(below main\))$'
 }
-# The start-up (crates/plugin/start/lean_start.c) and glibc's parts of it and of the exit,
+# The start-up (crates/lean-start/c/lean_start.c) and glibc's parts of it and of the exit,
 # by name; those this build lacks are left out.
 startup="__libc_start_main run_init_array run_fini_array
 _dl_relocate_static_pie _dl_aux_init __tunables_init __tunable_get_val

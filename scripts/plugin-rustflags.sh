@@ -2,14 +2,13 @@
 # Prints the RUSTFLAGS of the shipped plugin build (`make plugin-static`, and
 # scripts/image-rootfs.sh for the image), for target triple $1:
 #   static glibc, non-PIE: the runtime starts the plugin once per pod, and dynamic loading
-#   and relocation cost about 0.3 ms of every ADD (README, Performance);
+#   and relocation would be a large share of every ADD (docs/performance.md);
 #   and, where the toolchain ships its own lld (rust-lld), glibc's start-up and the
 #   functions a pod's ADD and DEL run placed first in the text, and the small .bss objects
 #   first in .bss (crates/plugin/hot-text.order, made by scripts/plugin-hot-text.sh): the
 #   kernel maps an executable's text 64 KiB around each page fault, so code that runs
-#   together costs fewer faults (an ADD of a pod that is not meshed: 51 -> 38 faults;
-#   the start-up and .bss part alone: meshed 52 -> 47). Without rust-lld the order is
-#   left out; the build is otherwise the same.
+#   together costs fewer faults. Without rust-lld the order is left out; the build is
+#   otherwise the same.
 set -euo pipefail
 triple=${1:-}  # empty (no rustc yet): the base flags only
 repo=$(cd "$(dirname "$0")/.." && pwd)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds interlock-cni as it ships: static glibc, non-PIE, its own start-up (feature
-# lean-start), portable SHA-256 (feature soft-sha256), and the hot-text order where the
-# toolchain has rust-lld (the flags come from scripts/plugin-rustflags.sh). The one place
+# lean-start, crates/lean-start), portable SHA-256 (feature soft-sha256), and the hot-text
+# order where the toolchain has rust-lld (the flags come from scripts/plugin-rustflags.sh).
+# INTERLOCK_PLUGIN_FEATURES replaces the feature list (soft-sha256 alone: the same build
+# with glibc's own start-up, which the tests run too). The one place
 # the shipped build is spelled out: `make plugin-static`, scripts/image-rootfs.sh,
-# scripts/plugin-hot-text.sh and crates/bench/tests/shipped_plugin.rs all run it.
+# scripts/plugin-hot-text.sh and testing/bench/tests/shipped_plugin.rs all run it.
 #
 #   scripts/plugin-static.sh TRIPLE TARGET_DIR [more cargo build arguments]
 #
@@ -15,4 +17,5 @@ shift 2
 repo=$(cd "$(dirname "$0")/.." && pwd)
 RUSTFLAGS="$("$repo/scripts/plugin-rustflags.sh" "$triple")" "${CARGO:-cargo}" build \
     --manifest-path "$repo/Cargo.toml" --profile plugin -p interlock-cni \
-    --features soft-sha256,lean-start --target "$triple" --target-dir "$target_dir" "$@"
+    --features "${INTERLOCK_PLUGIN_FEATURES-soft-sha256,lean-start}" --target "$triple" \
+    --target-dir "$target_dir" "$@"

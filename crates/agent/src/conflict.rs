@@ -11,7 +11,7 @@
 //! concept, named *conflict* here, in the metrics and in the `--conflict-*` flags.)
 
 use crate::plan::{self, Plan};
-use interlock_protocol::confdir::Snapshot;
+use interlock_confdir::Snapshot;
 use serde_json::{Map, Value};
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};

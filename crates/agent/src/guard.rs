@@ -2,10 +2,10 @@
 //! does it with atomic writes, and keeps readiness and the STATUS marker truthful. The
 //! decisions are elsewhere and pure: what to write ([`crate::plan`]), which changes are
 //! conflicts and when to back off ([`crate::conflict`]), whether the node is ready
-//! ([`crate::readiness`]); which file the runtime loads is `interlock_protocol::confdir`.
+//! ([`crate::readiness`]); which file the runtime loads is `interlock_confdir`.
 //!
 //! Nothing in the directory can stall it: reads are of regular files only, bounded
-//! (`interlock_protocol::bounded`), and stop at the primary in owned mode; plugin VERSION
+//! (`interlock_contract::bounded`), and stop at the primary in owned mode; plugin VERSION
 //! questions are asked off this thread ([`VersionCache`]) and waited for at most
 //! [`VERSION_WAIT`]. Every completed pass of the loop calls `Shared::tick()`.
 //!
@@ -28,8 +28,9 @@ use crate::readiness;
 use crate::replace::{replace_checked, Replaced};
 use crate::status::{FileConflict, Readiness, Shared};
 use crate::AgentConfig;
-use interlock_protocol::atomic::write_file_atomic;
-use interlock_protocol::confdir::{self, Binaries, DirCache, Snapshot};
+use interlock_confdir::{self as confdir, Binaries, DirCache, Snapshot};
+use interlock_contract::atomic::write_file_atomic;
+use interlock_contract::shown::shown;
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -40,7 +41,7 @@ use tracing::{error, info, warn};
 
 /// How long one reconcile waits for plugin VERSION answers it does not have cached yet.
 /// A plugin slower than this is answered in the background (and killed after
-/// [`interlock_protocol::exec::VERSION_TIMEOUT`]); the repair goes ahead without it.
+/// [`interlock_libcni::exec::VERSION_TIMEOUT`]); the repair goes ahead without it.
 pub const VERSION_WAIT: Duration = Duration::from_millis(100);
 
 /// What changed in the conf dir.
@@ -96,7 +97,7 @@ fn stop_rule(cfg: &AgentConfig) -> Option<impl Fn(&confdir::DirEntry) -> bool + 
                     && (!crio
                         || types
                             .iter()
-                            .all(|t| confdir::find_plugin(t, dirs).is_some()))
+                            .all(|t| interlock_libcni::exec::find_plugin(t, dirs).is_some()))
             })
     })
 }
@@ -142,7 +143,8 @@ pub fn effective_verdict(
     accepts: &[String],
 ) -> Result<String, String> {
     let dirs = &cfg.bin_dirs;
-    let present = |t: &str| t == plan::PLUGIN_TYPE || confdir::find_plugin(t, dirs).is_some();
+    let present =
+        |t: &str| t == plan::PLUGIN_TYPE || interlock_libcni::exec::find_plugin(t, dirs).is_some();
     let bins = Binaries {
         dirs,
         present: &present,
@@ -234,7 +236,6 @@ pub fn apply(dir: &Path, a: &Action) -> std::io::Result<()> {
 /// A readable description of an action for the log (names escaped: a file name can
 /// carry terminal escape sequences).
 pub fn describe(a: &Action) -> String {
-    use confdir::shown;
     match a {
         Action::Write { name, bytes, mode } => {
             format!(
@@ -333,7 +334,7 @@ fn find_known(
     if let Some(found) = known.get(t) {
         return found.clone();
     }
-    let found = confdir::find_plugin(t, dirs);
+    let found = interlock_libcni::exec::find_plugin(t, dirs);
     known.insert(t.to_string(), found.clone());
     found
 }
@@ -495,7 +496,7 @@ impl Guard {
             };
             info!(
                 "{} in {} changed since interlock wrote it and {found}: counted as a conflict",
-                confdir::shown(f),
+                shown(f),
                 dir.display()
             );
             if let Verdict::BackOff(d) = self.conflicts.record_conflict(f, now) {
@@ -503,7 +504,7 @@ impl Guard {
                     "{} in {} keeps being rewritten by another writer, undoing interlock's change; \
                      backing off for {d:?} and reporting not ready. Find the other writer \
                      (another CNI installer or a second interlock with different flags)",
-                    confdir::shown(f),
+                    shown(f),
                     dir.display()
                 );
             }
@@ -577,7 +578,7 @@ impl Guard {
                 Ok(Replaced::Yielded { why }) => {
                     info!(
                         "left {} in {} as its writer wrote it: {why}; deciding again",
-                        confdir::shown(a.file()),
+                        shown(a.file()),
                         dir.display()
                     );
                     self.retry_soon();

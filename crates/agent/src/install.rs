@@ -3,7 +3,7 @@
 //! plugin binaries which spec versions they support (cached per binary identity).
 
 use crate::error::AgentError;
-use interlock_protocol::atomic::write_file_atomic;
+use interlock_contract::atomic::write_file_atomic;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// How long a plugin may take to answer VERSION (then it and its children are killed).
-pub use interlock_protocol::exec::VERSION_TIMEOUT;
+pub use interlock_libcni::exec::VERSION_TIMEOUT;
 
 /// Identity of a file on disk, to notice replacement or a mode change without
 /// re-hashing: `chmod -x` changes only the mode and ctime, and must be noticed on the
@@ -51,7 +51,7 @@ pub fn sha256_hex(data: &[u8]) -> String {
 /// after) and returns its `supportedVersions`.
 pub fn query_versions(binary: &Path) -> Result<Vec<String>, String> {
     let dirs: Vec<PathBuf> = binary.parent().map(Path::to_path_buf).into_iter().collect();
-    interlock_protocol::exec::plugin_version_within(binary, &dirs, VERSION_TIMEOUT)
+    interlock_libcni::exec::plugin_version_within(binary, &dirs, VERSION_TIMEOUT)
         .map(|i| i.supported_versions)
         .map_err(|e| e.to_string())
 }
@@ -96,7 +96,7 @@ impl VersionCache {
             .name("interlock-version".into())
             .spawn(move || {
                 let answer =
-                    interlock_protocol::exec::plugin_version_within(&path, &dirs, VERSION_TIMEOUT)
+                    interlock_libcni::exec::plugin_version_within(&path, &dirs, VERSION_TIMEOUT)
                         .map(|i| i.supported_versions)
                         .map_err(|e| e.to_string());
                 let _ = tx.send(answer);
@@ -191,7 +191,7 @@ impl PluginInstaller {
     pub fn new(source: &Path) -> Result<PluginInstaller, AgentError> {
         // A regular file only (a FIFO would block the start), and not absurdly large.
         let data =
-            interlock_protocol::bounded::read_regular(source, MAX_PLUGIN_BYTES).map_err(|e| {
+            interlock_contract::bounded::read_regular(source, MAX_PLUGIN_BYTES).map_err(|e| {
                 AgentError::PluginSource {
                     path: source.to_path_buf(),
                     reason: e.to_string(),
@@ -296,7 +296,7 @@ pub fn same_content(path: &Path, data: &[u8]) -> bool {
     use std::io::Read;
     // Opened without blocking and only if it is a regular file of our size: anyone who
     // can write the bin dir could have put a FIFO there.
-    let Ok((mut f, _)) = interlock_protocol::bounded::open_regular(path, data.len() as u64) else {
+    let Ok((mut f, _)) = interlock_contract::bounded::open_regular(path, data.len() as u64) else {
         return false;
     };
     let mut buf = [0u8; 64 * 1024];

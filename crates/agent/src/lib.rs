@@ -4,7 +4,7 @@
 //! it within milliseconds after anyone else touches the conf dir, and reports readiness
 //! truthfully (health endpoints and the readiness marker `interlock check` reads).
 //!
-//! Layout: the conf dir as a runtime sees it is `interlock_protocol::confdir` (shared
+//! Layout: the conf dir as a runtime sees it is `interlock_confdir` (shared
 //! with `interlock check`); [`plan`] decides what to write (pure), [`conflict`] decides
 //! when another writer is in conflict with us and when to back off (pure),
 //! [`readiness`] is the readiness matrix (pure), [`guard`] is the thin layer that reads,
@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{error, info, warn};
 
-pub use interlock_protocol::confdir::Runtime;
+pub use interlock_confdir::Runtime;
 
 /// Whether to talk to the Kubernetes API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,7 +245,7 @@ pub fn load_plugin_config(path: &Path) -> Result<Map<String, Value>, AgentError>
         path: path.to_path_buf(),
         reason,
     };
-    let bytes = interlock_protocol::bounded::read_config(path)
+    let bytes = interlock_contract::bounded::read_config(path)
         .map_err(|e| bad(format!("cannot read: {e}")))?;
     let map = match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(m)) => m,
@@ -436,7 +436,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         // clones, compares and writes them, all recursive.
         std::thread::Builder::new()
             .name("interlock-guard".into())
-            .stack_size(interlock_protocol::gojson::DEEP_VALUE_STACK)
+            .stack_size(interlock_libcni::gojson::DEEP_VALUE_STACK)
             .spawn(move || {
                 g.run(rx);
                 let _ = done_tx.send(());

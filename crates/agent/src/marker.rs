@@ -13,7 +13,7 @@ pub use interlock_contract::marker::ReadinessMarker as Marker;
 /// Writes `m` atomically into `state_dir` (creating the directory).
 pub fn write(state_dir: &Path, m: &Marker) -> std::io::Result<()> {
     std::fs::create_dir_all(state_dir)?;
-    interlock_protocol::atomic::write_file_atomic(
+    interlock_contract::atomic::write_file_atomic(
         &marker_path(state_dir),
         &m.to_bytes(),
         Some(0o644),

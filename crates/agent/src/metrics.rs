@@ -1,6 +1,6 @@
 //! The agent's Prometheus series, one struct per subsystem, each registered once into the
 //! registry that `/metrics` encodes. Every series is listed in [`SERIES`] and documented in
-//! the README (section "Health endpoints, metrics and logs").
+//! docs/operate.md (section "Metrics").
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;

@@ -7,10 +7,13 @@
 //! original out of the runtime's way (`<name>.interlock-orig`), from where uninstall
 //! restores it unchanged. The thin layer in [`crate::guard`] executes a [`Plan`] in order.
 
+use interlock_cni_types::version::{CniVersion, SemVer};
+use interlock_confdir::{
+    self as confdir, Binaries, Candidate, DirEntry, Parsed, Runtime, Snapshot,
+};
 use interlock_contract::layout;
-use interlock_protocol::confdir::{self, Binaries, Candidate, DirEntry, Parsed, Runtime, Snapshot};
-use interlock_protocol::version::{CniVersion, SemVer};
-use interlock_protocol::ConfFormat;
+use interlock_contract::shown::shown;
+use interlock_libcni::ConfFormat;
 use serde_json::{Map, Value};
 use std::collections::{HashMap, HashSet};
 
@@ -21,7 +24,7 @@ pub use interlock_contract::config::PLUGIN_TYPE;
 pub const BACKUP_SUFFIX: &str = ".interlock-orig";
 
 /// Plugin types of meta plugins that must stay first (we chain into them instead).
-pub use interlock_protocol::confdir::META_PLUGIN_TYPES;
+pub use interlock_confdir::META_PLUGIN_TYPES;
 
 /// Permission bits interlock gives a config it writes: never writable by group or
 /// others, whatever the primary's mode (a world-writable primary must not let an
@@ -293,8 +296,7 @@ pub fn is_ours(c: &Candidate<'_>) -> bool {
 /// Serialises a config the way the guard writes it (pretty, trailing newline; indented
 /// only so deep that a 10,000-deep config stays its own size).
 pub fn render(map: &Map<String, Value>) -> Vec<u8> {
-    let mut out =
-        interlock_protocol::conf::pretty_json(&interlock_protocol::gojson::StackSafe(map));
+    let mut out = interlock_libcni::conf::pretty_json(&interlock_libcni::gojson::StackSafe(map));
     out.push(b'\n');
     out
 }
@@ -532,7 +534,7 @@ fn chain_into(
                         "cannot wrap {} into {w}: {w} already exists and is not ours; \
                          remove one of them or set --chain-target",
                         c.entry.shown(),
-                        w = confdir::shown(&wrapped)
+                        w = shown(&wrapped)
                     ));
                 }
             }
@@ -545,7 +547,7 @@ fn chain_into(
                 format!(
                     "cannot wrap {} into {}: {e}",
                     c.entry.shown(),
-                    confdir::shown(&wrapped)
+                    shown(&wrapped)
                 )
             })?;
             let bytes = render(&list);
@@ -1087,7 +1089,7 @@ pub fn check_effective_with(
     let name = chosen
         .path
         .file_name()
-        .map(confdir::shown_os)
+        .map(interlock_contract::shown::shown_os)
         .unwrap_or_default();
     let parsed = Parsed {
         list: chosen.list.clone(),

@@ -30,8 +30,8 @@
 //! race, the newer foreign version is under the temp name, and the next start sweeps it
 //! away as a dead writer's temp file; the primary's next write is followed as usual.
 
-use interlock_protocol::atomic::{self, syncs_in, write_file_atomic};
-use interlock_protocol::bounded;
+use interlock_contract::atomic::{self, syncs_in, write_file_atomic};
+use interlock_contract::bounded;
 use nix::errno::Errno;
 use nix::fcntl::{renameat2, RenameFlags};
 use std::fs::{self, File};

@@ -5,8 +5,8 @@ use interlock_agent::plan::{
     is_owned_name, owned_name_before, plan, plan_uninstall, Action, ConfigMode, Facts, Settings,
 };
 use interlock_agent::plugin_entry;
+use interlock_confdir::{DirEntry, Runtime, Snapshot};
 use interlock_contract::layout::HOLDING_NETWORK;
-use interlock_protocol::confdir::{DirEntry, Runtime, Snapshot};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::Path;

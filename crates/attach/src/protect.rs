@@ -18,9 +18,9 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use interlock_cni_types::{CniError, CniResult, CniVersion};
 use interlock_contract::codes::{code_for_step, Step};
 use interlock_contract::state::NetnsRecord;
-use interlock_protocol::{CniError, CniResult, CniVersion};
 use interlock_redirect::backend::{self, BackendKind};
 use interlock_redirect::netns::{pod_netns_id, NetnsError, NetnsId, PodNetns};
 use interlock_redirect::netns_record::{NetnsLock, NetnsStore};
@@ -660,7 +660,7 @@ mod tests {
             container_id: "c".into(),
             ifname: "eth0".into(),
         };
-        let prev = CniResult::empty(interlock_protocol::CniVersion::V1_0_0);
+        let prev = CniResult::empty(interlock_cni_types::CniVersion::V1_0_0);
         let not = Decision::NotMeshed {
             reason: "test".into(),
         };

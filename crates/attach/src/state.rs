@@ -69,11 +69,11 @@ fn default_source() -> Source {
 /// bounded, so a FIFO or a huge file planted in the state dir cannot stall DEL or GC.
 const MAX_STATE_BYTES: u64 = 1 << 20;
 
-/// Reads a state file with [`interlock_protocol::bounded::read_regular`]; `None` when it
+/// Reads a state file with [`interlock_contract::bounded::read_regular`]; `None` when it
 /// does not exist (a new pod's case: no message is built for it), an error naming the
 /// file otherwise (`InvalidData` when it is refused: not regular, too large).
 fn read_state(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    use interlock_protocol::bounded::{read_regular, BoundedReadError};
+    use interlock_contract::bounded::{read_regular, BoundedReadError};
     match read_regular(path, MAX_STATE_BYTES) {
         Ok(bytes) => Ok(Some(bytes)),
         Err(e) if e.is_not_found() => Ok(None),

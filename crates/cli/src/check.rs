@@ -21,11 +21,11 @@ use std::time::Duration;
 use clap::{Args, Subcommand, ValueEnum};
 use interlock_agent::plan::{self, Action, ConfigMode, Facts};
 use interlock_agent::AgentConfig;
+use interlock_confdir::{self as confdir, Effective, Runtime};
 use interlock_contract::config::PLUGIN_TYPE;
 use interlock_contract::layout::marker_path;
 use interlock_contract::marker::ReadinessMarker;
 use interlock_contract::time::now_ms;
-use interlock_protocol::confdir::{self, Effective, Runtime};
 use judge::{chain_types, BinaryFacts, Content, Judgement, Observed, Readyz, Stale};
 use report::{AgentDoc, BinaryDoc, EffectiveDoc, NodeReport, Parts, ReadyzDoc, Settings, Style};
 use sandboxes::SandboxesSeen;
@@ -152,7 +152,7 @@ pub fn emit<T: serde::Serialize>(
     let written = match output {
         // Indented only so deep that a 10,000-deep config stays its own size.
         Output::Json => out
-            .write_all(&interlock_protocol::conf::pretty_json(doc))
+            .write_all(&interlock_libcni::conf::pretty_json(doc))
             .and_then(|()| writeln!(out)),
         Output::Text => {
             let colour = std::io::stdout().is_terminal()
@@ -362,12 +362,12 @@ fn plugin_source(a: &NodeArgs) -> Result<PathBuf, String> {
 /// The file at `interlock-cni` in the bin dirs: its VERSION answer, and whether it is
 /// byte for byte the plugin this interlock ships (the agent's own content check).
 fn binary_facts(a: &NodeArgs) -> Option<BinaryFacts> {
-    let path = confdir::find_plugin(PLUGIN_TYPE, &a.cni_bin_dirs)?;
-    let answer = interlock_protocol::exec::plugin_version(&path, &a.cni_bin_dirs);
+    let path = interlock_libcni::exec::find_plugin(PLUGIN_TYPE, &a.cni_bin_dirs)?;
+    let answer = interlock_libcni::exec::plugin_version(&path, &a.cni_bin_dirs);
     let source = plugin_source(a);
     let content = match &source {
         Err(_) => Content::Unverified,
-        Ok(src) => match interlock_protocol::bounded::read_regular(
+        Ok(src) => match interlock_contract::bounded::read_regular(
             src,
             interlock_agent::install::MAX_PLUGIN_BYTES,
         ) {
@@ -417,7 +417,9 @@ fn missing_plugins(e: &Effective, a: &NodeArgs) -> Vec<String> {
     let Some(c) = &e.chosen else { return vec![] };
     let mut out: Vec<String> = chain_types(&c.list)
         .into_iter()
-        .filter(|t| t != PLUGIN_TYPE && confdir::find_plugin(t, &a.cni_bin_dirs).is_none())
+        .filter(|t| {
+            t != PLUGIN_TYPE && interlock_libcni::exec::find_plugin(t, &a.cni_bin_dirs).is_none()
+        })
         .collect();
     out.dedup();
     out
@@ -475,7 +477,7 @@ fn stale_copy(
             let v = binary.and_then(|b| b.versions.as_ref().ok()).cloned()?;
             facts.present_types.insert(t.clone());
             facts.versions.insert(t, v);
-        } else if let Some(bin) = confdir::find_plugin(&t, &a.cni_bin_dirs) {
+        } else if let Some(bin) = interlock_libcni::exec::find_plugin(&t, &a.cni_bin_dirs) {
             facts.present_types.insert(t.clone());
             if let Ok(v) = interlock_agent::install::query_versions(&bin) {
                 facts.versions.insert(t, v);

@@ -21,11 +21,12 @@ use std::process::Command;
 use clap::{Args, Subcommand};
 use interlock_agent::audit::{self, RulesSeen};
 use interlock_agent::sandbox_audit::{self, Inspection};
+use interlock_confdir::{self as confdir, Runtime};
 use interlock_contract::layout::marker_path;
 use interlock_contract::marker::ReadinessMarker;
+use interlock_contract::shown::shown;
 use interlock_contract::state::NetnsRecord;
 use interlock_cri::SandboxStatus;
-use interlock_protocol::confdir::{self, Runtime};
 use interlock_redirect::backend::BackendKind;
 use interlock_redirect::decision::Decision;
 use interlock_redirect::netns::{NetnsId, PodNetns};
@@ -500,7 +501,7 @@ pub fn render(out: &mut impl Write, r: &InspectReport, style: Style) -> std::io:
         writeln!(out, "  (none of interlock's)")?;
     }
     for l in &r.rules_present {
-        writeln!(out, "  {}", confdir::shown(l))?;
+        writeln!(out, "  {}", shown(l))?;
     }
     if !r.difference.is_empty() {
         writeln!(out, "difference:")?;

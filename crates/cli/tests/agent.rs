@@ -1,6 +1,6 @@
 //! `interlock agent` as a process against throwaway conf/bin/state dirs, with adversaries
 //! written as test code. Each test asserts the final effective config (by
-//! `interlock_protocol::confdir::load`) and that no foreign data was lost.
+//! `interlock_confdir::load`) and that no foreign data was lost.
 
 mod common;
 
@@ -602,9 +602,9 @@ fn crio_rules_skip_unusable_files_and_own_writes_do_not_loop() {
         || a.ready() == Some(true),
         || a.log_text(),
     );
-    let eff = interlock_protocol::confdir::load(
+    let eff = interlock_confdir::load(
         &d.conf,
-        interlock_protocol::confdir::Runtime::Crio,
+        interlock_confdir::Runtime::Crio,
         std::slice::from_ref(&d.bin),
     )
     .unwrap();
@@ -705,7 +705,7 @@ fn old_cni_version_is_raised_or_reported_in_chain_and_owned_mode() {
     let w = d.json("10-aws.conflist");
     let v = w["cniVersion"].as_str().unwrap().to_string();
     assert!(
-        v.parse::<interlock_protocol::CniVersion>().is_ok(),
+        v.parse::<interlock_cni_types::CniVersion>().is_ok(),
         "wrapped at {v}"
     );
     assert!(a.terminate().success());

@@ -591,7 +591,10 @@ fn another_meshs_plugin_in_the_chain_is_unprotected() {
         let f = &v["findings"][0];
         assert_eq!(f["id"], "config.other-mesh", "{v:#}");
         assert!(f["message"].as_str().unwrap().contains(mesh), "{f}");
-        assert!(f["hint"].as_str().unwrap().contains("Migrating"), "{f}");
+        assert!(
+            f["hint"].as_str().unwrap().contains("docs/migration.md"),
+            "{f}"
+        );
     }
 }
 

@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use interlock_protocol::conf;
+use interlock_libcni::conf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -58,7 +58,7 @@ fn kill_9_during_repairs_never_exposes_a_partial_or_invalid_file() {
                     .unwrap()
                     .filter_map(|e| e.ok())
                     .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| interlock_protocol::confdir::is_config_name(n))
+                    .filter(|n| interlock_confdir::is_config_name(n))
                     .collect();
                 names.sort();
                 if names.is_empty() {

@@ -85,6 +85,16 @@ fn the_image_rootfs_holds_both_binaries_static() {
         .unwrap();
     let answer: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
     assert_eq!(answer["interlockVersion"], interlock_buildinfo::VERSION);
+    // The image's plugin runs the lean start-up, and its invariants hold.
+    let check = Command::new(bin.join("interlock-cni"))
+        .arg("--self-check")
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success() && report.contains("interlock's lean start-up ran"),
+        "{report}"
+    );
     // The manifests run the agent from there and install the plugin from there.
     let yaml = std::fs::read_to_string(repo().join("deploy/interlock.yaml")).unwrap();
     assert!(yaml.contains(r#"command: ["/usr/local/bin/interlock", "agent"]"#));
@@ -169,7 +179,7 @@ fn the_image_plugin_places_the_code_of_an_add_first() {
         "the image's plugin asks the CPU for SHA extensions (built without the soft-sha256 \
          feature): {probes:?}"
     );
-    // Built with the lean-start feature: the start-up is crates/plugin/start/lean_start.c,
+    // Built with the lean-start feature: the start-up is crates/lean-start/c/lean_start.c,
     // so glibc's, which identifies the CPU with 43 `cpuid` (its local functions below come
     // only with it), is not in the binary.
     let identify: Vec<&String> = at

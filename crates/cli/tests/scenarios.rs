@@ -1,4 +1,4 @@
-//! The seed's scenarios on real containerd, each on its own node in a box
+//! The three race scenarios on real containerd, each on its own node in a box
 //! ([`interlock_testkit::node`]): a private containerd with the reference primary
 //! (`bridge` + `host-local` + `portmap` as `10-calico.conflist`, cniVersion 0.3.1), the
 //! real `interlock agent` and `interlock-cni`, and sandboxes created over CRI. Whether a

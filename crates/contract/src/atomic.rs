@@ -3,8 +3,8 @@
 //! is written through here.
 //!
 //! On tmpfs (a node's `/run`, where the plugin's state lives) nothing survives a crash
-//! anyway, so the fsyncs are skipped there: ~13 µs of a pod ADD for nothing. The rename
-//! stays, and with it what readers see.
+//! anyway, so the fsyncs are skipped there: they would cost every pod ADD time for
+//! nothing. The rename stays, and with it what readers see.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};

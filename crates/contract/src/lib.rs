@@ -4,13 +4,16 @@
 //! Kubernetes names users configure node pools and alerts with ([`names`]), file names and
 //! the state dir's layout ([`layout`]), CNI and interlock error codes with the steps they
 //! belong to ([`codes`]), the records the plugin keeps per attachment and per netns
-//! ([`state`]), atomic writes for all of these files ([`atomic`]), and the one clock and
-//! timestamp format of every log ([`time`]).
+//! ([`state`]), atomic writes for all of these files ([`atomic`]) and bounded reads of
+//! files others may have planted ([`bounded`]), file names made safe to print
+//! ([`shown`]), and the one clock and timestamp format of every log ([`time`]).
 //!
-//! Depends on serde only, so every crate can use it and none drags another's stack in.
+//! Depends on serde, nix and thiserror only, so every crate can use it and none drags
+//! another's stack in.
 
 pub mod agent_socket;
 pub mod atomic;
+pub mod bounded;
 pub mod codes;
 pub mod config;
 pub mod layout;
@@ -19,6 +22,7 @@ pub mod names;
 pub mod pod;
 pub mod profile;
 pub mod rbac;
+pub mod shown;
 pub mod state;
 pub mod time;
 

@@ -220,7 +220,7 @@ pub enum Ack {
 
 /// One message of a batch: where its header starts in `Batch::buf`. Its description
 /// for errors is decoded from the message itself ([`Batch::describe`]), so building a
-/// batch formats no text (that was ~3 % of a meshed ADD's instructions).
+/// batch formats no text (a share of a meshed ADD's instructions otherwise).
 #[derive(Debug, Clone)]
 struct Entry {
     /// Offset of the message header in `Batch::buf`.

@@ -5,9 +5,10 @@
 //! kernel also sizes the datagrams of a dump after the largest buffer the socket has
 //! offered (up to 32 KiB), and ends a dump early when one object does not fit an empty
 //! datagram. So the buffer stays large ([`RECV_BUFFER`]). What costs is not its size but
-//! touching it: zero-filling 64 KiB of fresh heap is 16 page faults, about 40 µs of a
-//! ~1 ms plugin ADD. The buffer therefore lives in `.bss`, whose pages the kernel maps
-//! only when a reply is written into them (a reply of 3 KB costs one page), and is shared
+//! touching it: zero-filling 64 KiB of fresh heap faults in every one of its pages, in a
+//! plugin process that lives for one ADD. The buffer therefore lives in `.bss`, whose
+//! pages the kernel maps only when a reply is written into them (a small reply costs one
+//! page), and is shared
 //! by every socket of the process; a thread that finds it busy (the agent, receiving on
 //! several threads at once) falls back to a heap buffer of its own.
 

@@ -1,12 +1,13 @@
 //! The `interlock-cni` chained CNI plugin, as a library.
 //!
 //! `main.rs` only reads the environment and stdin and calls [`run`], which hands them to
-//! the protocol skeleton (`interlock_protocol::skel`) with this plugin's verbs
+//! the protocol skeleton (`interlock_cni_types::skel`) with this plugin's verbs
 //! ([`verbs`], one file each). The rest, by what it holds: the mesh decision
 //! ([`decide`], pure) and its effects ([`protect`]), what is recorded ([`protection`],
 //! [`state`] per attachment; per netns: `interlock_redirect::netns_record`), where annotations come from
 //! besides the runtime ([`lookup`], [`agent_client`]), the backend detection cache
-//! ([`backend_cache`]), the pod's identity ([`identity`]) and the log ([`log`]). The
+//! ([`backend_cache`]), the pod's identity ([`identity`]), the log ([`log`]) and
+//! `--self-check` of the process start-up ([`self_check`]). The
 //! plugin's config, error codes and state-dir layout are `interlock_contract`'s.
 //!
 //! # Verbs
@@ -77,23 +78,24 @@ pub mod agent_client;
 pub mod decide;
 pub mod log;
 pub mod lookup;
+pub mod self_check;
 pub mod verbs;
 
 // The attachment's protection is shared with the agent's in-place repair: one definition,
 // in `interlock-attach`, re-exported here under the names the plugin always used.
 pub use interlock_attach::{backend_cache, identity, protect, protection, state};
 
+use interlock_cni_types::error::CniError;
+pub use interlock_cni_types::skel::{CniEnv, Outcome};
+use interlock_cni_types::CniVersion;
 use interlock_contract::codes;
-use interlock_protocol::error::CniError;
-pub use interlock_protocol::skel::{CniEnv, Outcome};
-use interlock_protocol::CniVersion;
 
 pub use verbs::InterlockCni;
 
 /// Runs one invocation of `interlock-cni`. Never panics through to the caller: a bug
 /// becomes error 100.
 pub fn run(env: &CniEnv, stdin: &[u8]) -> Outcome {
-    interlock_protocol::skel::run(&InterlockCni, env, stdin)
+    interlock_cni_types::skel::run(&InterlockCni, env, stdin)
 }
 
 /// The error printed when the plugin hits a bug (also used by `main`'s panic hook).

@@ -84,8 +84,8 @@ impl Logger {
     }
 
     /// Logs at debug level the message `msg` builds, building it only when debug is
-    /// enabled: a pod's identity with its annotations is worth formatting only then (it
-    /// was about 3 % of a meshed ADD's instructions at the default level).
+    /// enabled: a pod's identity with its annotations is worth formatting only then, not on
+    /// every ADD at the default level.
     pub fn debug_with(&self, msg: impl FnOnce() -> String) {
         if LogLevel::Debug <= self.level {
             self.log(LogLevel::Debug, &msg())

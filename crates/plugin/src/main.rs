@@ -17,8 +17,18 @@ use std::io::{Read, Write};
 // `no_mangle` is the only way to provide the C `main` symbol; nothing else is unsafe here.
 #[allow(unsafe_code)]
 #[no_mangle]
-pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
+pub extern "C" fn main(argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
     guard_standard_fds();
+    // A runtime passes no arguments; `--self-check` is for an operator and the tests.
+    if argc > 1
+        && std::env::args_os()
+            .nth(1)
+            .is_some_and(|a| a == "--self-check")
+    {
+        let (report, passed) = interlock_cni::self_check::report();
+        let _ = standard_fd(1).write_all(report.as_bytes());
+        return libc::c_int::from(!passed);
+    }
     // Single-threaded: enter pod namespaces on this thread rather than starting one.
     interlock_redirect::netns::enter_on_calling_thread();
     let mut pipe = nix::sys::signal::SigSet::empty();

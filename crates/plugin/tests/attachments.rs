@@ -10,7 +10,8 @@ use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener};
 
 use common::*;
-use interlock_protocol::exec::{Command as Verb, RuntimeConf};
+use interlock_cni_types::Command as Verb;
+use interlock_libcni::RuntimeConf;
 use interlock_redirect::netns::in_netns;
 use interlock_redirect::probe::original_dst;
 use interlock_testkit::require_root;

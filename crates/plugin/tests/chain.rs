@@ -1,13 +1,15 @@
 //! The chain the issue demands: `bridge` (+ `host-local`) → `portmap` → `interlock-cni`
-//! (the built binary), run through interlock-protocol's runtime in throwaway network
+//! (the built binary), run through interlock-libcni's runtime in throwaway network
 //! namespaces, for every spec version the reference plugins accept.
 
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use interlock_protocol::exec::{Chain, ExecError, RuntimeConf};
-use interlock_protocol::{error, parse_conflist, CniVersion};
+use interlock_cni_types::{error, CniVersion};
+use interlock_libcni::exec::{Chain, ExecError};
+use interlock_libcni::parse_conflist;
+use interlock_libcni::RuntimeConf;
 use interlock_testkit::{cni_plugins_dir, require_root, tempdir, unique, Netns, TempDir};
 use serde_json::{json, Value};
 
@@ -244,7 +246,7 @@ fn chain_1_1_0() {
         fs::create_dir_all(store.dir()).unwrap();
         fs::write(store.dir().join(format!("{cid}+eth0.json")), "{}").unwrap();
     }
-    let valid = [interlock_protocol::exec::Attachment {
+    let valid = [interlock_libcni::exec::Attachment {
         container_id: "keep".into(),
         ifname: "eth0".into(),
     }];

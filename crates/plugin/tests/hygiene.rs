@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
-use interlock_protocol::exec::Command as Verb;
+use interlock_cni_types::Command as Verb;
 use interlock_redirect::probe::original_dst;
 use interlock_testkit::require_root;
 use serde_json::json;

@@ -239,11 +239,11 @@ fn add_converts_prev_result_del_is_idempotent_check_knows_the_attachment() {
         assert_eq!(r.code, 0, "{v}: {} {}", r.stdout, r.stderr);
         let out = r.json();
         assert_eq!(out["cniVersion"], v);
-        let expected = interlock_protocol::CniResult::from_value(prev_031(), None)
+        let expected = interlock_cni_types::CniResult::from_value(prev_031(), None)
             .unwrap()
             .convert(v.parse().unwrap());
         assert_eq!(
-            interlock_protocol::CniResult::from_value(out.clone(), None).unwrap(),
+            interlock_cni_types::CniResult::from_value(out.clone(), None).unwrap(),
             expected
         );
         assert_eq!(

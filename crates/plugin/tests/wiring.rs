@@ -140,7 +140,7 @@ fn scenario(mesh: &Mesh, backend: &str, dual: bool) {
     n.del(&chain, &a).unwrap();
     assert!(n.state_of(&a.rt).is_none());
     assert_no_interlock_rules(&a.ns);
-    let late = interlock_protocol::exec::RuntimeConf::new(&a.rt.container_id, "", "eth0");
+    let late = interlock_libcni::RuntimeConf::new(&a.rt.container_id, "", "eth0");
     n.node.run(|| chain.del(&late, None)).unwrap();
     n.del(&chain, &b).unwrap();
     let log = n.log();
@@ -590,8 +590,8 @@ fn status_and_a_meshed_add_need_no_agent() {
         "cniVersion": "1.1.0", "name": "ilnet",
         "plugins": [n.interlock_entry(json!({ "backend": "nftables" }))],
     });
-    let list = interlock_protocol::parse_conflist(doc.to_string().as_bytes()).unwrap();
-    let status = interlock_protocol::exec::Chain::new(list, vec![n.bins.path().into()]).unwrap();
+    let list = interlock_libcni::parse_conflist(doc.to_string().as_bytes()).unwrap();
+    let status = interlock_libcni::exec::Chain::new(list, vec![n.bins.path().into()]).unwrap();
     n.node
         .run(|| status.status())
         .unwrap_or_else(|e| panic!("STATUS: {e}"));

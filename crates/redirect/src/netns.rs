@@ -272,8 +272,8 @@ pub fn pod_netns_id(path: &Path) -> Result<NetnsId, NetnsError> {
 
 /// The calling thread's netns, as `SIOCGSKNS` gives it for a fresh socket (sockets are
 /// made in the creating thread's netns): what opening [`OWN_NETNS`] gives, without the
-/// procfs walk, which in a new process first builds the process's `/proc` entries
-/// (about 13 us of a plugin ADD, against about 8 us). `None` where the kernel refuses it
+/// procfs walk, which in a new process first builds the process's `/proc` entries (the
+/// plugin is a new process on every ADD). `None` where the kernel refuses it
 /// (it wants `CAP_NET_ADMIN`; before Linux 4.10 it does not know it): open the file then.
 fn own_netns_of_socket() -> Option<File> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

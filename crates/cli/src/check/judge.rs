@@ -1,11 +1,12 @@
 //! The verdict on a node from what `check` observed: pure, so every case is unit-tested
-//! without root. Each finding has a stable id and a hint (the README's troubleshooting
+//! without root. Each finding has a stable id and a hint (docs/check.md's findings
 //! section has one entry per id); the verdict follows from the worst finding.
 
 use super::sandboxes::{SandboxVerdict, SandboxesSeen};
+use interlock_confdir::{self as confdir, Effective};
 use interlock_contract::config::{PLUGIN_TYPE, POD_ANNOTATIONS_CAPABILITY};
 use interlock_contract::marker::ReadinessMarker;
-use interlock_protocol::confdir::{self, Effective};
+use interlock_contract::shown::{shown, shown_os};
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -203,7 +204,7 @@ const HINT_WAITING_FOR_PRIMARY: &str = "look at the primary CNI (its DaemonSet a
 const HINT_VERSION: &str = "use a cniVersion interlock-cni supports (INTERLOCK_MAX_CNI_VERSION caps what the agent writes)";
 const HINT_CAPABILITY: &str = "let the agent write the entry, or add \"capabilities\": {\"io.kubernetes.cri.pod-annotations\": true} to it";
 const HINT_PLUGIN_MISSING: &str = "install the primary's plugin binaries into the bin dir (the primary CNI's DaemonSet does this), or fix INTERLOCK_CNI_BIN_DIR";
-const HINT_OTHER_MESH: &str = "remove the mesh's own CNI plugin (its CNI DaemonSet) before relying on interlock: see README, Migrating";
+const HINT_OTHER_MESH: &str = "remove the mesh's own CNI plugin (its CNI DaemonSet) before relying on interlock: see docs/migration.md";
 const HINT_STALE: &str = "start the interlock agent (it rewrites the copy at once); until then pods get the old settings";
 const HINT_BINARY_MISSING: &str =
     "start the interlock agent (it installs the plugin), or fix INTERLOCK_CNI_BIN_DIR";
@@ -241,7 +242,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
             HINT_NO_NETWORK,
         ),
         Some(c) => {
-            let name = confdir::shown_os(c.path.file_name().unwrap_or_default());
+            let name = shown_os(c.path.file_name().unwrap_or_default());
             let types = chain_types(&c.list);
             let chain = c.list.plugin_types().join(" → ");
             let others: Vec<&str> = OTHER_MESH_PLUGINS
@@ -370,7 +371,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                 let from = s
                     .source
                     .as_deref()
-                    .map(|p| format!(" (from {})", confdir::shown(p)))
+                    .map(|p| format!(" (from {})", shown(p)))
                     .unwrap_or_default();
                 push(
                     "config.stale",
@@ -379,7 +380,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                     Risk,
                     format!(
                         "{} is not what the agent would write now{from}: {}; pods started now get the old settings",
-                        confdir::shown(&s.file),
+                        shown(&s.file),
                         s.difference
                     ),
                     HINT_STALE,
@@ -401,7 +402,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
             HINT_BINARY_MISSING,
         ),
         Some(b) => {
-            let path = confdir::shown_os(b.path.as_os_str());
+            let path = shown_os(b.path.as_os_str());
             match (&b.versions, &b.content, &b.build) {
                 (_, Content::Differs, None) | (Ok(_), Content::Unverified, None) => push(
                     "binary.not-interlock",
@@ -413,7 +414,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                         match &b.source {
                             Ok(src) if b.content == Content::Differs => format!(
                                 "its content differs from {} and it does not answer VERSION as interlock-cni",
-                                confdir::shown_os(src.as_os_str())
+                                shown_os(src.as_os_str())
                             ),
                             _ => "it does not answer VERSION as interlock-cni".to_string(),
                         }
@@ -438,7 +439,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                         interlock_buildinfo::VERSION,
                         b.source
                             .as_ref()
-                            .map(|s| confdir::shown_os(s.as_os_str()))
+                            .map(|s| shown_os(s.as_os_str()))
                             .unwrap_or_default()
                     ),
                     HINT_OTHER_BUILD,
@@ -664,7 +665,7 @@ pub fn conclude(mut f: Vec<Finding>, protected_summary: Option<String>) -> Judge
 }
 
 /// Every plugin type a chain runs, its thin Multus delegate's too.
-pub fn chain_types(list: &interlock_protocol::NetworkConfigList) -> Vec<String> {
+pub fn chain_types(list: &interlock_libcni::NetworkConfigList) -> Vec<String> {
     let mut types: Vec<String> = list.plugin_types().iter().map(|t| t.to_string()).collect();
     if let Some(d) = confdir::multus_delegate(list) {
         types.extend(
@@ -680,7 +681,7 @@ pub fn chain_types(list: &interlock_protocol::NetworkConfigList) -> Vec<String> 
 
 fn shown_dirs(dirs: &[PathBuf]) -> String {
     dirs.iter()
-        .map(|d| confdir::shown_os(d.as_os_str()))
+        .map(|d| shown_os(d.as_os_str()))
         .collect::<Vec<_>>()
         .join(", ")
 }

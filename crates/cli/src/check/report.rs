@@ -9,8 +9,9 @@
 
 use super::judge::{BinaryFacts, Content, Finding, Judgement, Readyz, Stale, Status, Verdict};
 use super::sandboxes::SandboxDoc;
+use interlock_confdir::Effective;
 use interlock_contract::marker::ReadinessMarker;
-use interlock_protocol::confdir::{self, Effective};
+use interlock_contract::shown::{shown, shown_os};
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -108,11 +109,11 @@ pub struct Settings {
 }
 
 fn shown_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&confdir::shown_os(p.as_os_str()))
+    s.serialize_str(&shown_os(p.as_os_str()))
 }
 
 fn shown_paths<S: serde::Serializer>(p: &[PathBuf], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(p.iter().map(|p| confdir::shown_os(p.as_os_str())))
+    s.collect_seq(p.iter().map(|p| shown_os(p.as_os_str())))
 }
 
 /// One file of the conf dir.
@@ -182,9 +183,9 @@ impl EffectiveDoc {
         let word = |v: &dyn erased::Word| v.word();
         EffectiveDoc {
             runtime: e.runtime.to_string(),
-            dir: confdir::shown_os(e.dir.as_os_str()),
+            dir: shown_os(e.dir.as_os_str()),
             chosen: e.chosen.as_ref().map(|c| ChosenDoc {
-                path: confdir::shown_os(c.path.as_os_str()),
+                path: shown_os(c.path.as_os_str()),
                 format: word(&c.format),
                 network_name: c.network_name.clone(),
                 cni_version: c.list.effective_version(),
@@ -199,7 +200,7 @@ impl EffectiveDoc {
                 .files
                 .iter()
                 .map(|f| FileDoc {
-                    path: confdir::shown_os(f.path.as_os_str()),
+                    path: shown_os(f.path.as_os_str()),
                     verdict: word(&f.verdict),
                     reason: f.reason.clone(),
                 })
@@ -251,16 +252,12 @@ pub struct BinaryDoc {
 impl From<&BinaryFacts> for BinaryDoc {
     fn from(b: &BinaryFacts) -> BinaryDoc {
         BinaryDoc {
-            path: confdir::shown_os(b.path.as_os_str()),
+            path: shown_os(b.path.as_os_str()),
             supported_versions: b.versions.as_ref().ok().cloned(),
             version_error: b.versions.as_ref().err().cloned(),
             interlock_version: b.build.clone(),
             content: b.content.clone(),
-            plugin_source: b
-                .source
-                .as_ref()
-                .ok()
-                .map(|p| confdir::shown_os(p.as_os_str())),
+            plugin_source: b.source.as_ref().ok().map(|p| shown_os(p.as_os_str())),
         }
     }
 }
@@ -475,7 +472,7 @@ fn render_sandboxes(
         return writeln!(out, "  (none ready)");
     }
     // Pod names come from the API: escape them like file names.
-    let pods: Vec<String> = list.iter().map(|s| confdir::shown(&s.pod)).collect();
+    let pods: Vec<String> = list.iter().map(|s| shown(&s.pod)).collect();
     let pw = pods
         .iter()
         .map(|p| p.chars().count())
@@ -502,11 +499,7 @@ fn render_sandboxes(
             SandboxVerdict::Protected => style.paint("32", &word),
             SandboxVerdict::NotMeshed => word,
         };
-        writeln!(
-            out,
-            "  {pod:<pw$}  {id:<12}  {word}  {}",
-            confdir::shown(&s.reason)
-        )?;
+        writeln!(out, "  {pod:<pw$}  {id:<12}  {word}  {}", shown(&s.reason))?;
     }
     Ok(())
 }

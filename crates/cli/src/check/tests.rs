@@ -3,7 +3,7 @@
 use super::judge::*;
 use super::report::*;
 use super::*;
-use interlock_protocol::confdir::{Binaries, Snapshot};
+use interlock_confdir::{Binaries, Snapshot};
 
 fn judge_full(o: &Observed<'_>) -> (bool, String, Vec<Finding>) {
     let j = judge(o);
@@ -478,7 +478,7 @@ fn another_mesh_plugin_in_the_chain_is_unprotected() {
                 "{}",
                 f.message
             );
-            assert!(f.hint.contains("Migrating"), "{}", f.hint);
+            assert!(f.hint.contains("docs/migration.md"), "{}", f.hint);
         }
         // The mesh alone: its redirection, not interlock's — said as such.
         let list = format!(
@@ -495,8 +495,8 @@ fn another_mesh_plugin_in_the_chain_is_unprotected() {
     }
 }
 
-/// Every id has a hint, and ids are unique per finding kind (stable: the README's
-/// troubleshooting guide lists them).
+/// Every id has a hint, and ids are unique per finding kind (stable: docs/check.md
+/// lists them).
 #[test]
 fn every_failed_or_warned_finding_has_a_hint() {
     let now = 1_000_000;
@@ -620,7 +620,7 @@ CNI conf dir /etc/cni/net.d as containerd loads it:
 
         ID                        FINDING
   FAIL  config.other-mesh         00-interlock.conflist runs istio-cni in the same chain as interlock-cni: each pod's traffic is redirected twice, by two rule sets neither of which knows the other; interlock cannot vouch for the result
-                                  hint: remove the mesh's own CNI plugin (its CNI DaemonSet) before relying on interlock: see README, Migrating
+                                  hint: remove the mesh's own CNI plugin (its CNI DaemonSet) before relying on interlock: see docs/migration.md
   WARN  agent.readyz-unreachable  /readyz could not be asked: nobody answered at 127.0.0.1:9102: Connection refused (os error 111); the verdict rests on the marker alone
                                   hint: set INTERLOCK_HEALTH_ADDR (or --health-addr) to the agent's health address, or `none` not to ask
   ok    config.loaded             containerd loads 00-interlock.conflist: bridge → istio-cni → interlock-cni

@@ -1,7 +1,7 @@
 //! Helpers for driving `interlock agent` as a process against throwaway directories.
 #![allow(dead_code)]
 
-use interlock_protocol::confdir::{self, Effective, Runtime};
+use interlock_confdir::{self as confdir, Effective, Runtime};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};

@@ -6,9 +6,9 @@
 
 use std::time::Instant;
 
+use interlock_cni_types::{CniError, CniResult};
 use interlock_contract::codes::{self, Step};
 use interlock_contract::config::FailurePolicy;
-use interlock_protocol::{CniError, CniResult};
 
 use super::{ms, Call};
 use crate::decide::{self, Decision};

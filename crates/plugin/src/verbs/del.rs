@@ -5,9 +5,9 @@
 
 use std::time::Instant;
 
+use interlock_cni_types::CniError;
 use interlock_contract::codes::{self, Step};
 use interlock_contract::layout;
-use interlock_protocol::CniError;
 use serde_json::Map;
 
 use super::{ms, Call};

@@ -11,8 +11,8 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
+use interlock_cni_types::CniError;
 use interlock_contract::codes;
-use interlock_protocol::CniError;
 
 use super::{ms, Call};
 use crate::protect::{self, micros};

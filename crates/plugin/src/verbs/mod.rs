@@ -1,5 +1,5 @@
 //! The verbs of `interlock-cni`, one file each, behind the protocol skeleton
-//! (`interlock_protocol::skel`): [`InterlockCni`] parses the entry and opens the log for
+//! (`interlock_cni_types::skel`): [`InterlockCni`] parses the entry and opens the log for
 //! every call ([`Ctx`]) and hands each verb a `Call` (the invocation, the entry, the log).
 
 mod add;
@@ -10,10 +10,10 @@ mod status;
 
 pub use status::check_status;
 
+use interlock_cni_types::skel::{Invocation, Plugin};
+use interlock_cni_types::{CniError, CniResult};
 use interlock_contract::config::PluginConfig;
 use interlock_contract::{codes, layout};
-use interlock_protocol::skel::{Invocation, Plugin};
-use interlock_protocol::{CniError, CniResult};
 
 use crate::log::Logger;
 use crate::state::AttachmentKey;

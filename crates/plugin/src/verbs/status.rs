@@ -14,10 +14,10 @@
 
 use std::io;
 
+use interlock_cni_types::CniError;
 use interlock_contract::codes::NOT_AVAILABLE;
 use interlock_contract::config::PluginConfig;
 use interlock_contract::profile::ProfileName;
-use interlock_protocol::CniError;
 
 use super::Call;
 

@@ -10,10 +10,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 
-use interlock_protocol::exec::{
-    exec_plugin, Attachment, Chain, Command as Verb, ExecError, RuntimeConf,
-};
-use interlock_protocol::{parse_conflist, CniResult};
+use interlock_cni_types::{CniResult, Command as Verb};
+use interlock_libcni::exec::{exec_plugin, Attachment, Chain, ExecError};
+use interlock_libcni::{parse_conflist, RuntimeConf};
 pub use interlock_testkit::traffic::*;
 use interlock_testkit::{cni_plugins_dir, tempdir, unique, Netns, TempDir};
 use serde_json::{json, Value};

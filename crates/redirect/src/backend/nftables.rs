@@ -33,11 +33,10 @@
 //! Only TCP reaches the inner chains (the base chains' jumps match it), so their rules do
 //! not repeat `meta l4proto tcp`: `th dport` reads the TCP header's destination port.
 //! Each expression costs the kernel a walk of every registered expression type by name
-//! when the rule is added (1.3 µs each on kernel 6.18 with every nft module built in:
-//! the largest share of the transaction); the repeated matches were 8 of 35 expressions
-//! (a meshed ADD 0.01–0.02 ms faster without them, paired). For the same reason a port
-//! run is one `range` expression, and the redirect chain exists only for included
-//! networks (without them the outbound chain ends with the redirect itself).
+//! when the rule is added (the largest share of the transaction), so the rules carry as
+//! few as they can: no repeated matches, a port run is one `range` expression, and the
+//! redirect chain exists only for included networks (without them the outbound chain
+//! ends with the redirect itself).
 //!
 //! The `[meta nfproto]` match appears only when one family is disabled. Every rule is
 //! tagged `il:<chain>:<index>` (shown by `nft list ruleset` as its comment) so a
@@ -740,11 +739,11 @@ impl Backend for NftablesBackend {
     /// The create-only transaction straight away, without the read before it (one round
     /// trip per new pod). Not the default: when the table exists the kernel refuses the
     /// transaction only after building it, and undoing that waits for an RCU grace period
-    /// (measured ~12 ms, against ~0.1 ms for reading first), so this path is for a netns
-    /// that is new to interlock; there it falls back to [`Backend::apply_and_verify`]'s.
-    /// The read-back after it stays a read: verifying from the kernel's `NLM_F_ECHO` of
-    /// the transaction instead saved 7 syscalls but no time on kernel 6.18 (the kernel
-    /// builds the echo as dearly as it answers the dumps).
+    /// (far longer than reading first), so this path is for a netns that is new to
+    /// interlock; there it falls back to [`Backend::apply_and_verify`]'s. The read-back
+    /// after it stays a read: verifying from the kernel's `NLM_F_ECHO` of the transaction
+    /// instead saves syscalls but no time (the kernel builds the echo as dearly as it
+    /// answers the dumps).
     fn create_and_verify(&self, spec: &RedirectSpec) -> Result<Verification, BackendError> {
         let ruleset = checked(spec, Step::Apply)?;
         let mut nft = open(Step::Apply)?;
@@ -756,15 +755,14 @@ impl Backend for NftablesBackend {
         verify_with(&mut nft, &ruleset, Step::Verify)
     }
 
-    /// Deletes the table. The commit itself takes ~20 µs; closing the socket afterwards
-    /// waits for the kernel's deferred destruction of what was deleted (the
-    /// `NETLINK_URELEASE` handler flushes nf_tables' destroy work, an RCU grace period):
-    /// measured on kernel 6.18 (HZ 250) at 5–28 ms, median ~12 ms. The wait is per netns
-    /// (a socket closed in another netns meanwhile does not wait), moves to process exit
-    /// when the socket is not closed (same total), and vanishes only if the close comes
-    /// ~20 ms after the commit. Flushing the table instead of deleting it waits the same;
-    /// marking it dormant does not wait but leaves the table behind, so removal keeps the
-    /// honest delete.
+    /// Deletes the table. The commit itself is quick; closing the socket afterwards waits
+    /// for the kernel's deferred destruction of what was deleted (the `NETLINK_URELEASE`
+    /// handler flushes nf_tables' destroy work, an RCU grace period: milliseconds). The
+    /// wait is per netns (a socket closed in another netns meanwhile does not wait), moves
+    /// to process exit when the socket is not closed (same total), and vanishes only if
+    /// the close comes a grace period after the commit. Flushing the table instead of
+    /// deleting it waits the same; marking it dormant does not wait but leaves the table
+    /// behind, so removal keeps the honest delete.
     fn remove(&self) -> Result<(), BackendError> {
         open(Step::Remove)?
             .delete_table(NfFamily::Inet, TABLE)
