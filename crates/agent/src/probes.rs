@@ -7,6 +7,7 @@
 //! decided. `/healthz` fails only after the much longer [`ProbeWindows::alive_within`],
 //! because failing it makes the kubelet restart the agent.
 
+pub use crate::status::AuditView;
 use crate::status::Readiness;
 use std::time::Duration;
 
@@ -85,24 +86,6 @@ pub fn readyz(r: &Readiness, since_pass: Duration, w: &ProbeWindows) -> ProbeAns
             body: format!("not ready: {}\n", r.reason),
         }
     }
-}
-
-/// What the sandbox audit last reported, for [`audit_problem`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AuditView {
-    /// The audit runs (`--cri-endpoint` is not `none`).
-    pub enabled: bool,
-    /// The CRI endpoint.
-    pub endpoint: String,
-    /// How long the runtime has failed to answer, with its last error (`None`: its last
-    /// call succeeded).
-    pub failing: Option<(Duration, String)>,
-    /// Time since the audit last completed a full pass (`None`: never).
-    pub since_pass: Option<Duration>,
-    /// Time since the audit started.
-    pub running_for: Duration,
-    /// The audit's period.
-    pub interval: Duration,
 }
 
 /// How long the runtime may fail to answer before `/readyz` says the audit is blind.

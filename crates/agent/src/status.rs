@@ -116,12 +116,12 @@ impl AuditHealth {
     }
 
     /// The state as `crate::probes::audit_problem` reads it.
-    pub fn view(&self) -> crate::probes::AuditView {
+    pub fn view(&self) -> AuditView {
         let s = lock(&self.state);
         let now = Instant::now();
         match &s.started {
-            None => crate::probes::AuditView::default(),
-            Some((at, endpoint, interval)) => crate::probes::AuditView {
+            None => AuditView::default(),
+            Some((at, endpoint, interval)) => AuditView {
                 enabled: true,
                 endpoint: endpoint.clone(),
                 failing: s
@@ -336,4 +336,22 @@ mod tests {
             );
         }
     }
+}
+
+/// What the sandbox audit last reported, for `crate::probes::audit_problem`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditView {
+    /// The audit runs (`--cri-endpoint` is not `none`).
+    pub enabled: bool,
+    /// The CRI endpoint.
+    pub endpoint: String,
+    /// How long the runtime has failed to answer, with its last error (`None`: its last
+    /// call succeeded).
+    pub failing: Option<(Duration, String)>,
+    /// Time since the audit last completed a full pass (`None`: never).
+    pub since_pass: Option<Duration>,
+    /// Time since the audit started.
+    pub running_for: Duration,
+    /// The audit's period.
+    pub interval: Duration,
 }

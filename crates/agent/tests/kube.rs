@@ -102,6 +102,21 @@ fn writes(reqs: &[RequestRecord]) -> Vec<String> {
         .collect()
 }
 
+/// Waits until the agent's writes of the step before have all arrived (none for 500 ms;
+/// at most 10 s): on a loaded machine an Event of that step can land after its taint.
+async fn writes_settled(api: &KubeApi) {
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut seen = writes(&api.requests()).len();
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = writes(&api.requests()).len();
+        if now == seen {
+            return;
+        }
+        seen = now;
+    }
+}
+
 async fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let end = Instant::now() + timeout;
     while !cond() {
@@ -151,6 +166,7 @@ async fn taint_goes_on_ready_and_returns_only_after_the_debounce() {
     .await;
 
     // A short loss (a clobber the guard repairs): nothing is written.
+    writes_settled(&api).await;
     api.clear_requests();
     shared.set_readiness(readiness(
         false,

@@ -295,8 +295,9 @@ fn the_image_reads_and_repairs_legacy_iptables_rules() {
     );
     let ann: std::collections::BTreeMap<String, String> =
         [("sidecar.istio.io/status".to_string(), "{}".to_string())].into();
+    let facts = interlock_testkit::pods::istio_sidecar();
     let spec = interlock_redirect::spec_for(
-        &interlock_redirect::PodView::annotations_only(&ann),
+        &interlock_redirect::PodView::with_facts(&ann, &facts),
         &interlock_redirect::ProfileName::ALL,
     )
     .unwrap()

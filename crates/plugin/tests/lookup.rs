@@ -142,14 +142,19 @@ fn agent_answers_when_the_runtime_passed_no_annotations() {
         n.state_of(&d.rt).unwrap()["protection"]["protection"],
         "protected"
     );
-    // Each meshed ADD (a, d) told the agent, and only those.
+    // Each ADD the agent heard of was noted: the lookups made for an ADD (a, b, d) are
+    // their notes, meshed or not; c, neither looked up nor meshed, sent none.
     let wait = std::time::Instant::now();
-    while notes.lock().unwrap().len() < 2 && wait.elapsed() < WAIT {
+    while notes.lock().unwrap().len() < 3 && wait.elapsed() < WAIT {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     let mut got = notes.lock().unwrap().clone();
     got.sort();
-    let mut want = vec![a.rt.container_id.clone(), d.rt.container_id.clone()];
+    let mut want = vec![
+        a.rt.container_id.clone(),
+        b.rt.container_id.clone(),
+        d.rt.container_id.clone(),
+    ];
     want.sort();
     assert_eq!(got, want);
     for p in [&a, &b, &c, &d] {

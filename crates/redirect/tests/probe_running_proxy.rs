@@ -114,8 +114,23 @@ fn a_running_proxys_listener_proves_capture_without_binding() {
     // Per family: with only an IPv4 listener (root's) left on the port, IPv4 is proven
     // through it and IPv6, whose port is free, by the probe's own listener.
     drop(proxy);
-    let _v4_only =
-        a.ns.run(|| std::net::TcpListener::bind("127.0.0.1:15001").unwrap());
+    // The sockets the dropped listener accepted close asynchronously; until the last
+    // one has, the port may still be taken.
+    let _v4_only = a.ns.run(|| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match std::net::TcpListener::bind("127.0.0.1:15001") {
+                Ok(l) => break l,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => panic!("binding 127.0.0.1:15001 after the proxy went: {e}"),
+            }
+        }
+    });
     let report = in_netns(&a.ns.path(), || {
         probe::probe_with(
             &spec,

@@ -207,11 +207,15 @@ fn quick_run_prints_every_key_with_positive_numbers() {
         "restores-alone ratio",
     );
     let both = &derived["restore_baseline_both_ways"];
-    let with_exec = positive(&both["with_cni_exec_us"], "stand-in median");
-    let alone = positive(&both["restores_alone_us"], "restores-alone median");
+    positive(&both["with_cni_exec_us"], "stand-in median");
+    positive(&both["restores_alone_us"], "restores-alone median");
+    // Which is larger is a measurement (a few samples on a loaded machine can order them
+    // either way); that each figure comes from the scenario it names is not.
+    let how = both["how"].as_str().unwrap_or_default();
     assert!(
-        with_exec > alone,
-        "stand-in {with_exec} µs ≤ restores alone {alone} µs: {both}"
+        how.contains(Scenario::IstioStandIn.key().as_str())
+            && how.contains("iptables_restore_per_family_nft"),
+        "{both}"
     );
     if !budgets["subject_wired"].as_bool().unwrap() {
         let est = &derived["estimated_wired_add_meshed_nftables"];

@@ -400,6 +400,10 @@ impl KubeApi {
     pub fn stop(&self) {
         self.shared.down.store(true, Ordering::SeqCst);
         self.shared.restart.send_modify(|g| *g += 1);
+        // The streams close on their own tasks: until they have, a write made next would
+        // still reach a client through its old stream, which a real server that went
+        // down could not do.
+        self.wait_until(Duration::from_secs(5), |a| a.active_watches() == 0);
     }
 
     /// Brings the server back after [`stop`](Self::stop); with `forget_history`, clients
