@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use interlock_contract::state::RULE_SHAPE;
 use interlock_redirect::decision::Decision;
 
 /// What the audit concluded about one sandbox.
@@ -60,6 +61,30 @@ pub enum RulesSeen {
     Mismatch(Vec<String>),
     /// The netns could not be read (not gone: that sandbox is skipped quietly).
     Error(String),
+    /// The plugin recorded the rules as written by an older release (rule `shape` below
+    /// [`RULE_SHAPE`]) and they differ from what this build writes: judged by what that
+    /// shape promises, capture proven by a connection ([`resolve_older`]), before anything
+    /// is rewritten.
+    OlderShape {
+        /// The recorded shape.
+        shape: u32,
+        /// How they differ from this build's rules.
+        diffs: Vec<String>,
+    },
+    /// Rules of an older shape whose capture a connection proved: protected, left as
+    /// written.
+    Proven {
+        /// The recorded shape.
+        shape: u32,
+        /// What the connection showed.
+        proof: String,
+    },
+    /// The plugin recorded the rules as written by a newer release (rule `shape` above
+    /// [`RULE_SHAPE`]): this build cannot judge them and leaves them alone.
+    Newer {
+        /// The recorded shape.
+        shape: u32,
+    },
 }
 
 /// Judges one sandbox from the mesh decision and, for a meshed one, what its netns holds.
@@ -74,7 +99,24 @@ pub fn judge(decision: &Decision, rules: Option<&RulesSeen>) -> Verdict {
             reason: reason.clone(),
         },
         Decision::Meshed { profile, .. } => match rules {
-            Some(RulesSeen::Exact) => Verdict::Protected,
+            Some(RulesSeen::Exact) | Some(RulesSeen::Proven { .. }) => Verdict::Protected,
+            Some(RulesSeen::OlderShape { shape, diffs }) => Verdict::Unknown {
+                reason: format!(
+                    "meshed ({}); its rules were written by an older interlock (rule shape \
+                     {shape}, this build writes {RULE_SHAPE}) and not yet proven by a \
+                     connection: {}",
+                    profile.as_str(),
+                    summarize(diffs)
+                ),
+            },
+            Some(RulesSeen::Newer { shape }) => Verdict::Unknown {
+                reason: format!(
+                    "meshed ({}); its rules were written by a newer interlock (rule shape \
+                     {shape}, this build knows up to {RULE_SHAPE}): left as they are, \
+                     neither judged nor repaired; upgrade this node's interlock",
+                    profile.as_str()
+                ),
+            },
             Some(RulesSeen::Mismatch(diffs)) => Verdict::Unprotected {
                 reason: format!(
                     "meshed ({}) but its redirection is not in place: {}",
@@ -106,6 +148,8 @@ pub struct RecordView<'a> {
     pub lists_sandbox: bool,
     /// The spec hash recorded as installed.
     pub spec_hash: &'a str,
+    /// The rule shape recorded (`interlock_contract::state::NetnsRecord::shape`).
+    pub shape: u32,
 }
 
 /// Cross-checks a read-back with the plugin's record of the netns, when there is one.
@@ -124,8 +168,18 @@ pub fn cross_check(
     let mut diffs = match read_back {
         RulesSeen::Exact => Vec::new(),
         RulesSeen::Mismatch(d) => d,
-        e @ RulesSeen::Error(_) => return e,
+        other @ (RulesSeen::Error(_)
+        | RulesSeen::OlderShape { .. }
+        | RulesSeen::Proven { .. }
+        | RulesSeen::Newer { .. }) => return other,
     };
+    // A newer release's rules are not this build's to judge: whatever they look like to
+    // it, "repairing" them would write an older shape over a newer one.
+    if record.shape > RULE_SHAPE {
+        return RulesSeen::Newer {
+            shape: record.shape,
+        };
+    }
     if !record.lists_sandbox {
         diffs.push("the plugin's record of this netns does not list this sandbox".to_string());
     }
@@ -138,8 +192,36 @@ pub fn cross_check(
     }
     if diffs.is_empty() {
         RulesSeen::Exact
+    } else if record.shape < RULE_SHAPE && record.lists_sandbox {
+        // Another release's rendering (or spec) of the same pod: the differences may be
+        // nothing but the shape, so a connection decides, not the read-back.
+        RulesSeen::OlderShape {
+            shape: record.shape,
+            diffs,
+        }
     } else {
         RulesSeen::Mismatch(diffs)
+    }
+}
+
+/// Settles [`RulesSeen::OlderShape`] with the outcome of a connection through the rules
+/// (`Ok`: what it showed): capture proven leaves the rules as written ([`RulesSeen::Proven`]);
+/// otherwise they are damaged for their own shape too and count as a mismatch, which the
+/// policy repairs. Anything else passes through.
+pub fn resolve_older(seen: RulesSeen, proof: Result<String, String>) -> RulesSeen {
+    match (seen, proof) {
+        (RulesSeen::OlderShape { shape, .. }, Ok(proof)) => RulesSeen::Proven { shape, proof },
+        (RulesSeen::OlderShape { shape, mut diffs }, Err(why)) => {
+            diffs.insert(
+                0,
+                format!(
+                    "its rules, written by an older interlock (rule shape {shape}), no longer \
+                     capture a connection: {why}"
+                ),
+            );
+            RulesSeen::Mismatch(diffs)
+        }
+        (other, _) => other,
     }
 }
 
@@ -570,6 +652,7 @@ mod tests {
             Some(RecordView {
                 lists_sandbox,
                 spec_hash,
+                shape: RULE_SHAPE,
             })
         };
         assert_eq!(cross_check(RulesSeen::Exact, None, "h1"), RulesSeen::Exact);
@@ -594,6 +677,78 @@ mod tests {
             cross_check(RulesSeen::Error("EPERM".into()), rec(false, "h0"), "h1"),
             RulesSeen::Error("EPERM".into())
         );
+    }
+
+    /// An upgrade must not reset every meshed connection: rules an older release wrote
+    /// are judged by a connection, not rewritten for their shape; a newer release's are
+    /// left alone by an older agent.
+    #[test]
+    fn rules_of_another_release_are_judged_by_their_shape() {
+        let view = |shape, lists_sandbox| {
+            Some(RecordView {
+                lists_sandbox,
+                spec_hash: "h0",
+                shape,
+            })
+        };
+        let differs = || RulesSeen::Mismatch(vec!["rule 3 differs".into()]);
+        // Older: a connection decides.
+        let older = cross_check(differs(), view(1, true), "h1");
+        let RulesSeen::OlderShape { shape: 1, diffs } = &older else {
+            panic!("{older:?}")
+        };
+        assert_eq!(diffs.len(), 2, "{diffs:?}");
+        assert_eq!(judge(&meshed(), Some(&older)).label(), "unknown");
+        let proven = resolve_older(older.clone(), Ok("IPv4: landed on 15001".into()));
+        assert_eq!(judge(&meshed(), Some(&proven)), Verdict::Protected);
+        let damaged = resolve_older(older, Err("nothing captured 10.0.0.1:1".into()));
+        let Verdict::Unprotected { reason } = judge(&meshed(), Some(&damaged)) else {
+            panic!("{damaged:?}")
+        };
+        assert!(
+            reason.contains("rule shape 1") && reason.contains("nothing captured"),
+            "{reason}"
+        );
+        // Older but exactly this build's rules and spec: simply protected.
+        assert_eq!(
+            cross_check(
+                RulesSeen::Exact,
+                Some(RecordView {
+                    lists_sandbox: true,
+                    spec_hash: "h1",
+                    shape: 1
+                }),
+                "h1"
+            ),
+            RulesSeen::Exact
+        );
+        // Older, but the record does not list the sandbox: a mismatch whatever the shape.
+        assert!(matches!(
+            cross_check(differs(), view(1, false), "h1"),
+            RulesSeen::Mismatch(_)
+        ));
+        // Newer: left alone, whatever the read-back says, and said so.
+        for seen in [differs(), RulesSeen::Exact] {
+            let newer = cross_check(seen, view(RULE_SHAPE + 1, true), "h1");
+            assert_eq!(
+                newer,
+                RulesSeen::Newer {
+                    shape: RULE_SHAPE + 1
+                }
+            );
+            let Verdict::Unknown { reason } = judge(&meshed(), Some(&newer)) else {
+                unreachable!()
+            };
+            assert!(
+                reason.contains("newer interlock") && reason.contains("left as they are"),
+                "{reason}"
+            );
+        }
+        // A read error stays one.
+        assert!(matches!(
+            cross_check(RulesSeen::Error("EPERM".into()), view(1, true), "h1"),
+            RulesSeen::Error(_)
+        ));
     }
 
     #[test]

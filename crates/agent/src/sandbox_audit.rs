@@ -24,9 +24,9 @@
 //! netns references of sandboxes the runtime no longer lists and whose netns is gone
 //! (`interlock_attach::collect`), never of one it still lists.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -129,6 +129,7 @@ pub struct Auditor {
     api: Option<ApiWork>,
     metrics: AuditMetrics,
     history: Mutex<RepairHistory>,
+    older: Arc<OlderProofs>,
 }
 
 /// What reading one netns showed ([`inspect`]).
@@ -168,6 +169,7 @@ impl Auditor {
             cluster,
             metrics,
             history: Mutex::new(RepairHistory::default()),
+            older: Arc::default(),
         }
     }
 
@@ -283,14 +285,15 @@ impl Auditor {
         let (verdict, netns_id) = match (&decision, status.netns_path()) {
             (Decision::Meshed { spec, .. }, Some(path)) => {
                 let spec = spec.as_installed();
-                let (path, state_dir, backend, sandbox) = (
+                let (path, state_dir, backend, sandbox, older) = (
                     path.to_path_buf(),
                     self.plugin.state_dir.clone(),
                     self.backend,
                     id.clone(),
+                    self.older.clone(),
                 );
                 let seen = tokio::task::spawn_blocking(move || {
-                    inspect(&path, &spec, &state_dir, backend, &sandbox)
+                    inspect_with(&path, &spec, &state_dir, backend, &sandbox, Some(&older))
                 })
                 .await;
                 match seen {
@@ -890,13 +893,45 @@ pub fn recorded_spec(state_dir: &Path, netns: &Path) -> Option<RedirectSpec> {
 
 /// Reads one netns's rules back against `spec` (blocking: enters the netns on a
 /// dedicated thread) with the backend the plugin recorded for it, else `backend`, and
-/// cross-checks the plugin's record for sandbox `sandbox`.
+/// cross-checks the plugin's record for sandbox `sandbox`. Rules an older release wrote
+/// that differ from this build's are proven by a connection instead
+/// ([`audit::resolve_older`]).
 pub fn inspect(
     path: &Path,
     spec: &RedirectSpec,
     state_dir: &Path,
     backend: BackendKind,
     sandbox: &str,
+) -> Inspection {
+    inspect_with(path, spec, state_dir, backend, sandbox, None)
+}
+
+/// The older-shape rules a connection has proven, so that each is proven once, not at
+/// every pass: by netns, a digest of how the rules differ from this build's and of the
+/// record. Damage changes the read-back and so the digest, and the next pass proves (or
+/// repairs) again. It holds at most one entry per pod that ran before an upgrade.
+#[derive(Debug, Default)]
+pub struct OlderProofs(Mutex<HashMap<String, u64>>);
+
+impl OlderProofs {
+    fn digest(diffs: &[String], record_updated_ms: u64) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        diffs.hash(&mut h);
+        record_updated_ms.hash(&mut h);
+        h.finish()
+    }
+}
+
+/// [`inspect`], remembering older-shape proofs in `proofs` (the agent's audit) or proving
+/// every time (`None`: `check`, `inspect`).
+pub fn inspect_with(
+    path: &Path,
+    spec: &RedirectSpec,
+    state_dir: &Path,
+    backend: BackendKind,
+    sandbox: &str,
+    proofs: Option<&OlderProofs>,
 ) -> Inspection {
     let pod = match PodNetns::open(path) {
         Ok(p) => p,
@@ -920,12 +955,47 @@ pub fn inspect(
     let view = record.as_ref().map(|r| RecordView {
         lists_sandbox: r.attachments.iter().any(|k| k.container_id == sandbox),
         spec_hash: &r.spec_hash,
+        shape: r.shape,
     });
-    Inspection::Seen {
-        netns_id,
-        rules: audit::cross_check(rules, view, &spec.hash()),
+    let mut rules = audit::cross_check(rules, view, &spec.hash());
+    if let RulesSeen::OlderShape { shape, diffs } = &rules {
+        let key = netns_id.to_string();
+        let digest = OlderProofs::digest(diffs, record.as_ref().map_or(0, |r| r.updated_at_ms));
+        let known = proofs.is_some_and(|p| lock(&p.0).get(&key) == Some(&digest));
+        let proof = if known {
+            Ok("proven by a connection earlier, unchanged since".to_string())
+        } else {
+            // The pod runs: its proxy may own the port, and the probe then proves
+            // capture through that listener, sending only to the pod's gateways.
+            engine::prove_in(
+                &pod,
+                spec,
+                backend,
+                &[],
+                PROOF_TIMEOUT,
+                ProxyPort::MaybeTaken,
+            )
+            .map(|report| report.lines().join("; "))
+            .map_err(|e| e.to_string())
+        };
+        if proof.is_ok() && !known {
+            info!(
+                netns_id = %key,
+                sandbox,
+                shape,
+                "audit: rules an older interlock wrote still capture; left as written"
+            );
+            if let Some(p) = proofs {
+                lock(&p.0).insert(key, digest);
+            }
+        }
+        rules = audit::resolve_older(rules, proof);
     }
+    Inspection::Seen { netns_id, rules }
 }
+
+/// How long the connection that proves an older release's rules may take.
+const PROOF_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What an in-place repair did.
 #[derive(Debug, Clone)]

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use interlock_cni_types::{CniError, CniResult, CniVersion};
 use interlock_contract::codes::{code_for_step, Step};
-use interlock_contract::state::NetnsRecord;
+use interlock_contract::state::{NetnsRecord, RULE_SHAPE};
 use interlock_redirect::backend::{self, BackendKind};
 use interlock_redirect::netns::{pod_netns_id, NetnsError, NetnsId, PodNetns};
 use interlock_redirect::netns_record::{NetnsLock, NetnsStore};
@@ -398,6 +398,8 @@ fn protect_pod(
     let mut new_record = match record.filter(|_| !others.is_empty()) {
         Some(mut r) => {
             r.attachments.retain(|k| others.contains(k));
+            // Exact as this build renders them, or re-applied: this build's shape now.
+            r.shape = RULE_SHAPE;
             if timings.probe_us > 0 {
                 r.probe.clone_from(&probe);
                 r.proven_by = key.clone();
@@ -414,6 +416,7 @@ fn protect_pod(
             proven_by: key.clone(),
             attachments: Vec::new(),
             updated_at_ms: 0,
+            shape: RULE_SHAPE,
         },
     };
     new_record.add_ref(key);

@@ -402,6 +402,9 @@ fn inspect_at(
             ),
         },
         (None, Some(RulesSeen::Error(e))) => audit::Verdict::Unknown { reason: e.clone() },
+        (None, Some(other)) => audit::Verdict::Unknown {
+            reason: format!("{other:?}"),
+        },
         (None, None) => audit::Verdict::Unknown {
             reason: "no sandbox over CRI owns this netns and the plugin has no record of it: pass the pod's --annotation key=value".into(),
         },

@@ -33,7 +33,7 @@ pub struct Values {
     pub repair_policy: String,
     /// `NoSchedule`, `PreferNoSchedule`, `NoExecute` or `none`.
     pub taint_effect: String,
-    /// Mesh profiles in priority order (`istio`, `linkerd`, `generic`).
+    /// Mesh profiles in priority order (`istio`, `linkerd`, `consul`, `generic`).
     pub profiles: Vec<String>,
     /// Namespaces whose pods the plugin never redirects.
     pub exclude_namespaces: Vec<String>,
@@ -67,7 +67,12 @@ impl Default for Values {
             runtime: "containerd".into(),
             repair_policy: "repair".into(),
             taint_effect: "NoSchedule".into(),
-            profiles: vec!["istio".into(), "linkerd".into(), "generic".into()],
+            profiles: vec![
+                "istio".into(),
+                "linkerd".into(),
+                "consul".into(),
+                "generic".into(),
+            ],
             exclude_namespaces: vec!["kube-system".into()],
             cni_conf_dir: "/etc/cni/net.d".into(),
             cni_bin_dir: "/opt/cni/bin".into(),
@@ -174,7 +179,7 @@ impl Values {
             "profiles" => {
                 let ps = list(v);
                 for p in &ps {
-                    one_of(k, p, &["istio", "linkerd", "generic"])?;
+                    one_of(k, p, &["istio", "linkerd", "consul", "generic"])?;
                 }
                 if ps.is_empty() {
                     return Err(format!("{k}: name at least one profile"));
@@ -697,7 +702,7 @@ mod tests {
             ("runtime=docker", "containerd, crio"),
             ("repairPolicy=kill", "repair, restart"),
             ("taintEffect=NoWay", "NoSchedule"),
-            ("profiles=consul", "istio, linkerd, generic"),
+            ("profiles=kuma", "istio, linkerd, consul, generic"),
             ("excludeNamespaces=Kube_System", "namespace name"),
             ("cniConfDir=etc/cni", "absolute"),
             ("healthPort=80", "1024"),

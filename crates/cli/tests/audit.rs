@@ -1028,3 +1028,193 @@ async fn a_pod_whose_rules_keep_being_undone_ends_in_report() {
     drop(a);
     kit.teardown().unwrap();
 }
+
+/// In `netns`: `nft` with `args`, which must succeed.
+fn nft_in(netns: &Path, args: &[&str]) {
+    let o = Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .arg("nft")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "nft {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// An upgrade must not reset meshed connections. Rules an older release wrote (rule shape
+/// 1: its netns record has no shape and a spec hashed otherwise, and its rules read back
+/// unlike this build's) are proven by a connection and left as written: the connections
+/// they captured stay open, the sandboxes keep running, nothing is repaired. Such rules
+/// that stop capturing are repaired as before, in this build's shape. Rules a newer
+/// release wrote are left alone, even damaged, and the agent says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_releases_rules_are_proven_not_rewritten() {
+    require_root!();
+    use interlock_testkit::traffic::{accept_within, listen_as};
+    let (kit, cri, server, pods) = kit_with_meshed_pods(&["old0", "old1", "new0"]).await;
+    let proxies: Vec<_> = pods
+        .iter()
+        .map(|p| {
+            let listen = |port: u16| {
+                listen_as(
+                    &p.netns,
+                    PROXY_UID,
+                    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
+                )
+            };
+            (listen(15001), listen(15006))
+        })
+        .collect();
+    let d = agent_dirs(&kit);
+    let args = ["--cri-endpoint", &kit.endpoint(), "--audit-interval", "1"];
+
+    // The rules and records: this build's repair writes them, then they are made into
+    // what an older (or a newer) release leaves behind.
+    let a = Agent::start(&d, &args);
+    wait_until(
+        Duration::from_secs(20),
+        || pods.iter().all(|p| state_file(&d.state, &p.id).exists()),
+        || format!("not repaired; log:\n{}", a.log_text()),
+    );
+    assert!(a.terminate().success());
+    let record_of = |p: &Pod| {
+        d.state
+            .join("netns")
+            .join(format!("{}.json", recorded_netns(&d.state, &p.id)))
+    };
+    for (p, tag) in pods.iter().zip(["old0", "old1", "new0"]) {
+        let path = record_of(p);
+        let mut rec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let rec_obj = rec.as_object_mut().unwrap();
+        assert_eq!(
+            rec_obj["shape"],
+            interlock_contract::state::RULE_SHAPE,
+            "{rec_obj:?}"
+        );
+        if tag == "new0" {
+            rec_obj.insert(
+                "shape".into(),
+                (interlock_contract::state::RULE_SHAPE + 1).into(),
+            );
+        } else {
+            rec_obj.remove("shape");
+            rec_obj.insert("specHash".into(), "0".repeat(64).into());
+        }
+        std::fs::write(&path, serde_json::to_vec_pretty(&rec).unwrap()).unwrap();
+        // Rendered otherwise than this build renders them, capturing the same.
+        nft_in(
+            &p.netns,
+            &["add", "rule", "inet", "interlock", "output", "counter"],
+        );
+    }
+    // A connection per pod that the rules captured: to the test's server, landed on the
+    // proxy's listener.
+    let target = SocketAddr::new(kit.gateway().into(), server.local_addr().unwrap().port());
+    let mut held: Vec<(TcpStream, TcpStream)> = pods
+        .iter()
+        .zip(&proxies)
+        .map(|(p, (proxy, _))| {
+            let client = in_netns(&p.netns, move || {
+                TcpStream::connect_timeout(&target, Duration::from_secs(2)).unwrap()
+            })
+            .unwrap();
+            let local = client.local_addr().unwrap();
+            let accepted = loop {
+                let (s, peer) = accept_within(proxy, Duration::from_secs(2))
+                    .expect("the connection never reached the proxy's listener");
+                if peer == local {
+                    break s;
+                }
+            };
+            (client, accepted)
+        })
+        .collect();
+    // The newer release's rules, damaged: not this build's to repair.
+    nft_in(&pods[2].netns, &["delete", "table", "inet", "interlock"]);
+
+    // The upgraded agent.
+    let a = Agent::start(&d, &args);
+    let line_with = |what: &str, id: &str| {
+        a.log_text()
+            .lines()
+            .find(|l| l.contains(what) && l.contains(id))
+            .map(str::to_string)
+    };
+    wait_until(
+        Duration::from_secs(20),
+        || {
+            line_with("left as written", &pods[0].id).is_some()
+                && line_with("left as written", &pods[1].id).is_some()
+                && line_with("newer interlock", &pods[2].id).is_some()
+        },
+        || {
+            format!(
+                "older rules not proven, newer not named; log:\n{}",
+                a.log_text()
+            )
+        },
+    );
+    // Passes go by and change nothing.
+    let passes = |a: &Agent| a.log_text().matches("audit done").count();
+    let seen = passes(&a);
+    wait_until(
+        Duration::from_secs(20),
+        || passes(&a) >= seen + 3,
+        || format!("no further audit passes; log:\n{}", a.log_text()),
+    );
+    let log = a.log_text();
+    assert!(!log.contains("audit action done"), "{log}");
+    assert_eq!(verdicts(&a, "protected"), Some(2.0), "{log}");
+    assert_eq!(verdicts(&a, "unknown"), Some(1.0), "{log}");
+    // Proven once each, not at every pass.
+    assert_eq!(log.matches("left as written").count(), 2, "{log}");
+    for (p, (client, accepted)) in pods.iter().zip(held.iter_mut()) {
+        assert_eq!(
+            cri.sandbox_status(&p.id, false).await.unwrap().state,
+            SandboxState::Ready
+        );
+        client.write_all(b"ping").unwrap();
+        let mut b = [0u8; 4];
+        accepted
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        accepted.read_exact(&mut b).unwrap();
+        assert_eq!(
+            &b, b"ping",
+            "a connection captured before the upgrade was ended"
+        );
+    }
+    assert!(!ruleset(&pods[2].netns).contains("table inet interlock"));
+
+    // An older release's rules that stop capturing are repaired, in this build's shape;
+    // the other pod's stay as they were.
+    nft_in(&pods[0].netns, &["delete", "table", "inet", "interlock"]);
+    wait_until(
+        Duration::from_secs(20),
+        || line_with("audit action done", &pods[0].id).is_some(),
+        || format!("damaged older rules not repaired; log:\n{}", a.log_text()),
+    );
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(record_of(&pods[0])).unwrap()).unwrap();
+    assert_eq!(rec["shape"], interlock_contract::state::RULE_SHAPE);
+    let (client, accepted) = &mut held[1];
+    client.write_all(b"pong").unwrap();
+    let mut b = [0u8; 4];
+    accepted.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"pong");
+    assert!(
+        line_with("audit action done", &pods[1].id).is_none(),
+        "{}",
+        a.log_text()
+    );
+
+    drop(a);
+    drop(held);
+    drop(proxies);
+    drop(pods);
+    kit.teardown().unwrap();
+}

@@ -25,6 +25,23 @@ impl std::fmt::Display for AttachmentKey {
     }
 }
 
+/// The rule shape this build writes: what the rules installed for a pod look like, given
+/// the pod. It changes when a release renders different rules for the same pod (another
+/// expression for the same match, a rule added for a mesh's behaviour, a spec derived
+/// differently from the same pod), so that the audit can tell "written by another
+/// release" from "damaged": a record of an older shape is judged by the capture its
+/// rules still prove, never rewritten for its shape alone (a rewrite ends the pod's
+/// connections); a record of a newer shape is left alone by an older agent.
+///
+/// 1: every record written before shapes were recorded (no `shape` field).
+/// 2: the mesh-parity rules (Istio's loopback and DNS rules, Linkerd's inbound
+///    skip-subnets, specs read from the pod's spec).
+pub const RULE_SHAPE: u32 = 2;
+
+fn first_shape() -> u32 {
+    1
+}
+
 /// What interlock installed in one pod netns, and who relies on it:
 /// `<stateDir>/netns/<dev>-<ino>.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,6 +65,10 @@ pub struct NetnsRecord {
     pub attachments: Vec<AttachmentKey>,
     /// When the record last changed (Unix ms).
     pub updated_at_ms: u64,
+    /// The [`RULE_SHAPE`] of the build that wrote the rules (1 when absent: records from
+    /// before shapes were recorded). Readers that do not know the field ignore it.
+    #[serde(default = "first_shape")]
+    pub shape: u32,
 }
 
 impl NetnsRecord {
@@ -96,6 +117,7 @@ mod tests {
             proven_by: key("a", "eth0"),
             attachments: vec![],
             updated_at_ms: 1,
+            shape: RULE_SHAPE,
         };
         r.add_ref(&key("b", "net1"));
         r.add_ref(&key("a", "eth0"));
@@ -109,5 +131,17 @@ mod tests {
         assert_eq!(v["attachments"][1]["containerID"], "b");
         assert_eq!(v["backend"], "nftables");
         assert_eq!(key("c", "eth0").to_string(), "c/eth0");
+        assert_eq!(v["shape"], RULE_SHAPE);
+    }
+
+    /// A record written before shapes were recorded (as the first release wrote them)
+    /// reads as shape 1.
+    #[test]
+    fn a_record_without_a_shape_is_shape_one() {
+        let old = r#"{"netnsId":"4-1","netns":"/var/run/netns/x","backend":"nftables",
+            "spec":"{}","specHash":"h","probe":[],"provenBy":{"containerID":"a",
+            "ifname":"eth0"},"attachments":[],"updatedAtMs":1}"#;
+        let r: NetnsRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(r.shape, 1);
     }
 }

@@ -401,6 +401,31 @@ pub fn check_in(
     })?
 }
 
+/// Proves by a connection, without changing anything, that the rules in the namespace
+/// `pod` capture what `spec` needs captured (the probe of [`protect_in`] alone): how the
+/// audit judges rules an older release wrote, which this build would render differently.
+pub fn prove_in(
+    pod: &PodNetns,
+    spec: &RedirectSpec,
+    kind: BackendKind,
+    probe_targets: &[IpAddr],
+    timeout: Duration,
+    port: probe::ProxyPort,
+) -> Result<ProbeReport, ProtectError> {
+    spec.validate()?;
+    let path = pod.path().to_path_buf();
+    pod.run(|| {
+        probe::probe_with(spec, probe_targets, timeout, port).map_err(|source| {
+            ProtectError::Probe {
+                netns: path.clone(),
+                backend: kind,
+                source,
+                cleanup: None,
+            }
+        })
+    })?
+}
+
 /// Removes interlock's rules from `netns`. A netns that no longer exists is
 /// [`Unprotected::NetnsGone`], not an error (CNI DEL must succeed then).
 pub fn unprotect(netns: &Path, kind: BackendKind) -> Result<Unprotected, ProtectError> {

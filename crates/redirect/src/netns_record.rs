@@ -346,6 +346,7 @@ mod tests {
             proven_by: key.clone(),
             attachments: vec![key],
             updated_at_ms: 1,
+            shape: interlock_contract::state::RULE_SHAPE,
         }
     }
 

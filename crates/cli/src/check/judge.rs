@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 /// Plugin types of other meshes' redirectors: with one in the same chain as
 /// interlock-cni, a pod's traffic is redirected twice (two rule sets, two owners).
-pub const OTHER_MESH_PLUGINS: &[&str] = &["istio-cni", "linkerd-cni"];
+pub const OTHER_MESH_PLUGINS: &[&str] = &["istio-cni", "linkerd-cni", "consul-cni", "kuma-cni"];
 
 /// Severity of a finding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]

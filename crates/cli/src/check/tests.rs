@@ -440,7 +440,7 @@ fn another_mesh_plugin_in_the_chain_is_unprotected() {
     let b = bin();
     let ic =
         r#"{"type":"interlock-cni","capabilities":{"io.kubernetes.cri.pod-annotations":true}}"#;
-    for mesh in ["istio-cni", "linkerd-cni"] {
+    for mesh in ["istio-cni", "linkerd-cni", "consul-cni", "kuma-cni"] {
         for (what, plugins) in [
             (
                 "before",

@@ -88,6 +88,6 @@ pub fn check_status(config: &PluginConfig, cni_version: &str) -> Result<(), CniE
         ),
     )
     .with_details(
-        "an ADD of a meshed pod would fail; fix the cause named above (the plugin needs no agent to be running)",
+        "an ADD of a meshed pod would fail; fix the cause named above (the agent being down is not such a cause: Istio and Linkerd pods then wait for it, other pods need no agent)",
     ))
 }
