@@ -9,7 +9,8 @@ use interlock_agent::plan::ConfigMode;
 use interlock_agent::sandbox_audit::AuditSettings;
 use interlock_agent::{AgentConfig, KubeMode, Runtime};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 /// How `INTERLOCK_CNI_BIN_DIR` separates several bin dirs, for `agent`, `uninstall`
@@ -22,7 +23,7 @@ pub struct Dirs {
     /// The runtime's CNI config directory.
     #[arg(long, env = "INTERLOCK_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
     pub cni_conf_dir: PathBuf,
-    /// A CNI bin dir to install interlock-cni into (repeatable; in the environment
+    /// A CNI bin dir interlock-cni is installed in (repeatable; in the environment
     /// variable, ':'-separated like CNI_PATH).
     #[arg(
         long = "cni-bin-dir",
@@ -144,10 +145,24 @@ pub struct KubeArgs {
     pub taint_effect: TaintEffect,
 }
 
+/// `interlock uninstall`: what interlock added to this node.
 #[derive(Debug, Args)]
 pub struct UninstallArgs {
     #[command(flatten)]
     pub dirs: Dirs,
+    /// Change nothing: list what would be removed and what would stay, and why (the exit
+    /// code is the one a real run would have).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Go ahead although an agent is running (it puts its files back at once), and remove
+    /// the plugin binary although something still needs it.
+    #[arg(long)]
+    pub force: bool,
+    /// The node's runtime, containerd or crio (CRI-O tears pods down with the config they
+    /// were set up with, so their DEL needs the binary) [default: the one the agent's
+    /// readiness marker names].
+    #[arg(long, env = "INTERLOCK_RUNTIME")]
+    pub runtime: Option<Runtime>,
 }
 
 fn default_plugin_source() -> anyhow::Result<PathBuf> {
@@ -203,23 +218,243 @@ fn audit_settings(
     }))
 }
 
-pub fn run_uninstall(a: UninstallArgs) -> anyhow::Result<()> {
-    let done = interlock_agent::uninstall(
-        &a.dirs.cni_conf_dir,
-        &a.dirs.cni_bin_dirs,
-        &a.dirs.state_dir,
-    )
-    .context("interlock uninstall")?;
-    if done.is_empty() {
-        println!(
-            "nothing of interlock's found in {}",
-            a.dirs.cni_conf_dir.display()
+/// `interlock uninstall`: refuses while an agent runs on the state dir (unless
+/// `--force`) and when the conf dir holds no CNI config at all (a wrong path would
+/// otherwise "succeed"), then runs [`interlock_agent::uninstall_node`] and prints every
+/// step. Exit 0 when interlock is gone from the node (records kept on purpose aside), 1
+/// when something stays that should not or a step failed.
+pub fn run_uninstall(a: UninstallArgs) -> anyhow::Result<ExitCode> {
+    let d = &a.dirs;
+    let mut refusal = None;
+    match live_agent(&d.state_dir) {
+        Ok(None) => {}
+        Ok(Some(agent)) if a.force => eprintln!(
+            "interlock uninstall: warning: {}; --force goes ahead, and the agent will put its \
+             config and plugin binary back within milliseconds (stop it first; under the \
+             DaemonSet: --uninstall-on-exit)",
+            agent.describe()
+        ),
+        Ok(Some(agent)) => {
+            let msg = format!(
+                "{}; it would put its config and plugin binary back within milliseconds.\n  \
+                 Under the DaemonSet: turn on uninstall-on-exit (agent flag \
+                 --uninstall-on-exit; INTERLOCK_UNINSTALL_ON_EXIT=true in the interlock-config \
+                 ConfigMap), restart the agents, then delete the DaemonSet: each agent removes \
+                 its files as it stops.\n  \
+                 An agent started by hand: stop it (SIGTERM), then run interlock uninstall \
+                 again.\n  \
+                 --force goes ahead anyway (the running agent puts everything back)",
+                agent.describe()
+            );
+            if !a.dry_run {
+                anyhow::bail!("refusing to uninstall, nothing was changed: {msg}");
+            }
+            refusal = Some(msg);
+        }
+        Err(e) => eprintln!(
+            "interlock uninstall: warning: cannot tell whether an agent runs on {}: {e}",
+            d.state_dir.display()
+        ),
+    }
+    if let Some(problem) = conf_dir_problem(&d.cni_conf_dir) {
+        anyhow::bail!(
+            "{problem}, so it is not the runtime's CNI config directory and nothing was removed \
+             (not the plugin binary, not the readiness marker).{} Pass the runtime's directory \
+             with --cni-conf-dir: containerd names it in config.toml (conf_dir in its CRI \
+             plugin's cni section), CRI-O in crio.conf (network_dir in [crio.network]); k3s \
+             uses /var/lib/rancher/k3s/agent/etc/cni/net.d",
+            conf_dir_hints(&d.cni_conf_dir, &d.state_dir)
         );
     }
-    for d in done {
-        println!("{d}");
+    let opts = interlock_agent::UninstallOptions {
+        dry_run: a.dry_run,
+        force: a.force,
+        runtime: a.runtime,
+        own_socket: false,
+    };
+    let r = interlock_agent::uninstall_node(&d.cni_conf_dir, &d.cni_bin_dirs, &d.state_dir, &opts);
+    if a.dry_run {
+        println!("dry run: nothing was changed");
     }
-    Ok(())
+    if r.steps.is_empty() {
+        println!(
+            "nothing of interlock's found in {}, {} or {}",
+            d.cni_conf_dir.display(),
+            d.cni_bin_dirs
+                .iter()
+                .map(|b| b.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            d.state_dir.display()
+        );
+    }
+    for l in r.lines() {
+        println!("{l}");
+    }
+    let errors = r.errors();
+    let mut failed = false;
+    if !errors.is_empty() {
+        eprintln!("interlock uninstall: {} step(s) failed", errors.len());
+        failed = true;
+    }
+    for why in &r.incomplete {
+        eprintln!(
+            "interlock uninstall: {}: {why}",
+            if a.dry_run {
+                "a real run would not be complete"
+            } else {
+                "not complete"
+            }
+        );
+        failed = true;
+    }
+    if let Some(msg) = refusal {
+        eprintln!("interlock uninstall: a real run would refuse: {msg}");
+        failed = true;
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// An agent alive on a state dir, as its readiness marker says.
+struct LiveAgent {
+    pid: u32,
+    marker: PathBuf,
+    age_ms: u64,
+    /// The PID was checked in this PID namespace (else the marker came from another one,
+    /// and only its age says the agent is alive).
+    pid_checked: bool,
+}
+
+impl LiveAgent {
+    fn describe(&self) -> String {
+        format!(
+            "an interlock agent is running on this state dir: pid {}{} (its readiness marker {} \
+             was written {} ms ago)",
+            self.pid,
+            if self.pid_checked {
+                ""
+            } else {
+                " in another PID namespace"
+            },
+            self.marker.display(),
+            self.age_ms
+        )
+    }
+}
+
+/// The agent alive on `state_dir`: its readiness marker is fresh and its writer's PID is
+/// alive (when the marker comes from this PID namespace; `interlock check` judges it the
+/// same way). `Err` when the marker exists but cannot be trusted.
+fn live_agent(state_dir: &Path) -> Result<Option<LiveAgent>, String> {
+    use interlock_contract::marker::ReadinessMarker;
+    use std::os::unix::fs::MetadataExt;
+    let path = interlock_contract::layout::marker_path(state_dir);
+    let m = match ReadinessMarker::read(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let now = interlock_contract::time::now_ms();
+    if m.staleness(now).is_some() {
+        return Ok(None);
+    }
+    let own = std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino());
+    let pid_checked = m.pid_namespace.is_some() && m.pid_namespace == own;
+    if pid_checked && exited(m.pid) {
+        return Ok(None);
+    }
+    Ok(Some(LiveAgent {
+        pid: m.pid,
+        marker: path,
+        age_ms: now.saturating_sub(m.updated_at_ms),
+        pid_checked,
+    }))
+}
+
+/// True when `pid` has exited but was not reaped yet (a zombie: `/proc/<pid>` is still
+/// there, which the marker's own liveness check counts as alive), or is gone.
+fn exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // `pid (comm) S …`: the state follows the last `)` (comm may hold one).
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| matches!(state, 'Z' | 'X')),
+        Err(_) => true,
+    }
+}
+
+/// Why `conf_dir` cannot be the runtime's CNI config directory: it does not exist, or
+/// holds no file a runtime would load (`*.conf`, `*.conflist`, `*.json`) and no backup
+/// of interlock's. `None` when it holds one (or cannot be listed: the uninstall reports
+/// that itself).
+fn conf_dir_problem(conf_dir: &Path) -> Option<String> {
+    let rd = match std::fs::read_dir(conf_dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Some(format!(
+                "--cni-conf-dir {} does not exist",
+                conf_dir.display()
+            ))
+        }
+        Err(_) => return None,
+    };
+    let any = rd.flatten().any(|e| {
+        let n = e.file_name();
+        let n = n.to_string_lossy();
+        interlock_confdir::is_config_name(&n) || n.ends_with(interlock_agent::plan::BACKUP_SUFFIX)
+    });
+    (!any).then(|| {
+        format!(
+            "--cni-conf-dir {} holds no CNI config (no *.conf, *.conflist or *.json file)",
+            conf_dir.display()
+        )
+    })
+}
+
+/// Where the runtime's conf dir may be instead of `conf_dir`: the directory of the
+/// config the agent's marker names, and well-known directories on this host that hold
+/// configs. Each hint starts with a space.
+fn conf_dir_hints(conf_dir: &Path, state_dir: &Path) -> String {
+    const KNOWN: [(&str, &str); 3] = [
+        (
+            interlock_contract::layout::DEFAULT_CNI_CONF_DIR,
+            "the usual default",
+        ),
+        ("/var/lib/rancher/k3s/agent/etc/cni/net.d", "k3s"),
+        ("/var/snap/microk8s/current/args/cni-network", "MicroK8s"),
+    ];
+    let mut out = String::new();
+    let marker = interlock_contract::layout::marker_path(state_dir);
+    if let Ok(m) = interlock_contract::marker::ReadinessMarker::read(&marker) {
+        if let Some(dir) = Path::new(&m.config_path).parent() {
+            if !dir.as_os_str().is_empty() && dir != conf_dir {
+                out.push_str(&format!(
+                    " The agent's readiness marker {} names {}: try --cni-conf-dir {}.",
+                    marker.display(),
+                    m.config_path,
+                    dir.display()
+                ));
+            }
+        }
+    }
+    let found: Vec<String> = KNOWN
+        .iter()
+        .filter(|(d, _)| Path::new(d) != conf_dir && conf_dir_problem(Path::new(d)).is_none())
+        .filter(|(d, _)| Path::new(d).is_dir())
+        .map(|(d, what)| format!("{d} ({what})"))
+        .collect();
+    if !found.is_empty() {
+        out.push_str(&format!(
+            " CNI configs found on this host in: {}.",
+            found.join(", ")
+        ));
+    }
+    out
 }
 
 /// A listen address: `ip:port`, `[ipv6]:port`, or a bare IPv6 address and a port
