@@ -41,8 +41,9 @@ enum Command {
     /// interlock, report readiness (/healthz, /readyz, /metrics and the STATUS marker).
     Agent(agent_cmd::AgentArgs),
     /// Remove exactly what interlock added to this node (conf dir, bin dirs, state dir),
-    /// refusing while an agent runs there. `--dry-run` lists what would go and what stays
-    /// (exit 0 done, 1 refused, incomplete or failed, 64 usage).
+    /// refusing while an agent runs there; `--cluster`: the node condition and pod labels
+    /// the agents wrote into the Kubernetes API. `--dry-run` lists what would go and what
+    /// stays (exit 0 done, 1 refused, incomplete or failed, 64 usage).
     Uninstall(agent_cmd::UninstallArgs),
     /// Explain what this node's runtime will load and whether a pod started now is
     /// protected (exit 0 protected, 1 at risk, 2 unprotected, 3 could not check, 64 usage).

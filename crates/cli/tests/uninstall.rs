@@ -1,13 +1,15 @@
-//! `interlock uninstall` as a process against throwaway conf/bin/state dirs: it refuses
-//! while an agent runs on the state dir, `--force` goes ahead and says the agent puts
-//! things back, `--dry-run` changes nothing and lists what goes and what stays, a conf dir
-//! without any CNI config is refused with nothing removed, and the plugin binary stays
-//! while a config still names it.
+//! `interlock uninstall` as a process against throwaway conf/bin/state dirs (and, with
+//! `--cluster`, the fake Kubernetes API): it refuses while an agent runs on the state dir,
+//! `--force` goes ahead and says the agent puts things back, `--dry-run` changes nothing
+//! and lists what goes and what stays, a conf dir without any CNI config is refused with
+//! nothing removed, and the plugin binary stays while a config still names it.
 
 mod common;
 
 use common::*;
-use serde_json::Value;
+use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_READY};
+use interlock_testkit::kubeapi::KubeApi;
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -399,4 +401,151 @@ fn on_crio_the_binary_stays_while_pods_set_up_through_it_remain() {
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(!plugin_bin(&d).exists());
     assert!(att.join("c0ffee+eth0.json").exists());
+}
+
+fn cluster(d: &Dirs, args: &[&str]) -> (Option<i32>, String, String) {
+    text(
+        &std::process::Command::new(interlock())
+            .args(["uninstall", "--cluster"])
+            .args(args)
+            .env("KUBECONFIG", d.tmp.path().join("kubeconfig"))
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .unwrap(),
+    )
+}
+
+fn conditions(api: &KubeApi, node: &str) -> Vec<String> {
+    api.get_object("nodes", "", node).unwrap()["status"]["conditions"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|c| c["type"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn taints(api: &KubeApi, node: &str) -> Vec<String> {
+    api.get_object("nodes", "", node).unwrap()["spec"]["taints"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|t| t["key"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn labels(api: &KubeApi, ns: &str, name: &str) -> Value {
+    api.get_object("pods", ns, name).unwrap()["metadata"]["labels"].clone()
+}
+
+#[test]
+fn cluster_uninstall_removes_the_condition_and_the_labels() {
+    let api = KubeApi::start().unwrap();
+    let d = Dirs::new();
+    api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
+        .unwrap();
+    let ready = json!({"type": "Ready", "status": "True"});
+    api.put_object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+        "spec": {"taints": [{"key": TAINT_NOT_READY, "effect": "NoSchedule"}, {"key": "gpu", "effect": "NoSchedule"}]},
+        "status": {"conditions": [ready, {"type": CONDITION_READY, "status": "False", "reason": "ConfigNotEffective"}]}}));
+    api.put_object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"},
+        "spec": {}, "status": {"conditions": [{"type": CONDITION_READY, "status": "True", "reason": "ConfigEffective"}, ready]}}));
+    api.put_object(
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n3"},
+        "spec": {}, "status": {"conditions": [ready]}}),
+    );
+    let pod = |ns: &str, name: &str, node: &str, labels: Value| {
+        api.put_object(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+            "status": {"phase": "Running"}}));
+    };
+    pod(
+        "shop",
+        "web",
+        "n1",
+        json!({"app": "web", LABEL_UNPROTECTED: "true"}),
+    );
+    pod("shop", "cart", "n2", json!({"app": "cart"}));
+    pod(
+        "interlock-system",
+        "interlock-node-n1",
+        "n1",
+        json!({"app.kubernetes.io/name": "interlock"}),
+    );
+    let rv = api.resource_version();
+
+    // The DaemonSet's agents still run: refused, nothing written.
+    let (code, out, err) = cluster(&d, &[]);
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(
+        err.contains("refusing") && err.contains("interlock-node-n1 on n1"),
+        "{err}"
+    );
+    let (code, out, err) = cluster(&d, &["--dry-run"]);
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(err.contains("a real run would refuse"), "{err}");
+    for want in [
+        format!("would remove condition {CONDITION_READY} of node n1 (the agent's: False, ConfigNotEffective)"),
+        format!("would remove condition {CONDITION_READY} of node n2"),
+        format!("would remove label {LABEL_UNPROTECTED}=true of pod shop/web"),
+        format!("would keep taint {TAINT_NOT_READY}:NoSchedule of node n1: "),
+        "--remove-taint".to_string(),
+        "Node pools that register their nodes with the startup taint".to_string(),
+    ] {
+        assert!(out.contains(&want), "{want:?} missing from:\n{out}");
+    }
+    assert!(!out.contains("node n3"), "{out}");
+    assert!(!out.contains("shop/cart"), "{out}");
+    assert_eq!(api.resource_version(), rv, "a refused or dry run wrote");
+
+    // The DaemonSet is gone.
+    api.delete_object("pods", "interlock-system", "interlock-node-n1");
+    let (code, out, err) = cluster(&d, &["--dry-run"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let (code, out, err) = cluster(&d, &[]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    for want in [
+        format!("removed condition {CONDITION_READY} of node n1"),
+        format!("removed condition {CONDITION_READY} of node n2"),
+        format!("removed label {LABEL_UNPROTECTED}=true of pod shop/web"),
+        format!("kept taint {TAINT_NOT_READY}:NoSchedule of node n1"),
+    ] {
+        assert!(out.contains(&want), "{want:?} missing from:\n{out}");
+    }
+    assert_eq!(conditions(&api, "n1"), ["Ready"]);
+    assert_eq!(conditions(&api, "n2"), ["Ready"]);
+    assert_eq!(conditions(&api, "n3"), ["Ready"]);
+    assert_eq!(labels(&api, "shop", "web"), json!({"app": "web"}));
+    assert_eq!(labels(&api, "shop", "cart"), json!({"app": "cart"}));
+    assert_eq!(taints(&api, "n1"), [TAINT_NOT_READY, "gpu"]);
+
+    // The taint only with --remove-taint; the other taints stay, including one another
+    // component adds between our read and our write (the write conflicts and is redone).
+    let mut n1 = api.get_object("nodes", "", "n1").unwrap();
+    n1["spec"]["taints"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"key": "spot", "effect": "NoSchedule"}));
+    api.put_before_next("PATCH", "/nodes/n1", n1);
+    let (code, out, err) = cluster(&d, &["--remove-taint"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(
+        out.contains(&format!(
+            "removed taint {TAINT_NOT_READY}:NoSchedule of node n1"
+        )),
+        "{out}"
+    );
+    assert_eq!(taints(&api, "n1"), ["gpu", "spot"]);
+    // Nothing left: a second run says so.
+    let (code, out, _) = cluster(&d, &["--remove-taint"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("no node carries"), "{out}");
+
+    // --remove-taint belongs to --cluster.
+    let (code, _, err) = run(&d, &["--remove-taint"]);
+    assert_eq!(code, Some(64), "{err}");
 }
