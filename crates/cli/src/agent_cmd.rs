@@ -9,7 +9,8 @@ use interlock_agent::plan::ConfigMode;
 use interlock_agent::sandbox_audit::AuditSettings;
 use interlock_agent::{AgentConfig, KubeMode, Runtime};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 /// How `INTERLOCK_CNI_BIN_DIR` separates several bin dirs, for `agent`, `uninstall`
@@ -22,7 +23,7 @@ pub struct Dirs {
     /// The runtime's CNI config directory.
     #[arg(long, env = "INTERLOCK_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
     pub cni_conf_dir: PathBuf,
-    /// A CNI bin dir to install interlock-cni into (repeatable; in the environment
+    /// A CNI bin dir interlock-cni is installed in (repeatable; in the environment
     /// variable, ':'-separated like CNI_PATH).
     #[arg(
         long = "cni-bin-dir",
@@ -144,10 +145,40 @@ pub struct KubeArgs {
     pub taint_effect: TaintEffect,
 }
 
+/// `interlock uninstall`: this node's files, or with `--cluster` what the agents wrote
+/// into the Kubernetes API.
 #[derive(Debug, Args)]
 pub struct UninstallArgs {
     #[command(flatten)]
     pub dirs: Dirs,
+    /// Change nothing: list what would be removed and what would stay, and why (the exit
+    /// code is the one a real run would have).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Go ahead although an agent is running (it puts its files, or its node condition and
+    /// labels, back at once), and remove the plugin binary although something still needs it.
+    #[arg(long)]
+    pub force: bool,
+    /// The node's runtime, containerd or crio (CRI-O tears pods down with the config they
+    /// were set up with, so their DEL needs the binary) [default: the one the agent's
+    /// readiness marker names].
+    #[arg(long, env = "INTERLOCK_RUNTIME")]
+    pub runtime: Option<Runtime>,
+    /// Clean the cluster instead of this node: remove the InterlockReady condition from
+    /// every node and the interlock.dev/unprotected label from every pod (Kubernetes
+    /// credentials as `check cluster`: in-cluster, $KUBECONFIG or ~/.kube/config).
+    #[arg(long)]
+    pub cluster: bool,
+    /// With --cluster: also remove the startup taint interlock.dev/not-ready from the
+    /// nodes that carry it (off by default: whoever registers the nodes may manage it).
+    #[arg(long, requires = "cluster")]
+    pub remove_taint: bool,
+    /// With --cluster: the namespace the agent's DaemonSet runs in.
+    #[arg(long, env = "INTERLOCK_NAMESPACE", default_value = crate::check::cluster::DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// With --cluster: the label selector of the agent's pods.
+    #[arg(long, default_value = crate::check::cluster::DEFAULT_AGENT_SELECTOR)]
+    pub agent_selector: String,
 }
 
 fn default_plugin_source() -> anyhow::Result<PathBuf> {
@@ -203,23 +234,246 @@ fn audit_settings(
     }))
 }
 
-pub fn run_uninstall(a: UninstallArgs) -> anyhow::Result<()> {
-    let done = interlock_agent::uninstall(
-        &a.dirs.cni_conf_dir,
-        &a.dirs.cni_bin_dirs,
-        &a.dirs.state_dir,
-    )
-    .context("interlock uninstall")?;
-    if done.is_empty() {
-        println!(
-            "nothing of interlock's found in {}",
-            a.dirs.cni_conf_dir.display()
+/// `interlock uninstall`: refuses while an agent runs on the state dir (unless
+/// `--force`) and when the conf dir holds no CNI config at all (a wrong path would
+/// otherwise "succeed"), then runs [`interlock_agent::uninstall_node`] and prints every
+/// step. Exit 0 when interlock is gone from the node (records kept on purpose aside), 1
+/// when something stays that should not or a step failed.
+pub fn run_uninstall(a: UninstallArgs) -> anyhow::Result<ExitCode> {
+    if a.cluster {
+        return cluster_uninstall::run(&a);
+    }
+    let d = &a.dirs;
+    let mut refusal = None;
+    match live_agent(&d.state_dir) {
+        Ok(None) => {}
+        Ok(Some(agent)) if a.force => eprintln!(
+            "interlock uninstall: warning: {}; --force goes ahead, and the agent will put its \
+             config and plugin binary back within milliseconds (stop it first; under the \
+             DaemonSet: --uninstall-on-exit)",
+            agent.describe()
+        ),
+        Ok(Some(agent)) => {
+            let msg = format!(
+                "{}; it would put its config and plugin binary back within milliseconds.\n  \
+                 Under the DaemonSet: turn on uninstall-on-exit (agent flag \
+                 --uninstall-on-exit; INTERLOCK_UNINSTALL_ON_EXIT=true in the interlock-config \
+                 ConfigMap), restart the agents, then delete the DaemonSet: each agent removes \
+                 its files as it stops.\n  \
+                 An agent started by hand: stop it (SIGTERM), then run interlock uninstall \
+                 again.\n  \
+                 --force goes ahead anyway (the running agent puts everything back)",
+                agent.describe()
+            );
+            if !a.dry_run {
+                anyhow::bail!("refusing to uninstall, nothing was changed: {msg}");
+            }
+            refusal = Some(msg);
+        }
+        Err(e) => eprintln!(
+            "interlock uninstall: warning: cannot tell whether an agent runs on {}: {e}",
+            d.state_dir.display()
+        ),
+    }
+    if let Some(problem) = conf_dir_problem(&d.cni_conf_dir) {
+        anyhow::bail!(
+            "{problem}, so it is not the runtime's CNI config directory and nothing was removed \
+             (not the plugin binary, not the readiness marker).{} Pass the runtime's directory \
+             with --cni-conf-dir: containerd names it in config.toml (conf_dir in its CRI \
+             plugin's cni section), CRI-O in crio.conf (network_dir in [crio.network]); k3s \
+             uses /var/lib/rancher/k3s/agent/etc/cni/net.d",
+            conf_dir_hints(&d.cni_conf_dir, &d.state_dir)
         );
     }
-    for d in done {
-        println!("{d}");
+    let opts = interlock_agent::UninstallOptions {
+        dry_run: a.dry_run,
+        force: a.force,
+        runtime: a.runtime,
+        own_socket: false,
+    };
+    let r = interlock_agent::uninstall_node(&d.cni_conf_dir, &d.cni_bin_dirs, &d.state_dir, &opts);
+    if a.dry_run {
+        println!("dry run: nothing was changed");
     }
-    Ok(())
+    if r.steps.is_empty() {
+        println!(
+            "nothing of interlock's found in {}, {} or {}",
+            d.cni_conf_dir.display(),
+            d.cni_bin_dirs
+                .iter()
+                .map(|b| b.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            d.state_dir.display()
+        );
+    }
+    for l in r.lines() {
+        println!("{l}");
+    }
+    let errors = r.errors();
+    let mut failed = false;
+    if !errors.is_empty() {
+        eprintln!("interlock uninstall: {} step(s) failed", errors.len());
+        failed = true;
+    }
+    for why in &r.incomplete {
+        eprintln!(
+            "interlock uninstall: {}: {why}",
+            if a.dry_run {
+                "a real run would not be complete"
+            } else {
+                "not complete"
+            }
+        );
+        failed = true;
+    }
+    if let Some(msg) = refusal {
+        eprintln!("interlock uninstall: a real run would refuse: {msg}");
+        failed = true;
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// An agent alive on a state dir, as its readiness marker says.
+struct LiveAgent {
+    pid: u32,
+    marker: PathBuf,
+    age_ms: u64,
+    /// The PID was checked in this PID namespace (else the marker came from another one,
+    /// and only its age says the agent is alive).
+    pid_checked: bool,
+}
+
+impl LiveAgent {
+    fn describe(&self) -> String {
+        format!(
+            "an interlock agent is running on this state dir: pid {}{} (its readiness marker {} \
+             was written {} ms ago)",
+            self.pid,
+            if self.pid_checked {
+                ""
+            } else {
+                " in another PID namespace"
+            },
+            self.marker.display(),
+            self.age_ms
+        )
+    }
+}
+
+/// The agent alive on `state_dir`: its readiness marker is fresh and its writer's PID is
+/// alive (when the marker comes from this PID namespace; `interlock check` judges it the
+/// same way). `Err` when the marker exists but cannot be trusted.
+fn live_agent(state_dir: &Path) -> Result<Option<LiveAgent>, String> {
+    use interlock_contract::marker::ReadinessMarker;
+    use std::os::unix::fs::MetadataExt;
+    let path = interlock_contract::layout::marker_path(state_dir);
+    let m = match ReadinessMarker::read(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let now = interlock_contract::time::now_ms();
+    if m.staleness(now).is_some() {
+        return Ok(None);
+    }
+    let own = std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino());
+    let pid_checked = m.pid_namespace.is_some() && m.pid_namespace == own;
+    if pid_checked && exited(m.pid) {
+        return Ok(None);
+    }
+    Ok(Some(LiveAgent {
+        pid: m.pid,
+        marker: path,
+        age_ms: now.saturating_sub(m.updated_at_ms),
+        pid_checked,
+    }))
+}
+
+/// True when `pid` has exited but was not reaped yet (a zombie: `/proc/<pid>` is still
+/// there, which the marker's own liveness check counts as alive), or is gone.
+fn exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // `pid (comm) S …`: the state follows the last `)` (comm may hold one).
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| matches!(state, 'Z' | 'X')),
+        Err(_) => true,
+    }
+}
+
+/// Why `conf_dir` cannot be the runtime's CNI config directory: it does not exist, or
+/// holds no file a runtime would load (`*.conf`, `*.conflist`, `*.json`) and no backup
+/// of interlock's. `None` when it holds one (or cannot be listed: the uninstall reports
+/// that itself).
+fn conf_dir_problem(conf_dir: &Path) -> Option<String> {
+    let rd = match std::fs::read_dir(conf_dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Some(format!(
+                "--cni-conf-dir {} does not exist",
+                conf_dir.display()
+            ))
+        }
+        Err(_) => return None,
+    };
+    let any = rd.flatten().any(|e| {
+        let n = e.file_name();
+        let n = n.to_string_lossy();
+        interlock_confdir::is_config_name(&n) || n.ends_with(interlock_agent::plan::BACKUP_SUFFIX)
+    });
+    (!any).then(|| {
+        format!(
+            "--cni-conf-dir {} holds no CNI config (no *.conf, *.conflist or *.json file)",
+            conf_dir.display()
+        )
+    })
+}
+
+/// Where the runtime's conf dir may be instead of `conf_dir`: the directory of the
+/// config the agent's marker names, and well-known directories on this host that hold
+/// configs. Each hint starts with a space.
+fn conf_dir_hints(conf_dir: &Path, state_dir: &Path) -> String {
+    const KNOWN: [(&str, &str); 3] = [
+        (
+            interlock_contract::layout::DEFAULT_CNI_CONF_DIR,
+            "the usual default",
+        ),
+        ("/var/lib/rancher/k3s/agent/etc/cni/net.d", "k3s"),
+        ("/var/snap/microk8s/current/args/cni-network", "MicroK8s"),
+    ];
+    let mut out = String::new();
+    let marker = interlock_contract::layout::marker_path(state_dir);
+    if let Ok(m) = interlock_contract::marker::ReadinessMarker::read(&marker) {
+        if let Some(dir) = Path::new(&m.config_path).parent() {
+            if !dir.as_os_str().is_empty() && dir != conf_dir {
+                out.push_str(&format!(
+                    " The agent's readiness marker {} names {}: try --cni-conf-dir {}.",
+                    marker.display(),
+                    m.config_path,
+                    dir.display()
+                ));
+            }
+        }
+    }
+    let found: Vec<String> = KNOWN
+        .iter()
+        .filter(|(d, _)| Path::new(d) != conf_dir && conf_dir_problem(Path::new(d)).is_none())
+        .filter(|(d, _)| Path::new(d).is_dir())
+        .map(|(d, what)| format!("{d} ({what})"))
+        .collect();
+    if !found.is_empty() {
+        out.push_str(&format!(
+            " CNI configs found on this host in: {}.",
+            found.join(", ")
+        ));
+    }
+    out
 }
 
 /// A listen address: `ip:port`, `[ipv6]:port`, or a bare IPv6 address and a port
@@ -233,6 +487,300 @@ fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
     let ip: std::net::Ipv6Addr = host.parse().map_err(|_| bad())?;
     let port: u16 = port.parse().map_err(|_| bad())?;
     Ok(SocketAddr::from((ip, port)))
+}
+
+/// `interlock uninstall --cluster`: what the agents wrote into the Kubernetes API.
+mod cluster_uninstall {
+    use super::UninstallArgs;
+    use interlock_agent::gating::{taints_edit, TaintEffect};
+    use interlock_agent::kubernetes::{bounded, KubeError};
+    use interlock_agent::UninstallStep;
+    use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_READY};
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::{Api, ListParams, Patch, PatchParams};
+    use kube::Client;
+    use serde_json::json;
+    use std::process::ExitCode;
+
+    /// How many times a taint edit is recomputed after a conflict (another writer changed
+    /// the node's taints between the read and the write).
+    const CONFLICT_RETRIES: usize = 5;
+
+    /// What node pools must do themselves; printed on every run.
+    const REGISTRATION: &str = "Node pools that register their nodes with the startup taint \
+        interlock.dev/not-ready (kubelet --register-with-taints, a node group's taints, a \
+        Karpenter NodePool's startupTaints) must drop it from that registration when \
+        interlock goes: with no agent left to remove it, every new node would keep it, and \
+        pods without a toleration would never be scheduled there";
+
+    pub fn run(a: &UninstallArgs) -> anyhow::Result<ExitCode> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(run_async(a))
+    }
+
+    async fn run_async(a: &UninstallArgs) -> anyhow::Result<ExitCode> {
+        let (client, creds) = match interlock_agent::kubernetes::connect().await {
+            Ok(Some(c)) => c,
+            Ok(None) => anyhow::bail!(
+                "no Kubernetes credentials: not in a pod, no $KUBECONFIG, no ~/.kube/config; \
+                 nothing was changed"
+            ),
+            Err(e) => anyhow::bail!("{e}; nothing was changed"),
+        };
+        if a.dry_run {
+            println!("dry run: nothing was changed");
+        }
+        println!("Kubernetes API through {creds}");
+        let mut refusal = None;
+        let agents = running_agents(&client, &a.namespace, &a.agent_selector).await?;
+        if !agents.is_empty() {
+            let msg = format!(
+                "{} interlock agent pod(s) still run ({} in namespace {}, selected by {}): they \
+                 would write the InterlockReady condition and the labels back. Delete the \
+                 DaemonSet first (with uninstall-on-exit on, its agents remove their files from \
+                 the nodes as they stop); --force goes ahead anyway",
+                agents.len(),
+                agents.join(", "),
+                a.namespace,
+                a.agent_selector
+            );
+            if a.force {
+                eprintln!("interlock uninstall: warning: {msg}");
+            } else if a.dry_run {
+                refusal = Some(msg);
+            } else {
+                anyhow::bail!("refusing to uninstall: {msg}; nothing was changed");
+            }
+        }
+        let mut steps = vec![];
+        let nodes = bounded(
+            || "listing nodes".into(),
+            Api::<Node>::all(client.clone()).list(&ListParams::default()),
+        )
+        .await?;
+        for node in &nodes.items {
+            clean_node(&client, node, a, &mut steps).await;
+        }
+        let pods = bounded(
+            || format!("listing pods labelled {LABEL_UNPROTECTED}"),
+            Api::<Pod>::all(client.clone()).list(&ListParams::default().labels(LABEL_UNPROTECTED)),
+        )
+        .await?;
+        for pod in &pods.items {
+            unlabel(&client, pod, a.dry_run, &mut steps).await;
+        }
+        if steps.is_empty() {
+            println!(
+                "no node carries the InterlockReady condition or the taint {TAINT_NOT_READY}, \
+                 and no pod the label {LABEL_UNPROTECTED}"
+            );
+        }
+        for s in &steps {
+            println!("{}", s.line(a.dry_run));
+        }
+        println!("{REGISTRATION}.");
+        let failed = steps
+            .iter()
+            .filter(|s| matches!(s, UninstallStep::Failed { .. }))
+            .count();
+        if failed > 0 {
+            eprintln!("interlock uninstall: {failed} step(s) failed");
+        }
+        if let Some(msg) = &refusal {
+            eprintln!("interlock uninstall: a real run would refuse: {msg}");
+        }
+        Ok(if failed > 0 || refusal.is_some() {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        })
+    }
+
+    /// The agent pods that are not finished, as `name (node)`.
+    async fn running_agents(
+        client: &Client,
+        namespace: &str,
+        selector: &str,
+    ) -> Result<Vec<String>, KubeError> {
+        let pods = bounded(
+            || format!("listing the agent pods ({selector} in {namespace})"),
+            Api::<Pod>::namespaced(client.clone(), namespace)
+                .list(&ListParams::default().labels(selector)),
+        )
+        .await?;
+        Ok(pods
+            .items
+            .iter()
+            .filter(|p| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                !matches!(phase, Some("Succeeded" | "Failed"))
+            })
+            .map(|p| {
+                let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
+                format!(
+                    "{}{}",
+                    p.metadata.name.as_deref().unwrap_or("?"),
+                    node.map(|n| format!(" on {n}")).unwrap_or_default()
+                )
+            })
+            .collect())
+    }
+
+    /// Removes the condition (and with `--remove-taint` the taint) from one node.
+    async fn clean_node(
+        client: &Client,
+        node: &Node,
+        a: &UninstallArgs,
+        steps: &mut Vec<UninstallStep>,
+    ) {
+        let api = Api::<Node>::all(client.clone());
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let condition = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_READY));
+        if let Some(c) = condition {
+            let what = format!("condition {CONDITION_READY} of node {name}");
+            let why = format!(
+                "the agent's: {}{}",
+                c.status,
+                c.reason
+                    .as_deref()
+                    .map(|r| format!(", {r}"))
+                    .unwrap_or_default()
+            );
+            // Conditions merge by `type`: the directive deletes ours and nothing else.
+            let patch =
+                json!({"status": {"conditions": [{"type": CONDITION_READY, "$patch": "delete"}]}});
+            let done = if a.dry_run {
+                Ok(())
+            } else {
+                bounded(
+                    || format!("removing {what}"),
+                    api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch)),
+                )
+                .await
+                .map(drop)
+            };
+            steps.push(match done {
+                Ok(()) => UninstallStep::Remove { what, why },
+                Err(e) => failed(e),
+            });
+        }
+        let tainted = node_taints(node).iter().any(|t| t.key == TAINT_NOT_READY);
+        if !tainted {
+            return;
+        }
+        let effects: Vec<&str> = node_taints(node)
+            .iter()
+            .filter(|t| t.key == TAINT_NOT_READY)
+            .map(|t| t.effect.as_str())
+            .collect();
+        let what = format!(
+            "taint {TAINT_NOT_READY}:{} of node {name}",
+            effects.join(",")
+        );
+        if !a.remove_taint {
+            steps.push(UninstallStep::Keep {
+                what,
+                why: "taints may be managed by whoever registers the nodes; pass --remove-taint \
+                      to remove it (no agent will, any more)"
+                    .into(),
+            });
+            return;
+        }
+        let why = "the agent's startup taint".to_string();
+        if a.dry_run {
+            steps.push(UninstallStep::Remove { what, why });
+            return;
+        }
+        steps.push(match remove_taint(&api, &name, node.clone()).await {
+            Ok(()) => UninstallStep::Remove { what, why },
+            Err(e) => failed(e),
+        });
+    }
+
+    fn node_taints(node: &Node) -> &[k8s_openapi::api::core::v1::Taint] {
+        node.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_deref())
+            .unwrap_or(&[])
+    }
+
+    /// Drops the startup taint, keeping every other taint in order: a merge patch of the
+    /// whole list carrying the `resourceVersion` it was computed from, recomputed from a
+    /// fresh read when another writer got there first (409).
+    async fn remove_taint(api: &Api<Node>, name: &str, mut node: Node) -> Result<(), KubeError> {
+        for attempt in 0..=CONFLICT_RETRIES {
+            // Ready, whatever the effect: the edit only removes ours.
+            let Some(next) = taints_edit(node_taints(&node), true, TaintEffect::NoSchedule) else {
+                return Ok(());
+            };
+            let patch = json!({
+                "metadata": {"resourceVersion": node.metadata.resource_version},
+                "spec": {"taints": next},
+            });
+            match bounded(
+                || format!("removing the taint {TAINT_NOT_READY} from node {name}"),
+                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if e.source.code() == Some(409) && attempt < CONFLICT_RETRIES => {
+                    node = bounded(|| format!("reading node {name}"), api.get(name)).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!("the loop returns on its last attempt")
+    }
+
+    /// Removes the label from one pod (only that pod: the patch carries its UID).
+    async fn unlabel(client: &Client, pod: &Pod, dry_run: bool, steps: &mut Vec<UninstallStep>) {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let value = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_UNPROTECTED))
+            .cloned()
+            .unwrap_or_default();
+        let what = format!("label {LABEL_UNPROTECTED}={value} of pod {ns}/{name}");
+        let why = "the agent's mark of a meshed pod found unprotected".to_string();
+        if dry_run {
+            steps.push(UninstallStep::Remove { what, why });
+            return;
+        }
+        let api = Api::<Pod>::namespaced(client.clone(), &ns);
+        let patch =
+            json!({"metadata": {"uid": pod.metadata.uid, "labels": {LABEL_UNPROTECTED: null}}});
+        let done = bounded(
+            || format!("removing {what}"),
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await;
+        steps.push(match done {
+            Ok(_) => UninstallStep::Remove { what, why },
+            // Gone, or another pod of that name now: nothing of ours to remove.
+            Err(e) if matches!(e.source.code(), Some(404 | 409)) => UninstallStep::Keep {
+                what,
+                why: format!("the pod is gone or was replaced meanwhile ({e})"),
+            },
+            Err(e) => failed(e),
+        });
+    }
+
+    fn failed(e: KubeError) -> UninstallStep {
+        UninstallStep::Failed {
+            doing: e.doing.clone(),
+            error: e.source.to_string(),
+        }
+    }
 }
 
 #[cfg(test)]

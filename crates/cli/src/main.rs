@@ -40,7 +40,10 @@ enum Command {
     /// Run the node agent: install the plugin, keep the runtime's CNI config carrying
     /// interlock, report readiness (/healthz, /readyz, /metrics and the STATUS marker).
     Agent(agent_cmd::AgentArgs),
-    /// Remove exactly what interlock added to the CNI conf dir and bin dirs.
+    /// Remove exactly what interlock added to this node (conf dir, bin dirs, state dir),
+    /// refusing while an agent runs there; `--cluster`: the node condition and pod labels
+    /// the agents wrote into the Kubernetes API. `--dry-run` lists what would go and what
+    /// stays (exit 0 done, 1 refused, incomplete or failed, 64 usage).
     Uninstall(agent_cmd::UninstallArgs),
     /// Explain what this node's runtime will load and whether a pod started now is
     /// protected (exit 0 protected, 1 at risk, 2 unprotected, 3 could not check, 64 usage).
@@ -95,9 +98,7 @@ fn main() -> std::process::ExitCode {
     };
     let result = match command {
         Command::Agent(a) => agent_cmd::run_agent(a).map(|()| std::process::ExitCode::SUCCESS),
-        Command::Uninstall(a) => {
-            agent_cmd::run_uninstall(a).map(|()| std::process::ExitCode::SUCCESS)
-        }
+        Command::Uninstall(a) => agent_cmd::run_uninstall(a),
         Command::Check(a) => check::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Validate(a) => validate::run(a),
