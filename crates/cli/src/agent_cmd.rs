@@ -13,10 +13,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// How `INTERLOCK_CNI_BIN_DIR` separates several bin dirs, for `agent`, `uninstall`
-/// and `check` alike: ':' as in `CNI_PATH` and `PATH`.
-pub const BIN_DIR_DELIMITER: char = ':';
-
 /// Directories shared by `agent` and `uninstall`.
 #[derive(Debug, Args)]
 pub struct Dirs {
@@ -28,7 +24,7 @@ pub struct Dirs {
     #[arg(
         long = "cni-bin-dir",
         env = "INTERLOCK_CNI_BIN_DIR",
-        value_delimiter = BIN_DIR_DELIMITER,
+        value_delimiter = crate::BIN_DIR_DELIMITER,
         default_value = "/opt/cni/bin"
     )]
     pub cni_bin_dirs: Vec<PathBuf>,

@@ -72,7 +72,7 @@ pub struct NodeArgs {
     #[arg(
         long = "cni-bin-dir",
         env = "INTERLOCK_CNI_BIN_DIR",
-        value_delimiter = crate::agent_cmd::BIN_DIR_DELIMITER,
+        value_delimiter = crate::BIN_DIR_DELIMITER,
         default_value = "/opt/cni/bin"
     )]
     cni_bin_dirs: Vec<PathBuf>,

@@ -9,6 +9,10 @@ mod inspect;
 mod manifests;
 mod validate;
 
+/// How `INTERLOCK_CNI_BIN_DIR` separates several bin dirs, for `agent`, `uninstall`
+/// and `check` alike: ':' as in `CNI_PATH` and `PATH`.
+pub const BIN_DIR_DELIMITER: char = ':';
+
 use clap::{Parser, Subcommand, ValueEnum};
 use interlock_agent::telemetry::{self, LogFormat};
 
