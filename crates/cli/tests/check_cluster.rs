@@ -35,15 +35,21 @@ fn pod(api: &KubeApi, ns: &str, name: &str, node: &str, labels: Value, ready: bo
             "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}}));
 }
 
-fn agent_pod(api: &KubeApi, node: &str, ready: bool) {
+/// An agent pod labelled as the manifests label it, with `version`.
+fn agent_pod_of(api: &KubeApi, node: &str, ready: bool, version: &str) {
     pod(
         api,
         "interlock-system",
         &format!("interlock-node-{node}"),
         node,
-        json!({"app.kubernetes.io/name": "interlock"}),
+        json!({"app.kubernetes.io/name": "interlock", "app.kubernetes.io/version": version}),
         ready,
     );
+}
+
+/// An agent pod of this release.
+fn agent_pod(api: &KubeApi, node: &str, ready: bool) {
+    agent_pod_of(api, node, ready, interlock_buildinfo::CRATE_VERSION);
 }
 
 fn check_cluster(d: &Dirs, json_out: bool) -> (i32, String) {
@@ -70,7 +76,8 @@ fn check_cluster_judges_every_node_from_the_api() {
     node(&api, "n1-ready", Some("True"), false, "linux");
     agent_pod(&api, "n1-ready", true);
     node(&api, "n2-gated", Some("False"), true, "linux");
-    agent_pod(&api, "n2-gated", false);
+    // An agent of an older release, mid-rollout.
+    agent_pod_of(&api, "n2-gated", false, "0.0.9");
     node(&api, "n3-no-agent", None, false, "linux");
     node(&api, "w1", None, false, "windows");
     pod(
@@ -118,11 +125,14 @@ fn check_cluster_judges_every_node_from_the_api() {
         .iter()
         .map(|f| f["id"].as_str().unwrap())
         .collect();
+    assert_eq!(by("n2-gated")["agentPod"]["version"], "0.0.9");
     for id in [
         "cluster.unprotected-pods",
         "cluster.no-agent",
         "cluster.agent-not-ready",
         "cluster.not-ready",
+        "cluster.version-skew",
+        "cluster.mixed-versions",
     ] {
         assert!(ids.contains(&id), "{id} in {ids:?}");
     }

@@ -70,6 +70,9 @@ pub struct AgentPodFacts {
     pub phase: String,
     /// Its `Ready` condition holds.
     pub ready: bool,
+    /// Its `app.kubernetes.io/version` label: the interlock version of its image, as the
+    /// manifests label it (`None`: not labelled).
+    pub version: Option<String>,
 }
 
 /// A pod labelled unprotected.
@@ -87,6 +90,8 @@ pub struct PodRef {
 /// Everything [`judge_cluster`] looks at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterFacts {
+    /// The version of this `interlock` (the CLI), `major.minor.patch`.
+    pub cli_version: String,
     /// Every node.
     pub nodes: Vec<NodeFacts>,
     /// The agent's pods.
@@ -105,6 +110,8 @@ pub struct AgentPodDoc {
     pub phase: String,
     /// Its `Ready` condition holds.
     pub ready: bool,
+    /// Its interlock version (`null`: its pod carries no version label).
+    pub version: Option<String>,
 }
 
 /// One Linux node in the report.
@@ -183,6 +190,17 @@ const HINT_NOT_READY: &str =
 const HINT_NO_CONDITION: &str = "the agent on that node never wrote its condition: does it run with --kube=auto and the RBAC of `interlock manifests`?";
 const HINT_TAINTED: &str = "the agent removes the taint once ready; if it stays, the agent cannot patch the node (RBAC) — see its log";
 const HINT_UNPROTECTED: &str = "an agent found these pods unprotected and, by its repair policy (report, or repairs that kept failing), left them so: see the pods' Events (Unprotected, RepairFailed) and delete them so they start again through interlock";
+
+const HINT_VERSION_SKEW: &str = "use the interlock of the agents' release to check, or finish the upgrade: agents and CLI are supported at the same minor version (docs/operate.md, Upgrading)";
+const HINT_MIXED: &str = "normal while a DaemonSet rollout runs (`kubectl -n interlock-system rollout status ds/interlock-node`); otherwise some nodes did not take the update";
+
+/// `major.minor` of a version (the whole text when it has no two dots' worth).
+fn minor_of(v: &str) -> &str {
+    match v.match_indices('.').nth(1) {
+        Some((i, _)) => &v[..i],
+        None => v,
+    }
+}
 
 /// Judges the cluster from what the API showed. Pure.
 pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
@@ -295,6 +313,7 @@ pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
                 name: a.name.clone(),
                 phase: a.phase.clone(),
                 ready: a.ready,
+                version: a.version.clone(),
             }),
             unprotected_pods: unprotected,
             problems: problems.into_iter().map(|p| p.3).collect(),
@@ -322,6 +341,45 @@ pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
                 p.name
             ));
     }
+    // Version skew (docs/operate.md, "Upgrading"): agents and this CLI of one minor
+    // version; several versions across nodes while a rollout runs.
+    let mut versions: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for a in f.agents.iter().filter(|a| known.contains(&a.node.as_str())) {
+        versions
+            .entry(a.version.as_deref().unwrap_or("unlabelled"))
+            .or_default()
+            .push(a.node.as_str());
+    }
+    let cli_minor = minor_of(&f.cli_version);
+    let off: Vec<String> = versions
+        .iter()
+        .filter(|(v, _)| minor_of(v) != cli_minor)
+        .map(|(v, nodes)| format!("{v} on {}", nodes.join(", ")))
+        .collect();
+    if !off.is_empty() {
+        by_kind
+            .entry("cluster.version-skew")
+            .or_insert((Status::Warn, Effect::None, Vec::new()))
+            .2
+            .push(format!(
+                "this interlock is {}; agents: {}",
+                f.cli_version,
+                off.join("; ")
+            ));
+    }
+    if versions.len() > 1 {
+        by_kind
+            .entry("cluster.mixed-versions")
+            .or_insert((Status::Warn, Effect::None, Vec::new()))
+            .2
+            .push(
+                versions
+                    .iter()
+                    .map(|(v, nodes)| format!("{v} on {} node(s)", nodes.len()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            );
+    }
     let mut findings: Vec<Finding> = by_kind
         .into_iter()
         .map(|(id, (status, effect, items))| {
@@ -335,6 +393,11 @@ pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
                 "cluster.not-ready" => ("nodes not ready", HINT_NOT_READY),
                 "cluster.no-condition" => ("nodes without InterlockReady", HINT_NO_CONDITION),
                 "cluster.tainted-while-ready" => ("nodes still tainted", HINT_TAINTED),
+                "cluster.version-skew" => (
+                    "agents of another minor version than this interlock",
+                    HINT_VERSION_SKEW,
+                ),
+                "cluster.mixed-versions" => ("agents of several versions", HINT_MIXED),
                 _ => ("meshed pods running unprotected", HINT_UNPROTECTED),
             };
             Finding::new(
@@ -404,6 +467,7 @@ async fn gather(
             .unwrap_or_default()
     };
     Ok(ClusterFacts {
+        cli_version: interlock_buildinfo::CRATE_VERSION.to_string(),
         nodes: nodes
             .items
             .iter()
@@ -449,6 +513,12 @@ async fn gather(
                     .as_ref()
                     .and_then(|s| s.conditions.as_ref())
                     .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+                version: p
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("app.kubernetes.io/version"))
+                    .cloned(),
             })
             .collect(),
         unprotected: unprotected
@@ -632,6 +702,7 @@ mod tests {
             node: node.into(),
             phase: "Running".into(),
             ready,
+            version: Some("0.2.0".into()),
         }
     }
 
@@ -642,6 +713,7 @@ mod tests {
     #[test]
     fn every_node_state_gets_its_verdict() {
         let f = ClusterFacts {
+            cli_version: "0.2.0".into(),
             nodes: vec![
                 node("ok", Some("True"), false),
                 node("gated", Some("False"), true),
@@ -696,6 +768,7 @@ mod tests {
     #[test]
     fn a_labelled_pod_makes_its_node_unprotected_and_a_healthy_cluster_is_protected() {
         let mut f = ClusterFacts {
+            cli_version: "0.2.1".into(),
             nodes: vec![node("n1", Some("True"), false)],
             agents: vec![agent("n1", true)],
             unprotected: vec![],
@@ -711,5 +784,67 @@ mod tests {
         assert_eq!(j.verdict, Verdict::Unprotected);
         assert!(j.summary.contains("shop/web"), "{}", j.summary);
         assert_eq!(docs[0].unprotected_pods, ["shop/web"]);
+    }
+
+    /// An agent of another minor version than the CLI, and agents of several versions
+    /// across nodes (a rollout), are named; neither makes a node unprotected.
+    #[test]
+    fn version_skew_and_mixed_versions_are_named() {
+        let with = |n: &str, v: Option<&str>| AgentPodFacts {
+            version: v.map(str::to_string),
+            ..agent(n, true)
+        };
+        let mut f = ClusterFacts {
+            cli_version: "0.2.0".into(),
+            nodes: vec![
+                node("a", Some("True"), false),
+                node("b", Some("True"), false),
+                node("c", Some("True"), false),
+            ],
+            agents: vec![
+                with("a", Some("0.2.3")),
+                with("b", Some("0.1.0")),
+                with("c", None),
+            ],
+            unprotected: vec![],
+        };
+        let (j, docs) = judge_cluster(&f);
+        assert_eq!(j.verdict, Verdict::Protected, "{}", j.summary);
+        let msg = |id: &str| {
+            j.findings
+                .iter()
+                .find(|f| f.id == id)
+                .map(|f| f.message.clone())
+                .unwrap_or_else(|| panic!("no {id}: {:?}", j.findings))
+        };
+        let skew = msg("cluster.version-skew");
+        assert!(
+            skew.contains("0.1.0 on b") && skew.contains("unlabelled on c"),
+            "{skew}"
+        );
+        assert!(
+            !skew.contains("0.2.3"),
+            "a patch release is not skew: {skew}"
+        );
+        let mixed = msg("cluster.mixed-versions");
+        assert!(mixed.contains("0.2.3 on 1 node(s)"), "{mixed}");
+        assert_eq!(
+            docs[1].agent_pod.as_ref().unwrap().version.as_deref(),
+            Some("0.1.0")
+        );
+        // One version everywhere, the CLI's minor: nothing said.
+        f.agents = vec![
+            with("a", Some("0.2.0")),
+            with("b", Some("0.2.0")),
+            with("c", Some("0.2.0")),
+        ];
+        let (j, _) = judge_cluster(&f);
+        assert!(
+            !j.findings.iter().any(|f| f.id.contains("version")),
+            "{:?}",
+            j.findings
+        );
+        assert_eq!(minor_of("1.22.3-rc.1"), "1.22");
+        assert_eq!(minor_of("7"), "7");
     }
 }
