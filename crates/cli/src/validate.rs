@@ -227,6 +227,17 @@ fn validate(a: &ValidateArgs) -> (u8, String) {
         }
     };
     match probe::probe(&spec, &[], Duration::from_millis(a.timeout_ms)) {
+        // No family could send anything: the proof shows nothing about the rules (this
+        // check never reads them), so it cannot vouch for the pod.
+        Ok(report) if !report.shows_redirection() => (
+            COULD_NOT_VALIDATE,
+            format!(
+                "COULD NOT VALIDATE: nothing routable to prove: {}; no connection can leave \
+                 this netns now, so no connection shows whether its traffic would reach \
+                 the proxy once it can (is the pod's network set up? `interlock check node`)",
+                report.lines().join("; ")
+            ),
+        ),
         Ok(report) => (
             0,
             format!(

@@ -135,3 +135,22 @@ fn validate_fails_the_pod_without_rules_and_proves_them_with() {
     assert!(err.contains("COULD NOT VALIDATE"), "{err}");
     drop(holder);
 }
+
+/// A netns where nothing is routable (only `lo`, no rules): no connection can show
+/// anything about the redirection, so validate does not say PROTECTED; it fails the pod
+/// (fail closed) and says why.
+#[test]
+fn nothing_routable_is_not_called_protected() {
+    require_root!();
+    let ns = Netns::new("valo").unwrap();
+    let up = Command::new("ip")
+        .args(["-n", ns.name(), "link", "set", "lo", "up"])
+        .status()
+        .unwrap();
+    assert!(up.success());
+    let (code, out, err) = validate(&ns, &["--annotation", "sidecar.istio.io/status={}"]);
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(!out.contains("PROTECTED"), "{out}");
+    assert!(err.contains("nothing routable to prove"), "{err}");
+    assert!(!err.contains("installed for it anyway"), "{err}");
+}

@@ -181,9 +181,19 @@ pub struct ProbeReport {
     pub sealed: Vec<(Family, String)>,
     /// Families with nothing captured outbound ([`Plan::NotCaptured`]), with why.
     pub skipped: Vec<(Family, String)>,
+    /// Of the sealed families, those with no route at all ([`Plan::NoRoute`]): nothing
+    /// of theirs can leave the pod now, which says nothing about the rules.
+    pub unroutable: Vec<Family>,
 }
 
 impl ProbeReport {
+    /// Whether some family's outcome depended on the redirect rules: a connection landed
+    /// on the proxy, or a link-local one was dropped by the redirect. A report of only
+    /// unroutable and uncaptured families proves nothing about the rules.
+    pub fn shows_redirection(&self) -> bool {
+        !self.proven.is_empty() || self.sealed.len() > self.unroutable.len()
+    }
+
     /// One line per family, for logs and state.
     pub fn lines(&self) -> Vec<String> {
         let mut out: Vec<(Family, String)> = self
@@ -614,7 +624,8 @@ pub fn probe_with(
                 report.sealed.push((family, seal_link_local(target, via)?))
             }
             Plan::NoRoute { target } => {
-                report.sealed.push((family, seal_no_route(family, target)?))
+                report.sealed.push((family, seal_no_route(family, target)?));
+                report.unroutable.push(family);
             }
         }
     }
@@ -895,7 +906,7 @@ fn seal_no_route(family: Family, target: SocketAddr) -> Result<String, ProbeErro
             ) =>
         {
             Ok(format!(
-                "no route: a connection attempt to {target} failed with \"{e}\" before any packet was built; no {family} connection can be made or answered (the rules are installed for it anyway)"
+                "no route: a connection attempt to {target} failed with \"{e}\" before any packet was built; no {family} connection can be made or answered"
             ))
         }
         Err(source) => Err(ProbeError::Socket {
@@ -1509,7 +1520,27 @@ mod tests {
             }],
             sealed: vec![(Family::V6, "routed only link-locally".into())],
             skipped: vec![],
+            unroutable: vec![],
         };
+        assert!(r.shows_redirection());
+        let nothing = ProbeReport {
+            sealed: vec![
+                (Family::V4, "no route".into()),
+                (Family::V6, "no route".into()),
+            ],
+            unroutable: vec![Family::V4, Family::V6],
+            ..ProbeReport::default()
+        };
+        assert!(!nothing.shows_redirection());
+        let link_local = ProbeReport {
+            sealed: vec![
+                (Family::V4, "no route".into()),
+                (Family::V6, "link-local".into()),
+            ],
+            unroutable: vec![Family::V4],
+            ..ProbeReport::default()
+        };
+        assert!(link_local.shows_redirection());
         assert_eq!(
             r.lines(),
             [
