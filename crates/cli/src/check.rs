@@ -276,6 +276,18 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
         sandboxes: &sandboxes,
         cri_endpoint: &cri_endpoint,
     });
+    // In the agent's pod, hints name the namespace it runs in.
+    let mut j = j;
+    if let Some(ns) = std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|n| !n.is_empty())
+    {
+        j.findings = j
+            .findings
+            .into_iter()
+            .map(|f| f.in_namespace(&ns))
+            .collect();
+    }
     let doc = EffectiveDoc::new(&effective, &missing, stale.as_ref());
     NodeReport::new(parts(Some(doc), &binary, &sandboxes), j)
 }

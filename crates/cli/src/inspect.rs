@@ -443,7 +443,9 @@ fn rules_present(path: &Path, backend: BackendKind) -> Vec<String> {
                     String::from_utf8_lossy(&o.stdout)
                         .lines()
                         .filter(|l| !iptables || l.contains("IL_"))
-                        .map(|l| l.trim_end().to_string())
+                        // nft indents with tabs, which the report would show
+                        // escaped: two spaces a level.
+                        .map(|l| l.trim_end().replace('\t', "  "))
                         .filter(|l| !l.is_empty()),
                 ),
                 // nft fails when the table is absent: nothing of ours is there.

@@ -423,6 +423,11 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: spec.nodeName
+            # `interlock check` in the pod names this namespace in its hints.
+            - name: POD_NAMESPACE
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.namespace
             # /metrics (with /healthz and /readyz) on the node's IP only, not on every
             # interface: Prometheus scrapes the pod IP, which is the node's.
             - name: HOST_IP

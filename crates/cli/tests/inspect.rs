@@ -140,9 +140,12 @@ fn inspect_netns_shows_spec_rules_and_difference() {
         "rules present:",
         "table inet interlock",
         "PROTECTED:",
+        // nft's indentation shows as indentation, not as escaped tabs.
+        "    chain output {",
     ] {
         assert!(text.contains(part), "{part} in\n{text}");
     }
+    assert!(!text.contains("\\x09"), "{text}");
 }
 
 #[test]

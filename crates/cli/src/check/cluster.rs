@@ -591,7 +591,12 @@ pub fn check_cluster(a: &ClusterArgs, now_ms: u64) -> ClusterReport {
     match got {
         Ok((facts, creds)) => {
             settings.credentials = Some(creds);
-            let (j, nodes) = judge_cluster(&facts);
+            let (mut j, nodes) = judge_cluster(&facts);
+            j.findings = j
+                .findings
+                .into_iter()
+                .map(|f| f.in_namespace(&a.namespace))
+                .collect();
             ClusterReport::new(now_ms, settings, j, Some(nodes), facts.unprotected)
         }
         Err((creds, e)) => {
@@ -846,5 +851,27 @@ mod tests {
         );
         assert_eq!(minor_of("1.22.3-rc.1"), "1.22");
         assert_eq!(minor_of("7"), "7");
+    }
+
+    /// A hint names the namespace the agent was installed in.
+    #[test]
+    fn hints_name_the_agents_namespace() {
+        let f = Finding::new(
+            "cluster.no-agent",
+            "cluster",
+            Status::Fail,
+            Effect::Hole,
+            "m".into(),
+            HINT_NO_AGENT,
+        );
+        assert!(f.hint.contains("-n interlock-system"));
+        let moved = f.clone().in_namespace("mesh-guard");
+        assert!(
+            moved.hint.contains("kubectl -n mesh-guard get ds"),
+            "{}",
+            moved.hint
+        );
+        assert!(!moved.hint.contains("interlock-system"), "{}", moved.hint);
+        assert_eq!(f.clone().in_namespace(DEFAULT_NAMESPACE), f);
     }
 }

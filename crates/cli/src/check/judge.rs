@@ -50,7 +50,7 @@ pub struct Finding {
     /// What was found, in words an operator can act on.
     pub message: String,
     /// What to do (empty for `ok`).
-    pub hint: &'static str,
+    pub hint: std::borrow::Cow<'static, str>,
     #[serde(skip)]
     effect: Effect,
 }
@@ -70,9 +70,22 @@ impl Finding {
             area,
             status,
             message,
-            hint: if status == Status::Ok { "" } else { hint },
+            hint: if status == Status::Ok { "" } else { hint }.into(),
             effect,
         }
+    }
+
+    /// The hint with the agent's namespace in its `kubectl -n` commands, for an
+    /// installation outside the default namespace.
+    pub fn in_namespace(mut self, namespace: &str) -> Finding {
+        let default = format!("-n {}", crate::check::cluster::DEFAULT_NAMESPACE);
+        if namespace != crate::check::cluster::DEFAULT_NAMESPACE && self.hint.contains(&default) {
+            self.hint = self
+                .hint
+                .replace(&default, &format!("-n {namespace}"))
+                .into();
+        }
+        self
     }
 }
 
@@ -696,7 +709,7 @@ pub fn could_not_check(id: &'static str, message: String, hint: &'static str) ->
             area: "check",
             status: Status::Fail,
             message,
-            hint,
+            hint: hint.into(),
             effect: Effect::Risk,
         }],
     }
