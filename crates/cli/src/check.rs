@@ -377,6 +377,7 @@ fn binary_facts(a: &NodeArgs) -> Option<BinaryFacts> {
     let path = interlock_libcni::exec::find_plugin(PLUGIN_TYPE, &a.cni_bin_dirs)?;
     let answer = interlock_libcni::exec::plugin_version(&path, &a.cni_bin_dirs);
     let source = plugin_source(a);
+    let mut digests = None;
     let content = match &source {
         Err(_) => Content::Unverified,
         Ok(src) => match interlock_contract::bounded::read_regular(
@@ -384,7 +385,14 @@ fn binary_facts(a: &NodeArgs) -> Option<BinaryFacts> {
             interlock_agent::install::MAX_PLUGIN_BYTES,
         ) {
             Ok(data) if interlock_agent::install::same_content(&path, &data) => Content::Matches,
-            Ok(_) => Content::Differs,
+            Ok(data) => {
+                let installed = interlock_contract::bounded::read_regular(
+                    &path,
+                    interlock_agent::install::MAX_PLUGIN_BYTES,
+                );
+                digests = installed.ok().map(|i| (sha256_hex(&i), sha256_hex(&data)));
+                Content::Differs
+            }
             Err(_) => Content::Unverified,
         },
     };
@@ -397,7 +405,16 @@ fn binary_facts(a: &NodeArgs) -> Option<BinaryFacts> {
         content,
         source,
         path,
+        digests,
     })
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn ask_readyz(addr: &str) -> Readyz {

@@ -150,6 +150,9 @@ pub struct BinaryFacts {
     pub content: Content,
     /// The plugin source compared with (or why there was none).
     pub source: Result<PathBuf, String>,
+    /// When the content differs: the SHA-256 of the installed binary and of the source,
+    /// hex (two builds of one version are told apart only by their bytes).
+    pub digests: Option<(String, String)>,
 }
 
 /// `/readyz`, as asked.
@@ -447,14 +450,28 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                     "binary",
                     Fail,
                     Risk,
-                    format!(
-                        "{path} is interlock-cni {build}, not the build this interlock ships ({}): it differs from {}",
-                        interlock_buildinfo::VERSION,
-                        b.source
+                    {
+                        let source = b
+                            .source
                             .as_ref()
                             .map(|s| shown_os(s.as_os_str()))
-                            .unwrap_or_default()
-                    ),
+                            .unwrap_or_default();
+                        let digests = b
+                            .digests
+                            .as_ref()
+                            .map(|(i, s)| format!(" (sha256 {i} installed, {s} shipped)"))
+                            .unwrap_or_default();
+                        if build == interlock_buildinfo::VERSION {
+                            format!(
+                                "{path} is interlock-cni {build}, the same version as this interlock, but other bytes than {source}{digests}: another build of the same commit (a rebuild, other flags or another toolchain)"
+                            )
+                        } else {
+                            format!(
+                                "{path} is interlock-cni {build}, not the build this interlock ships ({}): it differs from {source}{digests}",
+                                interlock_buildinfo::VERSION
+                            )
+                        }
+                    },
                     HINT_OTHER_BUILD,
                 ),
                 (Ok(v), content, build) => {

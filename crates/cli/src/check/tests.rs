@@ -82,6 +82,7 @@ fn bin() -> BinaryFacts {
         build: Some("0.1.0".into()),
         content: Content::Matches,
         source: Ok("/usr/local/bin/interlock-cni".into()),
+        digests: None,
     }
 }
 
@@ -353,6 +354,21 @@ fn another_binary_at_interlock_cni_is_unprotected() {
     assert_eq!(
         (j.verdict, j.findings[0].id),
         (Verdict::AtRisk, "binary.other-build")
+    );
+    // The same version with other bytes says so, with both digests.
+    let rebuilt = BinaryFacts {
+        build: Some(interlock_buildinfo::VERSION.to_string()),
+        content: Content::Differs,
+        digests: Some(("aa11".into(), "bb22".into())),
+        ..bin()
+    };
+    let j = run(&rebuilt);
+    assert_eq!(j.findings[0].id, "binary.other-build");
+    let m = &j.findings[0].message;
+    assert!(
+        m.contains("the same version as this interlock, but other bytes")
+            && m.contains("sha256 aa11 installed, bb22 shipped"),
+        "{m}"
     );
     // Interlock's, but not compared: protected, with a warning that says so.
     let j = run(&BinaryFacts {
