@@ -7,10 +7,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use interlock_agent::audit::PodKey;
-use interlock_agent::gating::{NodeState, TaintEffect, LOSS_DEBOUNCE};
+use interlock_agent::health::status::{FileConflict, Readiness, Shared};
+use interlock_agent::kubernetes::gating::{NodeState, TaintEffect, LOSS_DEBOUNCE};
+use interlock_agent::kubernetes::PodKey;
 use interlock_agent::kubernetes::{self, Evicted, KubeSettings, NodeGate, PodActions, PodCache};
-use interlock_agent::status::{FileConflict, Readiness, Shared};
 use interlock_contract::agent_socket::{PodRef, Response};
 use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_READY};
 use interlock_testkit::kubeapi::{KubeApi, RequestRecord, CLIENT_HEADER};

@@ -1,5 +1,5 @@
 //! The agent's Kubernetes side, on kube-rs: the client, the node's gate (startup taint and
-//! `InterlockReady` condition, see [`crate::gating`] for the decisions), the cache of the
+//! `InterlockReady` condition; [`gating`] makes its decisions, pure), the cache of the
 //! pods on this node (one watch, field-selected to `spec.nodeName`: API load per node stays
 //! constant however large the cluster), the `interlock.dev/unprotected` label, Events, and
 //! the delete and evict repairs.
@@ -8,6 +8,8 @@
 //! the node already says it. Taint edits carry the `resourceVersion` they were computed
 //! from (a precondition: a stale list is refused with 409 instead of dropping another
 //! component's taint) and are recomputed from a fresh read on conflict.
+
+pub mod gating;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,11 +29,10 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
 use serde_json::json;
 
-use crate::audit::PodKey;
-use crate::gating::{
+use crate::health::status::Shared;
+use gating::{
     condition_edit, node_state, taints_edit, Debounce, NodeState, TaintEffect, REASON_NOT_EFFECTIVE,
 };
-use crate::status::Shared;
 
 /// How many times a taint edit is recomputed after a conflict before giving up until the
 /// next change.
@@ -745,6 +746,9 @@ fn uid_matches(want: Option<&str>, have: Option<&str>) -> bool {
     }
 }
 
+/// The annotation the kubelet puts on the API copy (mirror) of a static pod.
+pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
 /// Whether `pod` is the pod with UID `uid` as the runtime knows it: its own UID, or for a
 /// mirror pod the static pod's UID it carries.
 pub fn is_that_pod(pod: &Pod, uid: &str) -> bool {
@@ -753,7 +757,7 @@ pub fn is_that_pod(pod: &Pod, uid: &str) -> bool {
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(crate::audit::MIRROR_POD_ANNOTATION))
+        .and_then(|a| a.get(MIRROR_POD_ANNOTATION))
         .is_some_and(|h| h == uid);
     own || mirror
 }
@@ -768,6 +772,24 @@ pub fn pod_reference(namespace: &str, name: &str, uid: &str) -> ObjectReference 
         name: Some(name.to_string()),
         uid: Some(uid.to_string()),
         ..Default::default()
+    }
+}
+
+/// The pod an action is about: its namespace, name and UID (a pod deleted and created
+/// again under the same name is another pod; a restart's new sandbox is the same pod).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodKey {
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`.
+    pub uid: String,
+}
+
+impl std::fmt::Display for PodKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} (uid {})", self.namespace, self.name, self.uid)
     }
 }
 
