@@ -17,8 +17,10 @@
 //! - [`audit`], audit and repair (tokio, netns work on threads of its own): the sandbox
 //!   audit acts, [`audit::decide`] decides (pure), and [`audit::socket`] serves the
 //!   plugin's pod lookups and hands its ADD notes to the audit.
-//! - [`kubernetes`] acts on the API (tokio tasks: pod watch, node watch, node gate, pod
-//!   actions); node gating's decisions are [`kubernetes::gating`] (pure).
+//! - [`kubernetes`], the Kubernetes side (tokio tasks): [`kubernetes::gate`] keeps the
+//!   node's taint and condition in step with readiness, [`kubernetes::gating`] decides
+//!   them (pure), [`kubernetes::pods`] caches this node's pods, and
+//!   [`kubernetes::actions`] labels, reports on, deletes and evicts them for the audit.
 //! - [`health`] serves `/healthz`, `/readyz` and `/metrics`: [`health::status`] is the
 //!   state the other loops share with it, [`health::metrics`] its Prometheus series,
 //!   [`health::probes`] decides what the endpoints answer (pure), and

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use interlock_agent::audit::socket;
-use interlock_agent::kubernetes::PodCache;
+use interlock_agent::kubernetes::pods::PodCache;
 use interlock_cni::decide::{decide_with_lookup, Decision};
 use interlock_cni::identity::PodIdentity;
 use interlock_cni::lookup::Source;

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use interlock_agent::health::status::{Readiness, Shared};
-use interlock_agent::kubernetes::PodKey;
-use interlock_agent::kubernetes::{self, KubeSettings, PodActions};
+use interlock_agent::kubernetes::actions::PodActions;
+use interlock_agent::kubernetes::pods::PodKey;
+use interlock_agent::kubernetes::{self, KubeSettings};
 use interlock_testkit::kubeapi::{KubeApi, UserInfo};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use interlock_contract::state::RULE_SHAPE;
 use interlock_redirect::decision::Decision;
 
-use crate::kubernetes::PodKey;
+use crate::kubernetes::pods::PodKey;
 
 /// What the audit concluded about one sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]

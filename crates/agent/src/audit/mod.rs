@@ -55,7 +55,9 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use crate::health::metrics::AuditMetrics;
-use crate::kubernetes::{Cluster, PodKey, MIRROR_POD_ANNOTATION};
+use crate::kubernetes::actions::Evicted;
+use crate::kubernetes::pods::{PodKey, MIRROR_POD_ANNOTATION};
+use crate::kubernetes::Cluster;
 use decide::{RecordView, RepairAction, RepairHistory, RepairPolicy, RulesSeen, Verdict};
 
 /// The interface name of the attachment an in-place repair records (the runtime's
@@ -805,10 +807,8 @@ impl ApiWork {
                     .map(|()| "pod deleted (UID precondition)".to_string())
                     .map_err(|e| e.to_string()),
                 _ => match actions.evict(&key, EVICT_BUDGET).await {
-                    Ok(crate::kubernetes::Evicted::Done) => {
-                        Ok("pod evicted (UID precondition)".into())
-                    }
-                    Ok(crate::kubernetes::Evicted::Blocked(why)) => {
+                    Ok(Evicted::Done) => Ok("pod evicted (UID precondition)".into()),
+                    Ok(Evicted::Blocked(why)) => {
                         Err(format!("eviction blocked by a PodDisruptionBudget: {why}"))
                     }
                     Err(e) => Err(e.to_string()),

@@ -215,7 +215,7 @@ pub(crate) fn api_facts(
                     Ok(Some(pod))
                         if key.uid.is_empty() || pod.metadata.uid.as_deref() == Some(&key.uid) =>
                     {
-                        Ok(interlock_agent::kubernetes::pod_facts(&pod))
+                        Ok(interlock_agent::kubernetes::pods::pod_facts(&pod))
                     }
                     Ok(Some(_)) => {
                         Err("the pod of that name is another pod now (its UID differs)".to_string())
