@@ -4,41 +4,42 @@
 //! it within milliseconds after anyone else touches the conf dir, and reports readiness
 //! truthfully (health endpoints and the readiness marker `interlock check` reads).
 //!
-//! Layout: the conf dir as a runtime sees it is `interlock_confdir` (shared
-//! with `interlock check`); [`plan`] decides what to write (pure), [`conflict`] decides
-//! when another writer is in conflict with us and when to back off (pure),
-//! [`readiness`] is the readiness matrix (pure), [`guard`] is the thin layer that reads,
-//! writes and watches, [`install`] handles the plugin binary, [`status`] is the state the
-//! guard shares with the health server, [`metrics`] its Prometheus series, [`probes`]
-//! decides what `/readyz` and `/healthz` answer (pure), [`health`] serves them over HTTP,
-//! [`telemetry`] sets up the logs, and [`marker`] is the readiness file `interlock check`
-//! reads. The sandbox audit's decisions are [`audit`]; node gating's are [`gating`], and
-//! [`kubernetes`] acts on the API; [`socket`] serves the plugin's pod lookups. Threads: the
-//! tokio runtime (health server, signals, and the Kubernetes tasks: pod watch, node watch,
-//! node gate), one guard thread, one inotify thread.
+//! Layout: one folder per loop, each with its thin layer in `mod.rs` and its pure
+//! decisions beside it. The conf dir as a runtime sees it is `interlock_confdir` (shared
+//! with `interlock check`).
+//!
+//! - [`guard`], the config guard (one thread, woken by inotify): [`guard::plan`] decides
+//!   what to write, [`guard::conflict`] when another writer is in conflict with us and
+//!   when to back off, [`guard::readiness`] whether the node is ready (all pure);
+//!   [`guard::replace`] writes a file another writer also writes without losing its
+//!   writes, [`guard::install`] handles the plugin binary, and [`guard::marker`] is the
+//!   readiness file `interlock check` reads.
+//! - [`audit`], audit and repair (tokio, netns work on threads of its own): the sandbox
+//!   audit acts, [`audit::decide`] decides (pure), and [`audit::socket`] serves the
+//!   plugin's pod lookups and hands its ADD notes to the audit.
+//! - [`kubernetes`], the Kubernetes side (tokio tasks): [`kubernetes::gate`] keeps the
+//!   node's taint and condition in step with readiness, [`kubernetes::gating`] decides
+//!   them (pure), [`kubernetes::pods`] caches this node's pods, and
+//!   [`kubernetes::actions`] labels, reports on, deletes and evicts them for the audit.
+//! - [`health`] serves `/healthz`, `/readyz` and `/metrics`: [`health::status`] is the
+//!   state the other loops share with it, [`health::metrics`] its Prometheus series,
+//!   [`health::probes`] decides what the endpoints answer (pure), and
+//!   [`health::telemetry`] sets up the logs.
+//!
+//! Threads: the tokio runtime (health server, signals, the agent socket, the sandbox
+//! audit, and the Kubernetes tasks), one guard thread, one inotify thread. The modules
+//! depend one way: [`audit`] on [`kubernetes`] and [`health`], [`kubernetes`] and
+//! [`guard`] on [`health`]; only this file wires them together.
 
 pub mod audit;
-pub mod conflict;
 pub mod error;
-pub mod gating;
 pub mod guard;
 pub mod health;
-pub mod install;
 pub mod kubernetes;
-pub mod marker;
-pub mod metrics;
-pub mod plan;
-pub mod probes;
-pub mod readiness;
-pub mod replace;
-pub mod sandbox_audit;
-pub mod socket;
-pub mod status;
-pub mod telemetry;
 
 pub use error::AgentError;
 
-use plan::{ConfigMode, Settings};
+use guard::plan::{ConfigMode, Settings};
 use serde_json::{Map, Value};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -92,7 +93,7 @@ pub struct AgentConfig {
     /// This node's name in the API (required when a Kubernetes client is found).
     pub node_name: Option<String>,
     /// The startup taint's effect (`TaintEffect::None`: the condition only).
-    pub taint_effect: gating::TaintEffect,
+    pub taint_effect: kubernetes::gating::TaintEffect,
     /// Address of `/healthz`, `/readyz`, `/metrics`.
     pub health_addr: SocketAddr,
     /// A second listener with `/healthz` and `/readyz` only, for the kubelet's probes
@@ -121,7 +122,7 @@ pub struct AgentConfig {
     pub conflict_window: Duration,
     /// The sandbox audit (`--cri-endpoint`, `--audit-interval`, `--repair-policy`);
     /// `None`: no audit (`--cri-endpoint none`).
-    pub audit: Option<sandbox_audit::AuditSettings>,
+    pub audit: Option<audit::AuditSettings>,
 }
 
 impl AgentConfig {
@@ -136,7 +137,7 @@ impl AgentConfig {
             runtime: Runtime::Containerd,
             kube: KubeMode::None,
             node_name: None,
-            taint_effect: gating::TaintEffect::NoSchedule,
+            taint_effect: kubernetes::gating::TaintEffect::NoSchedule,
             health_addr: "127.0.0.1:9102".parse().expect("valid address"),
             probe_addr: None,
             plugin_source,
@@ -148,7 +149,7 @@ impl AgentConfig {
             marker_stale_after: Duration::from_secs(3),
             conflict_threshold: 20,
             conflict_window: Duration::from_secs(1),
-            audit: Some(sandbox_audit::AuditSettings::default()),
+            audit: Some(audit::AuditSettings::default()),
         }
     }
 
@@ -194,7 +195,7 @@ pub fn plugin_entry(state_dir: &Path) -> Map<String, Value> {
     // The agent serves its socket in the state dir; Istio's and Linkerd's pods need it
     // (their spec's facts come from the agent).
     let v = serde_json::json!({
-        "type": plan::PLUGIN_TYPE,
+        "type": guard::plan::PLUGIN_TYPE,
         "stateDir": state_dir.display().to_string(),
         "agentSocket": state_dir
             .join(interlock_contract::layout::AGENT_SOCKET_FILE)
@@ -346,7 +347,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     let listeners = 1 + u64::from(cfg.probe_addr.is_some());
     let limits =
         health::ServerLimits::default().within_descriptors(nofile, RESERVED_DESCRIPTORS, listeners);
-    let installer = install::PluginInstaller::new(&cfg.plugin_source)?;
+    let installer = guard::install::PluginInstaller::new(&cfg.plugin_source)?;
     info!(
         version = env!("CARGO_PKG_VERSION"),
         conf_dir = %cfg.conf_dir.display(),
@@ -364,10 +365,10 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         .enable_all()
         .build()
         .map_err(|e| AgentError::Runtime(format!("cannot start tokio: {e}")))?;
-    let shared = Arc::new(status::Shared::default());
+    let shared = Arc::new(health::status::Shared::default());
     let admin = health::Admin::new(
         shared.clone(),
-        probes::ProbeWindows::for_marker(cfg.marker_stale_after),
+        health::probes::ProbeWindows::for_marker(cfg.marker_stale_after),
     );
     let served = rt.block_on(async {
         let listen = |addr: SocketAddr| {
@@ -396,14 +397,14 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         // audit and the agent socket take the cluster (`None`: no Kubernetes API; the audit
         // then uses the sandboxes' own annotations and the socket cannot answer lookups).
         let cluster = start_kubernetes(&cfg, &shared).await?;
-        let fallback = cfg.audit.as_ref().map(|a| socket::CriFallback {
+        let fallback = cfg.audit.as_ref().map(|a| audit::socket::CriFallback {
             endpoint: a.cri_endpoint.clone(),
         });
         // ADD notes go to the audit, through a bounded queue; without an audit there is
         // no queue and a note is answered `undecided` (nothing is kept).
         let (wake_tx, wake_rx) = match &cfg.audit {
             Some(_) => {
-                let (tx, rx) = tokio::sync::mpsc::channel::<String>(sandbox_audit::NOTE_QUEUE);
+                let (tx, rx) = tokio::sync::mpsc::channel::<String>(audit::NOTE_QUEUE);
                 (Some(tx), Some(rx))
             }
             None => (None, None),
@@ -412,7 +413,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         if let (Some(settings), Some(wake_rx)) = (cfg.audit.clone(), wake_rx) {
             let plugin = interlock_contract::PluginConfig::from_map(&cfg.entry())
                 .map_err(|e| AgentError::Runtime(format!("the plugin entry is invalid: {e}")))?;
-            tokio::spawn(sandbox_audit::run(
+            tokio::spawn(audit::run(
                 settings,
                 plugin,
                 cluster,
@@ -471,7 +472,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     // waiting for it.
     rt.shutdown_background();
     served?;
-    let stopped = marker::Marker {
+    let stopped = guard::marker::Marker {
         ready: false,
         reason: format!("interlock agent (pid {}) stopped", std::process::id()),
         updated_at_ms: interlock_contract::time::now_ms(),
@@ -486,7 +487,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
                 .map_or_else(|| "none".into(), |a| a.cri_endpoint.clone()),
         ),
     };
-    if let Err(e) = marker::write(&cfg.state_dir, &stopped) {
+    if let Err(e) = guard::marker::write(&cfg.state_dir, &stopped) {
         error!(state_dir = %cfg.state_dir.display(), error = %e, "cannot mark the agent stopped");
     }
     if cfg.uninstall_on_exit {
@@ -522,20 +523,20 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
 fn serve_agent_socket(
     state_dir: &Path,
     cluster: Option<kubernetes::Cluster>,
-    fallback: Option<socket::CriFallback>,
-    added: Option<socket::AddedNotes>,
+    fallback: Option<audit::socket::CriFallback>,
+    added: Option<audit::socket::AddedNotes>,
 ) -> Result<(), AgentError> {
-    let path = sandbox_audit::socket_path(state_dir);
-    let listener = socket::bind(&path).map_err(|e| AgentError::Runtime(e.to_string()))?;
-    let source: Arc<dyn socket::PodSource> = match cluster {
+    let path = audit::socket_path(state_dir);
+    let listener = audit::socket::bind(&path).map_err(|e| AgentError::Runtime(e.to_string()))?;
+    let source: Arc<dyn audit::socket::PodSource> = match cluster {
         Some(c) => Arc::new(c.pods),
-        None => Arc::new(socket::NoSource(
+        None => Arc::new(audit::socket::NoSource(
             "the agent runs without a Kubernetes API (--kube none): it cannot look up pod annotations"
                 .into(),
         )),
     };
     info!(path = %path.display(), "agent socket listening");
-    tokio::spawn(socket::serve(listener, source, fallback, added));
+    tokio::spawn(audit::socket::serve(listener, source, fallback, added));
     Ok(())
 }
 
@@ -544,7 +545,7 @@ fn serve_agent_socket(
 /// the agent: API failures later are logged and retried, never fatal.
 pub async fn start_kubernetes(
     cfg: &AgentConfig,
-    shared: &Arc<status::Shared>,
+    shared: &Arc<health::status::Shared>,
 ) -> Result<Option<kubernetes::Cluster>, AgentError> {
     if cfg.kube == KubeMode::None {
         info!("Kubernetes integration off (--kube=none)");
@@ -716,7 +717,7 @@ pub fn uninstall(
 /// config naming a plugin that is gone:
 ///
 /// 1. the conf dir: owned config files, interlock's entries in foreign configs, wrapped
-///    `.conf`s restored byte for byte ([`plan::plan_uninstall_explained`]);
+///    `.conf`s restored byte for byte ([`guard::plan::plan_uninstall_explained`]);
 /// 2. the `interlock-cni` binary in each bin dir — unless a config file in the conf dir
 ///    still names it afterwards (a runtime loading that file could start no pod), or the
 ///    node runs CRI-O and pods set up through it still have attachment records (CRI-O
@@ -741,7 +742,7 @@ pub fn uninstall_node(
     };
     let naming = uninstall_conf_dir(conf_dir, opts.dry_run, &mut r);
     let runtime = opts.runtime.or_else(|| {
-        marker::read(state_dir)
+        guard::marker::read(state_dir)
             .ok()
             .and_then(|m| m.runtime?.parse().ok())
     });
@@ -794,7 +795,7 @@ pub fn uninstall_node(
         blockers.push((short, long));
     }
     for b in bin_dirs {
-        let p = b.join(install::PLUGIN_FILE);
+        let p = b.join(guard::install::PLUGIN_FILE);
         match std::fs::symlink_metadata(&p) {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -854,7 +855,7 @@ fn uninstall_conf_dir(
             return Err(e.to_string());
         }
     };
-    let up = plan::plan_uninstall_explained(&snap);
+    let up = guard::plan::plan_uninstall_explained(&snap);
     for n in &up.notes {
         // Notes say `kept <name>: <why>`.
         let step = match n.strip_prefix("kept ").and_then(|k| k.split_once(": ")) {
@@ -871,19 +872,19 @@ fn uninstall_conf_dir(
     }
     for a in &up.actions {
         let step = match a {
-            plan::Action::Write { name, .. } => UninstallStep::Rewrite { what: at(name) },
-            plan::Action::Rename { from, to } => UninstallStep::Restore {
+            guard::plan::Action::Write { name, .. } => UninstallStep::Rewrite { what: at(name) },
+            guard::plan::Action::Rename { from, to } => UninstallStep::Restore {
                 from: shown(from),
                 to: at(to),
             },
-            plan::Action::Remove { name } => UninstallStep::Remove {
+            guard::plan::Action::Remove { name } => UninstallStep::Remove {
                 what: at(name),
-                why: match name.strip_suffix(plan::BACKUP_SUFFIX) {
+                why: match name.strip_suffix(guard::plan::BACKUP_SUFFIX) {
                     Some(orig) => format!(
                         "interlock's backup of {}, which the primary has written again since",
                         shown(orig)
                     ),
-                    None if plan::is_owned_name(name) => "interlock's own config".into(),
+                    None if guard::plan::is_owned_name(name) => "interlock's own config".into(),
                     None => "interlock's .conflist wrapping the original restored above".into(),
                 },
             },
@@ -926,7 +927,7 @@ fn uninstall_conf_dir(
 /// `snap` after `actions`, computed in memory (the dry run's conf dir).
 fn simulate(
     snap: &interlock_confdir::Snapshot,
-    actions: &[plan::Action],
+    actions: &[guard::plan::Action],
 ) -> interlock_confdir::Snapshot {
     use std::ffi::OsStr;
     let mut s = snap.clone();
@@ -937,17 +938,17 @@ fn simulate(
     };
     for a in actions {
         match a {
-            plan::Action::Write { name, bytes, mode } => {
+            guard::plan::Action::Write { name, bytes, mode } => {
                 s.entries
                     .retain(|e| e.os_name.as_os_str() != OsStr::new(name));
                 s.entries
                     .push(interlock_confdir::DirEntry::file(name, bytes, *mode));
             }
-            plan::Action::Remove { name } => {
+            guard::plan::Action::Remove { name } => {
                 s.entries
                     .retain(|e| e.os_name.as_os_str() != OsStr::new(name));
             }
-            plan::Action::Rename { from, to } => {
+            guard::plan::Action::Rename { from, to } => {
                 if let Some(i) = at(&s, from) {
                     let mut e = s.entries.remove(i);
                     s.entries
@@ -969,14 +970,14 @@ fn simulate(
 fn names_plugin(bytes: &[u8]) -> bool {
     let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
         return bytes
-            .windows(plan::PLUGIN_TYPE.len())
-            .any(|w| w == plan::PLUGIN_TYPE.as_bytes());
+            .windows(guard::plan::PLUGIN_TYPE.len())
+            .any(|w| w == guard::plan::PLUGIN_TYPE.as_bytes());
     };
     let mut stack = vec![&v];
     while let Some(v) = stack.pop() {
         match v {
             Value::Object(m) => {
-                if m.get("type").and_then(Value::as_str) == Some(plan::PLUGIN_TYPE) {
+                if m.get("type").and_then(Value::as_str) == Some(guard::plan::PLUGIN_TYPE) {
                     return true;
                 }
                 stack.extend(m.values());

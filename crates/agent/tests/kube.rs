@@ -7,10 +7,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use interlock_agent::audit::PodKey;
-use interlock_agent::gating::{NodeState, TaintEffect, LOSS_DEBOUNCE};
-use interlock_agent::kubernetes::{self, Evicted, KubeSettings, NodeGate, PodActions, PodCache};
-use interlock_agent::status::{FileConflict, Readiness, Shared};
+use interlock_agent::health::status::{FileConflict, Readiness, Shared};
+use interlock_agent::kubernetes::actions::{Evicted, PodActions};
+use interlock_agent::kubernetes::gate::NodeGate;
+use interlock_agent::kubernetes::gating::{NodeState, TaintEffect, LOSS_DEBOUNCE};
+use interlock_agent::kubernetes::pods::{PodCache, PodKey};
+use interlock_agent::kubernetes::{self, KubeSettings};
 use interlock_contract::agent_socket::{PodRef, Response};
 use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_READY};
 use interlock_testkit::kubeapi::{KubeApi, RequestRecord, CLIENT_HEADER};

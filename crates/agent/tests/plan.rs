@@ -1,6 +1,6 @@
 //! The guard's pure decisions, exercised without touching the disk.
 
-use interlock_agent::plan::{
+use interlock_agent::guard::plan::{
     apply_in_memory, check_effective, choose_cni_version, holding_config, is_holding,
     is_owned_name, owned_name_before, plan, plan_uninstall, Action, ConfigMode, Facts, Settings,
 };
@@ -887,7 +887,7 @@ fn uninstall_keeps_a_conflist_the_primary_rewrote_after_the_wrap() {
     // The agent chains into it again (it is the effective conflist now).
     let (s, _) = converge(&s, &st, &facts());
     assert!(s.get("10-aws.conf.interlock-orig").is_some());
-    let up = interlock_agent::plan::plan_uninstall_explained(&s);
+    let up = interlock_agent::guard::plan::plan_uninstall_explained(&s);
     let un = apply_in_memory(&s, &up.actions);
     assert_eq!(
         content(&un, "10-aws.conflist"),
@@ -1112,9 +1112,14 @@ fn chain_rewrite_follows_the_newer_content_of_the_target() {
         ("50-other.conflist", CALICO),
     ]);
     let newer = CALICO.replace("10.99.0.0/16", "10.42.0.0/16");
-    let bytes =
-        interlock_agent::plan::rewrite_for(&s, &st, &f, "10-calico.conflist", newer.as_bytes())
-            .expect("a write for the newer content");
+    let bytes = interlock_agent::guard::plan::rewrite_for(
+        &s,
+        &st,
+        &f,
+        "10-calico.conflist",
+        newer.as_bytes(),
+    )
+    .expect("a write for the newer content");
     let v: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(v["plugins"][0]["ipam"]["subnet"], "10.42.0.0/16");
     assert_eq!(v["plugins"][2]["type"], "interlock-cni");
@@ -1138,11 +1143,11 @@ fn chain_rewrite_follows_the_newer_content_of_the_target() {
     );
     // Already ours: nothing to write. Half-written: nothing for this file either.
     assert_eq!(
-        interlock_agent::plan::rewrite_for(&s, &st, &f, "10-calico.conflist", &bytes),
+        interlock_agent::guard::plan::rewrite_for(&s, &st, &f, "10-calico.conflist", &bytes),
         None
     );
     assert_eq!(
-        interlock_agent::plan::rewrite_for(
+        interlock_agent::guard::plan::rewrite_for(
             &s,
             &st,
             &f,

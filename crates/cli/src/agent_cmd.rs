@@ -3,10 +3,10 @@
 
 use anyhow::Context;
 use clap::Args;
-use interlock_agent::audit::RepairPolicy;
-use interlock_agent::gating::TaintEffect;
-use interlock_agent::plan::ConfigMode;
-use interlock_agent::sandbox_audit::AuditSettings;
+use interlock_agent::audit::decide::RepairPolicy;
+use interlock_agent::audit::AuditSettings;
+use interlock_agent::guard::plan::ConfigMode;
+use interlock_agent::kubernetes::gating::TaintEffect;
 use interlock_agent::{AgentConfig, KubeMode, Runtime};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -121,7 +121,7 @@ pub struct AgentArgs {
 }
 
 fn interlock_cri_default() -> &'static str {
-    interlock_agent::sandbox_audit::DEFAULT_CRI_ENDPOINT
+    interlock_agent::audit::DEFAULT_CRI_ENDPOINT
 }
 
 /// The Kubernetes side of `interlock agent`.
@@ -421,7 +421,8 @@ fn conf_dir_problem(conf_dir: &Path) -> Option<String> {
     let any = rd.flatten().any(|e| {
         let n = e.file_name();
         let n = n.to_string_lossy();
-        interlock_confdir::is_config_name(&n) || n.ends_with(interlock_agent::plan::BACKUP_SUFFIX)
+        interlock_confdir::is_config_name(&n)
+            || n.ends_with(interlock_agent::guard::plan::BACKUP_SUFFIX)
     });
     (!any).then(|| {
         format!(
@@ -488,7 +489,7 @@ fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
 /// `interlock uninstall --cluster`: what the agents wrote into the Kubernetes API.
 mod cluster_uninstall {
     use super::UninstallArgs;
-    use interlock_agent::gating::{taints_edit, TaintEffect};
+    use interlock_agent::kubernetes::gating::{taints_edit, TaintEffect};
     use interlock_agent::kubernetes::{bounded, KubeError};
     use interlock_agent::UninstallStep;
     use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_READY};

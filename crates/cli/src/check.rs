@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
-use interlock_agent::plan::{self, Action, ConfigMode, Facts};
+use interlock_agent::guard::plan::{self, Action, ConfigMode, Facts};
 use interlock_agent::AgentConfig;
 use interlock_confdir::{self as confdir, Effective, Runtime};
 use interlock_contract::config::PLUGIN_TYPE;
@@ -362,7 +362,7 @@ fn plugin_source(a: &NodeArgs) -> Result<PathBuf, String> {
         Some(p) => p.clone(),
         None => std::env::current_exe()
             .map_err(|e| format!("cannot find this binary's path: {e}"))?
-            .with_file_name(interlock_agent::install::PLUGIN_FILE),
+            .with_file_name(interlock_agent::guard::install::PLUGIN_FILE),
     };
     if p.is_file() {
         Ok(p)
@@ -382,13 +382,15 @@ fn binary_facts(a: &NodeArgs) -> Option<BinaryFacts> {
         Err(_) => Content::Unverified,
         Ok(src) => match interlock_contract::bounded::read_regular(
             src,
-            interlock_agent::install::MAX_PLUGIN_BYTES,
+            interlock_agent::guard::install::MAX_PLUGIN_BYTES,
         ) {
-            Ok(data) if interlock_agent::install::same_content(&path, &data) => Content::Matches,
+            Ok(data) if interlock_agent::guard::install::same_content(&path, &data) => {
+                Content::Matches
+            }
             Ok(data) => {
                 let installed = interlock_contract::bounded::read_regular(
                     &path,
-                    interlock_agent::install::MAX_PLUGIN_BYTES,
+                    interlock_agent::guard::install::MAX_PLUGIN_BYTES,
                 );
                 digests = installed.ok().map(|i| (sha256_hex(&i), sha256_hex(&data)));
                 Content::Differs
@@ -508,7 +510,7 @@ fn stale_copy(
             facts.versions.insert(t, v);
         } else if let Some(bin) = interlock_libcni::exec::find_plugin(&t, &a.cni_bin_dirs) {
             facts.present_types.insert(t.clone());
-            if let Ok(v) = interlock_agent::install::query_versions(&bin) {
+            if let Ok(v) = interlock_agent::guard::install::query_versions(&bin) {
                 facts.versions.insert(t, v);
             }
         }

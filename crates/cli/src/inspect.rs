@@ -5,7 +5,7 @@
 //! The spec comes from the pod's mesh decision (its annotations as the runtime holds
 //! them, found over CRI; for a netns, the ready sandbox whose netns is that namespace),
 //! else from `--annotation` flags, else from the plugin's record of the netns. The
-//! difference is the audit's own read-back ([`interlock_agent::sandbox_audit::inspect`]:
+//! difference is the audit's own read-back ([`interlock_agent::audit::inspect`]:
 //! the backend's verify, cross-checked with the plugin's record). The rules present are
 //! listed with the backend's own tool inside the netns (`nft list table inet interlock`,
 //! `iptables-save -t nat`).
@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::{Args, Subcommand};
-use interlock_agent::audit::{self, RulesSeen};
-use interlock_agent::sandbox_audit::{self, Inspection};
+use interlock_agent::audit::decide::{self, RulesSeen};
+use interlock_agent::audit::{self, Inspection};
 use interlock_confdir::{self as confdir, Runtime};
 use interlock_contract::layout::marker_path;
 use interlock_contract::marker::ReadinessMarker;
@@ -330,7 +330,7 @@ fn inspect_at(
     r.netns = Some(path.display().to_string());
     let id = netns_id_of(path);
     r.netns_id = id.map(|i| i.to_string());
-    r.record = id.and_then(|i| sandbox_audit::read_record(&c.state_dir, i));
+    r.record = id.and_then(|i| audit::read_record(&c.state_dir, i));
     let sandbox_id = found
         .as_ref()
         .map(|f| f.status.id.clone())
@@ -377,7 +377,7 @@ fn inspect_at(
     r.backend = Some(backend);
     r.rules_present = rules_present(path, backend);
     let seen = spec.as_ref().map(|s| match &found {
-        Some(_) => match sandbox_audit::inspect(path, s, &c.state_dir, backend, &sandbox_id) {
+        Some(_) => match audit::inspect(path, s, &c.state_dir, backend, &sandbox_id) {
             Inspection::Gone => RulesSeen::Error("the netns is gone".into()),
             Inspection::Seen { rules, .. } => rules,
         },
@@ -393,19 +393,19 @@ fn inspect_at(
         r.difference = d.clone();
     }
     let verdict = match (&decision, &seen) {
-        (Some(d), seen) => audit::judge(d, seen.as_ref()),
-        (None, Some(RulesSeen::Exact)) => audit::Verdict::Protected,
-        (None, Some(RulesSeen::Mismatch(d))) => audit::Verdict::Unprotected {
+        (Some(d), seen) => decide::judge(d, seen.as_ref()),
+        (None, Some(RulesSeen::Exact)) => decide::Verdict::Protected,
+        (None, Some(RulesSeen::Mismatch(d))) => decide::Verdict::Unprotected {
             reason: format!(
                 "the plugin's record says it installed rules here, but they differ: {}",
                 d.join("; ")
             ),
         },
-        (None, Some(RulesSeen::Error(e))) => audit::Verdict::Unknown { reason: e.clone() },
-        (None, Some(other)) => audit::Verdict::Unknown {
+        (None, Some(RulesSeen::Error(e))) => decide::Verdict::Unknown { reason: e.clone() },
+        (None, Some(other)) => decide::Verdict::Unknown {
             reason: format!("{other:?}"),
         },
-        (None, None) => audit::Verdict::Unknown {
+        (None, None) => decide::Verdict::Unknown {
             reason: "no sandbox over CRI owns this netns and the plugin has no record of it: pass the pod's --annotation key=value".into(),
         },
     };

@@ -14,7 +14,7 @@ mod validate;
 pub const BIN_DIR_DELIMITER: char = ':';
 
 use clap::{Parser, Subcommand, ValueEnum};
-use interlock_agent::telemetry::{self, LogFormat};
+use interlock_agent::health::telemetry::{self, LogFormat};
 
 /// interlock: race-free, verifiable service-mesh traffic redirection for Kubernetes nodes.
 #[derive(Debug, Parser)]

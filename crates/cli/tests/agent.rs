@@ -1051,7 +1051,7 @@ fn hostile_conf_dir_entries_and_a_slow_plugin_do_not_stall_the_guard() {
 
     // The slow plugin was asked (its children recorded) and every child is gone once
     // its time box is over.
-    std::thread::sleep(interlock_agent::install::VERSION_TIMEOUT + Duration::from_secs(1));
+    std::thread::sleep(interlock_agent::guard::install::VERSION_TIMEOUT + Duration::from_secs(1));
     let children = std::fs::read_to_string(&pids).unwrap_or_default();
     assert!(!children.is_empty(), "slowplug was never asked for VERSION");
     for pid in children.split_whitespace() {

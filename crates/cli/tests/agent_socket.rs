@@ -8,8 +8,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use interlock_agent::kubernetes::PodCache;
-use interlock_agent::socket;
+use interlock_agent::audit::socket;
+use interlock_agent::kubernetes::pods::PodCache;
 use interlock_cni::decide::{decide_with_lookup, Decision};
 use interlock_cni::identity::PodIdentity;
 use interlock_cni::lookup::Source;
@@ -122,7 +122,7 @@ async fn the_plugins_lookup_is_answered_from_the_pod_cache() {
 async fn add_notes_reach_the_audit_and_cost_an_add_little() {
     let dir = interlock_testkit::tempdir().unwrap();
     let path = dir.path().join("agent.sock");
-    let (tx, mut rx) = tokio::sync::mpsc::channel(interlock_agent::sandbox_audit::NOTE_QUEUE);
+    let (tx, mut rx) = tokio::sync::mpsc::channel(interlock_agent::audit::NOTE_QUEUE);
     let server = tokio::spawn(socket::serve(
         socket::bind(&path).unwrap(),
         Arc::new(socket::NoSource("no API".into())),

@@ -170,7 +170,7 @@ fn agent_config(d: &Dirs) -> Result<String, String> {
     cfg.conf_dir = d.conf.clone();
     cfg.bin_dirs = vec![d.bin.clone()];
     cfg.state_dir = d.state.clone();
-    let accepts = interlock_agent::install::query_versions(&plugin()).unwrap();
+    let accepts = interlock_agent::guard::install::query_versions(&plugin()).unwrap();
     let snap = interlock_agent::guard::snapshot(&d.conf).unwrap();
     interlock_agent::guard::effective_verdict(&cfg, &snap, &accepts)
 }

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use interlock_agent::gating::LOSS_DEBOUNCE;
+use interlock_agent::kubernetes::gating::LOSS_DEBOUNCE;
 use interlock_contract::names::{CONDITION_READY, TAINT_NOT_READY};
 use interlock_testkit::kubeapi::KubeApi;
 use serde_json::{json, Value};

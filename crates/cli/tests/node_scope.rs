@@ -12,9 +12,10 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use interlock_agent::audit::PodKey;
-use interlock_agent::kubernetes::{self, KubeSettings, PodActions};
-use interlock_agent::status::{Readiness, Shared};
+use interlock_agent::health::status::{Readiness, Shared};
+use interlock_agent::kubernetes::actions::PodActions;
+use interlock_agent::kubernetes::pods::PodKey;
+use interlock_agent::kubernetes::{self, KubeSettings};
 use interlock_testkit::kubeapi::{KubeApi, UserInfo};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};
@@ -214,7 +215,7 @@ async fn the_agents_gate_and_events_work_within_the_policy() {
         client(&api, "token-a").await,
         &KubeSettings {
             node: "a".into(),
-            effect: interlock_agent::gating::TaintEffect::NoSchedule,
+            effect: interlock_agent::kubernetes::gating::TaintEffect::NoSchedule,
             resync: Duration::from_secs(600),
         },
         shared.clone(),

@@ -12,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use interlock_agent::gating::LOSS_DEBOUNCE;
+use interlock_agent::kubernetes::gating::LOSS_DEBOUNCE;
 use interlock_cri::SandboxState;
 use interlock_testkit::node::{
     in_netns, AgentArgs, Capture, Node, NodeOptions, PrimaryWrite, Sandbox, MESHED_ANNOTATION,

@@ -17,9 +17,9 @@
 
 use anyhow::{bail, Context};
 use clap::Args;
-use interlock_agent::gating::{TaintEffect, LOSS_DEBOUNCE};
+use interlock_agent::health::status::{Readiness, Shared};
+use interlock_agent::kubernetes::gating::{TaintEffect, LOSS_DEBOUNCE};
 use interlock_agent::kubernetes::{self, Cluster, KubeSettings};
-use interlock_agent::status::{Readiness, Shared};
 use interlock_contract::names::TAINT_NOT_READY;
 use interlock_testkit::kubeapi::{ClientLoad, KubeApi, CLIENT_HEADER};
 use serde_json::{json, Value};

@@ -2,11 +2,11 @@
 //! pod netns (plain `ip netns` namespaces on the benchmark's bridge, [`crate::topology`]).
 //!
 //! Each pod first runs unprotected with one established TCP connection to the node; the
-//! agent's in-place repair (`interlock_agent::sandbox_audit::repair_netns`: the plugin's
+//! agent's in-place repair (`interlock_agent::audit::repair_netns`: the plugin's
 //! protect — apply, read back, probe —, its state and netns record, then `SOCK_DESTROY` of
 //! the connection) is timed per pod; with `--proxy-listens` each pod's proxy already
 //! listens on its outbound port, as in a running meshed pod. Then the audit's read-back of every pod
-//! (`sandbox_audit::inspect`, with the agent's concurrency) is timed per round, and every
+//! (`audit::inspect`, with the agent's concurrency) is timed per round, and every
 //! verdict must be `protected`. Prints one JSON document: `audit_ms` (one pass over all
 //! pods), `repair_ms` (one pod), the budgets (250 ms, 50 ms) and whether they hold, and
 //! this process's peak RSS. Needs root.
@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use interlock_agent::audit::RulesSeen;
-use interlock_agent::sandbox_audit::{self, Inspection, CONCURRENCY};
+use interlock_agent::audit::decide::RulesSeen;
+use interlock_agent::audit::{self, Inspection, CONCURRENCY};
 use interlock_contract::config::PluginConfig;
 use interlock_redirect::backend::BackendKind;
 use interlock_redirect::decision::Decision;
@@ -133,9 +133,8 @@ pub fn run(a: AuditArgs) -> anyhow::Result<()> {
             attempt: 0,
         };
         let t = Instant::now();
-        let done =
-            sandbox_audit::repair_netns(&plugin, &format!("sb-{i}"), &meta, &decision, &pod.path())
-                .map_err(|e| anyhow::anyhow!("repairing {}: {e}", pod.name()))?;
+        let done = audit::repair_netns(&plugin, &format!("sb-{i}"), &meta, &decision, &pod.path())
+            .map_err(|e| anyhow::anyhow!("repairing {}: {e}", pod.name()))?;
         repairs.push(t.elapsed());
         ended += done.ended;
         drop(client);
@@ -155,7 +154,7 @@ pub fn run(a: AuditArgs) -> anyhow::Result<()> {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(pod) = pods.get(i) else { return };
-                    let seen = sandbox_audit::inspect(
+                    let seen = audit::inspect(
                         &pod.path(),
                         &spec,
                         state.path(),

@@ -421,7 +421,7 @@ pub fn default_state_parent() -> PathBuf {
 }
 
 /// Installs `source` as the agent installs the plugin on a node
-/// ([`interlock_agent::install::PluginInstaller`]: read, checked to answer VERSION,
+/// ([`interlock_agent::guard::install::PluginInstaller`]: read, checked to answer VERSION,
 /// written with `write` and renamed into place, verified), into a fresh directory next to
 /// `source` (the disk the build is on, as a node's `/opt/cni/bin` is on disk; the temp dir
 /// if that directory cannot be written). Returns the directory and the installed binary.
@@ -434,7 +434,7 @@ pub fn default_state_parent() -> PathBuf {
 /// file; dropping its cached pages did not help). No node runs such a file: the agent
 /// writes the binary it installs, and after a reboot it is read from disk.
 pub fn install_plugin(source: &Path) -> Result<(tempfile::TempDir, PathBuf), BenchError> {
-    let mut installer = interlock_agent::install::PluginInstaller::new(source)
+    let mut installer = interlock_agent::guard::install::PluginInstaller::new(source)
         .map_err(|e| BenchError::Setup(format!("reading the plugin to install: {e}")))?;
     let beside = source.parent().filter(|p| !p.as_os_str().is_empty());
     let dir = beside
@@ -462,7 +462,9 @@ pub fn install_plugin(source: &Path) -> Result<(tempfile::TempDir, PathBuf), Ben
             dir.path().display()
         ))
     })?;
-    let installed = dir.path().join(interlock_agent::install::PLUGIN_FILE);
+    let installed = dir
+        .path()
+        .join(interlock_agent::guard::install::PLUGIN_FILE);
     Ok((dir, installed))
 }
 

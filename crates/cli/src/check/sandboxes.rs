@@ -5,15 +5,15 @@
 //! The decision is the audit's own: the pod's mesh decision
 //! ([`interlock_redirect::decision::decide`] on the annotations the runtime holds, the
 //! same the plugin got at ADD), the read-back of a meshed sandbox's netns cross-checked
-//! with the plugin's record ([`interlock_agent::sandbox_audit::inspect`]), and the verdict
-//! ([`interlock_agent::audit::judge`]).
+//! with the plugin's record ([`interlock_agent::audit::inspect`]), and the verdict
+//! ([`interlock_agent::audit::decide::judge`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use interlock_agent::audit;
-use interlock_agent::sandbox_audit::{self, Inspection};
+use interlock_agent::audit::decide;
+use interlock_agent::audit::{self, Inspection};
 use interlock_contract::config::{BackendChoice, PluginConfig};
 use interlock_contract::pod::PodFacts;
 use interlock_cri::{CriClient, SandboxFilter, SandboxState, SandboxStatus, Timeouts};
@@ -75,15 +75,15 @@ pub struct SandboxDoc {
 }
 
 /// The sandbox's entry from the audit's verdict.
-pub fn doc(id: &str, pod: &str, netns: Option<&Path>, v: &audit::Verdict) -> SandboxDoc {
+pub fn doc(id: &str, pod: &str, netns: Option<&Path>, v: &decide::Verdict) -> SandboxDoc {
     let (verdict, reason) = match v {
-        audit::Verdict::Protected => (
+        decide::Verdict::Protected => (
             SandboxVerdict::Protected,
             "meshed; its redirection reads back exactly as its spec".to_string(),
         ),
-        audit::Verdict::Unprotected { reason } => (SandboxVerdict::Unprotected, reason.clone()),
-        audit::Verdict::NotMeshed { reason } => (SandboxVerdict::NotMeshed, reason.clone()),
-        audit::Verdict::Unknown { reason } => (SandboxVerdict::Unknown, reason.clone()),
+        decide::Verdict::Unprotected { reason } => (SandboxVerdict::Unprotected, reason.clone()),
+        decide::Verdict::NotMeshed { reason } => (SandboxVerdict::NotMeshed, reason.clone()),
+        decide::Verdict::Unknown { reason } => (SandboxVerdict::Unknown, reason.clone()),
     };
     SandboxDoc {
         id: id.to_string(),
@@ -122,7 +122,7 @@ pub(crate) fn decision_of(
         &s.annotations,
         facts,
     )
-    .or_recorded(|| sandbox_audit::recorded_spec(&plugin.state_dir, s.netns_path()?))
+    .or_recorded(|| audit::recorded_spec(&plugin.state_dir, s.netns_path()?))
 }
 
 /// The decisions of `statuses`: [`decision_of`] each, and for those that need their pod's
@@ -215,7 +215,7 @@ pub(crate) fn api_facts(
                     Ok(Some(pod))
                         if key.uid.is_empty() || pod.metadata.uid.as_deref() == Some(&key.uid) =>
                     {
-                        Ok(interlock_agent::kubernetes::pod_facts(&pod))
+                        Ok(interlock_agent::kubernetes::pods::pod_facts(&pod))
                     }
                     Ok(Some(_)) => {
                         Err("the pod of that name is another pod now (its UID differs)".to_string())
@@ -296,7 +296,7 @@ pub fn list(endpoint: &str, plugin: &PluginConfig) -> SandboxesSeen {
                     ready.push((id, s));
                 }
             }
-            Err(e) => docs.push(doc(&id, "", None, &audit::Verdict::Unknown { reason: e })),
+            Err(e) => docs.push(doc(&id, "", None, &decide::Verdict::Unknown { reason: e })),
         }
     }
     let decisions = decisions_of(plugin, &ready.iter().map(|(_, s)| s).collect::<Vec<_>>());
@@ -307,12 +307,12 @@ pub fn list(endpoint: &str, plugin: &PluginConfig) -> SandboxesSeen {
         let verdict = match (&decision, netns) {
             (Decision::Meshed { spec, .. }, Some(path)) => {
                 let spec = spec.as_installed();
-                match sandbox_audit::inspect(path, &spec, &plugin.state_dir, backend, id) {
+                match audit::inspect(path, &spec, &plugin.state_dir, backend, id) {
                     Inspection::Gone => continue,
-                    Inspection::Seen { rules, .. } => audit::judge(&decision, Some(&rules)),
+                    Inspection::Seen { rules, .. } => decide::judge(&decision, Some(&rules)),
                 }
             }
-            _ => audit::judge(&decision, None),
+            _ => decide::judge(&decision, None),
         };
         docs.push(doc(id, &pod, netns, &verdict));
     }
@@ -346,7 +346,7 @@ mod tests {
             "abc",
             "shop/web",
             Some(Path::new("/var/run/netns/x")),
-            &audit::Verdict::Unprotected {
+            &decide::Verdict::Unprotected {
                 reason: "meshed (istio) but …".into(),
             },
         );
@@ -357,7 +357,7 @@ mod tests {
             "abc",
             "shop/web",
             None,
-            &audit::Verdict::NotMeshed { reason: "x".into() },
+            &decide::Verdict::NotMeshed { reason: "x".into() },
         );
         assert_eq!(serde_json::to_value(&n).unwrap()["verdict"], "not-meshed");
         assert!(rank(SandboxVerdict::Unprotected) < rank(SandboxVerdict::Protected));

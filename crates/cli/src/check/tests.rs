@@ -739,7 +739,7 @@ fn judge_sandboxes(s: &super::sandboxes::SandboxesSeen) -> Judgement {
 #[test]
 fn unprotected_sandboxes_make_the_node_unprotected_and_are_named() {
     use super::sandboxes::{doc, SandboxesSeen};
-    use interlock_agent::audit::Verdict as V;
+    use interlock_agent::audit::decide::Verdict as V;
     let list = |docs| SandboxesSeen::Listed(docs);
     let bad = V::Unprotected {
         reason: "meshed (istio) but its redirection is not in place: table inet interlock missing"
@@ -790,7 +790,7 @@ fn unprotected_sandboxes_make_the_node_unprotected_and_are_named() {
 #[test]
 fn human_output_with_sandboxes_snapshot() {
     use super::sandboxes::{doc, SandboxesSeen};
-    use interlock_agent::audit::Verdict as V;
+    use interlock_agent::audit::decide::Verdict as V;
     let mut r = fixed_report(
         &[("00-interlock.conflist", OURS)],
         Some(bin()),

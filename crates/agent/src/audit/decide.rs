@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use interlock_contract::state::RULE_SHAPE;
 use interlock_redirect::decision::Decision;
 
+use crate::kubernetes::pods::PodKey;
+
 /// What the audit concluded about one sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -37,7 +39,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// The label used in metrics and `check` (`protected`, `unprotected`, `not_meshed`,
-    /// `unknown`).
+    /// `unknown`: [`crate::health::metrics::VerdictLabel::ALL`]).
     pub fn label(&self) -> &'static str {
         match self {
             Verdict::Protected => "protected",
@@ -46,9 +48,6 @@ impl Verdict {
             Verdict::Unknown { .. } => "unknown",
         }
     }
-
-    /// Every label, for metrics that must report zero too.
-    pub const LABELS: [&'static str; 4] = ["protected", "unprotected", "not_meshed", "unknown"];
 }
 
 /// What reading the sandbox's netns showed (only asked for meshed sandboxes).
@@ -393,9 +392,6 @@ pub fn choose(policy: RepairPolicy, kube: bool, seen: LoopView) -> RepairAction 
     action
 }
 
-/// The annotation the kubelet puts on the API copy (mirror) of a static pod.
-pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
-
 /// A mirror (static) pod cannot be deleted or evicted through the API (the kubelet
 /// recreates it from its manifest at once): such actions become a restart over CRI, and
 /// say so.
@@ -488,24 +484,6 @@ pub fn event_for(
     }
 }
 
-/// The pod an action is about: its namespace, name and UID (a pod deleted and created
-/// again under the same name is another pod; a restart's new sandbox is the same pod).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PodKey {
-    /// `metadata.namespace`.
-    pub namespace: String,
-    /// `metadata.name`.
-    pub name: String,
-    /// `metadata.uid`.
-    pub uid: String,
-}
-
-impl std::fmt::Display for PodKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{} (uid {})", self.namespace, self.name, self.uid)
-    }
-}
-
 /// Remembers the actions on each pod (across its sandboxes), for the loop guard
 /// ([`choose`]'s `seen`).
 #[derive(Debug, Default)]
@@ -562,6 +540,20 @@ impl RepairHistory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every verdict's label is one `interlock_sandboxes` reports (zero included).
+    #[test]
+    fn every_verdict_label_is_a_reported_series() {
+        use crate::health::metrics::VerdictLabel;
+        let all = [
+            Verdict::Protected,
+            Verdict::Unprotected { reason: "r".into() },
+            Verdict::NotMeshed { reason: "r".into() },
+            Verdict::Unknown { reason: "r".into() },
+        ];
+        let labels: Vec<&str> = all.iter().map(Verdict::label).collect();
+        assert_eq!(labels, VerdictLabel::ALL);
+    }
 
     #[test]
     fn api_policies_wait_for_the_pod_cache_and_never_act_twice_on_a_deleted_pod() {

@@ -2,10 +2,10 @@
 //! when the guard loop last completed a pass, and the metrics on `/metrics`.
 //!
 //! [`Shared`] is the guard's one handle on all of it. The metrics themselves are
-//! `prometheus-client` series, registered once per subsystem (see [`crate::metrics`]);
+//! `prometheus-client` series, registered once per subsystem (see [`crate::health::metrics`]);
 //! the fields here are handles on the same series.
 
-use crate::metrics::{
+use crate::health::metrics::{
     AgentMetrics, AuditMetrics, FileLabel, GuardMetrics, PluginMetrics, ReadinessMetrics,
 };
 use prometheus_client::metrics::counter::Counter;
@@ -77,7 +77,7 @@ pub struct Shared {
     pub audit_health: Arc<AuditHealth>,
 }
 
-/// The sandbox audit's own state, for `/readyz` (`crate::probes::audit_problem`).
+/// The sandbox audit's own state, for `/readyz` (`crate::health::probes::audit_problem`).
 #[derive(Debug, Default)]
 pub struct AuditHealth {
     state: Mutex<AuditState>,
@@ -115,7 +115,7 @@ impl AuditHealth {
         s.failing = None;
     }
 
-    /// The state as `crate::probes::audit_problem` reads it.
+    /// The state as `crate::health::probes::audit_problem` reads it.
     pub fn view(&self) -> AuditView {
         let s = lock(&self.state);
         let now = Instant::now();
@@ -329,7 +329,7 @@ mod tests {
     #[test]
     fn every_documented_series_is_exported() {
         let m = Shared::default().render_metrics();
-        for name in crate::metrics::SERIES {
+        for name in crate::health::metrics::SERIES {
             assert!(
                 m.contains(&format!("# TYPE {name} ")),
                 "{name} missing from:\n{m}"
@@ -338,7 +338,7 @@ mod tests {
     }
 }
 
-/// What the sandbox audit last reported, for `crate::probes::audit_problem`.
+/// What the sandbox audit last reported, for `crate::health::probes::audit_problem`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AuditView {
     /// The audit runs (`--cri-endpoint` is not `none`).

@@ -244,8 +244,13 @@ impl ReadinessMetrics {
 /// The verdict of one sandbox, as a label (`interlock_sandboxes{verdict=…}`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerdictLabel {
-    /// `protected`, `unprotected`, `not_meshed` or `unknown` (`audit::Verdict::label`).
+    /// `protected`, `unprotected`, `not_meshed` or `unknown` (`audit::decide::Verdict::label`).
     pub verdict: String,
+}
+
+impl VerdictLabel {
+    /// Every verdict, for a series that must report zero too.
+    pub const ALL: [&'static str; 4] = ["protected", "unprotected", "not_meshed", "unknown"];
 }
 
 /// What was done about one unprotected sandbox (`interlock_sandbox_repairs`).
@@ -288,7 +293,7 @@ impl AuditMetrics {
             lists: Counter::default(),
             cri_up: Gauge::default(),
         };
-        for v in crate::audit::Verdict::LABELS {
+        for v in VerdictLabel::ALL {
             m.sandboxes
                 .get_or_create(&VerdictLabel {
                     verdict: v.to_string(),
@@ -335,7 +340,7 @@ impl AuditMetrics {
 
     /// Publishes one pass's count per verdict label.
     pub fn set_verdicts(&self, counts: &std::collections::BTreeMap<&'static str, i64>) {
-        for v in crate::audit::Verdict::LABELS {
+        for v in VerdictLabel::ALL {
             self.sandboxes
                 .get_or_create(&VerdictLabel {
                     verdict: v.to_string(),

@@ -34,9 +34,9 @@ pub trait PodSource: Send + Sync + 'static {
     fn answer(&self, pod: &PodRef) -> Response;
 }
 
-impl PodSource for crate::kubernetes::PodCache {
+impl PodSource for crate::kubernetes::pods::PodCache {
     fn answer(&self, pod: &PodRef) -> Response {
-        crate::kubernetes::PodCache::answer(self, pod)
+        crate::kubernetes::pods::PodCache::answer(self, pod)
     }
 }
 

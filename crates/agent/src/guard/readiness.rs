@@ -1,18 +1,18 @@
 //! The readiness matrix: from what the guard found, is the node ready, and why not.
 //!
-//! Pure, like [`crate::conflict`]: the guard gathers the facts (the effective config's
+//! Pure, like [`crate::guard::conflict`]: the guard gathers the facts (the effective config's
 //! verdict, the plugin binaries, the files in back-off, the plan) and publishes what
 //! [`judge`] says.
 
-use crate::plan::Plan;
-use crate::status::Readiness;
+use crate::guard::plan::Plan;
+use crate::health::status::Readiness;
 use std::path::Path;
 
 /// What the guard observed after a reconcile.
 #[derive(Debug, Clone, Copy)]
 pub struct Observed<'a> {
     /// Whether the runtime's effective config runs our entry: `Ok(file)` or why not
-    /// ([`crate::plan::check_effective`]).
+    /// ([`crate::guard::plan::check_effective`]).
     pub verdict: &'a Result<String, String>,
     /// Why the plugin binary is not verified, if it is not.
     pub binary_problem: Option<&'a str>,

@@ -7,8 +7,7 @@
 //! decided. `/healthz` fails only after the much longer [`ProbeWindows::alive_within`],
 //! because failing it makes the kubelet restart the agent.
 
-pub use crate::status::AuditView;
-use crate::status::Readiness;
+use super::status::{AuditView, Readiness};
 use std::time::Duration;
 
 /// How long the guard may go without completing a pass before `/readyz` says 503.

@@ -1,6 +1,10 @@
-//! The sandbox audit, the thin layer that acts ([`crate::audit`] decides): list the
-//! node's ready sandboxes over CRI, read each meshed one's rules back inside its netns,
-//! and apply the repair policy to every unprotected one.
+//! Audit and repair, the agent's loop that finds running pods left unprotected and acts
+//! on them. [`decide`] decides (pure); [`socket`] is the agent socket, which answers the
+//! plugin's pod lookups and passes its ADD notes on, so that a sandbox is audited at once.
+//!
+//! This file is the sandbox audit, the thin layer that acts: list the node's ready
+//! sandboxes over CRI, read each meshed one's rules back inside its netns, and apply the
+//! repair policy to every unprotected one.
 //!
 //! Everything is keyed by sandbox ID and netns identity (dev+inode), never by pod UID (a
 //! replaced sandbox keeps its pod's UID). Statuses are fetched concurrently; netns work
@@ -23,6 +27,9 @@
 //! of interlock's removes that state: every full pass therefore removes the state and
 //! netns references of sandboxes the runtime no longer lists and whose netns is gone
 //! (`interlock_attach::collect`), never of one it still lists.
+
+pub mod decide;
+pub mod socket;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -47,11 +54,11 @@ use interlock_redirect::{engine, sockdiag, RedirectSpec, Verification};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use crate::audit::{
-    self, RecordView, RepairAction, RepairHistory, RepairPolicy, RulesSeen, Verdict,
-};
+use crate::health::metrics::AuditMetrics;
+use crate::kubernetes::actions::Evicted;
+use crate::kubernetes::pods::{PodKey, MIRROR_POD_ANNOTATION};
 use crate::kubernetes::Cluster;
-use crate::metrics::AuditMetrics;
+use decide::{RecordView, RepairAction, RepairHistory, RepairPolicy, RulesSeen, Verdict};
 
 /// The interface name of the attachment an in-place repair records (the runtime's
 /// `CNI_IFNAME` of a pod's primary network: its DEL then finds the state).
@@ -176,10 +183,10 @@ impl Auditor {
     /// The policy the loop guard counts escalation stages from: the configured one, or
     /// its fallback without a Kubernetes API.
     fn base_policy(&self) -> RepairPolicy {
-        audit::choose(
+        decide::choose(
             self.policy,
             self.cluster.is_some(),
-            audit::LoopView::default(),
+            decide::LoopView::default(),
         )
         .policy
     }
@@ -303,20 +310,20 @@ impl Auditor {
                             self.metrics.errors.inc();
                         }
                         (
-                            audit::judge(&decision, Some(&rules)),
+                            decide::judge(&decision, Some(&rules)),
                             Some(netns_id.to_string()),
                         )
                     }
                     Err(e) => {
                         self.metrics.errors.inc();
                         (
-                            audit::judge(&decision, Some(&RulesSeen::Error(e.to_string()))),
+                            decide::judge(&decision, Some(&RulesSeen::Error(e.to_string()))),
                             None,
                         )
                     }
                 }
             }
-            _ => (audit::judge(&decision, None), None),
+            _ => (decide::judge(&decision, None), None),
         };
         let mut report = SandboxReport {
             sandbox: id,
@@ -356,18 +363,18 @@ impl Auditor {
         reason: &str,
     ) -> Vec<ActionReport> {
         let now = Instant::now();
-        let pod_key = audit::PodKey {
+        let pod_key = PodKey {
             namespace: status.metadata.namespace.clone(),
             name: status.metadata.name.clone(),
             uid: status.metadata.uid.clone(),
         };
         let seen = lock(&self.history).view(&pod_key, self.base_policy(), now);
-        let mut action = audit::choose(self.policy, self.cluster.is_some(), seen);
+        let mut action = decide::choose(self.policy, self.cluster.is_some(), seen);
         if let Some(c) = &self.cluster {
             // The pod watch is usually seconds from its first sync at start-up: an API
             // policy waits for it a little rather than a whole audit period.
             let deadline = Instant::now() + SYNC_PATIENCE;
-            while audit::wait_for_api(action.policy, audit::PodSeen::NotSynced).is_some()
+            while decide::wait_for_api(action.policy, decide::PodSeen::NotSynced).is_some()
                 && !c.pods.is_synced()
                 && Instant::now() < deadline
             {
@@ -381,15 +388,15 @@ impl Auditor {
             .as_ref()
             .and_then(|c| c.pods.pod(&pod_key.namespace, &pod_key.name, &pod_key.uid));
         let seen = match &self.cluster {
-            None => audit::PodSeen::NoApi,
-            Some(c) if !c.pods.is_synced() => audit::PodSeen::NotSynced,
+            None => decide::PodSeen::NoApi,
+            Some(c) if !c.pods.is_synced() => decide::PodSeen::NotSynced,
             Some(_) => match &cached {
-                None => audit::PodSeen::Gone,
-                Some(p) if p.metadata.deletion_timestamp.is_some() => audit::PodSeen::Terminating,
-                Some(_) => audit::PodSeen::Known,
+                None => decide::PodSeen::Gone,
+                Some(p) if p.metadata.deletion_timestamp.is_some() => decide::PodSeen::Terminating,
+                Some(_) => decide::PodSeen::Known,
             },
         };
-        if let Some(why) = audit::wait_for_api(action.policy, seen) {
+        if let Some(why) = decide::wait_for_api(action.policy, seen) {
             info!(
                 pod = %pod_key,
                 sandbox = %status.id,
@@ -398,16 +405,16 @@ impl Auditor {
             );
             return Vec::new();
         }
-        if seen == audit::PodSeen::Gone {
-            action = audit::for_gone_pod(action, &pod_key.uid);
+        if seen == decide::PodSeen::Gone {
+            action = decide::for_gone_pod(action, &pod_key.uid);
         }
         if cached.as_ref().is_some_and(|p| {
             p.metadata
                 .annotations
                 .as_ref()
-                .is_some_and(|a| a.contains_key(audit::MIRROR_POD_ANNOTATION))
+                .is_some_and(|a| a.contains_key(MIRROR_POD_ANNOTATION))
         }) {
-            action = audit::for_mirror_pod(action);
+            action = decide::for_mirror_pod(action);
         }
         if self.api.as_ref().is_some_and(|w| w.busy_with(&pod_key.uid)) {
             info!(pod = %pod_key, sandbox = %status.id, "audit: not acting on this pass: an API action on this pod is still running");
@@ -428,7 +435,7 @@ impl Auditor {
                 duration: start.elapsed(),
             };
             let escalate = match &result {
-                Err(e) if e.escalate => Some(audit::after_failed_repair(&e.message)),
+                Err(e) if e.escalate => Some(decide::after_failed_repair(&e.message)),
                 _ => None,
             };
             if !matches!(&result, Ok(Performed::Dispatched(_))) {
@@ -440,7 +447,8 @@ impl Auditor {
                 self.metrics.repaired(action.policy.as_str(), outcome);
                 log_action(&pod_key, &status.id, &action, &report, &self.metrics);
                 if let Some(w) = api_pod {
-                    let event = audit::event_for(action.policy, result.is_ok(), escalate.is_some());
+                    let event =
+                        decide::event_for(action.policy, result.is_ok(), escalate.is_some());
                     if let Some((reason_name, warning)) = event {
                         let note = match &report.result {
                             Ok(what) => format!("{reason}: {what}"),
@@ -472,7 +480,7 @@ impl Auditor {
         &self,
         action: &RepairAction,
         status: &SandboxStatus,
-        pod: &audit::PodKey,
+        pod: &PodKey,
         api_pod: Option<&ApiWork>,
         decision: &Decision,
         reason: &str,
@@ -579,7 +587,7 @@ impl Auditor {
             .and_then(|l| l.get(LABEL_UNPROTECTED))
             .is_some_and(|v| v == "true");
         if labelled {
-            let key = audit::PodKey {
+            let key = PodKey {
                 namespace: meta.namespace.clone(),
                 name: meta.name.clone(),
                 uid: meta.uid.clone(),
@@ -607,7 +615,7 @@ impl Performed {
 }
 
 fn log_action(
-    pod: &audit::PodKey,
+    pod: &PodKey,
     sandbox: &str,
     action: &RepairAction,
     report: &ActionReport,
@@ -694,7 +702,7 @@ impl ApiWork {
     /// An Event on `pod`, and with `label` the `unprotected` label too.
     fn publish(
         &self,
-        pod: &audit::PodKey,
+        pod: &PodKey,
         warning: bool,
         reason: &'static str,
         note: String,
@@ -719,7 +727,7 @@ impl ApiWork {
     /// The `unprotected` label removed and, with `how`, a `Repaired` Event.
     fn repaired(
         &self,
-        pod: &audit::PodKey,
+        pod: &PodKey,
         labels: Option<BTreeMap<String, String>>,
         how: Option<String>,
     ) {
@@ -753,7 +761,7 @@ impl ApiWork {
     }
 
     /// The `report` policy: the label and an `Unprotected` Event.
-    fn report(&self, pod: &audit::PodKey, reason: String) {
+    fn report(&self, pod: &PodKey, reason: String) {
         let (actions, pod, metrics) = (
             self.cluster.actions.clone(),
             pod.clone(),
@@ -775,13 +783,7 @@ impl ApiWork {
 
     /// A delete or an eviction of `pod` (UID precondition), its outcome logged, counted
     /// and published when the API answers. `false` when it could not be started.
-    fn remove(
-        &self,
-        pod: &audit::PodKey,
-        action: RepairAction,
-        sandbox: String,
-        reason: String,
-    ) -> bool {
+    fn remove(&self, pod: &PodKey, action: RepairAction, sandbox: String, reason: String) -> bool {
         if !lock(&self.removing).insert(pod.uid.clone()) {
             return false;
         }
@@ -805,10 +807,8 @@ impl ApiWork {
                     .map(|()| "pod deleted (UID precondition)".to_string())
                     .map_err(|e| e.to_string()),
                 _ => match actions.evict(&key, EVICT_BUDGET).await {
-                    Ok(crate::kubernetes::Evicted::Done) => {
-                        Ok("pod evicted (UID precondition)".into())
-                    }
-                    Ok(crate::kubernetes::Evicted::Blocked(why)) => {
+                    Ok(Evicted::Done) => Ok("pod evicted (UID precondition)".into()),
+                    Ok(Evicted::Blocked(why)) => {
                         Err(format!("eviction blocked by a PodDisruptionBudget: {why}"))
                     }
                     Err(e) => Err(e.to_string()),
@@ -825,7 +825,7 @@ impl ApiWork {
                 duration: start.elapsed(),
             };
             log_action(&key, &sandbox, &action, &report, &metrics);
-            if let Some((name, warning)) = audit::event_for(action.policy, result.is_ok(), false) {
+            if let Some((name, warning)) = decide::event_for(action.policy, result.is_ok(), false) {
                 let note = match &result {
                     Ok(what) => format!("{reason}: {what}"),
                     Err(why) => format!("{reason}: {} failed: {why}", action.policy),
@@ -895,7 +895,7 @@ pub fn recorded_spec(state_dir: &Path, netns: &Path) -> Option<RedirectSpec> {
 /// dedicated thread) with the backend the plugin recorded for it, else `backend`, and
 /// cross-checks the plugin's record for sandbox `sandbox`. Rules an older release wrote
 /// that differ from this build's are proven by a connection instead
-/// ([`audit::resolve_older`]).
+/// ([`decide::resolve_older`]).
 pub fn inspect(
     path: &Path,
     spec: &RedirectSpec,
@@ -957,7 +957,7 @@ pub fn inspect_with(
         spec_hash: &r.spec_hash,
         shape: r.shape,
     });
-    let mut rules = audit::cross_check(rules, view, &spec.hash());
+    let mut rules = decide::cross_check(rules, view, &spec.hash());
     if let RulesSeen::OlderShape { shape, diffs } = &rules {
         let key = netns_id.to_string();
         let digest = OlderProofs::digest(diffs, record.as_ref().map_or(0, |r| r.updated_at_ms));
@@ -989,7 +989,7 @@ pub fn inspect_with(
                 lock(&p.0).insert(key, digest);
             }
         }
-        rules = audit::resolve_older(rules, proof);
+        rules = decide::resolve_older(rules, proof);
     }
     Inspection::Seen { netns_id, rules }
 }
@@ -1161,7 +1161,7 @@ pub async fn run(
     plugin: PluginConfig,
     cluster: Option<Cluster>,
     metrics: AuditMetrics,
-    health: std::sync::Arc<crate::status::AuditHealth>,
+    health: std::sync::Arc<crate::health::status::AuditHealth>,
     mut wake: mpsc::Receiver<String>,
 ) {
     health.started(&settings.cri_endpoint, settings.interval);

@@ -1,8 +1,14 @@
-//! `/healthz`, `/readyz` and `/metrics` on hyper, hardened against a local user who opens
-//! many connections to the port (any process on the node can reach it).
+//! Health, how the agent reports: [`status`] is the state the other loops publish into
+//! (readiness, the guard's last pass, the audit's state), [`metrics`] its Prometheus
+//! series, [`probes`] decides what `/readyz` and `/healthz` answer (pure), and
+//! [`telemetry`] sets up the logs.
+//!
+//! This file serves `/healthz`, `/readyz` and `/metrics` on hyper, hardened against a
+//! local user who opens many connections to the port (any process on the node can reach
+//! it).
 //!
 //! - [`Admin`] is the whole HTTP surface as one `tower::Service`, so it is tested without
-//!   sockets; the probe decisions are [`crate::readiness`].
+//!   sockets; the probe decisions are [`probes`] (pure).
 //! - [`serve`] runs it with a bound on everything a client controls: at most
 //!   [`ServerLimits::max_connections`] connections are open at once (past it the oldest one
 //!   still waiting for its request is dropped for the newcomer, and past twice the cap the
@@ -11,8 +17,11 @@
 //!   exchange, small header limits, no request body read, one request per connection.
 //! - [`readyz_status`] is the client side, for `interlock check` and the benchmark.
 
-use crate::probes::{self, ProbeWindows};
-use crate::status::Shared;
+pub mod metrics;
+pub mod probes;
+pub mod status;
+pub mod telemetry;
+
 use bytes::Bytes;
 use http_body_util::{Empty, Full};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
@@ -26,6 +35,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+
+use probes::ProbeWindows;
+use status::Shared;
 
 /// The health endpoints as a service: routes a request to its answer.
 #[derive(Debug, Clone)]
@@ -510,7 +522,7 @@ async fn get_status(addr: std::net::SocketAddr, path: &str) -> std::io::Result<u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::Readiness;
+    use crate::health::status::Readiness;
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tower::ServiceExt;
@@ -667,7 +679,7 @@ mod tests {
     async fn a_large_answer_to_a_slow_reader_is_complete() {
         let (addr, shared) = start(ServerLimits::default()).await;
         let many: Vec<_> = (0..60_000)
-            .map(|i| crate::status::FileConflict {
+            .map(|i| crate::health::status::FileConflict {
                 file: format!("{i:05}-a-long-enough-file-name-to-fill-socket-buffers.conflist"),
                 undos: 1,
                 backing_off: false,

@@ -10,7 +10,7 @@
 //! (Earlier code called the same thing an undo, a fight and a back-off; it is one
 //! concept, named *conflict* here, in the metrics and in the `--conflict-*` flags.)
 
-use crate::plan::{self, Plan};
+use crate::guard::plan::{self, Plan};
 use interlock_confdir::Snapshot;
 use serde_json::{Map, Value};
 use std::collections::{HashMap, VecDeque};
@@ -230,7 +230,7 @@ mod tests {
 #[cfg(test)]
 mod conflicting_files_tests {
     use super::*;
-    use crate::plan::Action;
+    use crate::guard::plan::Action;
     use std::path::Path;
 
     fn entry() -> Map<String, Value> {
