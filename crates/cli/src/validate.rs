@@ -49,6 +49,33 @@ pub struct ValidateArgs {
     /// How long the probe waits for its connection to land on the proxy port (ms).
     #[arg(long, default_value_t = 1000)]
     timeout_ms: u64,
+    /// Output format: a line for people, or one JSON document (schemaVersion 1, kind
+    /// `Validation`) on stdout whatever the outcome.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    output: crate::check::Output,
+}
+
+/// The document `validate -o json` prints.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ValidationDoc<'a> {
+    schema_version: u32,
+    kind: &'static str,
+    /// `protected`, `not-meshed`, `not-protected` or `could-not-validate`.
+    verdict: &'static str,
+    exit_code: u8,
+    /// The line the text output prints, without its verdict word's prefix.
+    message: &'a str,
+}
+
+/// The verdict word of an outcome.
+fn verdict_of(code: u8, line: &str) -> &'static str {
+    match code {
+        0 if line.starts_with("not meshed") => "not-meshed",
+        0 => "protected",
+        NOT_PROTECTED => "not-protected",
+        _ => "could-not-validate",
+    }
 }
 
 /// Parses the downward API's annotations file: one `key="value"` per line, the value
@@ -174,10 +201,19 @@ fn running_proxy(profile: interlock_redirect::ProfileName) -> interlock_redirect
 /// Runs `interlock validate` in the calling process's network namespace (the pod's).
 pub fn run(a: ValidateArgs) -> anyhow::Result<std::process::ExitCode> {
     let (code, line) = validate(&a);
-    if code == 0 {
-        println!("interlock validate: {line}");
-    } else {
-        eprintln!("interlock validate: {line}");
+    match a.output {
+        crate::check::Output::Json => {
+            let doc = ValidationDoc {
+                schema_version: 1,
+                kind: "Validation",
+                verdict: verdict_of(code, &line),
+                exit_code: code,
+                message: &line,
+            };
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+        }
+        crate::check::Output::Text if code == 0 => println!("interlock validate: {line}"),
+        crate::check::Output::Text => eprintln!("interlock validate: {line}"),
     }
     Ok(std::process::ExitCode::from(code))
 }

@@ -112,6 +112,13 @@ fn validate_fails_the_pod_without_rules_and_proves_them_with() {
     let (code, out, err) = validate(&ns, &istio);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("PROTECTED") && out.contains(GATEWAY), "{out}");
+    let (code, out, _) = validate(&ns, &[istio[0], istio[1], "-o", "json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(
+        (v["verdict"].as_str(), v["exitCode"].as_u64()),
+        (Some("protected"), Some(0))
+    );
 
     // The annotations as the downward API mounts them.
     let tmp = tempfile::tempdir().unwrap();
@@ -153,4 +160,19 @@ fn nothing_routable_is_not_called_protected() {
     assert!(!out.contains("PROTECTED"), "{out}");
     assert!(err.contains("nothing routable to prove"), "{err}");
     assert!(!err.contains("installed for it anyway"), "{err}");
+    // The same as a document, on stdout.
+    let (code, out, _) = validate(
+        &ns,
+        &["--annotation", "sidecar.istio.io/status={}", "-o", "json"],
+    );
+    assert_eq!(code, 3);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["kind"], "Validation");
+    assert_eq!(v["schemaVersion"], 1);
+    assert_eq!(v["verdict"], "could-not-validate");
+    assert_eq!(v["exitCode"], 3);
+    assert!(
+        v["message"].as_str().unwrap().contains("nothing routable"),
+        "{v}"
+    );
 }
