@@ -42,11 +42,37 @@ tag=ilhot-$$
 node=$tag-node pod=$tag-pod
 work=$(mktemp -d)
 cleanup() {
+    [[ -n ${agent:-} ]] && kill "$agent" 2>/dev/null || true
     ip netns del "$pod" 2>/dev/null || true
     ip netns del "$node" 2>/dev/null || true
     rm -rf "$work"
 }
 trap cleanup EXIT
+# A stand-in for the agent's socket: an Istio pod is decided with its spec's facts, which
+# the plugin asks the agent for (the lookup doubles as the ADD's note). It answers every
+# lookup with the facts of a pod as Istio's injector writes it (UID/GID 1337).
+mkdir -m 0700 "$work/state"
+python3 - "$work/state/agent.sock" <<'PY' &
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(8)
+facts = {"containers": [{"name": "istio-validation", "init": True}, {"name": "app"},
+         {"name": "istio-proxy", "runAsUser": 1337, "runAsGroup": 1337,
+          "args": ["proxy", "sidecar"]}]}
+while True:
+    c, _ = s.accept()
+    req = json.loads(c.makefile().readline() or "{}")
+    if req.get("op") == "pod":
+        ans = {"v": 1, "status": "found", "annotations": {}, "facts": facts,
+               "noted": "add" in req}
+    else:
+        ans = {"v": 1, "status": "noted"}
+    c.sendall((json.dumps(ans) + "\n").encode())
+    c.close()
+PY
+agent=$!
+for _ in $(seq 100); do [[ -S $work/state/agent.sock ]] && break; sleep 0.05; done
 ip netns add "$node"
 ip netns add "$pod"
 ip -n "$node" -batch - <<B
@@ -104,8 +130,8 @@ run() {
 # The first entry names its backend (as the bench's and some operators' do), the second
 # lets the plugin detect it (the default): both parsers are on the list.
 run 1 ADD plain "$plain" '"backend":"nftables",'
-run 2 ADD meshed "$istio"
-run 3 DEL meshed "$istio"
+run 2 ADD meshed "$istio" "\"agentSocket\":\"$work/state/agent.sock\","
+run 3 DEL meshed "$istio" "\"agentSocket\":\"$work/state/agent.sock\","
 
 nm --defined-only "$plugin" | awk '$2 ~ /^[tTwW]$/ {print $3}' >"$work/syms"
 # Function names in the order callgrind first names them (a recursion's 'N suffix off;
