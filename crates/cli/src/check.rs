@@ -392,7 +392,8 @@ fn binary_facts(a: &NodeArgs) -> Option<BinaryFacts> {
                     &path,
                     interlock_agent::guard::install::MAX_PLUGIN_BYTES,
                 );
-                digests = installed.ok().map(|i| (sha256_hex(&i), sha256_hex(&data)));
+                let hex = interlock_agent::guard::install::sha256_hex;
+                digests = installed.ok().map(|i| (hex(&i), hex(&data)));
                 Content::Differs
             }
             Err(_) => Content::Unverified,
@@ -409,14 +410,6 @@ fn binary_facts(a: &NodeArgs) -> Option<BinaryFacts> {
         path,
         digests,
     })
-}
-
-fn sha256_hex(data: &[u8]) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 fn ask_readyz(addr: &str) -> Readyz {
