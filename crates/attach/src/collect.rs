@@ -151,16 +151,16 @@ mod tests {
             netns_id: Some("1-2".into()),
             network: "n".into(),
             cni_version: "1.0.0".into(),
-            pod: crate::identity::PodIdentity {
+            pod: crate::pod::PodIdentity {
                 namespace: "ns".into(),
                 name: "p".into(),
                 uid: String::new(),
                 annotations: None,
                 facts: None,
             },
-            annotations_source: crate::identity::Source::Agent,
+            annotations_source: crate::pod::Source::Agent,
             decision: interlock_redirect::decision::Decision::NotMeshed { reason: "t".into() },
-            protection: crate::protection::Protection::NotNeeded,
+            protection: crate::outcome::Protection::NotNeeded,
             added_at_ms: 0,
             add_us: 0,
         };

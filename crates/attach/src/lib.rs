@@ -5,14 +5,14 @@
 //! one the plugin's DEL and GC clean up like any other: [`protect`] (apply, verify and
 //! prove the rules under the netns's lock, share them with the other live attachments of
 //! the same netns, release a reference and remove the rules with the last one),
-//! [`state`] (one file per attachment: what was decided and done), [`protection`] (what
-//! the state records), [`identity`] (which pod an attachment belongs to, and where its
-//! annotations came from), [`backend_cache`] (the host's netfilter backend, detected
+//! [`state`] (one file per attachment: what was decided and done), [`outcome`] (what
+//! the state records), [`pod`] (which pod an attachment belongs to, and where its
+//! annotations came from), [`detected_backend`] (the host's netfilter backend, detected
 //! once a minute) and [`collect`] (the agent's removal of what gone sandboxes left).
 
-pub mod backend_cache;
 pub mod collect;
-pub mod identity;
+pub mod detected_backend;
+pub mod outcome;
+pub mod pod;
 pub mod protect;
-pub mod protection;
 pub mod state;

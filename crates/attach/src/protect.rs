@@ -25,11 +25,11 @@ use interlock_redirect::backend::{self, BackendKind};
 use interlock_redirect::netns::{pod_netns_id, NetnsError, NetnsId, PodNetns};
 use interlock_redirect::netns_record::{NetnsLock, NetnsStore};
 use interlock_redirect::probe::ProxyPort;
-use interlock_redirect::{engine, ProtectError, ProtectOptions, Unprotected, Verification};
+use interlock_redirect::{engine, EngineError, InstallOptions, Removal, Verification};
 
 use interlock_redirect::decision::Decision;
 
-use crate::protection::{Protected, Protection, Timings};
+use crate::outcome::{Protected, Protection, Timings};
 use crate::state::{AttachmentKey, AttachmentState, StateStore};
 use interlock_contract::config::{BackendChoice, PluginConfig};
 
@@ -86,8 +86,8 @@ impl Failure {
     }
 }
 
-impl From<ProtectError> for Failure {
-    fn from(e: ProtectError) -> Failure {
+impl From<EngineError> for Failure {
+    fn from(e: EngineError) -> Failure {
         let step = e.step();
         let leftover_rules = e.cleanup_failure().map(|why| {
             let backend = e.backend().map(|b| format!("{b} ")).unwrap_or_default();
@@ -104,7 +104,7 @@ impl From<ProtectError> for Failure {
 
 impl From<NetnsError> for Failure {
     fn from(e: NetnsError) -> Failure {
-        Failure::from(ProtectError::Netns(e))
+        Failure::from(EngineError::Netns(e))
     }
 }
 
@@ -153,14 +153,14 @@ fn is_live<'a>(
 
 /// The backend to use for `choice`, and why. `auto` runs the host detection (in the
 /// plugin's own netns, which is the host's), or reuses a recent one cached under
-/// `state_dir` ([`crate::backend_cache`]).
+/// `state_dir` ([`crate::detected_backend`]).
 pub fn resolve_backend(choice: BackendChoice, state_dir: &Path) -> (BackendKind, String) {
     let fixed = |k: BackendKind| (k, format!("configured backend {k}"));
     match choice {
         BackendChoice::Nftables => fixed(BackendKind::Nftables),
         BackendChoice::IptablesNft => fixed(BackendKind::IptablesNft),
         BackendChoice::IptablesLegacy => fixed(BackendKind::IptablesLegacy),
-        BackendChoice::Auto => crate::backend_cache::resolve_auto(
+        BackendChoice::Auto => crate::detected_backend::resolve_auto(
             state_dir,
             interlock_contract::time::now_ms(),
             backend::detect,
@@ -222,7 +222,7 @@ impl Claim {
         if !self.others.is_empty() {
             return Some(kept_note(&self.others));
         }
-        let left = engine::unprotect(Path::new(&self.record.netns), self.record.backend)
+        let left = engine::remove_rules(Path::new(&self.record.netns), self.record.backend)
             .err()
             .map(|e| format!("interlock's rules may remain (removing them failed: {e})"));
         let _ = self.lock.forget();
@@ -315,13 +315,15 @@ fn protect_pod(
     let (_, gateways) = pod_addresses(prev, ifname);
 
     let mut notes = Vec::new();
-    let (backend, backend_reason, probe, timings) =
-        match record.as_ref().filter(|_| !others.is_empty()) {
-            Some(r) => {
-                if r.spec_hash != spec_hash {
-                    return Err(Failure::clean(
-                        Step::Apply,
-                        format!(
+    let (backend, backend_reason, probe, timings) = match record
+        .as_ref()
+        .filter(|_| !others.is_empty())
+    {
+        Some(r) => {
+            if r.spec_hash != spec_hash {
+                return Err(Failure::clean(
+                    Step::Apply,
+                    format!(
                         "network namespace {netns} already holds interlock's rules for {} with \
                          another spec (installed {}, this attachment's {}): the interlock-cni \
                          entries of the pod's networks disagree (profiles?); make them equal",
@@ -329,72 +331,73 @@ fn protect_pod(
                         short_hash(&r.spec_hash),
                         short_hash(&spec_hash)
                     ),
-                    )
-                    .kept_for(&others));
-                }
-                let reason = format!("shared with {} ({})", names(&others), r.backend);
-                let t = Instant::now();
-                match engine::check_in(&pod, &spec, r.backend) {
-                    Ok(Verification::Exact) => (
-                        r.backend,
-                        reason,
-                        r.probe
-                            .iter()
-                            .map(|l| {
-                                format!(
-                                    "{l} (proven by the ADD of {}/{})",
-                                    r.proven_by.container_id, r.proven_by.ifname
-                                )
-                            })
-                            .collect(),
-                        Timings {
-                            rules_us: micros(t.elapsed()),
-                            probe_us: 0,
-                            protect_us: 0,
-                        },
-                    ),
-                    // Altered since: re-apply and re-prove, never removing what the others
-                    // rely on.
-                    _ => {
-                        let options = ProtectOptions {
-                            remove_on_failure: false,
-                            proxy_port,
-                            spec_hash: Some(spec_hash.clone()),
-                            ..ProtectOptions::default()
-                        };
-                        let done = engine::protect_in(&pod, &spec, r.backend, &gateways, &options)
+                )
+                .kept_for(&others));
+            }
+            let reason = format!("shared with {} ({})", names(&others), r.backend);
+            let t = Instant::now();
+            match engine::check_in(&pod, &spec, r.backend) {
+                Ok(Verification::Exact) => (
+                    r.backend,
+                    reason,
+                    r.probe
+                        .iter()
+                        .map(|l| {
+                            format!(
+                                "{l} (proven by the ADD of {}/{})",
+                                r.proven_by.container_id, r.proven_by.ifname
+                            )
+                        })
+                        .collect(),
+                    Timings {
+                        rules_us: micros(t.elapsed()),
+                        probe_us: 0,
+                        protect_us: 0,
+                    },
+                ),
+                // Altered since: re-apply and re-prove, never removing what the others
+                // rely on.
+                _ => {
+                    let options = InstallOptions {
+                        remove_on_failure: false,
+                        proxy_port,
+                        spec_hash: Some(spec_hash.clone()),
+                        ..InstallOptions::default()
+                    };
+                    let done =
+                        engine::install_and_prove_in(&pod, &spec, r.backend, &gateways, &options)
                             .map_err(|e| Failure::from(e).kept_for(&others))?;
-                        (r.backend, reason, done.probe.lines(), timings_of(&done))
-                    }
+                    (r.backend, reason, done.probe.lines(), timings_of(&done))
                 }
             }
-            None => {
-                let (kind, reason) = resolve_backend(config.backend, &config.state_dir);
-                let options = ProtectOptions {
-                    // Nothing recorded for this netns: a new pod's, most likely empty.
-                    new_netns: record.is_none(),
-                    proxy_port,
-                    spec_hash: Some(spec_hash.clone()),
-                    ..ProtectOptions::default()
-                };
-                let done = match engine::protect_in(&pod, &spec, kind, &gateways, &options) {
-                    Ok(done) => done,
-                    Err(e) => {
-                        // No live reference: the record (if any) is stale.
-                        let _ = lock.forget();
-                        return Err(e.into());
-                    }
-                };
-                notes.extend(retire_previous_backend(
-                    store,
-                    key,
-                    record.as_ref(),
-                    netns,
-                    kind,
-                ));
-                (kind, reason, done.probe.lines(), timings_of(&done))
-            }
-        };
+        }
+        None => {
+            let (kind, reason) = resolve_backend(config.backend, &config.state_dir);
+            let options = InstallOptions {
+                // Nothing recorded for this netns: a new pod's, most likely empty.
+                new_netns: record.is_none(),
+                proxy_port,
+                spec_hash: Some(spec_hash.clone()),
+                ..InstallOptions::default()
+            };
+            let done = match engine::install_and_prove_in(&pod, &spec, kind, &gateways, &options) {
+                Ok(done) => done,
+                Err(e) => {
+                    // No live reference: the record (if any) is stale.
+                    let _ = lock.forget();
+                    return Err(e.into());
+                }
+            };
+            notes.extend(retire_previous_backend(
+                store,
+                key,
+                record.as_ref(),
+                netns,
+                kind,
+            ));
+            (kind, reason, done.probe.lines(), timings_of(&done))
+        }
+    };
     let mut new_record = match record.filter(|_| !others.is_empty()) {
         Some(mut r) => {
             r.attachments.retain(|k| others.contains(k));
@@ -445,7 +448,7 @@ fn protect_pod(
 }
 
 /// The rule and probe times of an engine run (the whole ADD's is filled in later).
-fn timings_of(done: &engine::Protection) -> Timings {
+fn timings_of(done: &engine::Installed) -> Timings {
     Timings {
         rules_us: micros(done.rules_time),
         probe_us: micros(done.probe_time),
@@ -481,7 +484,7 @@ fn retire_previous_backend(
         return None;
     }
     // A failure leaves rules that the next DEL (every backend without state) removes.
-    Some(match engine::unprotect(Path::new(netns), before) {
+    Some(match engine::remove_rules(Path::new(netns), before) {
         Ok(_) => format!("removed the {before} rules of this attachment's previous ADD"),
         Err(e) => format!(
             "the {before} rules of this attachment's previous ADD may remain (removing them failed: {e})"
@@ -607,12 +610,12 @@ pub fn release(
         return Ok(Undone::Nothing);
     }
     let result = match kind {
-        Some(kind) => engine::unprotect(path, kind),
-        None => engine::unprotect_all(path),
+        Some(kind) => engine::remove_rules(path, kind),
+        None => engine::remove_all_rules(path),
     };
     let undone = match result? {
-        Unprotected::Removed => Undone::Removed(kind),
-        Unprotected::NetnsGone => Undone::NetnsGone,
+        Removal::Removed => Undone::Removed(kind),
+        Removal::NetnsGone => Undone::NetnsGone,
     };
     if let Some(lock) = lock {
         let _ = lock.forget();

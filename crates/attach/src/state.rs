@@ -19,9 +19,9 @@ use interlock_contract::atomic::write_file_atomic;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::identity::PodIdentity;
-use crate::identity::Source;
-use crate::protection::Protection;
+use crate::outcome::Protection;
+use crate::pod::PodIdentity;
+use crate::pod::Source;
 use interlock_redirect::decision::Decision;
 
 pub use interlock_contract::state::AttachmentKey;

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use interlock_agent::audit::socket;
 use interlock_agent::kubernetes::pods::PodCache;
+use interlock_attach::pod::PodIdentity;
+use interlock_attach::pod::Source;
 use interlock_cni::decide::{decide_with_lookup, Decision};
-use interlock_cni::identity::PodIdentity;
-use interlock_cni::lookup::Source;
 use interlock_contract::config::PluginConfig;
 use interlock_testkit::kubeapi::KubeApi;
 use kube::config::{KubeConfigOptions, Kubeconfig};

@@ -74,7 +74,8 @@ fn inspect_netns_shows_spec_rules_and_difference() {
     let mut spec = *spec;
     spec.ipv4 = true;
     spec.ipv6 = true;
-    interlock_redirect::engine::protect(&ns.path(), &spec, BackendKind::Nftables, &[]).unwrap();
+    interlock_redirect::engine::install_and_prove(&ns.path(), &spec, BackendKind::Nftables, &[])
+        .unwrap();
     let (code, v) = inspect(&d, &ns, &["--annotation", MESHED]);
     assert_eq!(code, 0, "{v:#}");
     assert_eq!(v["verdict"], "protected");

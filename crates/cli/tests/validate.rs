@@ -102,7 +102,7 @@ fn validate_fails_the_pod_without_rules_and_proves_them_with() {
     else {
         panic!("not meshed")
     };
-    interlock_redirect::engine::protect(
+    interlock_redirect::engine::install_and_prove(
         &ns.path(),
         &spec,
         BackendKind::Nftables,

@@ -2,11 +2,12 @@
 //! [`PodIdentity`] in, [`Decision`] out, using the mesh profiles of `interlock_redirect`)
 //! and [`decide_with_lookup`] (the same, asking the agent first when the runtime passed
 //! no annotations, or when the pod's profile reads its spec). Acting on the decision is
-//! [`crate::protect`]'s.
+//! [`interlock_attach::protect`]'s.
 
 use crate::agent_client::AddTarget;
-use crate::identity::PodIdentity;
-use crate::lookup::{self, Resolved, Source};
+use crate::lookup::{self, Resolved};
+use interlock_attach::pod::PodIdentity;
+use interlock_attach::pod::Source;
 use interlock_contract::config::PluginConfig;
 
 pub use interlock_redirect::decision::Decision;

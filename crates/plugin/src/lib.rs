@@ -3,11 +3,11 @@
 //! `main.rs` only reads the environment and stdin and calls [`run`], which hands them to
 //! the protocol skeleton (`interlock_cni_types::skel`) with this plugin's verbs
 //! ([`verbs`], one file each). The rest, by what it holds: the mesh decision
-//! ([`decide`], pure) and its effects ([`protect`]), what is recorded ([`protection`],
-//! [`state`] per attachment; per netns: `interlock_redirect::netns_record`), where annotations come from
-//! besides the runtime ([`lookup`], [`agent_client`]), the backend detection cache
-//! ([`backend_cache`]), the pod's identity ([`identity`]), the log ([`log`]) and
-//! `--self-check` of the process start-up ([`self_check`]). The
+//! ([`decide`], pure), where annotations come from besides the runtime ([`lookup`],
+//! [`agent_client`]), the log ([`log`]) and `--self-check` of the process start-up
+//! ([`self_check`]). Its effects on the pod's netns and what is recorded about them are
+//! `interlock_attach`'s, shared with the agent's in-place repair (`protect`; `outcome` and
+//! `state` per attachment; per netns: `interlock_redirect::netns_record`). The
 //! plugin's config, error codes and state-dir layout are `interlock_contract`'s.
 //!
 //! # Verbs
@@ -20,9 +20,9 @@
 //!   lists: every veth has an IPv6 link-local address, and a primary may not list every
 //!   address) in `CNI_NETNS` with the configured backend (`auto` detects the host's,
 //!   reusing a detection up to a minute old from `<stateDir>/backend-detected.json`, see
-//!   [`backend_cache`]), verifies the rules read back are exactly the expected ones, and
+//!   `interlock_attach::detected_backend`), verifies the rules read back are exactly the expected ones, and
 //!   proves every family the pod can route with the probe, trying the pod's gateways
-//!   first ([`protect::protect`], `interlock_redirect::probe`). The netns is the unit of
+//!   first (`interlock_attach::protect::protect`, `interlock_redirect::probe`). The netns is the unit of
 //!   protection (`interlock_redirect::netns_record`): under the netns's lock, an attachment whose netns
 //!   already holds live rules for the same spec (a Multus pod's second interface, a
 //!   concurrent ADD) shares them after reading them back; another spec there is refused.
@@ -80,10 +80,6 @@ pub mod log;
 pub mod lookup;
 pub mod self_check;
 pub mod verbs;
-
-// The attachment's protection is shared with the agent's in-place repair: one definition,
-// in `interlock-attach`, re-exported here under the names the plugin always used.
-pub use interlock_attach::{backend_cache, identity, protect, protection, state};
 
 use interlock_cni_types::error::CniError;
 pub use interlock_cni_types::skel::{CniEnv, Outcome};

@@ -21,14 +21,14 @@ use std::time::Duration;
 
 use crate::agent_client::{self, AddTarget, PodLookup, PodRef};
 
-use crate::identity::PodIdentity;
+use interlock_attach::pod::PodIdentity;
 use interlock_contract::config::PluginConfig;
 use interlock_contract::pod::PodFacts;
 
 /// How long the agent may take to answer (it answers from memory).
 pub const AGENT_TIMEOUT: Duration = Duration::from_millis(300);
 
-pub use interlock_attach::identity::Source;
+use interlock_attach::pod::Source;
 
 /// The outcome of [`resolve`].
 #[derive(Debug, Clone, PartialEq, Eq)]

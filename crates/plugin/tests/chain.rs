@@ -241,7 +241,7 @@ fn chain_1_1_0() {
     assert!(e.to_string().contains("prevResult"), "{e}");
 
     // GC through the runtime keeps only the valid attachments' state.
-    let store = interlock_cni::state::StateStore::new(n.state.path());
+    let store = interlock_attach::state::StateStore::new(n.state.path());
     for cid in ["keep", "drop"] {
         fs::create_dir_all(store.dir()).unwrap();
         fs::write(store.dir().join(format!("{cid}+eth0.json")), "{}").unwrap();

@@ -325,7 +325,7 @@ fn auto_backend_and_enabled_profiles() {
 #[test]
 fn auto_backend_detection_is_cached() {
     require_root!();
-    use interlock_cni::backend_cache::{CachedDetection, FILE_NAME};
+    use interlock_attach::detected_backend::{CachedDetection, FILE_NAME};
     use interlock_redirect::BackendKind;
     let n = Node::new(false);
     let chain = n.chain(json!({ "backend": "auto" }));

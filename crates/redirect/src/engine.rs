@@ -1,5 +1,5 @@
-//! What the plugin and the agent call: protect a pod's netns (apply → verify → probe),
-//! check it (verify only), unprotect it (remove).
+//! The rules of a pod's netns, for the attachment layer (`interlock_attach::protect`): install
+//! and prove them (apply → verify → probe), check them (verify only), remove them.
 //!
 //! Every function enters the netns on a dedicated thread ([`crate::netns::in_netns`]) and
 //! creates the backend there (netlink sockets belong to the netns they are opened in).
@@ -17,9 +17,9 @@ use crate::probe::{self, ProbeError, ProbeReport};
 use crate::route::Rtnetlink;
 use crate::spec::{Family, RedirectSpec, SpecError, PASSTHROUGH_SOURCE_V6};
 
-/// Tuning for [`protect_with`].
+/// Tuning for [`install_and_prove_with`].
 #[derive(Debug, Clone)]
-pub struct ProtectOptions {
+pub struct InstallOptions {
     /// How long the probe waits for its connection.
     pub probe_timeout: Duration,
     /// Remove interlock's rules again when a step after the apply fails (all or
@@ -35,14 +35,14 @@ pub struct ProtectOptions {
     /// a running pod), see [`probe::ProxyPort`].
     pub proxy_port: probe::ProxyPort,
     /// [`RedirectSpec::hash`] of the spec when the caller has it already (it recorded
-    /// it): [`Protection::spec_hash`] then is this, not hashed again. It must be the
+    /// it): [`Installed::spec_hash`] then is this, not hashed again. It must be the
     /// spec's; `None` hashes the spec.
     pub spec_hash: Option<String>,
 }
 
-impl Default for ProtectOptions {
+impl Default for InstallOptions {
     fn default() -> Self {
-        ProtectOptions {
+        InstallOptions {
             probe_timeout: probe::DEFAULT_TIMEOUT,
             remove_on_failure: true,
             new_netns: false,
@@ -54,7 +54,7 @@ impl Default for ProtectOptions {
 
 /// A netns whose rules were applied, verified and proven.
 #[derive(Debug, Clone)]
-pub struct Protection {
+pub struct Installed {
     /// Backend that installed the rules.
     pub backend: BackendKind,
     /// [`RedirectSpec::hash`] of the installed spec (record it in state).
@@ -67,18 +67,18 @@ pub struct Protection {
     pub probe_time: Duration,
 }
 
-/// Outcome of [`unprotect`].
+/// Outcome of [`remove_rules`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unprotected {
+pub enum Removal {
     /// interlock's rules were removed (or were not there).
     Removed,
     /// The netns no longer exists: nothing to remove (normal for a late CNI DEL).
     NetnsGone,
 }
 
-/// The step of [`protect`], [`check`] or [`unprotect`] that failed.
+/// The step of [`install_and_prove`], [`check`] or [`remove_rules`] that failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ProtectError {
+pub enum EngineError {
     /// The spec is invalid; nothing was touched.
     #[error("invalid redirect spec, nothing applied: {0}")]
     Spec(#[from] SpecError),
@@ -153,18 +153,18 @@ pub enum ProtectError {
         /// Why.
         source: Box<BackendError>,
     },
-    /// Removing the rules of every backend ([`unprotect_all`]) failed for more than one
+    /// Removing the rules of every backend ([`remove_all_rules`]) failed for more than one
     /// backend; every failure is listed (the other backends were still tried).
     #[error("removing redirect rules in {netns} failed for {} backends: {}", .failures.len(), join_failures(.failures))]
     RemoveAll {
         /// Netns file.
         netns: PathBuf,
         /// Each backend's failure, in the order tried.
-        failures: Vec<ProtectError>,
+        failures: Vec<EngineError>,
     },
 }
 
-fn join_failures(failures: &[ProtectError]) -> String {
+fn join_failures(failures: &[EngineError]) -> String {
     failures
         .iter()
         .enumerate()
@@ -180,17 +180,17 @@ fn cleanup_note(cleanup: &Option<String>) -> String {
     }
 }
 
-impl ProtectError {
+impl EngineError {
     /// The failed step.
     pub fn step(&self) -> Step {
         match self {
-            ProtectError::Spec(_) => Step::Spec,
-            ProtectError::Netns(_) => Step::Netns,
-            ProtectError::Open { .. } => Step::Open,
-            ProtectError::Apply { .. } => Step::Apply,
-            ProtectError::Verify { .. } | ProtectError::Mismatch { .. } => Step::Verify,
-            ProtectError::Probe { .. } => Step::Probe,
-            ProtectError::Remove { .. } | ProtectError::RemoveAll { .. } => Step::Remove,
+            EngineError::Spec(_) => Step::Spec,
+            EngineError::Netns(_) => Step::Netns,
+            EngineError::Open { .. } => Step::Open,
+            EngineError::Apply { .. } => Step::Apply,
+            EngineError::Verify { .. } | EngineError::Mismatch { .. } => Step::Verify,
+            EngineError::Probe { .. } => Step::Probe,
+            EngineError::Remove { .. } | EngineError::RemoveAll { .. } => Step::Remove,
         }
     }
 
@@ -199,10 +199,10 @@ impl ProtectError {
     /// netns was left without interlock rules (or nothing was applied).
     pub fn cleanup_failure(&self) -> Option<&str> {
         match self {
-            ProtectError::Apply { cleanup, .. }
-            | ProtectError::Verify { cleanup, .. }
-            | ProtectError::Mismatch { cleanup, .. }
-            | ProtectError::Probe { cleanup, .. } => cleanup.as_deref(),
+            EngineError::Apply { cleanup, .. }
+            | EngineError::Verify { cleanup, .. }
+            | EngineError::Mismatch { cleanup, .. }
+            | EngineError::Probe { cleanup, .. } => cleanup.as_deref(),
             _ => None,
         }
     }
@@ -210,12 +210,12 @@ impl ProtectError {
     /// The backend involved, when the failure is about one backend.
     pub fn backend(&self) -> Option<BackendKind> {
         match self {
-            ProtectError::Open { backend, .. }
-            | ProtectError::Apply { backend, .. }
-            | ProtectError::Verify { backend, .. }
-            | ProtectError::Mismatch { backend, .. }
-            | ProtectError::Probe { backend, .. }
-            | ProtectError::Remove { backend, .. } => Some(*backend),
+            EngineError::Open { backend, .. }
+            | EngineError::Apply { backend, .. }
+            | EngineError::Verify { backend, .. }
+            | EngineError::Mismatch { backend, .. }
+            | EngineError::Probe { backend, .. }
+            | EngineError::Remove { backend, .. } => Some(*backend),
             _ => None,
         }
     }
@@ -225,19 +225,19 @@ impl ProtectError {
 /// are exactly the expected ones, and proves outbound capture with the probe (destinations
 /// chosen from `probe_targets`, normally the pod's gateways). On any failure after the
 /// apply began, interlock's rules are removed again, so the netns holds all or nothing
-/// (unless [`ProtectOptions::remove_on_failure`] is off).
-pub fn protect(
+/// (unless [`InstallOptions::remove_on_failure`] is off).
+pub fn install_and_prove(
     netns: &Path,
     spec: &RedirectSpec,
     backend: BackendKind,
     probe_targets: &[IpAddr],
-) -> Result<Protection, ProtectError> {
-    protect_with(
+) -> Result<Installed, EngineError> {
+    install_and_prove_with(
         netns,
         spec,
         backend,
         probe_targets,
-        &ProtectOptions::default(),
+        &InstallOptions::default(),
     )
 }
 
@@ -245,34 +245,34 @@ pub fn protect(
 fn open_backend(
     kind: BackendKind,
     netns: &Path,
-) -> Result<Box<dyn backend::Backend + Send + Sync>, ProtectError> {
-    backend::open(kind).map_err(|source| ProtectError::Open {
+) -> Result<Box<dyn backend::Backend + Send + Sync>, EngineError> {
+    backend::open(kind).map_err(|source| EngineError::Open {
         netns: netns.to_path_buf(),
         backend: kind,
         source: Box::new(source),
     })
 }
 
-/// [`protect`] with explicit options.
-pub fn protect_with(
+/// [`install_and_prove`] with explicit options.
+pub fn install_and_prove_with(
     netns: &Path,
     spec: &RedirectSpec,
     kind: BackendKind,
     probe_targets: &[IpAddr],
-    options: &ProtectOptions,
-) -> Result<Protection, ProtectError> {
+    options: &InstallOptions,
+) -> Result<Installed, EngineError> {
     spec.validate()?;
-    protect_in(&PodNetns::open(netns)?, spec, kind, probe_targets, options)
+    install_and_prove_in(&PodNetns::open(netns)?, spec, kind, probe_targets, options)
 }
 
-/// [`protect_with`] in a namespace the caller has opened already.
-pub fn protect_in(
+/// [`install_and_prove_with`] in a namespace the caller has opened already.
+pub fn install_and_prove_in(
     pod: &PodNetns,
     spec: &RedirectSpec,
     kind: BackendKind,
     probe_targets: &[IpAddr],
-    options: &ProtectOptions,
-) -> Result<Protection, ProtectError> {
+    options: &InstallOptions,
+) -> Result<Installed, EngineError> {
     spec.validate()?;
     let path = pod.path().to_path_buf();
     pod.run(|| {
@@ -287,7 +287,7 @@ pub fn protect_in(
 
         let t = Instant::now();
         if let Err(source) = ensure_passthrough_source(spec) {
-            return Err(ProtectError::Apply {
+            return Err(EngineError::Apply {
                 netns: path.clone(),
                 backend: kind,
                 source: Box::new(BackendError::Address {
@@ -305,7 +305,7 @@ pub fn protect_in(
         match applied {
             Ok(Verification::Exact) => {}
             Ok(Verification::Mismatch(diffs)) => {
-                return Err(ProtectError::Mismatch {
+                return Err(EngineError::Mismatch {
                     netns: path.clone(),
                     backend: kind,
                     diffs,
@@ -313,7 +313,7 @@ pub fn protect_in(
                 })
             }
             Err(source) if source.op() == Step::Verify => {
-                return Err(ProtectError::Verify {
+                return Err(EngineError::Verify {
                     netns: path.clone(),
                     backend: kind,
                     source: Box::new(source),
@@ -321,7 +321,7 @@ pub fn protect_in(
                 })
             }
             Err(source) => {
-                return Err(ProtectError::Apply {
+                return Err(EngineError::Apply {
                     netns: path.clone(),
                     backend: kind,
                     source: Box::new(source),
@@ -340,7 +340,7 @@ pub fn protect_in(
         ) {
             Ok(r) => r,
             Err(source) => {
-                return Err(ProtectError::Probe {
+                return Err(EngineError::Probe {
                     netns: path.clone(),
                     backend: kind,
                     source,
@@ -348,7 +348,7 @@ pub fn protect_in(
                 })
             }
         };
-        Ok(Protection {
+        Ok(Installed {
             backend: kind,
             spec_hash: options.spec_hash.clone().unwrap_or_else(|| spec.hash()),
             probe: report,
@@ -377,7 +377,7 @@ pub fn check(
     netns: &Path,
     spec: &RedirectSpec,
     kind: BackendKind,
-) -> Result<Verification, ProtectError> {
+) -> Result<Verification, EngineError> {
     spec.validate()?;
     check_in(&PodNetns::open(netns)?, spec, kind)
 }
@@ -387,12 +387,12 @@ pub fn check_in(
     pod: &PodNetns,
     spec: &RedirectSpec,
     kind: BackendKind,
-) -> Result<Verification, ProtectError> {
+) -> Result<Verification, EngineError> {
     spec.validate()?;
     let path = pod.path().to_path_buf();
     pod.run(|| {
         let backend = open_backend(kind, &path)?;
-        backend.verify(spec).map_err(|source| ProtectError::Verify {
+        backend.verify(spec).map_err(|source| EngineError::Verify {
             netns: path.clone(),
             backend: kind,
             source: Box::new(source),
@@ -402,7 +402,7 @@ pub fn check_in(
 }
 
 /// Proves by a connection, without changing anything, that the rules in the namespace
-/// `pod` capture what `spec` needs captured (the probe of [`protect_in`] alone): how the
+/// `pod` capture what `spec` needs captured (the probe of [`install_and_prove_in`] alone): how the
 /// audit judges rules an older release wrote, which this build would render differently.
 pub fn prove_in(
     pod: &PodNetns,
@@ -411,50 +411,48 @@ pub fn prove_in(
     probe_targets: &[IpAddr],
     timeout: Duration,
     port: probe::ProxyPort,
-) -> Result<ProbeReport, ProtectError> {
+) -> Result<ProbeReport, EngineError> {
     spec.validate()?;
     let path = pod.path().to_path_buf();
     pod.run(|| {
-        probe::probe_with(spec, probe_targets, timeout, port).map_err(|source| {
-            ProtectError::Probe {
-                netns: path.clone(),
-                backend: kind,
-                source,
-                cleanup: None,
-            }
+        probe::probe_with(spec, probe_targets, timeout, port).map_err(|source| EngineError::Probe {
+            netns: path.clone(),
+            backend: kind,
+            source,
+            cleanup: None,
         })
     })?
 }
 
 /// Removes interlock's rules from `netns`. A netns that no longer exists is
-/// [`Unprotected::NetnsGone`], not an error (CNI DEL must succeed then).
-pub fn unprotect(netns: &Path, kind: BackendKind) -> Result<Unprotected, ProtectError> {
-    unprotect_with(netns, kind, &ToolLookup::System)
+/// [`Removal::NetnsGone`], not an error (CNI DEL must succeed then).
+pub fn remove_rules(netns: &Path, kind: BackendKind) -> Result<Removal, EngineError> {
+    remove_rules_with(netns, kind, &ToolLookup::System)
 }
 
-/// [`unprotect`], the iptables backends finding their programs with `tools`.
-pub fn unprotect_with(
+/// [`remove_rules`], the iptables backends finding their programs with `tools`.
+pub fn remove_rules_with(
     netns: &Path,
     kind: BackendKind,
     tools: &ToolLookup,
-) -> Result<Unprotected, ProtectError> {
+) -> Result<Removal, EngineError> {
     let path = netns.to_path_buf();
     let result = in_netns(netns, || {
-        let backend = backend::open_with(kind, tools).map_err(|source| ProtectError::Open {
+        let backend = backend::open_with(kind, tools).map_err(|source| EngineError::Open {
             netns: path.clone(),
             backend: kind,
             source: Box::new(source),
         })?;
-        backend.remove().map_err(|source| ProtectError::Remove {
+        backend.remove().map_err(|source| EngineError::Remove {
             netns: path.clone(),
             backend: kind,
             source: Box::new(source),
         })
     });
     match result {
-        Ok(Ok(())) => Ok(Unprotected::Removed),
+        Ok(Ok(())) => Ok(Removal::Removed),
         Ok(Err(e)) => Err(e),
-        Err(e) if e.is_gone() => Ok(Unprotected::NetnsGone),
+        Err(e) if e.is_gone() => Ok(Removal::NetnsGone),
         Err(e) => Err(e.into()),
     }
 }
@@ -462,43 +460,43 @@ pub fn unprotect_with(
 /// Removes interlock's rules of every backend from `netns` (for a DEL without recorded
 /// state, and for uninstall). Every backend is tried even when one fails; one error then
 /// lists every failure. A backend whose tools are not installed has none of its rules
-/// there and counts as removed. A vanished netns is [`Unprotected::NetnsGone`].
-pub fn unprotect_all(netns: &Path) -> Result<Unprotected, ProtectError> {
-    unprotect_all_with(netns, &ToolLookup::System)
+/// there and counts as removed. A vanished netns is [`Removal::NetnsGone`].
+pub fn remove_all_rules(netns: &Path) -> Result<Removal, EngineError> {
+    remove_all_rules_with(netns, &ToolLookup::System)
 }
 
-/// [`unprotect_all`], the iptables backends finding their programs with `tools`.
-pub fn unprotect_all_with(netns: &Path, tools: &ToolLookup) -> Result<Unprotected, ProtectError> {
+/// [`remove_all_rules`], the iptables backends finding their programs with `tools`.
+pub fn remove_all_rules_with(netns: &Path, tools: &ToolLookup) -> Result<Removal, EngineError> {
     collect_removals(
         netns,
         BackendKind::ALL
             .into_iter()
-            .map(|kind| unprotect_with(netns, kind, tools)),
+            .map(|kind| remove_rules_with(netns, kind, tools)),
     )
 }
 
-/// Folds the per-backend outcomes of [`unprotect_all`] (consumed lazily, in order): the
-/// first [`Unprotected::NetnsGone`] ends it; a netns that cannot be entered ends it with
+/// Folds the per-backend outcomes of [`remove_all_rules`] (consumed lazily, in order): the
+/// first [`Removal::NetnsGone`] ends it; a netns that cannot be entered ends it with
 /// that error (every backend would fail the same way); otherwise every outcome is
 /// collected — no failure is `Removed`, one is returned as is, several become
-/// [`ProtectError::RemoveAll`] listing each.
+/// [`EngineError::RemoveAll`] listing each.
 fn collect_removals(
     netns: &Path,
-    outcomes: impl IntoIterator<Item = Result<Unprotected, ProtectError>>,
-) -> Result<Unprotected, ProtectError> {
+    outcomes: impl IntoIterator<Item = Result<Removal, EngineError>>,
+) -> Result<Removal, EngineError> {
     let mut failures = Vec::new();
     for outcome in outcomes {
         match outcome {
-            Ok(Unprotected::NetnsGone) => return Ok(Unprotected::NetnsGone),
-            Ok(Unprotected::Removed) => {}
-            Err(e @ ProtectError::Netns(_)) => return Err(e),
+            Ok(Removal::NetnsGone) => return Ok(Removal::NetnsGone),
+            Ok(Removal::Removed) => {}
+            Err(e @ EngineError::Netns(_)) => return Err(e),
             Err(e) => failures.push(e),
         }
     }
     match failures.len() {
-        0 => Ok(Unprotected::Removed),
+        0 => Ok(Removal::Removed),
         1 => Err(failures.remove(0)),
-        _ => Err(ProtectError::RemoveAll {
+        _ => Err(EngineError::RemoveAll {
             netns: netns.to_path_buf(),
             failures,
         }),
@@ -509,8 +507,8 @@ fn collect_removals(
 mod tests {
     use super::*;
 
-    fn remove_failure(kind: BackendKind, msg: &str) -> ProtectError {
-        ProtectError::Remove {
+    fn remove_failure(kind: BackendKind, msg: &str) -> EngineError {
+        EngineError::Remove {
             netns: PathBuf::from("/run/netns/ilpod"),
             backend: kind,
             source: Box::new(BackendError::Tool {
@@ -528,8 +526,8 @@ mod tests {
     fn removal_failures_are_all_collected() {
         let ns = Path::new("/run/netns/ilpod");
         assert_eq!(
-            collect_removals(ns, [Ok(Unprotected::Removed), Ok(Unprotected::Removed)]).unwrap(),
-            Unprotected::Removed
+            collect_removals(ns, [Ok(Removal::Removed), Ok(Removal::Removed)]).unwrap(),
+            Removal::Removed
         );
         // One failure: returned as is, the later backends were still tried.
         let mut tried = Vec::new();
@@ -540,7 +538,7 @@ mod tests {
                 if k == BackendKind::Nftables {
                     Err(remove_failure(k, "netlink: EPERM"))
                 } else {
-                    Ok(Unprotected::Removed)
+                    Ok(Removal::Removed)
                 }
             }),
         )
@@ -548,7 +546,7 @@ mod tests {
         assert_eq!(tried, BackendKind::ALL);
         assert!(matches!(
             one,
-            ProtectError::Remove {
+            EngineError::Remove {
                 backend: BackendKind::Nftables,
                 ..
             }
@@ -559,7 +557,7 @@ mod tests {
             ns,
             [
                 Err(remove_failure(BackendKind::Nftables, "netlink: EPERM")),
-                Ok(Unprotected::Removed),
+                Ok(Removal::Removed),
                 Err(remove_failure(
                     BackendKind::IptablesLegacy,
                     "restore: exit 4",
@@ -585,13 +583,13 @@ mod tests {
             ns,
             [
                 Err(remove_failure(BackendKind::Nftables, "x")),
-                Ok(Unprotected::NetnsGone),
+                Ok(Removal::NetnsGone),
                 Err(remove_failure(BackendKind::IptablesLegacy, "y")),
             ]
             .into_iter()
             .inspect(|_| calls += 1),
         );
-        assert_eq!(gone.unwrap(), Unprotected::NetnsGone);
+        assert_eq!(gone.unwrap(), Removal::NetnsGone);
         assert_eq!(calls, 2);
     }
 
@@ -606,14 +604,14 @@ mod tests {
             stderr: "boom".into(),
             input: None,
         };
-        let clean = ProtectError::Apply {
+        let clean = EngineError::Apply {
             netns: "/x".into(),
             backend: kind,
             source: Box::new(source()),
             cleanup: None,
         };
         assert_eq!(clean.cleanup_failure(), None);
-        let dirty = ProtectError::Apply {
+        let dirty = EngineError::Apply {
             netns: "/x".into(),
             backend: kind,
             source: Box::new(source()),

@@ -4,7 +4,7 @@
 //! mesh profiles that build it from pod annotations ([`profile`]), backends that apply,
 //! verify and remove it inside a pod's network namespace ([`backend`], [`netns`]), the
 //! probe that proves it with traffic ([`probe`]), and the calls the plugin and agent use
-//! ([`engine`]: [`protect`], [`check`], [`unprotect`]), and the lock and record of a pod
+//! ([`engine`]: [`install_and_prove`], [`check`], [`remove_rules`]), and the lock and record of a pod
 //! netns as the unit of protection ([`netns_record`]).
 
 pub mod backend;
@@ -21,8 +21,8 @@ pub mod spec;
 
 pub use backend::{BackendKind, Verification};
 pub use engine::{
-    check, protect, protect_with, unprotect, unprotect_all, unprotect_all_with, unprotect_with,
-    ProtectError, ProtectOptions, Protection, Unprotected,
+    check, install_and_prove, install_and_prove_with, remove_all_rules, remove_all_rules_with,
+    remove_rules, remove_rules_with, EngineError, InstallOptions, Installed, Removal,
 };
 pub use profile::{spec_for, PodFacts, PodView, ProfileName};
 pub use spec::{RedirectSpec, SpecError};

@@ -216,7 +216,7 @@ fn missing_tools_count_as_no_rules_on_removal() {
                 "{e}"
             );
         }
-        // Rules of the backend that is there, to be removed by unprotect_all below.
+        // Rules of the backend that is there, to be removed by remove_all_rules below.
         open(BackendKind::Nftables).unwrap().apply(&spec).unwrap();
     })
     .unwrap();
@@ -224,14 +224,14 @@ fn missing_tools_count_as_no_rules_on_removal() {
         .exec_ok(&["nft", "list", "ruleset"])
         .contains("interlock"));
     assert_eq!(
-        interlock_redirect::unprotect_all_with(&ns.path(), &tools).unwrap(),
-        interlock_redirect::Unprotected::Removed
+        interlock_redirect::remove_all_rules_with(&ns.path(), &tools).unwrap(),
+        interlock_redirect::Removal::Removed
     );
     let rules = ns.exec_ok(&["nft", "list", "ruleset"]);
     assert!(!rules.contains("interlock"), "{rules}");
     // Same with the real tools: still nothing left, still success.
     assert_eq!(
-        interlock_redirect::unprotect_all(&ns.path()).unwrap(),
-        interlock_redirect::Unprotected::Removed
+        interlock_redirect::remove_all_rules(&ns.path()).unwrap(),
+        interlock_redirect::Removal::Removed
     );
 }

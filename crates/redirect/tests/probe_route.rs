@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use interlock_redirect::probe::ProbeError;
 use interlock_redirect::route::egress;
-use interlock_redirect::{protect, spec_for, BackendKind, ProfileName, ProtectError};
+use interlock_redirect::{install_and_prove, spec_for, BackendKind, EngineError, ProfileName};
 use interlock_testkit::{require_root, Netns};
 
 fn tx_packets(ns: &Netns, dev: &str) -> u64 {
@@ -95,8 +95,8 @@ fn probe_refuses_macvlan_egress_and_accepts_veth() {
 
     // Through the macvlan: refused before any packet, fail closed, rules removed again.
     let before = tx_packets(&ns, "eth0");
-    let e = protect(&ns.path(), &spec, BackendKind::Nftables, &[macvlan_gw]).unwrap_err();
-    let ProtectError::Probe {
+    let e = install_and_prove(&ns.path(), &spec, BackendKind::Nftables, &[macvlan_gw]).unwrap_err();
+    let EngineError::Probe {
         source: ProbeError::LeavesNode { via, target },
         cleanup,
         ..
@@ -121,7 +121,7 @@ fn probe_refuses_macvlan_egress_and_accepts_veth() {
     assert!(!rules.contains("interlock"), "{rules}");
 
     // Through the veth: probed and proven as usual.
-    let p = protect(&ns.path(), &spec, BackendKind::Nftables, &[veth_gw]).unwrap();
+    let p = install_and_prove(&ns.path(), &spec, BackendKind::Nftables, &[veth_gw]).unwrap();
     assert_eq!(p.probe.proven.len(), 1);
     assert_eq!(p.probe.proven[0].target.ip(), veth_gw);
 }

@@ -14,7 +14,9 @@ use interlock_contract::codes::Step;
 use interlock_redirect::netns::in_netns;
 use interlock_redirect::probe::{self, original_dst, Evidence, ProbeError, ProxyPort};
 use interlock_redirect::spec::Family;
-use interlock_redirect::{protect_with, BackendKind, ProfileName, ProtectOptions, RedirectSpec};
+use interlock_redirect::{
+    install_and_prove_with, BackendKind, InstallOptions, ProfileName, RedirectSpec,
+};
 use interlock_testkit::require_root;
 
 const PROXY_UID: u32 = 1337;
@@ -48,9 +50,9 @@ fn a_running_proxys_listener_proves_capture_without_binding() {
     // IPv4-mapped there), one on the inbound port.
     let proxy = listen_as(&a.ns.path(), PROXY_UID, "[::]:15001".parse().unwrap());
     let _inbound = listen_as(&a.ns.path(), PROXY_UID, "[::]:15006".parse().unwrap());
-    let taken = ProtectOptions {
+    let taken = InstallOptions {
         proxy_port: ProxyPort::MaybeTaken,
-        ..ProtectOptions::default()
+        ..InstallOptions::default()
     };
 
     // No rules: the probe's connection goes to the gateway, not to the listener.
@@ -68,12 +70,12 @@ fn a_running_proxys_listener_proves_capture_without_binding() {
     drain(&proxy);
 
     // CNI ADD's mode refuses the taken port (and removes its rules again).
-    let e = protect_with(
+    let e = install_and_prove_with(
         &a.ns.path(),
         &spec,
         BackendKind::Nftables,
         &[],
-        &ProtectOptions::default(),
+        &InstallOptions::default(),
     )
     .unwrap_err();
     assert_eq!(e.step(), Step::Probe, "{e}");
@@ -82,7 +84,7 @@ fn a_running_proxys_listener_proves_capture_without_binding() {
 
     // The repair's mode: proven through the proxy's listener, for both families, only
     // towards the pod's gateways (the proxy dials the probe's destination).
-    let done = protect_with(&a.ns.path(), &spec, BackendKind::Nftables, &[], &taken)
+    let done = install_and_prove_with(&a.ns.path(), &spec, BackendKind::Nftables, &[], &taken)
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(done.probe.proven.len(), 2, "{:?}", done.probe);
     for r in &done.probe.proven {
@@ -177,12 +179,12 @@ fn the_probe_waits_for_the_loopback_interface_to_come_up() {
             .unwrap();
         assert!(st.success());
     });
-    let done = protect_with(
+    let done = install_and_prove_with(
         &a.ns.path(),
         &spec,
         BackendKind::Nftables,
         &topo.gateways(),
-        &ProtectOptions::default(),
+        &InstallOptions::default(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     up.join().unwrap();
@@ -202,12 +204,12 @@ fn the_probe_leaves_no_socket_behind() {
     require_root!();
     let topo = Topology::new();
     let a = &topo.a;
-    let done = protect_with(
+    let done = install_and_prove_with(
         &a.ns.path(),
         &istio_spec(),
         BackendKind::Nftables,
         &topo.gateways(),
-        &ProtectOptions::default(),
+        &InstallOptions::default(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(done.probe.proven.len(), 2, "{:?}", done.probe);

@@ -11,7 +11,8 @@ use interlock_contract::codes::Step;
 use interlock_redirect::probe::original_dst;
 use interlock_redirect::spec::Family;
 use interlock_redirect::{
-    check, protect, unprotect, BackendKind, ProfileName, RedirectSpec, Unprotected, Verification,
+    check, install_and_prove, remove_rules, BackendKind, ProfileName, RedirectSpec, Removal,
+    Verification,
 };
 use interlock_testkit::require_root;
 
@@ -89,7 +90,7 @@ fn mesh_scenario(kind: BackendKind, mesh: &Mesh, v6: bool) {
     let spec = spec_for(mesh.annotations);
 
     // ADD: apply, verify, prove.
-    let p = protect(&a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
+    let p = install_and_prove(&a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
     assert_eq!(p.backend, kind);
     assert_eq!(p.spec_hash, spec.hash());
     assert_eq!(p.probe.proven.len(), 2, "{:?}", p.probe);
@@ -167,7 +168,7 @@ fn mesh_scenario(kind: BackendKind, mesh: &Mesh, v6: bool) {
 
     // Re-applying repairs it (listeners closed: the probe needs the port).
     drop((out_l, in_l, admin));
-    protect(&a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
+    install_and_prove(&a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
     assert_eq!(
         check(&a.ns.path(), &spec, kind).unwrap(),
         Verification::Exact
@@ -176,7 +177,7 @@ fn mesh_scenario(kind: BackendKind, mesh: &Mesh, v6: bool) {
     assert!(accept_within(&b_l, WAIT).is_some());
 
     // DEL: removed, nothing left; a vanished netns is reported as such.
-    assert_eq!(unprotect(&a.ns.path(), kind).unwrap(), Unprotected::Removed);
+    assert_eq!(remove_rules(&a.ns.path(), kind).unwrap(), Removal::Removed);
     let rules = all_rules(&a.ns);
     assert!(
         !rules.contains("IL_") && !rules.contains("interlock"),
@@ -190,7 +191,7 @@ fn mesh_scenario(kind: BackendKind, mesh: &Mesh, v6: bool) {
     );
     let path = a.ns.path();
     drop(topo);
-    assert_eq!(unprotect(&path, kind).unwrap(), Unprotected::NetnsGone);
+    assert_eq!(remove_rules(&path, kind).unwrap(), Removal::NetnsGone);
 }
 
 fn exclusions_scenario(kind: BackendKind, v6: bool) {
@@ -206,7 +207,7 @@ fn exclusions_scenario(kind: BackendKind, v6: bool) {
         ("interlock.dev/exclude-outbound-ports", "5432,6000-6010"),
         ("interlock.dev/include-inbound-ports", "8080,9090"),
     ]);
-    protect(&a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
+    install_and_prove(&a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
     let out_l = listen(&a.ns, loopback(v6, 15001));
     let in_l = listen(&a.ns, any(v6, 15006));
     let gw = if v6 { topo.gw6 } else { topo.gw4 };
@@ -341,10 +342,10 @@ fn garbage_annotation_applies_nothing() {
         msg.contains("traffic.sidecar.istio.io/excludeInboundPorts") && msg.contains("70000"),
         "{msg}"
     );
-    // An invalid spec handed to protect fails before touching the netns.
+    // An invalid spec handed to install_and_prove fails before touching the netns.
     let mut bad = spec_for(ISTIO.annotations);
     bad.proxy_uid = 0;
-    let e = protect(
+    let e = install_and_prove(
         &topo.a.ns.path(),
         &bad,
         BackendKind::IptablesNft,
@@ -366,7 +367,7 @@ fn failed_probe_leaves_no_rules() {
     let spec = spec_for(ISTIO.annotations);
     // Something already holds the outbound proxy port: the probe cannot listen.
     let _busy = listen(&topo.a.ns, loopback(false, 15001));
-    let e = protect(
+    let e = install_and_prove(
         &topo.a.ns.path(),
         &spec,
         BackendKind::IptablesLegacy,
@@ -452,11 +453,11 @@ fn exclusions_v4_iptables_legacy() {
     exclusions_scenario(BackendKind::IptablesLegacy, false);
 }
 
-/// Protect and unprotect, five rounds per backend in one netns: every round is exact after
-/// protect and leaves nothing after unprotect. Prints how long each step took; speed is
+/// Install and remove, five rounds per backend in one netns: every round is exact after
+/// install_and_prove and leaves nothing after remove_rules. Prints how long each step took; speed is
 /// measured by `interlock-bench`, not asserted here.
 #[test]
-fn protect_unprotect_rounds_leave_exact_rules_then_none() {
+fn install_remove_rounds_leave_exact_rules_then_none() {
     require_root!();
     let topo = Topology::new();
     let spec = spec_for(ISTIO.annotations);
@@ -469,24 +470,24 @@ fn protect_unprotect_rounds_leave_exact_rules_then_none() {
         let mut totals = Vec::new();
         for round in 0..5 {
             let t = std::time::Instant::now();
-            let p = protect(&topo.a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
+            let p = install_and_prove(&topo.a.ns.path(), &spec, kind, &topo.gateways()).unwrap();
             totals.push(t.elapsed());
             probe_times.push(p.probe_time);
             assert_eq!(
                 check(&topo.a.ns.path(), &spec, kind).unwrap(),
                 Verification::Exact,
-                "{kind} round {round}: not exact after protect"
+                "{kind} round {round}: not exact after install_and_prove"
             );
-            unprotect(&topo.a.ns.path(), kind).unwrap();
+            remove_rules(&topo.a.ns.path(), kind).unwrap();
             assert!(
                 !check(&topo.a.ns.path(), &spec, kind).unwrap().is_exact(),
-                "{kind} round {round}: rules left after unprotect"
+                "{kind} round {round}: rules left after remove_rules"
             );
         }
         probe_times.sort();
         totals.sort();
         eprintln!(
-            "{kind}: protect median {:?}, probe median {:?}",
+            "{kind}: install_and_prove median {:?}, probe median {:?}",
             totals[2], probe_times[2]
         );
     }
@@ -507,7 +508,7 @@ fn probe_finds_the_gateways_itself() {
         .collect();
     assert_eq!(gws, topo.gateways());
     let spec = spec_for(ISTIO.annotations);
-    let p = protect(&topo.a.ns.path(), &spec, BackendKind::IptablesNft, &[]).unwrap();
+    let p = install_and_prove(&topo.a.ns.path(), &spec, BackendKind::IptablesNft, &[]).unwrap();
     let targets: Vec<SocketAddr> = p.probe.proven.iter().map(|r| r.target).collect();
     assert_eq!(
         targets,
@@ -542,8 +543,9 @@ fn the_gateway_shortcut_proves_what_the_full_plan_would() {
             .collect()
     };
     let proven = |gateways: &[IpAddr]| -> Vec<SocketAddr> {
-        let p = protect(&topo.a.ns.path(), &spec, BackendKind::Nftables, gateways).unwrap();
-        unprotect(&topo.a.ns.path(), BackendKind::Nftables).unwrap();
+        let p =
+            install_and_prove(&topo.a.ns.path(), &spec, BackendKind::Nftables, gateways).unwrap();
+        remove_rules(&topo.a.ns.path(), BackendKind::Nftables).unwrap();
         p.probe.proven.iter().map(|r| r.target).collect()
     };
     let routed_elsewhere: IpAddr = "203.0.113.77".parse().unwrap();
@@ -597,8 +599,8 @@ fn unprotect_all_clears_every_backend_and_tolerates_dead_netns() {
         .unwrap();
     }
     assert_eq!(
-        interlock_redirect::unprotect_all(&topo.a.ns.path()).unwrap(),
-        Unprotected::Removed
+        interlock_redirect::remove_all_rules(&topo.a.ns.path()).unwrap(),
+        Removal::Removed
     );
     let rules = all_rules(&topo.a.ns);
     assert!(
@@ -611,12 +613,12 @@ fn unprotect_all_clears_every_backend_and_tolerates_dead_netns() {
     let stale = dir.path().join("stale-netns");
     std::fs::write(&stale, b"").unwrap();
     assert_eq!(
-        unprotect(&stale, BackendKind::Nftables).unwrap(),
-        Unprotected::NetnsGone
+        remove_rules(&stale, BackendKind::Nftables).unwrap(),
+        Removal::NetnsGone
     );
     assert_eq!(
-        interlock_redirect::unprotect_all(&stale).unwrap(),
-        Unprotected::NetnsGone
+        interlock_redirect::remove_all_rules(&stale).unwrap(),
+        Removal::NetnsGone
     );
 }
 
@@ -631,7 +633,7 @@ fn probe_works_when_the_gateways_are_excluded() {
             "10.99.0.0/16,fd99::/16",
         ),
     ]);
-    let p = protect(
+    let p = install_and_prove(
         &topo.a.ns.path(),
         &spec,
         BackendKind::Nftables,
@@ -660,12 +662,12 @@ fn concurrent_protects_do_not_interfere() {
                 let (spec, gws) = (&spec, &gws);
                 s.spawn(move || {
                     for _ in 0..3 {
-                        protect(&pod.ns.path(), spec, kind, gws).unwrap();
+                        install_and_prove(&pod.ns.path(), spec, kind, gws).unwrap();
                         assert_eq!(
                             check(&pod.ns.path(), spec, kind).unwrap(),
                             Verification::Exact
                         );
-                        unprotect(&pod.ns.path(), kind).unwrap();
+                        remove_rules(&pod.ns.path(), kind).unwrap();
                     }
                 });
             }

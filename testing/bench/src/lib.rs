@@ -8,7 +8,7 @@
 //!   (conflist entry + `prevResult` + `runtimeConfig` with istio pod annotations), with
 //!   `agentSocket` set to a live socket that answers the plugin's lookup of the pod's spec
 //!   and takes it as the ADD's note (one round trip, as on a node with the agent);
-//! - `engine_protect_<backend>`: the in-process engine (`interlock_redirect::protect`:
+//! - `engine_protect_<backend>`: the in-process engine (`interlock_redirect::install_and_prove`:
 //!   apply, verify, probe);
 //! - `add_generic_nftables`: a pod meshed by interlock's own annotations, which decide
 //!   alone: no `agentSocket`, no round trip;
@@ -110,7 +110,7 @@ pub enum Scenario {
     /// (`generic`, decided without the spec); with `agentSocket` set when `true`, so that
     /// the plugin sends its `added` note to the live socket and waits for the answer.
     AddGeneric(bool),
-    /// In-process `interlock_redirect::protect` (apply + verify + probe) with this backend.
+    /// In-process `interlock_redirect::install_and_prove` (apply + verify + probe) with this backend.
     Engine(BackendKind),
     /// `interlock-cni` ADD for a pod without mesh annotations.
     AddUnmeshed,
@@ -202,7 +202,7 @@ impl Scenario {
             Scenario::AddGeneric(false) => "interlock-cni binary, CNI ADD of a pod meshed by interlock.dev/redirect (the generic profile, decided by the annotations alone), backend nftables, no agentSocket; spawn to exit".into(),
             Scenario::AddGeneric(true) => "interlock-cni binary, CNI ADD of the generic-profile pod, backend nftables, with agentSocket set: the plugin's `added` note goes to a live socket speaking the agent socket protocol, answered before the plugin exits; spawn to exit".into(),
             Scenario::Engine(k) => format!(
-                "in-process interlock_redirect::protect with {k}: enter netns, apply, verify, probe"
+                "in-process interlock_redirect::install_and_prove with {k}: enter netns, apply, verify, probe"
             ),
             Scenario::AddUnmeshed => {
                 "interlock-cni binary, CNI ADD of a pod without mesh annotations; spawn to exit".into()
@@ -285,7 +285,7 @@ pub struct PluginAdd {
     /// Spawn to exit.
     pub elapsed: Duration,
     /// The attachment (`CNI_CONTAINERID`, `CNI_IFNAME`), to find the plugin's state.
-    pub key: interlock_cni::state::AttachmentKey,
+    pub key: interlock_attach::state::AttachmentKey,
 }
 
 /// The pod annotations istio's injector writes on a sidecar-injected pod (only
@@ -934,13 +934,13 @@ impl Bench {
     /// attachment state (read after the measurement; absent fields stay `None`).
     pub fn with_plugin_timings(&self, add: &PluginAdd) -> Sample {
         let mut s = Sample::plain(add.elapsed);
-        let store = interlock_cni::state::StateStore::new(self.state.path());
+        let store = interlock_attach::state::StateStore::new(self.state.path());
         if let Ok(Some(state)) = store.load(&add.key) {
             let us = Duration::from_micros;
             if state.add_us > 0 {
                 s.inside = Some(us(state.add_us));
             }
-            if let interlock_cni::protection::Protection::Protected(p) = &state.protection {
+            if let interlock_attach::outcome::Protection::Protected(p) = &state.protection {
                 s.rules = Some(us(p.timings.rules_us));
                 s.probe = Some(us(p.timings.probe_us));
                 s.protect = Some(us(p.timings.protect_us));
@@ -1014,7 +1014,7 @@ impl Bench {
             });
         Ok(PluginAdd {
             elapsed,
-            key: interlock_cni::state::AttachmentKey {
+            key: interlock_attach::state::AttachmentKey {
                 container_id: rt.container_id.clone(),
                 ifname: rt.ifname.clone(),
             },
@@ -1087,14 +1087,14 @@ impl Bench {
         Ok(elapsed)
     }
 
-    /// One in-process `interlock_redirect::protect` (enter netns, open backend, apply,
+    /// One in-process `interlock_redirect::install_and_prove` (enter netns, open backend, apply,
     /// verify, probe), timed around the call; checks every family was proven.
     pub fn engine_protect(&self, pod: &Pod, kind: BackendKind) -> Result<Sample, String> {
         let gateways: Vec<IpAddr> = self.node.gateways();
         let t = Instant::now();
-        let p = interlock_redirect::protect(&pod.path(), &self.spec, kind, &gateways);
+        let p = interlock_redirect::install_and_prove(&pod.path(), &self.spec, kind, &gateways);
         let total = t.elapsed();
-        let p = p.map_err(|e| format!("protect failed: {e}"))?;
+        let p = p.map_err(|e| format!("install_and_prove failed: {e}"))?;
         if p.probe.proven.len() != self.spec.families().len() {
             return Err(format!(
                 "probe proved {} families, expected {}: {:?}",

@@ -1,4 +1,4 @@
-//! ADD: decide whether the pod is meshed, protect it (see [`crate::protect`]), record
+//! ADD: decide whether the pod is meshed, protect it (see [`interlock_attach::protect`]), record
 //! the attachment's state and its reference on the netns, and return `prevResult`
 //! (converted to the config's version by the skeleton). Any failure for a meshed pod
 //! fails the ADD naming the pod, the step and the cause — unless `failurePolicy: open`,
@@ -12,10 +12,10 @@ use interlock_contract::config::FailurePolicy;
 
 use super::{ms, Call};
 use crate::decide::{self, Decision};
-use crate::identity::PodIdentity;
-use crate::protect::{self, micros, Failure};
-use crate::protection::Protection;
-use crate::state::{AttachmentState, StateStore};
+use interlock_attach::outcome::Protection;
+use interlock_attach::pod::PodIdentity;
+use interlock_attach::protect::{self, micros, Failure};
+use interlock_attach::state::{AttachmentState, StateStore};
 
 pub(super) fn add(call: &Call) -> Result<CniResult, CniError> {
     let start = Instant::now();
@@ -188,9 +188,9 @@ mod tests {
     #[test]
     fn failure_details_say_whether_rules_remain() {
         use interlock_redirect::backend::{BackendError, BackendKind};
-        use interlock_redirect::ProtectError;
+        use interlock_redirect::EngineError;
         let kind = BackendKind::IptablesNft;
-        let apply = |cleanup: Option<&str>| ProtectError::Apply {
+        let apply = |cleanup: Option<&str>| EngineError::Apply {
             netns: "/run/netns/ilpod".into(),
             backend: kind,
             source: Box::new(BackendError::Tool {

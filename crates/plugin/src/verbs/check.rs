@@ -9,9 +9,9 @@ use interlock_cni_types::CniError;
 use interlock_contract::codes;
 
 use super::{ms, Call};
-use crate::protect::{self, micros};
-use crate::protection::Protection;
-use crate::state::StateStore;
+use interlock_attach::outcome::Protection;
+use interlock_attach::protect::{self, micros};
+use interlock_attach::state::StateStore;
 
 pub(super) fn check(call: &Call) -> Result<(), CniError> {
     let start = Instant::now();

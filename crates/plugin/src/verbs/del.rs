@@ -1,5 +1,5 @@
 //! DEL: drop the attachment's reference on its netns, remove interlock's rules there
-//! when no other live attachment relies on them (see [`crate::protect::release`]), then
+//! when no other live attachment relies on them (see [`interlock_attach::protect::release`]), then
 //! the attachment's state. An empty `CNI_NETNS`, a netns that is gone and a second DEL
 //! are success.
 
@@ -11,9 +11,9 @@ use interlock_contract::layout;
 use serde_json::Map;
 
 use super::{ms, Call};
-use crate::identity::PodIdentity;
-use crate::protect::{self, micros, Failure, Undone};
-use crate::state::StateStore;
+use interlock_attach::pod::PodIdentity;
+use interlock_attach::protect::{self, micros, Failure, Undone};
+use interlock_attach::state::StateStore;
 
 pub(super) fn del(call: &Call) -> Result<(), CniError> {
     if call.inv.network() == layout::HOLDING_NETWORK {

@@ -15,8 +15,8 @@ use interlock_cni_types::CniError;
 use interlock_contract::codes;
 
 use super::{ms, Call};
-use crate::protect::{self, micros};
-use crate::state::{AttachmentKey, StateStore};
+use interlock_attach::protect::{self, micros};
+use interlock_attach::state::{AttachmentKey, StateStore};
 
 pub(super) fn gc(call: &Call) -> Result<(), CniError> {
     let start = Instant::now();
@@ -80,7 +80,7 @@ pub(super) fn gc(call: &Call) -> Result<(), CniError> {
     }
     // Temp files of atomic writes whose writer was killed (an ADD killed mid-write);
     // the agent sweeps them too.
-    let swept = crate::state::sweep_abandoned_temps(&[
+    let swept = interlock_attach::state::sweep_abandoned_temps(&[
         call.config.state_dir.clone(),
         store.dir().to_path_buf(),
         interlock_redirect::netns_record::NetnsStore::new(&call.config.state_dir)

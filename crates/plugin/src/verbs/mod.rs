@@ -16,7 +16,7 @@ use interlock_contract::config::PluginConfig;
 use interlock_contract::{codes, layout};
 
 use crate::log::Logger;
-use crate::state::AttachmentKey;
+use interlock_attach::state::AttachmentKey;
 
 /// The plugin: its verbs for the skeleton.
 #[derive(Debug, Clone, Copy, Default)]

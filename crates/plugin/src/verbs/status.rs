@@ -29,13 +29,13 @@ pub(super) fn status(call: &Call) -> Result<(), CniError> {
 /// listing every reason (see the module docs).
 pub fn check_status(config: &PluginConfig, cni_version: &str) -> Result<(), CniError> {
     let mut problems = Vec::new();
-    let (kind, why) = crate::protect::resolve_backend(config.backend, &config.state_dir);
+    let (kind, why) = interlock_attach::protect::resolve_backend(config.backend, &config.state_dir);
     if let Err(e) = interlock_redirect::backend::open(kind).and_then(|b| b.usable()) {
         problems.push(format!("the {kind} backend ({why}) cannot work here: {e}"));
     }
     for dir in [
         config.state_dir.join(interlock_contract::layout::NETNS_DIR),
-        crate::state::StateStore::new(&config.state_dir)
+        interlock_attach::state::StateStore::new(&config.state_dir)
             .dir()
             .to_path_buf(),
     ] {

@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use interlock_redirect::{protect, spec_for, BackendKind, PodView, ProfileName};
+use interlock_redirect::{install_and_prove, spec_for, BackendKind, PodView, ProfileName};
 use interlock_testkit::Netns;
 
 use super::case::{Case, Mesh, MeshRules, ProbePlan};
@@ -20,7 +20,7 @@ use super::topology::{run_stdin, NodeSetup, Side, GW4, GW6, NODE_CATCH_PORT};
 pub enum Rules {
     /// The mesh's, loaded with `iptables-nft-restore` as the case lists them.
     Mesh,
-    /// interlock's, from `spec_for` and `protect` on a backend.
+    /// interlock's, from `spec_for` and `install_and_prove` on a backend.
     Interlock(BackendKind),
     /// The mesh's again, in place of interlock's on a backend (the harness's own check:
     /// two sides with the same rules must agree on every probe).
@@ -72,7 +72,7 @@ pub fn load_mesh_rules(pod: &Netns, case: &Case) {
 }
 
 /// Applies interlock's rules for `case`'s pod as the plugin would: the spec from its
-/// annotations and spec facts with every profile enabled, then `protect` (apply, verify,
+/// annotations and spec facts with every profile enabled, then `install_and_prove` (apply, verify,
 /// prove) on `kind`.
 fn apply_interlock(side: &Side, case: &Case, kind: BackendKind) -> Result<String, String> {
     let view = PodView {
@@ -83,16 +83,16 @@ fn apply_interlock(side: &Side, case: &Case, kind: BackendKind) -> Result<String
         Err(e) => Err(format!("spec_for refused the pod: {e}")),
         Ok(None) => Ok("not meshed (spec_for: None): no rules".into()),
         Ok(Some((profile, spec))) => {
-            match protect(&side.pod.path(), &spec, kind, &[GW4.into(), GW6.into()]) {
+            match install_and_prove(&side.pod.path(), &spec, kind, &[GW4.into(), GW6.into()]) {
                 Ok(_) => Ok(format!("profile {profile}")),
-                Err(e) => Err(format!("protect failed: {e}")),
+                Err(e) => Err(format!("install_and_prove failed: {e}")),
             }
         }
     }
 }
 
 /// A TCP listener on `a` in the pod (on the calling thread, inside it). The port can be
-/// busy for a moment right after `protect`, whose probe listened on the outbound proxy port
+/// busy for a moment right after `install_and_prove`, whose probe listened on the outbound proxy port
 /// (the testkit's `listen` saw the same): retry for a while, then fail showing the sockets.
 fn bind_retrying(a: SocketAddr) -> std::net::TcpListener {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -222,7 +222,7 @@ pub fn run_side(case: &Case, plan: &ProbePlan, rules: Rules) -> SideRun {
             elapsed: start.elapsed(),
         };
     }
-    // After protect: its probe binds the outbound proxy port while it runs.
+    // After install_and_prove: its probe binds the outbound proxy port while it runs.
     let rec = Recorder::start(listeners(&side, &plan.ports));
     let landings = run_all(&plan.probes, &rec, &side.pod.path(), &side.node.path());
     drop(rec);

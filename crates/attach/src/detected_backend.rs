@@ -1,4 +1,4 @@
-//! Cache of the `backend: auto` detection, so that not every ADD runs it.
+//! The `backend: auto` detection, remembered for a minute so that not every ADD runs it.
 //!
 //! On a host with legacy iptables tables, [`interlock_redirect::backend::detect`] starts
 //! `iptables-legacy-save` and `iptables-nft-save` and counts the host's rules: two full
@@ -12,7 +12,7 @@
 //!
 //! The file is written atomically. A file that is missing, unreadable, corrupt, too old or
 //! dated in the future (the clock went back) is ignored: detection runs and the file is
-//! rewritten. The cache never fails an ADD: a write failure only shows in the recorded
+//! rewritten. A remembered detection never fails an ADD: a write failure only shows in the recorded
 //! reason.
 
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ use interlock_contract::atomic::write_file_atomic;
 use interlock_redirect::backend::{BackendKind, Detection};
 use serde::{Deserialize, Serialize};
 
-/// The cache file's name inside `stateDir`.
+/// The file's name inside `stateDir`.
 pub const FILE_NAME: &str = "backend-detected.json";
 
 /// How long a detection is reused.
