@@ -11,7 +11,7 @@
 //! - [`guard`], the config guard (one thread, woken by inotify): [`guard::plan`] decides
 //!   what to write, [`guard::conflict`] when another writer is in conflict with us and
 //!   when to back off, [`guard::readiness`] whether the node is ready (all pure);
-//!   [`guard::replace`] writes a file another writer also writes without losing its
+//!   [`guard::contested_write`] writes a file another writer also writes without losing its
 //!   writes, [`guard::install`] handles the plugin binary, and [`guard::marker`] is the
 //!   readiness file `interlock check` reads.
 //! - [`audit`], audit and repair (tokio, netns work on threads of its own): the sandbox
@@ -21,10 +21,15 @@
 //!   node's taint and condition in step with readiness, [`kubernetes::gating`] decides
 //!   them (pure), [`kubernetes::pods`] caches this node's pods, and
 //!   [`kubernetes::actions`] labels, reports on, deletes and evicts them for the audit.
-//! - [`health`] serves `/healthz`, `/readyz` and `/metrics`: [`health::status`] is the
+//! - [`health`] serves `/healthz`, `/readyz` and `/metrics`: [`health::shared`] is the
 //!   state the other loops share with it, [`health::metrics`] its Prometheus series,
-//!   [`health::probes`] decides what the endpoints answer (pure), and
+//!   [`health::verdicts`] decides what the endpoints answer (pure), and
 //!   [`health::telemetry`] sets up the logs.
+//!
+//! Readiness is one value with one path: [`guard::readiness`] decides it from what the
+//! guard found, the guard publishes it in [`health::shared::Shared`] (and the marker),
+//! [`health::verdicts`] turns it into `/readyz`'s answer (stale when the guard stops), and
+//! [`kubernetes::gating`] into the node's taint and condition.
 //!
 //! Threads: the tokio runtime (health server, signals, the agent socket, the sandbox
 //! audit, and the Kubernetes tasks), one guard thread, one inotify thread. The modules
@@ -365,10 +370,10 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         .enable_all()
         .build()
         .map_err(|e| AgentError::Runtime(format!("cannot start tokio: {e}")))?;
-    let shared = Arc::new(health::status::Shared::default());
+    let shared = Arc::new(health::shared::Shared::default());
     let admin = health::Admin::new(
         shared.clone(),
-        health::probes::ProbeWindows::for_marker(cfg.marker_stale_after),
+        health::verdicts::VerdictWindows::for_marker(cfg.marker_stale_after),
     );
     let served = rt.block_on(async {
         let listen = |addr: SocketAddr| {
@@ -545,7 +550,7 @@ fn serve_agent_socket(
 /// the agent: API failures later are logged and retried, never fatal.
 pub async fn start_kubernetes(
     cfg: &AgentConfig,
-    shared: &Arc<health::status::Shared>,
+    shared: &Arc<health::shared::Shared>,
 ) -> Result<Option<kubernetes::Cluster>, AgentError> {
     if cfg.kube == KubeMode::None {
         info!("Kubernetes integration off (--kube=none)");

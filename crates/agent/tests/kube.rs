@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use interlock_agent::health::status::{FileConflict, Readiness, Shared};
+use interlock_agent::health::shared::{FileConflict, Readiness, Shared};
 use interlock_agent::kubernetes::actions::{Evicted, PodActions};
 use interlock_agent::kubernetes::gate::NodeGate;
 use interlock_agent::kubernetes::gating::{NodeState, TaintEffect, LOSS_DEBOUNCE};

@@ -12,7 +12,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use interlock_agent::health::status::{Readiness, Shared};
+use interlock_agent::health::shared::{Readiness, Shared};
 use interlock_agent::kubernetes::actions::PodActions;
 use interlock_agent::kubernetes::pods::PodKey;
 use interlock_agent::kubernetes::{self, KubeSettings};

@@ -17,7 +17,7 @@
 
 use anyhow::{bail, Context};
 use clap::Args;
-use interlock_agent::health::status::{Readiness, Shared};
+use interlock_agent::health::shared::{Readiness, Shared};
 use interlock_agent::kubernetes::gating::{TaintEffect, LOSS_DEBOUNCE};
 use interlock_agent::kubernetes::{self, Cluster, KubeSettings};
 use interlock_contract::names::TAINT_NOT_READY;

@@ -37,9 +37,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use interlock_attach::identity::PodIdentity;
-use interlock_attach::identity::Source;
-use interlock_attach::protection::Protection;
+use interlock_attach::outcome::Protection;
+use interlock_attach::pod::PodIdentity;
+use interlock_attach::pod::Source;
 use interlock_attach::state::{AttachmentKey, AttachmentState, StateStore};
 use interlock_cni_types::CniVersion;
 use interlock_contract::config::PluginConfig;
@@ -949,7 +949,7 @@ pub fn inspect_with(
     let rules = match engine::check_in(&pod, spec, backend) {
         Ok(Verification::Exact) => RulesSeen::Exact,
         Ok(Verification::Mismatch(d)) => RulesSeen::Mismatch(d),
-        Err(engine::ProtectError::Netns(e)) if e.is_gone() => return Inspection::Gone,
+        Err(engine::EngineError::Netns(e)) if e.is_gone() => return Inspection::Gone,
         Err(e) => RulesSeen::Error(e.to_string()),
     };
     let view = record.as_ref().map(|r| RecordView {
@@ -1161,7 +1161,7 @@ pub async fn run(
     plugin: PluginConfig,
     cluster: Option<Cluster>,
     metrics: AuditMetrics,
-    health: std::sync::Arc<crate::health::status::AuditHealth>,
+    health: std::sync::Arc<crate::health::shared::AuditHealth>,
     mut wake: mpsc::Receiver<String>,
 ) {
     health.started(&settings.cri_endpoint, settings.interval);

@@ -2,7 +2,7 @@
 //! runtime loads and the plugin binary in its bin dirs ([`install`]).
 //!
 //! This file is its thin layer: reads the conf dir, asks [`plan`] what to do, does it
-//! with atomic writes ([`replace`] for a file another writer also writes), and keeps
+//! with atomic writes ([`contested_write`] for a file another writer also writes), and keeps
 //! readiness and the STATUS marker ([`marker`]) truthful. The decisions are beside it
 //! and pure: what to write ([`plan`]), which changes are conflicts and when to back off
 //! ([`conflict`]), whether the node is ready ([`readiness`]); which file the runtime
@@ -25,22 +25,22 @@
 //! lists the directory again and re-reads what changed by (inode, size, mtime, ctime).
 
 pub mod conflict;
+pub mod contested_write;
 pub mod install;
 pub mod marker;
 pub mod plan;
 pub mod readiness;
-pub mod replace;
 
-use crate::health::status::{FileConflict, Readiness, Shared};
+use crate::health::shared::{FileConflict, Readiness, Shared};
 use crate::AgentConfig;
 use conflict::{conflicting_files, ConflictTracker, Verdict};
+use contested_write::{replace_checked, Replaced};
 use install::{PluginInstaller, VersionCache, PLUGIN_FILE};
 use interlock_confdir::{self as confdir, Binaries, DirCache, Snapshot};
 use interlock_contract::atomic::write_file_atomic;
 use interlock_contract::shown::shown;
 use marker::Marker;
 use plan::{Action, Facts, Settings, BACKUP_SUFFIX};
-use replace::{replace_checked, Replaced};
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -529,7 +529,7 @@ impl Guard {
     /// Executes `plan`, made from `snap`; true when something was written. A file that
     /// is not interlock's own (the primary's, in chain mode) is replaced only if it still
     /// holds what `snap` read, else the decision is made again from its newer content
-    /// ([`crate::guard::replace`]): another writer's write is never lost to ours. When the
+    /// ([`crate::guard::contested_write`]): another writer's write is never lost to ours. When the
     /// newer content is left in place, the rest of the plan waits for the next reconcile.
     fn apply_plan(&mut self, plan: &plan::Plan, snap: &Snapshot, facts: &Facts) -> bool {
         let dir = self.cfg.conf_dir.clone();

@@ -607,7 +607,7 @@ pub fn plan(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
 
 /// What [`plan`] writes to `name` when `name` holds `content` instead of what `snap` read,
 /// everything else as in `snap` (`None`: nothing). The guard asks this when another
-/// writer changed the file while the guard was writing it ([`crate::guard::replace`]), so the
+/// writer changed the file while the guard was writing it ([`crate::guard::contested_write`]), so the
 /// write follows the newer content instead of undoing it.
 pub fn rewrite_for(
     snap: &Snapshot,

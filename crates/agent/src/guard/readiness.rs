@@ -5,7 +5,7 @@
 //! [`judge`] says.
 
 use crate::guard::plan::Plan;
-use crate::health::status::Readiness;
+use crate::health::shared::Readiness;
 use std::path::Path;
 
 /// What the guard observed after a reconcile.

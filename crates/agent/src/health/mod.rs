@@ -1,6 +1,6 @@
-//! Health, how the agent reports: [`status`] is the state the other loops publish into
+//! Health, how the agent reports: [`shared`] is the state the other loops publish into
 //! (readiness, the guard's last pass, the audit's state), [`metrics`] its Prometheus
-//! series, [`probes`] decides what `/readyz` and `/healthz` answer (pure), and
+//! series, [`verdicts`] decides what `/readyz` and `/healthz` answer (pure), and
 //! [`telemetry`] sets up the logs.
 //!
 //! This file serves `/healthz`, `/readyz` and `/metrics` on hyper, hardened against a
@@ -8,7 +8,7 @@
 //! it).
 //!
 //! - [`Admin`] is the whole HTTP surface as one `tower::Service`, so it is tested without
-//!   sockets; the probe decisions are [`probes`] (pure).
+//!   sockets; the endpoints' verdicts are [`verdicts`] (pure).
 //! - [`serve`] runs it with a bound on everything a client controls: at most
 //!   [`ServerLimits::max_connections`] connections are open at once (past it the oldest one
 //!   still waiting for its request is dropped for the newcomer, and past twice the cap the
@@ -18,9 +18,9 @@
 //! - [`readyz_status`] is the client side, for `interlock check` and the benchmark.
 
 pub mod metrics;
-pub mod probes;
-pub mod status;
+pub mod shared;
 pub mod telemetry;
+pub mod verdicts;
 
 use bytes::Bytes;
 use http_body_util::{Empty, Full};
@@ -36,14 +36,14 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-use probes::ProbeWindows;
-use status::Shared;
+use shared::Shared;
+use verdicts::VerdictWindows;
 
 /// The health endpoints as a service: routes a request to its answer.
 #[derive(Debug, Clone)]
 pub struct Admin {
     shared: Arc<Shared>,
-    windows: ProbeWindows,
+    windows: VerdictWindows,
     metrics: bool,
 }
 
@@ -58,7 +58,7 @@ fn reply(code: StatusCode, content_type: &'static str, body: String) -> Response
     r
 }
 
-fn probe(a: probes::ProbeAnswer) -> Response<Full<Bytes>> {
+fn answer(a: verdicts::Verdict) -> Response<Full<Bytes>> {
     let code = if a.pass {
         StatusCode::OK
     } else {
@@ -69,7 +69,7 @@ fn probe(a: probes::ProbeAnswer) -> Response<Full<Bytes>> {
 
 impl Admin {
     /// The endpoints over `shared`, judging staleness by `windows`.
-    pub fn new(shared: Arc<Shared>, windows: ProbeWindows) -> Admin {
+    pub fn new(shared: Arc<Shared>, windows: VerdictWindows) -> Admin {
         Admin {
             shared,
             windows,
@@ -100,8 +100,8 @@ impl Admin {
         }
         let since = self.shared.since_tick();
         match path {
-            "/healthz" => probe(probes::healthz(since, &self.windows)),
-            "/readyz" => probe(probes::readyz_with_audit(
+            "/healthz" => answer(verdicts::healthz(since, &self.windows)),
+            "/readyz" => answer(verdicts::readyz_with_audit(
                 &self.shared.readiness(),
                 since,
                 &self.windows,
@@ -522,7 +522,7 @@ async fn get_status(addr: std::net::SocketAddr, path: &str) -> std::io::Result<u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::health::status::Readiness;
+    use crate::health::shared::Readiness;
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tower::ServiceExt;
@@ -543,7 +543,7 @@ mod tests {
     #[tokio::test]
     async fn routes() {
         let s = Arc::new(Shared::default());
-        let admin = Admin::new(s.clone(), ProbeWindows::default());
+        let admin = Admin::new(s.clone(), VerdictWindows::default());
         assert_eq!(get(&admin, Method::GET, "/healthz").await.0, 200);
         let (code, _, body) = get(&admin, Method::GET, "/readyz").await;
         assert_eq!(code, 503);
@@ -569,7 +569,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_probe_listener_serves_no_metrics() {
-        let admin = Admin::new(Arc::new(Shared::default()), ProbeWindows::default()).probes_only();
+        let admin =
+            Admin::new(Arc::new(Shared::default()), VerdictWindows::default()).probes_only();
         assert_eq!(get(&admin, Method::GET, "/healthz").await.0, 200);
         assert_eq!(get(&admin, Method::GET, "/readyz").await.0, 503);
         assert_eq!(get(&admin, Method::GET, "/metrics").await.0, 404);
@@ -586,7 +587,7 @@ mod tests {
         // Windows shorter than the time since the last pass: the guard looks stalled.
         let admin = Admin::new(
             s.clone(),
-            ProbeWindows {
+            VerdictWindows {
                 ready_within: Duration::ZERO,
                 alive_within: Duration::from_secs(60),
             },
@@ -597,7 +598,7 @@ mod tests {
         assert!(body.contains("has not completed a pass"), "{body}");
         assert_eq!(get(&admin, Method::GET, "/healthz").await.0, 200);
         s.tick();
-        let fresh = Admin::new(s, ProbeWindows::default());
+        let fresh = Admin::new(s, VerdictWindows::default());
         assert_eq!(get(&fresh, Method::GET, "/readyz").await.0, 200);
     }
 
@@ -654,7 +655,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let shared = Arc::new(Shared::default());
-        let admin = Admin::new(shared.clone(), ProbeWindows::default());
+        let admin = Admin::new(shared.clone(), VerdictWindows::default());
         tokio::spawn(serve(l, admin, limits));
         (addr, shared)
     }
@@ -679,7 +680,7 @@ mod tests {
     async fn a_large_answer_to_a_slow_reader_is_complete() {
         let (addr, shared) = start(ServerLimits::default()).await;
         let many: Vec<_> = (0..60_000)
-            .map(|i| crate::health::status::FileConflict {
+            .map(|i| crate::health::shared::FileConflict {
                 file: format!("{i:05}-a-long-enough-file-name-to-fill-socket-buffers.conflist"),
                 undos: 1,
                 backing_off: false,

@@ -77,7 +77,7 @@ pub struct Shared {
     pub audit_health: Arc<AuditHealth>,
 }
 
-/// The sandbox audit's own state, for `/readyz` (`crate::health::probes::audit_problem`).
+/// The sandbox audit's own state, for `/readyz` (`crate::health::verdicts::audit_problem`).
 #[derive(Debug, Default)]
 pub struct AuditHealth {
     state: Mutex<AuditState>,
@@ -115,7 +115,7 @@ impl AuditHealth {
         s.failing = None;
     }
 
-    /// The state as `crate::health::probes::audit_problem` reads it.
+    /// The state as `crate::health::verdicts::audit_problem` reads it.
     pub fn view(&self) -> AuditView {
         let s = lock(&self.state);
         let now = Instant::now();
@@ -338,7 +338,7 @@ mod tests {
     }
 }
 
-/// What the sandbox audit last reported, for `crate::health::probes::audit_problem`.
+/// What the sandbox audit last reported, for `crate::health::verdicts::audit_problem`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AuditView {
     /// The audit runs (`--cri-endpoint` is not `none`).

@@ -1,13 +1,13 @@
-//! Whether `/readyz` and `/healthz` pass (the probes): pure decisions from what the guard last
+//! The verdicts of `/readyz` and `/healthz` (what the kubelet's probes read): pure decisions from what the guard last
 //! published and how long ago its loop last completed a pass (time is passed in).
 //!
 //! Readiness the guard published is only true while the guard is still running: a guard
 //! blocked on a file (or on anything else) can no longer repair the conf dir, so after
-//! [`ProbeWindows::ready_within`] without a pass `/readyz` says 503 whatever it last
-//! decided. `/healthz` fails only after the much longer [`ProbeWindows::alive_within`],
+//! [`VerdictWindows::ready_within`] without a pass `/readyz` says 503 whatever it last
+//! decided. `/healthz` fails only after the much longer [`VerdictWindows::alive_within`],
 //! because failing it makes the kubelet restart the agent.
 
-use super::status::{AuditView, Readiness};
+use super::shared::{AuditView, Readiness};
 use std::time::Duration;
 
 /// How long the guard may go without completing a pass before `/readyz` says 503.
@@ -21,30 +21,30 @@ pub const ALIVE_WITHIN: Duration = Duration::from_secs(30);
 
 /// The two staleness limits of the probes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProbeWindows {
+pub struct VerdictWindows {
     /// `/readyz` says 503 when the last pass is older than this.
     pub ready_within: Duration,
     /// `/healthz` fails when the last pass is older than this.
     pub alive_within: Duration,
 }
 
-impl ProbeWindows {
+impl VerdictWindows {
     /// The windows for a guard that writes the STATUS marker every `marker_stale_after / 3`
     /// (its heartbeat, so it completes a pass at least that often). `/readyz` goes stale
     /// when the marker does, and never sooner than [`READY_WITHIN`]; `/healthz` never
     /// sooner than [`ALIVE_WITHIN`].
-    pub fn for_marker(marker_stale_after: Duration) -> ProbeWindows {
+    pub fn for_marker(marker_stale_after: Duration) -> VerdictWindows {
         let ready_within = READY_WITHIN.max(marker_stale_after);
-        ProbeWindows {
+        VerdictWindows {
             ready_within,
             alive_within: ALIVE_WITHIN.max(ready_within * 10),
         }
     }
 }
 
-impl Default for ProbeWindows {
+impl Default for VerdictWindows {
     fn default() -> Self {
-        ProbeWindows {
+        VerdictWindows {
             ready_within: READY_WITHIN,
             alive_within: ALIVE_WITHIN,
         }
@@ -53,7 +53,7 @@ impl Default for ProbeWindows {
 
 /// A probe's answer: pass or fail, and the line to show.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProbeAnswer {
+pub struct Verdict {
     /// 200 when true, 503 when false.
     pub pass: bool,
     /// The body, one line.
@@ -62,9 +62,9 @@ pub struct ProbeAnswer {
 
 /// `/readyz`: ready only if the guard said so and its loop completed a pass within
 /// `w.ready_within`.
-pub fn readyz(r: &Readiness, since_pass: Duration, w: &ProbeWindows) -> ProbeAnswer {
+pub fn readyz(r: &Readiness, since_pass: Duration, w: &VerdictWindows) -> Verdict {
     if since_pass > w.ready_within {
-        return ProbeAnswer {
+        return Verdict {
             pass: false,
             body: format!(
                 "not ready: the config guard has not completed a pass for {:.1} s (limit {:.1} s); \
@@ -75,12 +75,12 @@ pub fn readyz(r: &Readiness, since_pass: Duration, w: &ProbeWindows) -> ProbeAns
         };
     }
     if r.ready {
-        ProbeAnswer {
+        Verdict {
             pass: true,
             body: format!("ready: {}\n", r.effective.as_deref().unwrap_or_default()),
         }
     } else {
-        ProbeAnswer {
+        Verdict {
             pass: false,
             body: format!("not ready: {}\n", r.reason),
         }
@@ -124,12 +124,12 @@ pub fn audit_problem(a: &AuditView) -> Option<String> {
 pub fn readyz_with_audit(
     r: &Readiness,
     since_pass: Duration,
-    w: &ProbeWindows,
+    w: &VerdictWindows,
     audit: &AuditView,
-) -> ProbeAnswer {
+) -> Verdict {
     let answer = readyz(r, since_pass, w);
     match audit_problem(audit) {
-        Some(why) if answer.pass => ProbeAnswer {
+        Some(why) if answer.pass => Verdict {
             pass: false,
             body: format!("not ready: {why}\n"),
         },
@@ -139,9 +139,9 @@ pub fn readyz_with_audit(
 
 /// `/healthz`: alive unless the guard loop has not completed a pass within
 /// `w.alive_within`.
-pub fn healthz(since_pass: Duration, w: &ProbeWindows) -> ProbeAnswer {
+pub fn healthz(since_pass: Duration, w: &VerdictWindows) -> Verdict {
     if since_pass > w.alive_within {
-        ProbeAnswer {
+        Verdict {
             pass: false,
             body: format!(
                 "the config guard has not completed a pass for {:.1} s (limit {:.1} s)\n",
@@ -150,7 +150,7 @@ pub fn healthz(since_pass: Duration, w: &ProbeWindows) -> ProbeAnswer {
             ),
         }
     } else {
-        ProbeAnswer {
+        Verdict {
             pass: true,
             body: "ok\n".into(),
         }
@@ -179,7 +179,7 @@ mod tests {
 
     #[test]
     fn readyz_needs_a_recent_pass_and_a_ready_guard() {
-        let w = ProbeWindows::default();
+        let w = VerdictWindows::default();
         let ms = Duration::from_millis;
         for (r, since, pass, says) in [
             (ready(), ms(0), true, "ready: 00-interlock.conflist"),
@@ -209,7 +209,7 @@ mod tests {
 
     #[test]
     fn healthz_fails_only_when_stuck_for_long() {
-        let w = ProbeWindows::default();
+        let w = VerdictWindows::default();
         assert!(healthz(Duration::ZERO, &w).pass);
         assert!(healthz(Duration::from_secs(29), &w).pass);
         assert!(healthz(Duration::from_secs(30), &w).pass);
@@ -223,12 +223,12 @@ mod tests {
         // The default marker (3 s, heartbeat 1 s) and faster ones keep the 3 s / 30 s.
         for ms in [30, 300, 3_000] {
             assert_eq!(
-                ProbeWindows::for_marker(Duration::from_millis(ms)),
-                ProbeWindows::default()
+                VerdictWindows::for_marker(Duration::from_millis(ms)),
+                VerdictWindows::default()
             );
         }
         // A slower heartbeat must not make a healthy guard look stalled.
-        let w = ProbeWindows::for_marker(Duration::from_secs(9));
+        let w = VerdictWindows::for_marker(Duration::from_secs(9));
         assert_eq!(w.ready_within, Duration::from_secs(9));
         assert_eq!(w.alive_within, Duration::from_secs(90));
         assert!(
@@ -248,7 +248,7 @@ mod tests {
             reason: "ok".into(),
             effective: Some("00-interlock.conflist".into()),
         };
-        let w = ProbeWindows::default();
+        let w = VerdictWindows::default();
         let mut a = AuditView {
             enabled: true,
             endpoint: "unix:///run/containerd/containerd.sock".into(),

@@ -24,7 +24,7 @@ use super::gating::{
     condition_edit, node_state, taints_edit, Debounce, NodeState, TaintEffect, REASON_NOT_EFFECTIVE,
 };
 use super::{bounded, publish, recorder, KubeError};
-use crate::health::status::Shared;
+use crate::health::shared::Shared;
 
 /// How many times a taint edit is recomputed after a conflict before giving up until the
 /// next change.

@@ -114,7 +114,7 @@ pub const REASON_NOT_EFFECTIVE: &str = "ConfigNotEffective";
 
 /// What the node should say for the guard's readiness: a CamelCase reason for the
 /// condition, and the guard's own words as its message.
-pub fn node_state(r: &crate::health::status::Readiness) -> NodeState {
+pub fn node_state(r: &crate::health::shared::Readiness) -> NodeState {
     if r.ready {
         return NodeState {
             ready: true,
@@ -237,7 +237,7 @@ mod tests {
 
     #[test]
     fn readiness_maps_to_a_camel_case_reason_and_keeps_its_words() {
-        let r = |ready: bool, reason: &str| crate::health::status::Readiness {
+        let r = |ready: bool, reason: &str| crate::health::shared::Readiness {
             ready,
             reason: reason.into(),
             effective: ready.then(|| "00-interlock.conflist".to_string()),

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Client;
 
-use crate::health::status::Shared;
+use crate::health::shared::Shared;
 use actions::PodActions;
 use gate::{run_gate, NodeGate};
 use gating::TaintEffect;
