@@ -41,8 +41,3 @@ pub const NETNS_DIR: &str = "netns";
 pub fn marker_path(state_dir: &Path) -> PathBuf {
     state_dir.join(MARKER_FILE)
 }
-
-/// The agent socket's path under `state_dir`.
-pub fn agent_socket_path(state_dir: &Path) -> PathBuf {
-    state_dir.join(AGENT_SOCKET_FILE)
-}

@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use crate::error::ConfError;
 use crate::gojson;
 use crate::netconf::{self, Decoded};
-use interlock_cni_types::version::{self, CniVersion, SemVer};
+use interlock_cni_types::version::{CniVersion, SemVer};
 
 /// Which on-disk shape a config came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -104,7 +104,7 @@ pub enum Validation {
 /// its map (keys sorted: [`netconf::decode_value`]) plus, for [`Validation::Spec`], the
 /// types of the spec's other well-known fields.
 fn validate_plugin(value: &Value, path: &str, level: Validation) -> Result<(), ConfError> {
-    netconf::decode_value(value, path, netconf::KeyOrder::Sorted)?;
+    netconf::decode_value(value, path)?;
     if level == Validation::Spec {
         if let Some(obj) = value.as_object() {
             expect_object(obj, "runtimeConfig", &format!("{path}.runtimeConfig"))?;
@@ -181,14 +181,6 @@ impl NetworkConfigList {
         let list = NetworkConfigList { raw };
         list.validate()?;
         Ok(list)
-    }
-
-    /// Wraps a single network config (one plugin) into list form, like `ConfListFromConf`.
-    /// The name and version come from the value's keys in their stored order (a `.conf`
-    /// file's own duplicate keys are gone by now; [`parse_conf`] sees them).
-    pub fn from_single_conf(value: Value) -> Result<NetworkConfigList, ConfError> {
-        let decoded = netconf::decode_value(&value, "", netconf::KeyOrder::Stored)?;
-        NetworkConfigList::wrap_single_conf(value, decoded, Validation::Spec)
     }
 
     /// `ConfListFromConf`: `decoded` is the conf's first decoding (`ConfFromBytes`); the
@@ -387,16 +379,6 @@ impl NetworkConfigList {
     /// The whole JSON object.
     pub fn raw(&self) -> &Map<String, Value> {
         &self.raw
-    }
-
-    /// The whole JSON object, for editing; call [`NetworkConfigList::validate`] afterwards.
-    pub fn raw_mut(&mut self) -> &mut Map<String, Value> {
-        &mut self.raw
-    }
-
-    /// Consumes the list, returning its JSON object.
-    pub fn into_raw(self) -> Map<String, Value> {
-        self.raw
     }
 
     /// Compact JSON, fields in their original order.
@@ -611,11 +593,6 @@ impl<'a> PluginConf<'a> {
     pub fn raw(&self) -> &'a Map<String, Value> {
         self.raw
     }
-}
-
-/// Compares version strings the way libcni does; re-exported for loaders.
-pub fn version_at_least(v: &str, min: CniVersion) -> bool {
-    matches!(version::compare(v, min.as_str()), Ok(o) if o != std::cmp::Ordering::Less)
 }
 
 #[cfg(test)]

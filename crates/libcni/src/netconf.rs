@@ -146,22 +146,9 @@ pub(crate) fn decode_text(text: &[u8], prefix: &str) -> Result<Decoded, ConfErro
     cx.finish(outcome, prefix)
 }
 
-/// In which order the decoder meets an object's keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum KeyOrder {
-    /// As `json.Marshal` writes a `map[string]interface{}`: sorted by bytes.
-    Sorted,
-    /// As stored in the value (a document's order, its duplicates already merged).
-    Stored,
-}
-
-/// `ConfFromBytes` on a plugin entry held as a value: with [`KeyOrder::Sorted`], as libcni
-/// re-encodes it from `map[string]interface{}`. Errors name fields under `prefix`.
-pub(crate) fn decode_value(
-    value: &Value,
-    prefix: &str,
-    order: KeyOrder,
-) -> Result<Decoded, ConfError> {
+/// `ConfFromBytes` on a plugin entry held as a value, its keys met sorted by bytes, as
+/// libcni re-encodes it from `map[string]interface{}`. Errors name fields under `prefix`.
+pub(crate) fn decode_value(value: &Value, prefix: &str) -> Result<Decoded, ConfError> {
     let mut cx = Context::default();
     let decode = Decode {
         ty: GoType::Struct(NET_CONF),
@@ -169,7 +156,7 @@ pub(crate) fn decode_value(
         cx: &mut cx,
     };
     let outcome = match value {
-        Value::Object(obj) if order == KeyOrder::Sorted => {
+        Value::Object(obj) => {
             let mut entries: Vec<(&str, &Value)> =
                 obj.iter().map(|(k, v)| (k.as_str(), v)).collect();
             entries.sort_by(|a, b| a.0.cmp(b.0));

@@ -15,7 +15,7 @@ use nix::sys::time::TimeVal;
 
 use crate::attr::{AttrWriter, Attrs};
 use crate::batch::{
-    finish_message, put_header, Ack, Batch, Chain, ChainType, Family, Hook, Policy, TableInfo,
+    finish_message, put_header, Ack, Batch, Chain, Family, Hook, Policy, TableInfo,
 };
 use crate::error::NftError;
 use crate::expr::Expr;
@@ -468,14 +468,6 @@ impl Nft {
             Err(e) if e.is_not_found() => Ok(false),
             Err(e) => Err(e),
         }
-    }
-}
-
-/// The chain type of a [`ChainInfo`], parsed.
-impl ChainInfo {
-    /// The chain type, when it is one this crate knows.
-    pub fn parsed_type(&self) -> Option<ChainType> {
-        self.chain_type.as_deref().and_then(ChainType::parse)
     }
 }
 

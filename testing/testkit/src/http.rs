@@ -1,49 +1,56 @@
-//! A one-request-per-connection HTTP/1.1 responder for fake servers in tests (the
-//! Kubernetes API is the one component that cannot run here). Loopback or test netns only.
+//! The test kit's one HTTP client: a plain `GET` on loopback, for the agent's health
+//! endpoints in node-in-a-box tests and the soak.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
-use std::sync::mpsc::{channel, Receiver};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
 
-/// Serves `listener` on a background thread. For each request, `answer(path)` gives the
-/// status line (`"200 OK"`) and a JSON body. Every request is reported on the returned
-/// channel as `"<request line> <Authorization header>"`.
-pub fn serve_json(
-    listener: TcpListener,
-    answer: impl Fn(&str) -> (String, String) + Send + 'static,
-) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for s in listener.incoming() {
-            let Ok(mut s) = s else { return };
-            let Ok(clone) = s.try_clone() else { continue };
-            let mut r = BufReader::new(clone);
-            let mut first = String::new();
-            if r.read_line(&mut first).is_err() {
-                continue;
-            }
-            let mut auth = String::new();
-            loop {
-                let mut h = String::new();
-                match r.read_line(&mut h) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) if h.trim().is_empty() => break,
-                    Ok(_) => {
-                        if h.to_ascii_lowercase().starts_with("authorization:") {
-                            auth = h.trim().to_string();
-                        }
-                    }
-                }
-            }
-            let _ = tx.send(format!("{} {}", first.trim(), auth));
-            let path = first.split_whitespace().nth(1).unwrap_or("");
-            let (status, body) = answer(path);
-            let _ = write!(
-                s,
-                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    rx
+/// `GET path` on `addr` (HTTP/1.1, `Connection: close`): the status code and the body, or
+/// `None` when the server did not connect, answer or close within `timeout` (each of
+/// connect, write and read), or answered something that is not HTTP.
+pub fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.set_write_timeout(Some(timeout)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    let out = String::from_utf8_lossy(&out);
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn reads_the_status_and_body_and_gives_up_on_silence() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            let mut req = [0u8; 512];
+            let n = c.read(&mut req).unwrap();
+            assert!(String::from_utf8_lossy(&req[..n]).starts_with("GET /readyz HTTP/1.1\r\n"));
+            c.write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 9\r\n\r\nnot ready")
+                .unwrap();
+            // A second client that is accepted and never answered.
+            let (silent, _) = l.accept().unwrap();
+            std::thread::sleep(Duration::from_millis(600));
+            drop(silent);
+        });
+        assert_eq!(
+            get(addr, "/readyz", Duration::from_secs(5)),
+            Some((503, "not ready".to_string()))
+        );
+        assert_eq!(get(addr, "/readyz", Duration::from_millis(200)), None);
+        server.join().unwrap();
+    }
 }

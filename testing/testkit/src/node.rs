@@ -1007,7 +1007,7 @@ impl AgentProcess {
 
     /// GET `path` on the health server: (status, body), or `None` when not reachable.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        http_get(self.health, path)
+        crate::http::get(self.health, path, Duration::from_secs(2))
     }
 
     /// `/readyz` is 200 (`None`: not answering).
@@ -1042,7 +1042,9 @@ impl Drop for AgentProcess {
 fn wait_ready_at(health: SocketAddr, log: &Path, timeout: Duration) -> Result<Duration, String> {
     let begin = Instant::now();
     loop {
-        if http_get(health, "/readyz").is_some_and(|(c, _)| c == 200) {
+        if crate::http::get(health, "/readyz", Duration::from_secs(2))
+            .is_some_and(|(c, _)| c == 200)
+        {
             return Ok(begin.elapsed());
         }
         if begin.elapsed() > timeout {
@@ -1053,21 +1055,6 @@ fn wait_ready_at(health: SocketAddr, log: &Path, timeout: Duration) -> Result<Du
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let code = out.split_whitespace().nth(1)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n")?.1.to_string();
-    Some((code, body))
 }
 
 /// The independent capture check (see the module docs): nothing of interlock is used.

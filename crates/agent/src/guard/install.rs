@@ -281,12 +281,6 @@ impl PluginInstaller {
             dest.display()
         ))
     }
-
-    /// True when `dir`'s copy was verified and is unchanged since.
-    pub fn is_verified(&self, dir: &Path) -> bool {
-        let id = FileIdentity::of(&dir.join(PLUGIN_FILE));
-        id.is_some() && self.verified.get(dir) == id.as_ref()
-    }
 }
 
 /// True when `path` holds exactly `data`, read in small chunks: the periodic resync must not
