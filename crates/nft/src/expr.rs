@@ -556,208 +556,250 @@ fn data_value(a: &Attr<'_>) -> Result<Option<Vec<u8>>, NftError> {
     Ok(None)
 }
 
-/// Returns `None` when the expression has attributes or values outside the model.
-fn decode_known(name: &str, data: &[u8]) -> Result<Option<Expr>, NftError> {
-    let mut attrs = Vec::new();
-    for a in crate::attr::Attrs::new(data) {
-        attrs.push(a?);
+/// An expression's attributes (`NFTA_EXPR_DATA`), for the decoders below.
+struct Fields<'a> {
+    attrs: Vec<Attr<'a>>,
+}
+
+impl<'a> Fields<'a> {
+    fn parse(data: &'a [u8]) -> Result<Fields<'a>, NftError> {
+        let attrs = crate::attr::Attrs::new(data).collect::<Result<Vec<_>, _>>()?;
+        Ok(Fields { attrs })
     }
-    let get = |ty: u16| attrs.iter().find(|a| a.ty == ty);
-    let only = |allowed: &[u16]| attrs.iter().all(|a| allowed.contains(&a.ty));
-    let reg = |ty: u16| -> Result<Option<Register>, NftError> {
-        get(ty).map(|a| a.be32().map(Register)).transpose()
+
+    fn get(&self, ty: u16) -> Option<&Attr<'a>> {
+        self.attrs.iter().find(|a| a.ty == ty)
+    }
+
+    /// True when no attribute outside `allowed` is present.
+    fn only(&self, allowed: &[u16]) -> bool {
+        self.attrs.iter().all(|a| allowed.contains(&a.ty))
+    }
+
+    fn be32(&self, ty: u16) -> Result<Option<u32>, NftError> {
+        self.get(ty).map(|a| a.be32()).transpose()
+    }
+
+    fn reg(&self, ty: u16) -> Result<Option<Register>, NftError> {
+        Ok(self.be32(ty)?.map(Register))
+    }
+
+    /// The `NFTA_DATA_VALUE` inside the nested attribute `ty`.
+    fn value(&self, ty: u16) -> Result<Option<Vec<u8>>, NftError> {
+        match self.get(ty) {
+            Some(a) => data_value(a),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Decodes the expressions this crate models, one decoder per kind. Returns `None` when
+/// the expression has attributes or values outside the model (it is then kept as
+/// [`Expr::Other`]).
+fn decode_known(name: &str, data: &[u8]) -> Result<Option<Expr>, NftError> {
+    let f = Fields::parse(data)?;
+    match name {
+        "meta" => decode_meta(&f),
+        "payload" => decode_payload(&f),
+        "cmp" => decode_cmp(&f),
+        "bitwise" => decode_bitwise(&f),
+        "range" => decode_range(&f),
+        "immediate" => decode_immediate(&f),
+        "redir" => decode_redir(&f),
+        "ct" => decode_ct(&f),
+        "counter" => Ok(Some(Expr::Counter)),
+        _ => Ok(None),
+    }
+}
+
+fn decode_meta(f: &Fields<'_>) -> Result<Option<Expr>, NftError> {
+    if !f.only(&[NFTA_META_KEY, NFTA_META_DREG]) {
+        return Ok(None);
+    }
+    Ok(match (f.get(NFTA_META_KEY), f.reg(NFTA_META_DREG)?) {
+        (Some(key), Some(dreg)) => Some(Expr::Meta {
+            key: MetaKey::from_raw(key.be32()?),
+            dreg,
+        }),
+        _ => None,
+    })
+}
+
+fn decode_payload(f: &Fields<'_>) -> Result<Option<Expr>, NftError> {
+    if !f.only(&[
+        NFTA_PAYLOAD_DREG,
+        NFTA_PAYLOAD_BASE,
+        NFTA_PAYLOAD_OFFSET,
+        NFTA_PAYLOAD_LEN,
+    ]) {
+        return Ok(None);
+    }
+    Ok(
+        match (
+            f.reg(NFTA_PAYLOAD_DREG)?,
+            f.get(NFTA_PAYLOAD_BASE),
+            f.get(NFTA_PAYLOAD_OFFSET),
+            f.get(NFTA_PAYLOAD_LEN),
+        ) {
+            (Some(dreg), Some(base), Some(offset), Some(len)) => Some(Expr::Payload {
+                base: PayloadBase::from_raw(base.be32()?),
+                offset: offset.be32()?,
+                len: len.be32()?,
+                dreg,
+            }),
+            _ => None,
+        },
+    )
+}
+
+fn decode_cmp(f: &Fields<'_>) -> Result<Option<Expr>, NftError> {
+    if !f.only(&[NFTA_CMP_SREG, NFTA_CMP_OP, NFTA_CMP_DATA]) {
+        return Ok(None);
+    }
+    let op = f.be32(NFTA_CMP_OP)?.and_then(CmpOp::from_raw);
+    Ok(match (f.reg(NFTA_CMP_SREG)?, op, f.get(NFTA_CMP_DATA)) {
+        (Some(sreg), Some(op), Some(d)) => data_value(d)?.map(|data| Expr::Cmp { sreg, op, data }),
+        _ => None,
+    })
+}
+
+fn decode_bitwise(f: &Fields<'_>) -> Result<Option<Expr>, NftError> {
+    if !f.only(&[
+        NFTA_BITWISE_SREG,
+        NFTA_BITWISE_DREG,
+        NFTA_BITWISE_LEN,
+        NFTA_BITWISE_MASK,
+        NFTA_BITWISE_XOR,
+        NFTA_BITWISE_OP,
+    ]) {
+        return Ok(None);
+    }
+    if f.be32(NFTA_BITWISE_OP)?
+        .is_some_and(|op| op != NFT_BITWISE_BOOL)
+    {
+        return Ok(None);
+    }
+    let (Some(sreg), Some(dreg), Some(len), Some(_), Some(_)) = (
+        f.reg(NFTA_BITWISE_SREG)?,
+        f.reg(NFTA_BITWISE_DREG)?,
+        f.get(NFTA_BITWISE_LEN),
+        f.get(NFTA_BITWISE_MASK),
+        f.get(NFTA_BITWISE_XOR),
+    ) else {
+        return Ok(None);
     };
-    Ok(match name {
-        "meta" => {
-            if !only(&[NFTA_META_KEY, NFTA_META_DREG]) {
-                return Ok(None);
-            }
-            match (get(NFTA_META_KEY), reg(NFTA_META_DREG)?) {
-                (Some(k), Some(dreg)) => Some(Expr::Meta {
-                    key: MetaKey::from_raw(k.be32()?),
-                    dreg,
-                }),
-                _ => None,
-            }
+    Ok(
+        match (f.value(NFTA_BITWISE_MASK)?, f.value(NFTA_BITWISE_XOR)?) {
+            (Some(mask), Some(xor)) => Some(Expr::Bitwise {
+                sreg,
+                dreg,
+                len: len.be32()?,
+                mask,
+                xor,
+            }),
+            _ => None,
+        },
+    )
+}
+
+fn decode_range(f: &Fields<'_>) -> Result<Option<Expr>, NftError> {
+    if !f.only(&[
+        NFTA_RANGE_SREG,
+        NFTA_RANGE_OP,
+        NFTA_RANGE_FROM_DATA,
+        NFTA_RANGE_TO_DATA,
+    ]) {
+        return Ok(None);
+    }
+    let op = match f.be32(NFTA_RANGE_OP)? {
+        Some(0) => RangeOp::Eq,
+        Some(1) => RangeOp::Neq,
+        _ => return Ok(None),
+    };
+    let (Some(sreg), Some(_), Some(_)) = (
+        f.reg(NFTA_RANGE_SREG)?,
+        f.get(NFTA_RANGE_FROM_DATA),
+        f.get(NFTA_RANGE_TO_DATA),
+    ) else {
+        return Ok(None);
+    };
+    Ok(
+        match (f.value(NFTA_RANGE_FROM_DATA)?, f.value(NFTA_RANGE_TO_DATA)?) {
+            (Some(from), Some(to)) => Some(Expr::Range { sreg, op, from, to }),
+            _ => None,
+        },
+    )
+}
+
+fn decode_immediate(f: &Fields<'_>) -> Result<Option<Expr>, NftError> {
+    if !f.only(&[NFTA_IMMEDIATE_DREG, NFTA_IMMEDIATE_DATA]) {
+        return Ok(None);
+    }
+    let (Some(dreg), Some(d)) = (f.reg(NFTA_IMMEDIATE_DREG)?, f.get(NFTA_IMMEDIATE_DATA)) else {
+        return Ok(None);
+    };
+    let mut data = None;
+    for inner in d.nested() {
+        let inner = inner?;
+        match inner.ty {
+            NFTA_DATA_VALUE => data = Some(ImmediateData::Value(inner.data.to_vec())),
+            NFTA_DATA_VERDICT => match decode_verdict(&inner)? {
+                Some(v) => data = Some(ImmediateData::Verdict(v)),
+                None => return Ok(None),
+            },
+            _ => return Ok(None),
         }
-        "payload" => {
-            if !only(&[
-                NFTA_PAYLOAD_DREG,
-                NFTA_PAYLOAD_BASE,
-                NFTA_PAYLOAD_OFFSET,
-                NFTA_PAYLOAD_LEN,
-            ]) {
-                return Ok(None);
-            }
-            match (
-                reg(NFTA_PAYLOAD_DREG)?,
-                get(NFTA_PAYLOAD_BASE),
-                get(NFTA_PAYLOAD_OFFSET),
-                get(NFTA_PAYLOAD_LEN),
-            ) {
-                (Some(dreg), Some(b), Some(o), Some(l)) => Some(Expr::Payload {
-                    base: PayloadBase::from_raw(b.be32()?),
-                    offset: o.be32()?,
-                    len: l.be32()?,
-                    dreg,
-                }),
-                _ => None,
-            }
+    }
+    Ok(data.map(|data| Expr::Immediate { dreg, data }))
+}
+
+/// An `NFTA_DATA_VERDICT`; `None` without a verdict code.
+fn decode_verdict(a: &Attr<'_>) -> Result<Option<Verdict>, NftError> {
+    let mut code = None;
+    let mut chain = None;
+    for v in a.nested() {
+        let v = v?;
+        match v.ty {
+            NFTA_VERDICT_CODE => code = Some(v.be32()? as i32),
+            NFTA_VERDICT_CHAIN => chain = Some(v.string()?),
+            _ => {}
         }
-        "cmp" => {
-            if !only(&[NFTA_CMP_SREG, NFTA_CMP_OP, NFTA_CMP_DATA]) {
-                return Ok(None);
-            }
-            let op = match get(NFTA_CMP_OP) {
-                Some(a) => CmpOp::from_raw(a.be32()?),
-                None => None,
-            };
-            match (reg(NFTA_CMP_SREG)?, op, get(NFTA_CMP_DATA)) {
-                (Some(sreg), Some(op), Some(d)) => {
-                    data_value(d)?.map(|data| Expr::Cmp { sreg, op, data })
-                }
-                _ => None,
-            }
-        }
-        "bitwise" => {
-            if !only(&[
-                NFTA_BITWISE_SREG,
-                NFTA_BITWISE_DREG,
-                NFTA_BITWISE_LEN,
-                NFTA_BITWISE_MASK,
-                NFTA_BITWISE_XOR,
-                NFTA_BITWISE_OP,
-            ]) {
-                return Ok(None);
-            }
-            if let Some(op) = get(NFTA_BITWISE_OP) {
-                if op.be32()? != NFT_BITWISE_BOOL {
-                    return Ok(None);
-                }
-            }
-            match (
-                reg(NFTA_BITWISE_SREG)?,
-                reg(NFTA_BITWISE_DREG)?,
-                get(NFTA_BITWISE_LEN),
-                get(NFTA_BITWISE_MASK),
-                get(NFTA_BITWISE_XOR),
-            ) {
-                (Some(sreg), Some(dreg), Some(l), Some(m), Some(x)) => {
-                    match (data_value(m)?, data_value(x)?) {
-                        (Some(mask), Some(xor)) => Some(Expr::Bitwise {
-                            sreg,
-                            dreg,
-                            len: l.be32()?,
-                            mask,
-                            xor,
-                        }),
-                        _ => None,
-                    }
-                }
-                _ => None,
-            }
-        }
-        "range" => {
-            if !only(&[
-                NFTA_RANGE_SREG,
-                NFTA_RANGE_OP,
-                NFTA_RANGE_FROM_DATA,
-                NFTA_RANGE_TO_DATA,
-            ]) {
-                return Ok(None);
-            }
-            let op = match get(NFTA_RANGE_OP).map(|a| a.be32()).transpose()? {
-                Some(0) => RangeOp::Eq,
-                Some(1) => RangeOp::Neq,
-                _ => return Ok(None),
-            };
-            match (
-                reg(NFTA_RANGE_SREG)?,
-                get(NFTA_RANGE_FROM_DATA),
-                get(NFTA_RANGE_TO_DATA),
-            ) {
-                (Some(sreg), Some(f), Some(t)) => match (data_value(f)?, data_value(t)?) {
-                    (Some(from), Some(to)) => Some(Expr::Range { sreg, op, from, to }),
-                    _ => None,
-                },
-                _ => None,
-            }
-        }
-        "immediate" => {
-            if !only(&[NFTA_IMMEDIATE_DREG, NFTA_IMMEDIATE_DATA]) {
-                return Ok(None);
-            }
-            let (Some(dreg), Some(d)) = (reg(NFTA_IMMEDIATE_DREG)?, get(NFTA_IMMEDIATE_DATA))
-            else {
-                return Ok(None);
-            };
-            let mut data = None;
-            for inner in d.nested() {
-                let inner = inner?;
-                match inner.ty {
-                    NFTA_DATA_VALUE => data = Some(ImmediateData::Value(inner.data.to_vec())),
-                    NFTA_DATA_VERDICT => {
-                        let mut code = None;
-                        let mut chain = None;
-                        for v in inner.nested() {
-                            let v = v?;
-                            match v.ty {
-                                NFTA_VERDICT_CODE => code = Some(v.be32()? as i32),
-                                NFTA_VERDICT_CHAIN => chain = Some(v.string()?),
-                                _ => {}
-                            }
-                        }
-                        match code {
-                            Some(c) => {
-                                data = Some(ImmediateData::Verdict(Verdict::from_parts(c, chain)))
-                            }
-                            None => return Ok(None),
-                        }
-                    }
-                    _ => return Ok(None),
-                }
-            }
-            data.map(|data| Expr::Immediate { dreg, data })
-        }
-        "redir" => {
-            if !only(&[
-                NFTA_REDIR_REG_PROTO_MIN,
-                NFTA_REDIR_REG_PROTO_MAX,
-                NFTA_REDIR_FLAGS,
-            ]) {
-                return Ok(None);
-            }
-            let reg_proto_min = reg(NFTA_REDIR_REG_PROTO_MIN)?;
-            let mut reg_proto_max = reg(NFTA_REDIR_REG_PROTO_MAX)?;
-            if reg_proto_max == reg_proto_min {
-                reg_proto_max = None;
-            }
-            let flags = get(NFTA_REDIR_FLAGS)
-                .map(|a| a.be32())
-                .transpose()?
-                .unwrap_or(0);
-            Some(Expr::Redir {
-                reg_proto_min,
-                reg_proto_max,
-                flags,
-            })
-        }
-        "ct" => {
-            if !only(&[NFTA_CT_KEY, NFTA_CT_DREG, NFTA_CT_SREG]) {
-                return Ok(None);
-            }
-            let dreg = reg(NFTA_CT_DREG)?;
-            let sreg = reg(NFTA_CT_SREG)?;
-            match get(NFTA_CT_KEY) {
-                Some(k) if dreg.is_some() != sreg.is_some() => Some(Expr::Ct {
-                    key: CtKey::from_raw(k.be32()?),
-                    dreg,
-                    sreg,
-                }),
-                _ => None,
-            }
-        }
-        "counter" => Some(Expr::Counter),
+    }
+    Ok(code.map(|c| Verdict::from_parts(c, chain)))
+}
+
+fn decode_redir(f: &Fields<'_>) -> Result<Option<Expr>, NftError> {
+    if !f.only(&[
+        NFTA_REDIR_REG_PROTO_MIN,
+        NFTA_REDIR_REG_PROTO_MAX,
+        NFTA_REDIR_FLAGS,
+    ]) {
+        return Ok(None);
+    }
+    let reg_proto_min = f.reg(NFTA_REDIR_REG_PROTO_MIN)?;
+    let mut reg_proto_max = f.reg(NFTA_REDIR_REG_PROTO_MAX)?;
+    if reg_proto_max == reg_proto_min {
+        reg_proto_max = None;
+    }
+    Ok(Some(Expr::Redir {
+        reg_proto_min,
+        reg_proto_max,
+        flags: f.be32(NFTA_REDIR_FLAGS)?.unwrap_or(0),
+    }))
+}
+
+fn decode_ct(f: &Fields<'_>) -> Result<Option<Expr>, NftError> {
+    if !f.only(&[NFTA_CT_KEY, NFTA_CT_DREG, NFTA_CT_SREG]) {
+        return Ok(None);
+    }
+    let dreg = f.reg(NFTA_CT_DREG)?;
+    let sreg = f.reg(NFTA_CT_SREG)?;
+    Ok(match f.get(NFTA_CT_KEY) {
+        Some(key) if dreg.is_some() != sreg.is_some() => Some(Expr::Ct {
+            key: CtKey::from_raw(key.be32()?),
+            dreg,
+            sreg,
+        }),
         _ => None,
     })
 }
