@@ -232,7 +232,7 @@ fn audit_settings(
 
 /// `interlock uninstall`: refuses while an agent runs on the state dir (unless
 /// `--force`) and when the conf dir holds no CNI config at all (a wrong path would
-/// otherwise "succeed"), then runs [`interlock_agent::uninstall_node`] and prints every
+/// otherwise "succeed"), then runs [`interlock_agent::uninstall::uninstall_node`] and prints every
 /// step. Exit 0 when interlock is gone from the node (records kept on purpose aside), 1
 /// when something stays that should not or a step failed.
 pub fn run_uninstall(a: UninstallArgs) -> anyhow::Result<ExitCode> {
@@ -281,13 +281,18 @@ pub fn run_uninstall(a: UninstallArgs) -> anyhow::Result<ExitCode> {
             conf_dir_hints(&d.cni_conf_dir, &d.state_dir)
         );
     }
-    let opts = interlock_agent::UninstallOptions {
+    let opts = interlock_agent::uninstall::UninstallOptions {
         dry_run: a.dry_run,
         force: a.force,
         runtime: a.runtime,
         own_socket: false,
     };
-    let r = interlock_agent::uninstall_node(&d.cni_conf_dir, &d.cni_bin_dirs, &d.state_dir, &opts);
+    let r = interlock_agent::uninstall::uninstall_node(
+        &d.cni_conf_dir,
+        &d.cni_bin_dirs,
+        &d.state_dir,
+        &opts,
+    );
     if a.dry_run {
         println!("dry run: nothing was changed");
     }
@@ -491,7 +496,7 @@ mod cluster_uninstall {
     use super::UninstallArgs;
     use interlock_agent::kubernetes::gating::{taints_edit, TaintEffect};
     use interlock_agent::kubernetes::{bounded, KubeError};
-    use interlock_agent::UninstallStep;
+    use interlock_agent::uninstall::UninstallStep;
     use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_READY};
     use k8s_openapi::api::core::v1::{Node, Pod};
     use kube::api::{Api, ListParams, Patch, PatchParams};
