@@ -95,3 +95,9 @@ fn hint_text(errno: i32) -> &'static str {
         _ => "",
     }
 }
+
+impl From<interlock_netlink::Malformed> for NftError {
+    fn from(e: interlock_netlink::Malformed) -> NftError {
+        NftError::Malformed(e.to_string())
+    }
+}

@@ -17,7 +17,6 @@ mod attr;
 pub mod batch;
 pub mod error;
 pub mod expr;
-pub mod netlink;
 pub mod rule;
 pub mod socket;
 #[allow(dead_code)]

@@ -4,13 +4,11 @@
 //! A socket belongs to the network namespace of the thread that opened it, so open it on
 //! a thread that is already inside the target namespace.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use nix::sys::socket::{
-    bind, send, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr, SockFlag,
-    SockProtocol, SockType,
-};
+use interlock_netlink::{socket, Message, Messages, Receiver};
+use nix::sys::socket::{setsockopt, sockopt, MsgFlags, SockProtocol};
 use nix::sys::time::TimeVal;
 
 use crate::attr::{AttrWriter, Attrs};
@@ -19,7 +17,6 @@ use crate::batch::{
 };
 use crate::error::NftError;
 use crate::expr::Expr;
-use crate::netlink::Receiver;
 use crate::rule::Rule;
 use crate::sys::*;
 
@@ -110,18 +107,15 @@ impl Nft {
                 source: e.into(),
             }
         };
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkNetFilter,
-        )
-        .map_err(io("socket(AF_NETLINK, NETLINK_NETFILTER)"))?;
-        // Port id 0: the kernel picks one.
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(io("bind"))?;
+        let fd = socket::open(SockProtocol::NetlinkNetFilter).map_err(|(op, e)| {
+            io(match op {
+                "socket" => "socket(AF_NETLINK, NETLINK_NETFILTER)",
+                other => other,
+            })(e)
+        })?;
         // Best effort: error messages from the kernel, and short error acks.
-        let _ = set_netlink_flag(&fd, NETLINK_EXT_ACK);
-        let _ = set_netlink_flag(&fd, NETLINK_CAP_ACK);
+        let _ = socket::set_flag(&fd, NETLINK_EXT_ACK);
+        let _ = socket::set_flag(&fd, NETLINK_CAP_ACK);
         let timeout = TimeVal::new(
             REPLY_TIMEOUT.as_secs() as libc::time_t,
             REPLY_TIMEOUT.subsec_micros() as libc::suseconds_t,
@@ -493,51 +487,6 @@ fn decode_rule(body: &[u8]) -> Result<(String, Rule), NftError> {
     Ok((table, rule))
 }
 
-/// One netlink message in a receive buffer.
-struct Message<'a> {
-    ty: u16,
-    flags: u16,
-    seq: u32,
-    payload: &'a [u8],
-}
-
-struct Messages<'a> {
-    rest: &'a [u8],
-}
-
-impl<'a> Messages<'a> {
-    fn new(buf: &'a [u8]) -> Self {
-        Messages { rest: buf }
-    }
-}
-
-impl<'a> Iterator for Messages<'a> {
-    type Item = Result<Message<'a>, NftError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.rest.len() < NLMSG_HDRLEN {
-            return None;
-        }
-        let r = self.rest;
-        let len = u32::from_ne_bytes([r[0], r[1], r[2], r[3]]) as usize;
-        if len < NLMSG_HDRLEN || len > r.len() {
-            self.rest = &[];
-            return Some(Err(NftError::Malformed(format!(
-                "netlink message claims {len} bytes, {} received",
-                r.len()
-            ))));
-        }
-        let msg = Message {
-            ty: u16::from_ne_bytes([r[4], r[5]]),
-            flags: u16::from_ne_bytes([r[6], r[7]]),
-            seq: u32::from_ne_bytes([r[8], r[9], r[10], r[11]]),
-            payload: &r[NLMSG_HDRLEN..len],
-        };
-        self.rest = &r[crate::attr::align(len).min(r.len())..];
-        Some(Ok(msg))
-    }
-}
-
 /// Errno (positive, 0 for an ack) and the extended-ack message of an `NLMSG_ERROR`.
 fn parse_error(msg: &Message<'_>) -> Result<(i32, Option<String>), NftError> {
     let p = msg.payload;
@@ -566,46 +515,15 @@ fn parse_error(msg: &Message<'_>) -> Result<(i32, Option<String>), NftError> {
 
 /// Sends one whole datagram to the kernel (an unconnected netlink socket sends to port 0).
 fn sys_send(fd: &OwnedFd, buf: &[u8]) -> Result<(), NftError> {
-    let sent = loop {
-        match send(fd.as_raw_fd(), buf, MsgFlags::empty()) {
-            Err(nix::Error::EINTR) => continue,
-            Err(e) => {
-                return Err(NftError::Io {
-                    op: "send",
-                    source: e.into(),
-                })
-            }
-            Ok(n) => break n,
-        }
-    };
+    let sent = interlock_netlink::socket::send(fd, buf).map_err(|e| NftError::Io {
+        op: "send",
+        source: e.into(),
+    })?;
     if sent != buf.len() {
         return Err(NftError::Malformed(format!(
             "netlink send wrote {sent} of {} bytes",
             buf.len()
         )));
-    }
-    Ok(())
-}
-
-/// Turns on the boolean netlink socket option `opt` (`NETLINK_EXT_ACK`, `NETLINK_CAP_ACK`).
-/// nix 0.29 has no sockopt for these two, and its `SetSockOpt` trait cannot be implemented
-/// without the same raw call, so this is the crate's one `unsafe` block.
-#[allow(unsafe_code)]
-fn set_netlink_flag(fd: &OwnedFd, opt: i32) -> std::io::Result<()> {
-    let on: libc::c_int = 1;
-    // SAFETY: `on` is a live c_int for the duration of the call and the length passed is
-    // its size; `fd` is an open socket owned by the caller.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_NETLINK,
-            opt,
-            &on as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! Replies larger than one page, and dumps larger than one datagram, read back whole
 //! (root only; throwaway network namespaces). The receive buffer is shared and only
-//! touched where a reply lands (`interlock_nft::netlink`); these show that nothing is cut.
+//! touched where a reply lands (`interlock_netlink::recv`); these show that nothing is cut.
 
 use interlock_nft::{Batch, Chain, CmpOp, Family, MetaKey, Nft, Rule, Verdict};
 use interlock_testkit::{require_root, Netns};

@@ -25,29 +25,24 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use interlock_nft::netlink::Receiver;
-use nix::sys::socket::{
-    bind, send, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr, SockFlag,
-    SockProtocol, SockType,
+use interlock_netlink::message::{
+    align, header, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
+use interlock_netlink::{Messages, Receiver};
+use nix::sys::socket::{setsockopt, sockopt, MsgFlags, SockProtocol};
 use nix::sys::time::{TimeVal, TimeValLike};
 
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 const RTM_NEWLINK: u16 = 16;
 const RTM_NEWADDR: u16 = 20;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
 const IFA_FLAGS: u16 = 8;
 const IFA_F_NODAD: u32 = 0x02;
-const NLM_F_ACK: u16 = 0x4;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
 const RTM_GETLINK: u16 = 18;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_DUMP: u16 = 0x300;
 const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
 const RTA_GATEWAY: u16 = 5;
@@ -64,7 +59,6 @@ const IFLA_EXT_MASK: u16 = 29;
 const RTEXT_FILTER_SKIP_STATS: u32 = 1 << 3;
 const IFLA_INFO_KIND: u16 = 1;
 const NLA_TYPE_MASK: u16 = 0x3fff;
-const NLMSG_HDRLEN: usize = 16;
 
 /// Link kinds (`IFLA_INFO_KIND`, and the ethtool driver names of the same links, which
 /// for macvtap and ipvtap are `macvlan` and `ipvlan`) whose traffic goes straight to the
@@ -159,13 +153,8 @@ pub struct Rtnetlink {
 impl Rtnetlink {
     /// Opens the socket in the calling thread's netns.
     pub fn open() -> io::Result<Rtnetlink> {
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkRoute,
-        )?;
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))?;
+        let fd = interlock_netlink::socket::open(SockProtocol::NetlinkRoute)
+            .map_err(|(_, e)| io::Error::from(e))?;
         setsockopt(&fd, sockopt::ReceiveTimeout, &TimeVal::milliseconds(1000))?;
         Ok(Rtnetlink {
             fd,
@@ -315,52 +304,41 @@ impl Rtnetlink {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let mut msg = Vec::with_capacity(NLMSG_HDRLEN + body.len());
-        msg.extend_from_slice(&((NLMSG_HDRLEN + body.len()) as u32).to_ne_bytes());
-        msg.extend_from_slice(&kind.to_ne_bytes());
-        msg.extend_from_slice(&flags.to_ne_bytes());
-        msg.extend_from_slice(&seq.to_ne_bytes());
-        msg.extend_from_slice(&0u32.to_ne_bytes());
+        msg.extend_from_slice(&header(NLMSG_HDRLEN + body.len(), kind, flags, seq));
         msg.extend_from_slice(body);
-        send(self.fd.as_raw_fd(), &msg, MsgFlags::empty())?;
+        interlock_netlink::socket::send(&self.fd, &msg)?;
         let mut out = Vec::new();
         loop {
             let datagram = self.rx.recv(&self.fd, MsgFlags::empty())?;
-            let mut rest = &datagram[..];
-            while rest.len() >= NLMSG_HDRLEN {
-                let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-                if len < NLMSG_HDRLEN || len > rest.len() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "malformed rtnetlink reply",
-                    ));
+            for m in Messages::new(&datagram) {
+                let m = m.map_err(|_| {
+                    io::Error::new(io::ErrorKind::InvalidData, "malformed rtnetlink reply")
+                })?;
+                if m.seq != seq {
+                    continue;
                 }
-                let t = u16::from_ne_bytes([rest[4], rest[5]]);
-                let s = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
-                let payload = &rest[NLMSG_HDRLEN..len];
-                if s == seq {
-                    match t {
-                        NLMSG_ERROR => {
-                            let errno = payload
-                                .get(..4)
-                                .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                                .unwrap_or(-libc::EIO);
-                            if errno == 0 {
-                                // The acknowledgement of a request sent with NLM_F_ACK.
-                                return Ok(out);
-                            }
-                            return Err(io::Error::from_raw_os_error(-errno));
+                match m.ty {
+                    NLMSG_ERROR => {
+                        let errno = m
+                            .payload
+                            .get(..4)
+                            .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                            .unwrap_or(-libc::EIO);
+                        if errno == 0 {
+                            // The acknowledgement of a request sent with NLM_F_ACK.
+                            return Ok(out);
                         }
-                        NLMSG_DONE => return Ok(out),
-                        t if t == want => {
-                            out.push(payload.to_vec());
-                            if !is_dump {
-                                return Ok(out);
-                            }
-                        }
-                        _ => {}
+                        return Err(io::Error::from_raw_os_error(-errno));
                     }
+                    NLMSG_DONE => return Ok(out),
+                    t if t == want => {
+                        out.push(m.payload.to_vec());
+                        if !is_dump {
+                            return Ok(out);
+                        }
+                    }
+                    _ => {}
                 }
-                rest = &rest[align(len).min(rest.len())..];
             }
         }
     }
@@ -503,10 +481,6 @@ fn parse_link(msg: &[u8]) -> Option<Link> {
 
 fn u32_of(v: &[u8]) -> Option<u32> {
     Some(u32::from_ne_bytes(v.get(..4)?.try_into().ok()?))
-}
-
-fn align(n: usize) -> usize {
-    (n + 3) & !3
 }
 
 fn put_attr(buf: &mut Vec<u8>, t: u16, value: &[u8]) {

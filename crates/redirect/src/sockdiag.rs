@@ -17,6 +17,7 @@
 //! the proxy and the app. After destroying, the sockets are dumped again: one that is
 //! still there means the kernel did not end it, and the caller must escalate.
 
+use interlock_netlink::Receiver;
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
@@ -25,7 +26,7 @@ use netlink_packet_sock_diag::{
     inet::{ExtensionFlags, InetRequest, SocketId, StateFlags},
     SockDiagDestroy, SockDiagMessage,
 };
-use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr as NlAddr};
+use nix::sys::socket::{connect, MsgFlags, NetlinkAddr, SockProtocol};
 use std::net::{IpAddr, SocketAddr};
 
 /// TCP states, numbered as the kernel's `TCP_*` (UDP reports 1 when connected, 7 when not).
@@ -202,16 +203,22 @@ fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> SockDiagError {
 
 /// A sock_diag socket in the calling thread's network namespace.
 struct Diag {
-    sock: Socket,
+    fd: std::os::fd::OwnedFd,
+    rx: Receiver,
     seq: u32,
 }
 
 impl Diag {
     fn open() -> Result<Diag, SockDiagError> {
-        let mut sock = Socket::new(NETLINK_SOCK_DIAG).map_err(io("socket"))?;
-        sock.bind_auto().map_err(io("bind"))?;
-        sock.connect(&NlAddr::new(0, 0)).map_err(io("connect"))?;
-        Ok(Diag { sock, seq: 0 })
+        use std::os::fd::AsRawFd;
+        let fd = interlock_netlink::socket::open(SockProtocol::NetlinkSockDiag)
+            .map_err(|(op, e)| io(op)(e.into()))?;
+        connect(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(|e| io("connect")(e.into()))?;
+        Ok(Diag {
+            fd,
+            rx: Receiver::new(),
+            seq: 0,
+        })
     }
 
     fn send<T>(&mut self, flags: u16, payload: T) -> Result<u32, SockDiagError>
@@ -226,7 +233,14 @@ impl Diag {
         msg.finalize();
         let mut buf = vec![0u8; msg.buffer_len()];
         msg.serialize(&mut buf);
-        self.sock.send(&buf, 0).map_err(io("send"))?;
+        let sent =
+            interlock_netlink::socket::send(&self.fd, &buf).map_err(|e| io("send")(e.into()))?;
+        if sent != buf.len() {
+            return Err(io("send")(std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                format!("sent {sent} of {} bytes", buf.len()),
+            )));
+        }
         Ok(self.seq)
     }
 
@@ -251,7 +265,10 @@ impl Diag {
         let seq = self.send(NLM_F_REQUEST | NLM_F_DUMP, req)?;
         let mut out = Vec::new();
         loop {
-            let (buf, _) = self.sock.recv_from_full().map_err(io("recv"))?;
+            let buf = self
+                .rx
+                .recv(&self.fd, MsgFlags::empty())
+                .map_err(io("recv"))?;
             let mut off = 0;
             while off < buf.len() {
                 let msg = NetlinkMessage::<SockDiagMessage>::deserialize(&buf[off..])
@@ -300,7 +317,10 @@ impl Diag {
         }));
         let seq = self.send(NLM_F_REQUEST | NLM_F_ACK, req)?;
         loop {
-            let (buf, _) = self.sock.recv_from_full().map_err(io("recv"))?;
+            let buf = self
+                .rx
+                .recv(&self.fd, MsgFlags::empty())
+                .map_err(io("recv"))?;
             let mut off = 0;
             while off < buf.len() {
                 let msg = NetlinkMessage::<SockDiagDestroy>::deserialize(&buf[off..])

@@ -1,5 +1,4 @@
-//! Receiving netlink datagrams whole, for this crate's nf_tables socket and for
-//! `interlock-redirect`'s rtnetlink socket.
+//! Receiving netlink datagrams whole.
 //!
 //! A netlink datagram must be read in one `recv` into a buffer large enough for it; the
 //! kernel also sizes the datagrams of a dump after the largest buffer the socket has
