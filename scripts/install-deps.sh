@@ -83,10 +83,28 @@ install_kube_validate() {
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "kubernetes-validate==$version"
 }
 
+check_kubectl() {
+    # `kubectl kustomize` renders deploy/'s overlays in crates/cli/tests/manifests.rs;
+    # they use `patches:`, which needs kustomize v3.1 or later (kubectl 1.21+). Debian's
+    # kubernetes-client is older, so it is only a last resort and said so.
+    if kubectl kustomize --help >/dev/null 2>&1; then
+        return 0
+    fi
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "install-deps: kubectl is missing (kubectl kustomize renders deploy/): install kubectl 1.21 or later" >&2
+        return 1
+    fi
+    echo "install-deps: installing kubectl (Debian's kubernetes-client; deploy/'s overlays need kubectl 1.21 or later)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends kubernetes-client
+}
+
 if ((${#missing[@]} == 0)); then
     check_toolchain
     install_kube_python
     install_kube_validate
+    check_kubectl
     exit $?
 fi
 
@@ -102,3 +120,4 @@ apt-get install -y -qq --no-install-recommends "${missing[@]}"
 check_toolchain
 install_kube_python
 install_kube_validate
+check_kubectl
