@@ -264,6 +264,11 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
             Err(e) => SandboxesSeen::Unreachable(e),
         }
     };
+    // In the agent's pod, hints name the namespace it runs in.
+    let namespace = std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| cluster::DEFAULT_NAMESPACE.to_string());
     let j: Judgement = judge::judge(&Observed {
         effective: &effective,
         binary: binary.as_ref(),
@@ -275,19 +280,8 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
         stale: stale.as_ref(),
         sandboxes: &sandboxes,
         cri_endpoint: &cri_endpoint,
+        namespace: &namespace,
     });
-    // In the agent's pod, hints name the namespace it runs in.
-    let mut j = j;
-    if let Some(ns) = std::env::var("POD_NAMESPACE")
-        .ok()
-        .filter(|n| !n.is_empty())
-    {
-        j.findings = j
-            .findings
-            .into_iter()
-            .map(|f| f.in_namespace(&ns))
-            .collect();
-    }
     let doc = EffectiveDoc::new(&effective, &missing, stale.as_ref());
     NodeReport::new(parts(Some(doc), &binary, &sandboxes), j)
 }

@@ -196,4 +196,371 @@ fn an_unreachable_api_is_could_not_check_with_a_document() {
     assert_eq!(v["verdict"], "could-not-check");
     assert_eq!(v["findings"][0]["id"], "check.api-unreachable");
     assert_eq!(v["nodes"], Value::Null);
+    // What failed, where, and what to do; no client log line, no debug text.
+    let m = v["findings"][0]["message"].as_str().unwrap();
+    assert!(
+        m.contains(&format!("http://127.0.0.1:{port}")) && m.contains("connection refused"),
+        "{m}"
+    );
+    assert!(v["findings"][0]["hint"]
+        .as_str()
+        .unwrap()
+        .contains("--kubeconfig"));
+    let (_, text, err) = check_cluster_with(&d, &[]);
+    no_debug_text(&text);
+    assert!(
+        !err.contains("kube_client"),
+        "a stray client log line: {err}"
+    );
+}
+
+/// `check cluster` with extra arguments and the kubeconfig in `d`: (exit code, stdout,
+/// stderr).
+fn check_cluster_with(d: &Dirs, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(interlock())
+        .args(["check", "cluster"])
+        .args(args)
+        .env("KUBECONFIG", d.tmp.path().join("kubeconfig"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn finding<'a>(v: &'a Value, id: &str) -> &'a Value {
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == id)
+        .unwrap_or_else(|| panic!("no {id}: {v:#}"))
+}
+
+/// No Rust debug text in what an operator reads.
+fn no_debug_text(text: &str) {
+    for needle in [
+        "Status {",
+        "Some(",
+        "ServiceError",
+        "ApiError:",
+        "HyperError",
+    ] {
+        assert!(!text.contains(needle), "{needle:?} in {text}");
+    }
+}
+
+/// A crash-looping agent reads as such, with its restarts and how it last ended, in the
+/// table and the document — never "(Running)".
+#[test]
+fn a_crash_looping_agent_is_named_with_its_last_termination() {
+    let api = KubeApi::start().unwrap();
+    let d = Dirs::new();
+    api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
+        .unwrap();
+    node(&api, "n1", Some("False"), true, "linux");
+    api.put_object(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "interlock-node-aaaa", "namespace": "interlock-system",
+            "labels": {"app.kubernetes.io/name": "interlock",
+                "app.kubernetes.io/version": interlock_buildinfo::CRATE_VERSION}},
+        "spec": {"nodeName": "n1", "containers": [{"name": "agent", "image": "x"}]},
+        "status": {"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": "agent", "image": "x", "imageID": "", "ready": false,
+                "restartCount": 7,
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}},
+                "lastState": {"terminated": {"reason": "Error", "exitCode": 2,
+                    "message": "plugin config /etc/interlock/plugin-config.json: field x: not an interlock-cni setting"}}}]}}));
+    let (code, text, _) = check_cluster_with(&d, &[]);
+    assert_eq!(code, 1, "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.contains("interlock-node-aaaa"))
+        .unwrap();
+    assert!(row.contains("(CrashLoopBackOff, 7 restarts)"), "{row}");
+    assert!(!row.contains("Running"), "{row}");
+    let (_, json_text, _) = check_cluster_with(&d, &["-o", "json"]);
+    let v: Value = serde_json::from_str(&json_text).unwrap();
+    let f = finding(&v, "cluster.agent-crashlooping");
+    let m = f["message"].as_str().unwrap();
+    assert!(
+        m.contains("Error, exit code 2") && m.contains("field x: not an interlock-cni setting"),
+        "{m}"
+    );
+    assert!(f["hint"].as_str().unwrap().contains("--previous"), "{f}");
+    assert_eq!(v["nodes"][0]["agentPod"]["restarts"], 7);
+    assert_eq!(v["nodes"][0]["agentPod"]["waiting"], "CrashLoopBackOff");
+}
+
+/// Leftover istio-cni and linkerd-cni DaemonSets, found by their charts' labels: on a
+/// node with interlock's agent a hole, elsewhere a migration under way.
+#[test]
+fn leftover_mesh_cni_daemonsets_are_found() {
+    let api = KubeApi::start().unwrap();
+    let d = Dirs::new();
+    api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
+        .unwrap();
+    node(&api, "n1", Some("True"), false, "linux");
+    agent_pod(&api, "n1", true);
+    node(&api, "n2", None, true, "linux");
+    let daemonset = |ns: &str, name: &str, labels: Value| {
+        api.put_object(json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "spec": {"selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "install-cni", "image": "x"}]}}}}));
+    };
+    daemonset(
+        "istio-system",
+        "istio-cni-node",
+        json!({"k8s-app": "istio-cni-node"}),
+    );
+    pod(
+        &api,
+        "istio-system",
+        "istio-cni-node-x1",
+        "n1",
+        json!({"k8s-app": "istio-cni-node"}),
+        true,
+    );
+    daemonset(
+        "linkerd-cni",
+        "linkerd-cni",
+        json!({"k8s-app": "linkerd-cni"}),
+    );
+    pod(
+        &api,
+        "linkerd-cni",
+        "linkerd-cni-y2",
+        "n2",
+        json!({"k8s-app": "linkerd-cni"}),
+        true,
+    );
+    // A primary CNI's DaemonSet is no mesh's.
+    daemonset(
+        "kube-system",
+        "calico-node",
+        json!({"k8s-app": "calico-node"}),
+    );
+    let (code, text, _) = check_cluster_with(&d, &["-o", "json"]);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(code, 2, "{v:#}");
+    let both = finding(&v, "cluster.other-mesh-cni");
+    assert_eq!(both["status"], "fail");
+    assert!(
+        both["message"]
+            .as_str()
+            .unwrap()
+            .contains("istio-cni DaemonSet istio-system/istio-cni-node also runs on n1"),
+        "{both}"
+    );
+    let elsewhere = finding(&v, "cluster.other-mesh-cni-elsewhere");
+    assert_eq!(elsewhere["status"], "warn");
+    assert!(elsewhere["message"]
+        .as_str()
+        .unwrap()
+        .contains("linkerd-cni/linkerd-cni"));
+    assert!(!text.contains("calico-node"), "{text}");
+}
+
+/// Hints name the namespace the agent was looked for in.
+#[test]
+fn hints_name_the_namespace_given() {
+    let api = KubeApi::start().unwrap();
+    let d = Dirs::new();
+    api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
+        .unwrap();
+    node(&api, "n1", None, false, "linux");
+    let (code, text, _) = check_cluster_with(&d, &["--namespace", "mesh-guard", "-o", "json"]);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(code, 2, "{v:#}");
+    let hint = finding(&v, "cluster.no-agent")["hint"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(hint.contains("kubectl -n mesh-guard get ds"), "{hint}");
+    assert!(!text.contains("interlock-system"), "{text}");
+}
+
+/// --kubeconfig and --context choose the cluster; a missing file or context is named,
+/// with the contexts there are.
+#[test]
+fn kubeconfig_and_context_flags_choose_the_cluster() {
+    let api = KubeApi::start().unwrap();
+    let d = Dirs::new();
+    let good = d.tmp.path().join("good.yaml");
+    api.write_kubeconfig(&good).unwrap();
+    node(&api, "n1", Some("True"), false, "linux");
+    agent_pod(&api, "n1", true);
+    // $KUBECONFIG points at a dead server; --kubeconfig wins.
+    std::fs::write(
+        d.tmp.path().join("kubeconfig"),
+        "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n",
+    )
+    .unwrap();
+    let (code, text, _) = check_cluster_with(&d, &["--kubeconfig", good.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}");
+    // Two contexts: the current one dead, the other the fake.
+    let text = std::fs::read_to_string(&good).unwrap();
+    let two = text.replace("current-context: fake", "current-context: dead") + "";
+    let two = two.replace(
+        "contexts:\n",
+        "contexts:\n- name: dead\n  context:\n    cluster: dead\n    user: fake\n",
+    );
+    let two = two.replace(
+        "clusters:\n",
+        "clusters:\n- name: dead\n  cluster:\n    server: http://127.0.0.1:1\n",
+    );
+    let both = d.tmp.path().join("both.yaml");
+    std::fs::write(&both, two).unwrap();
+    let b = both.to_str().unwrap();
+    let (code, text, _) = check_cluster_with(&d, &["--kubeconfig", b, "--context", "fake"]);
+    assert_eq!(code, 0, "{text}");
+    let (code, text, _) =
+        check_cluster_with(&d, &["--kubeconfig", b, "--context", "nope", "-o", "json"]);
+    assert_eq!(code, 3, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let m = finding(&v, "check.no-credentials")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        m.contains("no context \"nope\"") && m.contains("dead, fake"),
+        "{m}"
+    );
+    let (code, text, _) =
+        check_cluster_with(&d, &["--kubeconfig", "/nonexistent/kc", "-o", "json"]);
+    assert_eq!(code, 3, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let m = finding(&v, "check.no-credentials")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        m.contains("kubeconfig /nonexistent/kc (from --kubeconfig) does not exist"),
+        "{m}"
+    );
+    assert!(!m.contains("\\\""), "no double quoting: {m}");
+}
+
+/// 401 and 403 each get their own id, saying what to do; a 403 names the verb and the
+/// resource that were refused. No debug structs.
+#[test]
+fn unauthorized_and_forbidden_say_what_to_fix() {
+    use interlock_testkit::kubeapi::{FailRule, UserInfo};
+    let api = KubeApi::start().unwrap();
+    let d = Dirs::new();
+    api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
+        .unwrap();
+    node(&api, "n1", Some("True"), false, "linux");
+    agent_pod(&api, "n1", true);
+    api.fail_next_matching(FailRule {
+        remaining: 1,
+        code: 401,
+        method: Some("GET".into()),
+        path_contains: Some("/api/v1/nodes".into()),
+    });
+    let (code, text, err) = check_cluster_with(&d, &["-o", "json"]);
+    assert_eq!(code, 3, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let f = finding(&v, "check.api-unauthorized");
+    assert!(
+        f["message"].as_str().unwrap().contains("401 Unauthorized"),
+        "{f}"
+    );
+    assert!(f["hint"].as_str().unwrap().contains("renew"), "{f}");
+    no_debug_text(&text);
+    no_debug_text(&err);
+
+    // A user RBAC lets list nodes and pods, but not DaemonSets: the check stands,
+    // and says what it could not look at.
+    api.add_token(
+        "dev-token",
+        UserInfo {
+            username: "dev".into(),
+            groups: vec!["system:authenticated".into()],
+            extra: Default::default(),
+        },
+    );
+    api.write_kubeconfig_with_token(&d.tmp.path().join("kubeconfig"), "dev-token")
+        .unwrap();
+    let (code, text, err) = check_cluster_with(&d, &["-o", "json"]);
+    assert_eq!(code, 3, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let f = finding(&v, "check.api-forbidden");
+    let m = f["message"].as_str().unwrap();
+    assert!(
+        m.contains("may not list nodes (403 Forbidden)") && m.contains("User \"dev\""),
+        "{m}"
+    );
+    let h = f["hint"].as_str().unwrap();
+    assert!(h.contains("kubectl auth can-i list nodes"), "{h}");
+    no_debug_text(&text);
+    no_debug_text(&err);
+
+    api.put_object(
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "viewer"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list"]}]}),
+    );
+    api.put_object(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "dev-viewer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "viewer"},
+        "subjects": [{"kind": "User", "name": "dev", "apiGroup": "rbac.authorization.k8s.io"}]}));
+    let (code, text, _) = check_cluster_with(&d, &["-o", "json"]);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(code, 0, "a warning only: {v:#}");
+    let f = finding(&v, "cluster.daemonsets-unreadable");
+    assert_eq!(f["status"], "warn");
+    assert!(
+        f["message"]
+            .as_str()
+            .unwrap()
+            .contains("may not list daemonsets.apps in every namespace"),
+        "{f}"
+    );
+}
+
+/// A server that accepts and never answers: "did not answer within" the --timeout given,
+/// well before the default 30 s.
+#[test]
+fn a_silent_api_server_times_out_at_the_timeout_given() {
+    let d = Dirs::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let held = std::thread::spawn(move || {
+        // Keep the connections open, silent, until the check gives up.
+        let mut open = Vec::new();
+        listener.set_nonblocking(true).unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < until && open.len() < 8 {
+            match listener.accept() {
+                Ok((s, _)) => open.push(s),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            }
+        }
+    });
+    std::fs::write(
+        d.tmp.path().join("kubeconfig"),
+        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: x\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: x\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: x\n    user: x\ncurrent-context: x\n"),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let (code, text, _) = check_cluster_with(&d, &["--timeout", "1s", "-o", "json"]);
+    let took = started.elapsed();
+    assert_eq!(code, 3, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let m = finding(&v, "check.api-unreachable")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        m.contains(&format!("127.0.0.1:{port} did not answer within 1 s")),
+        "{m}"
+    );
+    assert!(took < std::time::Duration::from_secs(25), "took {took:?}");
+    drop(held);
 }

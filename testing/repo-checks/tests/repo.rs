@@ -224,3 +224,39 @@ fn no_import_cycle_between_modules_of_any_crate() {
     );
     assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));
 }
+
+/// The docs pages and anchors the CLI names in its hints (`docs/check.md#…`) exist.
+#[test]
+fn every_docs_reference_in_the_cli_resolves() {
+    let root = repo_root();
+    let mut stack = vec![root.join("crates/cli/src")];
+    let mut refs = BTreeSet::new();
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (at, _) in text.match_indices("docs/") {
+                    let r: String = text[at..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || "/.#-_".contains(*c))
+                        .collect();
+                    let r = r.trim_end_matches('.').to_string();
+                    if r.contains(".md") {
+                        refs.insert(r);
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        refs.iter().any(|r| r.starts_with("docs/check.md#")),
+        "no docs reference found in the CLI: {refs:?}"
+    );
+    // As links from a page at the repository's root.
+    let text: String = refs.iter().map(|r| format!("[x]({r})\n")).collect();
+    let problems = broken_links(&root, std::path::Path::new("README.md"), &text);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

@@ -29,9 +29,29 @@ pub struct ClusterArgs {
     /// The label selector of the agent's pods.
     #[arg(long, default_value = DEFAULT_AGENT_SELECTOR)]
     agent_selector: String,
+    /// The kubeconfig to read [default: in a pod its service account, else $KUBECONFIG,
+    /// else ~/.kube/config].
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// The kubeconfig context to use [default: its current context].
+    #[arg(long, value_name = "NAME")]
+    context: Option<String>,
+    /// How long the API may take for all of check's calls, in seconds (`30` or `30s`).
+    #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = parse_timeout)]
+    timeout: std::time::Duration,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     pub output: super::Output,
+}
+
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    s.strip_suffix('s')
+        .unwrap_or(s)
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x > 0.0 && *x <= 3600.0)
+        .map(std::time::Duration::from_secs_f64)
+        .ok_or_else(|| format!("{s:?}: expected seconds, e.g. 30 or 2.5s (at most 3600)"))
 }
 
 /// `InterlockReady` as a node carries it.
@@ -60,7 +80,7 @@ pub struct NodeFacts {
 }
 
 /// One agent pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AgentPodFacts {
     /// Its name.
     pub name: String,
@@ -73,6 +93,24 @@ pub struct AgentPodFacts {
     /// Its `app.kubernetes.io/version` label: the interlock version of its image, as the
     /// manifests label it (`None`: not labelled).
     pub version: Option<String>,
+    /// How often its agent container restarted.
+    pub restarts: i32,
+    /// Why its agent container is waiting (`CrashLoopBackOff`, `ImagePullBackOff`, …).
+    pub waiting: Option<String>,
+    /// How its agent container last ended: reason and exit code (`OOMKilled, exit code
+    /// 137`), and the message the container left, if any.
+    pub last_termination: Option<String>,
+}
+
+/// A DaemonSet of another mesh's CNI plugin (its chart's name or labels).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeshCniFacts {
+    /// `istio-cni`, `linkerd-cni`, `consul-cni` or `kuma-cni`.
+    pub mesh: &'static str,
+    /// `namespace/name`.
+    pub daemonset: String,
+    /// The nodes its pods run on.
+    pub nodes: Vec<String>,
 }
 
 /// A pod labelled unprotected.
@@ -88,7 +126,7 @@ pub struct PodRef {
 }
 
 /// Everything [`judge_cluster`] looks at.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterFacts {
     /// The version of this `interlock` (the CLI), `major.minor.patch`.
     pub cli_version: String,
@@ -98,6 +136,23 @@ pub struct ClusterFacts {
     pub agents: Vec<AgentPodFacts>,
     /// Pods labelled `interlock.dev/unprotected=true`.
     pub unprotected: Vec<PodRef>,
+    /// The agent's namespace (hints name it; empty: the default).
+    pub namespace: String,
+    /// Other meshes' CNI DaemonSets, or why they could not be listed.
+    pub mesh_cni: Result<Vec<MeshCniFacts>, String>,
+}
+
+impl Default for ClusterFacts {
+    fn default() -> ClusterFacts {
+        ClusterFacts {
+            cli_version: String::new(),
+            nodes: Vec::new(),
+            agents: Vec::new(),
+            unprotected: Vec::new(),
+            namespace: DEFAULT_NAMESPACE.into(),
+            mesh_cni: Ok(Vec::new()),
+        }
+    }
 }
 
 /// The agent pod of a node in the report.
@@ -112,6 +167,12 @@ pub struct AgentPodDoc {
     pub ready: bool,
     /// Its interlock version (`null`: its pod carries no version label).
     pub version: Option<String>,
+    /// How often its agent container restarted.
+    pub restarts: i32,
+    /// Why its agent container is waiting (`null`: it is not).
+    pub waiting: Option<String>,
+    /// How its agent container last ended (`null`: it never did).
+    pub last_termination: Option<String>,
 }
 
 /// One Linux node in the report.
@@ -181,18 +242,78 @@ impl ClusterReport {
     }
 }
 
-const HINT_NO_AGENT: &str = "check the DaemonSet (kubectl -n interlock-system get ds,pods -o wide): its nodeSelector and tolerations must reach every Linux node; register node pools with the startup taint so pods wait for the agent";
-const HINT_AGENT_NOT_READY: &str =
-    "read the agent's log on that node: kubectl -n interlock-system logs <pod>; `interlock check node` in the pod says why";
-const HINT_NOT_READY_UNGATED: &str = "the agent runs with taintEffect none (or the taint was removed): set taintEffect NoSchedule so an unprotected node takes no pods, and see the condition's message";
-const HINT_NOT_READY: &str =
-    "the node takes no new pods until the agent is ready: see the condition's message and `interlock check node` on it";
-const HINT_NO_CONDITION: &str = "the agent on that node never wrote its condition: does it run with --kube=auto and the RBAC of `interlock manifests`?";
-const HINT_TAINTED: &str = "the agent removes the taint once ready; if it stays, the agent cannot patch the node (RBAC) — see its log";
-const HINT_UNPROTECTED: &str = "an agent found these pods unprotected and, by its repair policy (report, or repairs that kept failing), left them so: see the pods' Events (Unprotected, RepairFailed) and delete them so they start again through interlock";
+/// Where docs/check.md explains the cluster's findings.
+const DOC_CLUSTER: &str = "docs/check.md#the-cluster-check-cluster";
+/// Where docs/check.md explains `check`'s own findings (credentials, the API).
+const DOC_CHECK: &str = "docs/check.md#check-itself";
 
-const HINT_VERSION_SKEW: &str = "use the interlock of the agents' release to check, or finish the upgrade: agents and CLI are supported at the same minor version (docs/operate.md, Upgrading)";
-const HINT_MIXED: &str = "normal while a DaemonSet rollout runs (`kubectl -n interlock-system rollout status ds/interlock-node`); otherwise some nodes did not take the update";
+/// What to do about a cluster finding, with the agent's namespace `ns` in its commands.
+fn hint(id: &str, ns: &str) -> String {
+    match id {
+        "cluster.no-agent" | "cluster.no-agent-gated" => format!(
+            "check the DaemonSet (kubectl -n {ns} get ds,pods -o wide): its nodeSelector and tolerations must reach every Linux node; register node pools with the startup taint so pods wait for the agent ({DOC_CLUSTER})"
+        ),
+        "cluster.agent-not-ready" => format!(
+            "read the agent's log on that node: kubectl -n {ns} logs <pod>; `interlock check node` in the pod says why ({DOC_CLUSTER})"
+        ),
+        "cluster.agent-crashlooping" => format!(
+            "the agent keeps exiting: read why with kubectl -n {ns} logs <pod> --previous; OOMKilled: raise resources.limits.memory (interlock manifests --set, docs/install.md#settings-values-file-and---set) ({DOC_CLUSTER})"
+        ),
+        "cluster.agent-restarted" => format!(
+            "the agent is ready now but restarted: kubectl -n {ns} logs <pod> --previous says why; OOMKilled: raise resources.limits.memory ({DOC_CLUSTER})"
+        ),
+        "cluster.not-ready-ungated" => format!(
+            "the agent runs with taintEffect none (or the taint was removed): set taintEffect NoSchedule so an unprotected node takes no pods, and see the condition's message ({DOC_CLUSTER})"
+        ),
+        "cluster.not-ready" => format!(
+            "the node takes no new pods until the agent is ready: see the condition's message and `interlock check node` on it ({DOC_CLUSTER})"
+        ),
+        "cluster.no-condition" => format!(
+            "the agent on that node never wrote its condition: does it run with --kube=auto and the RBAC of `interlock manifests`? ({DOC_CLUSTER})"
+        ),
+        "cluster.tainted-while-ready" => format!(
+            "the agent removes the taint once ready; if it stays, the agent cannot patch the node (RBAC): kubectl -n {ns} logs <pod> ({DOC_CLUSTER})"
+        ),
+        "cluster.version-skew" => "use the interlock of the agents' release to check, or finish the upgrade: agents and CLI are supported at the same minor version (docs/operate.md#upgrading)".into(),
+        "cluster.mixed-versions" => format!(
+            "normal while a DaemonSet rollout runs (kubectl -n {ns} rollout status ds/interlock-node); otherwise some nodes did not take the update (docs/operate.md#upgrading)"
+        ),
+        "cluster.other-mesh-cni" => format!(
+            "on those nodes each pod's traffic is redirected twice: remove the mesh's CNI DaemonSet, or keep it off interlock's nodes while you move one node pool at a time (docs/migration.md#one-node-pool-at-a-time); `interlock check node` there names the file ({DOC_CLUSTER})"
+        ),
+        "cluster.other-mesh-cni-elsewhere" => format!(
+            "fine while you move one node pool at a time; when every pool runs interlock, remove it (docs/migration.md#one-node-pool-at-a-time) ({DOC_CLUSTER})"
+        ),
+        "cluster.daemonsets-unreadable" => format!(
+            "grant list on daemonsets.apps in every namespace to see leftover mesh CNI DaemonSets (kubectl auth can-i list daemonsets.apps -A) ({DOC_CHECK})"
+        ),
+        "cluster.nodes" => "the API lists no Linux node: is the kubeconfig's cluster the right one (--kubeconfig, --context)?".into(),
+        _ => format!(
+            "an agent found these pods unprotected and, by its repair policy (report, or repairs that kept failing), left them so: see the pods' Events (Unprotected, RepairFailed) and delete them so they start again through interlock ({DOC_CLUSTER})"
+        ),
+    }
+}
+
+/// What a cluster finding is about, for its message.
+fn what(id: &str) -> &'static str {
+    match id {
+        "cluster.no-agent" => "nodes without an interlock agent",
+        "cluster.no-agent-gated" => "nodes without an agent, gated",
+        "cluster.agent-not-ready" => "agent pods not ready",
+        "cluster.agent-crashlooping" => "agent pods crash-looping",
+        "cluster.agent-restarted" => "agent pods that restarted",
+        "cluster.not-ready-ungated" => "nodes not ready and not gated",
+        "cluster.not-ready" => "nodes not ready",
+        "cluster.no-condition" => "nodes without InterlockReady",
+        "cluster.tainted-while-ready" => "nodes still tainted",
+        "cluster.version-skew" => "agents of another minor version than this interlock",
+        "cluster.mixed-versions" => "agents of several versions",
+        "cluster.other-mesh-cni" => "another mesh's CNI DaemonSet runs on nodes with interlock",
+        "cluster.other-mesh-cni-elsewhere" => "another mesh's CNI DaemonSet is still installed",
+        "cluster.daemonsets-unreadable" => "other meshes' CNI DaemonSets not looked for",
+        _ => "meshed pods running unprotected",
+    }
+}
 
 /// `major.minor` of a version (the whole text when it has no two dots' worth).
 fn minor_of(v: &str) -> &str {
@@ -202,135 +323,208 @@ fn minor_of(v: &str) -> &str {
     }
 }
 
-/// Judges the cluster from what the API showed. Pure.
-pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
-    let mut by_kind: BTreeMap<&'static str, (Status, Effect, Vec<String>)> = BTreeMap::new();
-    let mut docs = Vec::new();
-    let mut nodes: Vec<&NodeFacts> = f.nodes.iter().filter(|n| n.linux).collect();
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    for n in &nodes {
-        // A ready agent pod wins over others of the same node (a rollout's old one).
-        let agent = f
-            .agents
-            .iter()
-            .filter(|a| a.node == n.name)
-            .max_by_key(|a| a.ready);
-        let unprotected: Vec<String> = f
-            .unprotected
-            .iter()
-            .filter(|p| p.node == n.name)
-            .map(|p| format!("{}/{}", p.namespace, p.name))
-            .collect();
-        let tainted = n.taint.is_some();
-        let mut problems: Vec<(&'static str, Status, Effect, String)> = Vec::new();
-        let cond = n.condition.as_ref();
-        let why = cond
-            .map(|c| format!("{}: {}", c.reason, c.message))
-            .unwrap_or_default();
-        match agent {
-            None if tainted => problems.push((
-                "cluster.no-agent-gated",
-                Status::Fail,
-                Effect::Risk,
-                "no agent pod; the startup taint keeps pods off".into(),
-            )),
-            None => problems.push((
-                "cluster.no-agent",
-                Status::Fail,
-                Effect::Hole,
-                "no agent pod and no startup taint: pods scheduled here start without interlock"
-                    .into(),
-            )),
-            Some(a) if !a.ready => problems.push((
-                "cluster.agent-not-ready",
-                Status::Fail,
-                Effect::Risk,
-                format!("agent pod {} is not ready ({})", a.name, a.phase),
-            )),
-            Some(_) => {}
-        }
-        match cond.map(|c| c.status.as_str()) {
-            Some("True") if tainted => problems.push((
-                "cluster.tainted-while-ready",
-                Status::Warn,
-                Effect::None,
-                "InterlockReady=True but the startup taint is still on".into(),
-            )),
-            Some("True") => {}
-            Some(s) if tainted => problems.push((
-                "cluster.not-ready",
-                Status::Fail,
-                Effect::Risk,
-                format!("InterlockReady={s} ({why}); tainted, so no new pods land"),
-            )),
-            Some(s) => problems.push((
-                "cluster.not-ready-ungated",
-                Status::Fail,
-                Effect::Hole,
-                format!("InterlockReady={s} ({why}) and no startup taint: pods still land here"),
-            )),
-            // Without an agent, the missing condition is already said.
-            None if agent.is_none() => {}
-            None => problems.push((
-                "cluster.no-condition",
-                Status::Fail,
-                Effect::Risk,
-                "no InterlockReady condition: the agent has not reported to the API".into(),
-            )),
-        }
-        if !unprotected.is_empty() {
-            problems.push((
-                "cluster.unprotected-pods",
-                Status::Fail,
-                Effect::Hole,
-                format!("pods labelled unprotected: {}", unprotected.join(", ")),
-            ));
-        }
-        let verdict = match problems
-            .iter()
-            .filter(|p| p.1 == Status::Fail)
-            .map(|p| p.2)
-            .min()
-        {
-            Some(Effect::Hole) => Verdict::Unprotected,
-            Some(_) => Verdict::AtRisk,
-            None => Verdict::Protected,
-        };
-        for (id, status, effect, msg) in &problems {
-            by_kind
-                .entry(id)
-                .or_insert((*status, *effect, Vec::new()))
-                .2
-                .push(format!("{} ({msg})", n.name));
-        }
-        docs.push(NodeDoc {
-            name: n.name.clone(),
-            verdict,
-            interlock_ready: cond.map(|c| c.status.clone()),
-            interlock_ready_reason: cond.map(|_| why.clone()),
-            taint: n.taint.clone(),
-            agent_pod: agent.map(|a| AgentPodDoc {
-                name: a.name.clone(),
-                phase: a.phase.clone(),
-                ready: a.ready,
-                version: a.version.clone(),
-            }),
-            unprotected_pods: unprotected,
-            problems: problems.into_iter().map(|p| p.3).collect(),
-        });
+/// One problem with a node: id, status, effect, message.
+type Problem = (&'static str, Status, Effect, String);
+
+/// Findings of one kind, the items (one per node or object) they name.
+#[derive(Default)]
+struct Kinds(BTreeMap<&'static str, (Status, Effect, Vec<String>)>);
+
+impl Kinds {
+    fn add(&mut self, id: &'static str, status: Status, effect: Effect, item: String) {
+        self.0
+            .entry(id)
+            .or_insert((status, effect, Vec::new()))
+            .2
+            .push(item);
     }
-    // Labelled pods on no known Linux node still count.
-    let known: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+}
+
+/// An agent pod as the table and the messages show it: ready, or its phase, why it
+/// waits and how often it restarted.
+fn agent_state(a: &AgentPodFacts) -> String {
+    let mut s = if a.ready {
+        "ready".to_string()
+    } else {
+        a.waiting.clone().unwrap_or_else(|| a.phase.clone())
+    };
+    if a.restarts > 0 {
+        s.push_str(&format!(
+            ", {} restart{}",
+            a.restarts,
+            if a.restarts == 1 { "" } else { "s" }
+        ));
+    }
+    s
+}
+
+fn last_ended(a: &AgentPodFacts) -> String {
+    a.last_termination
+        .as_deref()
+        .map(|t| format!("; last ended: {t}"))
+        .unwrap_or_default()
+}
+
+/// The agent pod of a node: missing, crash-looping, not ready, or restarted.
+fn agent_problems(agent: Option<&AgentPodFacts>, tainted: bool) -> Vec<Problem> {
+    match agent {
+        None if tainted => vec![(
+            "cluster.no-agent-gated",
+            Status::Fail,
+            Effect::Risk,
+            "no agent pod; the startup taint keeps pods off".into(),
+        )],
+        None => vec![(
+            "cluster.no-agent",
+            Status::Fail,
+            Effect::Hole,
+            "no agent pod and no startup taint: pods scheduled here start without interlock".into(),
+        )],
+        Some(a) if !a.ready && a.waiting.as_deref() == Some("CrashLoopBackOff") => vec![(
+            "cluster.agent-crashlooping",
+            Status::Fail,
+            Effect::Risk,
+            format!(
+                "agent pod {} is crash-looping ({}){}",
+                a.name,
+                agent_state(a),
+                last_ended(a)
+            ),
+        )],
+        Some(a) if !a.ready => vec![(
+            "cluster.agent-not-ready",
+            Status::Fail,
+            Effect::Risk,
+            format!(
+                "agent pod {} is not ready ({}){}",
+                a.name,
+                agent_state(a),
+                last_ended(a)
+            ),
+        )],
+        Some(a) if a.restarts > 0 => vec![(
+            "cluster.agent-restarted",
+            Status::Warn,
+            Effect::None,
+            format!(
+                "agent pod {} restarted {} time{}{}",
+                a.name,
+                a.restarts,
+                if a.restarts == 1 { "" } else { "s" },
+                last_ended(a)
+            ),
+        )],
+        Some(_) => vec![],
+    }
+}
+
+/// The node's `InterlockReady` condition against its taint.
+fn condition_problems(n: &NodeFacts, has_agent: bool, why: &str) -> Vec<Problem> {
+    let tainted = n.taint.is_some();
+    match n.condition.as_ref().map(|c| c.status.as_str()) {
+        Some("True") if tainted => vec![(
+            "cluster.tainted-while-ready",
+            Status::Warn,
+            Effect::None,
+            "InterlockReady=True but the startup taint is still on".into(),
+        )],
+        Some("True") => vec![],
+        Some(s) if tainted => vec![(
+            "cluster.not-ready",
+            Status::Fail,
+            Effect::Risk,
+            format!("InterlockReady={s} ({why}); tainted, so no new pods land"),
+        )],
+        Some(s) => vec![(
+            "cluster.not-ready-ungated",
+            Status::Fail,
+            Effect::Hole,
+            format!("InterlockReady={s} ({why}) and no startup taint: pods still land here"),
+        )],
+        // Without an agent, the missing condition is already said.
+        None if !has_agent => vec![],
+        None => vec![(
+            "cluster.no-condition",
+            Status::Fail,
+            Effect::Risk,
+            "no InterlockReady condition: the agent has not reported to the API".into(),
+        )],
+    }
+}
+
+/// One Linux node: its problems (added to `kinds`) and its row.
+fn judge_node(f: &ClusterFacts, n: &NodeFacts, kinds: &mut Kinds) -> NodeDoc {
+    // A ready agent pod wins over others of the same node (a rollout's old one).
+    let agent = f
+        .agents
+        .iter()
+        .filter(|a| a.node == n.name)
+        .max_by_key(|a| a.ready);
+    let unprotected: Vec<String> = f
+        .unprotected
+        .iter()
+        .filter(|p| p.node == n.name)
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .collect();
+    let cond = n.condition.as_ref();
+    let why = cond
+        .map(|c| format!("{}: {}", c.reason, c.message))
+        .unwrap_or_default();
+    let mut problems = agent_problems(agent, n.taint.is_some());
+    problems.extend(condition_problems(n, agent.is_some(), &why));
+    if !unprotected.is_empty() {
+        problems.push((
+            "cluster.unprotected-pods",
+            Status::Fail,
+            Effect::Hole,
+            format!("pods labelled unprotected: {}", unprotected.join(", ")),
+        ));
+    }
+    let verdict = match problems
+        .iter()
+        .filter(|p| p.1 == Status::Fail)
+        .map(|p| p.2)
+        .min()
+    {
+        Some(Effect::Hole) => Verdict::Unprotected,
+        Some(_) => Verdict::AtRisk,
+        None => Verdict::Protected,
+    };
+    for (id, status, effect, msg) in &problems {
+        kinds.add(id, *status, *effect, format!("{} ({msg})", n.name));
+    }
+    NodeDoc {
+        name: n.name.clone(),
+        verdict,
+        interlock_ready: cond.map(|c| c.status.clone()),
+        interlock_ready_reason: cond.map(|_| why.clone()),
+        taint: n.taint.clone(),
+        agent_pod: agent.map(|a| AgentPodDoc {
+            name: a.name.clone(),
+            phase: a.phase.clone(),
+            ready: a.ready,
+            version: a.version.clone(),
+            restarts: a.restarts,
+            waiting: a.waiting.clone(),
+            last_termination: a.last_termination.clone(),
+        }),
+        unprotected_pods: unprotected,
+        problems: problems.into_iter().map(|p| p.3).collect(),
+    }
+}
+
+/// Labelled pods on no known Linux node still count.
+fn stray_unprotected(f: &ClusterFacts, known: &[&str], kinds: &mut Kinds) {
     for p in f
         .unprotected
         .iter()
         .filter(|p| !known.contains(&p.node.as_str()))
     {
-        by_kind
-            .entry("cluster.unprotected-pods")
-            .or_insert((Status::Fail, Effect::Hole, Vec::new()))
-            .2
-            .push(format!(
+        kinds.add(
+            "cluster.unprotected-pods",
+            Status::Fail,
+            Effect::Hole,
+            format!(
                 "{} (pod {}/{} labelled unprotected)",
                 if p.node.is_empty() {
                     "no node"
@@ -339,10 +533,14 @@ pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
                 },
                 p.namespace,
                 p.name
-            ));
+            ),
+        );
     }
-    // Version skew (docs/operate.md, "Upgrading"): agents and this CLI of one minor
-    // version; several versions across nodes while a rollout runs.
+}
+
+/// Version skew (docs/operate.md, "Upgrading"): agents and this CLI of one minor
+/// version; several versions across nodes while a rollout runs.
+fn version_findings(f: &ClusterFacts, known: &[&str], kinds: &mut Kinds) {
     let mut versions: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for a in f.agents.iter().filter(|a| known.contains(&a.node.as_str())) {
         versions
@@ -357,56 +555,106 @@ pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
         .map(|(v, nodes)| format!("{v} on {}", nodes.join(", ")))
         .collect();
     if !off.is_empty() {
-        by_kind
-            .entry("cluster.version-skew")
-            .or_insert((Status::Warn, Effect::None, Vec::new()))
-            .2
-            .push(format!(
+        kinds.add(
+            "cluster.version-skew",
+            Status::Warn,
+            Effect::None,
+            format!(
                 "this interlock is {}; agents: {}",
                 f.cli_version,
                 off.join("; ")
-            ));
+            ),
+        );
     }
     if versions.len() > 1 {
-        by_kind
-            .entry("cluster.mixed-versions")
-            .or_insert((Status::Warn, Effect::None, Vec::new()))
-            .2
-            .push(
-                versions
-                    .iter()
-                    .map(|(v, nodes)| format!("{v} on {} node(s)", nodes.len()))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            );
+        kinds.add(
+            "cluster.mixed-versions",
+            Status::Warn,
+            Effect::None,
+            versions
+                .iter()
+                .map(|(v, nodes)| format!("{v} on {} node(s)", nodes.len()))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
     }
-    let mut findings: Vec<Finding> = by_kind
+}
+
+/// Other meshes' CNI DaemonSets: on a node that also runs interlock's agent, pods get
+/// two redirections (a hole); elsewhere, a migration still under way (a warning).
+fn mesh_cni_findings(f: &ClusterFacts, kinds: &mut Kinds) {
+    let ours: Vec<&str> = f.agents.iter().map(|a| a.node.as_str()).collect();
+    match &f.mesh_cni {
+        Err(e) => kinds.add(
+            "cluster.daemonsets-unreadable",
+            Status::Warn,
+            Effect::None,
+            e.clone(),
+        ),
+        Ok(found) => {
+            for m in found {
+                let both: Vec<&str> = m
+                    .nodes
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|n| ours.contains(n))
+                    .collect();
+                if both.is_empty() {
+                    kinds.add(
+                        "cluster.other-mesh-cni-elsewhere",
+                        Status::Warn,
+                        Effect::None,
+                        format!(
+                            "{} DaemonSet {} on {} node(s), none running interlock",
+                            m.mesh,
+                            m.daemonset,
+                            m.nodes.len()
+                        ),
+                    );
+                } else {
+                    kinds.add(
+                        "cluster.other-mesh-cni",
+                        Status::Fail,
+                        Effect::Hole,
+                        format!(
+                            "{} DaemonSet {} also runs on {}",
+                            m.mesh,
+                            m.daemonset,
+                            both.join(", ")
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Judges the cluster from what the API showed, one area at a time. Pure.
+pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
+    let ns = if f.namespace.is_empty() {
+        DEFAULT_NAMESPACE
+    } else {
+        &f.namespace
+    };
+    let mut kinds = Kinds::default();
+    let mut nodes: Vec<&NodeFacts> = f.nodes.iter().filter(|n| n.linux).collect();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let docs: Vec<NodeDoc> = nodes.iter().map(|n| judge_node(f, n, &mut kinds)).collect();
+    let known: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    stray_unprotected(f, &known, &mut kinds);
+    version_findings(f, &known, &mut kinds);
+    mesh_cni_findings(f, &mut kinds);
+    let mut findings: Vec<Finding> = kinds
+        .0
         .into_iter()
         .map(|(id, (status, effect, items))| {
-            let (what, hint) = match id {
-                "cluster.no-agent" => ("nodes without an interlock agent", HINT_NO_AGENT),
-                "cluster.no-agent-gated" => ("nodes without an agent, gated", HINT_NO_AGENT),
-                "cluster.agent-not-ready" => ("agent pods not ready", HINT_AGENT_NOT_READY),
-                "cluster.not-ready-ungated" => {
-                    ("nodes not ready and not gated", HINT_NOT_READY_UNGATED)
-                }
-                "cluster.not-ready" => ("nodes not ready", HINT_NOT_READY),
-                "cluster.no-condition" => ("nodes without InterlockReady", HINT_NO_CONDITION),
-                "cluster.tainted-while-ready" => ("nodes still tainted", HINT_TAINTED),
-                "cluster.version-skew" => (
-                    "agents of another minor version than this interlock",
-                    HINT_VERSION_SKEW,
-                ),
-                "cluster.mixed-versions" => ("agents of several versions", HINT_MIXED),
-                _ => ("meshed pods running unprotected", HINT_UNPROTECTED),
-            };
             Finding::new(
                 id,
                 "cluster",
                 status,
                 effect,
-                format!("{what}: {}", items.join("; ")),
-                hint,
+                format!("{}: {}", what(id), items.join("; ")),
+                hint(id, ns),
             )
         })
         .collect();
@@ -428,7 +676,7 @@ pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
             nodes.len(),
             if nodes.len() == 1 { "" } else { "s" }
         ),
-        "the API lists no Linux node: is the kubeconfig's cluster the right one?",
+        hint("cluster.nodes", ns),
     ));
     let j = judge::conclude(
         findings,
@@ -440,26 +688,232 @@ pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
     (j, docs)
 }
 
-/// Reads the facts from the API: three list calls.
+/// The DaemonSets of other meshes' CNI plugins, by the names and labels their own
+/// charts give them: istio's `istio-cni-node` (`k8s-app`/`app: istio-cni-node`,
+/// `app.kubernetes.io/name: istio-cni`), linkerd2-cni's `linkerd-cni`
+/// (`k8s-app: linkerd-cni`, `linkerd.io/cni-resource`), consul-k8s's `<release>-cni`
+/// (`app: consul`, `component: cni`) and kuma's `kuma-cni-node` (`app: kuma-cni`).
+pub fn mesh_cni_of(name: &str, labels: &BTreeMap<String, String>) -> Option<&'static str> {
+    let label = |k: &str| labels.get(k).map(String::as_str);
+    if name == "istio-cni-node"
+        || name.starts_with("istio-cni-node-")
+        || label("k8s-app") == Some("istio-cni-node")
+        || label("app") == Some("istio-cni-node")
+        || label("app.kubernetes.io/name") == Some("istio-cni")
+    {
+        Some("istio-cni")
+    } else if name == "linkerd-cni"
+        || label("k8s-app") == Some("linkerd-cni")
+        || label("linkerd.io/cni-resource") == Some("true")
+    {
+        Some("linkerd-cni")
+    } else if (label("app") == Some("consul") && label("component") == Some("cni"))
+        || name == "consul-cni"
+        || name.ends_with("-consul-cni")
+    {
+        Some("consul-cni")
+    } else if name == "kuma-cni-node" || label("app") == Some("kuma-cni") {
+        Some("kuma-cni")
+    } else {
+        None
+    }
+}
+
+/// One call `check cluster` makes, named in an error.
+struct Call {
+    verb: &'static str,
+    resource: &'static str,
+    /// `in every namespace`, `in namespace x`, or empty (cluster-scoped).
+    scope: String,
+}
+
+impl std::fmt::Display for Call {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.verb, self.resource)?;
+        if !self.scope.is_empty() {
+            write!(f, " {}", self.scope)?;
+        }
+        Ok(())
+    }
+}
+
+/// Why the API could not be read, in words: the finding's id, message and hint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiProblem {
+    /// `check.api-unreachable`, `check.api-unauthorized`, `check.api-forbidden`, …
+    pub id: &'static str,
+    /// What failed.
+    pub message: String,
+    /// What to do.
+    pub hint: String,
+}
+
+/// The innermost cause of an error chain: what actually happened (`Connection refused
+/// (os error 111)`), and whether it was a refused connection.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> (String, bool) {
+    let mut cur = e;
+    let mut refused = false;
+    loop {
+        if let Some(io) = cur.downcast_ref::<std::io::Error>() {
+            refused |= io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        match cur.source() {
+            Some(next) => cur = next,
+            None => return (cur.to_string(), refused),
+        }
+    }
+}
+
+/// Turns a failed call into what failed and what to do (never a debug dump).
+fn explain(call: &Call, e: &kube::Error, server: &str, creds: &str) -> ApiProblem {
+    if let kube::Error::Api(status) = e {
+        let said = if status.message.is_empty() {
+            status.reason.clone()
+        } else {
+            status.message.clone()
+        };
+        return match status.code {
+            401 => ApiProblem {
+                id: "check.api-unauthorized",
+                message: format!(
+                    "the API server at {server} did not accept the credentials of {creds} (401 Unauthorized) to {call}: {said}"
+                ),
+                hint: format!(
+                    "the credentials are missing, expired or revoked: renew them (for a managed cluster, its get-credentials command) or choose others with --kubeconfig/--context ({DOC_CHECK})"
+                ),
+            },
+            403 => ApiProblem {
+                id: "check.api-forbidden",
+                message: format!(
+                    "{creds} may not {call} (403 Forbidden): {said}"
+                ),
+                hint: format!(
+                    "grant `{}` on `{}` {} to these credentials (check with kubectl auth can-i {} {}{}); check cluster needs list on nodes, on pods in every namespace and on daemonsets.apps ({DOC_CHECK})",
+                    call.verb,
+                    call.resource,
+                    if call.scope.is_empty() { "(cluster-wide)" } else { &call.scope },
+                    call.verb,
+                    call.resource,
+                    if call.scope == "in every namespace" { " -A" } else { "" },
+                ),
+            },
+            code => ApiProblem {
+                id: "check.api-error",
+                message: format!(
+                    "the API server at {server} answered {code} {} to {call}: {said}",
+                    status.reason
+                ),
+                hint: format!("retry; if it stays, look at the API server's health ({DOC_CHECK})"),
+            },
+        };
+    }
+    let (cause, refused) = root_cause(e);
+    if refused {
+        return ApiProblem {
+            id: "check.api-unreachable",
+            message: format!(
+                "nothing accepts connections at {server} (connection refused) to {call}"
+            ),
+            hint: format!(
+                "is the API server up, and is {server} its address? The address comes from {creds}; pick another with --kubeconfig/--context ({DOC_CHECK})"
+            ),
+        };
+    }
+    ApiProblem {
+        id: "check.api-unreachable",
+        message: format!("could not {call} at {server}: {cause}"),
+        hint: format!(
+            "check the network path to {server} and the kubeconfig's server address and certificate authority ({creds}; --kubeconfig, --context) ({DOC_CHECK})"
+        ),
+    }
+}
+
+/// Reads the facts from the API: nodes, the agent pods, the pods labelled unprotected,
+/// and the DaemonSets of other meshes' CNI plugins (with their pods).
 async fn gather(
     client: kube::Client,
     namespace: &str,
     selector: &str,
-) -> Result<ClusterFacts, String> {
+    server: &str,
+    creds: &str,
+) -> Result<ClusterFacts, ApiProblem> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
     use k8s_openapi::api::core::v1::{Node, Pod};
     use kube::api::{Api, ListParams};
+    let fail = |call: Call| move |e: kube::Error| explain(&call, &e, server, creds);
+    let call = |verb, resource, scope: String| Call {
+        verb,
+        resource,
+        scope,
+    };
     let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await
-        .map_err(|e| format!("listing nodes: {e}"))?;
+        .map_err(fail(call("list", "nodes", String::new())))?;
     let agents = Api::<Pod>::namespaced(client.clone(), namespace)
         .list(&ListParams::default().labels(selector))
         .await
-        .map_err(|e| format!("listing the agent pods ({selector} in {namespace}): {e}"))?;
-    let unprotected = Api::<Pod>::all(client)
+        .map_err(fail(call(
+            "list",
+            "pods",
+            format!("in namespace {namespace}"),
+        )))?;
+    let unprotected = Api::<Pod>::all(client.clone())
         .list(&ListParams::default().labels(&format!("{LABEL_UNPROTECTED}=true")))
         .await
-        .map_err(|e| format!("listing pods labelled {LABEL_UNPROTECTED}=true: {e}"))?;
+        .map_err(fail(call("list", "pods", "in every namespace".into())))?;
+    // Leftover mesh CNIs are a migration check: without the right to list DaemonSets
+    // the rest of the check still stands, and says what it could not look at.
+    let mesh_cni = match Api::<DaemonSet>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Err(e) => Err(explain(
+            &call("list", "daemonsets.apps", "in every namespace".into()),
+            &e,
+            server,
+            creds,
+        )
+        .message),
+        Ok(list) => {
+            let mut found = Vec::new();
+            for ds in &list.items {
+                let name = ds.metadata.name.clone().unwrap_or_default();
+                let ds_ns = ds.metadata.namespace.clone().unwrap_or_default();
+                let labels = ds.metadata.labels.clone().unwrap_or_default();
+                let Some(mesh) = mesh_cni_of(&name, &labels) else {
+                    continue;
+                };
+                let selector = ds
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.selector.match_labels.clone())
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let nodes = if selector.is_empty() {
+                    Vec::new()
+                } else {
+                    Api::<Pod>::namespaced(client.clone(), &ds_ns)
+                        .list(&ListParams::default().labels(&selector))
+                        .await
+                        .map_err(fail(call("list", "pods", format!("in namespace {ds_ns}"))))?
+                        .items
+                        .iter()
+                        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+                        .collect()
+                };
+                found.push(MeshCniFacts {
+                    mesh,
+                    daemonset: format!("{ds_ns}/{name}"),
+                    nodes,
+                });
+            }
+            Ok(found)
+        }
+    };
     let node_of = |p: &Pod| {
         p.spec
             .as_ref()
@@ -468,6 +922,8 @@ async fn gather(
     };
     Ok(ClusterFacts {
         cli_version: interlock_buildinfo::CRATE_VERSION.to_string(),
+        namespace: namespace.to_string(),
+        mesh_cni,
         nodes: nodes
             .items
             .iter()
@@ -497,30 +953,7 @@ async fn gather(
                     .map(|t| t.effect.clone()),
             })
             .collect(),
-        agents: agents
-            .items
-            .iter()
-            .map(|p| AgentPodFacts {
-                name: p.metadata.name.clone().unwrap_or_default(),
-                node: node_of(p),
-                phase: p
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.phase.clone())
-                    .unwrap_or_else(|| "Unknown".into()),
-                ready: p
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
-                version: p
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get("app.kubernetes.io/version"))
-                    .cloned(),
-            })
-            .collect(),
+        agents: agents.items.iter().map(agent_facts).collect(),
         unprotected: unprotected
             .items
             .iter()
@@ -533,20 +966,184 @@ async fn gather(
     })
 }
 
-/// Runs the check: connects (in-cluster service account, else `$KUBECONFIG` or
-/// `~/.kube/config`), gathers, judges. Never fails: what could not be read becomes a
-/// `could-not-check` report.
+/// An agent pod as the API shows it: its `agent` container's state (else the first's).
+fn agent_facts(p: &k8s_openapi::api::core::v1::Pod) -> AgentPodFacts {
+    let status = p.status.as_ref();
+    let containers = status
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default();
+    let c = containers
+        .iter()
+        .find(|c| c.name == "agent")
+        .or(containers.first());
+    let waiting = c
+        .and_then(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone())
+        .filter(|r| !r.is_empty());
+    let last_termination = c
+        .and_then(|c| c.last_state.as_ref()?.terminated.as_ref())
+        .map(|t| {
+            let mut s = format!(
+                "{}, exit code {}",
+                t.reason.as_deref().unwrap_or("Terminated"),
+                t.exit_code
+            );
+            if let Some(m) = t
+                .message
+                .as_deref()
+                .map(str::trim)
+                .filter(|m| !m.is_empty())
+            {
+                // The agent's last words (terminationMessagePath), one line.
+                let line: String = m.lines().last().unwrap_or(m).chars().take(200).collect();
+                s.push_str(&format!(": {line}"));
+            }
+            s
+        });
+    AgentPodFacts {
+        name: p.metadata.name.clone().unwrap_or_default(),
+        node: p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default(),
+        phase: status
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_else(|| "Unknown".into()),
+        ready: status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+        version: p
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app.kubernetes.io/version"))
+            .cloned(),
+        restarts: c.map(|c| c.restart_count).unwrap_or(0),
+        waiting,
+        last_termination,
+    }
+}
+
+/// The client for `check cluster`: `--kubeconfig` (else, in a pod without
+/// `--context`, its service account; else `$KUBECONFIG`, else `~/.kube/config`) and
+/// `--context`. Returns the client, the server's address and the credentials' name, or
+/// why there is none, in words.
+async fn connect(a: &ClusterArgs) -> Result<(kube::Client, String, String), ApiProblem> {
+    let no_creds = |message: String, hint: &str| ApiProblem {
+        id: "check.no-credentials",
+        message,
+        hint: format!("{hint} ({DOC_CHECK})"),
+    };
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+        && std::path::Path::new("/var/run/secrets/kubernetes.io/serviceaccount/token").exists();
+    let (path, from) = match (&a.kubeconfig, std::env::var_os("KUBECONFIG")) {
+        (Some(p), _) => (Some(p.clone()), "--kubeconfig"),
+        (None, _) if in_cluster && a.context.is_none() => (None, "the pod's service account"),
+        (None, Some(p)) if !p.is_empty() => (Some(std::path::PathBuf::from(p)), "$KUBECONFIG"),
+        _ => {
+            let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+            match home.map(|h| h.join(".kube/config")).filter(|p| p.exists()) {
+                Some(p) => (Some(p), "~/.kube/config"),
+                None => return Err(no_creds(
+                    "no Kubernetes credentials: not in a pod, no $KUBECONFIG, no ~/.kube/config"
+                        .into(),
+                    "give a kubeconfig with --kubeconfig or $KUBECONFIG",
+                )),
+            }
+        }
+    };
+    let (mut config, creds) =
+        match path {
+            None => (
+                kube::Config::incluster().map_err(|e| {
+                    no_creds(
+                        format!("the pod's service account cannot be used: {e}"),
+                        "run check cluster with --kubeconfig",
+                    )
+                })?,
+                "the pod's service account".to_string(),
+            ),
+            Some(path) => {
+                let shown = path.display().to_string();
+                if !path.exists() {
+                    return Err(no_creds(
+                        format!("kubeconfig {shown} (from {from}) does not exist"),
+                        "give the path of a kubeconfig with --kubeconfig or $KUBECONFIG",
+                    ));
+                }
+                let kc = kube::config::Kubeconfig::read_from(&path).map_err(|e| {
+                    no_creds(
+                        format!(
+                            "kubeconfig {shown} (from {from}) cannot be read: {}",
+                            root_cause(&e).0
+                        ),
+                        "fix the file, or give another with --kubeconfig",
+                    )
+                })?;
+                if let Some(ctx) = &a.context {
+                    if !kc.contexts.iter().any(|c| &c.name == ctx) {
+                        let known: Vec<&str> =
+                            kc.contexts.iter().map(|c| c.name.as_str()).collect();
+                        return Err(no_creds(
+                        format!(
+                            "kubeconfig {shown} has no context {ctx:?} (it has: {})",
+                            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                        ),
+                        "choose one of its contexts with --context (kubectl config get-contexts)",
+                    ));
+                    }
+                }
+                let options = kube::config::KubeConfigOptions {
+                    context: a.context.clone(),
+                    ..Default::default()
+                };
+                let config = kube::Config::from_custom_kubeconfig(kc, &options)
+                    .await
+                    .map_err(|e| {
+                        no_creds(
+                            format!("kubeconfig {shown} (from {from}): {}", root_cause(&e).0),
+                            "fix the kubeconfig's current context (or choose one with --context)",
+                        )
+                    })?;
+                let creds = match &a.context {
+                    Some(c) => format!("kubeconfig {shown}, context {c}"),
+                    None => format!("kubeconfig {shown}"),
+                };
+                (config, creds)
+            }
+        };
+    // check asks once; retries would only stretch an outage past --timeout.
+    config.default_retry = false;
+    config.connect_timeout = Some(a.timeout);
+    let server = config.cluster_url.to_string();
+    let server = server.trim_end_matches('/').to_string();
+    let client = kube::Client::try_from(config).map_err(|e| {
+        no_creds(
+            format!(
+                "{creds}: cannot build a client for {server}: {}",
+                root_cause(&e).0
+            ),
+            "fix the kubeconfig's cluster (its server and certificate authority)",
+        )
+    })?;
+    Ok((client, server, creds))
+}
+
+/// Runs the check: connects (`--kubeconfig`, `--context`; in-cluster service account,
+/// else `$KUBECONFIG` or `~/.kube/config`), gathers within `--timeout`, judges. Never
+/// fails: what could not be read becomes a `could-not-check` report saying what failed
+/// and what to do.
 pub fn check_cluster(a: &ClusterArgs, now_ms: u64) -> ClusterReport {
     let mut settings = ClusterSettings {
         namespace: a.namespace.clone(),
         agent_selector: a.agent_selector.clone(),
         credentials: None,
     };
-    let fail = |settings, id, msg: String, hint| {
+    let fail = |settings, p: ApiProblem| {
         ClusterReport::new(
             now_ms,
             settings,
-            judge::could_not_check(id, msg, hint),
+            judge::could_not_check(p.id, p.message, p.hint),
             None,
             vec![],
         )
@@ -559,54 +1156,53 @@ pub fn check_cluster(a: &ClusterArgs, now_ms: u64) -> ClusterReport {
         Err(e) => {
             return fail(
                 settings,
-                "check.internal",
-                format!("cannot start a runtime: {e}"),
-                "",
+                ApiProblem {
+                    id: "check.internal",
+                    message: format!("cannot start a runtime: {e}"),
+                    hint: String::new(),
+                },
             )
         }
     };
-    let got = rt.block_on(async {
-        let (client, creds) =
-            match interlock_agent::kubernetes::connect().await {
-                Ok(Some(c)) => c,
-                Ok(None) => return Err((
-                    None,
-                    "no Kubernetes credentials: not in a pod, no $KUBECONFIG, no ~/.kube/config"
-                        .to_string(),
+    // The client's own logs (an ERROR line per failed connection) would repeat, badly,
+    // what the finding says: none while check talks to the API.
+    let quiet = tracing::subscriber::NoSubscriber::default();
+    let got = tracing::subscriber::with_default(quiet, || {
+        rt.block_on(async {
+            let (client, server, creds) = connect(a).await.map_err(|p| (None, p))?;
+            match tokio::time::timeout(
+                a.timeout,
+                gather(client, &a.namespace, &a.agent_selector, &server, &creds),
+            )
+            .await
+            {
+                Ok(Ok(f)) => Ok((f, creds)),
+                Ok(Err(p)) => Err((Some(creds), p)),
+                Err(_) => Err((
+                    Some(creds.clone()),
+                    ApiProblem {
+                        id: "check.api-unreachable",
+                        message: format!(
+                            "the API server at {server} did not answer within {} s",
+                            a.timeout.as_secs_f64()
+                        ),
+                        hint: format!(
+                            "is {server} the API server, and reachable from here? A slow one: raise --timeout ({DOC_CHECK})"
+                        ),
+                    },
                 )),
-                Err(e) => return Err((None, e)),
-            };
-        let creds = creds.to_string();
-        match tokio::time::timeout(
-            std::time::Duration::from_secs(30),
-            gather(client, &a.namespace, &a.agent_selector),
-        )
-        .await
-        {
-            Ok(Ok(f)) => Ok((f, creds)),
-            Ok(Err(e)) => Err((Some(creds), e)),
-            Err(_) => Err((Some(creds), "the API did not answer within 30 s".into())),
-        }
+            }
+        })
     });
     match got {
         Ok((facts, creds)) => {
             settings.credentials = Some(creds);
-            let (mut j, nodes) = judge_cluster(&facts);
-            j.findings = j
-                .findings
-                .into_iter()
-                .map(|f| f.in_namespace(&a.namespace))
-                .collect();
+            let (j, nodes) = judge_cluster(&facts);
             ClusterReport::new(now_ms, settings, j, Some(nodes), facts.unprotected)
         }
-        Err((creds, e)) => {
+        Err((creds, p)) => {
             settings.credentials = creds;
-            fail(
-                settings,
-                "check.api-unreachable",
-                format!("the Kubernetes API could not be read: {e}"),
-                "set KUBECONFIG to a kubeconfig that can list nodes and pods (or run in a pod with the agent's service account)",
-            )
+            fail(settings, p)
         }
     }
 }
@@ -630,7 +1226,15 @@ pub fn render(out: &mut impl Write, r: &ClusterReport, style: Style) -> std::io:
                     n.agent_pod
                         .as_ref()
                         .map(|a| {
-                            format!("{} ({})", a.name, if a.ready { "ready" } else { &a.phase })
+                            let facts = AgentPodFacts {
+                                name: a.name.clone(),
+                                phase: a.phase.clone(),
+                                ready: a.ready,
+                                restarts: a.restarts,
+                                waiting: a.waiting.clone(),
+                                ..Default::default()
+                            };
+                            format!("{} ({})", a.name, agent_state(&facts))
                         })
                         .unwrap_or_else(|| "NONE".into()),
                     n.unprotected_pods.len().to_string(),
@@ -708,6 +1312,7 @@ mod tests {
             phase: "Running".into(),
             ready,
             version: Some("0.2.0".into()),
+            ..Default::default()
         }
     }
 
@@ -740,6 +1345,7 @@ mod tests {
                 agent("sticky", true),
             ],
             unprotected: vec![],
+            ..Default::default()
         };
         let (j, docs) = judge_cluster(&f);
         assert_eq!(verdict_of(&docs, "ok"), Verdict::Protected);
@@ -777,6 +1383,7 @@ mod tests {
             nodes: vec![node("n1", Some("True"), false)],
             agents: vec![agent("n1", true)],
             unprotected: vec![],
+            ..Default::default()
         };
         let (j, _) = judge_cluster(&f);
         assert_eq!(j.verdict, Verdict::Protected, "{}", j.summary);
@@ -812,6 +1419,7 @@ mod tests {
                 with("c", None),
             ],
             unprotected: vec![],
+            ..Default::default()
         };
         let (j, docs) = judge_cluster(&f);
         assert_eq!(j.verdict, Verdict::Protected, "{}", j.summary);
@@ -853,25 +1461,169 @@ mod tests {
         assert_eq!(minor_of("7"), "7");
     }
 
-    /// A hint names the namespace the agent was installed in.
+    /// Hints are built with the namespace the agent was found in.
     #[test]
     fn hints_name_the_agents_namespace() {
-        let f = Finding::new(
-            "cluster.no-agent",
-            "cluster",
-            Status::Fail,
-            Effect::Hole,
-            "m".into(),
-            HINT_NO_AGENT,
-        );
-        assert!(f.hint.contains("-n interlock-system"));
-        let moved = f.clone().in_namespace("mesh-guard");
+        let f = |namespace: &str| ClusterFacts {
+            cli_version: "0.2.0".into(),
+            nodes: vec![node("bare", None, false), node("busy", Some("True"), false)],
+            agents: vec![AgentPodFacts {
+                version: Some("0.1.0".into()),
+                ..agent("busy", true)
+            }],
+            namespace: namespace.into(),
+            ..Default::default()
+        };
+        let (j, _) = judge_cluster(&f("mesh-guard"));
+        let hints: Vec<&str> = j.findings.iter().map(|f| f.hint.as_ref()).collect();
         assert!(
-            moved.hint.contains("kubectl -n mesh-guard get ds"),
-            "{}",
-            moved.hint
+            hints
+                .iter()
+                .any(|h| h.contains("kubectl -n mesh-guard get ds")),
+            "{hints:?}"
         );
-        assert!(!moved.hint.contains("interlock-system"), "{}", moved.hint);
-        assert_eq!(f.clone().in_namespace(DEFAULT_NAMESPACE), f);
+        assert!(
+            !hints.iter().any(|h| h.contains("interlock-system")),
+            "{hints:?}"
+        );
+        let (j, _) = judge_cluster(&f(DEFAULT_NAMESPACE));
+        assert!(j
+            .findings
+            .iter()
+            .any(|f| f.hint.contains("kubectl -n interlock-system get ds")));
+    }
+
+    /// A crash-looping agent is named as such with its restarts and how it last ended
+    /// (never "(Running)"); one that is ready again after restarts is a warning.
+    #[test]
+    fn a_crash_looping_agent_says_so_with_its_last_termination() {
+        let looping = AgentPodFacts {
+            restarts: 7,
+            waiting: Some("CrashLoopBackOff".into()),
+            last_termination: Some("Error, exit code 1: plugin config: field x".into()),
+            ..agent("n1", false)
+        };
+        let restarted = AgentPodFacts {
+            restarts: 1,
+            last_termination: Some("OOMKilled, exit code 137".into()),
+            ..agent("n2", true)
+        };
+        let f = ClusterFacts {
+            cli_version: "0.2.0".into(),
+            nodes: vec![
+                node("n1", Some("False"), true),
+                node("n2", Some("True"), false),
+            ],
+            agents: vec![looping.clone(), restarted],
+            ..Default::default()
+        };
+        let (j, docs) = judge_cluster(&f);
+        let finding = |id: &str| {
+            j.findings
+                .iter()
+                .find(|f| f.id == id)
+                .unwrap_or_else(|| panic!("no {id}: {:?}", j.findings))
+        };
+        let m = &finding("cluster.agent-crashlooping").message;
+        assert!(
+            m.contains("CrashLoopBackOff, 7 restarts") && m.contains("Error, exit code 1"),
+            "{m}"
+        );
+        assert!(!j.findings.iter().any(|f| f.id == "cluster.agent-not-ready"));
+        assert_eq!(finding("cluster.agent-crashlooping").status, Status::Fail);
+        let r = finding("cluster.agent-restarted");
+        assert_eq!(r.status, Status::Warn);
+        assert!(
+            r.message.contains("OOMKilled, exit code 137"),
+            "{}",
+            r.message
+        );
+        assert!(r.hint.contains("limits.memory"), "{}", r.hint);
+        assert_eq!(verdict_of(&docs, "n1"), Verdict::AtRisk);
+        assert_eq!(verdict_of(&docs, "n2"), Verdict::Protected);
+        assert_eq!(agent_state(&looping), "CrashLoopBackOff, 7 restarts");
+    }
+
+    /// Other meshes' CNI DaemonSets, known by their charts' names and labels: on a node
+    /// with interlock a hole, elsewhere a migration under way.
+    #[test]
+    fn other_meshes_cni_daemonsets_are_found_by_name_and_label() {
+        let l = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(mesh_cni_of("istio-cni-node", &l(&[])), Some("istio-cni"));
+        assert_eq!(
+            mesh_cni_of("istio-cni-node-canary", &l(&[])),
+            Some("istio-cni")
+        );
+        assert_eq!(
+            mesh_cni_of("cni", &l(&[("app.kubernetes.io/name", "istio-cni")])),
+            Some("istio-cni")
+        );
+        assert_eq!(mesh_cni_of("linkerd-cni", &l(&[])), Some("linkerd-cni"));
+        assert_eq!(
+            mesh_cni_of("x", &l(&[("linkerd.io/cni-resource", "true")])),
+            Some("linkerd-cni")
+        );
+        assert_eq!(
+            mesh_cni_of(
+                "consul-consul-cni",
+                &l(&[("app", "consul"), ("component", "cni")])
+            ),
+            Some("consul-cni")
+        );
+        assert_eq!(mesh_cni_of("kuma-cni-node", &l(&[])), Some("kuma-cni"));
+        assert_eq!(
+            mesh_cni_of("calico-node", &l(&[("k8s-app", "calico-node")])),
+            None
+        );
+        assert_eq!(mesh_cni_of("interlock-node", &l(&[])), None);
+        let f = ClusterFacts {
+            cli_version: "0.2.0".into(),
+            nodes: vec![node("a", Some("True"), false), node("b", None, true)],
+            agents: vec![agent("a", true)],
+            mesh_cni: Ok(vec![
+                MeshCniFacts {
+                    mesh: "istio-cni",
+                    daemonset: "istio-system/istio-cni-node".into(),
+                    nodes: vec!["a".into(), "b".into()],
+                },
+                MeshCniFacts {
+                    mesh: "linkerd-cni",
+                    daemonset: "linkerd-cni/linkerd-cni".into(),
+                    nodes: vec!["b".into()],
+                },
+            ]),
+            ..Default::default()
+        };
+        let (j, _) = judge_cluster(&f);
+        let by = |id: &str| j.findings.iter().find(|f| f.id == id).unwrap();
+        let both = by("cluster.other-mesh-cni");
+        assert_eq!(both.status, Status::Fail);
+        assert!(
+            both.message
+                .contains("istio-system/istio-cni-node also runs on a"),
+            "{}",
+            both.message
+        );
+        assert_eq!(j.verdict, Verdict::Unprotected);
+        let elsewhere = by("cluster.other-mesh-cni-elsewhere");
+        assert_eq!(elsewhere.status, Status::Warn);
+        assert!(
+            elsewhere.message.contains("linkerd-cni/linkerd-cni"),
+            "{}",
+            elsewhere.message
+        );
+        let unreadable = judge_cluster(&ClusterFacts {
+            mesh_cni: Err("no right".into()),
+            ..f
+        })
+        .0;
+        assert!(unreadable
+            .findings
+            .iter()
+            .any(|f| f.id == "cluster.daemonsets-unreadable" && f.status == Status::Warn));
     }
 }

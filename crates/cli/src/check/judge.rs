@@ -38,6 +38,10 @@ pub enum Effect {
     None,
 }
 
+/// What to do about a finding: a fixed sentence, or one built with what was found
+/// (the agent's namespace).
+pub type Hint = std::borrow::Cow<'static, str>;
+
 /// One finding about the node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
@@ -50,7 +54,7 @@ pub struct Finding {
     /// What was found, in words an operator can act on.
     pub message: String,
     /// What to do (empty for `ok`).
-    pub hint: std::borrow::Cow<'static, str>,
+    pub hint: Hint,
     #[serde(skip)]
     effect: Effect,
 }
@@ -63,29 +67,20 @@ impl Finding {
         status: Status,
         effect: Effect,
         message: String,
-        hint: &'static str,
+        hint: impl Into<Hint>,
     ) -> Finding {
         Finding {
             id,
             area,
             status,
             message,
-            hint: if status == Status::Ok { "" } else { hint }.into(),
+            hint: if status == Status::Ok {
+                "".into()
+            } else {
+                hint.into()
+            },
             effect,
         }
-    }
-
-    /// The hint with the agent's namespace in its `kubectl -n` commands, for an
-    /// installation outside the default namespace.
-    pub fn in_namespace(mut self, namespace: &str) -> Finding {
-        let default = format!("-n {}", crate::check::cluster::DEFAULT_NAMESPACE);
-        if namespace != crate::check::cluster::DEFAULT_NAMESPACE && self.hint.contains(&default) {
-            self.hint = self
-                .hint
-                .replace(&default, &format!("-n {namespace}"))
-                .into();
-        }
-        self
     }
 }
 
@@ -200,6 +195,8 @@ pub struct Observed<'a> {
     pub sandboxes: &'a SandboxesSeen,
     /// The CRI endpoint asked (for messages).
     pub cri_endpoint: &'a str,
+    /// The namespace the agent runs in, for the `kubectl -n` commands in hints.
+    pub namespace: &'a str,
 }
 
 /// The outcome of [`judge`].
@@ -230,17 +227,49 @@ const HINT_NOT_INTERLOCK: &str = "another binary is installed as interlock-cni: 
 const HINT_OTHER_BUILD: &str =
     "the agent replaces it with the build it ships; if it does not, check that the agent runs";
 const HINT_UNVERIFIED: &str = "run check where the plugin it ships is next to it (the agent's pod), or set INTERLOCK_PLUGIN_SOURCE";
-const HINT_AGENT: &str =
-    "look at the agent: kubectl -n interlock-system logs ds/interlock-node (or its journal)";
+fn hint_agent(namespace: &str) -> String {
+    format!("look at the agent: kubectl -n {namespace} logs ds/interlock-node (or its journal)")
+}
 const HINT_CRI: &str = "set INTERLOCK_CRI_ENDPOINT (or --cri-endpoint) to the runtime's socket (kubelet's --container-runtime-endpoint) and run check as root, or `none` not to list sandboxes";
-const HINT_SANDBOX_UNPROTECTED: &str = "the agent repairs these per its --repair-policy within one audit interval; if they stay unprotected, read its log (kubectl -n interlock-system logs ds/interlock-node) or delete the pods so they start again through interlock";
+fn hint_sandbox_unprotected(namespace: &str) -> String {
+    format!("the agent repairs these per its --repair-policy within one audit interval; if they stay unprotected, read its log (kubectl -n {namespace} logs ds/interlock-node) or delete the pods so they start again through interlock")
+}
 const HINT_SANDBOX_UNKNOWN: &str = "read each sandbox's reason above; fix the pod's annotations, or run check as root on the host (the agent's pod) so it can enter the pod's netns";
 const HINT_READYZ: &str = "set INTERLOCK_HEALTH_ADDR (or --health-addr) to the agent's health address, or `none` not to ask";
 
-/// The verdict on a node, from what was observed. Pure.
+/// The verdict on a node, from what was observed, one area at a time. Pure.
 pub fn judge(o: &Observed<'_>) -> Judgement {
+    let (mut f, config_runs_us) = config_findings(o);
+    let (binary, binary_ok) = binary_findings(o);
+    f.extend(binary);
+    f.extend(agent_findings(o));
+    f.extend(sandbox_findings(o));
+    let warns: Vec<&str> = f
+        .iter()
+        .filter(|x| x.status == Status::Warn)
+        .map(|x| x.id)
+        .collect();
+    let protected = (config_runs_us && binary_ok).then(|| {
+        let mut s =
+            "a meshed pod started on this node now gets its redirection before it runs".to_string();
+        if !warns.is_empty() {
+            s.push_str(&format!(
+                " (with {} warning{}: {})",
+                warns.len(),
+                if warns.len() == 1 { "" } else { "s" },
+                warns.join(", ")
+            ));
+        }
+        s
+    });
+    conclude(f, protected)
+}
+
+/// The config the runtime loads: whether it runs interlock-cni, and what is wrong
+/// with it. Also says whether the config runs interlock (with a version it accepts).
+fn config_findings(o: &Observed<'_>) -> (Vec<Finding>, bool) {
     let mut f: Vec<Finding> = Vec::new();
-    let mut push = |id, area, status, effect, message: String, hint: &'static str| {
+    let mut push = |id, area, status, effect, message: String, hint: Hint| {
         f.push(Finding::new(id, area, status, effect, message, hint))
     };
     use Effect::{Hole, Risk};
@@ -255,7 +284,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
             Risk,
             // The summary already says "<runtime> has NO network: …".
             format!("{}: no pod can start", o.effective.summary),
-            HINT_NO_NETWORK,
+            HINT_NO_NETWORK.into(),
         ),
         Some(c) => {
             let name = shown_os(c.path.file_name().unwrap_or_default());
@@ -276,7 +305,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                     Fail,
                     Risk,
                     format!("{rt} loads {why}: no pod can start on this node"),
-                    HINT_WAITING_FOR_PRIMARY,
+                    HINT_WAITING_FOR_PRIMARY.into(),
                 ),
                 Err(why) if why.contains("does not contain") => {
                     let by = if others.is_empty() {
@@ -293,7 +322,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                         Fail,
                         Hole,
                         format!("{rt} loads {name} ({chain}), which does not contain interlock-cni: {by}"),
-                        HINT_NO_INTERLOCK,
+                        HINT_NO_INTERLOCK.into(),
                     )
                 }
                 Err(why) => push(
@@ -302,7 +331,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                     Fail,
                     Risk,
                     format!("{rt} loads {why}"),
-                    HINT_MISPLACED,
+                    HINT_MISPLACED.into(),
                 ),
                 Ok(running) => {
                     let accepts = o
@@ -317,7 +346,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                             Fail,
                             Risk,
                             format!("{rt} loads {why}"),
-                            HINT_VERSION,
+                            HINT_VERSION.into(),
                         ),
                         None => {
                             config_runs_us = true;
@@ -333,7 +362,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                                 Good,
                                 Effect::None,
                                 format!("{rt} loads {name}: {chain}{place}"),
-                                "",
+                                "".into(),
                             );
                             let declares = running
                                 .entry
@@ -348,7 +377,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                                     Warn,
                                     Effect::None,
                                     format!("the interlock-cni entry in {name} does not declare the {POD_ANNOTATIONS_CAPABILITY} capability: every ADD must ask the agent or the API"),
-                                    HINT_CAPABILITY,
+                                    HINT_CAPABILITY.into(),
                                 );
                             }
                         }
@@ -365,7 +394,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                         "{name} runs {} in the same chain as interlock-cni: each pod's traffic is redirected twice, by two rule sets neither of which knows the other; interlock cannot vouch for the result",
                         others.join(" and ")
                     ),
-                    HINT_OTHER_MESH,
+                    HINT_OTHER_MESH.into(),
                 );
             }
             if !o.missing_plugins.is_empty() {
@@ -380,7 +409,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                         shown_dirs(o.bin_dirs),
                         if o.missing_plugins.len() == 1 { "it" } else { "them" }
                     ),
-                    HINT_PLUGIN_MISSING,
+                    HINT_PLUGIN_MISSING.into(),
                 );
             }
             if let (Some(s), true) = (o.stale, config_runs_us) {
@@ -399,11 +428,22 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                         shown(&s.file),
                         s.difference
                     ),
-                    HINT_STALE,
+                    HINT_STALE.into(),
                 );
             }
         }
     }
+    (f, config_runs_us)
+}
+
+/// The plugin binary the runtime would run. Also says whether it is interlock's.
+fn binary_findings(o: &Observed<'_>) -> (Vec<Finding>, bool) {
+    let mut f: Vec<Finding> = Vec::new();
+    let mut push = |id, area, status, effect, message: String, hint: Hint| {
+        f.push(Finding::new(id, area, status, effect, message, hint))
+    };
+    use Effect::{Hole, Risk};
+    use Status::{Fail, Ok as Good, Warn};
     let mut binary_ok = false;
     match o.binary {
         None => push(
@@ -415,7 +455,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                 "interlock-cni is in none of the bin dirs ({}), or is not executable: ADD would fail",
                 shown_dirs(o.bin_dirs)
             ),
-            HINT_BINARY_MISSING,
+            HINT_BINARY_MISSING.into(),
         ),
         Some(b) => {
             let path = shown_os(b.path.as_os_str());
@@ -435,7 +475,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                             _ => "it does not answer VERSION as interlock-cni".to_string(),
                         }
                     ),
-                    HINT_NOT_INTERLOCK,
+                    HINT_NOT_INTERLOCK.into(),
                 ),
                 (Err(e), _, _) => push(
                     "binary.no-version",
@@ -443,7 +483,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                     Fail,
                     Risk,
                     format!("{path} does not answer VERSION: {e}"),
-                    HINT_BINARY_BROKEN,
+                    HINT_BINARY_BROKEN.into(),
                 ),
                 (Ok(_), Content::Differs, Some(build)) => push(
                     "binary.other-build",
@@ -472,7 +512,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                             )
                         }
                     },
-                    HINT_OTHER_BUILD,
+                    HINT_OTHER_BUILD.into(),
                 ),
                 (Ok(v), content, build) => {
                     binary_ok = true;
@@ -491,7 +531,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                                 ""
                             }
                         ),
-                        "",
+                        "".into(),
                     );
                     if *content == Content::Unverified {
                         push(
@@ -503,13 +543,24 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                                 "{path} answers as interlock-cni but its content was not compared: {}",
                                 b.source.as_ref().err().cloned().unwrap_or_default()
                             ),
-                            HINT_UNVERIFIED,
+                            HINT_UNVERIFIED.into(),
                         );
                     }
                 }
             }
         }
     }
+    (f, binary_ok)
+}
+
+/// The agent: its readiness marker and `/readyz`.
+fn agent_findings(o: &Observed<'_>) -> Vec<Finding> {
+    let mut f: Vec<Finding> = Vec::new();
+    let mut push = |id, area, status, effect, message: String, hint: Hint| {
+        f.push(Finding::new(id, area, status, effect, message, hint))
+    };
+    use Effect::Risk;
+    use Status::{Fail, Ok as Good, Warn};
     let age = |m: &ReadinessMarker| o.now_ms.saturating_sub(m.updated_at_ms) as f64 / 1e3;
     match &o.marker {
         Err(e) => push(
@@ -518,7 +569,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
             Fail,
             Risk,
             format!("no readiness from the agent: {e}"),
-            HINT_AGENT,
+            hint_agent(o.namespace).into(),
         ),
         Ok(m) if !m.ready => push(
             "agent.not-ready",
@@ -531,7 +582,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                 m.reason,
                 age(m)
             ),
-            HINT_AGENT,
+            hint_agent(o.namespace).into(),
         ),
         Ok(m) if !m.is_fresh(o.now_ms) => push(
             "agent.stale",
@@ -544,7 +595,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                 m.stale_after_ms as f64 / 1e3,
                 m.pid
             ),
-            HINT_AGENT,
+            hint_agent(o.namespace).into(),
         ),
         Ok(m) => push(
             "agent.ready",
@@ -552,7 +603,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
             Good,
             Effect::None,
             format!("ready (pid {}, marker {:.1} s old)", m.pid, age(m)),
-            "",
+            "".into(),
         ),
     }
     match o.readyz {
@@ -563,7 +614,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
             Warn,
             Effect::None,
             format!("/readyz answers {code}"),
-            HINT_AGENT,
+            hint_agent(o.namespace).into(),
         ),
         Readyz::Unreachable(why) => push(
             "agent.readyz-unreachable",
@@ -571,9 +622,20 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
             Warn,
             Effect::None,
             format!("/readyz could not be asked: {why}; the verdict rests on the marker alone"),
-            HINT_READYZ,
+            HINT_READYZ.into(),
         ),
     }
+    f
+}
+
+/// The node's running sandboxes, as the audit judges them.
+fn sandbox_findings(o: &Observed<'_>) -> Vec<Finding> {
+    let mut f: Vec<Finding> = Vec::new();
+    let mut push = |id, area, status, effect, message: String, hint: Hint| {
+        f.push(Finding::new(id, area, status, effect, message, hint))
+    };
+    use Effect::{Hole, Risk};
+    use Status::{Fail, Ok as Good};
     match o.sandboxes {
         SandboxesSeen::NotAsked => {}
         // At risk, not "could not check": the config half was judged; what is not
@@ -588,7 +650,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                 "the running sandboxes could not be listed over CRI ({}): {why}; a pod already running could be unprotected unseen, and the agent's audit of the same runtime cannot repair it",
                 o.cri_endpoint
             ),
-            HINT_CRI,
+            HINT_CRI.into(),
         ),
         SandboxesSeen::Listed(list) => {
             let pods = |v: SandboxVerdict| -> Vec<&str> {
@@ -611,7 +673,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                         if bad.len() == 1 { "its" } else { "their" },
                         bad.join(", ")
                     ),
-                    HINT_SANDBOX_UNPROTECTED,
+                    hint_sandbox_unprotected(o.namespace).into(),
                 );
             }
             let unknown = pods(SandboxVerdict::Unknown);
@@ -627,7 +689,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                         if unknown.len() == 1 { "" } else { "es" },
                         unknown.join(", ")
                     ),
-                    HINT_SANDBOX_UNKNOWN,
+                    HINT_SANDBOX_UNKNOWN.into(),
                 );
             }
             if bad.is_empty() && unknown.is_empty() {
@@ -643,30 +705,12 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
                         pods(SandboxVerdict::Protected).len(),
                         pods(SandboxVerdict::NotMeshed).len()
                     ),
-                    "",
+                    "".into(),
                 );
             }
         }
     }
-    let warns: Vec<&str> = f
-        .iter()
-        .filter(|x| x.status == Warn)
-        .map(|x| x.id)
-        .collect();
-    let protected = (config_runs_us && binary_ok).then(|| {
-        let mut s =
-            "a meshed pod started on this node now gets its redirection before it runs".to_string();
-        if !warns.is_empty() {
-            s.push_str(&format!(
-                " (with {} warning{}: {})",
-                warns.len(),
-                if warns.len() == 1 { "" } else { "s" },
-                warns.join(", ")
-            ));
-        }
-        s
-    });
-    conclude(f, protected)
+    f
 }
 
 /// The judgement from a list of findings: sorted worst first (equal findings keep their
@@ -717,7 +761,7 @@ fn shown_dirs(dirs: &[PathBuf]) -> String {
 }
 
 /// The finding `check` reports when it could not look at all.
-pub fn could_not_check(id: &'static str, message: String, hint: &'static str) -> Judgement {
+pub fn could_not_check(id: &'static str, message: String, hint: impl Into<Hint>) -> Judgement {
     Judgement {
         verdict: Verdict::CouldNotCheck,
         summary: format!("{}: {message}", Verdict::CouldNotCheck.word()),

@@ -31,6 +31,7 @@ fn judge_at(
         stale: None,
         sandboxes: &SandboxesSeen::NotAsked,
         cri_endpoint: "none",
+        namespace: crate::check::cluster::DEFAULT_NAMESPACE,
     })
 }
 
@@ -231,6 +232,7 @@ fn verdicts_map_to_exit_codes_and_follow_the_worst_finding() {
             stale: None,
             sandboxes: &SandboxesSeen::NotAsked,
             cri_endpoint: "none",
+            namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         })
     };
     assert_eq!(at(&ours, Ok(&m)).verdict.exit_code(), 0);
@@ -280,6 +282,7 @@ fn a_stale_owned_copy_is_at_risk_and_names_the_difference() {
         stale: Some(&s),
         sandboxes: &SandboxesSeen::NotAsked,
         cri_endpoint: "none",
+        namespace: crate::check::cluster::DEFAULT_NAMESPACE,
     });
     assert_eq!(j.verdict, Verdict::AtRisk);
     let f = j.findings.iter().find(|f| f.id == "config.stale").unwrap();
@@ -326,6 +329,7 @@ fn another_binary_at_interlock_cni_is_unprotected() {
             stale: None,
             sandboxes: &SandboxesSeen::NotAsked,
             cri_endpoint: "none",
+            namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         })
     };
     let impostor = BinaryFacts {
@@ -400,6 +404,7 @@ fn a_missing_primary_plugin_binary_is_at_risk() {
         stale: None,
         sandboxes: &SandboxesSeen::NotAsked,
         cri_endpoint: "none",
+        namespace: crate::check::cluster::DEFAULT_NAMESPACE,
     });
     assert_eq!(j.verdict, Verdict::AtRisk);
     assert_eq!(j.findings[0].id, "config.plugin-missing");
@@ -431,6 +436,7 @@ fn an_unreachable_readyz_is_said_even_when_protected() {
         stale: None,
         sandboxes: &SandboxesSeen::NotAsked,
         cri_endpoint: "none",
+        namespace: crate::check::cluster::DEFAULT_NAMESPACE,
     });
     assert_eq!(j.verdict, Verdict::Protected);
     assert!(
@@ -480,6 +486,7 @@ fn another_mesh_plugin_in_the_chain_is_unprotected() {
                 stale: None,
                 sandboxes: &SandboxesSeen::NotAsked,
                 cri_endpoint: "none",
+                namespace: crate::check::cluster::DEFAULT_NAMESPACE,
             });
             assert_eq!(
                 j.verdict,
@@ -545,6 +552,7 @@ fn fixed_report(files: &[(&str, &str)], binary: Option<BinaryFacts>, readyz: Rea
         stale: None,
         sandboxes: &SandboxesSeen::NotAsked,
         cri_endpoint: "none",
+        namespace: crate::check::cluster::DEFAULT_NAMESPACE,
     });
     let mut r = NodeReport::new(
         Parts {
@@ -731,6 +739,7 @@ fn judge_sandboxes(s: &super::sandboxes::SandboxesSeen) -> Judgement {
         stale: None,
         sandboxes: s,
         cri_endpoint: "unix:///run/containerd/containerd.sock",
+        namespace: crate::check::cluster::DEFAULT_NAMESPACE,
     })
 }
 

@@ -168,6 +168,20 @@ pub(crate) static RESOURCES: &[ResourceType] = &[
         fields: &[],
     },
     ResourceType {
+        group: "apps",
+        version: "v1",
+        plural: "daemonsets",
+        singular: "daemonset",
+        kind: "DaemonSet",
+        namespaced: true,
+        status_subresource: true,
+        has_generation: true,
+        create_on_update: false,
+        delete_returns_object: false,
+        short_names: &["ds"],
+        fields: &[],
+    },
+    ResourceType {
         group: "policy",
         version: "v1",
         plural: "poddisruptionbudgets",
@@ -402,6 +416,8 @@ impl ApiError {
                 "Too many requests, please try again later.".into(),
                 Some(json!({ "retryAfterSeconds": 1 })),
             ),
+            // What kube-apiserver answers a token it does not accept.
+            (401, _) => ApiError::new(401, "Unauthorized", "Unauthorized".into(), None),
             (500, _) => Self::internal("injected failure"),
             (503, _) => ApiError::new(
                 503,

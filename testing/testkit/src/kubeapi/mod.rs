@@ -3,7 +3,8 @@
 //!
 //! Served: core/v1 `nodes` (+ `status`), `pods` (+ `status`, `eviction`, and the
 //! all-namespaces list/watch), events.k8s.io/v1 `events`, policy/v1
-//! `poddisruptionbudgets` (+ `status`), and the discovery documents clients read.
+//! `poddisruptionbudgets` (+ `status`), apps/v1 `daemonsets` (+ `status`), and the
+//! discovery documents clients read.
 //! Lists and watches honour `resourceVersion` (unset, `"0"`, a version, `Exact`),
 //! `limit`/`continue`, `fieldSelector`, `labelSelector`, `allowWatchBookmarks`,
 //! `timeoutSeconds` and `sendInitialEvents`; a version older than the retained history is
