@@ -281,9 +281,42 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
         sandboxes: &sandboxes,
         cri_endpoint: &cri_endpoint,
         namespace: &namespace,
+        copied_from: copied_from(&effective).as_deref(),
     });
     let doc = EffectiveDoc::new(&effective, &missing, stale.as_ref());
     NodeReport::new(parts(Some(doc), &binary, &sandboxes), j)
+}
+
+/// The file interlock's owned config was copied from, when the runtime loads that copy:
+/// the other config of the conf dir (in the runtime's order) with the same network
+/// name whose plugins are the copy's without interlock-cni. A changed primary (another
+/// file sorting first, a stray one) shows here before anything else does.
+pub fn copied_from(e: &Effective) -> Option<String> {
+    let chosen = e.chosen.as_ref()?;
+    let own = chosen.path.file_name()?.to_str()?;
+    if !plan::is_owned_name(own) {
+        return None;
+    }
+    let want: Vec<&str> = chosen
+        .list
+        .plugin_types()
+        .into_iter()
+        .filter(|t| *t != PLUGIN_TYPE)
+        .collect();
+    e.files.iter().find_map(|f| {
+        let name = f.path.file_name()?.to_str()?;
+        if plan::is_owned_name(name) {
+            return None;
+        }
+        let bytes = interlock_contract::bounded::read_config(&f.path).ok()?;
+        let v: Value = serde_json::from_slice(&bytes).ok()?;
+        let types: Vec<&str> = match v.get("plugins").and_then(Value::as_array) {
+            Some(ps) => ps.iter().filter_map(|p| p.get("type")?.as_str()).collect(),
+            None => vec![v.get("type")?.as_str()?],
+        };
+        (v.get("name").and_then(Value::as_str) == Some(chosen.list.name()) && types == want)
+            .then(|| name.to_string())
+    })
 }
 
 /// The runtime's CNI conf dir and where the setting came from: the flag, else

@@ -48,6 +48,13 @@ fn check_follows_the_node_from_unprotected_to_protected_and_back() {
     let (code, text) = check(&d, Some(&a), false);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains(&format!("loads {owned}")), "{text}");
+    // Which file the copy follows (a changed primary shows here first).
+    assert!(
+        text.contains(&format!(
+            "loads {owned} (interlock's copy of 10-calico.conflist)"
+        )),
+        "{text}"
+    );
     assert!(text.contains("PROTECTED: a meshed pod"), "{text}");
 
     let (code, json) = check(&d, Some(&a), true);

@@ -286,6 +286,7 @@ async fn discovery_documents() {
             "events.k8s.io",
             "rbac.authorization.k8s.io",
             "admissionregistration.k8s.io",
+            "apps",
             "policy"
         ]
     );
@@ -308,7 +309,9 @@ async fn discovery_documents() {
     );
     let (_, ev) = get(&api, "/apis/events.k8s.io/v1").await;
     assert_eq!(ev["resources"][0]["kind"], "Event");
-    let (code, _) = get(&api, "/apis/apps/v1").await;
+    let (_, apps) = get(&api, "/apis/apps/v1").await;
+    assert_eq!(apps["resources"][0]["kind"], "DaemonSet");
+    let (code, _) = get(&api, "/apis/batch/v1").await;
     assert_eq!(code, 404);
 }
 

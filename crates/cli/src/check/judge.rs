@@ -197,6 +197,8 @@ pub struct Observed<'a> {
     pub cri_endpoint: &'a str,
     /// The namespace the agent runs in, for the `kubectl -n` commands in hints.
     pub namespace: &'a str,
+    /// When the runtime loads interlock's own copy: the file it was copied from.
+    pub copied_from: Option<&'a str>,
 }
 
 /// The outcome of [`judge`].
@@ -361,7 +363,12 @@ fn config_findings(o: &Observed<'_>) -> (Vec<Finding>, bool) {
                                 "config",
                                 Good,
                                 Effect::None,
-                                format!("{rt} loads {name}: {chain}{place}"),
+                                format!(
+                                    "{rt} loads {name}{}: {chain}{place}",
+                                    o.copied_from
+                                        .map(|src| format!(" (interlock's copy of {src})"))
+                                        .unwrap_or_default()
+                                ),
                                 "".into(),
                             );
                             let declares = running

@@ -193,8 +193,6 @@ const API_BUDGET: Duration = Duration::from_secs(10);
 pub(crate) fn api_facts(
     pods: &[PodKey],
 ) -> Result<BTreeMap<PodKey, Result<PodFacts, String>>, String> {
-    use k8s_openapi::api::core::v1::Pod;
-    use kube::Api;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -208,27 +206,7 @@ pub(crate) fn api_facts(
                         .to_string(),
                 );
             };
-            let mut out = BTreeMap::new();
-            for key in pods {
-                let api: Api<Pod> = Api::namespaced(client.clone(), &key.namespace);
-                let got = match api.get_opt(&key.name).await {
-                    Ok(Some(pod))
-                        if key.uid.is_empty() || pod.metadata.uid.as_deref() == Some(&key.uid) =>
-                    {
-                        Ok(interlock_agent::kubernetes::pods::pod_facts(&pod))
-                    }
-                    Ok(Some(_)) => {
-                        Err("the pod of that name is another pod now (its UID differs)".to_string())
-                    }
-                    Ok(None) => Err("the pod is gone".to_string()),
-                    Err(e) => Err(format!(
-                        "reading pod {}/{} with {creds}: {e}",
-                        key.namespace, key.name
-                    )),
-                };
-                out.insert(key.clone(), got);
-            }
-            Ok(out)
+            Ok(read_facts(client, &creds.to_string(), pods).await)
         };
         tokio::time::timeout(API_BUDGET, read)
             .await
@@ -239,6 +217,40 @@ pub(crate) fn api_facts(
                 ))
             })
     })
+}
+
+/// [`api_facts`] with a client: one GET per pod. The pod is the sandbox's when its UID
+/// is the sandbox's, or it is the mirror of that static pod (the agent's own test,
+/// [`interlock_agent::kubernetes::pods::is_that_pod`]).
+async fn read_facts(
+    client: kube::Client,
+    creds: &str,
+    pods: &[PodKey],
+) -> BTreeMap<PodKey, Result<PodFacts, String>> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::Api;
+    let mut out = BTreeMap::new();
+    for key in pods {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &key.namespace);
+        let got = match api.get_opt(&key.name).await {
+            Ok(Some(pod))
+                if key.uid.is_empty()
+                    || interlock_agent::kubernetes::pods::is_that_pod(&pod, &key.uid) =>
+            {
+                Ok(interlock_agent::kubernetes::pods::pod_facts(&pod))
+            }
+            Ok(Some(_)) => {
+                Err("the pod of that name is another pod now (its UID differs)".to_string())
+            }
+            Ok(None) => Err("the pod is gone".to_string()),
+            Err(e) => Err(format!(
+                "reading pod {}/{} with {creds}: {e}",
+                key.namespace, key.name
+            )),
+        };
+        out.insert(key.clone(), got);
+    }
+    out
 }
 
 /// A sandbox's status, or why it could not be read.
@@ -402,5 +414,50 @@ mod tests {
             decision_of(&p, &status(false, &a), None),
             Decision::NeedsPodSpec { .. }
         ));
+    }
+
+    /// A static pod's sandbox carries the kubelet's UID for it; the API holds its mirror,
+    /// which names that UID in `kubernetes.io/config.mirror`: the same pod, not "another".
+    #[test]
+    fn a_static_pods_mirror_is_that_pod() {
+        use interlock_testkit::kubeapi::KubeApi;
+        let api = KubeApi::start().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kc = dir.path().join("kubeconfig");
+        api.write_kubeconfig(&kc).unwrap();
+        let pod = |name: &str, annotations: serde_json::Value| {
+            api.put_object(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "shop", "annotations": annotations},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}}))
+        };
+        pod(
+            "gate-n1",
+            serde_json::json!({"kubernetes.io/config.mirror": "static-uid-1"}),
+        );
+        pod("web", serde_json::json!({}));
+        let key = |name: &str, uid: &str| PodKey {
+            namespace: "shop".into(),
+            name: name.into(),
+            uid: uid.into(),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let got = rt.block_on(async {
+            let config = interlock_agent::kubernetes::config_from_kubeconfig(kc.to_str().unwrap())
+                .await
+                .unwrap();
+            let client = kube::Client::try_from(config).unwrap();
+            read_facts(
+                client,
+                "test",
+                &[key("gate-n1", "static-uid-1"), key("web", "old-uid")],
+            )
+            .await
+        });
+        assert!(got[&key("gate-n1", "static-uid-1")].is_ok(), "{got:?}");
+        let other = got[&key("web", "old-uid")].as_ref().unwrap_err();
+        assert!(other.contains("another pod"), "{other}");
     }
 }

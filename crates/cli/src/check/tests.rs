@@ -32,6 +32,7 @@ fn judge_at(
         sandboxes: &SandboxesSeen::NotAsked,
         cri_endpoint: "none",
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
+        copied_from: None,
     })
 }
 
@@ -233,6 +234,7 @@ fn verdicts_map_to_exit_codes_and_follow_the_worst_finding() {
             sandboxes: &SandboxesSeen::NotAsked,
             cri_endpoint: "none",
             namespace: crate::check::cluster::DEFAULT_NAMESPACE,
+            copied_from: None,
         })
     };
     assert_eq!(at(&ours, Ok(&m)).verdict.exit_code(), 0);
@@ -283,6 +285,7 @@ fn a_stale_owned_copy_is_at_risk_and_names_the_difference() {
         sandboxes: &SandboxesSeen::NotAsked,
         cri_endpoint: "none",
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
+        copied_from: None,
     });
     assert_eq!(j.verdict, Verdict::AtRisk);
     let f = j.findings.iter().find(|f| f.id == "config.stale").unwrap();
@@ -330,6 +333,7 @@ fn another_binary_at_interlock_cni_is_unprotected() {
             sandboxes: &SandboxesSeen::NotAsked,
             cri_endpoint: "none",
             namespace: crate::check::cluster::DEFAULT_NAMESPACE,
+            copied_from: None,
         })
     };
     let impostor = BinaryFacts {
@@ -405,6 +409,7 @@ fn a_missing_primary_plugin_binary_is_at_risk() {
         sandboxes: &SandboxesSeen::NotAsked,
         cri_endpoint: "none",
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
+        copied_from: None,
     });
     assert_eq!(j.verdict, Verdict::AtRisk);
     assert_eq!(j.findings[0].id, "config.plugin-missing");
@@ -437,6 +442,7 @@ fn an_unreachable_readyz_is_said_even_when_protected() {
         sandboxes: &SandboxesSeen::NotAsked,
         cri_endpoint: "none",
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
+        copied_from: None,
     });
     assert_eq!(j.verdict, Verdict::Protected);
     assert!(
@@ -487,6 +493,7 @@ fn another_mesh_plugin_in_the_chain_is_unprotected() {
                 sandboxes: &SandboxesSeen::NotAsked,
                 cri_endpoint: "none",
                 namespace: crate::check::cluster::DEFAULT_NAMESPACE,
+                copied_from: None,
             });
             assert_eq!(
                 j.verdict,
@@ -553,6 +560,7 @@ fn fixed_report(files: &[(&str, &str)], binary: Option<BinaryFacts>, readyz: Rea
         sandboxes: &SandboxesSeen::NotAsked,
         cri_endpoint: "none",
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
+        copied_from: None,
     });
     let mut r = NodeReport::new(
         Parts {
@@ -740,6 +748,7 @@ fn judge_sandboxes(s: &super::sandboxes::SandboxesSeen) -> Judgement {
         sandboxes: s,
         cri_endpoint: "unix:///run/containerd/containerd.sock",
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
+        copied_from: None,
     })
 }
 
@@ -861,4 +870,48 @@ UNPROTECTED: 1 meshed pod is running WITHOUT its redirection: shop/web-7d9f
     );
     let coloured = rendered(&r, true);
     assert!(coloured.contains("\u{1b}[31mUNPROTECTED"), "{coloured}");
+}
+
+/// `check` names the file interlock's owned config is a copy of: the config with the
+/// same network and the same plugins without interlock-cni, whatever else the dir holds.
+#[test]
+fn the_owned_copy_names_the_file_it_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+    let list = |name: &str, types: &[&str]| {
+        let plugins: Vec<serde_json::Value> = types
+            .iter()
+            .map(|t| serde_json::json!({"type": t}))
+            .collect();
+        serde_json::json!({"cniVersion": "1.0.0", "name": name, "plugins": plugins}).to_string()
+    };
+    write(
+        "10-calico.conflist",
+        &list("k8s-pod-network", &["calico", "portmap"]),
+    );
+    write("05-stray.conflist", &list("k8s-pod-network", &["bridge"]));
+    write(
+        "00-interlock.conflist",
+        &list("k8s-pod-network", &["calico", "portmap", "interlock-cni"]),
+    );
+    let e = confdir::load(dir.path(), Runtime::Containerd, &[]).unwrap();
+    assert_eq!(e.chosen_name().as_deref(), Some("00-interlock.conflist"));
+    assert_eq!(
+        crate::check::copied_from(&e).as_deref(),
+        Some("10-calico.conflist")
+    );
+    // The stray file became the primary and the agent copied it.
+    write(
+        "00-interlock.conflist",
+        &list("k8s-pod-network", &["bridge", "interlock-cni"]),
+    );
+    let e = confdir::load(dir.path(), Runtime::Containerd, &[]).unwrap();
+    assert_eq!(
+        crate::check::copied_from(&e).as_deref(),
+        Some("05-stray.conflist")
+    );
+    // Not interlock's own file: nothing to name.
+    std::fs::remove_file(dir.path().join("00-interlock.conflist")).unwrap();
+    let e = confdir::load(dir.path(), Runtime::Containerd, &[]).unwrap();
+    assert_eq!(crate::check::copied_from(&e), None);
 }

@@ -295,15 +295,10 @@ fn probe(path: &str, port: u16, period: i32, failure_threshold: Option<i32>) -> 
     }
 }
 
-fn daemon_set(v: &Values) -> DaemonSet {
+/// The agent container: the image, its settings, probes, privileges and mounts.
+fn agent_container(v: &Values) -> Container {
     let port = v.health_port;
-    let mut pod_annotations = v.annotations.clone();
-    pod_annotations.extend([
-        ("prometheus.io/scrape".to_string(), "true".to_string()),
-        ("prometheus.io/port".into(), port.to_string()),
-        ("prometheus.io/path".into(), "/metrics".into()),
-    ]);
-    let container = Container {
+    Container {
         name: "agent".into(),
         image: Some(v.image.clone()),
         image_pull_policy: Some(v.image_pull_policy.clone()),
@@ -376,8 +371,12 @@ fn daemon_set(v: &Values) -> DaemonSet {
             mount("config", "/etc/interlock", true),
         ]),
         ..Default::default()
-    };
-    let pod = PodSpec {
+    }
+}
+
+/// The agent pod: host network, scheduling settings and the host paths it mounts.
+fn pod_spec(v: &Values) -> PodSpec {
+    PodSpec {
         service_account_name: Some("interlock".into()),
         // The agent must run while pod networking is broken (that is when it is needed),
         // and hostNetwork pods never go through CNI.
@@ -395,7 +394,7 @@ fn daemon_set(v: &Values) -> DaemonSet {
                 .collect()
         }),
         termination_grace_period_seconds: Some(30),
-        containers: vec![container],
+        containers: vec![agent_container(v)],
         volumes: Some(vec![
             host_path("cni-conf", &v.cni_conf_dir, "DirectoryOrCreate"),
             host_path("cni-bin", &v.cni_bin_dir, "DirectoryOrCreate"),
@@ -417,7 +416,16 @@ fn daemon_set(v: &Values) -> DaemonSet {
             },
         ]),
         ..Default::default()
-    };
+    }
+}
+
+fn daemon_set(v: &Values) -> DaemonSet {
+    let mut pod_annotations = v.annotations.clone();
+    pod_annotations.extend([
+        ("prometheus.io/scrape".to_string(), "true".to_string()),
+        ("prometheus.io/port".into(), v.health_port.to_string()),
+        ("prometheus.io/path".into(), "/metrics".into()),
+    ]);
     DaemonSet {
         metadata: meta(v, "interlock-node", true),
         spec: Some(DaemonSetSpec {
@@ -442,7 +450,7 @@ fn daemon_set(v: &Values) -> DaemonSet {
                     annotations: Some(pod_annotations),
                     ..Default::default()
                 }),
-                spec: Some(pod),
+                spec: Some(pod_spec(v)),
             },
             ..Default::default()
         }),
