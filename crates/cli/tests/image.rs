@@ -97,8 +97,24 @@ fn the_image_rootfs_holds_both_binaries_static() {
     );
     // The manifests run the agent from there and install the plugin from there.
     let yaml = std::fs::read_to_string(repo().join("deploy/interlock.yaml")).unwrap();
-    assert!(yaml.contains(r#"command: ["/usr/local/bin/interlock", "agent"]"#));
-    assert!(yaml.contains(r#"INTERLOCK_PLUGIN_SOURCE: "/usr/local/bin/interlock-cni""#));
+    let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&yaml)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let kind = |k: &str, name: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == k && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {k} {name}"))
+            .clone()
+    };
+    let ds = kind("DaemonSet", "interlock-node");
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["containers"][0]["command"],
+        serde_json::json!(["/usr/local/bin/interlock", "agent"])
+    );
+    assert_eq!(
+        kind("ConfigMap", "interlock-config")["data"]["INTERLOCK_PLUGIN_SOURCE"],
+        "/usr/local/bin/interlock-cni"
+    );
 }
 
 /// The image's plugin carries the code a pod's ADD and DEL run first in its text, in the
