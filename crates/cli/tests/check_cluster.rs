@@ -177,6 +177,11 @@ fn check_cluster_judges_every_node_from_the_api() {
     );
 }
 
+/// A kubeconfig for a server on 127.0.0.1:`port` (plain HTTP, a token).
+fn kubeconfig_for(port: u16) -> String {
+    format!("apiVersion: v1\nkind: Config\nclusters:\n- name: x\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: x\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: x\n    user: x\ncurrent-context: x\n")
+}
+
 #[test]
 fn an_unreachable_api_is_could_not_check_with_a_document() {
     let d = Dirs::new();
@@ -185,11 +190,7 @@ fn an_unreachable_api_is_could_not_check_with_a_document() {
         .local_addr()
         .unwrap()
         .port();
-    std::fs::write(
-        d.tmp.path().join("kubeconfig"),
-        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: x\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: x\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: x\n    user: x\ncurrent-context: x\n"),
-    )
-    .unwrap();
+    std::fs::write(d.tmp.path().join("kubeconfig"), kubeconfig_for(port)).unwrap();
     let (code, text) = check_cluster(&d, true);
     let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     assert_eq!(code, 3, "{v:#}");
@@ -543,11 +544,7 @@ fn a_silent_api_server_times_out_at_the_timeout_given() {
             }
         }
     });
-    std::fs::write(
-        d.tmp.path().join("kubeconfig"),
-        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: x\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: x\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: x\n    user: x\ncurrent-context: x\n"),
-    )
-    .unwrap();
+    std::fs::write(d.tmp.path().join("kubeconfig"), kubeconfig_for(port)).unwrap();
     let started = std::time::Instant::now();
     let (code, text, _) = check_cluster_with(&d, &["--timeout", "1s", "-o", "json"]);
     let took = started.elapsed();

@@ -673,6 +673,12 @@ fn set_overrides_the_values_file_and_map_entries_add_up() {
     );
     let cm: ConfigMap = object(&d, "ConfigMap");
     assert_eq!(cm.data.unwrap()["INTERLOCK_RUNTIME"], "containerd");
+    // Rules between keys hold once everything is in, whatever the order.
+    let (code, _, err) = manifests_with(
+        "chainTarget: 10-calico.conflist\n",
+        &["configMode=owned", "configMode=chain"],
+    );
+    assert_eq!(code, Some(0), "{err}");
 }
 
 /// Bad input in a values file: a usage error naming the file and the key, nothing on

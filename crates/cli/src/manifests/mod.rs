@@ -56,6 +56,7 @@ pub fn values(files: &[PathBuf], set: &[String]) -> Result<Values, String> {
     for kv in set {
         v.set(kv)?;
     }
+    v.check()?;
     Ok(v)
 }
 

@@ -515,11 +515,12 @@ impl Values {
         Ok(())
     }
 
-    /// Applies one key's value; all or nothing.
+    /// Applies one key's value; all or nothing. Rules between keys are checked once
+    /// every file and `--set` is applied ([`Values::check`]), so their order does not
+    /// matter.
     pub fn apply(&mut self, k: &str, v: &Value) -> Result<(), String> {
         let mut next = self.clone();
         next.apply_in_place(k, v)?;
-        next.check_together()?;
         *self = next;
         Ok(())
     }
@@ -664,7 +665,16 @@ impl Values {
                     dns_subdomain(k, &v)?
                 };
             }
-            "maxUnavailable" => self.max_unavailable = int_or_percent(k, &s()?)?,
+            "maxUnavailable" => {
+                let v = s()?;
+                let n = int_or_percent(k, &v)?;
+                if is_zero(&n) {
+                    return Err(format!(
+                        "{k}={v:?}: must not be 0 (maxSurge is always 0, so the rollout could never replace an agent)"
+                    ));
+                }
+                self.max_unavailable = n;
+            }
             "maxSurge" => {
                 let v = s()?;
                 let surge = int_or_percent(k, &v)?;
@@ -744,21 +754,12 @@ impl Values {
         Ok(())
     }
 
-    /// Rules between keys.
-    fn check_together(&self) -> Result<(), String> {
-        if is_zero(&self.max_unavailable) && is_zero(&self.max_surge) {
-            return Err(format!(
-                "maxUnavailable={}: must not be 0 (maxSurge is always 0, so the rollout could never replace an agent)",
-                match &self.max_unavailable {
-                    IntOrString::Int(n) => n.to_string(),
-                    IntOrString::String(s) => s.clone(),
-                }
-            ));
-        }
+    /// Rules between keys, once all settings are in.
+    pub fn check(&self) -> Result<(), String> {
         if !self.chain_target.is_empty() && self.config_mode != "chain" {
             return Err(format!(
-                "chainTarget={:?}: only with configMode=chain",
-                self.chain_target
+                "chainTarget={:?}: only with configMode=chain (configMode is {})",
+                self.chain_target, self.config_mode
             ));
         }
         Ok(())
