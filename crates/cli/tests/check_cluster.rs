@@ -275,8 +275,25 @@ fn a_crash_looping_agent_is_named_with_its_last_termination() {
                 "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}},
                 "lastState": {"terminated": {"reason": "Error", "exitCode": 2,
                     "message": "plugin config /etc/interlock/plugin-config.json: field x: not an interlock-cni setting"}}}]}}));
+    // Another node's agent is ready again after being OOM-killed once: a warning.
+    node(&api, "n2", Some("True"), false, "linux");
+    api.put_object(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "interlock-node-bbbb", "namespace": "interlock-system",
+            "labels": {"app.kubernetes.io/name": "interlock",
+                "app.kubernetes.io/version": interlock_buildinfo::CRATE_VERSION}},
+        "spec": {"nodeName": "n2", "containers": [{"name": "agent", "image": "x"}]},
+        "status": {"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "agent", "image": "x", "imageID": "", "ready": true,
+                "restartCount": 1, "state": {"running": {}},
+                "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}));
     let (code, text, _) = check_cluster_with(&d, &[]);
     assert_eq!(code, 1, "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("interlock-node-bbbb (ready, 1 restart)")),
+        "{text}"
+    );
     let row = text
         .lines()
         .find(|l| l.contains("interlock-node-aaaa"))
@@ -293,6 +310,15 @@ fn a_crash_looping_agent_is_named_with_its_last_termination() {
     );
     assert!(f["hint"].as_str().unwrap().contains("--previous"), "{f}");
     assert_eq!(v["nodes"][0]["agentPod"]["restarts"], 7);
+    let restarted = finding(&v, "cluster.agent-restarted");
+    assert_eq!(restarted["status"], "warn");
+    assert!(
+        restarted["message"]
+            .as_str()
+            .unwrap()
+            .contains("OOMKilled, exit code 137"),
+        "{restarted}"
+    );
     assert_eq!(v["nodes"][0]["agentPod"]["waiting"], "CrashLoopBackOff");
 }
 
@@ -475,6 +501,24 @@ fn unauthorized_and_forbidden_say_what_to_fix() {
     assert!(f["hint"].as_str().unwrap().contains("renew"), "{f}");
     no_debug_text(&text);
     no_debug_text(&err);
+    // Any other answer: the code, the reason and the call.
+    api.fail_next_matching(FailRule {
+        remaining: 1,
+        code: 500,
+        method: Some("GET".into()),
+        path_contains: Some("/api/v1/nodes".into()),
+    });
+    let (code, text, _) = check_cluster_with(&d, &["-o", "json"]);
+    assert_eq!(code, 3, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let m = finding(&v, "check.api-error")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        m.contains("answered 500") && m.contains("to list nodes"),
+        "{m}"
+    );
 
     // A user RBAC lets list nodes and pods, but not DaemonSets: the check stands,
     // and says what it could not look at.
