@@ -526,6 +526,20 @@ impl Values {
     }
 
     fn apply_in_place(&mut self, k: &str, value: &Value) -> Result<(), String> {
+        if self.apply_pod_key(k, value)?
+            || self.apply_agent_key(k, value)?
+            || self.apply_plugin_key(k, value)?
+        {
+            return Ok(());
+        }
+        Err(format!(
+            "--set {k}: unknown setting (known: {})",
+            known_keys()
+        ))
+    }
+
+    /// The image, the namespace and how the agent pod is scheduled and labelled; `false`: not one of them.
+    fn apply_pod_key(&mut self, k: &str, value: &Value) -> Result<bool, String> {
         let s = || scalar(k, value);
         match k {
             "image" => {
@@ -562,46 +576,6 @@ impl Values {
                 self.image_pull_secrets = names;
             }
             "namespace" => self.namespace = dns_label(k, &s()?)?,
-            "configMode" => self.config_mode = one_of(k, &s()?, &["owned", "chain"])?,
-            "chainTarget" => {
-                let v = s()?;
-                self.chain_target = if v.is_empty() { v } else { file_name(k, &v)? };
-            }
-            "runtime" => self.runtime = one_of(k, &s()?, &["containerd", "crio"])?,
-            "repairPolicy" => {
-                self.repair_policy = one_of(
-                    k,
-                    &s()?,
-                    &["repair", "restart", "delete", "evict", "report"],
-                )?
-            }
-            "taintEffect" => {
-                self.taint_effect = one_of(
-                    k,
-                    &s()?,
-                    &["NoSchedule", "PreferNoSchedule", "NoExecute", "none"],
-                )?
-            }
-            "profiles" => {
-                let ps = strings(k, value)?;
-                for p in &ps {
-                    one_of(k, p, &["istio", "linkerd", "consul", "generic"])?;
-                }
-                if ps.is_empty() {
-                    return Err(format!("{k}: name at least one profile"));
-                }
-                self.profiles = ps;
-            }
-            "excludeNamespaces" => {
-                let ns = strings(k, value)?;
-                for n in &ns {
-                    dns_label(k, n)?;
-                }
-                self.exclude_namespaces = ns;
-            }
-            "cniConfDir" => self.cni_conf_dir = host_path(k, &s()?)?,
-            "cniBinDir" => self.cni_bin_dir = host_path(k, &s()?)?,
-            "criSocket" => self.cri_socket = host_path(k, &s()?)?,
             "healthPort" => {
                 let v = s()?;
                 self.health_port = v
@@ -688,6 +662,38 @@ impl Values {
                 }
                 self.max_surge = surge;
             }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The agent's own settings (its `INTERLOCK_*` environment); `false`: not one of them.
+    fn apply_agent_key(&mut self, k: &str, value: &Value) -> Result<bool, String> {
+        let s = || scalar(k, value);
+        match k {
+            "configMode" => self.config_mode = one_of(k, &s()?, &["owned", "chain"])?,
+            "chainTarget" => {
+                let v = s()?;
+                self.chain_target = if v.is_empty() { v } else { file_name(k, &v)? };
+            }
+            "runtime" => self.runtime = one_of(k, &s()?, &["containerd", "crio"])?,
+            "repairPolicy" => {
+                self.repair_policy = one_of(
+                    k,
+                    &s()?,
+                    &["repair", "restart", "delete", "evict", "report"],
+                )?
+            }
+            "taintEffect" => {
+                self.taint_effect = one_of(
+                    k,
+                    &s()?,
+                    &["NoSchedule", "PreferNoSchedule", "NoExecute", "none"],
+                )?
+            }
+            "cniConfDir" => self.cni_conf_dir = host_path(k, &s()?)?,
+            "cniBinDir" => self.cni_bin_dir = host_path(k, &s()?)?,
+            "criSocket" => self.cri_socket = host_path(k, &s()?)?,
             "logLevel" => {
                 let v = s()?;
                 // The agent's filter, RUST_LOG syntax: a level, or `target=level,…`.
@@ -729,6 +735,32 @@ impl Values {
                 }
                 self.max_cni_version = v;
             }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The plugin's settings (`plugin-config.json`); `false`: not one of them.
+    fn apply_plugin_key(&mut self, k: &str, value: &Value) -> Result<bool, String> {
+        let s = || scalar(k, value);
+        match k {
+            "profiles" => {
+                let ps = strings(k, value)?;
+                for p in &ps {
+                    one_of(k, p, &["istio", "linkerd", "consul", "generic"])?;
+                }
+                if ps.is_empty() {
+                    return Err(format!("{k}: name at least one profile"));
+                }
+                self.profiles = ps;
+            }
+            "excludeNamespaces" => {
+                let ns = strings(k, value)?;
+                for n in &ns {
+                    dns_label(k, n)?;
+                }
+                self.exclude_namespaces = ns;
+            }
             "failurePolicy" => self.failure_policy = one_of(k, &s()?, &["closed", "open"])?,
             "backend" => {
                 self.backend = one_of(
@@ -744,14 +776,9 @@ impl Values {
             "pluginLogLevel" => {
                 self.plugin_log_level = one_of(k, &s()?, &["error", "warn", "info", "debug"])?
             }
-            other => {
-                return Err(format!(
-                    "--set {other}: unknown setting (known: {})",
-                    known_keys()
-                ))
-            }
+            _ => return Ok(false),
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Rules between keys, once all settings are in.
