@@ -56,7 +56,8 @@ enum CheckCommand {
     /// (the default when no subcommand is given).
     Node(NodeArgs),
     /// The cluster through the Kubernetes API: per node the InterlockReady condition,
-    /// the startup taint and the agent pod; pods labelled unprotected.
+    /// the startup taint and the agent pod (restarts, crash loops); pods labelled
+    /// unprotected; agents' versions; other meshes' CNI DaemonSets left installed.
     Cluster(cluster::ClusterArgs),
 }
 

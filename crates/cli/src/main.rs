@@ -60,7 +60,7 @@ enum Command {
     /// not validate, 64 usage). Run as a UID the rules capture, before the proxy.
     Validate(validate::ValidateArgs),
     /// Print the Kubernetes objects that install interlock (`| kubectl apply -f -`);
-    /// `--set key=value` changes a setting.
+    /// settings from values files (`-f values.yaml`) and `--set key=value`.
     Manifests(manifests::ManifestsArgs),
 }
 
