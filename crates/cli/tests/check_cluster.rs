@@ -241,6 +241,16 @@ fn finding<'a>(v: &'a Value, id: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {id}: {v:#}"))
 }
 
+/// The finding `id` is there with `status`, its message containing `needle`.
+fn expect_finding(v: &Value, id: &str, status: &str, needle: &str) {
+    let f = finding(v, id);
+    assert_eq!(f["status"], status, "{f}");
+    assert!(
+        f["message"].as_str().unwrap().contains(needle),
+        "{needle:?} not in {f}"
+    );
+}
+
 /// No Rust debug text in what an operator reads.
 fn no_debug_text(text: &str) {
     for needle in [
@@ -310,14 +320,11 @@ fn a_crash_looping_agent_is_named_with_its_last_termination() {
     );
     assert!(f["hint"].as_str().unwrap().contains("--previous"), "{f}");
     assert_eq!(v["nodes"][0]["agentPod"]["restarts"], 7);
-    let restarted = finding(&v, "cluster.agent-restarted");
-    assert_eq!(restarted["status"], "warn");
-    assert!(
-        restarted["message"]
-            .as_str()
-            .unwrap()
-            .contains("OOMKilled, exit code 137"),
-        "{restarted}"
+    expect_finding(
+        &v,
+        "cluster.agent-restarted",
+        "warn",
+        "OOMKilled, exit code 137",
     );
     assert_eq!(v["nodes"][0]["agentPod"]["waiting"], "CrashLoopBackOff");
 }
@@ -375,14 +382,11 @@ fn leftover_mesh_cni_daemonsets_are_found() {
     let (code, text, _) = check_cluster_with(&d, &["-o", "json"]);
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(code, 2, "{v:#}");
-    let both = finding(&v, "cluster.other-mesh-cni");
-    assert_eq!(both["status"], "fail");
-    assert!(
-        both["message"]
-            .as_str()
-            .unwrap()
-            .contains("istio-cni DaemonSet istio-system/istio-cni-node also runs on n1"),
-        "{both}"
+    expect_finding(
+        &v,
+        "cluster.other-mesh-cni",
+        "fail",
+        "istio-cni DaemonSet istio-system/istio-cni-node also runs on n1",
     );
     let elsewhere = finding(&v, "cluster.other-mesh-cni-elsewhere");
     assert_eq!(elsewhere["status"], "warn");
@@ -558,14 +562,11 @@ fn unauthorized_and_forbidden_say_what_to_fix() {
     let (code, text, _) = check_cluster_with(&d, &["-o", "json"]);
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(code, 0, "a warning only: {v:#}");
-    let f = finding(&v, "cluster.daemonsets-unreadable");
-    assert_eq!(f["status"], "warn");
-    assert!(
-        f["message"]
-            .as_str()
-            .unwrap()
-            .contains("may not list daemonsets.apps in every namespace"),
-        "{f}"
+    expect_finding(
+        &v,
+        "cluster.daemonsets-unreadable",
+        "warn",
+        "may not list daemonsets.apps in every namespace",
     );
 }
 
