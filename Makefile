@@ -41,15 +41,21 @@ demo: deps
 
 ## soak: a bounded chaos soak on a private containerd, judged by an independent checker
 ## (one JSON report on stdout, a summary on stderr; fails when an invariant broke).
-## CREATIONS=2000 sandboxes; SOAK_ARGS for more flags (--seed N, --config-mode chain,
-## --without-interlock for the control run). It judges behaviour, not speed: the debug
-## build `make test` made is used as is (SOAK_PROFILE=release for the shipped build).
+## At least SOAK_MINUTES=10 minutes and CREATIONS=2000 sandboxes; its upgrade steps
+## switch to SOAK_OTHER=v0.1.0 and back (built once per target dir from git, offline;
+## SOAK_OTHER= restarts this build instead). SOAK_ARGS for more flags (--seed N,
+## --config-mode chain, --without-interlock for the control run). It judges behaviour,
+## not speed: the debug build `make test` made is used as is (SOAK_PROFILE=release for
+## the shipped build).
 CREATIONS ?= 2000
+SOAK_MINUTES ?= 10
+SOAK_OTHER ?= v0.1.0
 SOAK_PROFILE ?= dev
 SOAK_DIR := target/$(if $(filter dev,$(SOAK_PROFILE)),debug,$(SOAK_PROFILE))
 soak: deps
 	@$(CARGO) build --profile $(SOAK_PROFILE) -p interlock -p interlock-cni -p interlock-soak
-	@./$(SOAK_DIR)/interlock-soak --creations $(CREATIONS) --bin-dir ./$(SOAK_DIR) $(SOAK_ARGS)
+	@./$(SOAK_DIR)/interlock-soak --creations $(CREATIONS) --min-duration-s $$(( $(SOAK_MINUTES) * 60 )) \
+		$(if $(SOAK_OTHER),--other-release $(SOAK_OTHER)) --bin-dir ./$(SOAK_DIR) $(SOAK_ARGS)
 
 ## plugin-static: the interlock-cni binary to ship ($(STATIC_PLUGIN))
 plugin-static:

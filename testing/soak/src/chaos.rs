@@ -35,11 +35,18 @@ pub enum ChaosKind {
     PluginDelete,
     /// containerd is stopped and started again on the same state (sandboxes survive).
     ContainerdRestart,
+    /// A rolling update to the other build and back, as a DaemonSet does it: SIGTERM,
+    /// the hold with no agent at all, the other build's agent from an image holding its
+    /// own plugin (which it installs); once it is ready (or after its patience) and the
+    /// hold, the same back to this build.
+    Upgrade,
+    /// [`ChaosKind::Upgrade`] with containerd restarted while no agent runs.
+    UpgradeContainerdRestart,
 }
 
 impl ChaosKind {
     /// Every kind, in report order.
-    pub const ALL: [ChaosKind; 7] = [
+    pub const ALL: [ChaosKind; 9] = [
         ChaosKind::AgentKill,
         ChaosKind::PrimaryRewrite,
         ChaosKind::PrimaryRename,
@@ -47,6 +54,8 @@ impl ChaosKind {
         ChaosKind::ConfigAhead,
         ChaosKind::PluginDelete,
         ChaosKind::ContainerdRestart,
+        ChaosKind::Upgrade,
+        ChaosKind::UpgradeContainerdRestart,
     ];
 
     /// The name used in the report and on the command line.
@@ -59,7 +68,21 @@ impl ChaosKind {
             ChaosKind::ConfigAhead => "config_ahead",
             ChaosKind::PluginDelete => "plugin_delete",
             ChaosKind::ContainerdRestart => "containerd_restart",
+            ChaosKind::Upgrade => "upgrade",
+            ChaosKind::UpgradeContainerdRestart => "upgrade_containerd_restart",
         }
+    }
+
+    /// True when the step acts on the agent (kills, stops or replaces it, or waits for
+    /// it to put the plugin back): left out of the control run without interlock.
+    pub fn needs_the_agent(self) -> bool {
+        matches!(
+            self,
+            ChaosKind::AgentKill
+                | ChaosKind::PluginDelete
+                | ChaosKind::Upgrade
+                | ChaosKind::UpgradeContainerdRestart
+        )
     }
 
     /// True when the step changes which config the runtime loads, so that for a moment

@@ -39,6 +39,12 @@ pub trait NodeOps: Send {
     fn start_agent(&mut self) -> Result<(), String>;
     /// Stops containerd and starts it again on the same state; returns once CRI answers.
     fn restart_containerd(&mut self) -> Result<(), String>;
+    /// SIGTERMs the agent and waits for it to exit, as a rollout stops a pod.
+    fn stop_agent(&mut self) -> Result<(), String>;
+    /// Starts the agent of the other build (`other`) or of this one, from an image that
+    /// holds that build's plugin, and waits until it answers ready (an error when it
+    /// does not within its patience).
+    fn start_build(&mut self, other: bool) -> Result<(), String>;
 }
 
 /// The files the chaos loop plays with.
@@ -284,6 +290,21 @@ fn apply<N: NodeOps>(
         ChaosKind::ContainerdRestart => {
             note("restart", node.restart_containerd());
         }
+        ChaosKind::Upgrade | ChaosKind::UpgradeContainerdRestart => {
+            // To the other build, then back: each a rollout step with a gap of the hold.
+            for other in [true, false] {
+                note("stop", node.stop_agent());
+                if step.kind == ChaosKind::UpgradeContainerdRestart {
+                    note("containerd restart", node.restart_containerd());
+                }
+                hold();
+                let what = if other { "upgrade" } else { "back" };
+                note(what, node.start_build(other));
+                if other {
+                    hold();
+                }
+            }
+        }
     }
     let mut l = lock();
     l.spans[index].undone_ms = Some(clock.now_ms());
@@ -428,6 +449,15 @@ mod tests {
             self.calls.push("restart");
             Err("no containerd here".into())
         }
+        fn stop_agent(&mut self) -> Result<(), String> {
+            self.calls.push("stop");
+            Ok(())
+        }
+        fn start_build(&mut self, other: bool) -> Result<(), String> {
+            self.calls
+                .push(if other { "start other" } else { "start this" });
+            Ok(())
+        }
     }
 
     fn files(dir: &Path) -> NodeFiles {
@@ -542,6 +572,50 @@ mod tests {
             "{:?}",
             log.errors
         );
+    }
+
+    #[test]
+    fn an_upgrade_goes_to_the_other_build_and_back_as_a_rollout() {
+        let f = files(tempfile_dir().path());
+        let clock = Clock::start();
+        let log = Mutex::new(ChaosLog::default());
+        let mut node = Recorder::default();
+        let stop = AtomicBool::new(false);
+        apply(
+            &mut node,
+            &f,
+            step(ChaosKind::Upgrade, Variant::Plain),
+            1,
+            &clock,
+            &log,
+            &stop,
+        );
+        assert_eq!(node.calls, ["stop", "start other", "stop", "start this"]);
+        node.calls.clear();
+        apply(
+            &mut node,
+            &f,
+            step(ChaosKind::UpgradeContainerdRestart, Variant::Plain),
+            2,
+            &clock,
+            &log,
+            &stop,
+        );
+        assert_eq!(
+            node.calls,
+            [
+                "stop",
+                "restart",
+                "start other",
+                "stop",
+                "restart",
+                "start this"
+            ]
+        );
+        let log = log.into_inner().unwrap();
+        // The recorder's containerd restart fails: both are logged, nothing else.
+        assert_eq!(log.errors.len(), 2, "{:?}", log.errors);
+        assert!(log.spans.iter().all(|s| s.undone_ms.is_some()));
     }
 
     #[test]

@@ -49,6 +49,17 @@ struct Args {
     /// Pretty-print the JSON report.
     #[arg(long)]
     pretty: bool,
+    /// Keep creating sandboxes for at least this many seconds (even after --creations).
+    #[arg(long, default_value_t = 0)]
+    min_duration_s: u64,
+    /// The release the upgrade steps switch to and back from (a git tag, built once per
+    /// target dir by the test kit, offline); default: this build again from another path.
+    #[arg(long, conflicts_with = "other_bin_dir")]
+    other_release: Option<String>,
+    /// Directory of the other build's `interlock` and `interlock-cni` (instead of
+    /// --other-release).
+    #[arg(long)]
+    other_bin_dir: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -69,6 +80,29 @@ fn main() -> ExitCode {
     opts.agent_log = args.agent_log;
     if !args.chaos.is_empty() {
         opts.chaos = args.chaos;
+    }
+    opts.min_duration = std::time::Duration::from_secs(args.min_duration_s);
+    if let Some(dir) = args.other_bin_dir {
+        opts.other_build = Some((dir.join("interlock"), dir.join("interlock-cni")));
+    }
+    if let Some(tag) = args.other_release {
+        eprintln!("interlock-soak: building {tag} (once per target dir; offline)");
+        match interlock_testkit::release::build(&tag) {
+            Ok(r) => {
+                if let Some(t) = r.built_in {
+                    eprintln!(
+                        "interlock-soak: built {tag} ({}) in {:.0} s",
+                        &r.commit[..12],
+                        t.as_secs_f64()
+                    );
+                }
+                opts.other_build = Some((r.interlock, r.plugin));
+            }
+            Err(e) => {
+                eprintln!("interlock-soak: cannot build {tag}: {e}");
+                return ExitCode::from(2);
+            }
+        }
     }
     match run(&opts) {
         Ok(report) => {

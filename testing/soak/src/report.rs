@@ -58,6 +58,11 @@ pub struct Settings {
     pub with_interlock: bool,
     /// Chaos kinds in play.
     pub chaos_kinds: Vec<ChaosKind>,
+    /// The build the upgrade steps switch to and back from (`this build` when the same
+    /// build is restarted from another path).
+    pub other_build: String,
+    /// The least time the workload runs, in seconds.
+    pub min_duration_s: u64,
 }
 
 /// Sandboxes created and how.
@@ -328,7 +333,11 @@ impl Report {
             .iter()
             .map(|(k, n)| format!("{k} {n}"))
             .collect();
-        out.push_str(&format!("  chaos: {}\n", events.join(", ")));
+        out.push_str(&format!(
+            "  chaos: {} (upgrades to {} and back)\n",
+            events.join(", "),
+            self.settings.other_build
+        ));
         if !s.unreadable_cni_caches_cleared.is_empty() {
             out.push_str(&format!(
                 "  runtime fault cleared to tear down: {} libcni result cache(s) containerd left unreadable (killed while writing them): {}\n",

@@ -59,6 +59,13 @@ pub struct SoakOptions {
     pub with_interlock: bool,
     /// Where to keep every agent's log (the node's directory goes at the end).
     pub agent_log: Option<PathBuf>,
+    /// The other build the upgrade steps switch to and back from: its `interlock` and
+    /// `interlock-cni` (e.g. the previous release, [`interlock_testkit::release`]).
+    /// `None`: this build again, from another path (the rollout mechanics without a
+    /// version change).
+    pub other_build: Option<(PathBuf, PathBuf)>,
+    /// Keep creating sandboxes until this much time has passed, even after `creations`.
+    pub min_duration: Duration,
 }
 
 impl SoakOptions {
@@ -81,6 +88,8 @@ impl SoakOptions {
             plugin: bin_dir.join("interlock-cni"),
             with_interlock: true,
             agent_log: None,
+            other_build: None,
+            min_duration: Duration::ZERO,
         }
     }
 
@@ -109,6 +118,21 @@ struct SoakNode {
     node: Node,
     agent_args: AgentArgs,
     health: HealthAddr,
+    /// The image's directory: its `interlock-cni` is every agent's `--plugin-source`.
+    image: PathBuf,
+    /// (`interlock`, `interlock-cni`) of this build and of the other one.
+    builds: [(PathBuf, PathBuf); 2],
+}
+
+/// How long an upgraded (or downgraded) agent may take to be ready.
+const BUILD_READY_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Puts `plugin` into the image dir `image` as `interlock-cni` (temp file and rename).
+fn install_image(plugin: &Path, image: &Path) -> Result<(), String> {
+    let tmp = image.join(".interlock-cni.tmp");
+    fs::copy(plugin, &tmp)
+        .and_then(|_| fs::rename(&tmp, image.join("interlock-cni")))
+        .map_err(|e| format!("putting {} into the image: {e}", plugin.display()))
 }
 
 impl SoakNode {
@@ -142,6 +166,30 @@ impl NodeOps for SoakNode {
             .map(drop)
             .map_err(|e| format!("restarting containerd: {e}"))
     }
+
+    fn stop_agent(&mut self) -> Result<(), String> {
+        *self.health.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        match self.node.stop_agent(Duration::from_secs(20)) {
+            Some(status) if status.success() => Ok(()),
+            other => Err(format!(
+                "the agent did not exit cleanly on SIGTERM: {other:?}"
+            )),
+        }
+    }
+
+    fn start_build(&mut self, other: bool) -> Result<(), String> {
+        let (agent, plugin) = self.builds[usize::from(other)].clone();
+        install_image(&plugin, &self.image)?;
+        self.node
+            .start_agent_from(&agent, self.agent_args.clone())
+            .map_err(|e| format!("starting {}: {e}", agent.display()))?;
+        let addr = self.node.agent(|a| a.health_addr());
+        *self.health.lock().unwrap_or_else(|e| e.into_inner()) = Some(addr);
+        self.node
+            .wait_agent_ready(BUILD_READY_PATIENCE)
+            .map(drop)
+            .map_err(|e| format!("{} not ready: {e}", agent.display()))
+    }
 }
 
 /// Runs the soak; the report says whether every invariant held. An `Err` means the soak
@@ -155,8 +203,32 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             ));
         }
     }
-    let node = Node::start(NodeOptions::new(&opts.interlock, &opts.plugin))
-        .context("starting the node in a box")?;
+    // The image the agent installs its plugin from: this build's, until an upgrade step
+    // puts the other build's there (as a new image brings its own).
+    let image = interlock_testkit::tempdir()?;
+    install_image(&opts.plugin, image.path()).map_err(|e| anyhow!(e))?;
+    let other = match &opts.other_build {
+        Some(o) => o.clone(),
+        None => {
+            // This build again, under another path (a new image of the same build).
+            let dir = image.path().join("same-build");
+            fs::create_dir_all(&dir)?;
+            let copy = |from: &Path, name: &str| -> anyhow::Result<PathBuf> {
+                let to = dir.join(name);
+                fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
+                Ok(to)
+            };
+            (
+                copy(&opts.interlock, "interlock")?,
+                copy(&opts.plugin, "interlock-cni")?,
+            )
+        }
+    };
+    let node = Node::start(NodeOptions::new(
+        &opts.interlock,
+        image.path().join("interlock-cni"),
+    ))
+    .context("starting the node in a box")?;
     node.write_primary()
         .context("writing the primary's config")?;
     let kit_dir = node.containerd().dir().to_path_buf();
@@ -192,6 +264,8 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
         node,
         agent_args,
         health,
+        image: image.path().to_path_buf(),
+        builds: [(opts.interlock.clone(), opts.plugin.clone()), other],
     };
     if opts.with_interlock {
         soak_node.start_agent().map_err(|e| anyhow!(e))?;
@@ -224,6 +298,7 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             workers: opts.workers,
             max_live: opts.max_live,
             creations: opts.creations,
+            until_ms: clock.now_ms() + opts.min_duration.as_millis() as Ms,
             meshed_share: opts.meshed_share,
             lifetime_ms: opts.lifetime_ms.clone(),
             resident: opts.resident,
@@ -236,9 +311,7 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
         .chaos
         .iter()
         .copied()
-        .filter(|k| {
-            opts.with_interlock || !matches!(k, ChaosKind::AgentKill | ChaosKind::PluginDelete)
-        })
+        .filter(|k| opts.with_interlock || !k.needs_the_agent())
         .collect();
     let plan = ChaosPlan::new(opts.seed, &kinds, opts.timing.clone());
     let soak_began = clock.now_ms();
@@ -423,6 +496,11 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             checker_period_ms: opts.checker_period.as_millis() as Ms,
             with_interlock: opts.with_interlock,
             chaos_kinds: kinds.clone(),
+            other_build: opts.other_build.as_ref().map_or_else(
+                || "this build".to_string(),
+                |(a, _)| a.display().to_string(),
+            ),
+            min_duration_s: opts.min_duration.as_secs(),
         },
         duration_s: elapsed as f64 / 1000.0,
         sandboxes: Sandboxes {

@@ -22,6 +22,7 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 
 use crate::checker::{Clock, Stopping, MESH_ANNOTATION};
+use crate::ledger::Ms;
 
 /// How long a removal task keeps trying before it leaves the sandbox to the final sweep.
 const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
@@ -40,8 +41,10 @@ pub struct WorkloadConfig {
     pub workers: usize,
     /// Sandboxes running at once at most (residents aside).
     pub max_live: usize,
-    /// Sandboxes to start in all.
+    /// Sandboxes to start in all (at least; see `until_ms`).
     pub creations: u64,
+    /// Keep starting sandboxes until the clock reads this, even after `creations`.
+    pub until_ms: Ms,
     /// Share of the creations that are meshed (0..=1).
     pub meshed_share: f64,
     /// How long a sandbox runs before it is removed, in milliseconds.
@@ -159,7 +162,8 @@ impl Workload {
     fn reserve(&self) -> bool {
         self.reserved
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| {
-                (r < self.config.creations).then_some(r + 1)
+                (r < self.config.creations || self.clock.now_ms() < self.config.until_ms)
+                    .then_some(r + 1)
             })
             .is_ok()
     }
@@ -182,7 +186,11 @@ impl Workload {
             }
             let attempt = {
                 let mut s = self.lock_stats();
-                if s.attempted >= max_attempts {
+                // A timed run starts more than `creations`: the bound grows with it.
+                let started = self.started.load(Ordering::SeqCst);
+                if s.attempted
+                    >= max_attempts.max(started.saturating_mul(MAX_ATTEMPTS_PER_CREATION))
+                {
                     s.gave_up = true;
                     return;
                 }

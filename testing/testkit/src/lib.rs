@@ -15,6 +15,7 @@ pub mod http;
 pub mod kubeapi;
 pub mod node;
 pub mod pods;
+pub mod release;
 pub mod traffic;
 
 pub use tempfile::{tempdir, TempDir};

@@ -22,8 +22,8 @@
 //! The daemon runs under `setpriv --pdeathsig KILL`, from a thread that lives as long as
 //! the kit, so it dies with the process. A process killed outright (SIGKILL, a timeout,
 //! `panic = abort`) does not run the teardown and leaves: the shims and pause processes
-//! of its sandboxes, their `/var/run/netns/cni-*` namespaces, overlay and shm mounts
-//! under the kit directory, the bridge, libcni's cached results in
+//! of its sandboxes, their `cni-*` namespaces (mounted under the kit's state dir), overlay
+//! and shm mounts under the kit directory, the bridge, libcni's cached results in
 //! `/var/lib/cni/results` (`<network>-<id>-eth0`, `cni-loopback-<id>-lo`) and the kit
 //! directory. Each kit holds an exclusive `flock` on `<dir>/kit.lock` for its lifetime;
 //! the next [`Containerd::start`] in any process takes the lock of every kit directory
@@ -144,6 +144,10 @@ disabled_plugins = [
   sandbox_image = "{image}"
   # Without CAP_SYS_RESOURCE runc fails "can't get final child's PID from pipe: EOF".
   restrict_oom_score_adj = true
+  # The sandboxes' netns under the kit's state dir, not /var/run/netns shared with the
+  # host and other kits: a netns whose sandbox was never recorded (the daemon killed
+  # mid-creation) is then still known to be this kit's, and goes with it.
+  netns_mounts_under_state_dir = true
   [{cri}.containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"

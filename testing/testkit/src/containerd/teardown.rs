@@ -16,8 +16,14 @@ const KIT_JSON: &str = "kit.json";
 const KIT_LOCK: &str = "kit.lock";
 /// Where libcni (inside containerd) caches ADD results, named `<network>-<id>-<ifname>`.
 const CNI_RESULTS: &str = "/var/lib/cni/results";
-/// Where containerd (like `ip netns`) bind-mounts the netns it creates, as `cni-<uuid>`.
-const NETNS_DIR: &str = "/var/run/netns";
+/// Where the kit's containerd bind-mounts the netns it creates, as `cni-<uuid>`
+/// (`netns_mounts_under_state_dir`): under its CRI plugin's state dir.
+fn netns_dir(layout: &Layout) -> PathBuf {
+    layout
+        .state()
+        .join("io.containerd.grpc.v1.cri")
+        .join("netns")
+}
 
 /// Creates and locks a new kit directory with a free subnet, after tearing down every kit
 /// whose owner is gone. All of it under the parent's allocation lock, so that no process
@@ -141,6 +147,11 @@ pub(crate) fn tear_down(layout: &Layout, daemon: Option<Daemon>) -> Vec<String> 
     for socket in shim_sockets {
         let _ = fs::remove_file(socket);
     }
+    // Every netns the daemon made is its own (see `netns_dir`), also one whose sandbox it
+    // never recorded: the daemon killed between creating the netns and the sandbox.
+    netns.extend(list_netns(layout));
+    netns.sort();
+    netns.dedup();
     for path in &netns {
         remove_netns(path, &mut problems);
     }
@@ -298,7 +309,7 @@ fn runc_container_ids(layout: &Layout) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The `/var/run/netns/cni-*` files that processes of the kit's runc containers are in
+/// The `cni-*` netns files that processes of the kit's runc containers are in
 /// (matched by namespace inode).
 fn netns_of_runc_containers(layout: &Layout) -> Vec<PathBuf> {
     use std::os::unix::fs::MetadataExt;
@@ -317,13 +328,20 @@ fn netns_of_runc_containers(layout: &Layout) -> Vec<PathBuf> {
     if inodes.is_empty() {
         return Vec::new();
     }
-    let Ok(files) = fs::read_dir(NETNS_DIR) else {
+    list_netns(layout)
+        .into_iter()
+        .filter(|f| fs::metadata(f).is_ok_and(|m| inodes.contains(&(m.dev(), m.ino()))))
+        .collect()
+}
+
+/// The `cni-*` netns files of the kit's daemon.
+fn list_netns(layout: &Layout) -> Vec<PathBuf> {
+    let Ok(files) = fs::read_dir(netns_dir(layout)) else {
         return Vec::new();
     };
     files
         .flatten()
         .filter(|f| f.file_name().to_string_lossy().starts_with("cni-"))
-        .filter(|f| fs::metadata(f.path()).is_ok_and(|m| inodes.contains(&(m.dev(), m.ino()))))
         .map(|f| f.path())
         .collect()
 }
