@@ -341,11 +341,13 @@ fn judge_switch(node: &Node, what: &str, sw: &Switch) -> Vec<Sandbox> {
     }
     eprintln!(
         "{what}: SIGTERM to exit {:.0} ms; exit to the new agent's readiness {:.0} ms \
-         ({:.1} s with no agent at all); {} pods created across the switch, {} of them \
-         started in that window ({} ran protected, {} refused), 0 unprotected",
+         ({:.1} s with no agent at all, then {:.0} ms from its start to ready); {} pods \
+         created across the switch, {} of them started in that window ({} ran protected, \
+         {} refused), 0 unprotected",
         sw.stop.as_secs_f64() * 1e3,
         sw.window.as_secs_f64() * 1e3,
         SWITCH_GAP.as_secs_f64(),
+        sw.window.saturating_sub(SWITCH_GAP).as_secs_f64() * 1e3,
         sw.started.len(),
         in_window,
         in_window_ok,
@@ -410,7 +412,8 @@ fn a_rolling_upgrade_and_downgrade_keep_every_connection() {
     let server = TcpListener::bind("0.0.0.0:0").unwrap();
     server.set_nonblocking(true).unwrap();
     let target = SocketAddr::new(node.gateway().into(), server.local_addr().unwrap().port());
-    let meshed: Vec<Meshed> = (0..3)
+    // The last one stands for rules 0.1.0 wrote that this build renders otherwise.
+    let mut meshed: Vec<Meshed> = (0..4)
         .map(|i| run_meshed(&node, &format!("old{i}"), target))
         .collect();
     let plain: Vec<Plain> = (0..2)
@@ -428,7 +431,14 @@ fn a_rolling_upgrade_and_downgrade_keep_every_connection() {
             args: &AUDIT,
         },
         "up",
-        || {},
+        // meshed[3]: rules 0.1.0 wrote that this build renders otherwise (one rule
+        // more, capturing the same; its record is 0.1.0's, without a shape).
+        || {
+            nft_in(
+                netns(&meshed[3].sb),
+                &["add", "rule", "inet", "interlock", "output", "counter"],
+            )
+        },
     );
     assert_plugin_is(&node, &new_plugin, "after the upgrade");
     let made_up = judge_switch(&node, "upgrade", &up);
@@ -463,13 +473,27 @@ fn a_rolling_upgrade_and_downgrade_keep_every_connection() {
     );
     assert_eq!((repaired, ended), (0.0, 0.0), "{log}");
     assert!(!log.contains("UNPROTECTED"), "{log}");
-    let meshed_running = 3 + made_up.iter().filter(|s| s.meshed).count();
+    // The one whose rules differ was proven by a connection, once, and left as written;
+    // the others read back as this build writes them.
+    let proven: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("left as written"))
+        .collect();
+    assert!(
+        proven.len() == 1 && proven[0].contains(&meshed[3].sb.id),
+        "{log}"
+    );
+    let meshed_running = meshed.len() + made_up.iter().filter(|s| s.meshed).count();
     assert_eq!(
         verdicts(&node, "protected"),
         Some(meshed_running as f64),
         "{log}"
     );
     assert_eq!(verdicts(&node, "unprotected"), Some(0.0), "{log}");
+    // Its rules are not 0.1.0's own any more: gone before the downgrade.
+    let odd = meshed.pop().unwrap();
+    node.remove_pod(&odd.sb).unwrap();
+    drop(odd);
 
     // Meshed pods of the new release, with connections of their own.
     let newer: Vec<Meshed> = (0..2)
