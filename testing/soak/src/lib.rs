@@ -2,7 +2,9 @@
 //! that shares no code with interlock.
 //!
 //! Workers keep creating and removing meshed and plain sandboxes over CRI; a chaos loop
-//! ([`chaos`]) kills and restarts the agent, rewrites, renames and deletes the primary's
+//! ([`chaos`]) kills and restarts the agent, rolls it to another build and back as a
+//! DaemonSet update does (the previous release with `--other-release`, containerd
+//! restarted mid-rollout in one kind), rewrites, renames and deletes the primary's
 //! config, adds configs that sort ahead, deletes the installed plugin and restarts
 //! containerd; the checker probes every running sandbox from inside with a real
 //! connection ([`probe`]) and keeps the exposure windows ([`ledger`]). The run ends with

@@ -82,6 +82,9 @@ pub struct Sandboxes {
     pub removed: u64,
     /// Removals that had to be retried.
     pub remove_retries: u64,
+    /// Not-ready sandboxes that failed creations left behind, removed as the kubelet's
+    /// garbage collection does.
+    pub collected_not_ready: u64,
     /// A runtime fault the soak cleared to tear sandboxes down: libcni result caches
     /// containerd left unreadable when it was killed while writing them (see
     /// `workload::clear_unreadable_cni_cache`). Not a violation: interlock's own state
@@ -113,6 +116,7 @@ impl Sandboxes {
             removed: s.removed,
             started_without_answer: 0,
             remove_retries: s.remove_retries,
+            collected_not_ready: s.collected_not_ready,
             unreadable_cni_caches_cleared: s.unreadable_cni_caches.clone(),
             resident,
             create_latency_ms: Distribution::of(&s.create_ms),
@@ -319,13 +323,14 @@ impl Report {
             if self.ok { "OK" } else { "FAILED" }
         ));
         out.push_str(&format!(
-            "  sandboxes: {} creations attempted in {:.0} s ({:.2}/s); started {} meshed + {} plain; {} failed to start\n",
+            "  sandboxes: {} creations attempted in {:.0} s ({:.2}/s); started {} meshed + {} plain; {} failed to start ({} left behind not ready, collected)\n",
             s.attempted,
             self.duration_s,
             s.creations_per_s,
             s.created["meshed"],
             s.created["plain"],
-            s.failed_to_start.values().sum::<u64>()
+            s.failed_to_start.values().sum::<u64>(),
+            s.collected_not_ready
         ));
         let events: Vec<String> = self
             .chaos

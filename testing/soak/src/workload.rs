@@ -11,11 +11,11 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use interlock_cri::{CriClient, CriError, SandboxConfig, SandboxFilter, Timeouts};
+use interlock_cri::{CriClient, CriError, SandboxConfig, SandboxFilter, SandboxState, Timeouts};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -26,6 +26,11 @@ use crate::ledger::Ms;
 
 /// How long a removal task keeps trying before it leaves the sandbox to the final sweep.
 const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
+/// How often the collector looks for sandboxes a failed creation left behind.
+const COLLECT_EVERY: Duration = Duration::from_secs(2);
+/// How old a sandbox that is not ready must be before the collector removes it (the
+/// workload's own removals finish well within it).
+const COLLECT_AFTER: Duration = Duration::from_secs(10);
 /// The pause after a failed creation.
 const FAILURE_BACKOFF: Duration = Duration::from_millis(200);
 /// Attempts per planned sandbox after which the workload gives up (a node that refuses
@@ -77,6 +82,9 @@ pub struct WorkloadStats {
     pub removed: u64,
     /// Removal attempts that failed (and were retried).
     pub remove_retries: u64,
+    /// Sandboxes a failed creation left behind (not ready, no ID returned), stopped and
+    /// removed by the collector as the kubelet's garbage collection does.
+    pub collected_not_ready: u64,
     /// libcni result caches containerd left unreadable (see [`clear_unreadable_cni_cache`]),
     /// removed so the sandbox could be torn down.
     pub unreadable_cni_caches: Vec<String>,
@@ -153,7 +161,15 @@ impl Workload {
             let removals = removals.clone();
             creators.spawn(async move { me.creator(w as u64, removals).await });
         }
+        let done = Arc::new(AtomicBool::new(false));
+        let collector = {
+            let me = self.clone();
+            let done = done.clone();
+            tokio::spawn(async move { me.collect_not_ready(&done).await })
+        };
         while creators.join_next().await.is_some() {}
+        done.store(true, Ordering::SeqCst);
+        let _ = collector.await;
         let mut removals = std::mem::take(&mut *removals.lock().unwrap_or_else(|e| e.into_inner()));
         while removals.join_next().await.is_some() {}
     }
@@ -280,6 +296,42 @@ impl Workload {
         s.failure_examples
             .entry(reason)
             .or_insert_with(|| error.to_string());
+    }
+
+    /// Until `done`: every `COLLECT_EVERY`, stops and removes the sandboxes that are not
+    /// ready and older than `COLLECT_AFTER`. A creation that failed after its netns and
+    /// address were set up (a DEL of its cleanup refused while the primary's config was
+    /// gone, the runtime restarted mid-creation) leaves such a sandbox holding its
+    /// address; the kubelet's garbage collection removes them, and without it a long
+    /// run exhausts the node's addresses. The workload's own sandboxes being removed are
+    /// not ready too: removing one twice is harmless (not found counts as removed).
+    async fn collect_not_ready(&self, done: &AtomicBool) {
+        while !done.load(Ordering::SeqCst) {
+            tokio::time::sleep(COLLECT_EVERY).await;
+            let Ok(c) = connect(&self.config.cri_endpoint).await else {
+                continue;
+            };
+            let Ok(list) = c.list_sandboxes(&SandboxFilter::default()).await else {
+                continue;
+            };
+            let now_ns = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i64);
+            for sb in list {
+                let age_ns = now_ns.saturating_sub(sb.created_at_nanos);
+                if sb.state == SandboxState::Ready || age_ns < COLLECT_AFTER.as_nanos() as i64 {
+                    continue;
+                }
+                self.stopping.mark(&sb.id, self.clock.now_ms());
+                let removed = match c.stop_sandbox(&sb.id).await {
+                    Ok(()) => c.remove_sandbox(&sb.id).await,
+                    Err(e) => Err(e),
+                };
+                if removed.is_ok() {
+                    self.lock_stats().collected_not_ready += 1;
+                }
+            }
+        }
     }
 
     /// Stops and removes `id`, retrying for a while; false when it is still there.
