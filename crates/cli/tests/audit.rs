@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{wait_until, Agent, Dirs};
+use common::{nft_in, wait_until, Agent, Dirs};
 use interlock_cri::{CriClient, SandboxState};
 use interlock_redirect::netns::in_netns;
 use interlock_testkit::containerd::Containerd;
@@ -1027,21 +1027,6 @@ async fn a_pod_whose_rules_keep_being_undone_ends_in_report() {
     assert!(sandboxes >= 2, "the restart made no new sandbox");
     drop(a);
     kit.teardown().unwrap();
-}
-
-/// In `netns`: `nft` with `args`, which must succeed.
-fn nft_in(netns: &Path, args: &[&str]) {
-    let o = Command::new("nsenter")
-        .arg(format!("--net={}", netns.display()))
-        .arg("nft")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "nft {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
 }
 
 /// An upgrade must not reset meshed connections. Rules an older release wrote (rule shape

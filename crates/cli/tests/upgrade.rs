@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::nft_in;
 use interlock_cri::SandboxState;
 use interlock_testkit::node::{in_netns, AgentArgs, Capture, Node, NodeOptions, Sandbox};
 use interlock_testkit::release::{self, Release, ReleaseError};
@@ -371,6 +372,36 @@ fn assert_not_restarted(node: &Node, what: &str, ids: &[&Sandbox]) {
     }
 }
 
+/// After a rollout step: every connection of `meshed` and `plain` still carries data,
+/// every meshed pod still captures a new connection, plain pods are not redirected, and
+/// no sandbox of them restarted.
+fn untouched<'a>(
+    node: &Node,
+    what: &str,
+    meshed: impl Iterator<Item = &'a Meshed>,
+    plain: &[Plain],
+    target: SocketAddr,
+) {
+    let log = agent_log(node);
+    let mut all = Vec::new();
+    for m in meshed {
+        alive(&m.conn).unwrap_or_else(|e| {
+            panic!(
+                "{what}: {}'s captured connection ended: {e}\n{log}",
+                m.sb.name
+            )
+        });
+        captured(m, target).unwrap_or_else(|e| panic!("{what}: {e}\n{log}"));
+        all.push(&m.sb);
+    }
+    for p in plain {
+        alive(&p.conn).unwrap_or_else(|e| panic!("{what}: {}: {e}", p.sb.name));
+        assert_eq!(node.capture(&p.sb), Capture::NotRedirected, "{}", p.sb.name);
+        all.push(&p.sb);
+    }
+    assert_not_restarted(node, what, &all);
+}
+
 /// The bytes of the installed plugin are `want`'s.
 fn assert_plugin_is(node: &Node, want: &Path, what: &str) {
     assert!(
@@ -444,25 +475,7 @@ fn a_rolling_upgrade_and_downgrade_keep_every_connection() {
     let made_up = judge_switch(&node, "upgrade", &up);
     wait_passes(&node, 3);
     let log = agent_log(&node);
-    for m in &meshed {
-        alive(&m.conn).unwrap_or_else(|e| {
-            panic!(
-                "upgrade: {}'s captured connection ended: {e}\n{log}",
-                m.sb.name
-            )
-        });
-        captured(m, target).unwrap_or_else(|e| panic!("upgrade: {e}\n{log}"));
-    }
-    for p in &plain {
-        alive(&p.conn).unwrap_or_else(|e| panic!("upgrade: {}: {e}", p.sb.name));
-        assert_eq!(node.capture(&p.sb), Capture::NotRedirected, "{}", p.sb.name);
-    }
-    let all: Vec<&Sandbox> = meshed
-        .iter()
-        .map(|m| &m.sb)
-        .chain(plain.iter().map(|p| &p.sb))
-        .collect();
-    assert_not_restarted(&node, "upgrade", &all);
+    untouched(&node, "upgrade", meshed.iter(), &plain, target);
     let repaired = repairs(&node);
     let ended = counter_sum(&node, "interlock_connections_ended");
     eprintln!(
@@ -531,26 +544,13 @@ fn a_rolling_upgrade_and_downgrade_keep_every_connection() {
     // With `--repair-policy report` the older agent changes nothing: every connection
     // stays, the pod it reads as unprotected is only reported.
     let log = agent_log(&node);
-    for m in meshed.iter().chain(&newer) {
-        alive(&m.conn).unwrap_or_else(|e| {
-            panic!(
-                "downgrade: {}'s captured connection ended: {e}\n{log}",
-                m.sb.name
-            )
-        });
-        captured(m, target).unwrap_or_else(|e| panic!("downgrade: {e}\n{log}"));
-    }
-    for p in &plain {
-        alive(&p.conn).unwrap_or_else(|e| panic!("downgrade: {}: {e}", p.sb.name));
-        assert_eq!(node.capture(&p.sb), Capture::NotRedirected, "{}", p.sb.name);
-    }
-    let all: Vec<&Sandbox> = meshed
-        .iter()
-        .chain(&newer)
-        .map(|m| &m.sb)
-        .chain(plain.iter().map(|p| &p.sb))
-        .collect();
-    assert_not_restarted(&node, "downgrade", &all);
+    untouched(
+        &node,
+        "downgrade",
+        meshed.iter().chain(&newer),
+        &plain,
+        target,
+    );
     let repaired = repairs(&node);
     let ended = counter_sum(&node, "interlock_connections_ended");
     eprintln!(
@@ -602,10 +602,14 @@ fn a_rolling_upgrade_and_downgrade_keep_every_connection() {
         "0.1.0's repair left the connection open: the docs are wrong\n{log}"
     );
     captured(differs, target).unwrap_or_else(|e| panic!("{e}\n{log}"));
-    for m in meshed.iter().chain(&newer[..1]) {
-        alive(&m.conn).unwrap_or_else(|e| panic!("{}: {e}\n{log}", m.sb.name));
-    }
-    assert_not_restarted(&node, "0.1.0's repair", &all);
+    untouched(
+        &node,
+        "0.1.0's repair",
+        meshed.iter().chain(&newer[..1]),
+        &plain,
+        target,
+    );
+    assert_not_restarted(&node, "0.1.0's repair", &[&differs.sb]);
     eprintln!(
         "downgrade (0.1.0's default policy): repairs {}, connections ended {} — the pod \
          whose rules 0.1.0 renders otherwise lost its connection, the others kept theirs",
@@ -622,19 +626,4 @@ fn a_rolling_upgrade_and_downgrade_keep_every_connection() {
     let footprint = node.footprint();
     node.teardown().unwrap();
     assert_eq!(footprint.leftovers(), Vec::<String>::new());
-}
-
-/// In `netns`: `nft` with `args`, which must succeed.
-fn nft_in(netns: &Path, args: &[&str]) {
-    let o = std::process::Command::new("nsenter")
-        .arg(format!("--net={}", netns.display()))
-        .arg("nft")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "nft {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
 }

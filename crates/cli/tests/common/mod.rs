@@ -344,3 +344,18 @@ pub fn mkfifo(p: &Path) {
     let st = Command::new("mkfifo").arg(p).status().unwrap();
     assert!(st.success(), "mkfifo {}", p.display());
 }
+
+/// In `netns`: `nft` with `args`, which must succeed.
+pub fn nft_in(netns: &Path, args: &[&str]) {
+    let o = Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .arg("nft")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "nft {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
