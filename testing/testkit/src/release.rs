@@ -9,7 +9,8 @@
 //! let one build's artifacts replace the other's). The binaries are copied to
 //! `<target>/releases/<commit>/bin` last, so their presence means a finished build: a
 //! target dir builds a release once, and test binaries running at once wait on a lock
-//! instead of building it twice.
+//! instead of building it twice. The sources and the release's own target dir are then
+//! removed.
 //!
 //! A cold build compiles every dependency again. Before it, the release's target dir is
 //! seeded with a copy (never hard links: cargo rewrites some of these files in place) of
@@ -174,6 +175,7 @@ pub fn build(rev: &str) -> Result<Release, ReleaseError> {
         )),
         &format!("exporting {rev} ({commit})"),
     )?;
+    // A target dir left by an interrupted build is reused as it is.
     let seeded = if target.exists() {
         0
     } else {
@@ -219,10 +221,10 @@ pub fn build(rev: &str) -> Result<Release, ReleaseError> {
         fs::copy(&from, &tmp).map_err(|e| fail(&from, e))?;
         fs::rename(&tmp, bin.join(name)).map_err(|e| fail(&tmp, e))?;
     }
-    // The sources are not needed any more; the target dir stays for the next commit's
-    // incremental build only if someone deletes `bin`.
+    // Only the binaries are kept: the sources and the release's target dir (1.5 GB)
+    // would only serve a rebuild, which the binaries' presence rules out.
     let _ = fs::remove_dir_all(&src);
-    let _ = fs::remove_dir_all(target.join("debug").join("incremental"));
+    let _ = fs::remove_dir_all(&target);
     Ok(release(Some(start.elapsed()), seeded))
 }
 
