@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_READY};
-use interlock_testkit::kubeapi::KubeApi;
+use interlock_testkit_node::kubeapi::KubeApi;
 use serde_json::{json, Value};
 
 fn node(api: &KubeApi, name: &str, ready: Option<&str>, tainted: bool, os: &str) {
