@@ -481,7 +481,7 @@ fn kubeconfig_and_context_flags_choose_the_cluster() {
 /// resource that were refused. No debug structs.
 #[test]
 fn unauthorized_and_forbidden_say_what_to_fix() {
-    use interlock_testkit::kubeapi::{FailRule, UserInfo};
+    use interlock_testkit_node::kubeapi::{FailRule, UserInfo};
     let api = KubeApi::start().unwrap();
     let d = Dirs::new();
     api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
