@@ -1,5 +1,5 @@
 //! The agent's Kubernetes side through the real kube client against the fake API server
-//! (`interlock_testkit::kubeapi`): node gating (taint, condition, debounce, concurrent
+//! (`interlock_testkit_node::kubeapi`): node gating (taint, condition, debounce, concurrent
 //! edits), the pod cache and its watch, labels, Events, delete and evict, the load it
 //! causes, and the RBAC verbs its requests need.
 
@@ -15,7 +15,7 @@ use interlock_agent::kubernetes::pods::{PodCache, PodKey};
 use interlock_agent::kubernetes::{self, KubeSettings};
 use interlock_contract::agent_socket::{PodRef, Response};
 use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_READY};
-use interlock_testkit::kubeapi::{KubeApi, RequestRecord, CLIENT_HEADER};
+use interlock_testkit_node::kubeapi::{KubeApi, RequestRecord, CLIENT_HEADER};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
@@ -927,7 +927,7 @@ async fn api_failures_are_retried_with_back_off() {
         condition(&api, "n1").is_some_and(|c| c["status"] == "True")
     })
     .await;
-    api.fail_next_matching(interlock_testkit::kubeapi::FailRule {
+    api.fail_next_matching(interlock_testkit_node::kubeapi::FailRule {
         remaining: 3,
         code: 500,
         method: Some("PATCH".into()),

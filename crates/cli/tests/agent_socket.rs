@@ -14,7 +14,7 @@ use interlock_attach::pod::PodIdentity;
 use interlock_attach::pod::Source;
 use interlock_cni::decide::{decide_with_lookup, Decision};
 use interlock_contract::config::PluginConfig;
-use interlock_testkit::kubeapi::KubeApi;
+use interlock_testkit_node::kubeapi::KubeApi;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
 

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::{Agent, Dirs};
 use interlock_testkit::forged_agent::ForgedAgent;
-use interlock_testkit::kubeapi::KubeApi;
 use interlock_testkit::{require_root, Netns};
+use interlock_testkit_node::kubeapi::KubeApi;
 use serde_json::{json, Value};
 
 /// The UID the forged socket's server runs as.

@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 use common::{nft_in, wait_until, Agent, Dirs};
 use interlock_cri::{CriClient, SandboxState};
 use interlock_redirect::netns::in_netns;
-use interlock_testkit::containerd::Containerd;
 use interlock_testkit::require_root;
+use interlock_testkit_node::containerd::Containerd;
 
 /// A meshed pod's annotation (the `generic` profile's: decided without the pod's spec,
 /// as this agent runs without a Kubernetes API).
-const MESHED: (&str, &str) = interlock_testkit::node::MESHED_ANNOTATION;
+const MESHED: (&str, &str) = interlock_testkit_node::node::MESHED_ANNOTATION;
 /// The generic profile's proxy UID.
 const PROXY_UID: u32 = 1337;
 
@@ -610,7 +610,7 @@ async fn the_plugins_add_note_gets_the_sandbox_audited_at_once() {
 struct ApiScene {
     kit: Containerd,
     cri: CriClient,
-    api: interlock_testkit::kubeapi::KubeApi,
+    api: interlock_testkit_node::kubeapi::KubeApi,
     sandbox: String,
     namespace: String,
     name: String,
@@ -628,7 +628,7 @@ async fn api_scene_with(
     tag: &str,
     extra: &[(&str, &str)],
     flags: &[&str],
-    prepare: impl FnOnce(&interlock_testkit::kubeapi::KubeApi),
+    prepare: impl FnOnce(&interlock_testkit_node::kubeapi::KubeApi),
 ) -> ApiScene {
     use serde_json::json;
     let kit = kit_with_primary();
@@ -641,7 +641,7 @@ async fn api_scene_with(
         config.metadata.uid.clone(),
     );
     let sandbox = cri.run_sandbox(&config).await.unwrap();
-    let api = interlock_testkit::kubeapi::KubeApi::start().unwrap();
+    let api = interlock_testkit_node::kubeapi::KubeApi::start().unwrap();
     api.put_object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
     let mut annotations = serde_json::Map::new();
     annotations.insert(MESHED.0.into(), MESHED.1.into());

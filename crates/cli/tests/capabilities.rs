@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::{interlock, plugin, wait_until, Agent, Dirs};
 use interlock_cri::CriClient;
-use interlock_testkit::containerd::Containerd;
 use interlock_testkit::require_root;
+use interlock_testkit_node::containerd::Containerd;
 use serde::Deserialize;
 
 /// The capabilities the DaemonSet adds, as `interlock manifests` renders it.
@@ -132,8 +132,8 @@ async fn meshed_sandbox(
     tag: &str,
 ) -> (String, std::path::PathBuf) {
     let config = kit.pod(tag).annotation(
-        interlock_testkit::node::MESHED_ANNOTATION.0,
-        interlock_testkit::node::MESHED_ANNOTATION.1,
+        interlock_testkit_node::node::MESHED_ANNOTATION.0,
+        interlock_testkit_node::node::MESHED_ANNOTATION.1,
     );
     let id = cri.run_sandbox(&config).await.unwrap();
     let netns = cri

@@ -655,7 +655,7 @@ fn settings_come_from_the_agents_environment_then_the_marker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_lists_the_nodes_sandboxes_with_the_audits_verdicts() {
     interlock_testkit::require_root!();
-    let kit = interlock_testkit::containerd::Containerd::start().unwrap();
+    let kit = interlock_testkit_node::containerd::Containerd::start().unwrap();
     kit.install_primary_plugins().unwrap();
     kit.write_primary_config().unwrap();
     let cri = kit.cri().await;
@@ -670,8 +670,8 @@ async fn check_lists_the_nodes_sandboxes_with_the_audits_verdicts() {
     let mut meshed = Vec::new();
     for tag in ["mesh0", "mesh1"] {
         let config = kit.pod(tag).annotation(
-            interlock_testkit::node::MESHED_ANNOTATION.0,
-            interlock_testkit::node::MESHED_ANNOTATION.1,
+            interlock_testkit_node::node::MESHED_ANNOTATION.0,
+            interlock_testkit_node::node::MESHED_ANNOTATION.1,
         );
         let pod = format!("{}/{}", config.metadata.namespace, config.metadata.name);
         meshed.push((cri.run_sandbox(&config).await.unwrap(), pod));

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_READY};
-use interlock_testkit::kubeapi::KubeApi;
+use interlock_testkit_node::kubeapi::KubeApi;
 use serde_json::{json, Value};
 
 fn node(api: &KubeApi, name: &str, ready: Option<&str>, tainted: bool, os: &str) {
@@ -481,7 +481,7 @@ fn kubeconfig_and_context_flags_choose_the_cluster() {
 /// resource that were refused. No debug structs.
 #[test]
 fn unauthorized_and_forbidden_say_what_to_fix() {
-    use interlock_testkit::kubeapi::{FailRule, UserInfo};
+    use interlock_testkit_node::kubeapi::{FailRule, UserInfo};
     let api = KubeApi::start().unwrap();
     let d = Dirs::new();
     api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))

@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use interlock_agent::kubernetes::gating::LOSS_DEBOUNCE;
 use interlock_contract::names::{CONDITION_READY, TAINT_NOT_READY};
-use interlock_testkit::kubeapi::KubeApi;
+use interlock_testkit_node::kubeapi::KubeApi;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 

@@ -16,7 +16,7 @@ use interlock_agent::health::shared::{Readiness, Shared};
 use interlock_agent::kubernetes::actions::PodActions;
 use interlock_agent::kubernetes::pods::PodKey;
 use interlock_agent::kubernetes::{self, KubeSettings};
-use interlock_testkit::kubeapi::{KubeApi, UserInfo};
+use interlock_testkit_node::kubeapi::{KubeApi, UserInfo};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use serde::Deserialize;

@@ -1,5 +1,5 @@
 //! The three race scenarios on real containerd, each on its own node in a box
-//! ([`interlock_testkit::node`]): a private containerd with the reference primary
+//! ([`interlock_testkit_node::node`]): a private containerd with the reference primary
 //! (`bridge` + `host-local` + `portmap` as `10-calico.conflist`, cniVersion 0.3.1), the
 //! real `interlock agent` and `interlock-cni`, and sandboxes created over CRI. Whether a
 //! sandbox is protected is judged by the kit's independent capture check (a real
@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use interlock_agent::kubernetes::gating::LOSS_DEBOUNCE;
 use interlock_cri::SandboxState;
-use interlock_testkit::node::{
+use interlock_testkit::require_root;
+use interlock_testkit_node::node::{
     in_netns, AgentArgs, Capture, Node, NodeOptions, PrimaryWrite, Sandbox, MESHED_ANNOTATION,
     TAINT_NOT_READY,
 };
-use interlock_testkit::require_root;
 use serde_json::Value;
 
 /// The real plugin, built next to `interlock`; the scenarios mean nothing with a stand-in.
@@ -708,7 +708,7 @@ fn without_an_api_the_agent_socket_answers_from_the_runtimes_sandboxes() {
     };
     let got = ask(&sb.namespace, &sb.name);
     assert_eq!(got["status"], "found", "{got}\n{}", node.agent_logs());
-    let (key, value) = interlock_testkit::node::MESHED_ANNOTATION;
+    let (key, value) = interlock_testkit_node::node::MESHED_ANNOTATION;
     assert_eq!(got["annotations"][key], value, "{got}");
     let none = ask(&sb.namespace, "no-such-pod");
     assert_eq!(none["status"], "undecided", "{none}");

@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_READY};
-use interlock_testkit::kubeapi::KubeApi;
+use interlock_testkit_node::kubeapi::KubeApi;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::os::unix::ffi::OsStrExt;

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use interlock_cri::{CriClient, CriError, SandboxFilter, Timeouts};
-use interlock_testkit::containerd::Containerd;
 use interlock_testkit::require_root;
+use interlock_testkit_node::containerd::Containerd;
 
 #[tokio::test]
 async fn a_missing_socket_fails_to_connect_naming_the_endpoint() {

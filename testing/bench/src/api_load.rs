@@ -1,7 +1,7 @@
 //! `interlock-bench api-load`: the Kubernetes API load the agents cause, per node, as the
 //! cluster grows. N simulated agents (each the agent's own pod cache and node gate, on
 //! its own kube client whose requests the fake API server counts under its node's name)
-//! run against one fake API server (`interlock_testkit::kubeapi`) holding N nodes with
+//! run against one fake API server (`interlock_testkit_node::kubeapi`) holding N nodes with
 //! their pods, and the server's per-client counters give requests and bytes per node:
 //!
 //! - `steady`: every node ready, pods on every node changing at a constant rate per node
@@ -21,7 +21,7 @@ use interlock_agent::health::shared::{Readiness, Shared};
 use interlock_agent::kubernetes::gating::{TaintEffect, LOSS_DEBOUNCE};
 use interlock_agent::kubernetes::{self, Cluster, KubeSettings};
 use interlock_contract::names::TAINT_NOT_READY;
-use interlock_testkit::kubeapi::{ClientLoad, KubeApi, CLIENT_HEADER};
+use interlock_testkit_node::kubeapi::{ClientLoad, KubeApi, CLIENT_HEADER};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;

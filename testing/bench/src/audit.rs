@@ -217,7 +217,7 @@ fn rss_kib(pid: u32) -> Option<u64> {
 /// A real agent on a private containerd with `n` ready sandboxes: its RSS after it has
 /// audited (and repaired) them all, and after three more periodic audits.
 fn agent_rss(n: usize, interlock: Option<PathBuf>, pretty: bool) -> anyhow::Result<()> {
-    use interlock_testkit::containerd::Containerd;
+    use interlock_testkit_node::containerd::Containerd;
     let interlock = match interlock {
         Some(p) => p,
         None => std::env::current_exe()?.with_file_name("interlock"),

@@ -1,6 +1,6 @@
 //! The independent check of a pod's traffic, both ways, sharing no code with interlock.
 //!
-//! Outbound is the test kit's check ([`interlock_testkit::node::check_capture`]): inside
+//! Outbound is the test kit's check ([`interlock_testkit_node::node::check_capture`]): inside
 //! the pod, as an unprivileged user, a connection to a server on the node must land on
 //! the proxy's outbound port with the server as its original destination. Inbound is
 //! checked here the same way: the node connects to the pod's app port ([`APP_PORT`]),
@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStrea
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use interlock_testkit::node::{check_capture, in_netns, Capture, CHECK_UID};
+use interlock_testkit_node::node::{check_capture, in_netns, Capture, CHECK_UID};
 use nix::sys::socket::{getsockopt, sockopt::OriginalDst};
 
 /// The app's port inside every pod (what inbound traffic is addressed to).

@@ -119,7 +119,7 @@ fn preflight(bins: &Binaries) -> Result<(), String> {
         }
     }
     let plugins = interlock_testkit::cni_plugins_dir();
-    for p in interlock_testkit::containerd::PRIMARY_PLUGINS {
+    for p in interlock_testkit_node::containerd::PRIMARY_PLUGINS {
         if !plugins.join(p).is_file() {
             return Err(format!(
                 "the reference CNI plugin {p} is missing in {} (make deps installs containernetworking-plugins)",

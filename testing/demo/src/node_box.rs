@@ -1,4 +1,4 @@
-//! One node of the demo: the test kit's node in a box ([`interlock_testkit::node`]: a
+//! One node of the demo: the test kit's node in a box ([`interlock_testkit_node::node`]: a
 //! private containerd with the reference primary's plugins, the fake Kubernetes API, the
 //! real `interlock agent` process) plus what the demo plays around it: the mesh CNI's
 //! installer (without interlock), the kubelet's sandbox attempts, an operator running
@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use interlock_contract::names::LABEL_UNPROTECTED;
 use interlock_cri::SandboxConfig;
 use interlock_testkit::agent_standin::AgentStandIn;
-use interlock_testkit::containerd::Footprint;
-use interlock_testkit::kubeapi::KubeApi;
-use interlock_testkit::node::{
+use interlock_testkit_node::containerd::Footprint;
+use interlock_testkit_node::kubeapi::KubeApi;
+use interlock_testkit_node::node::{
     AgentArgs, Node, NodeOptions, Sandbox, NODE_NAME, PRIMARY_CONFLIST, TAINT_NOT_READY,
 };
 use serde_json::{json, Value};

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use interlock_testkit::node::Sandbox;
+use interlock_testkit_node::node::Sandbox;
 
 use crate::capture::{self, OpenConnection};
 use crate::check_agrees::{self, Expected};

@@ -25,7 +25,7 @@ use crate::probe::ProbeServer;
 
 /// The annotation that marks a sandbox as meshed: the node kit's, which the `generic`
 /// profile decides from the annotations alone (the soak's agent runs without an API).
-pub const MESH_ANNOTATION: (&str, &str) = interlock_testkit::node::MESHED_ANNOTATION;
+pub const MESH_ANNOTATION: (&str, &str) = interlock_testkit_node::node::MESHED_ANNOTATION;
 
 /// The soak's clock: milliseconds since it began, for both monotonic and wall times.
 #[derive(Debug, Clone, Copy)]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 use interlock_cri::SandboxFilter;
-use interlock_testkit::node::{AgentArgs, Capture, Node, NodeOptions, Sandbox};
+use interlock_testkit_node::node::{AgentArgs, Capture, Node, NodeOptions, Sandbox};
 
 use crate::chaos::{ChaosKind, ChaosPlan, ChaosTiming};
 use crate::chaos_loop::{ChaosLoop, HealthAddr, NodeFiles, NodeOps, ReadinessPoller};

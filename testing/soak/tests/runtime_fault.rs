@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use interlock_soak::run::default_bin_dir;
 use interlock_soak::workload::clear_unreadable_cni_cache;
-use interlock_testkit::node::{AgentArgs, Node, NodeOptions};
 use interlock_testkit::require_root;
+use interlock_testkit_node::node::{AgentArgs, Node, NodeOptions};
 
 #[test]
 fn an_empty_libcni_cache_blocks_the_del_until_cleared_and_then_nothing_leaks() {

@@ -63,7 +63,7 @@ pub struct ForgedAgent {
 }
 
 impl ForgedAgent {
-    /// Runs test function `test_fn` of this test binary as `uid` (its group too) with
+    /// Runs test function `test_fn` (its path in the test binary, `module::name`) of this test binary as `uid` (its group too) with
     /// the socket path set, and waits (5 s at most) until it has bound the socket.
     pub fn start(test_fn: &str, uid: u32) -> ForgedAgent {
         let open_dir = crate::tempdir().expect("tempdir");

@@ -36,11 +36,17 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (mut c, _) = l.accept().unwrap();
-            let mut req = [0u8; 512];
-            let n = c.read(&mut req).unwrap();
-            assert!(String::from_utf8_lossy(&req[..n]).starts_with("GET /readyz HTTP/1.1\r\n"));
+            let mut req = Vec::new();
+            let mut chunk = [0u8; 512];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = c.read(&mut chunk).unwrap();
+                assert!(n > 0, "the client closed before its request head ended");
+                req.extend_from_slice(&chunk[..n]);
+            }
+            assert!(String::from_utf8_lossy(&req).starts_with("GET /readyz HTTP/1.1\r\n"));
             c.write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 9\r\n\r\nnot ready")
                 .unwrap();
+            drop(c);
             // A second client that is accepted and never answered.
             let (silent, _) = l.accept().unwrap();
             std::thread::sleep(Duration::from_millis(600));

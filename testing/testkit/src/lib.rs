@@ -1,19 +1,22 @@
-//! Test kit shared by every crate's tests.
+//! The light test kit, shared by every crate's tests.
 //!
 //! Root detection with a clear skip, throwaway network namespaces named and torn down by
-//! the test, and the location of the reference CNI plugins. Everything a test creates here
-//! carries an `il` prefix and is deleted on drop, even when the test fails.
+//! the test, traffic between them ([`traffic`]), the location of the reference CNI
+//! plugins, pod specs ([`pods`]), stand-ins for the agent socket ([`agent_standin`],
+//! [`forged_agent`]) and the one HTTP GET helper ([`http`]). Everything a test creates
+//! here carries an `il` prefix and is deleted on drop, even when the test fails.
+//!
+//! No async runtime, HTTP server or CRI client here: the node in a box (a private
+//! containerd, a fake Kubernetes API, the agent on a node) is `interlock-testkit-node`,
+//! which only the crates that need a node depend on.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub mod agent_standin;
-pub mod containerd;
 pub mod forged_agent;
 pub mod http;
-pub mod kubeapi;
-pub mod node;
 pub mod pods;
 pub mod release;
 pub mod traffic;

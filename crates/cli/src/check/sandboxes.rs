@@ -420,7 +420,7 @@ mod tests {
     /// which names that UID in `kubernetes.io/config.mirror`: the same pod, not "another".
     #[test]
     fn a_static_pods_mirror_is_that_pod() {
-        use interlock_testkit::kubeapi::KubeApi;
+        use interlock_testkit_node::kubeapi::KubeApi;
         let api = KubeApi::start().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let kc = dir.path().join("kubeconfig");

@@ -3,8 +3,6 @@
 //! (its only other source: it carries no Kubernetes client) and fails closed (11) saying
 //! why when the agent cannot tell. The agent is a Unix socket served by a test thread.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::os::unix::net::UnixListener;
@@ -12,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use interlock_contract::agent_socket::{answer_request, PodRef, Response};
 use interlock_redirect::probe::original_dst;
 use interlock_testkit::require_root;
@@ -251,7 +249,7 @@ fn forged_agent_child() {
 fn a_socket_served_by_another_user_is_not_trusted() {
     require_root!();
     let mut forger =
-        interlock_testkit::forged_agent::ForgedAgent::start("forged_agent_child", 65534);
+        interlock_testkit::forged_agent::ForgedAgent::start("lookup::forged_agent_child", 65534);
     let forged = forger.socket.clone();
     // Moved by root into a root-owned directory and made root's: only SO_PEERCRED tells.
     use std::os::unix::fs::PermissionsExt;

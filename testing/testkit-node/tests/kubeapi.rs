@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use interlock_testkit::kubeapi::{Config, FailRule, KubeApi, CLIENT_HEADER};
+use interlock_testkit_node::kubeapi::{Config, FailRule, KubeApi, CLIENT_HEADER};
 use serde_json::{json, Value};
 use std::time::Duration;
 

@@ -1007,7 +1007,7 @@ impl AgentProcess {
 
     /// GET `path` on the health server: (status, body), or `None` when not reachable.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        crate::http::get(self.health, path, Duration::from_secs(2))
+        interlock_testkit::http::get(self.health, path, Duration::from_secs(2))
     }
 
     /// `/readyz` is 200 (`None`: not answering).
@@ -1042,7 +1042,7 @@ impl Drop for AgentProcess {
 fn wait_ready_at(health: SocketAddr, log: &Path, timeout: Duration) -> Result<Duration, String> {
     let begin = Instant::now();
     loop {
-        if crate::http::get(health, "/readyz", Duration::from_secs(2))
+        if interlock_testkit::http::get(health, "/readyz", Duration::from_secs(2))
             .is_some_and(|(c, _)| c == 200)
         {
             return Ok(begin.elapsed());
@@ -1213,7 +1213,7 @@ mod tests {
 
     #[test]
     fn unparsable_configs_go_and_others_stay() {
-        let dir = crate::tempdir().unwrap();
+        let dir = interlock_testkit::tempdir().unwrap();
         fs::write(
             dir.path().join("00-half.conflist"),
             "{\"cniVersion\": \"0.3",

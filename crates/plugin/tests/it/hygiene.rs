@@ -2,12 +2,10 @@
 //! file name would pass the filesystem's limit, a state dir that cannot be written, temp
 //! files left by killed writers, and annotations that exclude everything in a direction.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use interlock_cni_types::Command as Verb;
 use interlock_redirect::probe::original_dst;
 use interlock_testkit::require_root;

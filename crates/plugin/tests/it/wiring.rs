@@ -4,12 +4,10 @@
 //! port with the original destination intact, the proxy's UID reaches B directly, B's
 //! connections to A land on the inbound port. CHECK, re-ADD, DEL; fail-closed paths.
 
-mod common;
-
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use interlock_redirect::netns::in_netns;
 use interlock_redirect::probe::original_dst;
 use interlock_testkit::require_root;

@@ -5,9 +5,7 @@
 //! owned by the proxy's UID, and a connected UDP socket. `end_connections` inside A must
 //! end exactly the app's non-loopback connections and leave the rest working.
 
-mod common;
-
-use common::{accept_within, listen, Topology};
+use crate::common::{accept_within, listen, Topology};
 use interlock_redirect::sockdiag::{end_connections, list_sockets, Transport};
 use interlock_testkit::require_root;
 use std::io::{Read, Write};

@@ -4,12 +4,10 @@
 //! A Multus pod's second interface (`net1`) is an ADD of interlock-cni alone with the
 //! same netns; the pod's own traffic shows the rules are still in force.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener};
 
-use common::*;
+use crate::common::*;
 use interlock_cni_types::Command as Verb;
 use interlock_libcni::RuntimeConf;
 use interlock_redirect::netns::in_netns;

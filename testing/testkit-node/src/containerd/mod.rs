@@ -37,7 +37,7 @@
 //! for sandbox cgroups (`/k8s.io/<id>`), shared with any containerd on the host.
 //!
 //! Two test processes never collide: names (kit, bridge, CNI network) come from
-//! [`crate::unique`], and subnets (`10.97.<n>.0/24`) are handed out under a lock in the
+//! [`interlock_testkit::unique`], and subnets (`10.97.<n>.0/24`) are handed out under a lock in the
 //! parent directory, skipping any a live kit or the host's routes already use.
 
 use std::collections::BTreeSet;
@@ -393,14 +393,14 @@ impl Containerd {
         Ok(path)
     }
 
-    /// Copies [`PRIMARY_PLUGINS`] from the reference plugins ([`crate::cni_plugins_dir`]).
+    /// Copies [`PRIMARY_PLUGINS`] from the reference plugins ([`interlock_testkit::cni_plugins_dir`]).
     pub fn install_primary_plugins(&self) -> io::Result<()> {
         self.install_reference_plugins(PRIMARY_PLUGINS)
     }
 
-    /// Copies reference plugins by name from [`crate::cni_plugins_dir`] into the bin dir.
+    /// Copies reference plugins by name from [`interlock_testkit::cni_plugins_dir`] into the bin dir.
     pub fn install_reference_plugins(&self, names: &[&str]) -> io::Result<()> {
-        let from = crate::cni_plugins_dir();
+        let from = interlock_testkit::cni_plugins_dir();
         for name in names {
             self.install_plugin(&from.join(name), name)?;
         }
@@ -419,7 +419,7 @@ impl Containerd {
 
     /// A sandbox config for a pod `default/<unique name>` with a fresh UID.
     pub fn pod(&self, tag: &str) -> SandboxConfig {
-        let name = crate::unique(tag);
+        let name = interlock_testkit::unique(tag);
         SandboxConfig::new("default", name.clone(), format!("uid-{name}"))
     }
 
@@ -730,7 +730,7 @@ mod tests {
 
     #[test]
     fn only_network_namespaces_are_network_namespaces() {
-        crate::require_root!();
+        interlock_testkit::require_root!();
         assert!(is_network_namespace(Path::new("/proc/self/ns/net")));
         assert!(!is_network_namespace(Path::new("/proc/self/ns/uts")));
         assert!(!is_network_namespace(Path::new("/etc/hostname")));

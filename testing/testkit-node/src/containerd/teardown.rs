@@ -52,12 +52,12 @@ pub(crate) fn claim_new_kit() -> io::Result<(Layout, Flock<File>)> {
             }
         }
     }
-    let name = crate::unique("ctd");
+    let name = interlock_testkit::unique("ctd");
     let octet = pick_octet(&octets_in_use(&live), rand::random())
         .ok_or_else(|| io::Error::other("no free 10.97.n.0/24 for a containerd kit"))?;
     let layout = Layout {
         dir: parent.join(&name),
-        bridge: crate::unique("br"),
+        bridge: interlock_testkit::unique("br"),
         name,
         subnet_octet: octet,
     };

@@ -2,7 +2,7 @@
 //! (`kubernetes` from PyPI, in the venv `scripts/install-deps.sh` makes) and kubectl.
 //! Each client does its part; the test asserts what it printed and what the server holds.
 
-use interlock_testkit::kubeapi::KubeApi;
+use interlock_testkit_node::kubeapi::KubeApi;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

@@ -5,12 +5,10 @@
 //! connections between the pod and its node (the bridge's netns) must land on the
 //! proxy's ports (or be refused), never on the app or the peer.
 
-mod common;
-
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use interlock_redirect::probe::original_dst;
 use interlock_testkit::require_root;
 use serde_json::{json, Value};

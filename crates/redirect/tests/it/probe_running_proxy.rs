@@ -4,12 +4,10 @@
 //! side on that listener (sock_diag), fails closed when the rules are missing, and CNI
 //! ADD's mode (`ProxyPort::Free`) still refuses the taken port.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use interlock_contract::codes::Step;
 use interlock_redirect::netns::in_netns;
 use interlock_redirect::probe::{self, original_dst, Evidence, ProbeError, ProxyPort};

@@ -1,12 +1,10 @@
 //! Redirection proven with real traffic between test-owned network namespaces: pod A is
 //! protected, pod B and the node are its peers on a bridge.
 
-mod common;
-
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use interlock_contract::codes::Step;
 use interlock_redirect::probe::original_dst;
 use interlock_redirect::spec::Family;

@@ -10,11 +10,11 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use interlock_cri::SandboxState;
-use interlock_testkit::node::{
+use interlock_testkit::require_root;
+use interlock_testkit_node::node::{
     AgentArgs, AgentProcess, Capture, Node, NodeOptions, PrimaryWrite, CHECK_UID,
     PROXY_OUTBOUND_PORT,
 };
-use interlock_testkit::require_root;
 
 /// A node whose agent "binary" is `sh` (the tests here never need the real one).
 fn node() -> Node {

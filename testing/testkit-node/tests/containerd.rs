@@ -7,8 +7,8 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use interlock_cri::{CriClient, NetnsSource, SandboxFilter, SandboxState};
-use interlock_testkit::containerd::{is_network_namespace, Containerd, Footprint};
 use interlock_testkit::require_root;
+use interlock_testkit_node::containerd::{is_network_namespace, Containerd, Footprint};
 
 /// Waits until containerd has loaded the CNI config (it watches the conf dir).
 async fn wait_network_ready(cri: &CriClient, kit: &Containerd) {

@@ -3,7 +3,7 @@
 //! compacts its history and restarts.
 
 use futures::StreamExt;
-use interlock_testkit::kubeapi::KubeApi;
+use interlock_testkit_node::kubeapi::KubeApi;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
