@@ -19,14 +19,14 @@ use std::time::{Duration, Instant};
 
 use common::nft_in;
 use interlock_cri::SandboxState;
-use interlock_testkit::node::{in_netns, AgentArgs, Capture, Node, NodeOptions, Sandbox};
 use interlock_testkit::release::{self, Release, ReleaseError};
 use interlock_testkit::require_root;
 use interlock_testkit::traffic::{accept_within, listen_as};
+use interlock_testkit_node::node::{in_netns, AgentArgs, Capture, Node, NodeOptions, Sandbox};
 
 /// The generic profile's proxy UID and outbound port.
 const PROXY_UID: u32 = 1337;
-const PROXY_PORT: u16 = interlock_testkit::node::PROXY_OUTBOUND_PORT;
+const PROXY_PORT: u16 = interlock_testkit_node::node::PROXY_OUTBOUND_PORT;
 /// No agent runs between the old one's exit and the new one's start for this long (the
 /// kubelet stopping one container and starting the next; seconds on a real node).
 const SWITCH_GAP: Duration = Duration::from_secs(2);
