@@ -9,8 +9,9 @@ CARGO ?= cargo
 # and build scripts.
 HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 STATIC_PLUGIN := target/static/$(HOST_TRIPLE)/plugin/interlock-cni
+VERSION := $(shell sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
 
-.PHONY: all deps build lint test demo soak bench bench-json bench-repair bench-api-load plugin-static plugin-hot-text image-rootfs clean
+.PHONY: all deps build lint test demo soak bench bench-json bench-repair bench-api-load plugin-static plugin-hot-text image-rootfs image release clean
 
 all: build
 
@@ -72,6 +73,18 @@ image-rootfs:
 	@rm -rf target/image-rootfs
 	@scripts/image-rootfs.sh target/image-rootfs
 	@file target/image-rootfs/usr/local/bin/*
+
+## image: the image as an OCI archive, target/image/interlock-$(VERSION).oci.tar, built
+## without a Docker daemon (umoci), reproducibly, from committed files only: it refuses a
+## work tree with uncommitted changes or untracked files (scripts/image.sh says why).
+## Load it with `ctr -n k8s.io images import` or push it with `skopeo copy oci-archive:…`.
+image: deps
+	@scripts/image.sh target/image
+
+## release: dist/ holds interlock-$(VERSION)-$(HOST_TRIPLE), interlock-cni-$(VERSION)-$(HOST_TRIPLE)
+## (static, the image's own), the image archive and SHA256SUMS
+release: image
+	@scripts/release.sh dist target/image/rootfs target/image/interlock-$(VERSION).oci.tar
 
 ## bench: criterion benchmarks (root for the netns ones)
 bench: deps

@@ -5,8 +5,9 @@
 #
 #   scripts/image-rootfs.sh DIR
 #
-# Static with glibc (-C target-feature=+crt-static on x86_64-unknown-linux-gnu): the image
-# has no libc to load, and the plugin the agent copies onto the host must run there
+# For the host's target triple (from `rustc -vV`; INTERLOCK_TARGET names another, which
+# then needs that target's toolchain and linker). Static with glibc (-C
+# target-feature=+crt-static): the image has no libc to load, and the plugin the agent copies onto the host must run there
 # whatever the host's libc. The plugin is also non-PIE, with the code a pod's ADD runs
 # placed first (scripts/plugin-rustflags.sh, as `make plugin-static`: its start-up is on
 # every pod's path); the two builds use separate target dirs so neither's flags
@@ -22,7 +23,8 @@ set -euo pipefail
 out=${1:?usage: scripts/image-rootfs.sh DIR}
 cd "$(dirname "$0")/.."
 cargo_bin=${CARGO:-cargo}
-triple=x86_64-unknown-linux-gnu
+triple=${INTERLOCK_TARGET:-$("${RUSTC:-rustc}" -vV | sed -n 's/^host: //p')}
+[ -n "$triple" ] || { echo "image-rootfs: no target triple (rustc -vV printed no host)" >&2; exit 1; }
 static="-C target-feature=+crt-static"
 plugin_dir=${INTERLOCK_STATIC_TARGET_DIR:-target/static}
 agent_dir=${INTERLOCK_STATIC_AGENT_TARGET_DIR:-target/static-agent}

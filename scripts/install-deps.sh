@@ -14,6 +14,8 @@ packages=(
     runc
     protobuf-compiler           # protoc for the CRI client
     procps                      # ps/pgrep used by tests
+    umoci                       # make image: packs the OCI image without a daemon
+    jq                          # make image: the image's index and the Dockerfile's JSON lines
 )
 
 missing=()

@@ -1,6 +1,7 @@
 //! The CRI runtime-service client of interlock: version, runtime status, and the pod
 //! sandbox calls an audit and the tests need (list, status with the netns path, run,
-//! stop, remove), over the runtime's Unix socket.
+//! stop, remove), over the runtime's Unix socket; and, for tests that run an image as
+//! a kubelet would, a container's create, start, status, stop and remove.
 //!
 //! It speaks CRI `runtime.v1` (containerd ≥ 1.6, CRI-O ≥ 1.20) through the `k8s-cri`
 //! bindings and tonic. Every call has a deadline (sent to the runtime as `grpc-timeout`
@@ -18,12 +19,17 @@ use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::{Channel, Endpoint};
 
+mod container;
 pub mod endpoint;
 mod error;
 pub mod info;
 mod sandbox;
 
+pub use container::ContainerState;
 pub use error::{CallSite, CriError};
+/// CRI's own messages, for callers that build a [`proto::ContainerConfig`]
+/// ([`CriClient::create_container`]).
+pub use k8s_cri::v1 as proto;
 pub use info::{NetnsPath, NetnsSource, VerboseInfo};
 pub use sandbox::{
     SandboxConfig, SandboxFilter, SandboxMetadata, SandboxState, SandboxStatus, SandboxSummary,

@@ -8,4 +8,5 @@
 
 pub mod containerd;
 pub mod kubeapi;
+pub mod kubelet;
 pub mod node;
