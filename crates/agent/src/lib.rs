@@ -46,6 +46,7 @@ pub mod uninstall;
 pub use error::AgentError;
 
 use guard::plan::{ConfigMode, Settings};
+use health::telemetry::Json;
 use serde_json::{Map, Value};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -357,16 +358,16 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     info!(
         version = env!("CARGO_PKG_VERSION"),
         conf_dir = %cfg.conf_dir.display(),
-        bin_dirs = ?cfg.bin_dirs,
-        mode = ?cfg.mode,
-        runtime = ?cfg.runtime,
+        bin_dirs = %Json(&cfg.bin_dirs),
+        mode = %cfg.mode,
+        runtime = %Json(cfg.runtime),
         plugin = %installer.source().display(),
         plugin_bytes = installer.len(),
-        plugin_versions = ?installer.versions(),
+        plugin_versions = %Json(installer.versions()),
         "interlock agent starting"
     );
     let entry = Value::Object(cfg.entry());
-    info!(%entry, "plugin entry");
+    info!(entry = %Json(&entry), "plugin entry");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -415,7 +416,13 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
             }
             None => (None, None),
         };
-        serve_agent_socket(&cfg.state_dir, cluster.clone(), fallback, wake_tx)?;
+        serve_agent_socket(
+            &cfg.state_dir,
+            cluster.clone(),
+            fallback,
+            wake_tx,
+            shared.starts.clone(),
+        )?;
         if let (Some(settings), Some(wake_rx)) = (cfg.audit.clone(), wake_rx) {
             let plugin = interlock_contract::PluginConfig::from_map(&cfg.entry())
                 .map_err(|e| AgentError::Runtime(format!("the plugin entry is invalid: {e}")))?;
@@ -467,8 +474,8 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         let _ = tx.send(guard::Wake::Stop);
         if tokio::time::timeout(STOP_GRACE, done_rx).await.is_err() {
             error!(
-                waited = ?STOP_GRACE,
-                since_last_pass = ?shared.since_tick(),
+                waited_seconds = STOP_GRACE.as_secs_f64(),
+                since_last_pass_seconds = shared.since_tick().as_secs_f64(),
                 "the config guard did not finish its pass; exiting without it"
             );
         }
@@ -525,12 +532,13 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
 
 /// Serves `<state dir>/agent.sock`: pod lookups from the cluster's pod cache, else from
 /// the runtime's sandboxes (else an `undecided` answer saying why), and the plugin's ADD
-/// notes, sent on to the audit.
+/// notes, sent on to the audit, and its failure notes, counted in `starts`.
 fn serve_agent_socket(
     state_dir: &Path,
     cluster: Option<kubernetes::Cluster>,
     fallback: Option<audit::socket::CriFallback>,
     added: Option<audit::socket::AddedNotes>,
+    starts: health::metrics::PodStartMetrics,
 ) -> Result<(), AgentError> {
     let path = audit::socket_path(state_dir);
     let listener = audit::socket::bind(&path).map_err(|e| AgentError::Runtime(e.to_string()))?;
@@ -542,7 +550,13 @@ fn serve_agent_socket(
         )),
     };
     info!(path = %path.display(), "agent socket listening");
-    tokio::spawn(audit::socket::serve(listener, source, fallback, added));
+    tokio::spawn(audit::socket::serve(
+        listener,
+        source,
+        fallback,
+        added,
+        Some(starts),
+    ));
     Ok(())
 }
 
@@ -577,7 +591,7 @@ pub async fn start_kubernetes(
     info!(
         credentials = %creds,
         node = %node,
-        taint_effect = ?cfg.taint_effect,
+        taint_effect = cfg.taint_effect.as_api().unwrap_or("none"),
         "Kubernetes API: gating the node and watching its pods"
     );
     let settings = kubernetes::KubeSettings {

@@ -75,6 +75,7 @@ async fn the_plugins_lookup_is_answered_from_the_pod_cache() {
         Arc::new(cache),
         None,
         None,
+        None,
     ));
 
     let config = PluginConfig {
@@ -128,6 +129,7 @@ async fn add_notes_reach_the_audit_and_cost_an_add_little() {
         Arc::new(socket::NoSource("no API".into())),
         None,
         Some(tx),
+        None,
     ));
     let _heavy = HEAVY.lock().await;
     let p = path.clone();

@@ -193,6 +193,8 @@ fn the_real_agent_answers_the_real_plugins_lookup() {
 
     // A pod the agent does not have on this node, or another pod under the same name:
     // the agent's "not found" is no answer, and the plugin fails closed.
+    let refused = |a: &Agent| starts(a, "refused", "undecided", "unknown");
+    let before = refused(&a);
     let away_config = add_config(&d.state, &socket, &away_ns.path());
     for (name, pod_uid) in [("away-0", String::new()), ("web-0", "another-uid".into())] {
         let (code, msg) = add(&away_config, "sb-away", name, &pod_uid).unwrap_err();
@@ -203,7 +205,41 @@ fn the_real_agent_answers_the_real_plugins_lookup() {
     assert!(!away_ns
         .exec_ok(&["nft", "list", "ruleset"])
         .contains("interlock"));
+    // ux-3 finding 10: the agent counts both refusals, by reason and profile, from the
+    // plugin's failure notes.
+    assert_eq!(refused(&a) - before, 2.0, "{}", a.get("/metrics").unwrap().1);
+    // A meshed pod whose protection fails at a step (its netns is no network namespace):
+    // counted as failed, under the step and the pod's profile.
+    let not_a_netns = d.tmp.path().join("not-a-netns");
+    std::fs::write(&not_a_netns, "").unwrap();
+    let broken = add_config(&d.state, &socket, &not_a_netns);
+    let (code, msg) = add(&broken, "sb-broken", "web-0", &uid(&web)).unwrap_err();
+    assert_eq!(code, 105, "{msg}");
+    assert_eq!(
+        starts(&a, "failed", "netns", "istio"),
+        1.0,
+        "{}",
+        a.get("/metrics").unwrap().1
+    );
+    assert!(
+        a.log_text().contains("interlock-cni did not protect a pod start"),
+        "{}",
+        a.log_text()
+    );
     drop(a);
+}
+
+/// `interlock_pod_starts_<outcome>_total{reason,profile}` on the agent's `/metrics` (0
+/// when the series is not there yet).
+fn starts(a: &Agent, outcome: &str, reason: &str, profile: &str) -> f64 {
+    let (_, body) = a.get("/metrics").expect("/metrics answers");
+    let name = format!("interlock_pod_starts_{outcome}_total{{");
+    body.lines()
+        .filter(|l| l.starts_with(&name))
+        .filter(|l| l.contains(&format!("reason=\"{reason}\"")))
+        .filter(|l| l.contains(&format!("profile=\"{profile}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The forged agent ([`ForgedAgent`]): answers "meshed" for every pod; only does

@@ -24,6 +24,26 @@ fn json_logs_carry_fields_and_rfc3339_millis() {
         .unwrap_or_else(|| panic!("no start line in:\n{text}"));
     assert_eq!(start["level"], "INFO");
     assert_eq!(start["conf_dir"], d.conf.display().to_string());
+    // ux-3 finding 10: arrays and enums are JSON values, not Rust's debug text.
+    assert_eq!(
+        start["bin_dirs"],
+        serde_json::json!([d.bin.display().to_string()]),
+        "{start}"
+    );
+    assert_eq!(start["mode"], "owned");
+    assert_eq!(start["runtime"], "containerd");
+    assert!(start["plugin_versions"].is_array(), "{start}");
+    assert!(start["plugin_bytes"].is_u64(), "{start}");
+    assert_eq!(start["target"], "interlock_agent");
+    let entry = lines
+        .iter()
+        .find(|l| l["message"] == "plugin entry")
+        .unwrap_or_else(|| panic!("no plugin entry line in:\n{text}"));
+    assert_eq!(entry["entry"]["type"], "interlock-cni", "{entry}");
+    // Keys in the order tracing-subscriber's flattened JSON writes them.
+    let keys: Vec<&String> = start.as_object().unwrap().keys().collect();
+    assert_eq!(keys.first().map(|k| k.as_str()), Some("timestamp"));
+    assert_eq!(keys.last().map(|k| k.as_str()), Some("target"));
     for l in &lines {
         let t = l["timestamp"].as_str().unwrap();
         // 2026-11-23T23:35:22.123Z, as the plugin prints it.

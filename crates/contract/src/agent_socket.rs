@@ -17,6 +17,13 @@
 //!   answers `{"v":1,"status":"noted"}` and audits that sandbox at once. Best effort: the
 //!   plugin never waits long for it nor fails because of it.
 //!
+//! - `failed` ([`FailedNote`]), the plugin's note after an ADD it failed (the pod does not
+//!   start) or let through unprotected (`failurePolicy: open`):
+//!   `{"v":1,"op":"failed","sandbox":…,"netns":…,"namespace":…,"name":…,"outcome":"refused",
+//!   "reason":"undecided","profile":"istio","code":11}`; the agent answers `noted` and
+//!   counts it. Sent only on that path, so a pod that starts pays nothing for it; best
+//!   effort like `added` (an older agent answers `undecided`, unknown op).
+//!
 //! Unknown fields are ignored both ways so either side can grow.
 //!
 //! The plugin trusts an answer only from a socket that root owns, in a directory root
@@ -80,6 +87,50 @@ impl AddedNote {
             netns: netns.into(),
         }
     }
+}
+
+/// The `failed` operation.
+pub const OP_FAILED: &str = "failed";
+
+/// What became of a pod start the plugin did not protect ([`FailedNote::outcome`]).
+pub mod outcome {
+    /// The plugin could not decide (or not turn the annotations into rules) and failed
+    /// the ADD before touching the pod's netns: fail closed by design.
+    pub const REFUSED: &str = "refused";
+    /// A protection step (netns, apply, verify, probe, state) failed and the ADD failed.
+    pub const FAILED: &str = "failed";
+    /// A step failed and the pod started anyway, without redirection (`failurePolicy:
+    /// open`).
+    pub const UNPROTECTED: &str = "unprotected";
+}
+
+/// The plugin's note about an ADD it did not protect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedNote {
+    /// Protocol version.
+    pub v: u32,
+    /// Always [`OP_FAILED`].
+    pub op: String,
+    /// `CNI_CONTAINERID`.
+    pub sandbox: String,
+    /// `CNI_NETNS`.
+    pub netns: String,
+    /// The pod's namespace, when known.
+    #[serde(default)]
+    pub namespace: String,
+    /// The pod's name, when known.
+    #[serde(default)]
+    pub name: String,
+    /// One of [`outcome`].
+    pub outcome: String,
+    /// A short, stable reason: the decision that refused (`undecided`,
+    /// `needs-pod-spec`, `invalid`) or the step that failed (`netns`, `apply`, …).
+    pub reason: String,
+    /// The profile that claimed the pod, or `unknown`.
+    pub profile: String,
+    /// The CNI error code the ADD returned (0 for `unprotected`: it succeeded).
+    #[serde(default)]
+    pub code: u32,
 }
 
 /// A request to the agent.
@@ -159,11 +210,25 @@ pub fn answer_line(line: &str, lookup: impl FnOnce(&PodRef) -> Response) -> Stri
     })
 }
 
-/// Server side: [`answer_line`] that also takes `added` notes with `on_added`.
+/// Server side: [`answer_line`] that also takes `added` notes with `on_added` (a
+/// `failed` note is answered `undecided`; see [`answer_notes`]).
 pub fn answer_request(
     line: &str,
     lookup: impl FnOnce(&PodRef) -> Response,
     on_added: impl FnOnce(&AddedNote) -> Response,
+) -> String {
+    answer_notes(line, lookup, on_added, |_| Response::Undecided {
+        v: PROTOCOL_VERSION,
+        reason: "this server takes no failure notes".into(),
+    })
+}
+
+/// Server side: [`answer_request`] that also takes `failed` notes with `on_failed`.
+pub fn answer_notes(
+    line: &str,
+    lookup: impl FnOnce(&PodRef) -> Response,
+    on_added: impl FnOnce(&AddedNote) -> Response,
+    on_failed: impl FnOnce(&FailedNote) -> Response,
 ) -> String {
     let bad = |e: serde_json::Error| Response::Undecided {
         v: PROTOCOL_VERSION,
@@ -200,6 +265,10 @@ pub fn answer_request(
             },
             Some(OP_ADDED) => match serde_json::from_value::<AddedNote>(v) {
                 Ok(note) => on_added(&note),
+                Err(e) => bad(e),
+            },
+            Some(OP_FAILED) => match serde_json::from_value::<FailedNote>(v) {
+                Ok(note) => on_failed(&note),
                 Err(e) => bad(e),
             },
             other => Response::Undecided {
@@ -240,6 +309,42 @@ mod tests {
             Response::NotFound { v: 1 }
         });
         assert_eq!(out, "{\"status\":\"notFound\",\"v\":1}\n");
+    }
+
+    #[test]
+    fn failure_notes_have_their_wire_names_and_reach_their_handler() {
+        let note = FailedNote {
+            v: PROTOCOL_VERSION,
+            op: OP_FAILED.into(),
+            sandbox: "sb1".into(),
+            netns: "/run/netns/x".into(),
+            namespace: "shop".into(),
+            name: "cart-0".into(),
+            outcome: outcome::REFUSED.into(),
+            reason: "undecided".into(),
+            profile: "unknown".into(),
+            code: 11,
+        };
+        let line = serde_json::to_string(&note).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&line).unwrap(),
+            serde_json::json!({"v": 1, "op": "failed", "sandbox": "sb1", "netns": "/run/netns/x",
+                "namespace": "shop", "name": "cart-0", "outcome": "refused",
+                "reason": "undecided", "profile": "unknown", "code": 11})
+        );
+        let out = answer_notes(
+            &line,
+            |_| Response::NotFound { v: 1 },
+            |_| Response::Undecided { v: 1, reason: "no".into() },
+            |n| {
+                assert_eq!(n, &note);
+                Response::Noted { v: 1 }
+            },
+        );
+        assert_eq!(out, "{\"status\":\"noted\",\"v\":1}\n");
+        // A server that counts no failures says so; the plugin only logs it.
+        let out = answer_request(&line, |_| Response::NotFound { v: 1 }, |_| Response::Noted { v: 1 });
+        assert!(out.contains("undecided") && out.contains("failure notes"), "{out}");
     }
 
     #[test]

@@ -126,6 +126,25 @@ pub const NOTE_TIMEOUT: Duration = Duration::from_millis(20);
 /// socket ([`connect_trusted`]), sending and waiting for the answer each bounded by
 /// [`NOTE_TIMEOUT`], and every failure is returned for the log, never for the ADD.
 pub fn note_added(socket: &Path, sandbox: &str, netns: &str) -> Result<(), LookupError> {
+    send_note(
+        socket,
+        &interlock_contract::agent_socket::AddedNote::new(sandbox, netns),
+    )
+}
+
+/// Tells the agent at `socket` about an ADD that failed, or let a meshed pod through
+/// unprotected (`interlock_contract::agent_socket::FailedNote`), so it counts the pod
+/// starts it refused by reason and profile. Sent only on that path; best effort, bounded
+/// as [`note_added`].
+pub fn note_failed(
+    socket: &Path,
+    note: &interlock_contract::agent_socket::FailedNote,
+) -> Result<(), LookupError> {
+    send_note(socket, note)
+}
+
+/// One note, connect to answer bounded by [`NOTE_TIMEOUT`] per step.
+fn send_note(socket: &Path, note: &impl serde::Serialize) -> Result<(), LookupError> {
     let err = |msg: String| LookupError::Agent {
         socket: socket.display().to_string(),
         msg,
@@ -134,8 +153,7 @@ pub fn note_added(socket: &Path, sandbox: &str, netns: &str) -> Result<(), Looku
     stream
         .set_write_timeout(Some(NOTE_TIMEOUT))
         .map_err(|e| err(e.to_string()))?;
-    let note = interlock_contract::agent_socket::AddedNote::new(sandbox, netns);
-    let mut line = serde_json::to_vec(&note).map_err(|e| err(e.to_string()))?;
+    let mut line = serde_json::to_vec(note).map_err(|e| err(e.to_string()))?;
     line.push(b'\n');
     stream
         .write_all(&line)

@@ -1235,7 +1235,7 @@ pub async fn run(
             match CriClient::connect(&settings.cri_endpoint).await {
                 Ok(cri) => {
                     if let Some((plugin, cluster, metrics)) = parts.take() {
-                        info!(endpoint = %settings.cri_endpoint, policy = %settings.policy, interval = ?settings.interval, "audit: connected to CRI");
+                        info!(endpoint = %settings.cri_endpoint, policy = %settings.policy, interval_seconds = settings.interval.as_secs_f64(), "audit: connected to CRI");
                         auditor =
                             Some(Auditor::new(cri, plugin, settings.policy, cluster, metrics));
                     }

@@ -15,8 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use interlock_contract::agent_socket::{
-    answer_request, PodRef, Request, Response, OP_POD, PROTOCOL_VERSION,
+    answer_notes, PodRef, Request, Response, OP_POD, PROTOCOL_VERSION,
 };
+
+use crate::health::metrics::PodStartMetrics;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
@@ -178,12 +180,14 @@ pub fn peer_allowed(uid: u32) -> bool {
 pub type AddedNotes = tokio::sync::mpsc::Sender<String>;
 
 /// Serves `listener` with `source` until the task is dropped; ADD notes go to `added`
+/// (without it they are answered `undecided`), failure notes are counted in `starts`
 /// (without it they are answered `undecided`).
 pub async fn serve(
     listener: UnixListener,
     source: Arc<dyn PodSource>,
     fallback: Option<CriFallback>,
     added: Option<AddedNotes>,
+    starts: Option<PodStartMetrics>,
 ) {
     let fallback = fallback.map(Arc::new);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -206,7 +210,7 @@ pub async fn serve(
         match stream.peer_cred() {
             Ok(c) if peer_allowed(c.uid()) => {}
             Ok(c) => {
-                tracing::warn!(uid = c.uid(), pid = ?c.pid(), "agent socket: refused a client that is not root");
+                tracing::warn!(uid = c.uid(), pid = %crate::health::telemetry::Json(c.pid()), "agent socket: refused a client that is not root");
                 continue;
             }
             Err(e) => {
@@ -214,10 +218,19 @@ pub async fn serve(
                 continue;
             }
         }
-        let (source, fallback, added) = (source.clone(), fallback.clone(), added.clone());
+        let (source, fallback, added, starts) = (
+            source.clone(),
+            fallback.clone(),
+            added.clone(),
+            starts.clone(),
+        );
         tokio::spawn(async move {
             let _slot = slot;
-            let _ = tokio::time::timeout(DEADLINE, answer(stream, source, fallback, added)).await;
+            let _ = tokio::time::timeout(
+                DEADLINE,
+                answer(stream, source, fallback, added, starts),
+            )
+            .await;
         });
     }
 }
@@ -234,6 +247,7 @@ async fn answer(
     source: Arc<dyn PodSource>,
     fallback: Option<Arc<CriFallback>>,
     added: Option<AddedNotes>,
+    starts: Option<PodStartMetrics>,
 ) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
@@ -259,7 +273,7 @@ async fn answer(
             });
         }
     }
-    let reply = answer_request(
+    let reply = answer_notes(
         &line,
         |pod| looked_up.unwrap_or_else(|| source.answer(pod)),
         |note| match &added {
@@ -276,6 +290,30 @@ async fn answer(
                 Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => not_running(),
             },
             None => not_running(),
+        },
+        |note| match &starts {
+            Some(m) if m.count(&note.outcome, &note.reason, &note.profile) => {
+                tracing::info!(
+                    sandbox = %note.sandbox,
+                    pod = %format_args!("{}/{}", note.namespace, note.name),
+                    outcome = %note.outcome,
+                    reason = %note.reason,
+                    profile = %note.profile,
+                    code = note.code,
+                    "interlock-cni did not protect a pod start"
+                );
+                Response::Noted {
+                    v: PROTOCOL_VERSION,
+                }
+            }
+            Some(_) => Response::Undecided {
+                v: PROTOCOL_VERSION,
+                reason: format!("unknown outcome {:?}", note.outcome),
+            },
+            None => Response::Undecided {
+                v: PROTOCOL_VERSION,
+                reason: "this agent counts no failure notes".into(),
+            },
         },
     );
     write.write_all(reply.as_bytes()).await?;
@@ -394,7 +432,7 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let (tx, mut notes) = tokio::sync::mpsc::channel(4);
-        let server = tokio::spawn(serve(listener, Arc::new(OnePod), None, Some(tx)));
+        let server = tokio::spawn(serve(listener, Arc::new(OnePod), None, Some(tx), None));
         let p = path.clone();
         let (found, missing, garbage, noted) = tokio::task::spawn_blocking(move || {
             (
@@ -429,7 +467,7 @@ mod tests {
     async fn a_silent_client_is_dropped_after_the_deadline_and_others_are_served() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.sock");
-        let server = tokio::spawn(serve(bind(&path).unwrap(), Arc::new(OnePod), None, None));
+        let server = tokio::spawn(serve(bind(&path).unwrap(), Arc::new(OnePod), None, None, None));
         let p = path.clone();
         let answered = tokio::task::spawn_blocking(move || {
             let silent: Vec<_> = (0..MAX_CONNECTIONS * 2)

@@ -56,6 +56,22 @@ impl std::str::FromStr for ConfigMode {
     }
 }
 
+impl ConfigMode {
+    /// The name `--config-mode` takes (`owned`, `chain`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfigMode::Owned => "owned",
+            ConfigMode::Chain => "chain",
+        }
+    }
+}
+
+impl std::fmt::Display for ConfigMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What the guard is asked to maintain.
 #[derive(Debug, Clone)]
 pub struct Settings {

@@ -17,7 +17,7 @@ pub const REPAIR_BUCKETS: [f64; 9] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.
 
 /// Every series family the agent exports, by the name in its `# TYPE` line (counters get
 /// `_total` on their samples, the info metric `_info`).
-pub const SERIES: [&str; 19] = [
+pub const SERIES: [&str; 28] = [
     "interlock_build",
     "interlock_errors",
     "interlock_insecure_dirs",
@@ -37,6 +37,15 @@ pub const SERIES: [&str; 19] = [
     "interlock_connections_ended",
     "interlock_audit_duration_seconds",
     "interlock_audit_errors",
+    "interlock_pod_starts_refused",
+    "interlock_pod_starts_failed",
+    "interlock_pod_starts_unprotected",
+    "process_cpu_seconds",
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_open_fds",
+    "process_max_fds",
+    "process_start_time_seconds",
 ];
 
 /// Upper bounds (seconds) of the audit-duration histogram: the budget is 250 ms for 250
@@ -357,5 +366,102 @@ impl AuditMetrics {
                 result: result.to_string(),
             })
             .inc();
+    }
+}
+
+/// Why, and under which profile, a pod start went unprotected
+/// (`interlock_pod_starts_{refused,failed,unprotected}_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StartLabels {
+    /// The decision that refused (`undecided`, `needs-pod-spec`, `invalid`) or the step
+    /// that failed (`netns`, `open`, `apply`, `verify`, `probe`, `state`, …); `other` for
+    /// a value this agent does not know (a newer plugin).
+    pub reason: String,
+    /// The profile that claimed the pod (`istio`, `linkerd`, `consul`, `generic`), or
+    /// `unknown`.
+    pub profile: String,
+}
+
+/// The reasons a label may carry: the decisions that refuse and the steps
+/// (`interlock_contract::codes::Step`); anything else is counted as `other`, so a
+/// client cannot grow the series without bound.
+const START_REASONS: [&str; 12] = [
+    "undecided",
+    "needs-pod-spec",
+    "invalid",
+    "lookup",
+    "spec",
+    "netns",
+    "open",
+    "apply",
+    "verify",
+    "probe",
+    "remove",
+    "state",
+];
+
+/// Series of the pod starts the plugin did not protect, from its `failed` notes on the
+/// agent socket (`interlock_contract::agent_socket::FailedNote`).
+#[derive(Debug, Clone, Default)]
+pub struct PodStartMetrics {
+    /// ADDs failed before anything was done: the plugin could not decide.
+    pub refused: Family<StartLabels, Counter>,
+    /// ADDs failed at a protection step.
+    pub failed: Family<StartLabels, Counter>,
+    /// Meshed pods started without redirection (`failurePolicy: open`).
+    pub unprotected: Family<StartLabels, Counter>,
+}
+
+impl PodStartMetrics {
+    /// Registers the pod-start series into `r`.
+    pub fn register(r: &mut Registry) -> PodStartMetrics {
+        let m = PodStartMetrics::default();
+        r.register(
+            "interlock_pod_starts_refused",
+            "Pod starts interlock-cni refused before touching the pod (it could not decide whether or how the pod is meshed), by reason and profile",
+            m.refused.clone(),
+        );
+        r.register(
+            "interlock_pod_starts_failed",
+            "Pod starts that failed because a protection step failed (failurePolicy closed), by step and profile",
+            m.failed.clone(),
+        );
+        r.register(
+            "interlock_pod_starts_unprotected",
+            "Meshed pods started without traffic redirection because a step failed under failurePolicy open, by step and profile",
+            m.unprotected.clone(),
+        );
+        m
+    }
+
+    /// Counts one note; false when its outcome is not one this agent knows (not counted).
+    pub fn count(&self, outcome: &str, reason: &str, profile: &str) -> bool {
+        use interlock_contract::agent_socket::outcome;
+        let family = match outcome {
+            outcome::REFUSED => &self.refused,
+            outcome::FAILED => &self.failed,
+            outcome::UNPROTECTED => &self.unprotected,
+            _ => return false,
+        };
+        let reason = if START_REASONS.contains(&reason) {
+            reason
+        } else {
+            "other"
+        };
+        let profile = if interlock_contract::ProfileName::ALL
+            .iter()
+            .any(|p| p.as_str() == profile)
+        {
+            profile
+        } else {
+            "unknown"
+        };
+        family
+            .get_or_create(&StartLabels {
+                reason: reason.to_string(),
+                profile: profile.to_string(),
+            })
+            .inc();
+        true
     }
 }

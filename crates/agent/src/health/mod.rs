@@ -18,6 +18,7 @@
 //! - [`readyz_status`] is the client side, for `interlock check` and the benchmark.
 
 pub mod metrics;
+pub mod process;
 pub mod shared;
 pub mod telemetry;
 pub mod verdicts;

@@ -6,7 +6,7 @@
 //! the fields here are handles on the same series.
 
 use crate::health::metrics::{
-    AgentMetrics, AuditMetrics, FileLabel, GuardMetrics, PluginMetrics, ReadinessMetrics,
+    AgentMetrics, AuditMetrics, PodStartMetrics, FileLabel, GuardMetrics, PluginMetrics, ReadinessMetrics,
 };
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -73,6 +73,8 @@ pub struct Shared {
     pub insecure_dirs: Gauge,
     /// The sandbox audit's series.
     pub audit: AuditMetrics,
+    /// The pod starts the plugin did not protect (its `failed` notes).
+    pub starts: PodStartMetrics,
     /// What the sandbox audit last reported about the runtime and its passes.
     pub audit_health: Arc<AuditHealth>,
 }
@@ -144,6 +146,8 @@ impl Default for Shared {
         let plugin = PluginMetrics::register(&mut registry);
         let ready = ReadinessMetrics::register(&mut registry);
         let audit = AuditMetrics::register(&mut registry);
+        let starts = PodStartMetrics::register(&mut registry);
+        registry.register_collector(Box::new(crate::health::process::ProcessCollector));
         let starting = Readiness {
             ready: false,
             reason: "starting".into(),
@@ -151,6 +155,7 @@ impl Default for Shared {
         };
         Shared {
             audit,
+            starts,
             audit_health: Arc::default(),
             readiness_changes: tokio::sync::watch::Sender::new(starting.clone()),
             takeovers: tokio::sync::watch::Sender::new(None),

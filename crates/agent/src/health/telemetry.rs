@@ -91,13 +91,103 @@ where
         .with_writer(writer);
     match format {
         LogFormat::Text => Box::new(base.finish()),
-        LogFormat::Json => Box::new(
-            base.json()
-                .flatten_event(true)
-                .with_current_span(false)
-                .with_span_list(false)
-                .finish(),
-        ),
+        LogFormat::Json => Box::new(base.event_format(JsonLine).finish()),
+    }
+}
+
+thread_local! {
+    /// Set by [`Json`]'s formatting, so that [`JsonLine`] can tell a field written as
+    /// JSON text from any other text (`tracing` hands a formatter every non-primitive
+    /// field as text, whatever its type).
+    static FORMATTED_AS_JSON: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A log field that is a JSON value: an array, an object or an enum's wire name. The text
+/// format shows it as JSON text; `--log-format json` puts the value itself in the line
+/// (`"bin_dirs":["/opt/cni/bin"]`, not a string holding Rust's debug text). Use it as
+/// `field = %Json(&value)`.
+pub struct Json<T>(pub T);
+
+impl<T: serde::Serialize> std::fmt::Display for Json<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = serde_json::to_string(&self.0).map_err(|_| std::fmt::Error)?;
+        FORMATTED_AS_JSON.with(|c| c.set(true));
+        f.write_str(&text)
+    }
+}
+
+impl<T: serde::Serialize> std::fmt::Debug for Json<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+/// One JSON object per event: `timestamp`, `level`, the fields (`message` first) and
+/// `target`, as tracing-subscriber's flattened JSON format writes them, except that
+/// numbers and booleans stay numbers and booleans and a [`Json`] field is its value.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JsonLine;
+
+#[derive(Default)]
+struct JsonFields(serde_json::Map<String, serde_json::Value>);
+
+impl tracing::field::Visit for JsonFields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        FORMATTED_AS_JSON.with(|c| c.set(false));
+        let text = format!("{value:?}");
+        let value = if FORMATTED_AS_JSON.with(|c| c.replace(false)) {
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
+        } else {
+            serde_json::Value::String(text)
+        };
+        self.0.insert(field.name().to_string(), value);
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_string(), value.into());
+    }
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.0.insert(field.name().to_string(), value.into());
+    }
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.0.insert(field.name().to_string(), value.into());
+    }
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.0.insert(field.name().to_string(), value.into());
+    }
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.0.insert(field.name().to_string(), value.into());
+    }
+}
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for JsonLine
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let meta = event.metadata();
+        let mut fields = JsonFields::default();
+        event.record(&mut fields);
+        let mut line = serde_json::Map::new();
+        line.insert(
+            "timestamp".into(),
+            interlock_contract::time::format_ms(interlock_contract::time::now_ms()).into(),
+        );
+        line.insert("level".into(), meta.level().as_str().into());
+        if let Some(m) = fields.0.remove("message") {
+            line.insert("message".into(), m);
+        }
+        for (k, v) in fields.0 {
+            line.entry(k).or_insert(v);
+        }
+        line.insert("target".into(), meta.target().into());
+        let text = serde_json::to_string(&line).map_err(|_| std::fmt::Error)?;
+        writeln!(writer, "{text}")
     }
 }
 

@@ -310,7 +310,7 @@ pub async fn run_gate(mut gate: NodeGate, client: Client, shared: Arc<Shared>, r
                 Err(e) => {
                     failures = failures.saturating_add(1);
                     let wait = backoff(failures);
-                    tracing::warn!(error = %e, retry_in = ?wait, "cannot update the node's taint and condition; retrying");
+                    tracing::warn!(error = %e, retry_in_seconds = wait.as_secs_f64(), "cannot update the node's taint and condition; retrying");
                     retry_at = Some(Instant::now() + wait);
                     // The retry covers a pending debounce: a deadline already past must
                     // not wake the loop again before the back-off.

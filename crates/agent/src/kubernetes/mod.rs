@@ -226,7 +226,7 @@ async fn publish(
         Ok(Err(e)) => tracing::warn!(reason, error = %e, "cannot publish a Kubernetes Event"),
         Err(_) => tracing::warn!(
             reason,
-            deadline = ?API_DEADLINE,
+            deadline_seconds = API_DEADLINE.as_secs_f64(),
             "cannot publish a Kubernetes Event: no answer within the deadline"
         ),
     }

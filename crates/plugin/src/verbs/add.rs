@@ -62,11 +62,13 @@ pub(super) fn add(call: &Call) -> Result<CniResult, CniError> {
     let (protection, claim) = match outcome {
         Ok(p) => p,
         Err(f) if !open => {
+            note_failure(call, &pod, netns, &decision, &f, false);
             return Err(f
                 .to_cni_error(call.inv.version, &name)
-                .with_details(failure_details(&f, netns)))
+                .with_details(failure_details(&f, netns)));
         }
         Err(f) => {
+            note_failure(call, &pod, netns, &decision, &f, true);
             call.log.error(&format!(
                 "pod {name} runs WITHOUT traffic redirection (failurePolicy open): step {} \
                  failed: {}",
@@ -116,6 +118,7 @@ pub(super) fn add(call: &Call) -> Result<CniResult, CniError> {
                     leftover_rules: left,
                     ..Failure::clean(Step::State, format!("writing attachment state: {e}"))
                 };
+                note_failure(call, &pod, netns, &decision, &f, false);
                 return Err(f
                     .to_cni_error(call.inv.version, &name)
                     .with_details(failure_details(&f, netns)));
@@ -165,6 +168,59 @@ pub(super) fn add(call: &Call) -> Result<CniResult, CniError> {
         }
     }
     Ok(prev)
+}
+
+/// Tells the agent about a pod start this ADD did not protect, so it counts it
+/// (`interlock_pod_starts_*_total`): refused (no decision, nothing touched), failed (a
+/// protection step failed) or, with `failurePolicy: open` (`open`), unprotected. Only on
+/// this path: a pod that starts protected sends nothing more. Best effort, and never
+/// while the agent socket is unknown (`agentSocket` unset).
+fn note_failure(
+    call: &Call,
+    pod: &PodIdentity,
+    netns: &str,
+    decision: &Decision,
+    f: &Failure,
+    open: bool,
+) {
+    use interlock_contract::agent_socket::{outcome, FailedNote, OP_FAILED, PROTOCOL_VERSION};
+    let Some(socket) = &call.config.agent_socket else {
+        return;
+    };
+    let (profile, refused) = match decision {
+        Decision::Meshed { profile, .. } | Decision::NeedsPodSpec { profile, .. } => {
+            (profile.to_string(), matches!(decision, Decision::NeedsPodSpec { .. }))
+        }
+        Decision::Undecided { .. } | Decision::Invalid { .. } => ("unknown".to_string(), true),
+        _ => ("unknown".to_string(), false),
+    };
+    let note = FailedNote {
+        v: PROTOCOL_VERSION,
+        op: OP_FAILED.into(),
+        sandbox: call.key().container_id.clone(),
+        netns: netns.to_string(),
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        outcome: match (open, refused) {
+            (true, _) => outcome::UNPROTECTED,
+            (false, true) => outcome::REFUSED,
+            (false, false) => outcome::FAILED,
+        }
+        .into(),
+        reason: if refused {
+            decision.label().to_string()
+        } else {
+            f.step.as_str().to_string()
+        },
+        profile,
+        code: if open { 0 } else { f.code },
+    };
+    if let Err(e) = crate::agent_client::note_failed(socket, &note) {
+        call.log.debug(&format!(
+            "pod {}: the failure note to the agent was not sent: {e}",
+            pod.display_name()
+        ));
+    }
 }
 
 /// The `details` of a failed ADD (failurePolicy closed): what happens next, and whether
