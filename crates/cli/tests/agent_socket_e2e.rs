@@ -207,7 +207,12 @@ fn the_real_agent_answers_the_real_plugins_lookup() {
         .contains("interlock"));
     // ux-3 finding 10: the agent counts both refusals, by reason and profile, from the
     // plugin's failure notes.
-    assert_eq!(refused(&a) - before, 2.0, "{}", a.get("/metrics").unwrap().1);
+    assert_eq!(
+        refused(&a) - before,
+        2.0,
+        "{}",
+        a.get("/metrics").unwrap().1
+    );
     // A meshed pod whose protection fails at a step (its netns is no network namespace):
     // counted as failed, under the step and the pod's profile.
     let not_a_netns = d.tmp.path().join("not-a-netns");
@@ -222,7 +227,8 @@ fn the_real_agent_answers_the_real_plugins_lookup() {
         a.get("/metrics").unwrap().1
     );
     assert!(
-        a.log_text().contains("interlock-cni did not protect a pod start"),
+        a.log_text()
+            .contains("interlock-cni did not protect a pod start"),
         "{}",
         a.log_text()
     );

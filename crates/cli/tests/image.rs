@@ -387,11 +387,7 @@ fn tar_files(bytes: &[u8]) -> std::collections::BTreeMap<String, (Vec<u8>, u64, 
         let mut entry = entry.unwrap();
         let path = entry.path().unwrap().to_string_lossy().into_owned();
         let h = entry.header();
-        let meta = (
-            h.mtime().unwrap(),
-            h.uid().unwrap(),
-            h.gid().unwrap(),
-        );
+        let meta = (h.mtime().unwrap(), h.uid().unwrap(), h.gid().unwrap());
         let mut data = Vec::new();
         std::io::Read::read_to_end(&mut entry, &mut data).unwrap();
         files.insert(path, (data, meta.0, meta.1, meta.2));
@@ -418,12 +414,19 @@ struct Oci {
 
 fn open_oci(archive: &Path) -> Oci {
     let files = tar_files(&std::fs::read(archive).unwrap());
-    assert!(files.contains_key("oci-layout"), "not an OCI layout: {:?}", files.keys());
+    assert!(
+        files.contains_key("oci-layout"),
+        "not an OCI layout: {:?}",
+        files.keys()
+    );
     let blob = |digest: &serde_json::Value| {
         let digest = digest.as_str().unwrap();
         let data = &files[&format!("blobs/sha256/{}", &digest["sha256:".len()..])].0;
         assert_eq!(
-            format!("sha256:{}", interlock_agent::guard::install::sha256_hex(data)),
+            format!(
+                "sha256:{}",
+                interlock_agent::guard::install::sha256_hex(data)
+            ),
             digest,
             "a blob's digest"
         );
@@ -445,7 +448,10 @@ fn open_oci(archive: &Path) -> Oci {
     .unwrap();
     assert_eq!(
         config["rootfs"]["diff_ids"][0],
-        format!("sha256:{}", interlock_agent::guard::install::sha256_hex(&layer))
+        format!(
+            "sha256:{}",
+            interlock_agent::guard::install::sha256_hex(&layer)
+        )
     );
     // The archive's own entries carry the same fixed time as everything inside.
     let epoch = config_epoch(&config);
@@ -526,7 +532,9 @@ fn the_image_archive_is_reproducible_labelled_and_named_as_the_manifests_pull_it
     // Labels.
     let labels = &oci.config["config"]["Labels"];
     let head = git(&["rev-parse", "HEAD"]);
-    let revision = labels["org.opencontainers.image.revision"].as_str().unwrap();
+    let revision = labels["org.opencontainers.image.revision"]
+        .as_str()
+        .unwrap();
     assert!(
         revision == head || revision == format!("{head}-dirty"),
         "revision {revision}, HEAD {head}"
@@ -544,13 +552,16 @@ fn the_image_archive_is_reproducible_labelled_and_named_as_the_manifests_pull_it
     // Timestamps: the commit's.
     let epoch: u64 = git(&["log", "-1", "--format=%ct", "HEAD"]).parse().unwrap();
     assert_eq!(config_epoch(&oci.config), epoch);
-    assert_eq!(labels["org.opencontainers.image.created"], oci.config["created"]);
+    assert_eq!(
+        labels["org.opencontainers.image.created"],
+        oci.config["created"]
+    );
     for h in oci.config["history"].as_array().unwrap() {
         assert_eq!(h["created"], oci.config["created"]);
     }
     // The architecture of the binaries' target.
-    let host = String::from_utf8(Command::new("rustc").arg("-vV").output().unwrap().stdout)
-        .unwrap();
+    let host =
+        String::from_utf8(Command::new("rustc").arg("-vV").output().unwrap().stdout).unwrap();
     let arch = match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
@@ -584,7 +595,11 @@ fn the_image_archive_is_reproducible_labelled_and_named_as_the_manifests_pull_it
     let layer = tar_files(&oci.layer);
     let mut expected = std::collections::BTreeSet::new();
     for entry in walk(&b.rootfs) {
-        let rel = entry.strip_prefix(&b.rootfs).unwrap().to_string_lossy().into_owned();
+        let rel = entry
+            .strip_prefix(&b.rootfs)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         expected.insert(rel);
     }
     let got: std::collections::BTreeSet<String> = layer
@@ -633,22 +648,41 @@ fn make_image_refuses_a_work_tree_that_differs_from_its_commit() {
     let t = tmp.path();
     std::fs::create_dir(t.join("scripts")).unwrap();
     std::fs::copy(repo().join("scripts/image.sh"), t.join("scripts/image.sh")).unwrap();
-    std::fs::write(t.join("Cargo.toml"), "[workspace.package]\nversion = \"9.9.9\"\n").unwrap();
+    std::fs::write(
+        t.join("Cargo.toml"),
+        "[workspace.package]\nversion = \"9.9.9\"\n",
+    )
+    .unwrap();
     let git = |args: &[&str]| {
         let out = Command::new("git")
             .arg("-C")
             .arg(t)
-            .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"])
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "commit.gpgsign=false",
+            ])
             .args(args)
             .output()
             .unwrap();
-        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     git(&["init", "-q"]);
     git(&["add", "."]);
     git(&["commit", "-q", "-m", "x"]);
     std::fs::write(t.join("notes.txt"), "local").unwrap();
-    std::fs::write(t.join("Cargo.toml"), "[workspace.package]\nversion = \"9.9.10\"\n").unwrap();
+    std::fs::write(
+        t.join("Cargo.toml"),
+        "[workspace.package]\nversion = \"9.9.10\"\n",
+    )
+    .unwrap();
     let out = Command::new(t.join("scripts/image.sh"))
         .arg(t.join("out"))
         .env_remove("INTERLOCK_IMAGE_ALLOW_DIRTY")
@@ -656,8 +690,14 @@ fn make_image_refuses_a_work_tree_that_differs_from_its_commit() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("refusing") && err.contains("notes.txt") && err.contains("Cargo.toml"), "{err}");
-    assert!(!t.join("out").exists(), "it built something before refusing");
+    assert!(
+        err.contains("refusing") && err.contains("notes.txt") && err.contains("Cargo.toml"),
+        "{err}"
+    );
+    assert!(
+        !t.join("out").exists(),
+        "it built something before refusing"
+    );
 }
 
 /// `make release`: the image's binaries under versioned names for this triple, the image
@@ -672,26 +712,47 @@ fn make_release_lays_out_versioned_binaries_the_image_and_their_checksums() {
         .arg(&b.archive)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let version = env!("CARGO_PKG_VERSION");
-    let host = String::from_utf8(Command::new("rustc").arg("-vV").output().unwrap().stdout)
-        .unwrap();
+    let host =
+        String::from_utf8(Command::new("rustc").arg("-vV").output().unwrap().stdout).unwrap();
     let triple = host.lines().find_map(|l| l.strip_prefix("host: ")).unwrap();
     let agent = dist.path().join(format!("interlock-{version}-{triple}"));
-    let cni = dist.path().join(format!("interlock-cni-{version}-{triple}"));
+    let cni = dist
+        .path()
+        .join(format!("interlock-cni-{version}-{triple}"));
     let sums = std::fs::read_to_string(dist.path().join("SHA256SUMS")).unwrap();
-    let listed: Vec<&str> = sums.lines().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
+    let listed: Vec<&str> = sums
+        .lines()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
     assert_eq!(listed.len(), 3, "{sums}");
     for f in [&agent, &cni] {
-        assert!(listed.contains(&f.file_name().unwrap().to_str().unwrap()), "{sums}");
+        assert!(
+            listed.contains(&f.file_name().unwrap().to_str().unwrap()),
+            "{sums}"
+        );
     }
-    assert!(listed.iter().any(|f| f.starts_with(&format!("interlock-{version}-")) && f.ends_with(".oci.tar")), "{sums}");
+    assert!(
+        listed
+            .iter()
+            .any(|f| f.starts_with(&format!("interlock-{version}-")) && f.ends_with(".oci.tar")),
+        "{sums}"
+    );
     let check = Command::new("sha256sum")
         .args(["--check", "--strict", "SHA256SUMS"])
         .current_dir(dist.path())
         .output()
         .unwrap();
-    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stdout));
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
     // A corrupted file fails the check: the sums are of these files, not recomputed.
     let image = dist.path().join(listed[2]);
     let mut bytes = std::fs::read(&image).unwrap();
@@ -703,7 +764,10 @@ fn make_release_lays_out_versioned_binaries_the_image_and_their_checksums() {
         .current_dir(dist.path())
         .output()
         .unwrap();
-    assert!(!check.status.success(), "a corrupted archive passed the check");
+    assert!(
+        !check.status.success(),
+        "a corrupted archive passed the check"
+    );
     // The binaries report the version.
     let v = Command::new(&agent).arg("--version").output().unwrap();
     assert!(
@@ -711,10 +775,16 @@ fn make_release_lays_out_versioned_binaries_the_image_and_their_checksums() {
         "{}",
         String::from_utf8_lossy(&v.stdout)
     );
-    let v = Command::new(&cni).env("CNI_COMMAND", "VERSION").output().unwrap();
+    let v = Command::new(&cni)
+        .env("CNI_COMMAND", "VERSION")
+        .output()
+        .unwrap();
     let answer: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
     assert!(
-        answer["interlockVersion"].as_str().unwrap().starts_with(version),
+        answer["interlockVersion"]
+            .as_str()
+            .unwrap()
+            .starts_with(version),
         "{answer}"
     );
 }
@@ -724,9 +794,9 @@ fn replace_in_strings(v: &mut serde_json::Value, from: &str, to: &str) {
     match v {
         serde_json::Value::String(s) => *s = s.replace(from, to),
         serde_json::Value::Array(a) => a.iter_mut().for_each(|x| replace_in_strings(x, from, to)),
-        serde_json::Value::Object(o) => o
-            .values_mut()
-            .for_each(|x| replace_in_strings(x, from, to)),
+        serde_json::Value::Object(o) => {
+            o.values_mut().for_each(|x| replace_in_strings(x, from, to))
+        }
         _ => {}
     }
 }
@@ -898,7 +968,10 @@ fn the_agent_in_the_image_protects_a_pod_as_the_daemonset_runs_it() {
         pod.env["INTERLOCK_PLUGIN_SOURCE"],
         "/usr/local/bin/interlock-cni"
     );
-    assert_eq!(pod.env["INTERLOCK_HEALTH_ADDR"], format!("{host_ip}:{port}"));
+    assert_eq!(
+        pod.env["INTERLOCK_HEALTH_ADDR"],
+        format!("{host_ip}:{port}")
+    );
     let sc = &ds["spec"]["template"]["spec"]["containers"][0]["securityContext"];
     assert_eq!(sc["privileged"], false);
     assert_eq!(sc["readOnlyRootFilesystem"], true);
@@ -908,8 +981,16 @@ fn the_agent_in_the_image_protects_a_pod_as_the_daemonset_runs_it() {
     // Ready by the manifest's own readiness probe.
     let deadline = Instant::now() + Duration::from_secs(60);
     while pod.probe("readinessProbe") != Some(true) {
-        assert!(status().running(), "the agent's container is not running\n{}", explain());
-        assert!(Instant::now() < deadline, "not ready within 60 s\n{}", explain());
+        assert!(
+            status().running(),
+            "the agent's container is not running\n{}",
+            explain()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "not ready within 60 s\n{}",
+            explain()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let ready_in = started.elapsed();
@@ -928,8 +1009,16 @@ fn the_agent_in_the_image_protects_a_pod_as_the_daemonset_runs_it() {
     };
     // CAP_NET_ADMIN 12, CAP_NET_RAW 13, CAP_SYS_ADMIN 21.
     let caps = (1u64 << 12) | (1 << 13) | (1 << 21);
-    assert_eq!(u64::from_str_radix(&field("CapEff"), 16).unwrap(), caps, "CapEff");
-    assert_eq!(u64::from_str_radix(&field("CapBnd"), 16).unwrap(), caps, "CapBnd");
+    assert_eq!(
+        u64::from_str_radix(&field("CapEff"), 16).unwrap(),
+        caps,
+        "CapEff"
+    );
+    assert_eq!(
+        u64::from_str_radix(&field("CapBnd"), 16).unwrap(),
+        caps,
+        "CapBnd"
+    );
     assert_eq!(field("Seccomp"), "2", "no seccomp filter");
     assert_eq!(field("NoNewPrivs"), "1");
     let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
@@ -938,7 +1027,11 @@ fn the_agent_in_the_image_protects_a_pod_as_the_daemonset_runs_it() {
         .find(|l| l.split_whitespace().nth(4) == Some("/"))
         .unwrap();
     assert!(
-        root.split_whitespace().nth(5).unwrap().split(',').any(|o| o == "ro"),
+        root.split_whitespace()
+            .nth(5)
+            .unwrap()
+            .split(',')
+            .any(|o| o == "ro"),
         "the root is not read-only: {root}"
     );
     // hostNetwork: the agent's network namespace is the host's (this test's).
@@ -983,7 +1076,9 @@ fn the_agent_in_the_image_protects_a_pod_as_the_daemonset_runs_it() {
         std::thread::sleep(Duration::from_millis(100));
     }
     // A meshed pod is protected, proven by a connection; an unmeshed one is left alone.
-    let meshed = node.run_pod("imgm", true).unwrap_or_else(|e| panic!("{e}\n{}", explain()));
+    let meshed = node
+        .run_pod("imgm", true)
+        .unwrap_or_else(|e| panic!("{e}\n{}", explain()));
     assert_eq!(node.capture(&meshed), Capture::Redirected, "{}", explain());
     let plain = node.run_pod("imgp", false).unwrap();
     assert_eq!(node.capture(&plain), Capture::NotRedirected);

@@ -335,7 +335,10 @@ mod tests {
         let out = answer_notes(
             &line,
             |_| Response::NotFound { v: 1 },
-            |_| Response::Undecided { v: 1, reason: "no".into() },
+            |_| Response::Undecided {
+                v: 1,
+                reason: "no".into(),
+            },
             |n| {
                 assert_eq!(n, &note);
                 Response::Noted { v: 1 }
@@ -343,8 +346,15 @@ mod tests {
         );
         assert_eq!(out, "{\"status\":\"noted\",\"v\":1}\n");
         // A server that counts no failures says so; the plugin only logs it.
-        let out = answer_request(&line, |_| Response::NotFound { v: 1 }, |_| Response::Noted { v: 1 });
-        assert!(out.contains("undecided") && out.contains("failure notes"), "{out}");
+        let out = answer_request(
+            &line,
+            |_| Response::NotFound { v: 1 },
+            |_| Response::Noted { v: 1 },
+        );
+        assert!(
+            out.contains("undecided") && out.contains("failure notes"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -27,10 +27,10 @@ mod sandbox;
 
 pub use container::ContainerState;
 pub use error::{CallSite, CriError};
+pub use info::{NetnsPath, NetnsSource, VerboseInfo};
 /// CRI's own messages, for callers that build a [`proto::ContainerConfig`]
 /// ([`CriClient::create_container`]).
 pub use k8s_cri::v1 as proto;
-pub use info::{NetnsPath, NetnsSource, VerboseInfo};
 pub use sandbox::{
     SandboxConfig, SandboxFilter, SandboxMetadata, SandboxState, SandboxStatus, SandboxSummary,
 };

@@ -112,7 +112,10 @@ pub async fn run_daemonset_pod(
         .log_directory(ctx.pod_dir.join("logs"));
     fs::create_dir_all(ctx.pod_dir.join("logs")).map_err(|e| e.to_string())?;
     sandbox.host_network = host_network;
-    if let Some(labels) = template.pointer("/metadata/labels").and_then(Value::as_object) {
+    if let Some(labels) = template
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+    {
         for (k, v) in labels {
             sandbox = sandbox.label(k, v.as_str().unwrap_or_default());
         }
@@ -141,7 +144,11 @@ pub async fn run_daemonset_pod(
             for (k, v) in data {
                 // The kubelet skips keys that are not valid variable names.
                 if is_env_name(k) {
-                    set(&mut env, k.clone(), v.as_str().unwrap_or_default().to_string());
+                    set(
+                        &mut env,
+                        k.clone(),
+                        v.as_str().unwrap_or_default().to_string(),
+                    );
                 }
             }
         }
@@ -279,12 +286,8 @@ pub async fn run_daemonset_pod(
     for (key, value) in sc.as_object().into_iter().flatten() {
         match key.as_str() {
             "privileged" => security.privileged = value.as_bool().unwrap_or(false),
-            "allowPrivilegeEscalation" => {
-                security.no_new_privs = !value.as_bool().unwrap_or(true)
-            }
-            "readOnlyRootFilesystem" => {
-                security.readonly_rootfs = value.as_bool().unwrap_or(false)
-            }
+            "allowPrivilegeEscalation" => security.no_new_privs = !value.as_bool().unwrap_or(true),
+            "readOnlyRootFilesystem" => security.readonly_rootfs = value.as_bool().unwrap_or(false),
             "runAsUser" => {
                 security.run_as_user = Some(cri::Int64Value {
                     value: value.as_i64().ok_or("runAsUser is not a number")?,
@@ -310,7 +313,11 @@ pub async fn run_daemonset_pod(
                 });
             }
             "seccompProfile" => security.seccomp = Some(seccomp(value)?),
-            other => return Err(format!("securityContext.{other}: not applied by this kubelet")),
+            other => {
+                return Err(format!(
+                    "securityContext.{other}: not applied by this kubelet"
+                ))
+            }
         }
     }
     if security.seccomp.is_none() {
@@ -568,7 +575,8 @@ fn is_env_name(k: &str) -> bool {
 }
 
 fn at<'a>(v: &'a Value, pointer: &str) -> Result<&'a Value, String> {
-    v.pointer(pointer).ok_or_else(|| format!("{pointer} missing"))
+    v.pointer(pointer)
+        .ok_or_else(|| format!("{pointer} missing"))
 }
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> Result<&'a str, String> {

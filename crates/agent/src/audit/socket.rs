@@ -226,11 +226,8 @@ pub async fn serve(
         );
         tokio::spawn(async move {
             let _slot = slot;
-            let _ = tokio::time::timeout(
-                DEADLINE,
-                answer(stream, source, fallback, added, starts),
-            )
-            .await;
+            let _ = tokio::time::timeout(DEADLINE, answer(stream, source, fallback, added, starts))
+                .await;
         });
     }
 }
@@ -467,7 +464,13 @@ mod tests {
     async fn a_silent_client_is_dropped_after_the_deadline_and_others_are_served() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.sock");
-        let server = tokio::spawn(serve(bind(&path).unwrap(), Arc::new(OnePod), None, None, None));
+        let server = tokio::spawn(serve(
+            bind(&path).unwrap(),
+            Arc::new(OnePod),
+            None,
+            None,
+            None,
+        ));
         let p = path.clone();
         let answered = tokio::task::spawn_blocking(move || {
             let silent: Vec<_> = (0..MAX_CONNECTIONS * 2)

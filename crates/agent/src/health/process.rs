@@ -64,9 +64,7 @@ pub fn parse_stat(stat: &str, boot: Option<u64>) -> ProcessStats {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let num = |n: usize| f.get(n - 3).and_then(|v| v.parse::<u64>().ok());
     ProcessStats {
-        cpu_seconds: num(14)
-            .zip(num(15))
-            .map(|(u, s)| (u + s) as f64 / USER_HZ),
+        cpu_seconds: num(14).zip(num(15)).map(|(u, s)| (u + s) as f64 / USER_HZ),
         virtual_bytes: num(23).map(|v| i64::try_from(v).unwrap_or(i64::MAX)),
         start_time_seconds: num(22)
             .zip(boot)
@@ -162,9 +160,15 @@ mod tests {
 
     #[test]
     fn rss_and_boot_time_parse() {
-        assert_eq!(vm_rss_bytes("Name:\tx\nVmRSS:\t   2048 kB\n"), Some(2048 * 1024));
+        assert_eq!(
+            vm_rss_bytes("Name:\tx\nVmRSS:\t   2048 kB\n"),
+            Some(2048 * 1024)
+        );
         assert_eq!(vm_rss_bytes("Name:\tx\n"), None);
-        assert_eq!(boot_time("cpu 1 2\nbtime 1700000000\n"), Some(1_700_000_000));
+        assert_eq!(
+            boot_time("cpu 1 2\nbtime 1700000000\n"),
+            Some(1_700_000_000)
+        );
     }
 
     #[test]
@@ -178,7 +182,10 @@ mod tests {
             .unwrap()
             .as_secs_f64();
         let start = s.start_time_seconds.unwrap();
-        assert!(start <= now + 1.0 && start > now - 86_400.0 * 365.0, "{start}");
+        assert!(
+            start <= now + 1.0 && start > now - 86_400.0 * 365.0,
+            "{start}"
+        );
         assert!(s.cpu_seconds.unwrap() >= 0.0);
     }
 }

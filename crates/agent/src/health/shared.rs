@@ -6,7 +6,8 @@
 //! the fields here are handles on the same series.
 
 use crate::health::metrics::{
-    AgentMetrics, AuditMetrics, PodStartMetrics, FileLabel, GuardMetrics, PluginMetrics, ReadinessMetrics,
+    AgentMetrics, AuditMetrics, FileLabel, GuardMetrics, PluginMetrics, PodStartMetrics,
+    ReadinessMetrics,
 };
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;

@@ -188,9 +188,10 @@ fn note_failure(
         return;
     };
     let (profile, refused) = match decision {
-        Decision::Meshed { profile, .. } | Decision::NeedsPodSpec { profile, .. } => {
-            (profile.to_string(), matches!(decision, Decision::NeedsPodSpec { .. }))
-        }
+        Decision::Meshed { profile, .. } | Decision::NeedsPodSpec { profile, .. } => (
+            profile.to_string(),
+            matches!(decision, Decision::NeedsPodSpec { .. }),
+        ),
         Decision::Undecided { .. } | Decision::Invalid { .. } => ("unknown".to_string(), true),
         _ => ("unknown".to_string(), false),
     };
