@@ -32,6 +32,14 @@ fn tool(name: &str, arg: &Path) -> String {
 struct Built {
     rootfs: PathBuf,
     archive: PathBuf,
+    /// Every path of the rootfs (relative) when it was packed: a test may add to the
+    /// rootfs later (the legacy-iptables test's lock file).
+    packed: std::collections::BTreeSet<String>,
+}
+
+/// The second packing of the same rootfs.
+fn packed_again() -> PathBuf {
+    built().archive.with_file_name("again.oci.tar")
 }
 
 /// Lays out the image's filesystem with the script the Dockerfile runs and packs it with
@@ -52,7 +60,23 @@ fn built() -> &'static Built {
         assert!(status.success(), "scripts/image-rootfs.sh failed");
         let archive = dir.join(format!("interlock-{}.oci.tar", env!("CARGO_PKG_VERSION")));
         pack(&rootfs, &archive);
-        Built { rootfs, archive }
+        // Packed again at once, before any test can write into the rootfs.
+        let again = dir.join("again.oci.tar");
+        pack(&rootfs, &again);
+        let packed = walk(&rootfs)
+            .iter()
+            .map(|p| {
+                p.strip_prefix(&rootfs)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        Built {
+            rootfs,
+            archive,
+            packed,
+        }
     })
 }
 
@@ -593,21 +617,12 @@ fn the_image_archive_is_reproducible_labelled_and_named_as_the_manifests_pull_it
     }
     // The layer: exactly the rootfs, owned by root, every mtime the commit's.
     let layer = tar_files(&oci.layer);
-    let mut expected = std::collections::BTreeSet::new();
-    for entry in walk(&b.rootfs) {
-        let rel = entry
-            .strip_prefix(&b.rootfs)
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        expected.insert(rel);
-    }
     let got: std::collections::BTreeSet<String> = layer
         .keys()
         .map(|k| k.trim_start_matches("./").trim_end_matches('/').to_string())
         .filter(|k| !k.is_empty() && k != ".")
         .collect();
-    assert_eq!(got, expected, "the layer holds exactly the rootfs");
+    assert_eq!(got, b.packed, "the layer holds exactly the rootfs");
     for (path, (data, mtime, uid, gid)) in &layer {
         assert_eq!((*mtime, *uid, *gid), (epoch, 0, 0), "{path} in the layer");
         if path.ends_with("usr/local/bin/interlock-cni") {
@@ -618,11 +633,8 @@ fn the_image_archive_is_reproducible_labelled_and_named_as_the_manifests_pull_it
         }
     }
     // Reproducible: the same rootfs packs to the same bytes.
-    let again = tempfile::tempdir().unwrap();
-    let second = again.path().join("again.oci.tar");
-    pack(&b.rootfs, &second);
     assert!(
-        std::fs::read(&b.archive).unwrap() == std::fs::read(&second).unwrap(),
+        std::fs::read(&b.archive).unwrap() == std::fs::read(packed_again()).unwrap(),
         "packing the same rootfs twice gave different archives"
     );
 }
@@ -936,6 +948,29 @@ fn the_agent_in_the_image_protects_a_pod_as_the_daemonset_runs_it() {
     );
     api.write_kubeconfig_with_token(&secrets.join("kubeconfig"), "image-test-agent")
         .unwrap();
+    // The in-cluster mount carries the cluster's CA (ca.crt), and the image has no system
+    // CA bundle: without a CA in the kubeconfig the client finds no roots at all.
+    let kubeconfig = std::fs::read_to_string(secrets.join("kubeconfig")).unwrap();
+    let ca = test_ca(&secrets);
+    let kubeconfig = kubeconfig.replacen(
+        "    server: ",
+        &format!("    certificate-authority-data: {ca}\n    server: "),
+        1,
+    );
+    std::fs::write(secrets.join("kubeconfig"), kubeconfig).unwrap();
+    // The manifests' RBAC and node-scope policy, as the API server holds them.
+    for d in &docs {
+        if [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ]
+        .contains(&d["kind"].as_str().unwrap_or_default())
+        {
+            api.put_object(d.clone());
+        }
+    }
     let ctx = PodContext {
         node_name: NODE_NAME.to_string(),
         host_ip: host_ip.to_string(),
@@ -1110,4 +1145,30 @@ fn agent_pid(id: &str) -> Option<u32> {
         (cgroup.contains(id) && cmdline.starts_with(b"/usr/local/bin/interlock\0agent"))
             .then_some(pid)
     })
+}
+
+/// A self-signed CA certificate (base64 PEM), as a cluster's `ca.crt`.
+fn test_ca(dir: &Path) -> String {
+    let out = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .args(["-subj", "/CN=interlock-image-test"])
+        .arg("-keyout")
+        .arg(dir.join("ca.key"))
+        .arg("-out")
+        .arg(dir.join("ca.crt"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b64 = Command::new("base64")
+        .args(["-w0"])
+        .arg(dir.join("ca.crt"))
+        .output()
+        .unwrap();
+    String::from_utf8(b64.stdout).unwrap()
 }

@@ -206,6 +206,16 @@ pub async fn run_daemonset_pod(
                 .get(path)
                 .cloned()
                 .unwrap_or_else(|| PathBuf::from(path));
+            // containerd checks a HostToContainer mount's source for shared or slave
+            // propagation by the path as given, without following a symlink such as
+            // /var/run -> /run: on a host whose / is private (no systemd, as a test
+            // machine may be), /var/run/netns then fails although /run/netns is shared.
+            // A node's / is shared, so there the path as written works.
+            let mapped = if propagation == cri::MountPropagation::PropagationPrivate {
+                mapped
+            } else {
+                fs::canonicalize(&mapped).unwrap_or(mapped)
+            };
             match hp.get("type").and_then(Value::as_str).unwrap_or("") {
                 "DirectoryOrCreate" => fs::create_dir_all(&mapped)
                     .map_err(|e| format!("hostPath {}: {e}", mapped.display()))?,
