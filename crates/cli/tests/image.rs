@@ -306,7 +306,7 @@ fn the_image_plugin_places_the_code_of_an_add_first() {
         .expect("the plugin has a .bss section");
     let buffer = bss
         .iter()
-        .find(|(n, _)| n.contains("interlock_nft7netlink6SHARED"))
+        .find(|(n, _)| n.contains("interlock_netlink4recv6SHARED"))
         .map(|(_, a)| *a)
         .expect("the netlink receive buffer is a .bss object of the plugin");
     let small: Vec<(&str, u64)> = present
