@@ -35,6 +35,11 @@ use nix::fcntl::{Flock, FlockArg};
 /// The previous release: the first tagged one, rule shape 1.
 pub const PREVIOUS: &str = "v0.1.0";
 
+/// Every release's tag and commit. A clone made without tags (a CI checkout of one
+/// branch) still holds each release's commit in main's history: [`commit_of`] falls back
+/// to it, and a tag that exists must name the same commit.
+pub const RELEASES: &[(&str, &str)] = &[("v0.1.0", "e203c86bd9f6e0f5587011ca9b0b5eb975445099")];
+
 /// A release's binaries, built by [`build`].
 #[derive(Debug, Clone)]
 pub struct Release {
@@ -117,8 +122,29 @@ fn run(cmd: &mut Command, what: &str) -> Result<String, ReleaseError> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// The full commit `rev` names in this repository.
+/// The full commit `rev` names in this repository; for a release tag missing from this
+/// clone, the commit [`RELEASES`] pins for it.
 pub fn commit_of(rev: &str) -> Result<String, ReleaseError> {
+    let pinned = RELEASES
+        .iter()
+        .find(|(tag, _)| *tag == rev)
+        .map(|(_, c)| *c);
+    match (resolve(rev)?, pinned) {
+        (Some(commit), Some(pin)) if commit != pin => Err(ReleaseError::Failed(format!(
+            "the tag {rev} names {commit}, but release {rev} is {pin}: a moved tag is not \
+             that release"
+        ))),
+        (Some(commit), _) => Ok(commit),
+        (None, Some(pin)) => match resolve(pin)? {
+            Some(commit) => Ok(commit),
+            None => Err(missing(&format!("{rev} (tag and its commit {pin})"))),
+        },
+        (None, None) => Err(missing(rev)),
+    }
+}
+
+/// `rev`'s full commit, `None` when this repository lacks it.
+fn resolve(rev: &str) -> Result<Option<String>, ReleaseError> {
     let out = Command::new("git")
         .arg("-C")
         .arg(repository())
@@ -128,14 +154,26 @@ pub fn commit_of(rev: &str) -> Result<String, ReleaseError> {
         .output()
         .map_err(|e| ReleaseError::Failed(format!("git rev-parse {rev}: {e}")))?;
     let commit = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if !out.status.success() || commit.is_empty() {
-        return Err(ReleaseError::Missing(format!(
-            "{rev} is not in the repository at {} (fetch the tags: `git fetch --tags`; a \
-             shallow clone lacks them)",
-            repository().display()
-        )));
-    }
-    Ok(commit)
+    Ok((out.status.success() && !commit.is_empty()).then_some(commit))
+}
+
+fn missing(what: &str) -> ReleaseError {
+    let shallow = Command::new("git")
+        .arg("-C")
+        .arg(repository())
+        .args(["rev-parse", "--is-shallow-repository"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "true")
+        .unwrap_or(false);
+    ReleaseError::Missing(format!(
+        "{what} is not in the repository at {}{}",
+        repository().display(),
+        if shallow {
+            " (a shallow clone: `git fetch --unshallow --tags`)"
+        } else {
+            " (fetch the tags: `git fetch --tags`)"
+        }
+    ))
 }
 
 /// Builds (once per target dir) the binaries of `rev`; see the module docs.
@@ -334,6 +372,23 @@ mod tests {
         match commit_of("refs/tags/no-such-tag-of-interlock") {
             Err(ReleaseError::Missing(m)) => assert!(m.contains("no-such-tag"), "{m}"),
             other => panic!("{other:?}"),
+        }
+    }
+
+    /// A release resolves to its pinned commit whether or not this clone has its tag (a
+    /// CI checkout of one branch has none).
+    #[test]
+    fn a_release_is_its_pinned_commit_with_or_without_the_tag() {
+        for (tag, pin) in RELEASES {
+            match commit_of(tag) {
+                Ok(c) => assert_eq!(&c, pin, "{tag}"),
+                Err(ReleaseError::Missing(m)) if !crate::in_ci() => {
+                    eprintln!("SKIP: {m}");
+                    continue;
+                }
+                Err(e) => panic!("{tag}: {e}"),
+            }
+            assert_eq!(commit_of(pin).unwrap_or_else(|e| panic!("{e}")), *pin);
         }
     }
 }
