@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lays out the interlock image's filesystem in DIR: both binaries built static, where the
 # DaemonSet runs them. The Dockerfile runs exactly this script, so a test of it
-# (crates/cli/tests/image.rs) exercises the image build's steps without a container engine.
+# (crates/cli/tests/it/image.rs) exercises the image build's steps without a container engine.
 #
 #   scripts/image-rootfs.sh DIR
 #

@@ -73,7 +73,7 @@ install_kube_python() {
 
 install_kube_validate() {
     # kubernetes-validate checks `interlock manifests` against the Kubernetes API schemas
-    # offline (crates/cli/tests/manifests.rs); its own venv, like the client's.
+    # offline (crates/cli/tests/it/manifests.rs); its own venv, like the client's.
     local venv="${INTERLOCK_KUBE_VALIDATE_VENV:-$HOME/.cache/interlock/kube-validate}"
     local version=1.37.0
     if [[ "$("$venv/bin/kubernetes-validate" --version 2>/dev/null)" == *"$version"* ]]; then
@@ -86,7 +86,7 @@ install_kube_validate() {
 }
 
 check_kubectl() {
-    # `kubectl kustomize` renders deploy/'s overlays in crates/cli/tests/manifests.rs;
+    # `kubectl kustomize` renders deploy/'s overlays in crates/cli/tests/it/manifests.rs;
     # they use `patches:`, which needs kustomize v3.1 or later (kubectl 1.21+). Debian's
     # kubernetes-client is older, so it is only a last resort and said so.
     if kubectl kustomize --help >/dev/null 2>&1; then

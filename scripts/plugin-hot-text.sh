@@ -14,7 +14,7 @@
 # names, which survive edits to the code; they change with the toolchain, a dependency
 # or the plugin's features. Stale names are harmless (the linker skips them; the order
 # only decays), but regenerate after such an upgrade:
-# crates/cli/tests/image.rs fails when fewer than three quarters of the names are still
+# crates/cli/tests/it/image.rs fails when fewer than three quarters of the names are still
 # in the binary.
 #
 # Two lists come from the binary, not from callgrind:

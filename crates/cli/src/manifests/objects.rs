@@ -144,7 +144,7 @@ pub fn objects(v: &Values) -> Vec<Object> {
             },
         ),
         yaml(
-            "The node agent. Not privileged: exactly NET_ADMIN (the audit's read-back and\nrepair of a pod's rules, ending connections opened before them), NET_RAW (the\niptables-legacy backend's tools) and SYS_ADMIN (setns into a pod's network\nnamespace), each shown needed and the set enough by crates/cli/tests/capabilities.rs.\nThe CRI socket's directory is mounted, not the socket: a runtime re-creates its\nsocket when it restarts, and a bind mount of the file would keep the old one.",
+            "The node agent. Not privileged: exactly NET_ADMIN (the audit's read-back and\nrepair of a pod's rules, ending connections opened before them), NET_RAW (the\niptables-legacy backend's tools) and SYS_ADMIN (setns into a pod's network\nnamespace), each shown needed and the set enough by crates/cli/tests/it/capabilities.rs.\nThe CRI socket's directory is mounted, not the socket: a runtime re-creates its\nsocket when it restarts, and a bind mount of the file would keep the old one.",
             &daemon_set(v),
         ),
     ];

@@ -7,7 +7,7 @@
 //! node B, evict or delete a pod on node B, or label it. The agent's own node gate and
 //! Events work within the policy.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

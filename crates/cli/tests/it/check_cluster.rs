@@ -3,7 +3,7 @@
 //! Windows node the DaemonSet does not select) get their verdicts and the exit code
 //! follows the worst; an unreachable API is "could not check" with a document.
 
-mod common;
+use crate::common;
 
 use common::*;
 use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_READY};

@@ -1,7 +1,7 @@
 //! `interlock check` as a process: its verdict, exit code and JSON follow the node's real
 //! state as the agent changes it.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::process::Command;

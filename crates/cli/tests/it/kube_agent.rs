@@ -3,7 +3,7 @@
 //! `InterlockReady=False`) when a foreign config takes first place for longer than the
 //! debounce.
 
-mod common;
+use crate::common;
 
 use common::*;
 use interlock_agent::kubernetes::gating::LOSS_DEBOUNCE;

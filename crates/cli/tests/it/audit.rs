@@ -5,7 +5,7 @@
 //! kept), stops them, or only reports them. The plugin's DEL then treats a repaired netns
 //! like one its own ADD protected.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};

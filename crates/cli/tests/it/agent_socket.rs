@@ -3,7 +3,7 @@
 //! `socket::serve`, asked by the plugin's own lookup code (`interlock_cni::decide`, with
 //! its trust checks) for a pod whose annotations the runtime did not pass.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! set taken away, the audit cannot read the sandbox's rules (it says so, and changes
 //! nothing). NET_RAW is the iptables-legacy backend's, so it is shown with that backend.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

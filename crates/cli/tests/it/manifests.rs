@@ -4,7 +4,7 @@
 //! and the fields that matter are as intended — not privileged, exactly the
 //! capabilities the features need, probes, mounts, RBAC from the one list.
 
-mod common;
+use crate::common;
 
 use common::interlock;
 use k8s_openapi::api::apps::v1::DaemonSet;

@@ -6,7 +6,7 @@
 //! is repaired within the usual budget, `/readyz` answers, and the agent's memory stays
 //! bounded. And the agent raises its soft open-file limit to the hard one at start.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::io::{BufRead, BufReader};

@@ -4,7 +4,7 @@
 //! and lists what goes and what stays, a conf dir without any CNI config is refused with
 //! nothing removed, and the plugin binary stays while a config still names it.
 
-mod common;
+use crate::common;
 
 use common::*;
 use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_READY};

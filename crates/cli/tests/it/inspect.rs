@@ -3,7 +3,7 @@
 //! verdict's exit code — before and after the rules are applied, for a pod that is not
 //! meshed, and for a netns nobody can tell about. Read-only: inspect changes nothing.
 
-mod common;
+use crate::common;
 
 use common::*;
 use interlock_contract::config::PluginConfig;

@@ -4,7 +4,7 @@
 //! no annotations in the config —, over `<state dir>/agent.sock`; and the same plugin
 //! refuses a socket an unprivileged user serves at that path.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;

@@ -9,7 +9,7 @@
 //! through the switch; meshed pods created before it hold connections their proxy
 //! stand-in accepted (captured by the rules), plain pods hold direct ones.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};

@@ -3,7 +3,7 @@
 //! blocks on it, `/readyz` must never say 200 while the owned config is missing for
 //! longer than a repair takes, and SIGTERM must stop the agent.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! written as test code. Each test asserts the final effective config (by
 //! `interlock_confdir::load`) and that no foreign data was lost.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

@@ -2,7 +2,7 @@
 //! per line with the event's fields and the shared timestamp format, and a filter that
 //! does not parse is refused with the variable's name.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

@@ -4,7 +4,7 @@
 //! passes; a proof that cannot be made (the proxy port taken) exits 3. An unredirected
 //! probe SYN reaches only the test's second netns (its gateway).
 
-mod common;
+use crate::common;
 
 use common::*;
 use interlock_contract::config::PluginConfig;

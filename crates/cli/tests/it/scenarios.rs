@@ -5,7 +5,7 @@
 //! sandbox is protected is judged by the kit's independent capture check (a real
 //! connection from inside the sandbox, no interlock code), never by the agent's word.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -6,7 +6,7 @@
 //! the kills land inside a repair (a temp file of the killed agent left behind, or the
 //! clobber the test made just before the kill still unrepaired).
 
-mod common;
+use crate::common;
 
 use common::*;
 use interlock_libcni::conf;
