@@ -264,7 +264,7 @@ fn forged_agent_process() {
 #[test]
 fn a_forged_socket_is_refused_by_the_real_plugin() {
     require_root!();
-    let mut forger = ForgedAgent::start("forged_agent_process", NOBODY);
+    let mut forger = ForgedAgent::start("agent_socket_e2e::forged_agent_process", NOBODY);
     let forged = forger.socket.clone();
     let root_only = interlock_testkit::tempdir().unwrap();
     std::fs::set_permissions(root_only.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
