@@ -64,17 +64,50 @@ struct ValidationDoc<'a> {
     /// `protected`, `not-meshed`, `not-protected` or `could-not-validate`.
     verdict: &'static str,
     exit_code: u8,
-    /// The line the text output prints, without its verdict word's prefix.
+    /// What the text output prints after its verdict words.
     message: &'a str,
 }
 
-/// The verdict word of an outcome.
-fn verdict_of(code: u8, line: &str) -> &'static str {
-    match code {
-        0 if line.starts_with("not meshed") => "not-meshed",
-        0 => "protected",
-        NOT_PROTECTED => "not-protected",
-        _ => "could-not-validate",
+/// What `validate` found; it decides the exit code and the words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Redirection proven by a connection.
+    Protected,
+    /// The pod is not meshed: nothing to validate.
+    NotMeshed,
+    /// Traffic escaped the proxy (or the rules are not what the pod needs).
+    NotProtected,
+    /// No proof could be made either way.
+    CouldNotValidate,
+}
+
+impl Verdict {
+    fn code(self) -> u8 {
+        match self {
+            Verdict::Protected | Verdict::NotMeshed => 0,
+            Verdict::NotProtected => NOT_PROTECTED,
+            Verdict::CouldNotValidate => COULD_NOT_VALIDATE,
+        }
+    }
+
+    /// The JSON document's `verdict`.
+    fn key(self) -> &'static str {
+        match self {
+            Verdict::Protected => "protected",
+            Verdict::NotMeshed => "not-meshed",
+            Verdict::NotProtected => "not-protected",
+            Verdict::CouldNotValidate => "could-not-validate",
+        }
+    }
+
+    /// The words the text output starts with.
+    fn words(self) -> &'static str {
+        match self {
+            Verdict::Protected => "PROTECTED",
+            Verdict::NotMeshed => "not meshed",
+            Verdict::NotProtected => "NOT PROTECTED",
+            Verdict::CouldNotValidate => "COULD NOT VALIDATE",
+        }
     }
 }
 
@@ -200,25 +233,32 @@ fn running_proxy(profile: interlock_redirect::ProfileName) -> interlock_redirect
 
 /// Runs `interlock validate` in the calling process's network namespace (the pod's).
 pub fn run(a: ValidateArgs) -> anyhow::Result<std::process::ExitCode> {
-    let (code, line) = validate(&a);
+    let (verdict, message) = validate(&a);
+    let code = verdict.code();
     match a.output {
         crate::check::Output::Json => {
             let doc = ValidationDoc {
                 schema_version: 1,
                 kind: "Validation",
-                verdict: verdict_of(code, &line),
+                verdict: verdict.key(),
                 exit_code: code,
-                message: &line,
+                message: &message,
             };
             println!("{}", serde_json::to_string_pretty(&doc)?);
         }
-        crate::check::Output::Text if code == 0 => println!("interlock validate: {line}"),
-        crate::check::Output::Text => eprintln!("interlock validate: {line}"),
+        crate::check::Output::Text => {
+            let line = format!("interlock validate: {}: {message}", verdict.words());
+            if code == 0 {
+                println!("{line}")
+            } else {
+                eprintln!("{line}")
+            }
+        }
     }
     Ok(std::process::ExitCode::from(code))
 }
 
-fn validate(a: &ValidateArgs) -> (u8, String) {
+fn validate(a: &ValidateArgs) -> (Verdict, String) {
     let plugin = match &a.plugin_config {
         Some(p) => {
             match interlock_agent::load_plugin_config(p)
@@ -226,14 +266,14 @@ fn validate(a: &ValidateArgs) -> (u8, String) {
                 .and_then(|m| PluginConfig::from_map(&m).map_err(|e| e.to_string()))
             {
                 Ok(c) => c,
-                Err(e) => return (COULD_NOT_VALIDATE, format!("COULD NOT VALIDATE: {e}")),
+                Err(e) => return (Verdict::CouldNotValidate, e.to_string()),
             }
         }
         None => PluginConfig::default(),
     };
     let annotations = match annotations(a) {
         Ok(x) => x,
-        Err(e) => return (COULD_NOT_VALIDATE, format!("COULD NOT VALIDATE: {e}")),
+        Err(e) => return (Verdict::CouldNotValidate, e.to_string()),
     };
     let decide = |facts| {
         interlock_redirect::decision::decide(
@@ -254,44 +294,41 @@ fn validate(a: &ValidateArgs) -> (u8, String) {
     let spec = match decision {
         Decision::Meshed { spec, .. } => *spec,
         Decision::NotMeshed { reason } | Decision::Skip { reason } => {
-            return (0, format!("not meshed ({reason}): nothing to validate"))
+            return (Verdict::NotMeshed, format!("{reason}; nothing to validate"))
         }
         Decision::Undecided { reason }
         | Decision::Invalid { reason }
-        | Decision::NeedsPodSpec { reason, .. } => {
-            return (COULD_NOT_VALIDATE, format!("COULD NOT VALIDATE: {reason}"))
-        }
+        | Decision::NeedsPodSpec { reason, .. } => return (Verdict::CouldNotValidate, reason),
     };
     match probe::probe(&spec, &[], Duration::from_millis(a.timeout_ms)) {
         // No family could send anything: the proof shows nothing about the rules (this
         // check never reads them), so it cannot vouch for the pod.
         Ok(report) if !report.shows_redirection() => (
-            COULD_NOT_VALIDATE,
+            Verdict::CouldNotValidate,
             format!(
-                "COULD NOT VALIDATE: nothing routable to prove: {}; no connection can leave \
+                "nothing routable to prove: {}; no connection can leave \
                  this netns now, so no connection shows whether its traffic would reach \
                  the proxy once it can (is the pod's network set up? `interlock check node`)",
                 report.lines().join("; ")
             ),
         ),
         Ok(report) => (
-            0,
+            Verdict::Protected,
             format!(
-                "PROTECTED: outbound redirection to port {} proven: {}",
+                "outbound redirection to port {} proven: {}",
                 spec.outbound.proxy_port,
                 report.lines().join("; ")
             ),
         ),
         Err(e) => {
-            let code = code_of(&e);
-            let word = if code == NOT_PROTECTED {
-                "NOT PROTECTED"
+            let verdict = if code_of(&e) == NOT_PROTECTED {
+                Verdict::NotProtected
             } else {
-                "COULD NOT VALIDATE"
+                Verdict::CouldNotValidate
             };
             (
-                code,
-                format!("{word}: {e}; this pod's traffic may bypass the proxy, so it must not start (is interlock installed on this node? `interlock check node`)"),
+                verdict,
+                format!("{e}; this pod's traffic may bypass the proxy, so it must not start (is interlock installed on this node? `interlock check node`)"),
             )
         }
     }
