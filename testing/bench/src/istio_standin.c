@@ -10,6 +10,10 @@
  *
  * STANDIN_JOBS, a path fixed at compile time, lists one job per line: the restore tool,
  * a tab, the file holding its input.
+ *
+ * As a chained plugin under a real runtime (`interlock-bench sandbox`) it answers ADD
+ * with its prevResult, as istio-cni returns the previous result unchanged, and DEL and
+ * CHECK with nothing (istio-cni's DEL does no netns work).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -112,13 +116,59 @@ static int restore(char *tool, const char *input, size_t len) {
     return 0;
 }
 
+/* Prints the object under the config's "prevResult" key (nothing when there is none):
+ * the result a chained plugin that changes no interface returns. */
+static int print_prev_result(const char *config) {
+    const char *key = strstr(config, "\"prevResult\"");
+    if (key == NULL)
+        return 0;
+    const char *p = key + strlen("\"prevResult\"");
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == ':')
+        p++;
+    if (*p != '{')
+        return 0;
+    const char *start = p;
+    int depth = 0, in_string = 0;
+    for (; *p != '\0'; p++) {
+        if (in_string) {
+            if (*p == '\\' && p[1] != '\0')
+                p++;
+            else if (*p == '"')
+                in_string = 0;
+        } else if (*p == '"') {
+            in_string = 1;
+        } else if (*p == '{') {
+            depth++;
+        } else if (*p == '}' && --depth == 0) {
+            p++;
+            break;
+        }
+    }
+    if (depth != 0) {
+        fputs("istio-cni stand-in: prevResult is not a complete object\n", stderr);
+        return 1;
+    }
+    if (fwrite(start, 1, (size_t)(p - start), stdout) != (size_t)(p - start) ||
+        fflush(stdout) != 0)
+        return fail("writing the result");
+    return 0;
+}
+
 int main(void) {
     size_t len;
     /* The CNI config: read in full, as a plugin must. */
     char *config = slurp_fd(0, &len);
     if (config == NULL)
         return fail("reading stdin");
-    free(config);
+    const char *command = getenv("CNI_COMMAND");
+    if (command != NULL && strcmp(command, "VERSION") == 0) {
+        fputs("{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.3.0\",\"0.3.1\","
+              "\"0.4.0\",\"1.0.0\"]}",
+              stdout);
+        return 0;
+    }
+    if (command != NULL && strcmp(command, "ADD") != 0)
+        return 0;
     const char *netns = getenv("CNI_NETNS");
     if (netns == NULL) {
         fputs("istio-cni stand-in: CNI_NETNS is not set\n", stderr);
@@ -149,5 +199,7 @@ int main(void) {
             return rc;
     }
     free(jobs);
-    return 0;
+    int rc = print_prev_result(config);
+    free(config);
+    return rc;
 }

@@ -45,6 +45,7 @@ pub mod pin;
 pub mod repair;
 pub mod report;
 pub mod run;
+pub mod sandbox;
 pub mod stats;
 pub mod topology;
 
@@ -473,7 +474,7 @@ const LEAN_START_C: &str = include_str!("../../../crates/lean-start/c/lean_start
 const LEAN_START_CFLAGS: &str = include_str!("../../../crates/lean-start/c/cflags");
 
 /// A static C program built in a temp dir of its own (the dir goes with it).
-type StaticBin = Result<(tempfile::TempDir, PathBuf), String>;
+pub(crate) type StaticBin = Result<(tempfile::TempDir, PathBuf), String>;
 
 /// Builds the static no-op floor with `gcc -static -Os` in a temp dir; with `lean`, linked
 /// with the plugin's start-up, compiled with its build script's flags
@@ -500,7 +501,7 @@ const ISTIO_STANDIN_C: &str = include_str!("istio_standin.c");
 
 /// Builds the istio-cni stand-in with `gcc -static -Os` in a temp dir, with its job list
 /// there: one `--noflush` run of each `(tool, input)`.
-fn build_istio_standin(jobs: &[(PathBuf, String)]) -> StaticBin {
+pub(crate) fn build_istio_standin(jobs: &[(PathBuf, String)]) -> StaticBin {
     let what = "istio-cni stand-in";
     let dir = temp_dir("ilbench-standin", what)?;
     let mut list = String::new();
@@ -574,7 +575,7 @@ fn build_static(
 }
 
 /// Finds `name` on `PATH` or in the sbin directories; the bare name if nowhere.
-fn tool_path(name: &str) -> PathBuf {
+pub(crate) fn tool_path(name: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))

@@ -7,7 +7,8 @@
 //! ([`interlock_bench::repair`]; no root needed); `interlock-bench audit` the sandbox
 //! audit and the in-place repair of a pod ([`interlock_bench::audit`]); and
 //! `interlock-bench api-load …` the Kubernetes API load per node
-//! ([`interlock_bench::api_load`]; no root needed).
+//! ([`interlock_bench::api_load`]; no root needed); `interlock-bench sandbox` what
+//! interlock adds to a pod's start on a real runtime ([`interlock_bench::sandbox`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,6 +39,8 @@ enum Command {
     Audit(interlock_bench::audit::AuditArgs),
     /// Measure the Kubernetes API load per node of N simulated agents (one JSON document).
     ApiLoad(interlock_bench::api_load::ApiLoadArgs),
+    /// Measure what interlock adds to a sandbox's start on a private containerd (JSON).
+    Sandbox(interlock_bench::sandbox::SandboxArgs),
 }
 
 /// The plugin ADD benchmark's flags.
@@ -91,6 +94,7 @@ fn main() -> ExitCode {
         Some(Command::Audit(a)) => return done("audit", interlock_bench::audit::run(a)),
         Some(Command::ApiLoad(a)) => return done("api-load", interlock_bench::api_load::run(a)),
         Some(Command::Repair(a)) => return done("repair", interlock_bench::repair::run(a)),
+        Some(Command::Sandbox(a)) => return done("sandbox", interlock_bench::sandbox::run(a)),
         None => {}
     }
     let args = cli.add;

@@ -285,3 +285,59 @@ fn the_plugin_is_run_from_a_copy_installed_beside_it() {
     drop(dir);
     assert!(!kept.exists(), "{} outlived the bench", kept.display());
 }
+
+/// `interlock-bench sandbox --quick` on real containerd: one JSON document in which every
+/// way's sandbox starts, DELs and burst were measured, and every budget has a figure and
+/// a verdict (which way it goes is the bench's to say, not this test's).
+#[test]
+fn sandbox_quick_run_measures_every_way_and_judges_every_budget() {
+    interlock_testkit::require_root!();
+    let interlock = std::path::Path::new(BIN).with_file_name("interlock");
+    let plugin = interlock.with_file_name("interlock-cni");
+    if !interlock.is_file() || !plugin.is_file() {
+        assert!(
+            !interlock_testkit::in_ci(),
+            "{} or {} missing: `make test` builds them first",
+            interlock.display(),
+            plugin.display()
+        );
+        eprintln!("SKIP: build the binaries first (`cargo build --workspace --bins`)");
+        return;
+    }
+    let out = Command::new(BIN)
+        .args(["sandbox", "--quick"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "interlock-bench sandbox --quick failed: {stderr}"
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let doc: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {stdout}"));
+    for way in interlock_bench::sandbox::WAYS {
+        let w = &doc["ways"][way];
+        positive(
+            &w["meshed_start_ms"]["p50_ms"],
+            &format!("{way} meshed start"),
+        );
+        positive(&w["del_ms"]["p50_ms"], &format!("{way} DEL"));
+        positive(
+            &w["bursts"]["4"]["pods_per_s_median"],
+            &format!("{way} burst rate"),
+        );
+        if way != "istio_standin" {
+            positive(
+                &w["unmeshed_start_ms"]["p50_ms"],
+                &format!("{way} unmeshed start"),
+            );
+        }
+    }
+    let budgets = doc["budgets"].as_array().expect("budgets");
+    assert_eq!(budgets.len(), 3, "{doc}");
+    for b in budgets {
+        assert!(b["figure"].is_number(), "a budget without its figure: {b}");
+        assert!(b["pass"].is_boolean(), "a budget without a verdict: {b}");
+    }
+}

@@ -1,0 +1,438 @@
+//! `interlock-bench sandbox`: what interlock adds to a pod's start on a real runtime.
+//!
+//! Three nodes in a box (a private containerd each, the reference primary: `bridge` +
+//! `host-local` + `portmap`), one per way of starting a pod:
+//! - `primary`: the primary alone;
+//! - `interlock`: the primary with the real agent running, which installs
+//!   `interlock-cni` and chains it (the shipped set-up, agent CPU included);
+//! - `istio_standin`: the primary with the istio-cni stand-in chained after it
+//!   ([`crate::build_istio_standin`]: a static plugin that runs `iptables-restore` per
+//!   family in the pod with the rules interlock installs; a lower bound of istio-cni's
+//!   cost, which also asks the API server about every pod).
+//!
+//! A sample is one `RunPodSandbox` (the pause container, the netns, the whole CNI chain:
+//! the call returns when the pod's network is set up) timed from the call to its return;
+//! `StopPodSandbox` (CNI DEL) is timed on the way down. Sequential samples (meshed pods;
+//! unmeshed ones for `primary` and `interlock`) and bursts of N concurrent starts (pods
+//! per second: N over the burst's wall time) are interleaved round by round, the order
+//! of the ways rotating, so a drift of the machine falls on every way alike. Before the
+//! samples, one meshed pod per way is proven captured (or, for `primary`, not captured)
+//! by a connection. Prints one JSON document with the budgets of issue 30: interlock adds
+//! at most 2 % to the meshed start's median and 5 % to its p99 over the primary alone,
+//! and sustains at least 95 % of its pods per second. Needs root.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use interlock_redirect::backend::iptables::{self, Flavour, Tool};
+use interlock_redirect::{PodView, ProfileName};
+use interlock_testkit_node::node::{
+    AgentArgs, Capture, Node, NodeOptions, MESHED_ANNOTATION, PRIMARY_CONFLIST,
+};
+use serde_json::{json, Map, Value};
+
+use crate::stats::Summary;
+
+/// `interlock-bench sandbox`'s flags.
+#[derive(Debug, Args)]
+pub struct SandboxArgs {
+    /// Sequential sandbox starts per way and kind (meshed, unmeshed) in each round.
+    #[arg(long, default_value_t = 20)]
+    pub samples: usize,
+    /// Rounds the samples and bursts are interleaved in.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Burst sizes: this many meshed sandboxes started at once (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [8, 32])]
+    pub bursts: Vec<usize>,
+    /// A smoke run: 2 samples, 1 round, a burst of 4.
+    #[arg(long)]
+    pub quick: bool,
+    /// The `interlock` binary the agent runs from (default: next to this executable).
+    #[arg(long)]
+    pub interlock: Option<PathBuf>,
+    /// The `interlock-cni` binary the agent installs (default: next to `interlock`).
+    #[arg(long)]
+    pub plugin: Option<PathBuf>,
+    /// Pretty-print the JSON.
+    #[arg(long)]
+    pub pretty: bool,
+}
+
+/// Budget: interlock's meshed sandbox start median over the primary alone's, in percent.
+pub const BUDGET_P50_PCT: f64 = 2.0;
+/// Budget: the same for p99.
+pub const BUDGET_P99_PCT: f64 = 5.0;
+/// Budget: interlock's pods per second in a burst, as a share of the primary alone's.
+pub const BUDGET_RATE_SHARE: f64 = 0.95;
+
+/// The ways a pod is started, in the order of the first round.
+pub const WAYS: [&str; 3] = ["primary", "interlock", "istio_standin"];
+
+/// One way's node and its samples.
+struct Way {
+    name: &'static str,
+    node: Node,
+    meshed: Vec<Duration>,
+    unmeshed: Vec<Duration>,
+    del: Vec<Duration>,
+    /// Per burst size: every start's latency and each burst's pods per second.
+    bursts: Vec<(usize, Vec<Duration>, Vec<f64>)>,
+    /// The stand-in's build directory (kept while the node may exec it).
+    _standin: Option<tempfile::TempDir>,
+}
+
+/// Runs the benchmark and prints its JSON document.
+pub fn run(mut a: SandboxArgs) -> anyhow::Result<()> {
+    if !interlock_testkit::is_root() {
+        bail!("interlock-bench sandbox needs root (containerd, netns, netfilter)");
+    }
+    if a.quick {
+        a.samples = 2;
+        a.rounds = 1;
+        a.bursts = vec![4];
+    }
+    let interlock = match a.interlock.take() {
+        Some(p) => p,
+        None => std::env::current_exe()?.with_file_name("interlock"),
+    };
+    let plugin = a
+        .plugin
+        .take()
+        .unwrap_or_else(|| interlock.with_file_name("interlock-cni"));
+    for (what, p) in [("interlock", &interlock), ("interlock-cni", &plugin)] {
+        if !p.is_file() {
+            bail!("no {what} at {} (build it, or pass its path)", p.display());
+        }
+    }
+    let mut ways = Vec::new();
+    for name in WAYS {
+        eprintln!("starting the {name} node …");
+        ways.push(start_way(name, &interlock, &plugin).with_context(|| format!("the {name} way"))?);
+    }
+    for way in &ways {
+        prove(way)?;
+    }
+    for round in 0..a.rounds {
+        let order: Vec<usize> = (0..ways.len()).map(|i| (i + round) % ways.len()).collect();
+        eprintln!("round {} of {} …", round + 1, a.rounds);
+        for &i in &order {
+            let way = &mut ways[i];
+            let meshed = sequential(way, a.samples, true)?;
+            way.meshed.extend(meshed);
+            if way.name != "istio_standin" {
+                let unmeshed = sequential(way, a.samples, false)?;
+                way.unmeshed.extend(unmeshed);
+            }
+        }
+        for &n in &a.bursts {
+            for &i in &order {
+                burst(&mut ways[i], n)?;
+            }
+        }
+    }
+    let doc = report(&a, &ways, &interlock, &plugin);
+    for way in ways {
+        if let Err(problems) = way.node.teardown() {
+            eprintln!("the {} node left: {}", way.name, problems.join("; "));
+        }
+    }
+    println!(
+        "{}",
+        if a.pretty {
+            serde_json::to_string_pretty(&doc)?
+        } else {
+            doc.to_string()
+        }
+    );
+    Ok(())
+}
+
+/// A node set up for `name`, ready to start pods that way.
+fn start_way(
+    name: &'static str,
+    interlock: &std::path::Path,
+    plugin: &std::path::Path,
+) -> anyhow::Result<Way> {
+    let node = Node::start(NodeOptions::new(interlock, plugin)).context("starting containerd")?;
+    node.write_primary()?;
+    let mut standin = None;
+    match name {
+        "primary" => {}
+        "interlock" => {
+            node.start_agent(AgentArgs::default())?;
+            node.wait_agent_ready(Duration::from_secs(60))
+                .map_err(anyhow::Error::msg)?;
+        }
+        "istio_standin" => {
+            let (dir, bin) = standin_binary()?;
+            std::fs::copy(&bin, node.bin_dir().join("istio-standin"))
+                .context("installing the stand-in")?;
+            let mut config = node.primary_conflist();
+            let plugins = config["plugins"]
+                .as_array_mut()
+                .context("the primary's conflist has no plugins")?;
+            plugins.push(json!({"type": "istio-standin"}));
+            node.write_sorting_first(PRIMARY_CONFLIST, &config)?;
+            standin = Some(dir);
+        }
+        other => bail!("unknown way {other}"),
+    }
+    node.wait_network_ready(true, Duration::from_secs(60))
+        .map_err(anyhow::Error::msg)?;
+    Ok(Way {
+        name,
+        node,
+        meshed: Vec::new(),
+        unmeshed: Vec::new(),
+        del: Vec::new(),
+        bursts: Vec::new(),
+        _standin: standin,
+    })
+}
+
+/// The istio-cni stand-in, fed the nft-flavoured restore input of the rules interlock
+/// installs for the node's meshed pods (the `generic` profile of [`MESHED_ANNOTATION`]).
+fn standin_binary() -> anyhow::Result<(tempfile::TempDir, PathBuf)> {
+    let annotations = std::collections::BTreeMap::from([(
+        MESHED_ANNOTATION.0.into(),
+        MESHED_ANNOTATION.1.into(),
+    )]);
+    let (_, spec) = interlock_redirect::spec_for(
+        &PodView {
+            annotations: &annotations,
+            facts: None,
+        },
+        &ProfileName::ALL,
+    )
+    .map_err(|e| anyhow::anyhow!("the meshed annotation: {e}"))?
+    .context("no profile claims the node's meshed pods")?;
+    let spec = spec.as_installed();
+    let jobs: Vec<(PathBuf, String)> = spec
+        .families()
+        .into_iter()
+        .map(|family| {
+            (
+                crate::tool_path(&Flavour::Nft.tool(family, Tool::Restore)),
+                iptables::restore_text(&spec, family),
+            )
+        })
+        .collect();
+    crate::build_istio_standin(&jobs).map_err(anyhow::Error::msg)
+}
+
+/// One meshed pod per way, proven captured by a connection (for `primary`: proven not
+/// captured), so every figure is of the work it claims.
+fn prove(way: &Way) -> anyhow::Result<()> {
+    let sandbox = way
+        .node
+        .run_pod("prove", true)
+        .map_err(|e| anyhow::anyhow!("{}: a meshed pod would not start: {e}", way.name))?;
+    let capture = way.node.capture(&sandbox);
+    way.node
+        .remove_pod(&sandbox)
+        .map_err(|e| anyhow::anyhow!("{}: removing the proof pod: {e}", way.name))?;
+    let want_captured = way.name != "primary";
+    match (&capture, want_captured) {
+        (Capture::Redirected, true) | (Capture::NotRedirected, false) => Ok(()),
+        _ => bail!(
+            "{}: a meshed pod's capture is {capture:?}, not what this way does",
+            way.name
+        ),
+    }
+}
+
+/// `n` sandboxes started one after another (timed), then stopped (timed: CNI DEL) and
+/// removed.
+fn sequential(way: &mut Way, n: usize, meshed: bool) -> anyhow::Result<Vec<Duration>> {
+    let cri = way.node.cri();
+    let configs: Vec<_> = (0..n)
+        .map(|_| way.node.pod_config("bench", meshed))
+        .collect();
+    let (starts, dels) = way.node.block_on(async move {
+        let mut ids = Vec::new();
+        let mut starts = Vec::new();
+        for c in &configs {
+            let t = Instant::now();
+            let id = cri.run_sandbox(c).await.context("RunPodSandbox")?;
+            starts.push(t.elapsed());
+            ids.push(id);
+        }
+        let mut dels = Vec::new();
+        for id in &ids {
+            let t = Instant::now();
+            cri.stop_sandbox(id).await.context("StopPodSandbox")?;
+            dels.push(t.elapsed());
+            cri.remove_sandbox(id).await.context("RemovePodSandbox")?;
+        }
+        anyhow::Ok((starts, dels))
+    })?;
+    way.del.extend(dels);
+    Ok(starts)
+}
+
+/// `n` meshed sandboxes started at once; each start's latency and the pods per second.
+fn burst(way: &mut Way, n: usize) -> anyhow::Result<()> {
+    let cri = way.node.cri();
+    let configs: Vec<_> = (0..n).map(|_| way.node.pod_config("burst", true)).collect();
+    let (starts, wall) = way.node.block_on(async move {
+        let t0 = Instant::now();
+        let runs = futures::future::join_all(configs.iter().map(|c| {
+            let cri = cri.clone();
+            async move {
+                let t = Instant::now();
+                let id = cri.run_sandbox(c).await;
+                (id, t.elapsed())
+            }
+        }))
+        .await;
+        let wall = t0.elapsed();
+        let mut starts = Vec::new();
+        let mut ids = Vec::new();
+        let mut failed = None;
+        for (id, took) in runs {
+            match id {
+                Ok(id) => {
+                    ids.push(id);
+                    starts.push(took);
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        futures::future::join_all(ids.iter().map(|id| {
+            let cri = cri.clone();
+            async move {
+                let _ = cri.stop_sandbox(id).await;
+                let _ = cri.remove_sandbox(id).await;
+            }
+        }))
+        .await;
+        if let Some(e) = failed {
+            bail!("RunPodSandbox in a burst of {n}: {e}");
+        }
+        anyhow::Ok((starts, wall))
+    })?;
+    let rate = n as f64 / wall.as_secs_f64();
+    match way.bursts.iter_mut().find(|(size, _, _)| *size == n) {
+        Some((_, all, rates)) => {
+            all.extend(starts);
+            rates.push(rate);
+        }
+        None => way.bursts.push((n, starts, vec![rate])),
+    }
+    Ok(())
+}
+
+fn ms(s: &Option<Summary>) -> Value {
+    s.as_ref().map_or(Value::Null, Summary::to_json_ms)
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// The JSON document: per way the figures, then the budgets with pass or miss.
+fn report(
+    a: &SandboxArgs,
+    ways: &[Way],
+    interlock: &std::path::Path,
+    plugin: &std::path::Path,
+) -> Value {
+    let by = |name: &str| ways.iter().find(|w| w.name == name);
+    let mut per_way = Map::new();
+    for w in ways {
+        let mut bursts = Map::new();
+        for (n, starts, rates) in &w.bursts {
+            bursts.insert(
+                n.to_string(),
+                json!({
+                    "start_ms": ms(&Summary::of(starts)),
+                    "pods_per_s_each_round": rates.iter().map(|r| round2(*r)).collect::<Vec<_>>(),
+                    "pods_per_s_median": median(rates).map(round2),
+                }),
+            );
+        }
+        per_way.insert(
+            w.name.into(),
+            json!({
+                "meshed_start_ms": ms(&Summary::of(&w.meshed)),
+                "unmeshed_start_ms": ms(&Summary::of(&w.unmeshed)),
+                "del_ms": ms(&Summary::of(&w.del)),
+                "bursts": bursts,
+            }),
+        );
+    }
+    let overhead = |pick: fn(&Summary) -> f64| {
+        let p = Summary::of(&by("primary")?.meshed)?;
+        let i = Summary::of(&by("interlock")?.meshed)?;
+        Some(round2((pick(&i) / pick(&p) - 1.0) * 100.0))
+    };
+    let mut budgets = vec![
+        budget(
+            "interlock_meshed_start_p50_over_primary_pct",
+            overhead(|s| s.median_us),
+            BUDGET_P50_PCT,
+            true,
+        ),
+        budget(
+            "interlock_meshed_start_p99_over_primary_pct",
+            overhead(|s| s.p99_us),
+            BUDGET_P99_PCT,
+            true,
+        ),
+    ];
+    for n in &a.bursts {
+        let rate = |name: &str| {
+            by(name)?
+                .bursts
+                .iter()
+                .find(|(size, _, _)| size == n)
+                .and_then(|(_, _, r)| median(r))
+        };
+        let share = rate("interlock")
+            .zip(rate("primary"))
+            .map(|(i, p)| round2(i / p));
+        budgets.push(budget(
+            &format!("interlock_pods_per_s_share_of_primary_burst_{n}"),
+            share,
+            BUDGET_RATE_SHARE,
+            false,
+        ));
+    }
+    json!({
+        "bench": "sandbox",
+        "runtime": "containerd (private, CRI), the reference primary bridge + host-local + portmap",
+        "samples_per_round": a.samples,
+        "rounds": a.rounds,
+        "bursts": a.bursts,
+        "ways": per_way,
+        "budgets": budgets,
+        "interlock": interlock.display().to_string(),
+        "plugin": plugin.display().to_string(),
+    })
+}
+
+/// A budget's line: its figure, its limit, and whether it holds (`at_most`: the figure
+/// must not exceed the limit; otherwise it must reach it).
+fn budget(name: &str, figure: Option<f64>, limit: f64, at_most: bool) -> Value {
+    let pass = figure.map(|f| if at_most { f <= limit } else { f >= limit });
+    json!({
+        "name": name,
+        "figure": figure,
+        "budget": if at_most { format!("<= {limit}") } else { format!(">= {limit}") },
+        "pass": pass,
+    })
+}
