@@ -679,7 +679,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_large_answer_to_a_slow_reader_is_complete() {
-        let (addr, shared) = start(ServerLimits::default()).await;
+        // What is shown is the answer's completeness, not the exchange deadline (its own
+        // test): rendering 5 MB in a debug build on a loaded machine may take seconds.
+        let (addr, shared) = start(ServerLimits {
+            deadline: Duration::from_secs(120),
+            ..ServerLimits::default()
+        })
+        .await;
         let many: Vec<_> = (0..60_000)
             .map(|i| crate::health::shared::FileConflict {
                 file: format!("{i:05}-a-long-enough-file-name-to-fill-socket-buffers.conflist"),
