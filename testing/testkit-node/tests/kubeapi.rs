@@ -287,6 +287,7 @@ async fn discovery_documents() {
             "rbac.authorization.k8s.io",
             "admissionregistration.k8s.io",
             "apps",
+            "karpenter.sh",
             "policy"
         ]
     );

@@ -113,6 +113,30 @@ pub struct MeshCniFacts {
     pub nodes: Vec<String>,
 }
 
+/// A Karpenter NodePool (`karpenter.sh/v1`) and where it puts interlock's startup taint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePoolFacts {
+    /// Its name.
+    pub name: String,
+    /// `interlock.dev/not-ready` is among `spec.template.spec.startupTaints`.
+    pub startup_taint: bool,
+    /// It is among `spec.template.spec.taints` (permanent to Karpenter's scheduling).
+    pub permanent_taint: bool,
+}
+
+/// interlock's own DaemonSet, as its controller counts its pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonSetFacts {
+    /// `namespace/name`.
+    pub name: String,
+    /// Nodes that should run its pod.
+    pub desired: i32,
+    /// Of them, nodes whose pod is ready.
+    pub ready: i32,
+    /// Of them, nodes whose pod runs the current template.
+    pub updated: i32,
+}
+
 /// A pod labelled unprotected.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -140,6 +164,11 @@ pub struct ClusterFacts {
     pub namespace: String,
     /// Other meshes' CNI DaemonSets, or why they could not be listed.
     pub mesh_cni: Result<Vec<MeshCniFacts>, String>,
+    /// interlock's DaemonSet (`None`: not found, or DaemonSets could not be listed).
+    pub daemonset: Option<DaemonSetFacts>,
+    /// Karpenter's NodePools (empty: Karpenter is not installed), or why they could not
+    /// be listed.
+    pub node_pools: Result<Vec<NodePoolFacts>, String>,
 }
 
 impl Default for ClusterFacts {
@@ -151,6 +180,8 @@ impl Default for ClusterFacts {
             unprotected: Vec::new(),
             namespace: DEFAULT_NAMESPACE.into(),
             mesh_cni: Ok(Vec::new()),
+            daemonset: None,
+            node_pools: Ok(Vec::new()),
         }
     }
 }
@@ -287,6 +318,18 @@ fn hint(id: &str, ns: &str) -> String {
         "cluster.daemonsets-unreadable" => format!(
             "grant list on daemonsets.apps in every namespace to see leftover mesh CNI DaemonSets (kubectl auth can-i list daemonsets.apps -A) ({DOC_CHECK})"
         ),
+        "cluster.nodepool-no-startup-taint" => format!(
+            "add {{key: {TAINT_NOT_READY}, effect: NoSchedule}} to the NodePool's spec.template.spec.startupTaints, so its new nodes take pods only once the agent is ready (docs/install.md#node-pools-the-startup-taint) ({DOC_CLUSTER})"
+        ),
+        "cluster.nodepool-permanent-taint" => format!(
+            "move {TAINT_NOT_READY} from the NodePool's spec.template.spec.taints to startupTaints: Karpenter launches no node for a pod that does not tolerate a taint in taints (docs/install.md#node-pools-the-startup-taint) ({DOC_CLUSTER})"
+        ),
+        "cluster.nodepools-unreadable" => format!(
+            "grant list on nodepools.karpenter.sh to see whether Karpenter registers nodes with the startup taint (kubectl auth can-i list nodepools.karpenter.sh) ({DOC_CHECK})"
+        ),
+        "cluster.daemonset-rollout" => format!(
+            "normal while a rollout runs: kubectl -n {ns} rollout status ds/interlock-node; if it does not finish, kubectl -n {ns} get pods -o wide shows the nodes whose pod is not ready (docs/operate.md#upgrading)"
+        ),
         "cluster.nodes" => "the API lists no Linux node: is the kubeconfig's cluster the right one (--kubeconfig, --context)?".into(),
         _ => format!(
             "an agent found these pods unprotected and, by its repair policy (report, or repairs that kept failing), left them so: see the pods' Events (Unprotected, RepairFailed) and delete them so they start again through interlock ({DOC_CLUSTER})"
@@ -311,6 +354,12 @@ fn what(id: &str) -> &'static str {
         "cluster.other-mesh-cni" => "another mesh's CNI DaemonSet runs on nodes with interlock",
         "cluster.other-mesh-cni-elsewhere" => "another mesh's CNI DaemonSet is still installed",
         "cluster.daemonsets-unreadable" => "other meshes' CNI DaemonSets not looked for",
+        "cluster.nodepool-no-startup-taint" => "Karpenter NodePools without the startup taint",
+        "cluster.nodepool-permanent-taint" => {
+            "Karpenter NodePools with the startup taint as a permanent taint"
+        }
+        "cluster.nodepools-unreadable" => "Karpenter NodePools not looked at",
+        "cluster.daemonset-rollout" => "interlock's DaemonSet not all ready and up to date",
         _ => "meshed pods running unprotected",
     }
 }
@@ -629,6 +678,56 @@ fn mesh_cni_findings(f: &ClusterFacts, kinds: &mut Kinds) {
     }
 }
 
+/// Where Karpenter's NodePools put the startup taint: absent, new nodes take pods before
+/// the agent is ready; among the permanent taints, Karpenter launches no node for the
+/// pods that need one (it treats startup taints as temporary, taints as not).
+fn node_pool_findings(f: &ClusterFacts, kinds: &mut Kinds) {
+    match &f.node_pools {
+        Err(e) => kinds.add(
+            "cluster.nodepools-unreadable",
+            Status::Warn,
+            Effect::None,
+            e.clone(),
+        ),
+        Ok(pools) => {
+            for p in pools {
+                if p.permanent_taint {
+                    kinds.add(
+                        "cluster.nodepool-permanent-taint",
+                        Status::Warn,
+                        Effect::None,
+                        p.name.clone(),
+                    );
+                } else if !p.startup_taint {
+                    kinds.add(
+                        "cluster.nodepool-no-startup-taint",
+                        Status::Warn,
+                        Effect::None,
+                        p.name.clone(),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// interlock's DaemonSet as its controller counts it: a rollout under way, or pods not
+/// ready, in one line.
+fn daemonset_findings(f: &ClusterFacts, kinds: &mut Kinds) {
+    let Some(d) = &f.daemonset else { return };
+    if d.ready < d.desired || d.updated < d.desired {
+        kinds.add(
+            "cluster.daemonset-rollout",
+            Status::Warn,
+            Effect::None,
+            format!(
+                "{}: {} desired, {} ready, {} up to date",
+                d.name, d.desired, d.ready, d.updated
+            ),
+        );
+    }
+}
+
 /// Judges the cluster from what the API showed, one area at a time. Pure.
 pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
     let ns = if f.namespace.is_empty() {
@@ -644,6 +743,8 @@ pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
     stray_unprotected(f, &known, &mut kinds);
     version_findings(f, &known, &mut kinds);
     mesh_cni_findings(f, &mut kinds);
+    node_pool_findings(f, &mut kinds);
+    daemonset_findings(f, &mut kinds);
     let mut findings: Vec<Finding> = kinds
         .0
         .into_iter()
@@ -672,9 +773,13 @@ pub fn judge_cluster(f: &ClusterFacts) -> (Judgement, Vec<NodeDoc>) {
         },
         Effect::None,
         format!(
-            "{} Linux node{}: {protected} protected",
+            "{} Linux node{}: {protected} protected{}",
             nodes.len(),
-            if nodes.len() == 1 { "" } else { "s" }
+            if nodes.len() == 1 { "" } else { "s" },
+            f.daemonset.as_ref().map_or(String::new(), |d| format!(
+                "; DaemonSet {}: {} desired, {} ready, {} up to date",
+                d.name, d.desired, d.ready, d.updated
+            ))
         ),
         hint("cluster.nodes", ns),
     ));
@@ -864,10 +969,24 @@ async fn gather(
         .map_err(fail(call("list", "pods", "in every namespace".into())))?;
     // Leftover mesh CNIs are a migration check: without the right to list DaemonSets
     // the rest of the check still stands, and says what it could not look at.
-    let mesh_cni = match Api::<DaemonSet>::all(client.clone())
+    let daemonsets = Api::<DaemonSet>::all(client.clone())
         .list(&ListParams::default())
-        .await
-    {
+        .await;
+    let daemonset = daemonsets.as_ref().ok().and_then(|list| {
+        let ds = list.items.iter().find(|d| {
+            d.metadata.name.as_deref() == Some(DAEMONSET_NAME)
+                && d.metadata.namespace.as_deref() == Some(namespace)
+        })?;
+        let st = ds.status.as_ref()?;
+        Some(DaemonSetFacts {
+            name: format!("{namespace}/{DAEMONSET_NAME}"),
+            desired: st.desired_number_scheduled,
+            ready: st.number_ready,
+            updated: st.updated_number_scheduled.unwrap_or(0),
+        })
+    });
+    let node_pools = node_pools(&client, server, creds).await;
+    let mesh_cni = match daemonsets {
         Err(e) => Err(explain(
             &call("list", "daemonsets.apps", "in every namespace".into()),
             &e,
@@ -924,6 +1043,8 @@ async fn gather(
         cli_version: interlock_buildinfo::CRATE_VERSION.to_string(),
         namespace: namespace.to_string(),
         mesh_cni,
+        daemonset,
+        node_pools,
         nodes: nodes
             .items
             .iter()
@@ -964,6 +1085,60 @@ async fn gather(
             })
             .collect(),
     })
+}
+
+/// The name `interlock manifests` gives the agent's DaemonSet.
+const DAEMONSET_NAME: &str = "interlock-node";
+
+/// Karpenter's NodePools and where each puts the startup taint. A cluster without
+/// Karpenter serves no such resource (404): no pools, nothing to say.
+async fn node_pools(
+    client: &kube::Client,
+    server: &str,
+    creds: &str,
+) -> Result<Vec<NodePoolFacts>, String> {
+    use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+    let resource = ApiResource {
+        group: "karpenter.sh".into(),
+        version: "v1".into(),
+        api_version: "karpenter.sh/v1".into(),
+        kind: "NodePool".into(),
+        plural: "nodepools".into(),
+    };
+    let list = match Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .list(&ListParams::default())
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Vec::new()),
+        Err(e) => {
+            let call = Call {
+                verb: "list",
+                resource: "nodepools.karpenter.sh",
+                scope: String::new(),
+            };
+            return Err(explain(&call, &e, server, creds).message);
+        }
+        Ok(list) => list,
+    };
+    let has = |pool: &DynamicObject, field: &str| {
+        pool.data
+            .pointer(&format!("/spec/template/spec/{field}"))
+            .and_then(serde_json::Value::as_array)
+            .is_some_and(|taints| {
+                taints.iter().any(|t| {
+                    t.get("key").and_then(serde_json::Value::as_str) == Some(TAINT_NOT_READY)
+                })
+            })
+    };
+    Ok(list
+        .items
+        .iter()
+        .map(|pool| NodePoolFacts {
+            name: pool.metadata.name.clone().unwrap_or_default(),
+            startup_taint: has(pool, "startupTaints"),
+            permanent_taint: has(pool, "taints"),
+        })
+        .collect())
 }
 
 /// An agent pod as the API shows it: its `agent` container's state (else the first's).
@@ -1625,5 +1800,88 @@ mod tests {
             .findings
             .iter()
             .any(|f| f.id == "cluster.daemonsets-unreadable" && f.status == Status::Warn));
+    }
+
+    /// Karpenter's NodePools: without the startup taint, or with it as a permanent taint,
+    /// a warning naming the pool; unreadable, a warning saying so; none (no Karpenter),
+    /// nothing. interlock's DaemonSet counted in the nodes line, and a warning while not
+    /// all its pods are ready and up to date.
+    #[test]
+    fn node_pools_and_the_daemonset_rollout_are_judged() {
+        let pool = |name: &str, startup: bool, permanent: bool| NodePoolFacts {
+            name: name.into(),
+            startup_taint: startup,
+            permanent_taint: permanent,
+        };
+        let base = ClusterFacts {
+            cli_version: "0.2.0".into(),
+            nodes: vec![node("a", Some("True"), false)],
+            agents: vec![agent("a", true)],
+            ..Default::default()
+        };
+        let ids = |f: &ClusterFacts| -> Vec<(&'static str, Status, String)> {
+            judge_cluster(f)
+                .0
+                .findings
+                .into_iter()
+                .filter(|f| f.id != "cluster.nodes")
+                .map(|f| (f.id, f.status, f.message))
+                .collect()
+        };
+        assert!(ids(&base).is_empty(), "{:?}", ids(&base));
+        let f = ClusterFacts {
+            node_pools: Ok(vec![
+                pool("good", true, false),
+                pool("bare", false, false),
+                pool("wrong", false, true),
+                pool("both", true, true),
+            ]),
+            ..base.clone()
+        };
+        let found = ids(&f);
+        let msg = |id: &str| {
+            found
+                .iter()
+                .find(|(i, s, _)| *i == id && *s == Status::Warn)
+                .map(|(_, _, m)| m.clone())
+                .unwrap_or_else(|| panic!("no warning {id}: {found:?}"))
+        };
+        assert!(msg("cluster.nodepool-no-startup-taint").ends_with(": bare"));
+        let permanent = msg("cluster.nodepool-permanent-taint");
+        assert!(permanent.ends_with(": wrong; both"), "{permanent}");
+        assert_eq!(judge_cluster(&f).0.verdict, Verdict::Protected);
+        let f = ClusterFacts {
+            node_pools: Err("may not list nodepools.karpenter.sh (403 Forbidden)".into()),
+            ..base.clone()
+        };
+        assert_eq!(ids(&f)[0].0, "cluster.nodepools-unreadable");
+
+        let ds = |ready, updated| DaemonSetFacts {
+            name: "interlock-system/interlock-node".into(),
+            desired: 3,
+            ready,
+            updated,
+        };
+        let f = ClusterFacts {
+            daemonset: Some(ds(3, 3)),
+            ..base.clone()
+        };
+        assert!(ids(&f).is_empty());
+        let (j, _) = judge_cluster(&f);
+        let nodes = j.findings.iter().find(|f| f.id == "cluster.nodes").unwrap();
+        assert!(
+            nodes.message.ends_with(
+                "DaemonSet interlock-system/interlock-node: 3 desired, 3 ready, 3 up to date"
+            ),
+            "{}",
+            nodes.message
+        );
+        for (ready, updated) in [(2, 3), (3, 1)] {
+            let f = ClusterFacts {
+                daemonset: Some(ds(ready, updated)),
+                ..base.clone()
+            };
+            assert_eq!(ids(&f)[0].0, "cluster.daemonset-rollout");
+        }
     }
 }

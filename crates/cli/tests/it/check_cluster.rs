@@ -568,6 +568,71 @@ fn unauthorized_and_forbidden_say_what_to_fix() {
         "warn",
         "may not list daemonsets.apps in every namespace",
     );
+    expect_finding(
+        &v,
+        "cluster.nodepools-unreadable",
+        "warn",
+        "may not list nodepools.karpenter.sh",
+    );
+}
+
+/// Karpenter's NodePools (a cluster with its CRDs): one without the startup taint and one
+/// with it among its permanent taints are named, one with it among its startup taints is
+/// not; interlock's DaemonSet mid-rollout is counted as its controller counts it.
+#[test]
+fn node_pools_without_the_startup_taint_and_a_rollout_are_named() {
+    let api = KubeApi::start().unwrap();
+    let d = Dirs::new();
+    api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
+        .unwrap();
+    node(&api, "n1", Some("True"), false, "linux");
+    agent_pod(&api, "n1", true);
+    let taint = json!([{"key": TAINT_NOT_READY, "effect": "NoSchedule"}]);
+    for (name, field) in [
+        ("pool-startup", Some("startupTaints")),
+        ("pool-bare", None),
+        ("pool-permanent", Some("taints")),
+    ] {
+        let mut spec = json!({"nodeClassRef": {"group": "karpenter.k8s.aws",
+            "kind": "EC2NodeClass", "name": "default"}, "requirements": []});
+        if let Some(f) = field {
+            spec[f] = taint.clone();
+        }
+        api.put_object(json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+            "metadata": {"name": name}, "spec": {"template": {"spec": spec}}}));
+    }
+    api.put_object(json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "interlock-node", "namespace": "interlock-system",
+            "labels": {"app.kubernetes.io/name": "interlock"}},
+        "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "interlock"}},
+            "template": {"metadata": {"labels": {"app.kubernetes.io/name": "interlock"}},
+                "spec": {"containers": [{"name": "agent", "image": "x"}]}}},
+        "status": {"desiredNumberScheduled": 3, "currentNumberScheduled": 3,
+            "numberMisscheduled": 0, "numberReady": 2, "updatedNumberScheduled": 1}}));
+    let (code, text, _) = check_cluster_with(&d, &["-o", "json"]);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(code, 0, "warnings only: {v:#}");
+    let bare = finding(&v, "cluster.nodepool-no-startup-taint");
+    assert_eq!(bare["status"], "warn");
+    let m = bare["message"].as_str().unwrap();
+    assert!(
+        m.contains("pool-bare") && !m.contains("pool-startup"),
+        "{m}"
+    );
+    assert!(bare["hint"].as_str().unwrap().contains("startupTaints"));
+    expect_finding(
+        &v,
+        "cluster.nodepool-permanent-taint",
+        "warn",
+        "pool-permanent",
+    );
+    expect_finding(
+        &v,
+        "cluster.daemonset-rollout",
+        "warn",
+        "interlock-system/interlock-node: 3 desired, 2 ready, 1 up to date",
+    );
+    assert!(!text.contains("pool-startup"), "{text}");
 }
 
 /// A server that accepts and never answers: "did not answer within" the --timeout given,

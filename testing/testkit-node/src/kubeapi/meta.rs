@@ -181,6 +181,22 @@ pub(crate) static RESOURCES: &[ResourceType] = &[
         short_names: &["ds"],
         fields: &[],
     },
+    // A custom resource of a cluster with Karpenter installed (its CRD's group, version
+    // and names), which `check cluster` reads.
+    ResourceType {
+        group: "karpenter.sh",
+        version: "v1",
+        plural: "nodepools",
+        singular: "nodepool",
+        kind: "NodePool",
+        namespaced: false,
+        status_subresource: true,
+        has_generation: true,
+        create_on_update: false,
+        delete_returns_object: false,
+        short_names: &[],
+        fields: &[],
+    },
     ResourceType {
         group: "policy",
         version: "v1",
