@@ -10,6 +10,15 @@ use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_RE
 use interlock_testkit_node::kubeapi::KubeApi;
 use serde_json::{json, Value};
 
+/// A fake API server and throwaway dirs holding a kubeconfig for it.
+fn cluster() -> (KubeApi, Dirs) {
+    let api = KubeApi::start().unwrap();
+    let d = Dirs::new();
+    api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
+        .unwrap();
+    (api, d)
+}
+
 fn node(api: &KubeApi, name: &str, ready: Option<&str>, tainted: bool, os: &str) {
     let mut n = json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": {"kubernetes.io/os": os}},
@@ -69,10 +78,7 @@ fn check_cluster(d: &Dirs, json_out: bool) -> (i32, String) {
 
 #[test]
 fn check_cluster_judges_every_node_from_the_api() {
-    let api = KubeApi::start().unwrap();
-    let d = Dirs::new();
-    api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
-        .unwrap();
+    let (api, d) = cluster();
     node(&api, "n1-ready", Some("True"), false, "linux");
     agent_pod(&api, "n1-ready", true);
     node(&api, "n2-gated", Some("False"), true, "linux");
@@ -268,10 +274,7 @@ fn no_debug_text(text: &str) {
 /// table and the document — never "(Running)".
 #[test]
 fn a_crash_looping_agent_is_named_with_its_last_termination() {
-    let api = KubeApi::start().unwrap();
-    let d = Dirs::new();
-    api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
-        .unwrap();
+    let (api, d) = cluster();
     node(&api, "n1", Some("False"), true, "linux");
     api.put_object(json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "interlock-node-aaaa", "namespace": "interlock-system",
@@ -333,10 +336,7 @@ fn a_crash_looping_agent_is_named_with_its_last_termination() {
 /// node with interlock's agent a hole, elsewhere a migration under way.
 #[test]
 fn leftover_mesh_cni_daemonsets_are_found() {
-    let api = KubeApi::start().unwrap();
-    let d = Dirs::new();
-    api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
-        .unwrap();
+    let (api, d) = cluster();
     node(&api, "n1", Some("True"), false, "linux");
     agent_pod(&api, "n1", true);
     node(&api, "n2", None, true, "linux");
@@ -400,10 +400,7 @@ fn leftover_mesh_cni_daemonsets_are_found() {
 /// Hints name the namespace the agent was looked for in.
 #[test]
 fn hints_name_the_namespace_given() {
-    let api = KubeApi::start().unwrap();
-    let d = Dirs::new();
-    api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
-        .unwrap();
+    let (api, d) = cluster();
     node(&api, "n1", None, false, "linux");
     let (code, text, _) = check_cluster_with(&d, &["--namespace", "mesh-guard", "-o", "json"]);
     let v: Value = serde_json::from_str(&text).unwrap();
@@ -482,10 +479,7 @@ fn kubeconfig_and_context_flags_choose_the_cluster() {
 #[test]
 fn unauthorized_and_forbidden_say_what_to_fix() {
     use interlock_testkit_node::kubeapi::{FailRule, UserInfo};
-    let api = KubeApi::start().unwrap();
-    let d = Dirs::new();
-    api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
-        .unwrap();
+    let (api, d) = cluster();
     node(&api, "n1", Some("True"), false, "linux");
     agent_pod(&api, "n1", true);
     api.fail_next_matching(FailRule {
@@ -581,10 +575,7 @@ fn unauthorized_and_forbidden_say_what_to_fix() {
 /// not; interlock's DaemonSet mid-rollout is counted as its controller counts it.
 #[test]
 fn node_pools_without_the_startup_taint_and_a_rollout_are_named() {
-    let api = KubeApi::start().unwrap();
-    let d = Dirs::new();
-    api.write_kubeconfig(&d.tmp.path().join("kubeconfig"))
-        .unwrap();
+    let (api, d) = cluster();
     node(&api, "n1", Some("True"), false, "linux");
     agent_pod(&api, "n1", true);
     let taint = json!([{"key": TAINT_NOT_READY, "effect": "NoSchedule"}]);
