@@ -40,6 +40,7 @@
 
 pub mod api_load;
 pub mod audit;
+pub mod budgets;
 pub mod concurrent;
 pub mod pin;
 pub mod repair;

@@ -41,6 +41,8 @@ enum Command {
     ApiLoad(interlock_bench::api_load::ApiLoadArgs),
     /// Measure what interlock adds to a sandbox's start on a private containerd (JSON).
     Sandbox(interlock_bench::sandbox::SandboxArgs),
+    /// Judge every budget on the median of several runs' documents (JSON).
+    Budgets(interlock_bench::budgets::BudgetsArgs),
 }
 
 /// The plugin ADD benchmark's flags.
@@ -95,6 +97,7 @@ fn main() -> ExitCode {
         Some(Command::ApiLoad(a)) => return done("api-load", interlock_bench::api_load::run(a)),
         Some(Command::Repair(a)) => return done("repair", interlock_bench::repair::run(a)),
         Some(Command::Sandbox(a)) => return done("sandbox", interlock_bench::sandbox::run(a)),
+        Some(Command::Budgets(a)) => return done("budgets", interlock_bench::budgets::run(a)),
         None => {}
     }
     let args = cli.add;
