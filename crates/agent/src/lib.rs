@@ -123,10 +123,14 @@ pub struct AgentConfig {
     /// validated by [`load_plugin_config`]. `type`, `stateDir` and the pod-annotations
     /// capability are always the agent's.
     pub plugin_config: Map<String, Value>,
-    /// Conflicts on one file within `conflict_window` that trigger a back-off (0: never).
+    /// Conflicts on one file within `conflict_window` beyond which another writer is in a
+    /// fight with the agent, which backs off (0: never).
     pub conflict_threshold: u32,
     /// Window for counting conflicts (another writer taking interlock out of a file).
     pub conflict_window: Duration,
+    /// A fight is over once its file was left alone this long (the agent is not ready
+    /// until then).
+    pub conflict_forgive_after: Duration,
     /// The sandbox audit (`--cri-endpoint`, `--audit-interval`, `--repair-policy`);
     /// `None`: no audit (`--cri-endpoint none`).
     pub audit: Option<audit::AuditSettings>,
@@ -154,8 +158,9 @@ impl AgentConfig {
             plugin_config: Map::new(),
             resync_interval: Duration::from_secs(10),
             marker_stale_after: Duration::from_secs(3),
-            conflict_threshold: 20,
-            conflict_window: Duration::from_secs(1),
+            conflict_threshold: 5,
+            conflict_window: Duration::from_secs(30),
+            conflict_forgive_after: guard::conflict::FORGIVE_AFTER,
             audit: Some(audit::AuditSettings::default()),
         }
     }
@@ -499,6 +504,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
                 .as_ref()
                 .map_or_else(|| "none".into(), |a| a.cri_endpoint.clone()),
         ),
+        fight: None,
     };
     if let Err(e) = guard::marker::write(&cfg.state_dir, &stopped) {
         error!(state_dir = %cfg.state_dir.display(), error = %e, "cannot mark the agent stopped");

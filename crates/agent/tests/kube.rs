@@ -414,6 +414,45 @@ async fn takeovers_become_a_config_taken_over_series() {
         .contains("10-calico.conflist"));
 }
 
+/// A fight the guard starts becomes one `ConfigFight` Event on the node, with the
+/// guard's message, even when it started before the node gate did.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fight_becomes_a_config_fight_event_on_the_node() {
+    let api = KubeApi::start().unwrap();
+    api.put_object(node("n1", json!([])));
+    let shared = Arc::new(Shared::default());
+    shared.fight_started(
+        "00-interlock.conflist",
+        "a fight: the runtime loads 05-cilium.conflist (cilium-cni) meanwhile",
+    );
+    let _cluster = kubernetes::start(
+        client(&api, "agent").await,
+        &settings("n1", Duration::from_secs(600)),
+        shared.clone(),
+    );
+    wait_for("ConfigFight", Duration::from_secs(5), || {
+        api.objects("events")
+            .iter()
+            .any(|e| e["reason"] == "ConfigFight")
+    })
+    .await;
+    let events: Vec<_> = api
+        .objects("events")
+        .into_iter()
+        .filter(|e| e["reason"] == "ConfigFight")
+        .collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["type"], "Warning");
+    assert_eq!(events[0]["regarding"]["kind"], "Node");
+    assert!(events[0]["note"]
+        .as_str()
+        .unwrap()
+        .contains("05-cilium.conflist (cilium-cni)"));
+    assert!(shared
+        .render_metrics()
+        .contains("interlock_config_fights_total{file=\"00-interlock.conflist\"} 1"));
+}
+
 /// The pod watch: only this node's pods, every pod collection request field-selected to
 /// it, the cache answering the agent socket, and recovery after 410 Gone.
 #[tokio::test(flavor = "multi_thread")]

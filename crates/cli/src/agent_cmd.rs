@@ -92,14 +92,33 @@ pub struct AgentArgs {
         hide = true
     )]
     pub marker_stale_ms: u64,
-    /// Conflicts on one file per second after which the agent backs off (0: never).
+    /// Conflicts on one file (another writer undoing the agent's change) within
+    /// --conflict-window-seconds beyond which the agent treats it as a fight and backs
+    /// off (0: never).
     #[arg(
         long,
         env = "INTERLOCK_CONFLICT_THRESHOLD",
-        default_value_t = 20,
+        default_value_t = 5,
         hide = true
     )]
     pub conflict_threshold: u32,
+    /// The window conflicts are counted in, in seconds.
+    #[arg(
+        long,
+        env = "INTERLOCK_CONFLICT_WINDOW_SECONDS",
+        default_value_t = 30.0,
+        hide = true
+    )]
+    pub conflict_window_seconds: f64,
+    /// Seconds a file must be left alone before a fight over it is over (the agent stays
+    /// not ready until then).
+    #[arg(
+        long,
+        env = "INTERLOCK_CONFLICT_FORGIVE_SECONDS",
+        default_value_t = 60.0,
+        hide = true
+    )]
+    pub conflict_forgive_seconds: f64,
     // The sandbox audit.
     /// The runtime's CRI socket the audit lists sandboxes through (CRI-O's works the
     /// same); `none` turns the audit off.
@@ -208,8 +227,19 @@ pub fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     cfg.resync_interval = Duration::from_secs(a.resync_seconds.max(1));
     cfg.marker_stale_after = Duration::from_millis(a.marker_stale_ms.max(30));
     cfg.conflict_threshold = a.conflict_threshold;
+    cfg.conflict_window = seconds("--conflict-window-seconds", a.conflict_window_seconds)?;
+    cfg.conflict_forgive_after =
+        seconds("--conflict-forgive-seconds", a.conflict_forgive_seconds)?;
     cfg.audit = audit_settings(&a.cri_endpoint, a.audit_interval, a.repair_policy)?;
     interlock_agent::run(cfg).context("interlock agent failed")
+}
+
+/// A positive, finite number of seconds from flag `flag` (at most a day).
+fn seconds(flag: &str, v: f64) -> anyhow::Result<Duration> {
+    if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
+        anyhow::bail!("{flag} {v}: must be a number of seconds above 0 and at most 86400");
+    }
+    Ok(Duration::from_secs_f64(v))
 }
 
 fn audit_settings(

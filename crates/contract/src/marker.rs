@@ -1,6 +1,6 @@
 //! The agent's readiness marker: `<stateDir>/agent-ready.json`
 //! ([`crate::layout::MARKER_FILE`]), `{"ready", "reason", "updatedAtMs", "staleAfterMs",
-//! "pid", "pidNamespace", "configPath", "runtime", "criEndpoint"}`, written atomically by the agent (temp file and
+//! "pid", "pidNamespace", "configPath", "runtime", "criEndpoint", "fight"}`, written atomically by the agent (temp file and
 //! rename, root-owned, mode 0644; [`ReadinessMarker::to_bytes`]) and refreshed at least
 //! every `staleAfterMs / 3`; read by `interlock check`.
 //!
@@ -59,6 +59,37 @@ pub struct ReadinessMarker {
     /// runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cri_endpoint: Option<String>,
+    /// The latest fight over a config file the agent writes (another writer undoing its
+    /// change again and again: an exclusive primary), going on or over; absent when
+    /// there was none since the agent started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fight: Option<ConfigFight>,
+}
+
+/// A fight over a config file: another writer undid the agent's change to `file` so
+/// often that the agent backed off (see the agent's `guard::conflict`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigFight {
+    /// The file in the conf dir the agent writes and the other writer undoes.
+    pub file: String,
+    /// Times the other writer undid the agent's change during this fight.
+    pub conflicts: u64,
+    /// When the fight was recognised (Unix ms).
+    pub started_at_ms: u64,
+    /// The latest undo (Unix ms).
+    pub last_conflict_at_ms: u64,
+    /// When the agent declared it over (no undo for its forgiveness period); `None` while
+    /// it goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at_ms: Option<u64>,
+    /// The config file the runtime loaded when the fight was recognised: the primary,
+    /// most likely the other writer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
+    /// The plugin types of that file's chain, in order (the first is the primary's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub primary_types: Vec<String>,
 }
 
 /// The inode of this process's PID namespace.
@@ -204,7 +235,32 @@ mod tests {
             config_path: "/etc/cni/net.d/00-interlock.conflist".into(),
             runtime: Some("containerd".into()),
             cri_endpoint: Some("unix:///run/containerd/containerd.sock".into()),
+            fight: None,
         }
+    }
+
+    #[test]
+    fn a_fight_round_trips_and_old_markers_have_none() {
+        let mut m = marker(false, 5);
+        m.fight = Some(ConfigFight {
+            file: "00-interlock.conflist".into(),
+            conflicts: 7,
+            started_at_ms: 1,
+            last_conflict_at_ms: 4,
+            ended_at_ms: None,
+            primary: Some("05-cilium.conflist".into()),
+            primary_types: vec!["cilium-cni".into()],
+        });
+        let v: serde_json::Value = serde_json::from_slice(&m.to_bytes()).unwrap();
+        assert_eq!(v["fight"]["primaryTypes"][0], "cilium-cni");
+        assert_eq!(v["fight"]["lastConflictAtMs"], 4);
+        assert!(v["fight"].get("endedAtMs").is_none());
+        let back: ReadinessMarker = serde_json::from_value(v).unwrap();
+        assert_eq!(back.fight, m.fight);
+        // A marker without the field (an older agent) reads as no fight.
+        let old = r#"{"ready":true,"updatedAtMs":1,"staleAfterMs":3000}"#;
+        let old: ReadinessMarker = serde_json::from_str(old).unwrap();
+        assert_eq!(old.fight, None);
     }
 
     fn write(path: &Path, m: &ReadinessMarker) {

@@ -1,14 +1,19 @@
-//! Conflicts with another writer: when one is, how many make the guard back off, and
-//! for how long.
+//! Conflicts with another writer: when one is, when repeated ones are a *fight*, and how
+//! long the guard backs off.
 //!
 //! A *conflict* is a repair needed on a file that someone else changed since we left
 //! it, taking interlock out of it ([`conflicting_files`]). More than `threshold`
-//! conflicts on one file within `window` trip a back-off: the file is left alone for a
-//! while (doubling on each trip up to [`MAX_BACKOFF`]), the agent stays not-ready and
-//! names the file. Time is passed in, so all of this is pure.
-//!
-//! (Earlier code called the same thing an undo, a fight and a back-off; it is one
-//! concept, named *conflict* here, in the metrics and in the `--conflict-*` flags.)
+//! conflicts on one file within `window` are a *fight*: another writer undoes every
+//! change interlock makes (a primary in exclusive mode, such as Cilium's default
+//! `cni.exclusive`, removes every config but its own; or a second interlock with other
+//! flags). A fight trips a back-off: the file is left alone for [`INITIAL_BACKOFF`];
+//! while the fight goes on, the first conflict after each back-off trips the next one at
+//! once, twice as long, up to [`MAX_BACKOFF`] — so over any period the conflicts are
+//! bounded by the back-offs, whatever the other writer's pace. A fight is over once the
+//! file was left alone for `forgive_after` after its last conflict and its back-off
+//! (time in back-off does not count: nothing of ours is there to undo), and its back-off
+//! starts again from the first step. Until then the agent is not ready (the config it needs cannot stay: fail
+//! closed). Time is passed in, so all of this is pure.
 
 use crate::guard::plan::{self, Plan};
 use interlock_confdir::Snapshot;
@@ -18,10 +23,17 @@ use std::time::{Duration, Instant};
 
 /// First back-off period.
 pub const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
-/// Longest back-off period.
+/// Longest back-off period (the cap of the doubling).
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// A file left alone by other writers this long is forgiven (back-off resets).
+/// Default: a file left alone by other writers this long is forgiven (the fight is over,
+/// back-off resets).
 pub const FORGIVE_AFTER: Duration = Duration::from_secs(60);
+
+/// When the fight over `f` ends if no conflict comes first.
+fn fight_end(f: &FileConflicts, forgive_after: Duration) -> Option<Instant> {
+    let last = f.last_conflict?;
+    Some(f.backoff_until.map_or(last, |b| b.max(last)) + forgive_after)
+}
 
 #[derive(Debug, Default)]
 struct FileConflicts {
@@ -29,15 +41,18 @@ struct FileConflicts {
     backoff_until: Option<Instant>,
     next_backoff: Option<Duration>,
     last_conflict: Option<Instant>,
+    /// True from the trip that starts a fight until it is forgiven.
+    fighting: bool,
     total: u64,
     trips: u64,
 }
 
-/// Per-file conflict counting and back-off.
+/// Per-file conflict counting, fights and back-off.
 #[derive(Debug)]
 pub struct ConflictTracker {
     window: Duration,
     threshold: u32,
+    forgive_after: Duration,
     files: HashMap<String, FileConflicts>,
 }
 
@@ -46,27 +61,35 @@ pub struct ConflictTracker {
 pub enum Verdict {
     /// Keep repairing.
     Repair,
-    /// Back off from this file for the given time.
-    BackOff(Duration),
+    /// Back off from this file for `wait`; `new_fight` when this conflict started the
+    /// fight (the first trip since the file was last forgiven).
+    BackOff {
+        /// How long the file is left alone.
+        wait: Duration,
+        /// This trip starts a fight.
+        new_fight: bool,
+    },
 }
 
 impl ConflictTracker {
-    /// `threshold` conflicts within `window` trip a back-off; `threshold == 0` never trips.
-    pub fn new(window: Duration, threshold: u32) -> ConflictTracker {
+    /// More than `threshold` conflicts within `window` start a fight (`threshold == 0`:
+    /// never); a file left alone for `forgive_after` ends it.
+    pub fn new(window: Duration, threshold: u32, forgive_after: Duration) -> ConflictTracker {
         ConflictTracker {
             window,
             threshold,
+            forgive_after,
             files: HashMap::new(),
         }
     }
 
     /// Records that someone else took interlock out of `file` at `now`.
     pub fn record_conflict(&mut self, file: &str, now: Instant) -> Verdict {
+        let forgive_after = self.forgive_after;
         let f = self.files.entry(file.to_string()).or_default();
-        if f.last_conflict
-            .is_some_and(|t| now.duration_since(t) > FORGIVE_AFTER)
-        {
+        if fight_end(f, forgive_after).is_some_and(|end| now > end) {
             f.next_backoff = None;
+            f.fighting = false;
         }
         f.last_conflict = Some(now);
         f.total += 1;
@@ -78,15 +101,18 @@ impl ConflictTracker {
         {
             f.conflicts.pop_front();
         }
-        if self.threshold == 0 || (f.conflicts.len() as u32) <= self.threshold {
+        if self.threshold == 0 || (!f.fighting && (f.conflicts.len() as u32) <= self.threshold)
+        {
             return Verdict::Repair;
         }
-        let d = f.next_backoff.unwrap_or(INITIAL_BACKOFF);
-        f.next_backoff = Some((d * 2).min(MAX_BACKOFF));
-        f.backoff_until = Some(now + d);
+        let wait = f.next_backoff.unwrap_or(INITIAL_BACKOFF);
+        f.next_backoff = Some((wait * 2).min(MAX_BACKOFF));
+        f.backoff_until = Some(now + wait);
         f.conflicts.clear();
         f.trips += 1;
-        Verdict::BackOff(d)
+        let new_fight = !f.fighting;
+        f.fighting = true;
+        Verdict::BackOff { wait, new_fight }
     }
 
     /// True while `file` is in back-off at `now`.
@@ -108,6 +134,45 @@ impl ConflictTracker {
         v
     }
 
+    /// True while `file` is in a fight at `now` (tripped, and not yet left alone for
+    /// the forgiveness period).
+    pub fn in_fight(&self, file: &str, now: Instant) -> bool {
+        self.files.get(file).is_some_and(|f| self.fights(f, now))
+    }
+
+    fn fights(&self, f: &FileConflicts, now: Instant) -> bool {
+        f.fighting && fight_end(f, self.forgive_after).is_some_and(|end| now <= end)
+    }
+
+    /// Files in a fight at `now`, with when it ends if no conflict comes before.
+    pub fn fighting(&self, now: Instant) -> Vec<(String, Instant)> {
+        let mut v: Vec<_> = self
+            .files
+            .iter()
+            .filter(|(_, f)| self.fights(f, now))
+            .filter_map(|(n, f)| Some((n.clone(), fight_end(f, self.forgive_after)?)))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Ends the fights that were forgiven by `now` and returns their files (each once).
+    pub fn take_ended(&mut self, now: Instant) -> Vec<String> {
+        let forgive_after = self.forgive_after;
+        let mut v: Vec<String> = self
+            .files
+            .iter_mut()
+            .filter(|(_, f)| f.fighting && fight_end(f, forgive_after).is_some_and(|end| now > end))
+            .map(|(n, f)| {
+                f.fighting = false;
+                f.next_backoff = None;
+                n.clone()
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Conflicts and back-offs per file (for metrics).
     pub fn conflict_counts(&self) -> Vec<(String, u64, u64)> {
         let mut v: Vec<_> = self
@@ -118,6 +183,36 @@ impl ConflictTracker {
         v.sort();
         v
     }
+}
+
+/// Known primaries that remove other configs, by the plugin type their config runs:
+/// what to tell the operator.
+const EXCLUSIVE_PRIMARIES: &[(&str, &str)] = &[(
+    "cilium-cni",
+    "Cilium removes or renames (*.cilium_bak) every other CNI config while its \
+     cni.exclusive setting is true, the default: set cni.exclusive=false (Helm \
+     --set cni.exclusive=false, or cni-exclusive: \"false\" in the cilium-config \
+     ConfigMap) and restart the Cilium agents",
+)];
+
+/// What to do about a fight with a primary whose chain runs `types` (the first is the
+/// primary's), with the docs anchor: Cilium's `cni.exclusive` named when it is Cilium.
+pub fn fight_hint(types: &[String]) -> String {
+    let known = types
+        .iter()
+        .find_map(|t| EXCLUSIVE_PRIMARIES.iter().find(|(k, _)| k == t));
+    let what = match (known, types.first()) {
+        (Some((_, hint)), _) => (*hint).to_string(),
+        (None, Some(t)) => format!(
+            "find the writer that removes or rewrites interlock's config: most likely the \
+             primary CNI ({t}) or its installer, configured to own the conf dir alone (make \
+             it leave other configs in place), or a second interlock agent with other flags"
+        ),
+        (None, None) => "find the writer that removes or rewrites interlock's config: \
+             another CNI installer, or a second interlock agent with other flags"
+            .to_string(),
+    };
+    format!("{what}; see docs/install.md#primaries-that-remove-other-configs")
 }
 
 /// The files `plan` must touch that someone else changed since we left them (`left`:
@@ -153,9 +248,17 @@ pub fn conflicting_files<'p>(
 mod tests {
     use super::*;
 
+    fn tracker(window_ms: u64, threshold: u32) -> ConflictTracker {
+        ConflictTracker::new(Duration::from_millis(window_ms), threshold, FORGIVE_AFTER)
+    }
+
+    fn back_off(wait: Duration, new_fight: bool) -> Verdict {
+        Verdict::BackOff { wait, new_fight }
+    }
+
     #[test]
-    fn trips_after_threshold_and_doubles() {
-        let mut t = ConflictTracker::new(Duration::from_secs(1), 3);
+    fn a_fight_trips_after_threshold_then_every_conflict_doubles_up_to_the_cap() {
+        let mut t = tracker(1000, 3);
         let t0 = Instant::now();
         for i in 0..3 {
             assert_eq!(
@@ -163,27 +266,53 @@ mod tests {
                 Verdict::Repair
             );
         }
+        assert!(!t.in_fight("a", t0));
         assert_eq!(
             t.record_conflict("a", t0 + Duration::from_millis(3)),
-            Verdict::BackOff(INITIAL_BACKOFF)
+            back_off(INITIAL_BACKOFF, true)
         );
+        assert!(t.in_fight("a", t0 + Duration::from_millis(3)));
         assert!(t.in_backoff("a", t0 + Duration::from_millis(500)));
         assert!(!t.in_backoff("b", t0));
         assert!(!t.in_backoff("a", t0 + Duration::from_millis(1004)));
-        let t1 = t0 + Duration::from_secs(2);
-        for i in 0..3 {
-            t.record_conflict("a", t1 + Duration::from_millis(i));
+        // In the fight, the first conflict after each back-off trips the next one,
+        // twice as long, up to the cap: no threshold to reach again.
+        let mut now = t0 + Duration::from_secs(2);
+        let mut want = INITIAL_BACKOFF * 2;
+        for _ in 0..8 {
+            assert_eq!(t.record_conflict("a", now), back_off(want, false));
+            now += want;
+            want = (want * 2).min(MAX_BACKOFF);
         }
-        assert_eq!(
-            t.record_conflict("a", t1 + Duration::from_millis(4)),
-            Verdict::BackOff(INITIAL_BACKOFF * 2)
-        );
-        assert_eq!(t.conflict_counts(), vec![("a".to_string(), 8, 2)]);
+        assert_eq!(want, MAX_BACKOFF);
+        assert_eq!(t.conflict_counts(), vec![("a".to_string(), 12, 9)]);
+        assert_eq!(t.fighting(now).len(), 1);
+    }
+
+    #[test]
+    fn conflicts_are_bounded_by_the_back_offs_whatever_the_pace() {
+        // Another writer undoing every write at once: the guard writes whenever it is
+        // not backing off, and each write is undone 1 ms later.
+        let mut t = tracker(30_000, 5);
+        let t0 = Instant::now();
+        let mut now = t0;
+        let mut conflicts = 0;
+        while now < t0 + Duration::from_secs(60) {
+            if !t.in_backoff("a", now) {
+                now += Duration::from_millis(1);
+                conflicts += 1;
+                t.record_conflict("a", now);
+            } else {
+                now += Duration::from_millis(10);
+            }
+        }
+        // 6 to start the fight, then one per back-off of 1, 2, 4, 8, 16, 30 s.
+        assert!(conflicts <= 6 + 6, "{conflicts} conflicts in 60 s");
     }
 
     #[test]
     fn slow_conflicts_never_trip_and_zero_disables() {
-        let mut t = ConflictTracker::new(Duration::from_secs(1), 3);
+        let mut t = tracker(1000, 3);
         let t0 = Instant::now();
         for i in 0..100 {
             assert_eq!(
@@ -191,39 +320,54 @@ mod tests {
                 Verdict::Repair
             );
         }
-        let mut off = ConflictTracker::new(Duration::from_secs(1), 0);
+        let mut off = tracker(1000, 0);
         for i in 0..100 {
             assert_eq!(
                 off.record_conflict("a", t0 + Duration::from_micros(i)),
                 Verdict::Repair
             );
         }
+        assert!(off.fighting(t0 + Duration::from_micros(100)).is_empty());
     }
 
     #[test]
-    fn forgiven_after_quiet_period() {
-        let mut t = ConflictTracker::new(Duration::from_secs(1), 1);
+    fn a_fight_is_forgiven_after_a_quiet_period_and_starts_over() {
+        let mut t = tracker(1000, 1);
         let t0 = Instant::now();
         t.record_conflict("a", t0);
-        assert_eq!(
-            t.record_conflict("a", t0),
-            Verdict::BackOff(INITIAL_BACKOFF)
-        );
-        t.record_conflict("a", t0 + Duration::from_secs(2));
+        assert_eq!(t.record_conflict("a", t0), back_off(INITIAL_BACKOFF, true));
         assert_eq!(
             t.record_conflict("a", t0 + Duration::from_secs(2)),
-            Verdict::BackOff(INITIAL_BACKOFF * 2)
+            back_off(INITIAL_BACKOFF * 2, false)
         );
-        let later = t0 + Duration::from_secs(200);
-        t.record_conflict("a", later);
+        // Quiet from the end of the 2 s back-off on.
+        let quiet = t0 + Duration::from_secs(4) + FORGIVE_AFTER;
+        assert_eq!(t.fighting(quiet).len(), 1, "still within the period");
+        assert!(t.take_ended(quiet).is_empty());
+        let later = quiet + Duration::from_millis(1);
+        assert!(!t.in_fight("a", later));
+        assert_eq!(t.take_ended(later), ["a"]);
+        assert!(t.take_ended(later).is_empty(), "ended once");
+        // A new fight needs the threshold again and starts from the first step.
+        assert_eq!(t.record_conflict("a", later), Verdict::Repair);
         assert_eq!(
             t.record_conflict("a", later),
-            Verdict::BackOff(INITIAL_BACKOFF)
+            back_off(INITIAL_BACKOFF, true)
         );
         assert_eq!(
             t.backing_off(later),
             vec![("a".to_string(), later + INITIAL_BACKOFF)]
         );
+    }
+
+    #[test]
+    fn the_hint_names_cilium_exclusive_for_cilium_and_the_primary_otherwise() {
+        let cilium = fight_hint(&["cilium-cni".to_string()]);
+        assert!(cilium.contains("cni.exclusive=false"), "{cilium}");
+        assert!(cilium.contains("docs/install.md#"), "{cilium}");
+        let other = fight_hint(&["acme-cni".to_string(), "portmap".to_string()]);
+        assert!(other.contains("(acme-cni)") && !other.contains("cilium"), "{other}");
+        assert!(fight_hint(&[]).contains("second interlock agent"));
     }
 }
 
@@ -300,14 +444,14 @@ mod conflicting_files_tests {
         );
         let plan = write_plan("00-interlock.conflist");
         let snap = Snapshot::from_files(&[("00-interlock.conflist", PRIMARY)], 0o644);
-        let mut t = ConflictTracker::new(Duration::from_secs(1), 20);
+        let mut t = ConflictTracker::new(Duration::from_secs(1), 20, FORGIVE_AFTER);
         let t0 = Instant::now();
         let mut backed_off_at = None;
         for i in 0..30u64 {
             let now = t0 + Duration::from_millis(i * 10);
             for f in conflicting_files(&plan, &snap, &left, &e) {
                 if !t.in_backoff(f, now) {
-                    if let Verdict::BackOff(_) = t.record_conflict(f, now) {
+                    if let Verdict::BackOff { .. } = t.record_conflict(f, now) {
                         backed_off_at.get_or_insert(i);
                     }
                 }

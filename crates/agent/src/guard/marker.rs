@@ -42,6 +42,7 @@ mod tests {
             config_path: "/etc/cni/net.d/00-interlock.conflist".into(),
             runtime: Some("containerd".into()),
             cri_endpoint: Some("unix:///run/containerd/containerd.sock".into()),
+            fight: None,
         };
         write(d.path(), &m).unwrap();
         // The bytes on disk are the plugin's contract (field names: tested in the plugin).

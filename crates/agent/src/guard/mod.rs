@@ -38,6 +38,7 @@ use contested_write::{replace_checked, Replaced};
 use install::{PluginInstaller, VersionCache, PLUGIN_FILE};
 use interlock_confdir::{self as confdir, Binaries, DirCache, Snapshot};
 use interlock_contract::atomic::write_file_atomic;
+use interlock_contract::marker::ConfigFight;
 use interlock_contract::shown::shown;
 use marker::Marker;
 use plan::{Action, Facts, Settings, BACKUP_SUFFIX};
@@ -47,7 +48,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// How long one reconcile waits for plugin VERSION answers it does not have cached yet.
 /// A plugin slower than this is answered in the background (and killed after
@@ -318,6 +319,37 @@ pub struct Guard {
     /// Why the state dir cannot be trusted with interlock's state, if it cannot: the node
     /// is then not ready (the plugin refuses to write there too).
     untrusted_state: Option<String>,
+    /// The latest fight over one of our files (going on or over), for the marker.
+    fight: Option<ConfigFight>,
+    /// While a fight goes on: who the other writer most likely is and what to do, for
+    /// the readiness reason.
+    fight_detail: Option<String>,
+}
+
+/// The config file the runtime loads from `snap` and the plugin types of its chain: in a
+/// fight, the primary that most likely is the other writer.
+pub fn effective_primary(cfg: &AgentConfig, snap: &Snapshot) -> (Option<String>, Vec<String>) {
+    let dirs = &cfg.bin_dirs;
+    let present =
+        |t: &str| t == plan::PLUGIN_TYPE || interlock_libcni::exec::find_plugin(t, dirs).is_some();
+    let bins = Binaries {
+        dirs,
+        present: &present,
+        versions: None,
+    };
+    match confdir::effective_outcome(snap, cfg.runtime, &bins).0 {
+        Some(c) => (
+            c.path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned()),
+            c.list
+                .plugin_types()
+                .iter()
+                .map(|t| t.to_string())
+                .collect(),
+        ),
+        None => (None, vec![]),
+    }
 }
 
 /// Why `state_dir` or its `attachments` and `netns` subdirs cannot hold interlock's
@@ -360,7 +392,11 @@ impl Guard {
         let cfg_state_dir = cfg.state_dir.clone();
         Guard {
             settings: cfg.settings(),
-            conflicts: ConflictTracker::new(cfg.conflict_window, cfg.conflict_threshold),
+            conflicts: ConflictTracker::new(
+                cfg.conflict_window,
+                cfg.conflict_threshold,
+                cfg.conflict_forgive_after,
+            ),
             versions: VersionCache::new(cfg.bin_dirs.clone()),
             cache: guard_cache(&cfg),
             plugins: HashMap::new(),
@@ -374,6 +410,8 @@ impl Guard {
             retries: 0,
             published: None,
             last_marker: None,
+            fight: None,
+            fight_detail: None,
         }
     }
 
@@ -483,20 +521,23 @@ impl Guard {
     }
 
     /// Records conflicts for the files `plan` touches; returns the first file the guard
-    /// must leave alone now (in back-off), if any.
+    /// must leave alone now (in back-off), if any. A conflict that starts a fight is
+    /// reported once ([`Guard::start_fight`]); the conflicts of a fight after that are
+    /// logged at debug level only.
     fn record_conflicts(
         &mut self,
         plan: &plan::Plan,
         snap: &Snapshot,
         now: Instant,
     ) -> Option<String> {
-        let dir = &self.cfg.conf_dir;
+        let dir = self.cfg.conf_dir.clone();
         for f in conflicting_files(plan, snap, &self.left, &self.settings.entry) {
             if self.conflicts.in_backoff(f, now) {
                 continue;
             }
-            // Each one, not only those that trip a back-off: a lone conflict is rare enough
-            // to log, and it names the other writer's effect when one is investigated.
+            // Each one before a fight, not only the one that starts it: a lone conflict is
+            // rare enough to log, and it names the other writer's effect when one is
+            // investigated.
             let found = match snap.get(f) {
                 None => "it is gone".to_string(),
                 Some(e) => format!(
@@ -504,19 +545,50 @@ impl Guard {
                     e.content.as_ref().map_or(0, Vec::len)
                 ),
             };
-            info!(
-                "{} in {} changed since interlock wrote it and {found}: counted as a conflict",
-                shown(f),
-                dir.display()
-            );
-            if let Verdict::BackOff(d) = self.conflicts.record_conflict(f, now) {
-                warn!(
-                    "{} in {} keeps being rewritten by another writer, undoing interlock's change; \
-                     backing off for {d:?} and reporting not ready. Find the other writer \
-                     (another CNI installer or a second interlock with different flags)",
+            if self.conflicts.in_fight(f, now) {
+                debug!(
+                    "{} in {} changed since interlock wrote it and {found}: one more conflict of the fight",
                     shown(f),
                     dir.display()
                 );
+            } else {
+                info!(
+                    "{} in {} changed since interlock wrote it and {found}: counted as a conflict",
+                    shown(f),
+                    dir.display()
+                );
+            }
+            let verdict = self.conflicts.record_conflict(f, now);
+            // Counted once: what is there now is the other writer's, and only undoing our
+            // next write is a new conflict (after a back-off, the file is still as the
+            // other writer left it).
+            self.left.insert(
+                f.to_string(),
+                snap.get(f)
+                    .map(|e| e.content.clone().unwrap_or_default()),
+            );
+            if let Some(fight) = self
+                .fight
+                .as_mut()
+                .filter(|x| x.file == f && x.ended_at_ms.is_none())
+            {
+                fight.conflicts += 1;
+                fight.last_conflict_at_ms = interlock_contract::time::now_ms();
+            }
+            match verdict {
+                Verdict::Repair => {}
+                Verdict::BackOff {
+                    wait,
+                    new_fight: true,
+                } => self.start_fight(f, snap, wait),
+                Verdict::BackOff {
+                    wait,
+                    new_fight: false,
+                } => debug!(
+                    "{} in {} was undone again: backing off for {wait:?}",
+                    shown(f),
+                    dir.display()
+                ),
             }
         }
         plan.actions
@@ -524,6 +596,69 @@ impl Guard {
             .map(Action::file)
             .find(|f| self.conflicts.in_backoff(f, now))
             .map(str::to_string)
+    }
+
+    /// A fight over `file` starts: names the primary the runtime loads meanwhile (most
+    /// likely the other writer) and what to do, once — a WARN line, the fights counter,
+    /// the node's Event — and records it for the marker (`interlock check`).
+    fn start_fight(&mut self, file: &str, snap: &Snapshot, wait: Duration) {
+        let (primary, types) = effective_primary(&self.cfg, snap);
+        let hint = conflict::fight_hint(&types);
+        let loads = match &primary {
+            Some(p) => format!(
+                "the runtime loads {} ({}) meanwhile",
+                shown(p),
+                types.join(", ")
+            ),
+            None => "the runtime has no network meanwhile".to_string(),
+        };
+        let forgive = self.cfg.conflict_forgive_after;
+        let detail = format!(
+            "{loads}; not ready until {} is left alone for {forgive:?} (fail closed: a pod \
+             started meanwhile would run without its redirection); {hint}",
+            shown(file)
+        );
+        let message = format!(
+            "another writer undid interlock's change to {} in {} more than {} times within \
+             {:?}: a fight, most likely with a primary CNI that removes every config but its \
+             own; {detail}. Backing off for {wait:?}, doubling up to {:?} while it goes on",
+            shown(file),
+            self.cfg.conf_dir.display(),
+            self.cfg.conflict_threshold,
+            self.cfg.conflict_window,
+            conflict::MAX_BACKOFF
+        );
+        warn!("{message}");
+        self.shared.fight_started(file, &message);
+        let now_ms = interlock_contract::time::now_ms();
+        self.fight = Some(ConfigFight {
+            file: file.to_string(),
+            conflicts: u64::from(self.cfg.conflict_threshold) + 1,
+            started_at_ms: now_ms,
+            last_conflict_at_ms: now_ms,
+            ended_at_ms: None,
+            primary,
+            primary_types: types,
+        });
+        self.fight_detail = Some(detail);
+    }
+
+    /// Ends the fights that were forgiven by `now` (logged once each).
+    fn end_fights(&mut self, now: Instant) {
+        for f in self.conflicts.take_ended(now) {
+            info!(
+                "the fight over {} in {} is over: nobody undid interlock's change for {:?}",
+                shown(&f),
+                self.cfg.conf_dir.display(),
+                self.cfg.conflict_forgive_after
+            );
+            if let Some(fight) = self.fight.as_mut().filter(|x| x.file == f) {
+                fight.ended_at_ms = Some(interlock_contract::time::now_ms());
+            }
+        }
+        if self.conflicts.fighting(now).is_empty() {
+            self.fight_detail = None;
+        }
     }
 
     /// Executes `plan`, made from `snap`; true when something was written. A file that
@@ -664,6 +799,7 @@ impl Guard {
         let facts = self.facts(snap);
         let plan = plan::plan(snap, &self.settings, &facts);
         let now = Instant::now();
+        self.end_fights(now);
         let blocked = self.record_conflicts(&plan, snap, now);
         let mut changed = false;
         // Readiness from the directory as it is now: this snapshot, unless we wrote.
@@ -702,10 +838,18 @@ impl Guard {
             .into_iter()
             .map(|(f, _)| f)
             .collect();
+        let fighting: Vec<String> = self
+            .conflicts
+            .fighting(now)
+            .into_iter()
+            .map(|(f, _)| f)
+            .collect();
         let r = readiness::judge(&readiness::Observed {
             verdict: &verdict,
             binary_problem: self.binary_problem.as_deref(),
             backing_off: &backing,
+            fighting: &fighting,
+            fight_detail: self.fight_detail.as_deref(),
             plan: &plan,
             conf_dir: &dir,
         });
@@ -799,6 +943,7 @@ impl Guard {
                     .as_ref()
                     .map_or_else(|| "none".into(), |a| a.cri_endpoint.clone()),
             ),
+            fight: self.fight.clone(),
         };
         if let Err(e) = marker::write(&self.cfg.state_dir, &m) {
             self.shared.errors.inc();
@@ -827,9 +972,11 @@ impl Guard {
                 .conflicts
                 .backing_off(now)
                 .into_iter()
+                .chain(self.conflicts.fighting(now))
                 .min_by_key(|(_, t)| *t)
             {
-                deadline = deadline.min(until);
+                // (A fight ends just after its deadline: see `ConflictTracker::fighting`.)
+                deadline = deadline.min(until + Duration::from_millis(1));
             }
             let wait = deadline.saturating_duration_since(now);
             let (mut conf, mut bins) = (false, false);
@@ -878,7 +1025,8 @@ impl Guard {
             }
             let backoff_ended = !self.conflicts.backing_off(now).is_empty()
                 || self.shared.readiness().reason.starts_with("backing off");
-            if conf || bins || full || retry || backoff_ended {
+            let fight_ended = self.fight_detail.is_some() && self.conflicts.fighting(now).is_empty();
+            if conf || bins || full || retry || backoff_ended || fight_ended {
                 self.reconcile(bins, full);
             }
             if self.last_marker.is_none_or(|t| t.elapsed() >= heartbeat) {

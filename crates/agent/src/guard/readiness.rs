@@ -18,6 +18,11 @@ pub struct Observed<'a> {
     pub binary_problem: Option<&'a str>,
     /// Files the guard is backing off from (another writer keeps taking us out).
     pub backing_off: &'a [String],
+    /// Files in a fight ([`crate::guard::conflict`]): not ready until it is over, even
+    /// between back-offs (the config the node needs cannot stay).
+    pub fighting: &'a [String],
+    /// The fight's primary and what to do, for the reason.
+    pub fight_detail: Option<&'a str>,
     /// The plan of this reconcile (its problem may block readiness).
     pub plan: &'a Plan,
     /// The conf dir (named in reasons).
@@ -25,18 +30,31 @@ pub struct Observed<'a> {
 }
 
 /// Ready only when the effective config runs our entry, the binary is verified, no file
-/// is in back-off and the plan has no blocking problem. The first failing condition, in
-/// that order of precedence (back-off first: it explains the others), is the reason.
+/// is in back-off or in a fight and the plan has no blocking problem. The first failing
+/// condition, in that order of precedence (back-off and fights first: they explain the
+/// others), is the reason.
 pub fn judge(o: &Observed<'_>) -> Readiness {
     let effective = o.verdict.as_ref().ok().cloned();
-    if !o.backing_off.is_empty() {
-        return Readiness {
-            ready: false,
-            reason: format!(
+    if !o.backing_off.is_empty() || !o.fighting.is_empty() {
+        // One reason for the whole fight, in and between its back-offs: it is logged and
+        // published once, not on every back-off.
+        let reason = if o.fighting.is_empty() {
+            format!(
                 "backing off: another writer keeps rewriting {} in {}",
                 o.backing_off.join(", "),
                 o.conf_dir.display()
-            ),
+            )
+        } else {
+            format!(
+                "backing off: another writer keeps undoing interlock's change to {} in {} (a fight){}",
+                o.fighting.join(", "),
+                o.conf_dir.display(),
+                o.fight_detail.map(|d| format!(": {d}")).unwrap_or_default()
+            )
+        };
+        return Readiness {
+            ready: false,
+            reason,
             effective,
         };
     }
@@ -81,6 +99,8 @@ mod tests {
             verdict,
             binary_problem: binary,
             backing_off: backing,
+            fighting: &[],
+            fight_detail: None,
             plan,
             conf_dir: Path::new("/etc/cni/net.d"),
         })
@@ -153,5 +173,44 @@ mod tests {
             "{}",
             r.reason
         );
+    }
+
+    #[test]
+    fn a_fight_keeps_the_node_not_ready_between_back_offs_and_names_the_primary() {
+        // Between two back-offs our config is in place for a moment: still not ready
+        // (fail closed), and the reason carries who and what to do.
+        let ok: Result<String, String> = Ok("00-interlock.conflist".into());
+        let fighting = vec!["00-interlock.conflist".to_string()];
+        let detail = "the runtime loads 05-cilium.conflist (cilium-cni) meanwhile; set cni.exclusive=false";
+        let clean = Plan::default();
+        let o = Observed {
+            verdict: &ok,
+            binary_problem: None,
+            backing_off: &[],
+            fighting: &fighting,
+            fight_detail: Some(detail),
+            plan: &clean,
+            conf_dir: Path::new("/etc/cni/net.d"),
+        };
+        let r = judge(&o);
+        assert!(!r.ready);
+        assert!(
+            r.reason.starts_with("backing off: ")
+                && r.reason.contains("00-interlock.conflist in /etc/cni/net.d (a fight)")
+                && r.reason.ends_with(detail),
+            "{}",
+            r.reason
+        );
+        let during = judge(&Observed {
+            backing_off: &fighting,
+            ..o
+        });
+        assert_eq!(during, r, "the reason changes with each back-off");
+        // Over: ready again.
+        let r = judge(&Observed {
+            fighting: &[],
+            ..o
+        });
+        assert!(r.ready, "{}", r.reason);
     }
 }

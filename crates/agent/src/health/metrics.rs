@@ -17,7 +17,7 @@ pub const REPAIR_BUCKETS: [f64; 9] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.
 
 /// Every series family the agent exports, by the name in its `# TYPE` line (counters get
 /// `_total` on their samples, the info metric `_info`).
-pub const SERIES: [&str; 28] = [
+pub const SERIES: [&str; 29] = [
     "interlock_build",
     "interlock_errors",
     "interlock_insecure_dirs",
@@ -28,6 +28,7 @@ pub const SERIES: [&str; 28] = [
     "interlock_config_repair_duration_seconds",
     "interlock_config_conflicts",
     "interlock_config_backoff",
+    "interlock_config_fights",
     "interlock_plugin_installs",
     "interlock_agent_ready",
     "interlock_not_ready_transitions",
@@ -143,6 +144,8 @@ pub struct GuardMetrics {
     pub conflicts: Family<FileLabel, Counter>,
     /// 1 while the agent backs off from a file, per file.
     pub backoff: Family<FileLabel, Gauge>,
+    /// Fights over a file (another writer undoing every change), per file.
+    pub fights: Family<FileLabel, Counter>,
 }
 
 impl GuardMetrics {
@@ -156,6 +159,7 @@ impl GuardMetrics {
             repair_seconds: Histogram::new(REPAIR_BUCKETS),
             conflicts: Family::default(),
             backoff: Family::default(),
+            fights: Family::default(),
         };
         r.register(
             "interlock_config_reconciles",
@@ -191,6 +195,11 @@ impl GuardMetrics {
             "interlock_config_backoff",
             "1 while the agent backs off from a file another writer keeps rewriting",
             m.backoff.clone(),
+        );
+        r.register(
+            "interlock_config_fights",
+            "Fights over a file: another writer undid interlock's change to it so often that the agent backed off",
+            m.fights.clone(),
         );
         m
     }

@@ -47,6 +47,16 @@ pub struct TakeOver {
     pub undos: u64,
 }
 
+/// A fight over a file started (the guard's `start_fight`), for the node's `ConfigFight`
+/// Event.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FightStarted {
+    /// The file's name in the conf dir.
+    pub file: String,
+    /// What the guard logged: the file, the primary, what to do.
+    pub message: String,
+}
+
 /// Everything `/healthz`, `/readyz` and `/metrics` report.
 #[derive(Debug)]
 pub struct Shared {
@@ -54,6 +64,7 @@ pub struct Shared {
     // The Kubernetes side follows these instead of polling the guard.
     readiness_changes: tokio::sync::watch::Sender<Readiness>,
     takeovers: tokio::sync::watch::Sender<Option<TakeOver>>,
+    fights: tokio::sync::watch::Sender<Option<FightStarted>>,
     last_tick: Mutex<Instant>,
     registry: Registry,
     guard: GuardMetrics,
@@ -160,6 +171,7 @@ impl Default for Shared {
             audit_health: Arc::default(),
             readiness_changes: tokio::sync::watch::Sender::new(starting.clone()),
             takeovers: tokio::sync::watch::Sender::new(None),
+            fights: tokio::sync::watch::Sender::new(None),
             readiness: Mutex::new(starting),
             last_tick: Mutex::new(Instant::now()),
             reconciles: guard.reconciles.clone(),
@@ -221,6 +233,20 @@ impl Shared {
     /// The latest file another writer took interlock out of, as it happens.
     pub fn watch_takeovers(&self) -> tokio::sync::watch::Receiver<Option<TakeOver>> {
         self.takeovers.subscribe()
+    }
+
+    /// A fight over `file` started: counted, and published for the node's Event.
+    pub fn fight_started(&self, file: &str, message: &str) {
+        self.guard.fights.get_or_create(&FileLabel::new(file)).inc();
+        self.fights.send_replace(Some(FightStarted {
+            file: file.to_string(),
+            message: message.to_string(),
+        }));
+    }
+
+    /// Fights as they start.
+    pub fn watch_fights(&self) -> tokio::sync::watch::Receiver<Option<FightStarted>> {
+        self.fights.subscribe()
     }
 
     /// The guard loop completed a pass (it calls this once per loop iteration, at least

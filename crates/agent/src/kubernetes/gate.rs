@@ -146,6 +146,12 @@ impl NodeGate {
             .await;
     }
 
+    /// Publishes `ConfigFight` on the node (another writer keeps undoing interlock's
+    /// config: a fight, with the primary named and what to do).
+    pub async fn config_fight(&self, message: &str) {
+        self.event(EventType::Warning, "ConfigFight", message).await;
+    }
+
     async fn event(&self, type_: EventType, reason: &str, note: &str) {
         // Nodes are cluster-scoped: their Events live in `default`, as the kubelet's do.
         let reference = ObjectReference {
@@ -268,12 +274,17 @@ fn watch_node(
 /// agent stops: on every readiness change, when the debounce of a loss runs out, when the
 /// node watch shows someone else changed them, and on every `resync` (comparing against
 /// the watched copy: a node in step costs no request). Publishes `ConfigTakenOver` as the
-/// guard reports takeovers. API failures are logged and retried with back-off; they never
+/// guard reports takeovers, and `ConfigFight` once per fight. API failures are logged and retried with back-off; they never
 /// reach the guard.
 pub async fn run_gate(mut gate: NodeGate, client: Client, shared: Arc<Shared>, resync: Duration) {
     let mut readiness = shared.watch_readiness();
     let mut takeovers = shared.watch_takeovers();
     takeovers.mark_unchanged();
+    // A fight that started before the gate did is published too.
+    let mut fights = shared.watch_fights();
+    if fights.borrow().is_some() {
+        fights.mark_changed();
+    }
     let (store, node_changed, watch) = watch_node(client, gate.node());
     tokio::spawn(watch);
     let cached = |store: &Store<Node>, name: &str| store.get(&ObjectRef::new(name));
@@ -342,6 +353,15 @@ pub async fn run_gate(mut gate: NodeGate, client: Client, shared: Arc<Shared>, r
                         t.file, t.undos
                     ))
                     .await;
+                }
+            }
+            r = fights.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                let latest = fights.borrow_and_update().clone();
+                if let Some(f) = latest {
+                    gate.config_fight(&f.message).await;
                 }
             }
             _ = node_changed.notified() => {

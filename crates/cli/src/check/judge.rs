@@ -560,9 +560,64 @@ fn binary_findings(o: &Observed<'_>) -> (Vec<Finding>, bool) {
     (f, binary_ok)
 }
 
+/// How long after a fight ended `check` still mentions it: a primary restarted later
+/// (a node reboot, its DaemonSet's upgrade) starts the same fight again.
+pub const RECENT_FIGHT_MS: u64 = 60 * 60 * 1000;
+
+/// A fight over interlock's config (the agent's marker records the latest): going on, a
+/// failure; over within [`RECENT_FIGHT_MS`], a warning.
+fn fight_findings(o: &Observed<'_>) -> Vec<Finding> {
+    let Ok(m) = &o.marker else { return vec![] };
+    let Some(fight) = &m.fight else {
+        return vec![];
+    };
+    let ago = |ms: u64| o.now_ms.saturating_sub(ms) as f64 / 1e3;
+    let primary = match &fight.primary {
+        Some(p) => format!(
+            "; the runtime loaded {} ({}) when it started",
+            shown(p),
+            fight.primary_types.join(", ")
+        ),
+        None => String::new(),
+    };
+    let hint = interlock_agent::guard::conflict::fight_hint(&fight.primary_types);
+    match fight.ended_at_ms {
+        None if m.is_fresh(o.now_ms) => vec![Finding::new(
+            "config.fight",
+            "config",
+            Status::Fail,
+            Effect::Risk,
+            format!(
+                "another writer keeps undoing interlock's config: {} was undone {} times since the fight started {:.0} s ago (last {:.0} s ago){primary}; the agent backs off and the node stays not ready until it stops",
+                shown(&fight.file),
+                fight.conflicts,
+                ago(fight.started_at_ms),
+                ago(fight.last_conflict_at_ms),
+            ),
+            hint,
+        )],
+        Some(ended) if o.now_ms.saturating_sub(ended) <= RECENT_FIGHT_MS => vec![Finding::new(
+            "config.recent-fight",
+            "config",
+            Status::Warn,
+            Effect::None,
+            format!(
+                "another writer undid interlock's config {} times in a fight over {} that ended {:.0} s ago{primary}; it starts again when that writer does it again (a restart of the primary)",
+                fight.conflicts,
+                shown(&fight.file),
+                ago(ended),
+            ),
+            hint,
+        )],
+        // Going on in a stale marker (the agent is gone: `agent.stale` says so), or long
+        // over.
+        _ => vec![],
+    }
+}
+
 /// The agent: its readiness marker and `/readyz`.
 fn agent_findings(o: &Observed<'_>) -> Vec<Finding> {
-    let mut f: Vec<Finding> = Vec::new();
+    let mut f: Vec<Finding> = fight_findings(o);
     let mut push = |id, area, status, effect, message: String, hint: Hint| {
         f.push(Finding::new(id, area, status, effect, message, hint))
     };

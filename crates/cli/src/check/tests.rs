@@ -71,6 +71,7 @@ fn marker(ready: bool, age_ms: u64, now: u64) -> ReadinessMarker {
         config_path: String::new(),
         runtime: None,
         cri_endpoint: None,
+        fight: None,
     }
 }
 
@@ -527,6 +528,63 @@ fn another_mesh_plugin_in_the_chain_is_unprotected() {
 
 /// Every id has a hint, and ids are unique per finding kind (stable: docs/check.md
 /// lists them).
+#[test]
+fn a_fight_is_a_finding_while_it_lasts_and_a_warning_for_an_hour_after() {
+    use interlock_contract::marker::ConfigFight;
+    let now = 10_000_000;
+    let (_d, e) = effective(&[
+        ("00-interlock.conflist", OURS),
+        ("05-cilium.conflist", PRIMARY),
+    ]);
+    let b = bin();
+    let fight = ConfigFight {
+        file: "00-interlock.conflist".into(),
+        conflicts: 9,
+        started_at_ms: now - 4_000,
+        last_conflict_at_ms: now - 1_000,
+        ended_at_ms: None,
+        primary: Some("05-cilium.conflist".into()),
+        primary_types: vec!["cilium-cni".into()],
+    };
+    // Going on: at risk, the primary named, Cilium's setting in the hint.
+    let mut m = marker(false, 100, now);
+    m.fight = Some(fight.clone());
+    let (ok, verdict, f) = judge_at(&e, Some(&b), Ok(&m), now, Some(503));
+    assert!(!ok && verdict.starts_with("AT RISK"), "{verdict}");
+    let x = f.iter().find(|x| x.id == "config.fight").expect("no fight finding");
+    assert_eq!(x.status, Status::Fail);
+    assert!(
+        x.message.contains("00-interlock.conflist was undone 9 times")
+            && x.message.contains("05-cilium.conflist (cilium-cni)"),
+        "{}",
+        x.message
+    );
+    assert!(
+        x.hint.contains("cni.exclusive=false") && x.hint.contains("docs/install.md#"),
+        "{}",
+        x.hint
+    );
+    // Over 10 minutes ago, the agent ready again: protected, with a warning that says so.
+    let mut m = marker(true, 100, now);
+    m.fight = Some(ConfigFight {
+        ended_at_ms: Some(now - 600_000),
+        ..fight.clone()
+    });
+    let (ok, verdict, f) = judge_at(&e, Some(&b), Ok(&m), now, Some(200));
+    assert!(ok, "{verdict}");
+    assert!(verdict.contains("config.recent-fight"), "{verdict}");
+    let x = f.iter().find(|x| x.id == "config.recent-fight").unwrap();
+    assert_eq!(x.status, Status::Warn);
+    assert!(x.message.contains("9 times") && x.message.contains("600 s ago"), "{}", x.message);
+    // Over for more than an hour: nothing.
+    m.fight = Some(ConfigFight {
+        ended_at_ms: Some(now - RECENT_FIGHT_MS - 1),
+        ..fight
+    });
+    let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, Some(200));
+    assert!(ok && f.iter().all(|x| !x.id.contains("fight")), "{f:?}");
+}
+
 #[test]
 fn every_failed_or_warned_finding_has_a_hint() {
     let now = 1_000_000;

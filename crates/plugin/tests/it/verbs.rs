@@ -481,6 +481,7 @@ fn status_fails_only_when_an_add_could_not_protect() {
         config_path: String::new(),
         runtime: None,
         cri_endpoint: None,
+        fight: None,
     };
     std::fs::write(
         interlock_contract::layout::marker_path(t.path()),

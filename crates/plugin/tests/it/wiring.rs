@@ -578,6 +578,7 @@ fn status_and_a_meshed_add_need_no_agent() {
         config_path: String::new(),
         runtime: None,
         cri_endpoint: None,
+        fight: None,
     };
     std::fs::write(
         interlock_contract::layout::marker_path(n.state.path()),
