@@ -131,6 +131,12 @@ pub struct AgentConfig {
     /// A fight is over once its file was left alone this long (the agent is not ready
     /// until then).
     pub conflict_forgive_after: Duration,
+    /// The runtime's own config files, to tell whether it reads `conf_dir`
+    /// (`interlock_confdir::runtime_config`); `None`: the usual paths of `runtime`.
+    pub runtime_configs: Option<Vec<PathBuf>>,
+    /// How long the agent waits for the primary's first config before it logs where else
+    /// the runtime may read its configs from.
+    pub primary_wait_hint: Duration,
     /// The sandbox audit (`--cri-endpoint`, `--audit-interval`, `--repair-policy`);
     /// `None`: no audit (`--cri-endpoint none`).
     pub audit: Option<audit::AuditSettings>,
@@ -161,6 +167,8 @@ impl AgentConfig {
             conflict_threshold: 5,
             conflict_window: Duration::from_secs(30),
             conflict_forgive_after: guard::conflict::FORGIVE_AFTER,
+            runtime_configs: None,
+            primary_wait_hint: guard::PRIMARY_WAIT_HINT,
             audit: Some(audit::AuditSettings::default()),
         }
     }
@@ -346,6 +354,8 @@ pub fn raise_nofile_limit() -> u64 {
 /// Runs the agent until SIGTERM or SIGINT. The config stays in place on exit unless
 /// `uninstall_on_exit` is set.
 pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
+    // A conf dir that is not there was read by no runtime so far: said while waiting.
+    let created_conf_dir = !cfg.conf_dir.exists();
     mkdir(&cfg.conf_dir)?;
     for b in &cfg.bin_dirs {
         mkdir(b)?;
@@ -449,7 +459,10 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
                 reason: format!("cannot watch with inotify: {e}"),
             }
         })?;
-        let g = guard::Guard::new(cfg.clone(), installer, shared.clone());
+        let mut g = guard::Guard::new(cfg.clone(), installer, shared.clone());
+        if created_conf_dir {
+            g.created_conf_dir();
+        }
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         // Configs may nest 10,000 deep (Go's limit, which the runtimes accept); the guard
         // clones, compares and writes them, all recursive.

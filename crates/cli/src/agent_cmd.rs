@@ -119,6 +119,21 @@ pub struct AgentArgs {
         hide = true
     )]
     pub conflict_forgive_seconds: f64,
+    /// The container runtime's own config file, to check that it reads --cni-conf-dir
+    /// (repeatable; ':'-separated in the environment) [default: /etc/containerd/config.toml
+    /// and k3s's and RKE2's for containerd, /etc/crio/crio.conf for crio; a missing file
+    /// says nothing].
+    #[arg(long = "runtime-config", env = "INTERLOCK_RUNTIME_CONFIG", value_delimiter = crate::BIN_DIR_DELIMITER)]
+    pub runtime_configs: Vec<PathBuf>,
+    /// Seconds without any primary config after which the agent logs where else the
+    /// runtime may read its configs from.
+    #[arg(
+        long,
+        env = "INTERLOCK_PRIMARY_WAIT_HINT_SECONDS",
+        default_value_t = 60.0,
+        hide = true
+    )]
+    pub primary_wait_hint_seconds: f64,
     // The sandbox audit.
     /// The runtime's CRI socket the audit lists sandboxes through (CRI-O's works the
     /// same); `none` turns the audit off.
@@ -228,8 +243,9 @@ pub fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     cfg.marker_stale_after = Duration::from_millis(a.marker_stale_ms.max(30));
     cfg.conflict_threshold = a.conflict_threshold;
     cfg.conflict_window = seconds("--conflict-window-seconds", a.conflict_window_seconds)?;
-    cfg.conflict_forgive_after =
-        seconds("--conflict-forgive-seconds", a.conflict_forgive_seconds)?;
+    cfg.conflict_forgive_after = seconds("--conflict-forgive-seconds", a.conflict_forgive_seconds)?;
+    cfg.runtime_configs = (!a.runtime_configs.is_empty()).then_some(a.runtime_configs);
+    cfg.primary_wait_hint = seconds("--primary-wait-hint-seconds", a.primary_wait_hint_seconds)?;
     cfg.audit = audit_settings(&a.cri_endpoint, a.audit_interval, a.repair_policy)?;
     interlock_agent::run(cfg).context("interlock agent failed")
 }

@@ -118,6 +118,11 @@ pub struct NodeArgs {
     /// else containerd's socket].
     #[arg(long)]
     cri_endpoint: Option<String>,
+    /// As for `agent`: the runtime's own config file, to check that it reads the conf
+    /// dir (repeatable; ':'-separated in the environment) [default: the usual paths of
+    /// the runtime; a missing file says nothing].
+    #[arg(long = "runtime-config", env = "INTERLOCK_RUNTIME_CONFIG", value_delimiter = crate::BIN_DIR_DELIMITER)]
+    runtime_configs: Vec<PathBuf>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     output: Output,
@@ -233,12 +238,14 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
             _ => None,
         },
     };
+    let unread = conf_dir_unread(a, &conf_dir, runtime);
     if !conf_dir.is_dir() {
         let j = judge::could_not_check(
             "check.conf-dir-missing",
             format!(
-                "CNI conf dir {} does not exist or is not a directory (from {from}): if it is the runtime's, the runtime has no network",
-                conf_dir.display()
+                "CNI conf dir {} does not exist or is not a directory (from {from}): if it is the runtime's, the runtime has no network{}",
+                conf_dir.display(),
+                unread.as_deref().map(|u| format!("; {u}")).unwrap_or_default()
             ),
             "point check at the runtime's conf dir: INTERLOCK_CNI_CONF_DIR or --cni-conf-dir (in the agent's pod, its environment already does)",
         );
@@ -283,9 +290,26 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
         cri_endpoint: &cri_endpoint,
         namespace: &namespace,
         copied_from: copied_from(&effective).as_deref(),
+        unread_conf_dir: unread.as_deref(),
     });
     let doc = EffectiveDoc::new(&effective, &missing, stale.as_ref());
     NodeReport::new(parts(Some(doc), &binary, &sandboxes), j)
+}
+
+/// Why `conf_dir` looks like a directory the runtime does not read, from the runtime's
+/// own config files (`--runtime-config`, else the usual paths).
+fn conf_dir_unread(a: &NodeArgs, conf_dir: &Path, runtime: Runtime) -> Option<String> {
+    use interlock_confdir::runtime_config;
+    let configs = if a.runtime_configs.is_empty() {
+        runtime_config::default_configs(runtime)
+    } else {
+        a.runtime_configs.clone()
+    };
+    let found: Vec<_> = runtime_config::read(runtime, &configs)
+        .into_iter()
+        .flatten()
+        .collect();
+    runtime_config::unread(conf_dir, &found)
 }
 
 /// The file interlock's owned config was copied from, when the runtime loads that copy:

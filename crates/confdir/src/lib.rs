@@ -36,6 +36,7 @@ use std::str::FromStr;
 use serde_json::{Map, Value};
 
 mod dir_cache;
+pub mod runtime_config;
 pub use dir_cache::{CacheWork, DirCache};
 
 use interlock_cni_types::version::CniVersion;

@@ -249,6 +249,10 @@ impl DemoNode {
             ("INTERLOCK_CNI_BIN_DIR", path(&self.node.bin_dir())),
             ("INTERLOCK_STATE_DIR", path(&self.node.state_dir())),
             ("INTERLOCK_CRI_ENDPOINT", self.node.containerd().endpoint()),
+            (
+                "INTERLOCK_RUNTIME_CONFIG",
+                path(&self.node.containerd().config_path()),
+            ),
             ("INTERLOCK_RUNTIME", "containerd".into()),
             ("INTERLOCK_CONFIG_MODE", "owned".into()),
             ("INTERLOCK_PLUGIN_CONFIG", path(&self.plugin_config())),

@@ -483,6 +483,8 @@ impl Node {
         flag("--cni-bin-dir", &self.bin_dir());
         flag("--state-dir", &self.state_dir());
         flag("--cri-endpoint", &self.kit().endpoint());
+        // The kit's containerd config: the runtime that reads this conf dir.
+        flag("--runtime-config", &self.kit().config_path());
         flag("--plugin-source", &self.options.plugin);
         flag("--health-addr", &health.to_string());
         let mut env: Vec<(OsString, OsString)> = Vec::new();

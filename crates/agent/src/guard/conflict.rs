@@ -101,8 +101,7 @@ impl ConflictTracker {
         {
             f.conflicts.pop_front();
         }
-        if self.threshold == 0 || (!f.fighting && (f.conflicts.len() as u32) <= self.threshold)
-        {
+        if self.threshold == 0 || (!f.fighting && (f.conflicts.len() as u32) <= self.threshold) {
             return Verdict::Repair;
         }
         let wait = f.next_backoff.unwrap_or(INITIAL_BACKOFF);
@@ -366,7 +365,10 @@ mod tests {
         assert!(cilium.contains("cni.exclusive=false"), "{cilium}");
         assert!(cilium.contains("docs/install.md#"), "{cilium}");
         let other = fight_hint(&["acme-cni".to_string(), "portmap".to_string()]);
-        assert!(other.contains("(acme-cni)") && !other.contains("cilium"), "{other}");
+        assert!(
+            other.contains("(acme-cni)") && !other.contains("cilium"),
+            "{other}"
+        );
         assert!(fight_hint(&[]).contains("second interlock agent"));
     }
 }

@@ -55,6 +55,29 @@ use tracing::{debug, error, info, warn};
 /// [`interlock_libcni::exec::VERSION_TIMEOUT`]); the repair goes ahead without it.
 pub const VERSION_WAIT: Duration = Duration::from_millis(100);
 
+/// Default of how long the guard waits for the primary's first config before it says
+/// where else the runtime may read its configs from.
+pub const PRIMARY_WAIT_HINT: Duration = Duration::from_secs(60);
+
+/// Why the conf dir of `cfg` looks like one no runtime reads, from the runtime's own
+/// config files (`interlock_confdir::runtime_config`); `None` when one of them reads it or
+/// none is visible.
+pub fn conf_dir_unread(cfg: &AgentConfig) -> Option<String> {
+    use confdir::runtime_config;
+    let configs = cfg
+        .runtime_configs
+        .clone()
+        .unwrap_or_else(|| runtime_config::default_configs(cfg.runtime));
+    let mut found = vec![];
+    for r in runtime_config::read(cfg.runtime, &configs) {
+        match r {
+            Ok(f) => found.push(f),
+            Err(e) => warn!("cannot tell which CNI conf dir the runtime reads: {e}"),
+        }
+    }
+    runtime_config::unread(&cfg.conf_dir, &found)
+}
+
 /// What changed in the conf dir.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfChange {
@@ -324,6 +347,15 @@ pub struct Guard {
     /// While a fight goes on: who the other writer most likely is and what to do, for
     /// the readiness reason.
     fight_detail: Option<String>,
+    /// Why the runtime's own config says it reads another conf dir, if it does.
+    conf_dir_unread: Option<String>,
+    /// The agent created the conf dir (it did not exist: no runtime read it so far).
+    created_conf_dir: bool,
+    /// Since when the conf dir has had no primary config (the holding config is planned).
+    waiting_since: Option<Instant>,
+    /// What the wait for the primary's first config suggests, once it lasted
+    /// `cfg.primary_wait_hint` (logged once per wait).
+    wait_hint: Option<String>,
 }
 
 /// The config file the runtime loads from `snap` and the plugin types of its chain: in a
@@ -339,9 +371,7 @@ pub fn effective_primary(cfg: &AgentConfig, snap: &Snapshot) -> (Option<String>,
     };
     match confdir::effective_outcome(snap, cfg.runtime, &bins).0 {
         Some(c) => (
-            c.path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned()),
+            c.path.file_name().map(|n| n.to_string_lossy().into_owned()),
             c.list
                 .plugin_types()
                 .iter()
@@ -412,7 +442,69 @@ impl Guard {
             last_marker: None,
             fight: None,
             fight_detail: None,
+            conf_dir_unread: None,
+            created_conf_dir: false,
+            waiting_since: None,
+            wait_hint: None,
         }
+        .with_conf_dir_checked()
+    }
+
+    fn with_conf_dir_checked(mut self) -> Guard {
+        self.conf_dir_unread = conf_dir_unread(&self.cfg);
+        if let Some(why) = &self.conf_dir_unread {
+            warn!("{why}");
+        }
+        self
+    }
+
+    /// The agent created the conf dir: no runtime read configs from it so far, which the
+    /// wait for the primary's first config says.
+    pub fn created_conf_dir(&mut self) {
+        self.created_conf_dir = true;
+    }
+
+    /// Follows the wait for the primary's first config (`waiting`: the plan writes the
+    /// holding config): once it lasted `cfg.primary_wait_hint`, says once where else the
+    /// runtime may read its configs from.
+    fn follow_wait(&mut self, waiting: bool, now: Instant) {
+        if !waiting {
+            self.waiting_since = None;
+            self.wait_hint = None;
+            return;
+        }
+        let since = *self.waiting_since.get_or_insert(now);
+        let waited = now.saturating_duration_since(since);
+        if self.wait_hint.is_some() || waited < self.cfg.primary_wait_hint {
+            return;
+        }
+        let dir = self.cfg.conf_dir.display();
+        let created = if self.created_conf_dir {
+            " (the agent created it: it did not exist, so no runtime read configs from it)"
+        } else {
+            ""
+        };
+        let hint = match &self.conf_dir_unread {
+            Some(why) => format!("no primary CNI config has appeared in {dir}{created}: {why}"),
+            None => format!(
+                "no primary CNI config has appeared in {dir}{created}: if the runtime reads \
+                 its CNI configs from another directory (containerd: conf_dir of its CRI \
+                 plugin's cni table in config.toml; k3s: \
+                 /var/lib/rancher/k3s/agent/etc/cni/net.d; CRI-O: network_dir in crio.conf), \
+                 point --cni-conf-dir (INTERLOCK_CNI_CONF_DIR) there; otherwise the primary \
+                 CNI (its DaemonSet) has not written its config yet"
+            ),
+        };
+        warn!("waited {waited:.0?}: {hint}");
+        self.wait_hint = Some(hint);
+    }
+
+    /// What a not-ready reason adds about the conf dir while waiting for the primary.
+    fn conf_dir_note(&self) -> Option<&str> {
+        self.waiting_since?;
+        self.wait_hint
+            .as_deref()
+            .or(self.conf_dir_unread.as_deref())
     }
 
     fn check_binaries(&mut self, full: bool) {
@@ -564,8 +656,7 @@ impl Guard {
             // other writer left it).
             self.left.insert(
                 f.to_string(),
-                snap.get(f)
-                    .map(|e| e.content.clone().unwrap_or_default()),
+                snap.get(f).map(|e| e.content.clone().unwrap_or_default()),
             );
             if let Some(fight) = self
                 .fight
@@ -799,6 +890,12 @@ impl Guard {
         let facts = self.facts(snap);
         let plan = plan::plan(snap, &self.settings, &facts);
         let now = Instant::now();
+        self.follow_wait(
+            plan.problem
+                .as_deref()
+                .is_some_and(|p| p.starts_with(plan::WAITING_FOR_PRIMARY)),
+            now,
+        );
         self.end_fights(now);
         let blocked = self.record_conflicts(&plan, snap, now);
         let mut changed = false;
@@ -853,6 +950,13 @@ impl Guard {
             plan: &plan,
             conf_dir: &dir,
         });
+        let r = match self.conf_dir_note() {
+            Some(note) if !r.ready => Readiness {
+                reason: format!("{}; {note}", r.reason),
+                ..r
+            },
+            _ => r,
+        };
         self.set_ready(r);
     }
 
@@ -968,6 +1072,13 @@ impl Guard {
             if let Some(r) = self.retry_at {
                 deadline = deadline.min(r);
             }
+            let hint_at = self
+                .waiting_since
+                .filter(|_| self.wait_hint.is_none())
+                .map(|s| s + self.cfg.primary_wait_hint);
+            if let Some(h) = hint_at {
+                deadline = deadline.min(h);
+            }
             if let Some((_, until)) = self
                 .conflicts
                 .backing_off(now)
@@ -1025,8 +1136,10 @@ impl Guard {
             }
             let backoff_ended = !self.conflicts.backing_off(now).is_empty()
                 || self.shared.readiness().reason.starts_with("backing off");
-            let fight_ended = self.fight_detail.is_some() && self.conflicts.fighting(now).is_empty();
-            if conf || bins || full || retry || backoff_ended || fight_ended {
+            let fight_ended =
+                self.fight_detail.is_some() && self.conflicts.fighting(now).is_empty();
+            let hint_due = hint_at.is_some_and(|h| now >= h);
+            if conf || bins || full || retry || backoff_ended || fight_ended || hint_due {
                 self.reconcile(bins, full);
             }
             if self.last_marker.is_none_or(|t| t.elapsed() >= heartbeat) {

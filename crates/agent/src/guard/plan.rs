@@ -897,6 +897,9 @@ const HOLDING_CNI_VERSION: &str = "1.0.0";
 /// chained into the primary's file and then removed it (chain mode). Without it, every
 /// pod created between the primary's first write and the guard's reaction would start
 /// with the primary alone: an address and no redirection.
+/// How the problem of a plan that writes the holding config starts.
+pub const WAITING_FOR_PRIMARY: &str = "no CNI config from the primary plugin in the conf dir yet";
+
 fn plan_holding(snap: &Snapshot, settings: &Settings) -> Plan {
     let cands = snap.candidates();
     let first = cands.first().map(|c| c.name().to_string());
@@ -904,9 +907,10 @@ fn plan_holding(snap: &Snapshot, settings: &Settings) -> Plan {
         .iter()
         .find(|c| is_ours(c) && first.as_deref() == Some(c.name()))
         .map(|c| c.name().to_string());
-    let problem = "no CNI config from the primary plugin in the conf dir yet: waiting for it; \
-                   pods are held back (their ADD fails) until it appears"
-        .to_string();
+    let problem = format!(
+        "{WAITING_FOR_PRIMARY}: waiting for it; pods are held back (their ADD fails) until it \
+         appears"
+    );
     let Some(name) = existing.or_else(|| match &first {
         Some(f) => owned_name_before(f),
         None => Some("00-interlock.conflist".to_string()),

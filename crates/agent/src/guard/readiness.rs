@@ -181,7 +181,8 @@ mod tests {
         // (fail closed), and the reason carries who and what to do.
         let ok: Result<String, String> = Ok("00-interlock.conflist".into());
         let fighting = vec!["00-interlock.conflist".to_string()];
-        let detail = "the runtime loads 05-cilium.conflist (cilium-cni) meanwhile; set cni.exclusive=false";
+        let detail =
+            "the runtime loads 05-cilium.conflist (cilium-cni) meanwhile; set cni.exclusive=false";
         let clean = Plan::default();
         let o = Observed {
             verdict: &ok,
@@ -196,7 +197,8 @@ mod tests {
         assert!(!r.ready);
         assert!(
             r.reason.starts_with("backing off: ")
-                && r.reason.contains("00-interlock.conflist in /etc/cni/net.d (a fight)")
+                && r.reason
+                    .contains("00-interlock.conflist in /etc/cni/net.d (a fight)")
                 && r.reason.ends_with(detail),
             "{}",
             r.reason
@@ -207,10 +209,7 @@ mod tests {
         });
         assert_eq!(during, r, "the reason changes with each back-off");
         // Over: ready again.
-        let r = judge(&Observed {
-            fighting: &[],
-            ..o
-        });
+        let r = judge(&Observed { fighting: &[], ..o });
         assert!(r.ready, "{}", r.reason);
     }
 }

@@ -199,6 +199,8 @@ pub struct Observed<'a> {
     pub namespace: &'a str,
     /// When the runtime loads interlock's own copy: the file it was copied from.
     pub copied_from: Option<&'a str>,
+    /// Why the runtime's own config says it reads another conf dir, if it does.
+    pub unread_conf_dir: Option<&'a str>,
 }
 
 /// The outcome of [`judge`].
@@ -237,11 +239,22 @@ fn hint_sandbox_unprotected(namespace: &str) -> String {
     format!("the agent repairs these per its --repair-policy within one audit interval; if they stay unprotected, read its log (kubectl -n {namespace} logs ds/interlock-node) or delete the pods so they start again through interlock")
 }
 const HINT_SANDBOX_UNKNOWN: &str = "read each sandbox's reason above; fix the pod's annotations, or run check as root on the host (the agent's pod) so it can enter the pod's netns";
+const HINT_CONF_DIR_UNREAD: &str = "set the agent's conf dir (INTERLOCK_CNI_CONF_DIR, the manifests' cniConfDir) to the one the runtime reads; see docs/install.md#which-conf-dir-the-runtime-reads";
 const HINT_READYZ: &str = "set INTERLOCK_HEALTH_ADDR (or --health-addr) to the agent's health address, or `none` not to ask";
 
 /// The verdict on a node, from what was observed, one area at a time. Pure.
 pub fn judge(o: &Observed<'_>) -> Judgement {
     let (mut f, config_runs_us) = config_findings(o);
+    if let Some(why) = o.unread_conf_dir {
+        f.push(Finding::new(
+            "config.conf-dir-unread",
+            "config",
+            Status::Warn,
+            Effect::None,
+            why.to_string(),
+            HINT_CONF_DIR_UNREAD,
+        ));
+    }
     let (binary, binary_ok) = binary_findings(o);
     f.extend(binary);
     f.extend(agent_findings(o));

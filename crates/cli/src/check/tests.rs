@@ -33,6 +33,7 @@ fn judge_at(
         cri_endpoint: "none",
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
+        unread_conf_dir: None,
     })
 }
 
@@ -236,6 +237,7 @@ fn verdicts_map_to_exit_codes_and_follow_the_worst_finding() {
             cri_endpoint: "none",
             namespace: crate::check::cluster::DEFAULT_NAMESPACE,
             copied_from: None,
+            unread_conf_dir: None,
         })
     };
     assert_eq!(at(&ours, Ok(&m)).verdict.exit_code(), 0);
@@ -287,6 +289,7 @@ fn a_stale_owned_copy_is_at_risk_and_names_the_difference() {
         cri_endpoint: "none",
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
+        unread_conf_dir: None,
     });
     assert_eq!(j.verdict, Verdict::AtRisk);
     let f = j.findings.iter().find(|f| f.id == "config.stale").unwrap();
@@ -335,6 +338,7 @@ fn another_binary_at_interlock_cni_is_unprotected() {
             cri_endpoint: "none",
             namespace: crate::check::cluster::DEFAULT_NAMESPACE,
             copied_from: None,
+            unread_conf_dir: None,
         })
     };
     let impostor = BinaryFacts {
@@ -411,6 +415,7 @@ fn a_missing_primary_plugin_binary_is_at_risk() {
         cri_endpoint: "none",
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
+        unread_conf_dir: None,
     });
     assert_eq!(j.verdict, Verdict::AtRisk);
     assert_eq!(j.findings[0].id, "config.plugin-missing");
@@ -444,6 +449,7 @@ fn an_unreachable_readyz_is_said_even_when_protected() {
         cri_endpoint: "none",
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
+        unread_conf_dir: None,
     });
     assert_eq!(j.verdict, Verdict::Protected);
     assert!(
@@ -495,6 +501,7 @@ fn another_mesh_plugin_in_the_chain_is_unprotected() {
                 cri_endpoint: "none",
                 namespace: crate::check::cluster::DEFAULT_NAMESPACE,
                 copied_from: None,
+                unread_conf_dir: None,
             });
             assert_eq!(
                 j.verdict,
@@ -551,10 +558,14 @@ fn a_fight_is_a_finding_while_it_lasts_and_a_warning_for_an_hour_after() {
     m.fight = Some(fight.clone());
     let (ok, verdict, f) = judge_at(&e, Some(&b), Ok(&m), now, Some(503));
     assert!(!ok && verdict.starts_with("AT RISK"), "{verdict}");
-    let x = f.iter().find(|x| x.id == "config.fight").expect("no fight finding");
+    let x = f
+        .iter()
+        .find(|x| x.id == "config.fight")
+        .expect("no fight finding");
     assert_eq!(x.status, Status::Fail);
     assert!(
-        x.message.contains("00-interlock.conflist was undone 9 times")
+        x.message
+            .contains("00-interlock.conflist was undone 9 times")
             && x.message.contains("05-cilium.conflist (cilium-cni)"),
         "{}",
         x.message
@@ -575,7 +586,11 @@ fn a_fight_is_a_finding_while_it_lasts_and_a_warning_for_an_hour_after() {
     assert!(verdict.contains("config.recent-fight"), "{verdict}");
     let x = f.iter().find(|x| x.id == "config.recent-fight").unwrap();
     assert_eq!(x.status, Status::Warn);
-    assert!(x.message.contains("9 times") && x.message.contains("600 s ago"), "{}", x.message);
+    assert!(
+        x.message.contains("9 times") && x.message.contains("600 s ago"),
+        "{}",
+        x.message
+    );
     // Over for more than an hour: nothing.
     m.fight = Some(ConfigFight {
         ended_at_ms: Some(now - RECENT_FIGHT_MS - 1),
@@ -583,6 +598,47 @@ fn a_fight_is_a_finding_while_it_lasts_and_a_warning_for_an_hour_after() {
     });
     let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, Some(200));
     assert!(ok && f.iter().all(|x| !x.id.contains("fight")), "{f:?}");
+}
+
+#[test]
+fn a_conf_dir_the_runtime_does_not_read_is_a_warning_naming_both() {
+    let now = 1_000_000;
+    let (_d, e) = effective(&[
+        ("00-interlock.conflist", OURS),
+        ("10-calico.conflist", PRIMARY),
+    ]);
+    let m = marker(true, 500, now);
+    let b = bin();
+    let readyz = Readyz::Answered(200);
+    let why = "the CNI conf dir /var/lib/rancher/k3s/agent/etc/cni/net.d is not the one the runtime reads: /etc/containerd/config.toml reads /etc/cni/net.d";
+    let j = judge(&Observed {
+        effective: &e,
+        binary: Some(&b),
+        bin_dirs: NO_DIRS,
+        marker: Ok(&m),
+        now_ms: now,
+        readyz: &readyz,
+        missing_plugins: &[],
+        stale: None,
+        sandboxes: &SandboxesSeen::NotAsked,
+        cri_endpoint: "none",
+        namespace: crate::check::cluster::DEFAULT_NAMESPACE,
+        copied_from: None,
+        unread_conf_dir: Some(why),
+    });
+    let x = j
+        .findings
+        .iter()
+        .find(|x| x.id == "config.conf-dir-unread")
+        .expect("no finding");
+    assert_eq!(x.status, Status::Warn);
+    assert_eq!(x.message, why);
+    assert!(x.hint.contains("docs/install.md#"), "{}", x.hint);
+    assert!(
+        j.summary.contains("config.conf-dir-unread"),
+        "{}",
+        j.summary
+    );
 }
 
 #[test]
@@ -619,6 +675,7 @@ fn fixed_report(files: &[(&str, &str)], binary: Option<BinaryFacts>, readyz: Rea
         cri_endpoint: "none",
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
+        unread_conf_dir: None,
     });
     let mut r = NodeReport::new(
         Parts {
@@ -807,6 +864,7 @@ fn judge_sandboxes(s: &super::sandboxes::SandboxesSeen) -> Judgement {
         cri_endpoint: "unix:///run/containerd/containerd.sock",
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
+        unread_conf_dir: None,
     })
 }
 

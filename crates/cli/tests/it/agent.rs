@@ -6,6 +6,7 @@ use crate::common;
 
 use common::*;
 use serde_json::{json, Value};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -127,7 +128,8 @@ fn aws_node_like_rename_writer_owned_copy_follows() {
 fn chain_mode_conflicting_rewriter_backs_off_reports_file_then_repairs() {
     let d = Dirs::new();
     d.write("10-calico.conflist", CALICO);
-    let a = d.agent(&["--config-mode", "chain"]);
+    // A short forgiveness period: readiness comes back 1 s after the last back-off.
+    let a = d.agent(&["--config-mode", "chain", "--conflict-forgive-seconds", "1"]);
     assert_eq!(wait_protected(&d, &a), "10-calico.conflist");
     assert_eq!(
         plugin_types(&d.json("10-calico.conflist")),
@@ -157,9 +159,13 @@ fn chain_mode_conflicting_rewriter_backs_off_reports_file_then_repairs() {
         metrics.contains("interlock_config_backoff{file=\"10-calico.conflist\"} 1"),
         "{metrics}"
     );
-    assert!(a
-        .log_text()
-        .contains("keeps being rewritten by another writer"));
+    // The fight is reported naming the primary the runtime loads meanwhile.
+    let log = a.log_text();
+    assert!(
+        log.contains("a fight, most likely")
+            && log.contains("the runtime loads 10-calico.conflist (bridge, portmap) meanwhile"),
+        "{log}"
+    );
     // Every conflict before the back-off is logged too, naming the file and what it holds.
     assert!(
         a.log_text().contains(
@@ -962,9 +968,11 @@ fn owned_and_chain_agents_on_one_dir_back_off_and_keep_interlock_effective() {
     assert_eq!(plugin_types(&c), ["bridge", "portmap", "interlock-cni"]);
     let orig: Value = serde_json::from_str(CALICO).unwrap();
     assert_eq!(without_us(&c), orig, "foreign data lost");
-    assert!(a
-        .log_text()
-        .contains("keeps being rewritten by another writer"));
+    let log = a.log_text();
+    assert!(
+        log.contains("a fight, most likely") && log.contains("a second interlock agent"),
+        "{log}"
+    );
 }
 
 /// Peak resident memory of `pid` (VmHWM) in KiB.
@@ -1349,5 +1357,114 @@ fn a_state_dir_others_can_write_is_not_ready() {
         Duration::from_secs(10),
         || a.ready() == Some(true),
         || format!("{:?}\n{}", a.get("/readyz"), a.log_text()),
+    );
+}
+
+/// An agent pointed at a conf dir no runtime reads (as with k3s's path on a stock
+/// containerd: here the dir did not even exist, and the runtime's config.toml names
+/// another) says so, naming both paths, instead of waiting silently: a WARN at start, its
+/// not-ready reason, a hint once the wait for the primary lasted (once), and `interlock
+/// check`'s `config.conf-dir-unread`. Pointed at the runtime's dir, nothing is flagged.
+#[test]
+fn a_conf_dir_no_runtime_reads_is_flagged_naming_both_paths() {
+    let d = Dirs::new();
+    std::fs::remove_dir(&d.conf).unwrap();
+    let real = d.tmp.path().join("runtime-net.d");
+    std::fs::create_dir(&real).unwrap();
+    let toml = d.tmp.path().join("config.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  conf_dir = \"{}\"\n",
+            real.display()
+        ),
+    )
+    .unwrap();
+    let a = d.agent(&[
+        "--runtime-config",
+        toml.to_str().unwrap(),
+        "--primary-wait-hint-seconds",
+        "1",
+    ]);
+    let named = |s: &str| {
+        s.contains(&format!(
+            "the CNI conf dir {} is not the one the runtime reads",
+            d.conf.display()
+        )) && s.contains(&format!("{} reads {}", toml.display(), real.display()))
+    };
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            a.get("/readyz")
+                .is_some_and(|(c, body)| c == 503 && named(&body))
+        },
+        || format!("{:?}\nlog:\n{}", a.get("/readyz"), a.log_text()),
+    );
+    assert!(
+        a.log_text().lines().any(|l| l.contains("WARN") && named(l)),
+        "{}",
+        a.log_text()
+    );
+    // The wait for the primary's first config: said once, with the dir's creation.
+    let waited = format!(
+        "no primary CNI config has appeared in {} (the agent created it",
+        d.conf.display()
+    );
+    wait_until(
+        Duration::from_secs(10),
+        || a.log_text().contains(&waited),
+        || a.log_text(),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let log = a.log_text();
+    let hints = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("waited ") && l.contains(&waited))
+        .count();
+    assert_eq!(hints, 1, "{log}");
+    // ... and the not-ready reason carries it.
+    let body = a.get("/readyz").unwrap().1;
+    assert!(body.contains(&waited), "{body}");
+    // `check`: a warning naming both paths.
+    let check = |conf: &std::path::Path| {
+        let out = Command::new(interlock())
+            .args([
+                "check",
+                "--cri-endpoint",
+                "none",
+                "--health-addr",
+                "none",
+                "-o",
+                "json",
+            ])
+            .arg("--cni-conf-dir")
+            .arg(conf)
+            .arg("--state-dir")
+            .arg(&d.state)
+            .arg("--runtime-config")
+            .arg(&toml)
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let doc = check(&d.conf);
+    let f = doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == "config.conf-dir-unread")
+        .unwrap_or_else(|| panic!("{doc}"))
+        .clone();
+    assert_eq!(f["status"], "warn", "{f}");
+    assert!(named(f["message"].as_str().unwrap()), "{f}");
+    // The runtime's own dir: nothing to flag.
+    let doc = check(&real);
+    assert!(
+        doc["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["id"] != "config.conf-dir-unread"),
+        "{doc}"
     );
 }

@@ -89,6 +89,16 @@ impl Dirs {
         for d in [&conf, &bin, &state] {
             std::fs::create_dir_all(d).unwrap();
         }
+        // The runtime these tests stand for reads `conf` (the host's own containerd, if
+        // any, reads another directory).
+        std::fs::write(
+            tmp.path().join("containerd.toml"),
+            format!(
+                "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  conf_dir = \"{}\"\n",
+                conf.display()
+            ),
+        )
+        .unwrap();
         // The primary's plugins, so VERSION answers are real.
         for p in ["bridge", "portmap", "host-local"] {
             let src = interlock_testkit::cni_plugins_dir().join(p);
@@ -107,13 +117,17 @@ impl Dirs {
     /// `interlock <sub>` pointed at these conf, bin and state dirs.
     pub fn interlock(&self, sub: &str) -> Command {
         let mut cmd = Command::new(interlock());
-        cmd.arg(sub)
-            .arg("--cni-conf-dir")
-            .arg(&self.conf)
-            .arg("--cni-bin-dir")
-            .arg(&self.bin)
-            .arg("--state-dir")
-            .arg(&self.state);
+        cmd.env(
+            "INTERLOCK_RUNTIME_CONFIG",
+            self.tmp.path().join("containerd.toml"),
+        )
+        .arg(sub)
+        .arg("--cni-conf-dir")
+        .arg(&self.conf)
+        .arg("--cni-bin-dir")
+        .arg(&self.bin)
+        .arg("--state-dir")
+        .arg(&self.state);
         cmd
     }
 

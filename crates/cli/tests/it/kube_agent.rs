@@ -161,8 +161,10 @@ fn an_exclusive_primary_is_a_fight_backed_off_named_and_reported() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let api = KubeApi::start().unwrap();
-    api.put_object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
-        "spec": {"taints": [{"key": TAINT_NOT_READY, "effect": "NoSchedule"}]}}));
+    api.put_object(
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+        "spec": {"taints": [{"key": TAINT_NOT_READY, "effect": "NoSchedule"}]}}),
+    );
     let d = Dirs::new();
     let kubeconfig = d.tmp.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig).unwrap();
@@ -281,7 +283,9 @@ fn an_exclusive_primary_is_a_fight_backed_off_named_and_reported() {
     assert!(
         api.wait_until(LOSS_DEBOUNCE + Duration::from_secs(5), |api| taint_keys(
             api
-        ) == [TAINT_NOT_READY]),
+        ) == [
+            TAINT_NOT_READY
+        ]),
         "taint not back; log:\n{}",
         a.log_text()
     );

@@ -303,6 +303,11 @@ impl Containerd {
         self.layout.conf_dir()
     }
 
+    /// containerd's config file (naming the conf dir, as `--runtime-config` reads it).
+    pub fn config_path(&self) -> PathBuf {
+        self.layout.config()
+    }
+
     /// The CNI bin dir containerd runs plugins from (`cni.bin_dir`).
     pub fn bin_dir(&self) -> PathBuf {
         self.layout.bin_dir()
