@@ -19,6 +19,7 @@ pub mod error;
 pub mod expr;
 pub mod rule;
 pub mod socket;
+pub mod syntax;
 #[allow(dead_code)]
 mod sys;
 
@@ -31,3 +32,4 @@ pub use expr::{
 };
 pub use rule::{Rule, IPPROTO_TCP, IPPROTO_UDP, NFPROTO_IPV4, NFPROTO_IPV6};
 pub use socket::{ChainInfo, Nft};
+pub use syntax::nft_syntax;

@@ -558,12 +558,10 @@ fn tags(rules: &[&Rule]) -> String {
         .join(" ")
 }
 
+/// The rule as `nft list` shows it (what an operator reads and types), not the raw
+/// netlink expressions.
 fn exprs_line(r: &Rule) -> String {
-    r.exprs
-        .iter()
-        .map(|e| e.to_string())
-        .collect::<Vec<_>>()
-        .join(" ")
+    interlock_nft::nft_syntax(&r.exprs)
 }
 
 fn one_line(r: &Rule) -> String {
@@ -1231,6 +1229,20 @@ mod tests {
                 .any(|m| m.contains("unexpected rule in chain inbound")),
             "{d:?}"
         );
+        // In the words nft itself took them in (as `nft list` prints them), not as raw
+        // netlink expressions.
+        assert!(
+            d.iter()
+                .any(|m| m.contains("altered") && m.contains("found meta skuid 0 return")),
+            "{d:?}"
+        );
+        assert!(
+            d.iter()
+                .any(|m| m.contains("unexpected rule in chain inbound")
+                    && m.ends_with("tcp dport 22 return")),
+            "{d:?}"
+        );
+        assert!(d.iter().all(|m| !m.contains("[ ")), "{d:?}");
         ns.run(|| be.apply(&s)).unwrap();
         assert_eq!(ns.run(|| be.verify(&s)).unwrap(), Verification::Exact);
         ns.exec_ok(&[
