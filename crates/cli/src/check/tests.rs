@@ -571,7 +571,9 @@ fn a_fight_is_a_finding_while_it_lasts_and_a_warning_for_an_hour_after() {
         x.message
     );
     assert!(
-        x.hint.contains("cni.exclusive=false") && x.hint.contains("docs/install.md#"),
+        x.hint.contains("cni.exclusive=false")
+            && x.hint
+                .contains("docs/install.md#primaries-that-remove-other-configs"),
         "{}",
         x.hint
     );
@@ -633,7 +635,12 @@ fn a_conf_dir_the_runtime_does_not_read_is_a_warning_naming_both() {
         .expect("no finding");
     assert_eq!(x.status, Status::Warn);
     assert_eq!(x.message, why);
-    assert!(x.hint.contains("docs/install.md#"), "{}", x.hint);
+    assert!(
+        x.hint
+            .contains("docs/install.md#which-conf-dir-the-runtime-reads"),
+        "{}",
+        x.hint
+    );
     assert!(
         j.summary.contains("config.conf-dir-unread"),
         "{}",
