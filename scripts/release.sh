@@ -6,6 +6,13 @@
 #   interlock-<version>-<arch>.oci.tar the image, an OCI archive (`ctr images import`,
 #                                      `skopeo copy oci-archive:…`)
 #   SHA256SUMS                         `sha256sum -c SHA256SUMS` checks all three
+#   interlock.1                        the man page (`man -l interlock.1`)
+#   completions/interlock.bash, completions/_interlock, completions/interlock.fish
+#                                      shell completions (bash, zsh, fish)
+#
+# The man page and completions are generated from the CLI's definition by the released
+# binary (`interlock man`, `interlock completions SHELL`); when it cannot run here (built
+# for another architecture) they are left out, with a note.
 #
 #   scripts/release.sh DIST ROOTFS ARCHIVE
 #
@@ -27,5 +34,16 @@ files=("interlock-$version-$triple" "interlock-cni-$version-$triple" "interlock-
 install -m 0755 "$rootfs/usr/local/bin/interlock" "$dist/${files[0]}"
 install -m 0755 "$rootfs/usr/local/bin/interlock-cni" "$dist/${files[1]}"
 install -m 0644 "$archive" "$dist/${files[2]}"
+cli="$dist/${files[0]}"
+if "$cli" --version >/dev/null 2>&1; then
+  mkdir -p "$dist/completions"
+  "$cli" man >"$dist/interlock.1.tmp" && mv "$dist/interlock.1.tmp" "$dist/interlock.1"
+  for sh in bash:interlock.bash zsh:_interlock fish:interlock.fish; do
+    "$cli" completions "${sh%%:*}" >"$dist/completions/${sh#*:}.tmp"
+    mv "$dist/completions/${sh#*:}.tmp" "$dist/completions/${sh#*:}"
+  done
+else
+  echo "release: $cli does not run here (another architecture): no man page or completions" >&2
+fi
 (cd "$dist" && sha256sum "${files[@]}" >SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS)
 ls -l "$dist"

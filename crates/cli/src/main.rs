@@ -13,8 +13,9 @@ mod validate;
 /// and `check` alike: ':' as in `CNI_PATH` and `PATH`.
 pub const BIN_DIR_DELIMITER: char = ':';
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use interlock_agent::health::telemetry::{self, LogFormat};
+use std::io::Write;
 
 /// interlock: race-free, verifiable service-mesh traffic redirection for Kubernetes nodes.
 #[derive(Debug, Parser)]
@@ -62,6 +63,41 @@ enum Command {
     /// Print the Kubernetes objects that install interlock (`| kubectl apply -f -`);
     /// settings from values files (`-f values.yaml`) and `--set key=value`.
     Manifests(manifests::ManifestsArgs),
+    /// Print a completion script for a shell, generated from this command line
+    /// (bash: `interlock completions bash > /etc/bash_completion.d/interlock`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), generated from this command line
+    /// (`interlock man | man -l -`).
+    Man,
+}
+
+/// The completion script for `shell`.
+fn completions(shell: clap_complete::Shell, out: &mut dyn Write) {
+    clap_complete::generate(shell, &mut Cli::command(), "interlock", out);
+}
+
+/// The man page: the command, then a section per subcommand with its own options.
+fn man_page(out: &mut dyn Write) -> std::io::Result<()> {
+    let cmd = Cli::command();
+    clap_mangen::Man::new(cmd.clone()).render(out)?;
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let title = format!("INTERLOCK-{}", sub.get_name().to_uppercase());
+        let sub = sub
+            .clone()
+            .bin_name(format!("interlock {}", sub.get_name()));
+        let man = clap_mangen::Man::new(sub);
+        // One page: the subcommand's own description, synopsis and options as sections
+        // of this one.
+        writeln!(out, ".SH \"{title}\"")?;
+        man.render_description_section(out)?;
+        man.render_synopsis_section(out)?;
+        man.render_options_section(out)?;
+    }
+    Ok(())
 }
 
 /// The exit code of a command line that does not parse (sysexits' EX_USAGE), apart from
@@ -107,9 +143,76 @@ fn main() -> std::process::ExitCode {
         Command::Inspect(a) => inspect::run(a),
         Command::Validate(a) => validate::run(a),
         Command::Manifests(a) => manifests::run(a),
+        Command::Completions { shell } => {
+            completions(shell, &mut std::io::stdout().lock());
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Man => man_page(&mut std::io::stdout().lock())
+            .map(|()| std::process::ExitCode::SUCCESS)
+            .map_err(Into::into),
     };
     result.unwrap_or_else(|e| {
         eprintln!("interlock: {e:#}");
         std::process::ExitCode::from(error_code)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SUBCOMMANDS: [&str; 8] = [
+        "agent",
+        "uninstall",
+        "check",
+        "inspect",
+        "validate",
+        "manifests",
+        "completions",
+        "man",
+    ];
+
+    #[test]
+    fn completions_are_generated_for_each_shell_and_know_every_subcommand() {
+        for (shell, marker) in [
+            (clap_complete::Shell::Bash, "complete -F"),
+            (clap_complete::Shell::Zsh, "#compdef interlock"),
+            (clap_complete::Shell::Fish, "complete -c interlock"),
+        ] {
+            let mut out = vec![];
+            completions(shell, &mut out);
+            let text = String::from_utf8(out).unwrap();
+            assert!(text.contains(marker), "{shell}: {text}");
+            for sub in SUBCOMMANDS {
+                assert!(text.contains(sub), "{shell}: no {sub}");
+            }
+            // Subcommand flags too, and the values of a value enum (`-o text|json`).
+            assert!(text.contains("cni-conf-dir"), "{shell}");
+            assert!(text.contains("json"), "{shell}");
+        }
+    }
+
+    #[test]
+    fn the_man_page_has_every_subcommand_and_its_options() {
+        let mut out = vec![];
+        man_page(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with(".ie") || text.contains(".TH interlock"),
+            "{text}"
+        );
+        assert!(text.contains(".TH interlock 1"), "{text}");
+        for sub in SUBCOMMANDS {
+            assert!(
+                text.contains(&format!(".SH \"INTERLOCK-{}\"", sub.to_uppercase())),
+                "no section for {sub}"
+            );
+        }
+        // Options of a subcommand, with their environment variable.
+        assert!(text.contains("cni\\-conf\\-dir"), "{text}");
+        assert!(
+            text.contains("INTERLOCK_CONFLICT_THRESHOLD")
+                || text.contains("INTERLOCK_CNI_CONF_DIR")
+        );
+    }
 }
