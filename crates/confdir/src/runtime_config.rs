@@ -229,7 +229,7 @@ version = 2
         let found = read(Runtime::Containerd, &[cfg]);
         let f = found[0].as_ref().unwrap();
         assert!(!f.explicit && f.conf_dir == Path::new(DEFAULT_CONF_DIR));
-        assert!(unread(Path::new("/k3s/net.d"), &[f.clone()])
+        assert!(unread(Path::new("/k3s/net.d"), std::slice::from_ref(f))
             .unwrap()
             .contains("(its default)"));
     }
