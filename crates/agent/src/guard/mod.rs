@@ -176,15 +176,21 @@ pub fn effective_verdict(
     snap: &Snapshot,
     accepts: &[String],
 ) -> Result<String, String> {
+    with_bins(cfg, |bins| {
+        plan::check_effective_with(snap, &cfg.settings(), bins, accepts)
+    })
+}
+
+/// Runs `f` with `cfg`'s bin dirs looked up for real (interlock-cni counts as present).
+fn with_bins<R>(cfg: &AgentConfig, f: impl FnOnce(&Binaries<'_>) -> R) -> R {
     let dirs = &cfg.bin_dirs;
     let present =
         |t: &str| t == plan::PLUGIN_TYPE || interlock_libcni::exec::find_plugin(t, dirs).is_some();
-    let bins = Binaries {
+    f(&Binaries {
         dirs,
         present: &present,
         versions: None,
-    };
-    plan::check_effective_with(snap, &cfg.settings(), &bins, accepts)
+    })
 }
 
 /// One directory interlock depends on, as found on disk.
@@ -361,15 +367,9 @@ pub struct Guard {
 /// The config file the runtime loads from `snap` and the plugin types of its chain: in a
 /// fight, the primary that most likely is the other writer.
 pub fn effective_primary(cfg: &AgentConfig, snap: &Snapshot) -> (Option<String>, Vec<String>) {
-    let dirs = &cfg.bin_dirs;
-    let present =
-        |t: &str| t == plan::PLUGIN_TYPE || interlock_libcni::exec::find_plugin(t, dirs).is_some();
-    let bins = Binaries {
-        dirs,
-        present: &present,
-        versions: None,
-    };
-    match confdir::effective_outcome(snap, cfg.runtime, &bins).0 {
+    match with_bins(cfg, |bins| {
+        confdir::effective_outcome(snap, cfg.runtime, bins).0
+    }) {
         Some(c) => (
             c.path.file_name().map(|n| n.to_string_lossy().into_owned()),
             c.list
