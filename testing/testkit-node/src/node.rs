@@ -483,11 +483,15 @@ impl Node {
         flag("--cni-bin-dir", &self.bin_dir());
         flag("--state-dir", &self.state_dir());
         flag("--cri-endpoint", &self.kit().endpoint());
-        // The kit's containerd config: the runtime that reads this conf dir.
-        flag("--runtime-config", &self.kit().config_path());
         flag("--plugin-source", &self.options.plugin);
         flag("--health-addr", &health.to_string());
-        let mut env: Vec<(OsString, OsString)> = Vec::new();
+        // The kit's containerd config: the runtime that reads this conf dir (in the
+        // environment, which an older release's agent ignores, not as a flag it would
+        // refuse).
+        let mut env: Vec<(OsString, OsString)> = vec![(
+            "INTERLOCK_RUNTIME_CONFIG".into(),
+            self.kit().config_path().into(),
+        )];
         if self.api.is_some() {
             flag("--kube", &"auto");
             flag("--node-name", &NODE_NAME);
