@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
+use interlock_contract::layout::ATTACHMENTS_DIR;
 use interlock_redirect::backend::iptables::{self, Flavour, Tool};
 use interlock_redirect::{PodView, ProfileName};
 use interlock_testkit_node::node::{
@@ -78,6 +79,10 @@ struct Way {
     meshed: Vec<Duration>,
     unmeshed: Vec<Duration>,
     del: Vec<Duration>,
+    /// The plugin's own ADD time of each meshed sequential start, from its attachment
+    /// records (`addUs`: decide, rules, proof, up to the record): how much of the
+    /// start's difference is the plugin's own work.
+    plugin_add: Vec<Duration>,
     /// Per burst size: every start's latency and each burst's pods per second.
     bursts: Vec<(usize, Vec<Duration>, Vec<f64>)>,
     /// The stand-in's build directory (kept while the node may exec it).
@@ -188,6 +193,7 @@ fn start_way(
         meshed: Vec::new(),
         unmeshed: Vec::new(),
         del: Vec::new(),
+        plugin_add: Vec::new(),
         bursts: Vec::new(),
         _standin: standin,
     })
@@ -251,7 +257,8 @@ fn sequential(way: &mut Way, n: usize, meshed: bool) -> anyhow::Result<Vec<Durat
     let configs: Vec<_> = (0..n)
         .map(|_| way.node.pod_config("bench", meshed))
         .collect();
-    let (starts, dels) = way.node.block_on(async move {
+    let records = way.node.state_dir().join(ATTACHMENTS_DIR);
+    let (starts, dels, plugin_add) = way.node.block_on(async move {
         let mut ids = Vec::new();
         let mut starts = Vec::new();
         for c in &configs {
@@ -260,6 +267,8 @@ fn sequential(way: &mut Way, n: usize, meshed: bool) -> anyhow::Result<Vec<Durat
             starts.push(t.elapsed());
             ids.push(id);
         }
+        // Before the DELs remove them.
+        let plugin_add = add_times(&records);
         let mut dels = Vec::new();
         for id in &ids {
             let t = Instant::now();
@@ -267,10 +276,28 @@ fn sequential(way: &mut Way, n: usize, meshed: bool) -> anyhow::Result<Vec<Durat
             dels.push(t.elapsed());
             cri.remove_sandbox(id).await.context("RemovePodSandbox")?;
         }
-        anyhow::Ok((starts, dels))
+        anyhow::Ok((starts, dels, plugin_add))
     })?;
     way.del.extend(dels);
+    if meshed {
+        way.plugin_add.extend(plugin_add);
+    }
     Ok(starts)
+}
+
+/// The `addUs` of every attachment record in `dir` (none when there is no such dir:
+/// no interlock on the node).
+fn add_times(dir: &std::path::Path) -> Vec<Duration> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let v: Value = serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok()?;
+            Some(Duration::from_micros(v.get("addUs")?.as_u64()?))
+        })
+        .collect()
 }
 
 /// `n` meshed sandboxes started at once; each start's latency and the pods per second.
@@ -371,6 +398,7 @@ fn report(
                 "meshed_start_ms": ms(&Summary::of(&w.meshed)),
                 "unmeshed_start_ms": ms(&Summary::of(&w.unmeshed)),
                 "del_ms": ms(&Summary::of(&w.del)),
+                "plugin_own_add_ms": ms(&Summary::of(&w.plugin_add)),
                 "bursts": bursts,
             }),
         );

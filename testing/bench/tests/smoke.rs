@@ -334,6 +334,15 @@ fn sandbox_quick_run_measures_every_way_and_judges_every_budget() {
             );
         }
     }
+    // The plugin's own ADD time, read from its records: only where it runs.
+    positive(
+        &doc["ways"]["interlock"]["plugin_own_add_ms"]["p50_ms"],
+        "interlock-cni's own ADD",
+    );
+    assert!(
+        doc["ways"]["primary"]["plugin_own_add_ms"].is_null(),
+        "{doc}"
+    );
     let budgets = doc["budgets"].as_array().expect("budgets");
     assert_eq!(budgets.len(), 3, "{doc}");
     for b in budgets {
