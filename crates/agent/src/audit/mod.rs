@@ -544,16 +544,37 @@ impl Auditor {
     /// longer lists (`listed`: every sandbox it does) and whose netns is gone: an
     /// in-place repair wrote them, and the sandbox's DEL ran through a chain without
     /// interlock (`interlock_attach::collect`).
+    ///
+    /// Then removes the netns lock files a holder that died left without a record (an
+    /// agent stopped mid-repair; `NetnsStore::sweep_orphan_locks`: never one a live
+    /// process holds).
     async fn collect_gone(&self, listed: BTreeSet<String>) {
         let state_dir = self.plugin.state_dir.clone();
-        let (done, failed) = match tokio::task::spawn_blocking(move || {
-            interlock_attach::collect::collect_dead(&state_dir, &listed)
+        let (done, mut failed, swept) = match tokio::task::spawn_blocking(move || {
+            let (done, failed) = interlock_attach::collect::collect_dead(&state_dir, &listed);
+            let swept =
+                interlock_redirect::netns_record::NetnsStore::new(&state_dir).sweep_orphan_locks();
+            (done, failed, swept)
         })
         .await
         {
             Ok(r) => r,
-            Err(e) => (vec![], vec![format!("the collecting thread failed: {e}")]),
+            Err(e) => (
+                vec![],
+                vec![format!("the collecting thread failed: {e}")],
+                Ok(vec![]),
+            ),
         };
+        match swept {
+            Ok(files) => {
+                for f in files {
+                    info!(file = %f.display(), "audit: removed a netns lock file its holder left when it died (no record beside it)");
+                }
+            }
+            Err(e) => failed.push(format!(
+                "sweeping netns lock files left by dead holders: {e}"
+            )),
+        }
         for c in done {
             info!(
                 pod = %c.pod,
