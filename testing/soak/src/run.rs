@@ -15,7 +15,7 @@ use interlock_testkit_node::node::{AgentArgs, Capture, Node, NodeOptions, Sandbo
 
 use crate::chaos::{ChaosKind, ChaosPlan, ChaosTiming};
 use crate::chaos_loop::{ChaosLoop, HealthAddr, NodeFiles, NodeOps, ReadinessPoller};
-use crate::checker::{Checker, CheckerConfig, Clock, Stopping, MESH_ANNOTATION};
+use crate::checker::{Checker, CheckerConfig, CheckerState, Clock, Stopping, MESH_ANNOTATION};
 use crate::ledger::{judge, Budget, Ms, Timeline, Verdict, VerdictCounts, Violation};
 use crate::probe::ProbeServer;
 use crate::report::{
@@ -340,8 +340,8 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
     }
     std::thread::sleep(Duration::from_millis(opts.repair_budget_ms() + 500));
     checker.wait_rounds(2, Duration::from_secs(10));
-    let final_check = final_check(&soak_node.node, &server, gateway, &mut violations);
-    let checked = checker.stop();
+    let (checked, final_check, found) = end_check(checker, &soak_node.node, &server, gateway);
+    violations.extend(found);
     let readiness = poller.stop();
     let mut ledger = checked.ledger;
     ledger.finish(clock.now_ms());
@@ -573,8 +573,27 @@ impl Drop for ProgressGuard {
     }
 }
 
-/// Checks every sandbox still running, twice and independently: the soak's own probe
-/// (exposed or not) and the kit's capture check (redirected, with `SO_ORIGINAL_DST`).
+/// The end-of-run check: stops the checker, then checks every sandbox still running,
+/// twice and independently: the soak's own probe (exposed or not) and the kit's capture
+/// check (redirected, with `SO_ORIGINAL_DST`). Returns what the checker learnt, the
+/// check, and its violations (`left_unprotected`, `final_check_failed`).
+///
+/// The checker must be stopped first: the capture check listens on the proxy port inside
+/// each meshed sandbox, and a checker probe of the same sandbox meanwhile is redirected
+/// to that listener too; the check then sees a connection whose original destination is
+/// the probe server and calls the sandbox unverified.
+pub fn end_check(
+    checker: Checker,
+    node: &Node,
+    server: &ProbeServer,
+    gateway: std::net::Ipv4Addr,
+) -> (CheckerState, FinalCheck, Vec<Violation>) {
+    let checked = checker.stop();
+    let mut violations = Vec::new();
+    let out = final_check(node, server, gateway, &mut violations);
+    (checked, out, violations)
+}
+
 fn final_check(
     node: &Node,
     server: &ProbeServer,
