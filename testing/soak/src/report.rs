@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::chaos::ChaosKind;
 use crate::ledger::{quantile, Exposure, Ms, VerdictCounts, Violation};
+use crate::sentinel::SentinelOutcome;
 use crate::workload::WorkloadStats;
 
 /// Quantiles of a set of durations, in milliseconds.
@@ -63,6 +64,10 @@ pub struct Settings {
     pub other_build: String,
     /// The least time the workload runs, in seconds.
     pub min_duration_s: u64,
+    /// The fake Kubernetes API ran (sentinels checked through it).
+    pub kube: bool,
+    /// The agent's `--repair-policy`.
+    pub repair_policy: String,
 }
 
 /// Sandboxes created and how.
@@ -138,6 +143,9 @@ pub struct Chaos {
     pub plugin_reinstall_ms: Distribution,
     /// Steps that failed to apply or undo.
     pub errors: Vec<String>,
+    /// Every sentinel planted: a meshed pod started unprotected on purpose, and what the
+    /// API showed about it.
+    pub sentinels: Vec<SentinelOutcome>,
 }
 
 /// What the checker did.
@@ -343,6 +351,21 @@ impl Report {
             events.join(", "),
             self.settings.other_build
         ));
+        let sentinels = &self.chaos.sentinels;
+        if !sentinels.is_empty() {
+            let reported: Vec<Ms> = sentinels
+                .iter()
+                .filter_map(|o| o.reported_after_ms)
+                .collect();
+            out.push_str(&format!(
+                "  sentinels (meshed pods started unprotected on purpose, repair policy {}): {} planted, {} with the Event{} the policy promises in the fake API (max {} ms after the agent's start)\n",
+                self.settings.repair_policy,
+                sentinels.len(),
+                reported.len(),
+                if sentinels.iter().any(|o| o.labelled) { " and label" } else { "" },
+                reported.iter().max().map_or("-".into(), |m| m.to_string())
+            ));
+        }
         if !s.unreadable_cni_caches_cleared.is_empty() {
             out.push_str(&format!(
                 "  runtime fault cleared to tear down: {} libcni result cache(s) containerd left unreadable (killed while writing them): {}\n",
