@@ -498,6 +498,72 @@ pub fn readyz_status(addr: std::net::SocketAddr, timeout: Duration) -> std::io::
     })
 }
 
+/// The most of `/metrics` [`agent_version`] reads (a node's series are a few KiB).
+const MAX_METRICS_BYTES: usize = 4 << 20;
+
+/// The version of the agent serving `/metrics` at `addr`, from its
+/// `interlock_build_info{version="…"}` series (`None`: the page has no such series).
+/// Blocking; bounded by `timeout`. `interlock check node` compares it with the plugin's
+/// and its own (the skew policy, docs/operate.md#upgrading).
+pub fn agent_version(
+    addr: std::net::SocketAddr,
+    timeout: Duration,
+) -> std::io::Result<Option<String>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (code, body) = rt.block_on(async {
+        tokio::time::timeout(timeout, get_body(addr, "/metrics"))
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("http://{addr}/metrics did not answer within {timeout:?}"),
+                )
+            })?
+    })?;
+    if code != 200 {
+        return Err(std::io::Error::other(format!(
+            "http://{addr}/metrics answered {code}"
+        )));
+    }
+    Ok(build_version(&body))
+}
+
+/// The `version` label of the `interlock_build_info` series in a metrics page.
+pub fn build_version(metrics: &str) -> Option<String> {
+    metrics.lines().find_map(|l| {
+        let rest = l.strip_prefix("interlock_build_info{")?;
+        let start = rest.find("version=\"")? + "version=\"".len();
+        let end = rest[start..].find('"')?;
+        Some(rest[start..start + end].to_string())
+    })
+}
+
+async fn get_body(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use http_body_util::{BodyExt, Limited};
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| std::io::Error::other(format!("connecting to http://{addr}{path}: {e}")))?;
+    let request = Request::get(path)
+        .header(hyper::header::HOST, addr.to_string())
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    tokio::spawn(conn);
+    let r = sender
+        .send_request(request)
+        .await
+        .map_err(|e| std::io::Error::other(format!("asking http://{addr}{path}: {e}")))?;
+    let code = r.status().as_u16();
+    let body = Limited::new(r.into_body(), MAX_METRICS_BYTES)
+        .collect()
+        .await
+        .map_err(|e| std::io::Error::other(format!("reading http://{addr}{path}: {e}")))?
+        .to_bytes();
+    Ok((code, String::from_utf8_lossy(&body).into_owned()))
+}
+
 async fn get_status(addr: std::net::SocketAddr, path: &str) -> std::io::Result<u16> {
     let other = |what: &str, e: hyper::Error| {
         std::io::Error::other(format!("{what} http://{addr}{path}: {e}"))
@@ -523,6 +589,13 @@ async fn get_status(addr: std::net::SocketAddr, path: &str) -> std::io::Result<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_build_version_is_read_from_the_metrics_page() {
+        let page = "# HELP interlock_build_info The agent's build.\n# TYPE interlock_build_info gauge\ninterlock_build_info{version=\"0.2.0\"} 1\ninterlock_agent_ready 1\n";
+        assert_eq!(build_version(page).as_deref(), Some("0.2.0"));
+        assert_eq!(build_version("interlock_agent_ready 1\n"), None);
+    }
     use crate::health::shared::Readiness;
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
