@@ -95,6 +95,9 @@ pub struct Sandboxes {
     /// `workload::clear_unreadable_cni_cache`). Not a violation: interlock's own state
     /// and addresses are still checked after the DEL that follows.
     pub unreadable_cni_caches_cleared: Vec<String>,
+    /// Freezer cgroups a runtime deadlock left freezing, thawed so their sandboxes could
+    /// be stopped (a runtime fault, see `workload::thaw_stuck_freezer`).
+    pub stuck_freezers_thawed: Vec<String>,
     /// Sandboxes the checker saw running although their RunPodSandbox failed for the
     /// client (its answer lost in a containerd restart); swept at the end.
     pub started_without_answer: u64,
@@ -123,6 +126,7 @@ impl Sandboxes {
             remove_retries: s.remove_retries,
             collected_not_ready: s.collected_not_ready,
             unreadable_cni_caches_cleared: s.unreadable_cni_caches.clone(),
+            stuck_freezers_thawed: s.stuck_freezers_thawed.clone(),
             resident,
             create_latency_ms: Distribution::of(&s.create_ms),
             creations_per_s: if elapsed_ms == 0 {
@@ -371,6 +375,13 @@ impl Report {
                 "  runtime fault cleared to tear down: {} libcni result cache(s) containerd left unreadable (killed while writing them): {}\n",
                 s.unreadable_cni_caches_cleared.len(),
                 s.unreadable_cni_caches_cleared.join(", ")
+            ));
+        }
+        if !s.stuck_freezers_thawed.is_empty() {
+            out.push_str(&format!(
+                "  runtime fault cleared to tear down: {} freezer cgroup(s) runc left freezing (a sandbox stopped while its init exec'd), thawed: {}\n",
+                s.stuck_freezers_thawed.len(),
+                s.stuck_freezers_thawed.join(", ")
             ));
         }
         let e = &self.exposures;

@@ -404,7 +404,7 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
 
     // Teardown, counting what is left at each step.
     let mut leaks = Leaks::default();
-    let (unswept, cleared_at_sweep) =
+    let (unswept, cleared_at_sweep, thawed_at_sweep) =
         rt.block_on(sweep(&endpoint, &stopping, &clock, Duration::from_secs(60)));
     leaks.sandboxes = unswept.len();
     leaks.details.extend(unswept);
@@ -587,6 +587,12 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
                 .unreadable_cni_caches
                 .iter()
                 .chain(&cleared_at_sweep)
+                .cloned()
+                .collect(),
+            stuck_freezers_thawed: stats
+                .stuck_freezers_thawed
+                .iter()
+                .chain(&thawed_at_sweep)
                 .cloned()
                 .collect(),
             ..Sandboxes::from_stats(&stats, resident, elapsed)
