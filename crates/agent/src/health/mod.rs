@@ -483,18 +483,8 @@ pub async fn serve(listener: TcpListener, admin: Admin, limits: ServerLimits) {
 /// client side of this module, for `interlock check` and the repair benchmark. `timeout`
 /// bounds the whole exchange.
 pub fn readyz_status(addr: std::net::SocketAddr, timeout: Duration) -> std::io::Result<u16> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        tokio::time::timeout(timeout, get_status(addr, "/readyz"))
-            .await
-            .map_err(|_| {
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("http://{addr}/readyz did not answer within {timeout:?}"),
-                )
-            })?
+    blocking(addr, "/readyz", timeout, async {
+        Ok(send_get(addr, "/readyz").await?.status().as_u16())
     })
 }
 
@@ -509,25 +499,24 @@ pub fn agent_version(
     addr: std::net::SocketAddr,
     timeout: Duration,
 ) -> std::io::Result<Option<String>> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (code, body) = rt.block_on(async {
-        tokio::time::timeout(timeout, get_body(addr, "/metrics"))
+    use http_body_util::{BodyExt, Limited};
+    let path = "/metrics";
+    let (code, body) = blocking(addr, path, timeout, async {
+        let r = send_get(addr, path).await?;
+        let code = r.status().as_u16();
+        let body = Limited::new(r.into_body(), MAX_METRICS_BYTES)
+            .collect()
             .await
-            .map_err(|_| {
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("http://{addr}/metrics did not answer within {timeout:?}"),
-                )
-            })?
+            .map_err(|e| std::io::Error::other(format!("reading http://{addr}{path}: {e}")))?
+            .to_bytes();
+        Ok((code, body))
     })?;
     if code != 200 {
         return Err(std::io::Error::other(format!(
-            "http://{addr}/metrics answered {code}"
+            "http://{addr}{path} answered {code}"
         )));
     }
-    Ok(build_version(&body))
+    Ok(build_version(&String::from_utf8_lossy(&body)))
 }
 
 /// The `version` label of the `interlock_build_info` series in a metrics page.
@@ -540,31 +529,32 @@ pub fn build_version(metrics: &str) -> Option<String> {
     })
 }
 
-async fn get_body(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    use http_body_util::{BodyExt, Limited};
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| std::io::Error::other(format!("connecting to http://{addr}{path}: {e}")))?;
-    let request = Request::get(path)
-        .header(hyper::header::HOST, addr.to_string())
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    tokio::spawn(conn);
-    let r = sender
-        .send_request(request)
-        .await
-        .map_err(|e| std::io::Error::other(format!("asking http://{addr}{path}: {e}")))?;
-    let code = r.status().as_u16();
-    let body = Limited::new(r.into_body(), MAX_METRICS_BYTES)
-        .collect()
-        .await
-        .map_err(|e| std::io::Error::other(format!("reading http://{addr}{path}: {e}")))?
-        .to_bytes();
-    Ok((code, String::from_utf8_lossy(&body).into_owned()))
+/// Runs `exchange` (with `path` at `addr`) on a runtime of its own, within `timeout`.
+fn blocking<T>(
+    addr: std::net::SocketAddr,
+    path: &str,
+    timeout: Duration,
+    exchange: impl std::future::Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        tokio::time::timeout(timeout, exchange).await.map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("http://{addr}{path} did not answer within {timeout:?}"),
+            )
+        })?
+    })
 }
 
-async fn get_status(addr: std::net::SocketAddr, path: &str) -> std::io::Result<u16> {
+/// `GET path` at `addr`, on a connection of its own; the answer's head (its body is read
+/// by the caller).
+async fn send_get(
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> std::io::Result<Response<hyper::body::Incoming>> {
     let other = |what: &str, e: hyper::Error| {
         std::io::Error::other(format!("{what} http://{addr}{path}: {e}"))
     };
@@ -579,11 +569,10 @@ async fn get_status(addr: std::net::SocketAddr, path: &str) -> std::io::Result<u
     // The connection task ends after the answer (Connection: close) or on an error,
     // which `send_request` then reports.
     tokio::spawn(conn);
-    let r = sender
+    sender
         .send_request(request)
         .await
-        .map_err(|e| other("asking", e))?;
-    Ok(r.status().as_u16())
+        .map_err(|e| other("asking", e))
 }
 
 #[cfg(test)]
