@@ -547,13 +547,22 @@ impl Auditor {
     ///
     /// Then removes the netns lock files a holder that died left without a record (an
     /// agent stopped mid-repair; `NetnsStore::sweep_orphan_locks`: never one a live
-    /// process holds).
+    /// process holds) and the temp files of writers killed mid-write.
     async fn collect_gone(&self, listed: BTreeSet<String>) {
         let state_dir = self.plugin.state_dir.clone();
         let (done, mut failed, swept) = match tokio::task::spawn_blocking(move || {
             let (done, failed) = interlock_attach::collect::collect_dead(&state_dir, &listed);
-            let swept =
-                interlock_redirect::netns_record::NetnsStore::new(&state_dir).sweep_orphan_locks();
+            let netns = interlock_redirect::netns_record::NetnsStore::new(&state_dir);
+            let swept = netns.sweep_orphan_locks();
+            // Temp files of atomic writes whose writer was killed (a plugin or agent
+            // killed mid-write), as the plugin's GC removes them.
+            let temps = interlock_attach::state::sweep_abandoned_temps(&[
+                StateStore::new(&state_dir).dir().to_path_buf(),
+                netns.dir().to_path_buf(),
+            ]);
+            for t in temps {
+                info!(file = %t.display(), "audit: removed a temp file its writer left when it died");
+            }
             (done, failed, swept)
         })
         .await
