@@ -634,6 +634,7 @@ fn a_conf_dir_the_runtime_does_not_read_is_a_warning_naming_both() {
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
         unread_conf_dir: Some(why),
+        agent_version: None,
     });
     let x = j
         .findings
@@ -1076,6 +1077,7 @@ fn an_agent_and_plugin_outside_the_skew_policy_are_flagged() {
             cri_endpoint: "none",
             namespace: "mesh-system",
             copied_from: None,
+            unread_conf_dir: None,
             agent_version: agent,
         })
     };
