@@ -44,8 +44,9 @@ demo: deps
 ## (one JSON report on stdout, a summary on stderr; fails when an invariant broke).
 ## At least SOAK_MINUTES=10 minutes and CREATIONS=2000 sandboxes; its upgrade steps
 ## switch to SOAK_OTHER=v0.1.0 and back (built once per target dir from git, offline;
-## SOAK_OTHER= restarts this build instead). SOAK_ARGS for more flags (--seed N,
-## --config-mode chain, --without-interlock for the control run). It judges behaviour,
+## SOAK_OTHER= restarts this build instead). Its sentinels are checked through the fake
+## Kubernetes API. SOAK_ARGS for more flags (--seed N, --config-mode chain,
+## --without-interlock for the control run, --no-kube without the API and sentinels). It judges behaviour,
 ## not speed: the debug build `make test` made is used as is (SOAK_PROFILE=release for
 ## the shipped build).
 CREATIONS ?= 2000

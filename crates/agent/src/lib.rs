@@ -354,6 +354,18 @@ pub fn raise_nofile_limit() -> u64 {
 /// Runs the agent until SIGTERM or SIGINT. The config stays in place on exit unless
 /// `uninstall_on_exit` is set.
 pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
+    // First of all: a SIGTERM from now on is the agent's to handle, also one that comes
+    // while it is still starting (a rollout may stop an agent at any moment; without a
+    // handler it would die of the signal). It is acted on once the runtime runs.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| AgentError::Runtime(format!("cannot start tokio: {e}")))?;
+    let mut term = {
+        let _in_runtime = rt.enter();
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| AgentError::Runtime(format!("cannot handle SIGTERM: {e}")))?
+    };
     // A conf dir that is not there was read by no runtime so far: said while waiting.
     let created_conf_dir = !cfg.conf_dir.exists();
     mkdir(&cfg.conf_dir)?;
@@ -383,10 +395,6 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     );
     let entry = Value::Object(cfg.entry());
     info!(entry = %Json(&entry), "plugin entry");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| AgentError::Runtime(format!("cannot start tokio: {e}")))?;
     let shared = Arc::new(health::shared::Shared::default());
     let admin = health::Admin::new(
         shared.clone(),
@@ -418,7 +426,18 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         // Before the guard writes anything: a missing node name stops the agent here. The
         // audit and the agent socket take the cluster (`None`: no Kubernetes API; the audit
         // then uses the sandboxes' own annotations and the socket cannot answer lookups).
-        let cluster = start_kubernetes(&cfg, &shared).await?;
+        // A SIGTERM that came while the agent started (or comes while it connects to the
+        // API) stops it here, before the guard ran: the config stays as it is.
+        let cluster = tokio::select! {
+            c = start_kubernetes(&cfg, &shared) => c?,
+            _ = term.recv() => {
+                info!(
+                    signal = "SIGTERM",
+                    "stopping during start-up, before the config guard ran (the CNI config stays as it is)"
+                );
+                return Ok(());
+            }
+        };
         let fallback = cfg.audit.as_ref().map(|a| audit::socket::CriFallback {
             endpoint: a.cri_endpoint.clone(),
         });
@@ -474,8 +493,6 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
                 let _ = done_tx.send(());
             })
             .map_err(|e| AgentError::Runtime(format!("cannot start guard thread: {e}")))?;
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| AgentError::Runtime(format!("cannot handle SIGTERM: {e}")))?;
         let sig = tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = tokio::signal::ctrl_c() => "SIGINT",

@@ -221,6 +221,10 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
     };
     let binary = binary_facts(a);
     let readyz = ask_readyz(&a.health_addr);
+    let agent_version = match &readyz {
+        Readyz::Answered(_) => ask_agent_version(&a.health_addr),
+        _ => None,
+    };
     let agent = AgentDoc {
         marker: marker.as_ref().ok().cloned(),
         marker_error: marker.as_ref().err().cloned(),
@@ -291,6 +295,7 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
         namespace: &namespace,
         copied_from: copied_from(&effective).as_deref(),
         unread_conf_dir: unread.as_deref(),
+        agent_version: agent_version.as_deref(),
     });
     let doc = EffectiveDoc::new(&effective, &missing, stale.as_ref());
     NodeReport::new(parts(Some(doc), &binary, &sandboxes), j)
@@ -464,14 +469,11 @@ fn binary_facts(a: &NodeArgs) -> Option<BinaryFacts> {
     })
 }
 
-fn ask_readyz(addr: &str) -> Readyz {
-    if addr == "none" {
-        return Readyz::NotAsked;
-    }
-    let mut sa: SocketAddr = match addr.parse() {
-        Ok(a) => a,
-        Err(e) => return Readyz::Unreachable(format!("{addr:?} is not an address ({e})")),
-    };
+/// The agent's health address as a client asks it.
+fn health_socket(addr: &str) -> Result<SocketAddr, String> {
+    let mut sa: SocketAddr = addr
+        .parse()
+        .map_err(|e| format!("{addr:?} is not an address ({e})"))?;
     // The agent in its pod listens on 0.0.0.0; a client asks it on loopback.
     if sa.ip().is_unspecified() {
         sa.set_ip(if sa.is_ipv4() {
@@ -480,6 +482,25 @@ fn ask_readyz(addr: &str) -> Readyz {
             std::net::Ipv6Addr::LOCALHOST.into()
         });
     }
+    Ok(sa)
+}
+
+/// The running agent's version from its `/metrics` (`None`: not known).
+fn ask_agent_version(addr: &str) -> Option<String> {
+    let sa = health_socket(addr).ok()?;
+    interlock_agent::health::agent_version(sa, Duration::from_millis(500))
+        .ok()
+        .flatten()
+}
+
+fn ask_readyz(addr: &str) -> Readyz {
+    if addr == "none" {
+        return Readyz::NotAsked;
+    }
+    let sa = match health_socket(addr) {
+        Ok(a) => a,
+        Err(e) => return Readyz::Unreachable(e),
+    };
     match interlock_agent::health::readyz_status(sa, Duration::from_millis(500)) {
         Ok(code) => Readyz::Answered(code),
         Err(e) => Readyz::Unreachable(format!("nobody answered at {sa}: {e}")),

@@ -6,6 +6,11 @@
 //!
 //! Lock files are deleted with their record, while held; a locker that opened the file
 //! before it was deleted notices (the path no longer names its file) and starts over.
+//! A lock released with no record beside it (a verb that failed before writing one) goes
+//! the same way, so a lock file outlives its holder only when the holder died holding it
+//! (an agent SIGTERMed or killed mid-repair, a plugin killed mid-ADD): the flock went with
+//! the process, and [`NetnsStore::sweep_orphan_locks`] (the agent's audit, the plugin's
+//! GC) removes such a file once it can take the lock itself and still finds no record.
 
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
@@ -76,7 +81,8 @@ pub struct NetnsStore {
     dir: PathBuf,
 }
 
-/// The exclusive lock on one netns's record; released when dropped.
+/// The exclusive lock on one netns's record; released when dropped, and its file removed
+/// then when no record is beside it (nothing to guard: see the module docs).
 #[derive(Debug)]
 pub struct NetnsLock {
     id: NetnsId,
@@ -192,6 +198,58 @@ impl NetnsStore {
         }
     }
 
+    /// Removes every lock file that has no record beside it and that no live process
+    /// holds: what a holder killed before it wrote a record (or forgot one) leaves. Each
+    /// is locked first without waiting — a lock someone holds is skipped, never removed —
+    /// and removed only when the path still names the file locked and no record appeared
+    /// (the same deletion under the lock as [`NetnsLock::forget`]'s, so a locker that
+    /// opened it meanwhile starts over). Returns the files removed.
+    pub fn sweep_orphan_locks(&self) -> io::Result<Vec<PathBuf>> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        if let Some(state_dir) = self.dir.parent() {
+            check_trusted(&[state_dir, &self.dir])?;
+        }
+        let mut removed = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(id) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".lock"))
+                .and_then(|s| s.parse::<NetnsId>().ok())
+            else {
+                continue;
+            };
+            let lock_path = entry.path();
+            let record_path = self.dir.join(format!("{id}.json"));
+            if record_path.exists() {
+                continue;
+            }
+            let Ok(file) = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&lock_path)
+            else {
+                continue;
+            };
+            // Held by a live process (an ADD, DEL, GC or repair in progress): its holder
+            // removes it, or writes the record it guards.
+            let Ok(held) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
+                continue;
+            };
+            let mine = held.metadata()?.ino();
+            let still_mine =
+                fs::symlink_metadata(&lock_path).is_ok_and(|m| m.is_file() && m.ino() == mine);
+            if still_mine && !record_path.exists() && fs::remove_file(&lock_path).is_ok() {
+                removed.push(lock_path);
+            }
+        }
+        Ok(removed)
+    }
+
     /// The ids of every netns with a record or a lock file.
     pub fn ids(&self) -> io::Result<BTreeSet<NetnsId>> {
         let entries = match fs::read_dir(&self.dir) {
@@ -262,6 +320,26 @@ impl NetnsLock {
     }
 }
 
+impl Drop for NetnsLock {
+    /// Still holding the lock: with no record beside it, the file guards nothing and
+    /// goes (see the module docs); a locker waiting on it starts over.
+    ///
+    /// Only while the path still names the file locked: after [`NetnsLock::forget`] it may
+    /// name a file another locker created and holds (the path is only ever unlinked by
+    /// the holder of the file it names, so it cannot change between the check and here).
+    fn drop(&mut self) {
+        let no_record = matches!(
+            fs::symlink_metadata(&self.record_path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound
+        );
+        let mine = self._flock.metadata().map(|m| m.ino()).ok();
+        let still_mine = fs::symlink_metadata(&self.lock_path).is_ok_and(|m| Some(m.ino()) == mine);
+        if no_record && still_mine {
+            let _ = fs::remove_file(&self.lock_path);
+        }
+    }
+}
+
 /// The largest record read (a real one is a few KiB).
 const MAX_RECORD_BYTES: u64 = 1 << 20;
 
@@ -291,6 +369,7 @@ mod tests {
     use super::*;
     use interlock_contract::config::BackendKind;
     use interlock_contract::state::AttachmentKey;
+    use std::os::unix::process::CommandExt;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
 
@@ -385,6 +464,95 @@ mod tests {
         // A blocking open of a FIFO with no writer would hang here forever.
         let e = lock.load().unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+
+    /// A verb that fails after taking the lock and before writing a record (or that only
+    /// looked) leaves no lock file; one that wrote a record keeps both.
+    #[test]
+    fn a_lock_released_without_a_record_leaves_no_file() {
+        let t = interlock_testkit::tempdir().unwrap();
+        let store = NetnsStore::new(t.path());
+        let id = NetnsId { dev: 4, ino: 11 };
+        drop(store.lock(id).unwrap());
+        assert_eq!(fs::read_dir(store.dir()).unwrap().count(), 0);
+        let lock = store.lock(id).unwrap();
+        lock.save(&record(id)).unwrap();
+        drop(lock);
+        let mut names: Vec<String> = fs::read_dir(store.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [format!("{id}.json"), format!("{id}.lock")]);
+        assert_eq!(store.sweep_orphan_locks().unwrap(), Vec::<PathBuf>::new());
+        store.lock(id).unwrap().forget().unwrap();
+        assert_eq!(fs::read_dir(store.dir()).unwrap().count(), 0);
+    }
+
+    /// The soak's leak: an agent SIGTERMed mid-repair died holding a netns lock, before
+    /// writing its record, and the sandbox was deleted through a chain without interlock.
+    /// The sweep removes such a file once its holder is gone, and never one a live
+    /// process holds (here `flock(1)`, a process of its own, then SIGKILLed), nor one
+    /// guarding a record.
+    #[test]
+    fn a_lock_left_by_a_dead_holder_is_swept_and_a_held_one_is_not() {
+        let t = interlock_testkit::tempdir().unwrap();
+        let store = NetnsStore::new(t.path());
+        let orphan = NetnsId { dev: 4, ino: 21 };
+        let recorded = NetnsId { dev: 4, ino: 22 };
+        let mine = NetnsId { dev: 4, ino: 23 };
+        let lock = store.lock(recorded).unwrap();
+        lock.save(&record(recorded)).unwrap();
+        drop(lock);
+        let held_here = store.lock(mine).unwrap();
+
+        let path = store.dir().join(format!("{orphan}.lock"));
+        // The file first (as a locker's open makes it), so that flock(1) locks the file
+        // the path names. In a process group of its own: `sleep` inherits the locked
+        // descriptor, and the whole group dies below.
+        File::create(&path).unwrap();
+        let mut holder = std::process::Command::new("flock")
+            .arg(&path)
+            .args(["sleep", "60"])
+            .process_group(0)
+            .spawn()
+            .expect("flock(1) from util-linux");
+        let held_elsewhere = || {
+            let f = File::open(&path).unwrap();
+            Flock::lock(f, FlockArg::LockExclusiveNonblock).is_err()
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !held_elsewhere() {
+            assert!(Instant::now() < deadline, "flock(1) never took the lock");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(store.sweep_orphan_locks().unwrap(), Vec::<PathBuf>::new());
+        assert!(path.exists(), "a lock a live process holds stays");
+
+        nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(holder.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        holder.wait().unwrap();
+        assert!(path.exists(), "the dead holder left its lock file");
+        // Its `sleep` may take a moment to die: sweep until the lock is free.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store.sweep_orphan_locks().unwrap().is_empty() && path.exists() {
+            assert!(Instant::now() < deadline, "the lock was never released");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!path.exists(), "swept once its holder was gone");
+        assert_eq!(store.ids().unwrap(), [recorded, mine].into());
+        assert!(store.dir().join(format!("{recorded}.lock")).exists());
+        // The lock still held here was left alone, and is usable.
+        assert!(store.dir().join(format!("{mine}.lock")).exists());
+        held_here.save(&record(mine)).unwrap();
+        drop(held_here);
+        assert_eq!(
+            store.lock(mine).unwrap().load().unwrap(),
+            Some(record(mine))
+        );
     }
 
     #[test]

@@ -42,11 +42,16 @@ pub enum ChaosKind {
     Upgrade,
     /// [`ChaosKind::Upgrade`] with containerd restarted while no agent runs.
     UpgradeContainerdRestart,
+    /// A sentinel (`crate::sentinel`): with the agent SIGKILLed, a meshed pod started
+    /// through a config without interlock sorting ahead of all; the config removed, a new
+    /// agent started, and the fake API must show the pod's Event (and, under `report`,
+    /// its label); then the sentinel is removed.
+    Sentinel,
 }
 
 impl ChaosKind {
     /// Every kind, in report order.
-    pub const ALL: [ChaosKind; 9] = [
+    pub const ALL: [ChaosKind; 10] = [
         ChaosKind::AgentKill,
         ChaosKind::PrimaryRewrite,
         ChaosKind::PrimaryRename,
@@ -56,6 +61,7 @@ impl ChaosKind {
         ChaosKind::ContainerdRestart,
         ChaosKind::Upgrade,
         ChaosKind::UpgradeContainerdRestart,
+        ChaosKind::Sentinel,
     ];
 
     /// The name used in the report and on the command line.
@@ -70,6 +76,7 @@ impl ChaosKind {
             ChaosKind::ContainerdRestart => "containerd_restart",
             ChaosKind::Upgrade => "upgrade",
             ChaosKind::UpgradeContainerdRestart => "upgrade_containerd_restart",
+            ChaosKind::Sentinel => "sentinel",
         }
     }
 
@@ -82,6 +89,7 @@ impl ChaosKind {
                 | ChaosKind::PluginDelete
                 | ChaosKind::Upgrade
                 | ChaosKind::UpgradeContainerdRestart
+                | ChaosKind::Sentinel
         )
     }
 
@@ -96,6 +104,7 @@ impl ChaosKind {
                 | ChaosKind::PrimaryRename
                 | ChaosKind::PrimaryDelete
                 | ChaosKind::ConfigAhead
+                | ChaosKind::Sentinel
         )
     }
 }
@@ -313,7 +322,8 @@ mod tests {
                 ChaosKind::PrimaryRewrite,
                 ChaosKind::PrimaryRename,
                 ChaosKind::PrimaryDelete,
-                ChaosKind::ConfigAhead
+                ChaosKind::ConfigAhead,
+                ChaosKind::Sentinel
             ]
         );
     }

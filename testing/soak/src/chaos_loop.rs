@@ -20,6 +20,7 @@ use serde_json::Value;
 use crate::chaos::{ChaosKind, ChaosPlan, ChaosStep, Variant};
 use crate::checker::Clock;
 use crate::ledger::{ChaosSpan, Ms};
+use crate::sentinel::SentinelOutcome;
 
 /// The name the primary writes (where Calico's sorts).
 pub const PRIMARY: &str = "10-calico.conflist";
@@ -45,6 +46,9 @@ pub trait NodeOps: Send {
     /// holds that build's plugin, and waits until it answers ready (an error when it
     /// does not within its patience).
     fn start_build(&mut self, other: bool) -> Result<(), String>;
+    /// Plants sentinel number `seq` ([`ChaosKind::Sentinel`]) and waits for what the API
+    /// must show about it; leaves an agent running and the sentinel removed.
+    fn sentinel(&mut self, seq: u32) -> Result<SentinelOutcome, String>;
 }
 
 /// The files the chaos loop plays with.
@@ -116,6 +120,8 @@ pub struct ChaosLog {
     pub plugin_reinstall_ms: Vec<Option<Ms>>,
     /// Steps that could not be done or undone, in words.
     pub errors: Vec<String>,
+    /// Every sentinel planted.
+    pub sentinels: Vec<SentinelOutcome>,
 }
 
 /// The running chaos loop; [`ChaosLoop::stop`] finishes (and undoes) the current step.
@@ -290,6 +296,10 @@ fn apply<N: NodeOps>(
         ChaosKind::ContainerdRestart => {
             note("restart", node.restart_containerd());
         }
+        ChaosKind::Sentinel => match node.sentinel(seq) {
+            Ok(outcome) => lock().sentinels.push(outcome),
+            Err(e) => note("sentinel", Err(e)),
+        },
         ChaosKind::Upgrade | ChaosKind::UpgradeContainerdRestart => {
             // To the other build, then back: each a rollout step with a gap of the hold.
             for other in [true, false] {
@@ -458,6 +468,13 @@ mod tests {
                 .push(if other { "start other" } else { "start this" });
             Ok(())
         }
+        fn sentinel(&mut self, seq: u32) -> Result<SentinelOutcome, String> {
+            self.calls.push("sentinel");
+            Ok(SentinelOutcome {
+                pod: format!("default/sentinel{seq}"),
+                ..SentinelOutcome::default()
+            })
+        }
     }
 
     fn files(dir: &Path) -> NodeFiles {
@@ -564,8 +581,19 @@ mod tests {
             &log,
             &stop,
         );
-        assert_eq!(node.calls, ["kill", "start", "restart"]);
+        apply(
+            &mut node,
+            &f,
+            step(ChaosKind::Sentinel, Variant::Plain),
+            3,
+            &clock,
+            &log,
+            &stop,
+        );
+        assert_eq!(node.calls, ["kill", "start", "restart", "sentinel"]);
         let log = log.into_inner().unwrap();
+        assert_eq!(log.sentinels.len(), 1);
+        assert_eq!(log.sentinels[0].pod, "default/sentinel3");
         assert_eq!(log.errors.len(), 1);
         assert!(
             log.errors[0].contains("#2 containerd_restart"),

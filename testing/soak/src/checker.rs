@@ -24,7 +24,8 @@ use crate::ledger::{Ledger, Ms, Verdict};
 use crate::probe::ProbeServer;
 
 /// The annotation that marks a sandbox as meshed: the node kit's, which the `generic`
-/// profile decides from the annotations alone (the soak's agent runs without an API).
+/// profile decides from the annotations alone (most of the soak's pods have no Pod in
+/// the fake API; only the sentinels do).
 pub const MESH_ANNOTATION: (&str, &str) = interlock_testkit_node::node::MESHED_ANNOTATION;
 
 /// The soak's clock: milliseconds since it began, for both monotonic and wall times.

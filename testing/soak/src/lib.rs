@@ -5,13 +5,15 @@
 //! ([`chaos`]) kills and restarts the agent, rolls it to another build and back as a
 //! DaemonSet update does (the previous release with `--other-release`, containerd
 //! restarted mid-rollout in one kind), rewrites, renames and deletes the primary's
-//! config, adds configs that sort ahead, deletes the installed plugin and restarts
-//! containerd; the checker probes every running sandbox from inside with a real
+//! config, adds configs that sort ahead, deletes the installed plugin, restarts
+//! containerd and plants sentinels ([`sentinel`]: meshed pods started unprotected on
+//! purpose, whose Event and label the fake Kubernetes API must show); the checker probes every running sandbox from inside with a real
 //! connection ([`probe`]) and keeps the exposure windows ([`ledger`]). The run ends with
 //! one JSON report ([`report`]) and fails when an invariant broke.
 //!
 //! The crate depends on the test kit and the CRI client only: the agent and the plugin
-//! are the built binaries, and containerd is the witness of what ran.
+//! are the built binaries, containerd is the witness of what ran, and the fake API (the
+//! kit's, the agent pointed at it with `--kube=auto`) of what the agent told the cluster.
 //!
 //! # Invariants (each broken one is a `violations` entry and makes the run fail)
 //! - A meshed sandbox is seen exposed only when a step that changes the runtime's chain
@@ -21,6 +23,10 @@
 //! - After the chaos stopped and the budget passed, every running meshed sandbox is
 //!   proven redirected, by this crate's probe and by the kit's capture check
 //!   (`left_unprotected`, `unverified_at_end`).
+//! - Every sentinel, started unprotected, gets from a new agent within
+//!   [`sentinel::PATIENCE`] what its repair policy promises in the API: under `repair`
+//!   a `Repaired` Event, under `report` an `Unprotected` Event and the
+//!   `interlock.dev/unprotected` label (`sentinel_not_reported`).
 //! - After the teardown nothing is left: netns, attachment state and netns records,
 //!   host-local addresses, nft tables, processes, sandboxes (`leak`).
 //! - The run proves something: plain sandboxes reach the probe server directly
@@ -35,4 +41,5 @@ pub mod ledger;
 pub mod probe;
 pub mod report;
 pub mod run;
+pub mod sentinel;
 pub mod workload;

@@ -60,6 +60,10 @@ struct Args {
     /// --other-release).
     #[arg(long)]
     other_bin_dir: Option<PathBuf>,
+    /// Without the fake Kubernetes API (the agent with --kube=none); the sentinel steps,
+    /// which are checked through it, are left out.
+    #[arg(long)]
+    no_kube: bool,
 }
 
 fn main() -> ExitCode {
@@ -82,6 +86,7 @@ fn main() -> ExitCode {
         opts.chaos = args.chaos;
     }
     opts.min_duration = std::time::Duration::from_secs(args.min_duration_s);
+    opts.kube = !args.no_kube;
     if let Some(dir) = args.other_bin_dir {
         opts.other_build = Some((dir.join("interlock"), dir.join("interlock-cni")));
     }

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::chaos::ChaosKind;
 use crate::ledger::{quantile, Exposure, Ms, VerdictCounts, Violation};
+use crate::sentinel::SentinelOutcome;
 use crate::workload::WorkloadStats;
 
 /// Quantiles of a set of durations, in milliseconds.
@@ -63,6 +64,10 @@ pub struct Settings {
     pub other_build: String,
     /// The least time the workload runs, in seconds.
     pub min_duration_s: u64,
+    /// The fake Kubernetes API ran (sentinels checked through it).
+    pub kube: bool,
+    /// The agent's `--repair-policy`.
+    pub repair_policy: String,
 }
 
 /// Sandboxes created and how.
@@ -90,6 +95,9 @@ pub struct Sandboxes {
     /// `workload::clear_unreadable_cni_cache`). Not a violation: interlock's own state
     /// and addresses are still checked after the DEL that follows.
     pub unreadable_cni_caches_cleared: Vec<String>,
+    /// Freezer cgroups a runtime deadlock left freezing, thawed so their sandboxes could
+    /// be stopped (a runtime fault, see `workload::thaw_stuck_freezer`).
+    pub stuck_freezers_thawed: Vec<String>,
     /// Sandboxes the checker saw running although their RunPodSandbox failed for the
     /// client (its answer lost in a containerd restart); swept at the end.
     pub started_without_answer: u64,
@@ -118,6 +126,7 @@ impl Sandboxes {
             remove_retries: s.remove_retries,
             collected_not_ready: s.collected_not_ready,
             unreadable_cni_caches_cleared: s.unreadable_cni_caches.clone(),
+            stuck_freezers_thawed: s.stuck_freezers_thawed.clone(),
             resident,
             create_latency_ms: Distribution::of(&s.create_ms),
             creations_per_s: if elapsed_ms == 0 {
@@ -138,6 +147,9 @@ pub struct Chaos {
     pub plugin_reinstall_ms: Distribution,
     /// Steps that failed to apply or undo.
     pub errors: Vec<String>,
+    /// Every sentinel planted: a meshed pod started unprotected on purpose, and what the
+    /// API showed about it.
+    pub sentinels: Vec<SentinelOutcome>,
 }
 
 /// What the checker did.
@@ -343,11 +355,33 @@ impl Report {
             events.join(", "),
             self.settings.other_build
         ));
+        let sentinels = &self.chaos.sentinels;
+        if !sentinels.is_empty() {
+            let reported: Vec<Ms> = sentinels
+                .iter()
+                .filter_map(|o| o.reported_after_ms)
+                .collect();
+            out.push_str(&format!(
+                "  sentinels (meshed pods started unprotected on purpose, repair policy {}): {} planted, {} with the Event{} the policy promises in the fake API (max {} ms after the agent's start)\n",
+                self.settings.repair_policy,
+                sentinels.len(),
+                reported.len(),
+                if sentinels.iter().any(|o| o.labelled) { " and label" } else { "" },
+                reported.iter().max().map_or("-".into(), |m| m.to_string())
+            ));
+        }
         if !s.unreadable_cni_caches_cleared.is_empty() {
             out.push_str(&format!(
                 "  runtime fault cleared to tear down: {} libcni result cache(s) containerd left unreadable (killed while writing them): {}\n",
                 s.unreadable_cni_caches_cleared.len(),
                 s.unreadable_cni_caches_cleared.join(", ")
+            ));
+        }
+        if !s.stuck_freezers_thawed.is_empty() {
+            out.push_str(&format!(
+                "  runtime fault cleared to tear down: {} freezer cgroup(s) runc left freezing (a sandbox stopped while its init exec'd), thawed: {}\n",
+                s.stuck_freezers_thawed.len(),
+                s.stuck_freezers_thawed.join(", ")
             ));
         }
         let e = &self.exposures;

@@ -15,12 +15,13 @@ use interlock_testkit_node::node::{AgentArgs, Capture, Node, NodeOptions, Sandbo
 
 use crate::chaos::{ChaosKind, ChaosPlan, ChaosTiming};
 use crate::chaos_loop::{ChaosLoop, HealthAddr, NodeFiles, NodeOps, ReadinessPoller};
-use crate::checker::{Checker, CheckerConfig, Clock, Stopping, MESH_ANNOTATION};
+use crate::checker::{Checker, CheckerConfig, CheckerState, Clock, Stopping, MESH_ANNOTATION};
 use crate::ledger::{judge, Budget, Ms, Timeline, Verdict, VerdictCounts, Violation};
 use crate::probe::ProbeServer;
 use crate::report::{
     Chaos, CheckerSummary, Distribution, Exposures, FinalCheck, Leaks, Report, Sandboxes, Settings,
 };
+use crate::sentinel::{self, SentinelOutcome};
 use crate::workload::{sweep, Workload, WorkloadConfig};
 
 /// Every setting of a run.
@@ -66,6 +67,12 @@ pub struct SoakOptions {
     pub other_build: Option<(PathBuf, PathBuf)>,
     /// Keep creating sandboxes until this much time has passed, even after `creations`.
     pub min_duration: Duration,
+    /// Run the fake Kubernetes API (the agent with `--kube=auto`), where the sentinels'
+    /// Events and labels are checked; without it the sentinel steps are left out.
+    pub kube: bool,
+    /// The agent's `--repair-policy`. Only `repair` keeps every sandbox protected, which
+    /// the soak's invariants demand; the sentinel check knows what each policy promises.
+    pub repair_policy: String,
 }
 
 impl SoakOptions {
@@ -90,6 +97,8 @@ impl SoakOptions {
             agent_log: None,
             other_build: None,
             min_duration: Duration::ZERO,
+            kube: true,
+            repair_policy: "repair".into(),
         }
     }
 
@@ -122,6 +131,13 @@ struct SoakNode {
     image: PathBuf,
     /// (`interlock`, `interlock-cni`) of this build and of the other one.
     builds: [(PathBuf, PathBuf); 2],
+    /// The runtime's conf dir and the primary's config (a sentinel's chain).
+    conf_dir: PathBuf,
+    primary: serde_json::Value,
+    /// The agent's repair policy (what a sentinel's pod must show).
+    repair_policy: String,
+    stopping: Stopping,
+    clock: Clock,
 }
 
 /// How long an upgraded (or downgraded) agent may take to be ready.
@@ -190,6 +206,40 @@ impl NodeOps for SoakNode {
             .map(drop)
             .map_err(|e| format!("{} not ready: {e}", agent.display()))
     }
+
+    fn sentinel(&mut self, seq: u32) -> Result<SentinelOutcome, String> {
+        // No agent may take the chain back while the sentinel starts.
+        self.kill_agent()?;
+        let planted = sentinel::start_unprotected(
+            &self.node,
+            &self.conf_dir,
+            &self.primary,
+            &format!("sentinel{seq}"),
+            &self.stopping,
+            &self.clock,
+        );
+        let agent_started = Instant::now();
+        let started = self.start_agent();
+        let (sb, attempts) = planted?;
+        let outcome = started.map(|()| {
+            sentinel::await_report(
+                &self.node,
+                &sb,
+                attempts,
+                &self.repair_policy,
+                agent_started,
+                sentinel::PATIENCE,
+            )
+        });
+        self.stopping.mark(&sb.id, self.clock.now_ms());
+        let removed = self
+            .node
+            .remove_pod(&sb)
+            .map_err(|e| format!("removing sentinel {}: {e}", sb.name));
+        let outcome = outcome?;
+        removed?;
+        Ok(outcome)
+    }
 }
 
 /// Runs the soak; the report says whether every invariant held. An `Err` means the soak
@@ -224,11 +274,9 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             )
         }
     };
-    let node = Node::start(NodeOptions::new(
-        &opts.interlock,
-        image.path().join("interlock-cni"),
-    ))
-    .context("starting the node in a box")?;
+    let mut node_options = NodeOptions::new(&opts.interlock, image.path().join("interlock-cni"));
+    node_options.kube = opts.kube;
+    let node = Node::start(node_options).context("starting the node in a box")?;
     node.write_primary()
         .context("writing the primary's config")?;
     let kit_dir = node.containerd().dir().to_path_buf();
@@ -248,6 +296,8 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
         opts.audit_interval_s.to_string(),
         "--plugin-config".to_string(),
         plugin_config.display().to_string(),
+        "--repair-policy".to_string(),
+        opts.repair_policy.clone(),
     ]);
     let files = NodeFiles {
         conf_dir: node.conf_dir(),
@@ -258,6 +308,7 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
     let gateway = node.gateway();
     let state_dir = node.state_dir();
     let clock = Clock::start();
+    let stopping = Stopping::default();
     let health: HealthAddr = Arc::new(Mutex::new(None));
     let poller = ReadinessPoller::start(health.clone(), Duration::from_millis(50), clock)?;
     let mut soak_node = SoakNode {
@@ -266,6 +317,11 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
         health,
         image: image.path().to_path_buf(),
         builds: [(opts.interlock.clone(), opts.plugin.clone()), other],
+        conf_dir: files.conf_dir.clone(),
+        primary: files.primary.clone(),
+        repair_policy: opts.repair_policy.clone(),
+        stopping: stopping.clone(),
+        clock,
     };
     if opts.with_interlock {
         soak_node.start_agent().map_err(|e| anyhow!(e))?;
@@ -280,7 +336,6 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
         .map_err(|e| anyhow!(e))?;
 
     let server = Arc::new(ProbeServer::start()?);
-    let stopping = Stopping::default();
     let checker = Checker::start(
         CheckerConfig {
             cri_endpoint: endpoint.clone(),
@@ -312,6 +367,7 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
         .iter()
         .copied()
         .filter(|k| opts.with_interlock || !k.needs_the_agent())
+        .filter(|k| opts.kube || *k != ChaosKind::Sentinel)
         .collect();
     let plan = ChaosPlan::new(opts.seed, &kinds, opts.timing.clone());
     let soak_began = clock.now_ms();
@@ -340,15 +396,15 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
     }
     std::thread::sleep(Duration::from_millis(opts.repair_budget_ms() + 500));
     checker.wait_rounds(2, Duration::from_secs(10));
-    let final_check = final_check(&soak_node.node, &server, gateway, &mut violations);
-    let checked = checker.stop();
+    let (checked, final_check, found) = end_check(checker, &soak_node.node, &server, gateway);
+    violations.extend(found);
     let readiness = poller.stop();
     let mut ledger = checked.ledger;
     ledger.finish(clock.now_ms());
 
     // Teardown, counting what is left at each step.
     let mut leaks = Leaks::default();
-    let (unswept, cleared_at_sweep) =
+    let (unswept, cleared_at_sweep, thawed_at_sweep) =
         rt.block_on(sweep(&endpoint, &stopping, &clock, Duration::from_secs(60)));
     leaks.sandboxes = unswept.len();
     leaks.details.extend(unswept);
@@ -437,6 +493,14 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
     for d in &leaks.details {
         violations.push(Violation::new("leak", d.clone()));
     }
+    for o in &chaos_log.sentinels {
+        if let Some(missing) = &o.missing {
+            violations.push(Violation::new(
+                "sentinel_not_reported",
+                format!("sentinel {} (sandbox {}): {missing}", o.pod, o.sandbox),
+            ));
+        }
+    }
     for e in &chaos_log.errors {
         violations.push(Violation::new("chaos_step_failed", e.clone()));
     }
@@ -484,6 +548,11 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
         .copied()
         .collect();
     let elapsed = soak_ended.saturating_sub(soak_began);
+    let sentinel_sandboxes: u64 = chaos_log
+        .sentinels
+        .iter()
+        .map(|o| u64::from(o.attempts))
+        .sum();
     Ok(Report {
         ok: violations.is_empty(),
         settings: Settings {
@@ -501,19 +570,29 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
                 |(a, _)| a.display().to_string(),
             ),
             min_duration_s: opts.min_duration.as_secs(),
+            kube: opts.kube,
+            repair_policy: opts.repair_policy.clone(),
         },
         duration_s: elapsed as f64 / 1000.0,
         sandboxes: Sandboxes {
             // Started by the runtime although RunPodSandbox answered an error (the
             // answer lost while containerd restarted): seen by the checker only.
+            // Sentinels (every sandbox tried for one) are the chaos loop's, not these.
             started_without_answer: seen
                 .values()
                 .sum::<u64>()
-                .saturating_sub(stats.created_meshed + stats.created_plain),
+                .saturating_sub(stats.created_meshed + stats.created_plain)
+                .saturating_sub(sentinel_sandboxes),
             unreadable_cni_caches_cleared: stats
                 .unreadable_cni_caches
                 .iter()
                 .chain(&cleared_at_sweep)
+                .cloned()
+                .collect(),
+            stuck_freezers_thawed: stats
+                .stuck_freezers_thawed
+                .iter()
+                .chain(&thawed_at_sweep)
                 .cloned()
                 .collect(),
             ..Sandboxes::from_stats(&stats, resident, elapsed)
@@ -522,6 +601,7 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             events,
             plugin_reinstall_ms: Distribution::of(&reinstalls),
             errors: chaos_log.errors.clone(),
+            sentinels: chaos_log.sentinels.clone(),
         },
         checker: CheckerSummary {
             rounds: checked.rounds,
@@ -573,8 +653,27 @@ impl Drop for ProgressGuard {
     }
 }
 
-/// Checks every sandbox still running, twice and independently: the soak's own probe
-/// (exposed or not) and the kit's capture check (redirected, with `SO_ORIGINAL_DST`).
+/// The end-of-run check: stops the checker, then checks every sandbox still running,
+/// twice and independently: the soak's own probe (exposed or not) and the kit's capture
+/// check (redirected, with `SO_ORIGINAL_DST`). Returns what the checker learnt, the
+/// check, and its violations (`left_unprotected`, `final_check_failed`).
+///
+/// The checker must be stopped first: the capture check listens on the proxy port inside
+/// each meshed sandbox, and a checker probe of the same sandbox meanwhile is redirected
+/// to that listener too; the check then sees a connection whose original destination is
+/// the probe server and calls the sandbox unverified.
+pub fn end_check(
+    checker: Checker,
+    node: &Node,
+    server: &ProbeServer,
+    gateway: std::net::Ipv4Addr,
+) -> (CheckerState, FinalCheck, Vec<Violation>) {
+    let checked = checker.stop();
+    let mut violations = Vec::new();
+    let out = final_check(node, server, gateway, &mut violations);
+    (checked, out, violations)
+}
+
 fn final_check(
     node: &Node,
     server: &ProbeServer,

@@ -60,6 +60,12 @@ fn a_short_soak_keeps_every_invariant() {
         report.final_check.meshed_running
     );
     assert_eq!(report.leaks.total(), 0, "{:?}", report.leaks.details);
+    // The sentinels started unprotected, and the API showed each one's Event.
+    assert!(!report.chaos.sentinels.is_empty());
+    for s in &report.chaos.sentinels {
+        assert!(s.started_unprotected && s.missing.is_none(), "{s:?}");
+        assert!(s.events.iter().any(|r| r == "Repaired"), "{s:?}");
+    }
 }
 
 /// The control: the same soak without interlock must fail, and for the right reasons —

@@ -544,16 +544,46 @@ impl Auditor {
     /// longer lists (`listed`: every sandbox it does) and whose netns is gone: an
     /// in-place repair wrote them, and the sandbox's DEL ran through a chain without
     /// interlock (`interlock_attach::collect`).
+    ///
+    /// Then removes the netns lock files a holder that died left without a record (an
+    /// agent stopped mid-repair; `NetnsStore::sweep_orphan_locks`: never one a live
+    /// process holds) and the temp files of writers killed mid-write.
     async fn collect_gone(&self, listed: BTreeSet<String>) {
         let state_dir = self.plugin.state_dir.clone();
-        let (done, failed) = match tokio::task::spawn_blocking(move || {
-            interlock_attach::collect::collect_dead(&state_dir, &listed)
+        let (done, mut failed, swept) = match tokio::task::spawn_blocking(move || {
+            let (done, failed) = interlock_attach::collect::collect_dead(&state_dir, &listed);
+            let netns = interlock_redirect::netns_record::NetnsStore::new(&state_dir);
+            let swept = netns.sweep_orphan_locks();
+            // Temp files of atomic writes whose writer was killed (a plugin or agent
+            // killed mid-write), as the plugin's GC removes them.
+            let temps = interlock_attach::state::sweep_abandoned_temps(&[
+                StateStore::new(&state_dir).dir().to_path_buf(),
+                netns.dir().to_path_buf(),
+            ]);
+            for t in temps {
+                info!(file = %t.display(), "audit: removed a temp file its writer left when it died");
+            }
+            (done, failed, swept)
         })
         .await
         {
             Ok(r) => r,
-            Err(e) => (vec![], vec![format!("the collecting thread failed: {e}")]),
+            Err(e) => (
+                vec![],
+                vec![format!("the collecting thread failed: {e}")],
+                Ok(vec![]),
+            ),
         };
+        match swept {
+            Ok(files) => {
+                for f in files {
+                    info!(file = %f.display(), "audit: removed a netns lock file its holder left when it died (no record beside it)");
+                }
+            }
+            Err(e) => failed.push(format!(
+                "sweeping netns lock files left by dead holders: {e}"
+            )),
+        }
         for c in done {
             info!(
                 pod = %c.pod,

@@ -483,22 +483,78 @@ pub async fn serve(listener: TcpListener, admin: Admin, limits: ServerLimits) {
 /// client side of this module, for `interlock check` and the repair benchmark. `timeout`
 /// bounds the whole exchange.
 pub fn readyz_status(addr: std::net::SocketAddr, timeout: Duration) -> std::io::Result<u16> {
+    blocking(addr, "/readyz", timeout, async {
+        Ok(send_get(addr, "/readyz").await?.status().as_u16())
+    })
+}
+
+/// The most of `/metrics` [`agent_version`] reads (a node's series are a few KiB).
+const MAX_METRICS_BYTES: usize = 4 << 20;
+
+/// The version of the agent serving `/metrics` at `addr`, from its
+/// `interlock_build_info{version="…"}` series (`None`: the page has no such series).
+/// Blocking; bounded by `timeout`. `interlock check node` compares it with the plugin's
+/// and its own (the skew policy, docs/operate.md#upgrading).
+pub fn agent_version(
+    addr: std::net::SocketAddr,
+    timeout: Duration,
+) -> std::io::Result<Option<String>> {
+    use http_body_util::{BodyExt, Limited};
+    let path = "/metrics";
+    let (code, body) = blocking(addr, path, timeout, async {
+        let r = send_get(addr, path).await?;
+        let code = r.status().as_u16();
+        let body = Limited::new(r.into_body(), MAX_METRICS_BYTES)
+            .collect()
+            .await
+            .map_err(|e| std::io::Error::other(format!("reading http://{addr}{path}: {e}")))?
+            .to_bytes();
+        Ok((code, body))
+    })?;
+    if code != 200 {
+        return Err(std::io::Error::other(format!(
+            "http://{addr}{path} answered {code}"
+        )));
+    }
+    Ok(build_version(&String::from_utf8_lossy(&body)))
+}
+
+/// The `version` label of the `interlock_build_info` series in a metrics page.
+pub fn build_version(metrics: &str) -> Option<String> {
+    metrics.lines().find_map(|l| {
+        let rest = l.strip_prefix("interlock_build_info{")?;
+        let start = rest.find("version=\"")? + "version=\"".len();
+        let end = rest[start..].find('"')?;
+        Some(rest[start..start + end].to_string())
+    })
+}
+
+/// Runs `exchange` (with `path` at `addr`) on a runtime of its own, within `timeout`.
+fn blocking<T>(
+    addr: std::net::SocketAddr,
+    path: &str,
+    timeout: Duration,
+    exchange: impl std::future::Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
-        tokio::time::timeout(timeout, get_status(addr, "/readyz"))
-            .await
-            .map_err(|_| {
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("http://{addr}/readyz did not answer within {timeout:?}"),
-                )
-            })?
+        tokio::time::timeout(timeout, exchange).await.map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("http://{addr}{path} did not answer within {timeout:?}"),
+            )
+        })?
     })
 }
 
-async fn get_status(addr: std::net::SocketAddr, path: &str) -> std::io::Result<u16> {
+/// `GET path` at `addr`, on a connection of its own; the answer's head (its body is read
+/// by the caller).
+async fn send_get(
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> std::io::Result<Response<hyper::body::Incoming>> {
     let other = |what: &str, e: hyper::Error| {
         std::io::Error::other(format!("{what} http://{addr}{path}: {e}"))
     };
@@ -513,16 +569,22 @@ async fn get_status(addr: std::net::SocketAddr, path: &str) -> std::io::Result<u
     // The connection task ends after the answer (Connection: close) or on an error,
     // which `send_request` then reports.
     tokio::spawn(conn);
-    let r = sender
+    sender
         .send_request(request)
         .await
-        .map_err(|e| other("asking", e))?;
-    Ok(r.status().as_u16())
+        .map_err(|e| other("asking", e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_build_version_is_read_from_the_metrics_page() {
+        let page = "# HELP interlock_build_info The agent's build.\n# TYPE interlock_build_info gauge\ninterlock_build_info{version=\"0.2.0\"} 1\ninterlock_agent_ready 1\n";
+        assert_eq!(build_version(page).as_deref(), Some("0.2.0"));
+        assert_eq!(build_version("interlock_agent_ready 1\n"), None);
+    }
     use crate::health::shared::Readiness;
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

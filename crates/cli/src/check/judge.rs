@@ -201,6 +201,9 @@ pub struct Observed<'a> {
     pub copied_from: Option<&'a str>,
     /// Why the runtime's own config says it reads another conf dir, if it does.
     pub unread_conf_dir: Option<&'a str>,
+    /// The running agent's version (its `/metrics` `interlock_build_info`), when it
+    /// answered.
+    pub agent_version: Option<&'a str>,
 }
 
 /// The outcome of [`judge`].
@@ -234,6 +237,12 @@ const HINT_UNVERIFIED: &str = "run check where the plugin it ships is next to it
 fn hint_agent(namespace: &str) -> String {
     format!("look at the agent: kubectl -n {namespace} logs ds/interlock-node (or its journal)")
 }
+fn hint_skew_plugin(namespace: &str) -> String {
+    format!("during a rollout this passes within a second (a new agent installs its own plugin at start); if it stays, the agent's plugin source (its image) holds another build, or something else writes interlock-cni: finish the rollout (kubectl -n {namespace} rollout status ds/interlock-node) and read the agent's log")
+}
+fn hint_skew_cli(namespace: &str) -> String {
+    format!("check with the interlock of the agent's release: kubectl -n {namespace} exec ds/interlock-node -- interlock check node")
+}
 const HINT_CRI: &str = "set INTERLOCK_CRI_ENDPOINT (or --cri-endpoint) to the runtime's socket (kubelet's --container-runtime-endpoint) and run check as root, or `none` not to list sandboxes";
 fn hint_sandbox_unprotected(namespace: &str) -> String {
     format!("the agent repairs these per its --repair-policy within one audit interval; if they stay unprotected, read its log (kubectl -n {namespace} logs ds/interlock-node) or delete the pods so they start again through interlock")
@@ -258,6 +267,7 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
     let (binary, binary_ok) = binary_findings(o);
     f.extend(binary);
     f.extend(agent_findings(o));
+    f.extend(skew_findings(o));
     f.extend(sandbox_findings(o));
     let warns: Vec<&str> = f
         .iter()
@@ -704,6 +714,61 @@ fn agent_findings(o: &Observed<'_>) -> Vec<Finding> {
 }
 
 /// The node's running sandboxes, as the audit judges them.
+/// The skew policy (docs/operate.md#upgrading) on this node: the agent and the plugin it
+/// installed are one build, and the agent and this CLI share a minor version. Nothing
+/// is said when the agent's version is unknown (not asked, no answer, an agent without
+/// `interlock_build_info`).
+fn skew_findings(o: &Observed<'_>) -> Vec<Finding> {
+    let Some(agent) = o.agent_version else {
+        return Vec::new();
+    };
+    let mut f = Vec::new();
+    let cli = interlock_buildinfo::VERSION;
+    if let Some((b, plugin)) = o.binary.and_then(|b| Some((b, b.build.as_deref()?))) {
+        // The agent's series carries the release only; the plugin's answer adds the
+        // commit (`0.2.0 (git …)`), whose bytes `binary.*` compares already.
+        if release_of(plugin) != release_of(agent) {
+            f.push(Finding::new(
+                "skew.agent-plugin",
+                "agent",
+                Status::Warn,
+                Effect::Risk,
+                format!(
+                    "the agent runs interlock {agent} but {} is interlock-cni {plugin}: outside the skew policy (an agent and the plugin on its node are one build); pods start with a plugin the agent did not ship",
+                    shown_os(b.path.as_os_str())
+                ),
+                hint_skew_plugin(o.namespace),
+            ));
+        }
+    }
+    if minor_of(release_of(agent)) != minor_of(release_of(cli)) {
+        f.push(Finding::new(
+            "skew.agent-cli",
+            "agent",
+            Status::Warn,
+            Effect::None,
+            format!(
+                "the agent runs interlock {agent}, this interlock is {cli}: outside the skew policy (agent and CLI of one minor version); this check may judge by rules the agent does not follow"
+            ),
+            hint_skew_cli(o.namespace),
+        ));
+    }
+    f
+}
+
+/// The release of a version text, without what follows it (`0.2.0 (git …)` → `0.2.0`).
+fn release_of(v: &str) -> &str {
+    v.split_whitespace().next().unwrap_or(v)
+}
+
+/// `major.minor` of a version (all of it without a second dot).
+fn minor_of(v: &str) -> &str {
+    match v.match_indices('.').nth(1) {
+        Some((i, _)) => &v[..i],
+        None => v,
+    }
+}
+
 fn sandbox_findings(o: &Observed<'_>) -> Vec<Finding> {
     let mut f: Vec<Finding> = Vec::new();
     let mut push = |id, area, status, effect, message: String, hint: Hint| {

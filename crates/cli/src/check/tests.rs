@@ -34,6 +34,7 @@ fn judge_at(
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
         unread_conf_dir: None,
+        agent_version: None,
     })
 }
 
@@ -238,6 +239,7 @@ fn verdicts_map_to_exit_codes_and_follow_the_worst_finding() {
             namespace: crate::check::cluster::DEFAULT_NAMESPACE,
             copied_from: None,
             unread_conf_dir: None,
+            agent_version: None,
         })
     };
     assert_eq!(at(&ours, Ok(&m)).verdict.exit_code(), 0);
@@ -290,6 +292,7 @@ fn a_stale_owned_copy_is_at_risk_and_names_the_difference() {
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
         unread_conf_dir: None,
+        agent_version: None,
     });
     assert_eq!(j.verdict, Verdict::AtRisk);
     let f = j.findings.iter().find(|f| f.id == "config.stale").unwrap();
@@ -339,6 +342,7 @@ fn another_binary_at_interlock_cni_is_unprotected() {
             namespace: crate::check::cluster::DEFAULT_NAMESPACE,
             copied_from: None,
             unread_conf_dir: None,
+            agent_version: None,
         })
     };
     let impostor = BinaryFacts {
@@ -416,6 +420,7 @@ fn a_missing_primary_plugin_binary_is_at_risk() {
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
         unread_conf_dir: None,
+        agent_version: None,
     });
     assert_eq!(j.verdict, Verdict::AtRisk);
     assert_eq!(j.findings[0].id, "config.plugin-missing");
@@ -450,6 +455,7 @@ fn an_unreachable_readyz_is_said_even_when_protected() {
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
         unread_conf_dir: None,
+        agent_version: None,
     });
     assert_eq!(j.verdict, Verdict::Protected);
     assert!(
@@ -502,6 +508,7 @@ fn another_mesh_plugin_in_the_chain_is_unprotected() {
                 namespace: crate::check::cluster::DEFAULT_NAMESPACE,
                 copied_from: None,
                 unread_conf_dir: None,
+                agent_version: None,
             });
             assert_eq!(
                 j.verdict,
@@ -627,6 +634,7 @@ fn a_conf_dir_the_runtime_does_not_read_is_a_warning_naming_both() {
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
         unread_conf_dir: Some(why),
+        agent_version: None,
     });
     let x = j
         .findings
@@ -683,6 +691,7 @@ fn fixed_report(files: &[(&str, &str)], binary: Option<BinaryFacts>, readyz: Rea
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
         unread_conf_dir: None,
+        agent_version: None,
     });
     let mut r = NodeReport::new(
         Parts {
@@ -872,6 +881,7 @@ fn judge_sandboxes(s: &super::sandboxes::SandboxesSeen) -> Judgement {
         namespace: crate::check::cluster::DEFAULT_NAMESPACE,
         copied_from: None,
         unread_conf_dir: None,
+        agent_version: None,
     })
 }
 
@@ -1037,4 +1047,105 @@ fn the_owned_copy_names_the_file_it_follows() {
     std::fs::remove_file(dir.path().join("00-interlock.conflist")).unwrap();
     let e = confdir::load(dir.path(), Runtime::Containerd, &[]).unwrap();
     assert_eq!(crate::check::copied_from(&e), None);
+}
+
+/// issue 26: the skew policy on a node (docs/operate.md#upgrading): the agent and the
+/// plugin it installed are one build, the agent and the CLI of one minor version. The
+/// agent's version is what its `/metrics` says (`interlock_build_info`); not known, the
+/// policy is not judged.
+#[test]
+fn an_agent_and_plugin_outside_the_skew_policy_are_flagged() {
+    let now = 1_000_000;
+    let m = marker(true, 0, now);
+    let (_d, e) = effective(&[("00-interlock.conflist", OURS), ("10-c.conflist", PRIMARY)]);
+    let cli = interlock_buildinfo::VERSION;
+    let run = |agent: Option<&str>, plugin: &str| {
+        let b = BinaryFacts {
+            build: Some(plugin.to_string()),
+            ..bin()
+        };
+        judge(&Observed {
+            effective: &e,
+            binary: Some(&b),
+            bin_dirs: NO_DIRS,
+            marker: Ok(&m),
+            now_ms: now,
+            readyz: &Readyz::Answered(200),
+            missing_plugins: &[],
+            stale: None,
+            sandboxes: &SandboxesSeen::NotAsked,
+            cri_endpoint: "none",
+            namespace: "mesh-system",
+            copied_from: None,
+            unread_conf_dir: None,
+            agent_version: agent,
+        })
+    };
+    let release = cli.split(' ').next().unwrap();
+    // One build everywhere: nothing said, protected. (The agent's series names the
+    // release; the plugin's VERSION answer the commit too.)
+    let j = run(Some(release), cli);
+    assert_eq!(j.verdict, Verdict::Protected, "{}", j.summary);
+    assert!(!ids(&j.findings).iter().any(|i| i.starts_with("skew.")));
+    // Not known (an agent without the series, or not asked): not judged.
+    assert!(!ids(&run(None, "0.0.1").findings)
+        .iter()
+        .any(|i| i.starts_with("skew.")));
+
+    // The agent of this release, a plugin of another: the pods start with a plugin the
+    // agent did not ship.
+    let j = run(Some(release), "0.1.0 (git 4d8d2ac0a1b2)");
+    let f = j
+        .findings
+        .iter()
+        .find(|f| f.id == "skew.agent-plugin")
+        .expect("flagged");
+    assert_eq!(f.status, Status::Warn);
+    assert!(
+        f.message
+            .contains(&format!("the agent runs interlock {release}"))
+            && f.message
+                .contains("/opt/cni/bin/interlock-cni is interlock-cni 0.1.0 (git 4d8d2ac0a1b2)")
+            && f.message.contains("outside the skew policy"),
+        "{}",
+        f.message
+    );
+    assert!(
+        f.hint
+            .contains("kubectl -n mesh-system rollout status ds/interlock-node"),
+        "{}",
+        f.hint
+    );
+    assert_eq!(j.verdict, Verdict::Protected, "a warning: {}", j.summary);
+    assert!(j.summary.contains("skew.agent-plugin"), "{}", j.summary);
+
+    // An agent of another minor version than this CLI (and its own plugin).
+    let j = run(Some("0.1.3"), "0.1.3");
+    assert_eq!(
+        ids(&j.findings)
+            .into_iter()
+            .filter(|i| i.starts_with("skew."))
+            .collect::<Vec<_>>(),
+        ["skew.agent-cli"]
+    );
+    let f = j
+        .findings
+        .iter()
+        .find(|f| f.id == "skew.agent-cli")
+        .unwrap();
+    assert!(
+        f.message.contains(&format!(
+            "the agent runs interlock 0.1.3, this interlock is {cli}"
+        )),
+        "{}",
+        f.message
+    );
+    assert!(f
+        .hint
+        .contains("exec ds/interlock-node -- interlock check node"));
+    // Another patch release of the same minor version is within the policy.
+    let patch = format!("{}.99", &release[..release.rfind('.').unwrap()]);
+    assert!(!ids(&run(Some(&patch), &patch).findings)
+        .iter()
+        .any(|i| i.starts_with("skew.")));
 }

@@ -888,3 +888,77 @@ fn an_unreachable_cri_endpoint_is_at_risk_not_a_crash() {
     assert_eq!(v["settings"]["criEndpointFrom"], "marker");
     assert!(finding(&v, "sandboxes.cri-unreachable").is_none());
 }
+
+/// issue 26: `check node` judges the skew policy with the version the agent's `/metrics`
+/// gives (`interlock_build_info`): this build's agent and plugin pass; an agent answering
+/// as 0.1.0 (a stand-in serving the health endpoints in its place, the plugin this
+/// build's) is flagged against the plugin installed and against this CLI.
+#[test]
+fn an_agent_outside_the_skew_policy_is_flagged() {
+    use std::io::{BufRead, BufReader, Write};
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let a = d.agent(&[]);
+    wait_protected(&d, &a);
+    let health = format!("127.0.0.1:{}", a.port);
+    let (_, v) = check_json(&d, &["--health-addr", &health]);
+    let skew = |v: &serde_json::Value| -> Vec<String> {
+        v["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f["id"].as_str())
+            .filter(|id| id.starts_with("skew."))
+            .map(str::to_string)
+            .collect()
+    };
+    assert!(skew(&v).is_empty(), "{v:#}");
+
+    let standin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = standin.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for conn in standin.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut line = String::new();
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let _ = reader.read_line(&mut line);
+            // The rest of the request head.
+            let mut header = String::new();
+            while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+                header.clear();
+            }
+            let body = if line.starts_with("GET /metrics ") {
+                "# TYPE interlock_build_info gauge\ninterlock_build_info{version=\"0.1.0\"} 1\n"
+            } else {
+                "ready\n"
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let (_, v) = check_json(&d, &["--health-addr", &addr]);
+    assert_eq!(skew(&v), ["skew.agent-plugin", "skew.agent-cli"], "{v:#}");
+    let msg = finding(&v, "skew.agent-plugin").unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains("the agent runs interlock 0.1.0")
+            && msg.contains(&format!(
+                "is interlock-cni {} (git",
+                env!("CARGO_PKG_VERSION")
+            )),
+        "{msg}"
+    );
+    assert!(
+        finding(&v, "skew.agent-cli").unwrap()["hint"]
+            .as_str()
+            .unwrap()
+            .contains("interlock check node"),
+        "{v:#}"
+    );
+    drop(a);
+}

@@ -93,6 +93,20 @@ pub(super) fn gc(call: &Call) -> Result<(), CniError> {
             swept.len()
         ));
     }
+    // Netns lock files whose holder died before writing a record (the agent's audit
+    // sweeps them too); one a live process holds is never removed.
+    match interlock_redirect::netns_record::NetnsStore::new(&call.config.state_dir)
+        .sweep_orphan_locks()
+    {
+        Ok(locks) if !locks.is_empty() => call.log.info(&format!(
+            "GC removed {} netns lock file(s) left by holders that died",
+            locks.len()
+        )),
+        Ok(_) => {}
+        Err(e) => call.log.error(&format!(
+            "GC: sweeping netns lock files left by dead holders: {e}"
+        )),
+    }
     let removed = store
         .retain(&keep)
         .map_err(|e| call.err(codes::IO_FAILURE, format!("GC of attachment state: {e}")))?;
