@@ -320,7 +320,7 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool, msg: impl F
 /// Waits until the agent reports ready and the effective config carries our entry.
 pub fn wait_protected(d: &Dirs, a: &Agent) -> String {
     wait_until(
-        Duration::from_secs(10),
+        Duration::from_secs(60),
         || d.effective_with_us().is_some() && a.ready() == Some(true),
         || {
             format!(
