@@ -70,6 +70,10 @@ pub const CONCURRENCY: usize = 32;
 /// How long an action through the Kubernetes API waits for the pod cache's first sync
 /// before it is left to a later pass.
 pub const SYNC_PATIENCE: Duration = Duration::from_secs(2);
+
+/// How long an action taken before the pod cache's first sync keeps its Event waiting
+/// for the sync ([`ApiWork::after_sync`]).
+pub const DEFERRED_EVENT_PATIENCE: Duration = Duration::from_secs(120);
 /// How long an eviction may be blocked by a PodDisruptionBudget before it is reported.
 pub const EVICT_BUDGET: Duration = Duration::from_secs(30);
 
@@ -422,11 +426,23 @@ impl Auditor {
         }
         // Only a pod the API has (with this UID) gets a label and Events.
         let api_pod = self.api.as_ref().filter(|_| cached.is_some());
+        // Before the first sync nobody can tell whether the API has the pod. An action
+        // that does not wait for it (a repair, a restart: the agent's first pass after an
+        // outage) gets its Event once the cache has synced, if it holds the pod.
+        let after_sync = self
+            .api
+            .as_ref()
+            .filter(|_| seen == decide::PodSeen::NotSynced);
         let mut done = Vec::new();
         loop {
             let start = Instant::now();
+            let pod_api = match (api_pod, after_sync) {
+                (Some(w), _) => PodApi::Known(w),
+                (None, Some(w)) => PodApi::AfterSync(w),
+                (None, None) => PodApi::Unknown,
+            };
             let result = self
-                .perform(&action, status, &pod_key, api_pod, decision, reason)
+                .perform(&action, status, &pod_key, pod_api, decision, reason)
                 .await;
             let report = ActionReport {
                 policy: action.policy,
@@ -446,21 +462,19 @@ impl Auditor {
                 };
                 self.metrics.repaired(action.policy.as_str(), outcome);
                 log_action(&pod_key, &status.id, &action, &report, &self.metrics);
-                if let Some(w) = api_pod {
-                    let event =
-                        decide::event_for(action.policy, result.is_ok(), escalate.is_some());
-                    if let Some((reason_name, warning)) = event {
-                        let note = match &report.result {
-                            Ok(what) => format!("{reason}: {what}"),
-                            Err(why) => format!("{reason}: {} failed: {why}", action.policy),
-                        };
-                        w.publish(
-                            &pod_key,
-                            warning,
-                            reason_name,
-                            note,
-                            reason_name == "RepairFailed",
-                        );
+                let event = decide::event_for(action.policy, result.is_ok(), escalate.is_some());
+                if let (Some((reason_name, warning)), Some(w)) = (event, api_pod.or(after_sync)) {
+                    let note = match &report.result {
+                        Ok(what) => format!("{reason}: {what}"),
+                        Err(why) => format!("{reason}: {} failed: {why}", action.policy),
+                    };
+                    let label = reason_name == "RepairFailed";
+                    if api_pod.is_some() {
+                        w.publish(&pod_key, warning, reason_name, note, label);
+                    } else {
+                        w.after_sync(&pod_key, move |w, pod| {
+                            w.publish(pod, warning, reason_name, note, label)
+                        });
                     }
                 }
             }
@@ -481,10 +495,14 @@ impl Auditor {
         action: &RepairAction,
         status: &SandboxStatus,
         pod: &PodKey,
-        api_pod: Option<&ApiWork>,
+        pod_api: PodApi<'_>,
         decision: &Decision,
         reason: &str,
     ) -> Result<Performed, ActionError> {
+        let api_pod = match pod_api {
+            PodApi::Known(w) => Some(w),
+            PodApi::AfterSync(_) | PodApi::Unknown => None,
+        };
         match action.policy {
             RepairPolicy::Repair => {
                 let Some(netns) = status.netns_path().map(Path::to_path_buf) else {
@@ -502,8 +520,13 @@ impl Auditor {
                 .await
                 .map_err(|e| ActionError::escalate(format!("the repair thread failed: {e}")))??;
                 self.metrics.connections_ended.inc_by(done.ended as u64);
-                if let Some(w) = api_pod {
-                    w.repaired(pod, None, Some(done.summary.clone()));
+                match pod_api {
+                    PodApi::Known(w) => w.repaired(pod, None, Some(done.summary.clone())),
+                    PodApi::AfterSync(w) => {
+                        let how = done.summary.clone();
+                        w.after_sync(pod, move |w, pod| w.repaired(pod, None, Some(how)));
+                    }
+                    PodApi::Unknown => {}
                 }
                 Ok(Performed::Done(done.summary))
             }
@@ -690,6 +713,17 @@ pub struct ApiWork {
     removing: std::sync::Arc<Mutex<BTreeSet<String>>>,
 }
 
+/// How an action reaches its pod through the Kubernetes API.
+#[derive(Clone, Copy)]
+enum PodApi<'a> {
+    /// The API has the pod with the sandbox's UID: label and Events now.
+    Known(&'a ApiWork),
+    /// The pod cache has not synced yet: Events once it has, if it holds the pod.
+    AfterSync(&'a ApiWork),
+    /// No API, or it has no such pod: the log and the metrics only.
+    Unknown,
+}
+
 /// Kubernetes tasks of the audit running at once.
 pub const API_TASKS: usize = 16;
 
@@ -722,6 +756,35 @@ impl ApiWork {
                 false
             }
         }
+    }
+
+    /// Runs `then` once the pod cache has synced, if it then holds `pod` (by UID): an
+    /// action taken before the first sync still gets its Event and label. Waits in the
+    /// background, at most [`DEFERRED_EVENT_PATIENCE`]; the action itself never waits.
+    fn after_sync(&self, pod: &PodKey, then: impl FnOnce(&ApiWork, &PodKey) + Send + 'static) {
+        let (w, pod) = (self.clone(), pod.clone());
+        tokio::spawn(async move {
+            let deadline = Instant::now() + DEFERRED_EVENT_PATIENCE;
+            while !w.cluster.pods.is_synced() {
+                if Instant::now() > deadline {
+                    w.metrics.errors.inc();
+                    warn!(
+                        pod = %pod,
+                        waited_seconds = DEFERRED_EVENT_PATIENCE.as_secs(),
+                        "audit: the pod cache never synced with the Kubernetes API; the action's Event is not sent"
+                    );
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if w.cluster
+                .pods
+                .pod(&pod.namespace, &pod.name, &pod.uid)
+                .is_some()
+            {
+                then(&w, &pod);
+            }
+        });
     }
 
     /// Whether a delete or an eviction of the pod with `uid` is still running.
