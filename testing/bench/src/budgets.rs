@@ -16,6 +16,8 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::{json, Value};
 
+use crate::stats::median;
+
 /// `interlock-bench budgets`' flags.
 #[derive(Debug, Args)]
 pub struct BudgetsArgs {
@@ -148,16 +150,6 @@ fn kind_of(v: &Value) -> Option<&'static str> {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// The summary of `docs` (each a run's document): see the module docs.
 pub fn summarize(docs: &[Value]) -> anyhow::Result<Value> {
     let mut out = Vec::new();
@@ -170,7 +162,7 @@ pub fn summarize(docs: &[Value]) -> anyhow::Result<Value> {
         if runs.is_empty() {
             continue;
         }
-        let mut figures: Vec<f64> = runs.iter().flatten().copied().collect();
+        let figures: Vec<f64> = runs.iter().flatten().copied().collect();
         if figures.is_empty() {
             // Not measured by these runs (a sandbox run without that burst size).
             continue;
@@ -191,7 +183,7 @@ pub fn summarize(docs: &[Value]) -> anyhow::Result<Value> {
         let runs_passing = figures.iter().filter(|f| pass(**f)).count();
         let lowest = figures.iter().copied().fold(f64::INFINITY, f64::min);
         let highest = figures.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let med = median(&mut figures);
+        let med = median(&figures).expect("figures is not empty");
         out.push(json!({
             "budget": b.name,
             "unit": b.unit,

@@ -34,7 +34,7 @@ use interlock_testkit_node::node::{
 };
 use serde_json::{json, Map, Value};
 
-use crate::stats::Summary;
+use crate::stats::{median, Summary};
 
 /// `interlock-bench sandbox`'s flags.
 #[derive(Debug, Args)]
@@ -354,17 +354,6 @@ fn burst(way: &mut Way, n: usize) -> anyhow::Result<()> {
 
 fn ms(s: &Option<Summary>) -> Value {
     s.as_ref().map_or(Value::Null, Summary::to_json_ms)
-}
-
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
 }
 
 fn round2(x: f64) -> f64 {

@@ -37,6 +37,19 @@ fn nearest_rank(v: &[f64], p: f64) -> f64 {
     v[rank.clamp(1, v.len()) - 1]
 }
 
+/// The median of `v` (the mean of the two middle values when their number is even);
+/// `None` when `v` is empty.
+pub fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
 impl Summary {
     /// Summarises `samples`; `None` when there are none.
     pub fn of(samples: &[Duration]) -> Option<Summary> {
