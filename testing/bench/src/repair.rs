@@ -192,6 +192,10 @@ impl Session {
                 mode,
                 "--conflict-threshold",
                 "0",
+                // The guard alone is measured: no runtime runs here, and an audit that
+                // cannot reach one turns /readyz to 503 after a while.
+                "--cri-endpoint",
+                "none",
             ])
             .arg("--cni-conf-dir")
             .arg(&conf)
@@ -204,7 +208,10 @@ impl Session {
             .arg("--health-addr")
             .arg(health.to_string())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(
+                std::fs::File::create(root.join("agent.log"))
+                    .context("creating the agent's log")?,
+            )
             .spawn()
             .context("starting the agent")?;
         let agent = Agent(child);
@@ -326,6 +333,13 @@ impl Session {
         Ok((cpu.as_secs_f64() / wall.as_secs_f64(), followed))
     }
 
+    /// The last `n` lines of the agent's log (for an error).
+    fn log_tail(&self, n: usize) -> String {
+        let log = std::fs::read_to_string(self.root.join("agent.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
     fn wait_readyz(&self, want: u16, t0: Instant) -> anyhow::Result<Duration> {
         loop {
             if interlock_agent::health::readyz_status(self.health, Duration::from_secs(1))? == want
@@ -333,7 +347,10 @@ impl Session {
                 return Ok(t0.elapsed());
             }
             if t0.elapsed() > Duration::from_secs(5) {
-                bail!("/readyz did not answer {want} within 5 s");
+                bail!(
+                    "/readyz did not answer {want} within 5 s; the agent's log ends:\n{}",
+                    self.log_tail(20)
+                );
             }
             std::thread::sleep(Duration::from_micros(200));
         }

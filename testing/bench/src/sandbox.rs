@@ -85,6 +85,9 @@ struct Way {
     plugin_add: Vec<Duration>,
     /// Per burst size: every start's latency and each burst's pods per second.
     bursts: Vec<(usize, Vec<Duration>, Vec<f64>)>,
+    /// The agent's CPU time (user + system) spent during the sequential starts, and how
+    /// many starts that was: on a 2-core node it competes with the runtime for the CPU.
+    agent_cpu: Option<(Duration, usize)>,
     /// The stand-in's build directory (kept while the node may exec it).
     _standin: Option<tempfile::TempDir>,
 }
@@ -125,11 +128,19 @@ pub fn run(mut a: SandboxArgs) -> anyhow::Result<()> {
         eprintln!("round {} of {} …", round + 1, a.rounds);
         for &i in &order {
             let way = &mut ways[i];
+            let cpu_before = agent_cpu(way);
             let meshed = sequential(way, a.samples, true)?;
+            let mut starts = meshed.len();
             way.meshed.extend(meshed);
             if way.name != "istio_standin" {
                 let unmeshed = sequential(way, a.samples, false)?;
+                starts += unmeshed.len();
                 way.unmeshed.extend(unmeshed);
+            }
+            if let (Some(before), Some(after)) = (cpu_before, agent_cpu(way)) {
+                let (cpu, n) = way.agent_cpu.get_or_insert((Duration::ZERO, 0));
+                *cpu += after.saturating_sub(before);
+                *n += starts;
             }
         }
         for &n in &a.bursts {
@@ -195,6 +206,7 @@ fn start_way(
         del: Vec::new(),
         plugin_add: Vec::new(),
         bursts: Vec::new(),
+        agent_cpu: None,
         _standin: standin,
     })
 }
@@ -352,6 +364,35 @@ fn burst(way: &mut Way, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The CPU time (user + system, every thread's, ended ones too) the way's agent has
+/// used so far (`None`: no agent, or `/proc` unreadable), from `/proc/PID/stat`.
+fn agent_cpu(way: &Way) -> Option<Duration> {
+    if way.name != "interlock" {
+        return None;
+    }
+    let pid = way.node.agent(|a| a.pid());
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // utime and stime are the 14th and 15th fields; the command before them, in
+    // parentheses, may hold spaces.
+    let after_comm: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks =
+        after_comm.get(11)?.parse::<u64>().ok()? + after_comm.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_secs_f64(ticks as f64 / clock_ticks_per_s()?))
+}
+
+/// The kernel's clock ticks per second for `/proc` times (`getconf CLK_TCK`).
+fn clock_ticks_per_s() -> Option<f64> {
+    static HZ: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+    *HZ.get_or_init(|| {
+        let out = std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()?;
+        let hz: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+        (hz > 0.0).then_some(hz)
+    })
+}
+
 fn ms(s: &Option<Summary>) -> Value {
     s.as_ref().map_or(Value::Null, Summary::to_json_ms)
 }
@@ -388,6 +429,9 @@ fn report(
                 "unmeshed_start_ms": ms(&Summary::of(&w.unmeshed)),
                 "del_ms": ms(&Summary::of(&w.del)),
                 "plugin_own_add_ms": ms(&Summary::of(&w.plugin_add)),
+                "agent_cpu_ms_per_sequential_start": w.agent_cpu.and_then(|(cpu, n)| {
+                    (n > 0).then(|| round2(cpu.as_secs_f64() * 1000.0 / n as f64))
+                }),
                 "bursts": bursts,
             }),
         );
