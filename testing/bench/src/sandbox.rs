@@ -85,9 +85,10 @@ struct Way {
     plugin_add: Vec<Duration>,
     /// Per burst size: every start's latency and each burst's pods per second.
     bursts: Vec<(usize, Vec<Duration>, Vec<f64>)>,
-    /// The agent's CPU time (user + system) spent during the sequential starts, and how
-    /// many starts that was: on a 2-core node it competes with the runtime for the CPU.
-    agent_cpu: Option<(Duration, usize)>,
+    /// CPU time (user + system) of the agent and of containerd spent during the
+    /// sequential starts, and how many starts that was: on a 2-core node the agent
+    /// competes with the runtime for the CPU, and its CRI calls are the runtime's work.
+    cpu: Option<(Duration, Duration, usize)>,
     /// The stand-in's build directory (kept while the node may exec it).
     _standin: Option<tempfile::TempDir>,
 }
@@ -128,7 +129,7 @@ pub fn run(mut a: SandboxArgs) -> anyhow::Result<()> {
         eprintln!("round {} of {} …", round + 1, a.rounds);
         for &i in &order {
             let way = &mut ways[i];
-            let cpu_before = agent_cpu(way);
+            let cpu_before = cpu_use(way);
             let meshed = sequential(way, a.samples, true)?;
             let mut starts = meshed.len();
             way.meshed.extend(meshed);
@@ -137,9 +138,11 @@ pub fn run(mut a: SandboxArgs) -> anyhow::Result<()> {
                 starts += unmeshed.len();
                 way.unmeshed.extend(unmeshed);
             }
-            if let (Some(before), Some(after)) = (cpu_before, agent_cpu(way)) {
-                let (cpu, n) = way.agent_cpu.get_or_insert((Duration::ZERO, 0));
-                *cpu += after.saturating_sub(before);
+            if let (Some(before), Some(after)) = (cpu_before, cpu_use(way)) {
+                let (agent, runtime, n) =
+                    way.cpu.get_or_insert((Duration::ZERO, Duration::ZERO, 0));
+                *agent += after.0.saturating_sub(before.0);
+                *runtime += after.1.saturating_sub(before.1);
                 *n += starts;
             }
         }
@@ -206,7 +209,7 @@ fn start_way(
         del: Vec::new(),
         plugin_add: Vec::new(),
         bursts: Vec::new(),
-        agent_cpu: None,
+        cpu: None,
         _standin: standin,
     })
 }
@@ -364,13 +367,19 @@ fn burst(way: &mut Way, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The CPU time (user + system, every thread's, ended ones too) the way's agent has
-/// used so far (`None`: no agent, or `/proc` unreadable), from `/proc/PID/stat`.
-fn agent_cpu(way: &Way) -> Option<Duration> {
-    if way.name != "interlock" {
-        return None;
-    }
-    let pid = way.node.agent(|a| a.pid());
+/// The CPU time the way's agent (zero without one) and its containerd have used so far
+/// (`None`: containerd not running, or `/proc` unreadable).
+fn cpu_use(way: &Way) -> Option<(Duration, Duration)> {
+    let agent = match way.name {
+        "interlock" => cpu_of(way.node.agent(|a| a.pid()))?,
+        _ => Duration::ZERO,
+    };
+    Some((agent, cpu_of(way.node.containerd_pid()?)?))
+}
+
+/// The CPU time (user + system, every thread's, ended ones too) of process `pid`, from
+/// `/proc/PID/stat`.
+fn cpu_of(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // utime and stime are the 14th and 15th fields; the command before them, in
     // parentheses, may hold spaces.
@@ -429,8 +438,9 @@ fn report(
                 "unmeshed_start_ms": ms(&Summary::of(&w.unmeshed)),
                 "del_ms": ms(&Summary::of(&w.del)),
                 "plugin_own_add_ms": ms(&Summary::of(&w.plugin_add)),
-                "agent_cpu_ms_per_sequential_start": w.agent_cpu.and_then(|(cpu, n)| {
-                    (n > 0).then(|| round2(cpu.as_secs_f64() * 1000.0 / n as f64))
+                "cpu_ms_per_sequential_start": w.cpu.and_then(|(agent, runtime, n)| {
+                    let per = |d: Duration| round2(d.as_secs_f64() * 1000.0 / n as f64);
+                    (n > 0).then(|| json!({"agent": per(agent), "containerd": per(runtime)}))
                 }),
                 "bursts": bursts,
             }),

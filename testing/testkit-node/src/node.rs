@@ -315,6 +315,11 @@ impl Node {
         self.kit().bin_dir()
     }
 
+    /// The node's containerd process ID while it runs.
+    pub fn containerd_pid(&self) -> Option<u32> {
+        self.kit().daemon_pid()
+    }
+
     /// The agent's state dir.
     pub fn state_dir(&self) -> PathBuf {
         self.dir.join("state")
