@@ -286,9 +286,12 @@ fn uninstall_on_exit_takes_false_true_and_when_deleted() {
     assert_eq!(d.names(), Vec::<String>::new());
 }
 
+/// One inotify event: when it was read, the directory (`conf` or `bin`), the name, what.
+type Seen = (Instant, &'static str, String, inotify::EventMask);
+
 /// What inotify saw in the conf dir and the bin dir, with when.
 struct Recorder {
-    events: Arc<Mutex<Vec<(Instant, &'static str, String, inotify::EventMask)>>>,
+    events: Arc<Mutex<Vec<Seen>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -338,7 +341,7 @@ impl Recorder {
         }
     }
 
-    fn finish(mut self) -> Vec<(Instant, &'static str, String, inotify::EventMask)> {
+    fn finish(mut self) -> Vec<Seen> {
         self.stop.store(true, Ordering::SeqCst);
         self.thread.take().unwrap().join().unwrap();
         let mut out = vec![];

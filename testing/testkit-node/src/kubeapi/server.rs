@@ -1151,7 +1151,7 @@ fn delete_options(body: &[u8], q: &Query) -> Result<DeleteOpts, ApiError> {
         .as_deref()
         .filter(|p| !["Foreground", "Background", "Orphan"].contains(p))
     {
-        return Err(ApiError::bad_request(&format!(
+        return Err(ApiError::bad_request(format!(
             "propagationPolicy: Unsupported value: \"{p}\": supported values: \"Foreground\", \"Background\", \"Orphan\""
         )));
     }
