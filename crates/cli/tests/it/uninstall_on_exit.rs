@@ -431,3 +431,52 @@ fn a_rollout_in_when_deleted_mode_never_removes_the_config() {
         config.0
     );
 }
+
+/// Step 3 of docs/operate.md's removal, with kubectl itself against the fake API:
+/// `kubectl delete ds` (background: the DaemonSet is gone at once) and `--cascade=foreground`
+/// (it stays with `deletionTimestamp` until the garbage collector, which the fake does not
+/// run, has deleted the pods). The agent, stopped as the collector stops it, uninstalls.
+#[test]
+fn the_documented_kubectl_deletions_make_the_agent_uninstall() {
+    for (cascade, held, why) in [
+        (None, false, "is gone from the API"),
+        (Some("--cascade=foreground"), true, "is being deleted"),
+    ] {
+        let d = Dirs::new();
+        d.write("10-calico.conflist", CALICO);
+        let c = Cluster::new(&d, &["interlock-node-a"]);
+        let a = c.agent(&d, "interlock-node-a", "when-deleted");
+        let mut cmd = std::process::Command::new("kubectl");
+        cmd.arg("--kubeconfig")
+            .arg(&c.kubeconfig)
+            .args(["-n", NS, "delete", "ds/interlock-node", "--wait=false"])
+            .args(cascade);
+        let out = match cmd.output() {
+            Ok(o) => o,
+            Err(e) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "kubectl is missing ({e}): run `make deps`"
+                );
+                eprintln!("skipped: no kubectl ({e})");
+                return;
+            }
+        };
+        assert!(
+            out.status.success(),
+            "kubectl {cascade:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ds = c.api.get_object("daemonsets", NS, DS);
+        assert_eq!(ds.is_some(), held, "{cascade:?}: {ds:?}");
+        if let Some(ds) = ds {
+            assert!(ds["metadata"]["deletionTimestamp"].is_string(), "{ds}");
+            assert_eq!(ds["metadata"]["finalizers"], json!(["foregroundDeletion"]));
+        }
+        let log = a.log.clone();
+        assert!(a.terminate().success());
+        let log = std::fs::read_to_string(log).unwrap();
+        assert!(uninstalled(&d), "{cascade:?}: {:?}\n{log}", d.names());
+        assert!(log.contains(why), "{cascade:?}: {log}");
+    }
+}
