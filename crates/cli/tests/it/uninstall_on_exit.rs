@@ -83,18 +83,25 @@ fn uninstalled(d: &Dirs) -> bool {
         && !d.bin.join("interlock-cni").exists()
 }
 
-/// `when-deleted`, the DaemonSet present: SIGTERM keeps the config and the binary, and
-/// the log says why; the agent asked for its pod and its DaemonSet, nothing more.
-#[test]
-fn when_deleted_keeps_everything_while_the_daemonset_stays() {
+/// A node whose `when-deleted` agent (pod `interlock-node-a`) is stopped with SIGTERM
+/// after `change` to the cluster: the dirs, the cluster, and the agent's log.
+fn stopped_after(change: impl FnOnce(&Cluster)) -> (Dirs, Cluster, String) {
     let d = Dirs::new();
     d.write("10-calico.conflist", CALICO);
     let c = Cluster::new(&d, &["interlock-node-a"]);
     let a = c.agent(&d, "interlock-node-a", "when-deleted");
-    c.api.clear_requests();
+    change(&c);
     let log = a.log.clone();
     assert!(a.terminate().success());
     let log = std::fs::read_to_string(log).unwrap();
+    (d, c, log)
+}
+
+/// `when-deleted`, the DaemonSet present: SIGTERM keeps the config and the binary, and
+/// the log says why; the agent asked for its pod and its DaemonSet, nothing more.
+#[test]
+fn when_deleted_keeps_everything_while_the_daemonset_stays() {
+    let (d, c, log) = stopped_after(|c| c.api.clear_requests());
     assert!(installed(&d), "{:?}\n{log}", d.names());
     assert!(
         log.contains(&format!("DaemonSet {NS}/{DS}"))
@@ -153,14 +160,7 @@ fn when_deleted_uninstalls_once_the_daemonset_goes_away() {
         ),
     ];
     for (case, change, why) in cases {
-        let d = Dirs::new();
-        d.write("10-calico.conflist", CALICO);
-        let c = Cluster::new(&d, &["interlock-node-a"]);
-        let a = c.agent(&d, "interlock-node-a", "when-deleted");
-        change(&c.api);
-        let log = a.log.clone();
-        assert!(a.terminate().success(), "{case}");
-        let log = std::fs::read_to_string(log).unwrap();
+        let (d, _, log) = stopped_after(|c| change(&c.api));
         assert!(uninstalled(&d), "{case}: {:?}\n{log}", d.names());
         assert!(
             log.contains(why) && log.contains("removing interlock's CNI config"),
@@ -192,14 +192,7 @@ fn when_deleted_keeps_everything_when_the_api_cannot_tell() {
         ("API down", |api| api.stop(), "reading this agent's pod"),
     ];
     for (case, change, why) in cases {
-        let d = Dirs::new();
-        d.write("10-calico.conflist", CALICO);
-        let c = Cluster::new(&d, &["interlock-node-a"]);
-        let a = c.agent(&d, "interlock-node-a", "when-deleted");
-        change(&c.api);
-        let log = a.log.clone();
-        assert!(a.terminate().success(), "{case}");
-        let log = std::fs::read_to_string(log).unwrap();
+        let (d, _, log) = stopped_after(|c| change(&c.api));
         assert!(installed(&d), "{case}: {:?}\n{log}", d.names());
         let warn = log
             .lines()
@@ -438,44 +431,43 @@ fn a_rollout_in_when_deleted_mode_never_removes_the_config() {
 /// run, has deleted the pods). The agent, stopped as the collector stops it, uninstalls.
 #[test]
 fn the_documented_kubectl_deletions_make_the_agent_uninstall() {
+    if std::process::Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "kubectl is missing: run `make deps`"
+        );
+        eprintln!("skipped: no kubectl");
+        return;
+    }
     for (cascade, held, why) in [
         (None, false, "is gone from the API"),
         (Some("--cascade=foreground"), true, "is being deleted"),
     ] {
-        let d = Dirs::new();
-        d.write("10-calico.conflist", CALICO);
-        let c = Cluster::new(&d, &["interlock-node-a"]);
-        let a = c.agent(&d, "interlock-node-a", "when-deleted");
-        let mut cmd = std::process::Command::new("kubectl");
-        cmd.arg("--kubeconfig")
-            .arg(&c.kubeconfig)
-            .args(["-n", NS, "delete", "ds/interlock-node", "--wait=false"])
-            .args(cascade);
-        let out = match cmd.output() {
-            Ok(o) => o,
-            Err(e) => {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "kubectl is missing ({e}): run `make deps`"
-                );
-                eprintln!("skipped: no kubectl ({e})");
-                return;
+        let (d, _, log) = stopped_after(|c| {
+            let out = std::process::Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&c.kubeconfig)
+                .args(["-n", NS, "delete", "ds/interlock-node", "--wait=false"])
+                .args(cascade)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "kubectl {cascade:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let ds = c.api.get_object("daemonsets", NS, DS);
+            assert_eq!(ds.is_some(), held, "{cascade:?}: {ds:?}");
+            if let Some(ds) = ds {
+                assert!(ds["metadata"]["deletionTimestamp"].is_string(), "{ds}");
+                assert_eq!(ds["metadata"]["finalizers"], json!(["foregroundDeletion"]));
             }
-        };
-        assert!(
-            out.status.success(),
-            "kubectl {cascade:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let ds = c.api.get_object("daemonsets", NS, DS);
-        assert_eq!(ds.is_some(), held, "{cascade:?}: {ds:?}");
-        if let Some(ds) = ds {
-            assert!(ds["metadata"]["deletionTimestamp"].is_string(), "{ds}");
-            assert_eq!(ds["metadata"]["finalizers"], json!(["foregroundDeletion"]));
-        }
-        let log = a.log.clone();
-        assert!(a.terminate().success());
-        let log = std::fs::read_to_string(log).unwrap();
+        });
         assert!(uninstalled(&d), "{cascade:?}: {:?}\n{log}", d.names());
         assert!(log.contains(why), "{cascade:?}: {log}");
     }
