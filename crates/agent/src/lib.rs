@@ -21,6 +21,9 @@
 //!   node's taint and condition in step with readiness, [`kubernetes::gating`] decides
 //!   them (pure), [`kubernetes::pods`] caches this node's pods, and
 //!   [`kubernetes::actions`] labels, reports on, deletes and evicts them for the audit.
+//! - [`exit`], what the agent leaves on the node as it exits (uninstall-on-exit, with
+//!   `when-deleted` asking the API whether the DaemonSet is going away), and
+//!   [`uninstall`], which removes interlock's files (also for `interlock uninstall`).
 //! - [`health`] serves `/healthz`, `/readyz` and `/metrics`: [`health::shared`] is the
 //!   state the other loops share with it, [`health::metrics`] its Prometheus series,
 //!   [`health::verdicts`] decides what the endpoints answer (pure), and
@@ -38,12 +41,14 @@
 
 pub mod audit;
 pub mod error;
+pub mod exit;
 pub mod guard;
 pub mod health;
 pub mod kubernetes;
 pub mod uninstall;
 
 pub use error::AgentError;
+pub use exit::UninstallOnExit;
 
 use guard::plan::{ConfigMode, Settings};
 use health::telemetry::Json;
@@ -99,6 +104,9 @@ pub struct AgentConfig {
     pub kube: KubeMode,
     /// This node's name in the API (required when a Kubernetes client is found).
     pub node_name: Option<String>,
+    /// The agent's own pod, `namespace` and `name` (`POD_NAMESPACE`, `POD_NAME` in the
+    /// DaemonSet): uninstall-on-exit `when-deleted` reads its owner.
+    pub pod: Option<(String, String)>,
     /// The startup taint's effect (`TaintEffect::None`: the condition only).
     pub taint_effect: kubernetes::gating::TaintEffect,
     /// Address of `/healthz`, `/readyz`, `/metrics`.
@@ -109,8 +117,8 @@ pub struct AgentConfig {
     pub probe_addr: Option<SocketAddr>,
     /// The `interlock-cni` binary to install.
     pub plugin_source: PathBuf,
-    /// Remove what interlock added when the agent exits.
-    pub uninstall_on_exit: bool,
+    /// Whether to remove what interlock added when the agent exits.
+    pub uninstall_on_exit: UninstallOnExit,
     /// Files allowed to sort ahead of ours (we chain into them instead).
     pub allow_ahead: Vec<String>,
     /// Highest `cniVersion` to write (`None`: the highest every plugin supports).
@@ -154,11 +162,12 @@ impl AgentConfig {
             runtime: Runtime::Containerd,
             kube: KubeMode::None,
             node_name: None,
+            pod: None,
             taint_effect: kubernetes::gating::TaintEffect::NoSchedule,
             health_addr: "127.0.0.1:9102".parse().expect("valid address"),
             probe_addr: None,
             plugin_source,
-            uninstall_on_exit: false,
+            uninstall_on_exit: UninstallOnExit::Never,
             allow_ahead: vec![],
             max_cni_version: None,
             plugin_config: Map::new(),
@@ -352,7 +361,7 @@ pub fn raise_nofile_limit() -> u64 {
 }
 
 /// Runs the agent until SIGTERM or SIGINT. The config stays in place on exit unless
-/// `uninstall_on_exit` is set.
+/// `uninstall_on_exit` says otherwise ([`exit::decide`]).
 pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     // First of all: a SIGTERM from now on is the agent's to handle, also one that comes
     // while it is still starting (a rollout may stop an agent at any moment; without a
@@ -395,6 +404,19 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     );
     let entry = Value::Object(cfg.entry());
     info!(entry = %Json(&entry), "plugin entry");
+    if cfg.uninstall_on_exit == UninstallOnExit::WhenDeleted {
+        let problem = match (&cfg.pod, cfg.kube) {
+            (_, KubeMode::None) => Some("the agent runs without a Kubernetes API (--kube none)"),
+            (None, _) => Some(exit::POD_UNKNOWN),
+            _ => None,
+        };
+        if let Some(p) = problem {
+            warn!(
+                "uninstall-on-exit=when-deleted cannot tell a deletion of the DaemonSet from a \
+                 rollout: {p}. Every exit keeps interlock's CNI config and plugin binary"
+            );
+        }
+    }
     let shared = Arc::new(health::shared::Shared::default());
     let admin = health::Admin::new(
         shared.clone(),
@@ -427,17 +449,19 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         // audit and the agent socket take the cluster (`None`: no Kubernetes API; the audit
         // then uses the sandboxes' own annotations and the socket cannot answer lookups).
         // A SIGTERM that came while the agent started (or comes while it connects to the
-        // API) stops it here, before the guard ran: the config stays as it is.
+        // API) stops it here, before the guard ran: the config stays as it is unless
+        // uninstall-on-exit says otherwise.
         let cluster = tokio::select! {
             c = start_kubernetes(&cfg, &shared) => c?,
             _ = term.recv() => {
                 info!(
                     signal = "SIGTERM",
-                    "stopping during start-up, before the config guard ran (the CNI config stays as it is)"
+                    "stopping during start-up, before the config guard ran"
                 );
-                return Ok(());
+                return Ok(exit::decide(&cfg, None).await);
             }
         };
+        let client = cluster.as_ref().map(|c| c.client.clone());
         let fallback = cfg.audit.as_ref().map(|a| audit::socket::CriFallback {
             endpoint: a.cri_endpoint.clone(),
         });
@@ -499,27 +523,27 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         };
         info!(
             signal = sig,
-            "stopping (the CNI config stays in place{})",
-            if cfg.uninstall_on_exit {
-                " until uninstall"
-            } else {
-                ""
-            }
+            uninstall_on_exit = %cfg.uninstall_on_exit,
+            "stopping"
         );
         let _ = tx.send(guard::Wake::Stop);
-        if tokio::time::timeout(STOP_GRACE, done_rx).await.is_err() {
-            error!(
-                waited_seconds = STOP_GRACE.as_secs_f64(),
-                since_last_pass_seconds = shared.since_tick().as_secs_f64(),
-                "the config guard did not finish its pass; exiting without it"
-            );
-        }
-        Ok::<(), AgentError>(())
+        // The guard stops while the API is asked (`when-deleted`): both are bounded.
+        let guard_stopped = async {
+            if tokio::time::timeout(STOP_GRACE, done_rx).await.is_err() {
+                error!(
+                    waited_seconds = STOP_GRACE.as_secs_f64(),
+                    since_last_pass_seconds = shared.since_tick().as_secs_f64(),
+                    "the config guard did not finish its pass; exiting without it"
+                );
+            }
+        };
+        let ((), uninstall) = tokio::join!(guard_stopped, exit::decide(&cfg, client));
+        Ok::<bool, AgentError>(uninstall)
     });
     // A guard thread still blocked must not hold the process: drop the runtime without
     // waiting for it.
     rt.shutdown_background();
-    served?;
+    let uninstall = served?;
     let stopped = guard::marker::Marker {
         ready: false,
         reason: format!("interlock agent (pid {}) stopped", std::process::id()),
@@ -539,29 +563,8 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     if let Err(e) = guard::marker::write(&cfg.state_dir, &stopped) {
         error!(state_dir = %cfg.state_dir.display(), error = %e, "cannot mark the agent stopped");
     }
-    if cfg.uninstall_on_exit {
-        let opts = uninstall::UninstallOptions {
-            runtime: Some(cfg.runtime),
-            own_socket: true,
-            ..uninstall::UninstallOptions::default()
-        };
-        let r = uninstall::uninstall_node(&cfg.conf_dir, &cfg.bin_dirs, &cfg.state_dir, &opts);
-        let lines = r.lines();
-        info!(
-            "uninstalled: {}",
-            if lines.is_empty() {
-                "nothing to remove".into()
-            } else {
-                lines.join("; ")
-            }
-        );
-        for why in &r.incomplete {
-            warn!("uninstall incomplete: {why}");
-        }
-        let errors = r.errors();
-        if !errors.is_empty() {
-            return Err(AgentError::Uninstall(errors));
-        }
+    if uninstall {
+        exit::uninstall(&cfg)?;
     }
     Ok(())
 }

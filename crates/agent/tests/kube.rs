@@ -12,7 +12,7 @@ use interlock_agent::kubernetes::actions::{Evicted, PodActions};
 use interlock_agent::kubernetes::gate::NodeGate;
 use interlock_agent::kubernetes::gating::{NodeState, TaintEffect, LOSS_DEBOUNCE};
 use interlock_agent::kubernetes::pods::{PodCache, PodKey};
-use interlock_agent::kubernetes::{self, KubeSettings};
+use interlock_agent::kubernetes::{self, owner, KubeSettings};
 use interlock_contract::agent_socket::{PodRef, Response};
 use interlock_contract::names::{CONDITION_READY, LABEL_UNPROTECTED, TAINT_NOT_READY};
 use interlock_testkit_node::kubeapi::{KubeApi, RequestRecord, CLIENT_HEADER};
@@ -866,6 +866,7 @@ async fn requests_use_exactly_the_granted_rbac_verbs() {
     api.put_object(pod("ns", "a", "n1"));
     api.put_object(pod("ns", "b", "n1"));
     api.put_object(pdb(5));
+    agent_objects(&api);
     let shared = Arc::new(Shared::default());
     let cluster = kubernetes::start(
         client(&api, "agent").await,
@@ -915,12 +916,20 @@ async fn requests_use_exactly_the_granted_rbac_verbs() {
     })
     .await;
 
+    // The exit check of uninstall-on-exit `when-deleted`.
+    assert!(matches!(
+        owner::ask(cluster.client.clone(), AGENT_NS, "interlock-node-x").await,
+        Ok(owner::ExitDecision::Keep(_))
+    ));
+
     let used: BTreeSet<(String, String, String)> =
         api.requests().iter().filter_map(rbac_of).collect();
     // The evict policy's grant is rendered with it alone; this test uses every action.
+    // The namespace's Role is the agent's own namespace only (a namespaced path).
     let granted: BTreeSet<(String, String, String)> = interlock_contract::rbac::AGENT_RULES
         .iter()
         .chain(interlock_contract::rbac::EVICT_RULES)
+        .chain(interlock_contract::rbac::AGENT_NAMESPACE_RULES)
         .flat_map(|r| {
             r.resources.iter().flat_map(move |res| {
                 r.verbs
@@ -939,12 +948,27 @@ async fn requests_use_exactly_the_granted_rbac_verbs() {
         not_used.is_empty(),
         "AGENT_RULES grants verbs no code path uses: {not_used:?}"
     );
-    // `grants` is the default ClusterRole alone; the eviction is the evict policy's grant.
+    // `grants` is the default ClusterRole alone; the eviction is the evict policy's grant,
+    // reading the DaemonSet the namespace's Role's.
     for (g, res, v) in &used {
         assert!(
             interlock_contract::rbac::grants(g, res, v)
-                || (res == "pods/eviction" && v == "create"),
+                || (res == "pods/eviction" && v == "create")
+                || (g == "apps" && res == "daemonsets" && v == "get"),
             "{g} {res} {v}"
+        );
+    }
+    // Every DaemonSet read is in the agent's own namespace.
+    for r in api
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("/daemonsets"))
+    {
+        assert!(
+            r.path
+                .starts_with(&format!("/apis/apps/v1/namespaces/{AGENT_NS}/daemonsets/")),
+            "{}",
+            r.path
         );
     }
 }
@@ -1079,4 +1103,200 @@ async fn pod_changes_on_this_node_wake_the_audit() {
     tokio::time::timeout(Duration::from_secs(5), changes.notified())
         .await
         .expect("a new pod on this node wakes the audit");
+}
+
+const AGENT_NS: &str = "interlock-system";
+const AGENT_DS: &str = "interlock-node";
+
+fn daemonset() -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+           "metadata": {"name": AGENT_DS, "namespace": AGENT_NS},
+           "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "interlock"}},
+                    "template": {"metadata": {"labels": {"app.kubernetes.io/name": "interlock"}},
+                                 "spec": {"containers": [{"name": "agent", "image": "i"}]}}}})
+}
+
+/// The agent's pod `name` on node n1, controlled by the DaemonSet of UID `ds_uid`.
+fn agent_pod(name: &str, ds_uid: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": AGENT_NS,
+                        "labels": {"app.kubernetes.io/name": "interlock"},
+                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                             "name": AGENT_DS, "uid": ds_uid,
+                                             "controller": true, "blockOwnerDeletion": true}]},
+           "spec": {"nodeName": "n1", "containers": [{"name": "agent", "image": "i"}]},
+           "status": {"phase": "Running"}})
+}
+
+/// The agent's DaemonSet and its pod `interlock-node-x`.
+fn agent_objects(api: &KubeApi) {
+    let ds = api.put_object(daemonset());
+    api.put_object(agent_pod(
+        "interlock-node-x",
+        ds["metadata"]["uid"].as_str().unwrap(),
+    ));
+}
+
+/// A client with the agent's service account token (`agent-token`).
+async fn token_client(api: &KubeApi) -> kube::Client {
+    let dir = interlock_testkit::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    api.write_kubeconfig_with_token(&path, "agent-token")
+        .unwrap();
+    let config = kubernetes::config_from_kubeconfig(path.to_str().unwrap())
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+async fn exit_check(api: &KubeApi) -> Result<owner::ExitDecision, String> {
+    owner::ask(client(api, "agent").await, AGENT_NS, "interlock-node-x").await
+}
+
+fn uninstalls(d: &Result<owner::ExitDecision, String>, why: &str) -> bool {
+    matches!(d, Ok(owner::ExitDecision::Uninstall(w)) if w.contains(why))
+}
+
+/// Uninstall-on-exit `when-deleted` asks the API through the real client: a DaemonSet that
+/// stays keeps everything; one deleted in the foreground (`kubectl delete
+/// --cascade=foreground`: it stays, with `deletionTimestamp` and the `foregroundDeletion`
+/// finalizer, while its pods are deleted), one gone (404: the default background
+/// deletion removes it before its pods), and one of the same name re-created (another
+/// UID) each uninstall.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_exit_check_uninstalls_only_when_the_daemonset_goes_away() {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+    let api = KubeApi::start().unwrap();
+    agent_objects(&api);
+    let d = exit_check(&api).await;
+    assert!(
+        matches!(&d, Ok(owner::ExitDecision::Keep(w)) if w.contains("stays")),
+        "{d:?}"
+    );
+
+    let c = client(&api, "admin").await;
+    let dss = Api::<DaemonSet>::namespaced(c.clone(), AGENT_NS);
+    dss.delete(AGENT_DS, &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let held = api.get_object("daemonsets", AGENT_NS, AGENT_DS).unwrap();
+    assert!(held["metadata"]["deletionTimestamp"].is_string(), "{held}");
+    assert_eq!(
+        held["metadata"]["finalizers"],
+        json!(["foregroundDeletion"])
+    );
+    let d = exit_check(&api).await;
+    assert!(uninstalls(&d, "is being deleted"), "{d:?}");
+
+    // The garbage collector has deleted the pods and drops its finalizer: the DaemonSet
+    // is gone.
+    dss.patch(
+        AGENT_DS,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert!(api.get_object("daemonsets", AGENT_NS, AGENT_DS).is_none());
+    let d = exit_check(&api).await;
+    assert!(uninstalls(&d, "is gone from the API"), "{d:?}");
+
+    // Re-created under the same name (a delete and apply): the pod's owner is gone all
+    // the same.
+    let again: DaemonSet = serde_json::from_value(daemonset()).unwrap();
+    let again = dss.create(&PostParams::default(), &again).await.unwrap();
+    let new_uid = again.metadata.uid.unwrap();
+    let d = exit_check(&api).await;
+    assert!(
+        uninstalls(&d, &format!("another one (UID {new_uid})")),
+        "{d:?}"
+    );
+
+    // A default (background) deletion removes the object at once.
+    dss.delete(AGENT_DS, &DeleteParams::background())
+        .await
+        .unwrap();
+    assert!(api.get_object("daemonsets", AGENT_NS, AGENT_DS).is_none());
+}
+
+/// When the API cannot tell, the exit check says why (the agent then keeps everything):
+/// a token without the namespace's Role (403, naming the grant), a pod with no
+/// DaemonSet owner, a pod already gone, an API that accepts the connection and never
+/// answers (bounded by the deadline), and the Role of `AGENT_NAMESPACE_RULES` is enough.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_exit_check_fails_with_a_reason_when_the_api_cannot_tell() {
+    use interlock_testkit_node::kubeapi::UserInfo;
+    let api = KubeApi::start().unwrap();
+    agent_objects(&api);
+    let rule = |r: &interlock_contract::rbac::Rule| json!({"apiGroups": [r.group], "resources": r.resources, "verbs": r.verbs});
+    let subject = json!([{"kind": "ServiceAccount", "name": "interlock", "namespace": AGENT_NS}]);
+    api.put_object(
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "interlock-agent"},
+        "rules": interlock_contract::rbac::AGENT_RULES.iter().map(rule).collect::<Vec<_>>()}),
+    );
+    api.put_object(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "interlock-agent"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "interlock-agent"},
+        "subjects": subject.clone()}));
+    api.add_token(
+        "agent-token",
+        UserInfo::service_account(AGENT_NS, "interlock", Some("n1")),
+    );
+    let e = owner::ask(token_client(&api).await, AGENT_NS, "interlock-node-x")
+        .await
+        .unwrap_err();
+    assert!(
+        e.contains("forbidden") && e.contains("apps/daemonsets") && e.contains("Role"),
+        "{e}"
+    );
+    // The namespace's Role, as the manifests render it from the contract: enough.
+    api.put_object(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "interlock-agent", "namespace": AGENT_NS},
+        "rules": interlock_contract::rbac::AGENT_NAMESPACE_RULES.iter().map(rule).collect::<Vec<_>>()}));
+    api.put_object(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "interlock-agent", "namespace": AGENT_NS},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "interlock-agent"},
+        "subjects": subject}));
+    let d = owner::ask(token_client(&api).await, AGENT_NS, "interlock-node-x").await;
+    assert!(matches!(&d, Ok(owner::ExitDecision::Keep(_))), "{d:?}");
+
+    // A pod not run by a DaemonSet, and a pod that is gone already.
+    let mut lone = agent_pod("lone", "x");
+    lone["metadata"]["ownerReferences"] = json!([]);
+    api.put_object(lone);
+    let e = owner::ask(client(&api, "agent").await, AGENT_NS, "lone")
+        .await
+        .unwrap_err();
+    assert!(e.contains("not controlled by a DaemonSet"), "{e}");
+    let e = owner::ask(client(&api, "agent").await, AGENT_NS, "gone")
+        .await
+        .unwrap_err();
+    assert!(e.contains("gone from the API already"), "{e}");
+
+    // An API that takes the connection and never answers: the deadline ends the wait.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = interlock_testkit::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&path).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        &api.url(),
+        &format!("http://{}", silent.local_addr().unwrap()),
+    );
+    std::fs::write(&path, text).unwrap();
+    let config = kubernetes::config_from_kubeconfig(path.to_str().unwrap())
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let e = owner::ask_within(
+        kube::Client::try_from(config).unwrap(),
+        AGENT_NS,
+        "interlock-node-x",
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.contains("did not answer within 1s"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
 }

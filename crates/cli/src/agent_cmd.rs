@@ -7,7 +7,7 @@ use interlock_agent::audit::decide::RepairPolicy;
 use interlock_agent::audit::AuditSettings;
 use interlock_agent::guard::plan::ConfigMode;
 use interlock_agent::kubernetes::gating::TaintEffect;
-use interlock_agent::{AgentConfig, KubeMode, Runtime};
+use interlock_agent::{AgentConfig, KubeMode, Runtime, UninstallOnExit};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -62,9 +62,19 @@ pub struct AgentArgs {
     /// The interlock-cni binary to install (default: next to this binary).
     #[arg(long, env = "INTERLOCK_PLUGIN_SOURCE")]
     pub plugin_source: Option<PathBuf>,
-    /// Remove what interlock added when the agent exits (default: the config stays).
-    #[arg(long, env = "INTERLOCK_UNINSTALL_ON_EXIT")]
-    pub uninstall_on_exit: bool,
+    /// Remove what interlock added when the agent exits: false (everything stays), true
+    /// (on every exit, a rollout's too), or when-deleted (only when the agent's DaemonSet is
+    /// being deleted, as the Kubernetes API says on SIGTERM; needs --pod-name and
+    /// --pod-namespace). The flag alone means true.
+    #[arg(
+        long,
+        env = "INTERLOCK_UNINSTALL_ON_EXIT",
+        value_name = "MODE",
+        num_args = 0..=1,
+        default_value = "false",
+        default_missing_value = "true"
+    )]
+    pub uninstall_on_exit: UninstallOnExit,
     /// A config file allowed to sort ahead of ours; we chain into it instead (repeatable).
     #[arg(long, env = "INTERLOCK_ALLOW_AHEAD", value_delimiter = ',')]
     pub allow_ahead: Vec<String>,
@@ -169,6 +179,13 @@ pub struct KubeArgs {
     /// fieldRef spec.nodeName).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// The agent's own pod's name (in a DaemonSet, from fieldRef metadata.name):
+    /// --uninstall-on-exit when-deleted reads its owning DaemonSet.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// The agent's own pod's namespace (in a DaemonSet, from fieldRef metadata.namespace).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
     /// Effect of the startup taint interlock.dev/not-ready: NoSchedule, PreferNoSchedule,
     /// NoExecute, or none (only the InterlockReady condition).
     #[arg(long, env = "INTERLOCK_TAINT_EFFECT", default_value = "NoSchedule")]
@@ -230,6 +247,10 @@ pub fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     cfg.runtime = a.runtime;
     cfg.kube = a.kube.mode;
     cfg.node_name = a.kube.node_name;
+    cfg.pod = match (a.kube.pod_namespace, a.kube.pod_name) {
+        (Some(ns), Some(name)) if !ns.is_empty() && !name.is_empty() => Some((ns, name)),
+        _ => None,
+    };
     cfg.taint_effect = a.kube.taint_effect;
     cfg.health_addr = a.health_addr;
     cfg.probe_addr = a.probe_addr;
@@ -292,16 +313,16 @@ pub fn run_uninstall(a: UninstallArgs) -> anyhow::Result<ExitCode> {
         Ok(Some(agent)) if a.force => eprintln!(
             "interlock uninstall: warning: {}; --force goes ahead, and the agent will put its \
              config and plugin binary back within milliseconds (stop it first; under the \
-             DaemonSet: --uninstall-on-exit)",
+             DaemonSet: --uninstall-on-exit when-deleted, then delete the DaemonSet)",
             agent.describe()
         ),
         Ok(Some(agent)) => {
             let msg = format!(
                 "{}; it would put its config and plugin binary back within milliseconds.\n  \
-                 Under the DaemonSet: turn on uninstall-on-exit (agent flag \
-                 --uninstall-on-exit; INTERLOCK_UNINSTALL_ON_EXIT=true in the interlock-config \
-                 ConfigMap), restart the agents, then delete the DaemonSet: each agent removes \
-                 its files as it stops.\n  \
+                 Under the DaemonSet: set INTERLOCK_UNINSTALL_ON_EXIT=when-deleted in the \
+                 interlock-config ConfigMap (agent flag --uninstall-on-exit when-deleted), \
+                 restart the agents (harmless in that mode), then delete the DaemonSet: each \
+                 agent removes its files as it stops.\n  \
                  An agent started by hand: stop it (SIGTERM), then run interlock uninstall \
                  again.\n  \
                  --force goes ahead anyway (the running agent puts everything back)",
@@ -587,8 +608,8 @@ mod cluster_uninstall {
             let msg = format!(
                 "{} interlock agent pod(s) still run ({} in namespace {}, selected by {}): they \
                  would write the InterlockReady condition and the labels back. Delete the \
-                 DaemonSet first (with uninstall-on-exit on, its agents remove their files from \
-                 the nodes as they stop); --force goes ahead anyway",
+                 DaemonSet first (with uninstall-on-exit when-deleted, its agents remove their \
+                 files from the nodes as they stop); --force goes ahead anyway",
                 agents.len(),
                 agents.join(", "),
                 a.namespace,

@@ -6,7 +6,9 @@
 //! policy ([`NODE_SCOPE_POLICY`]) narrows the writes to the agent's own Node and the pods
 //! bound to its node. The Eviction subresource cannot be narrowed that way (an admission
 //! policy sees the Eviction, not the pod), so it is granted apart ([`EVICT_RULES`]) and
-//! only when the evict repair policy is chosen.
+//! only when the evict repair policy is chosen. What the agent reads in its own
+//! namespace only (its DaemonSet, for uninstall-on-exit `when-deleted`) is a Role there
+//! ([`AGENT_NAMESPACE_RULES`]), not part of the ClusterRole.
 
 /// One RBAC rule: API group (`""` for core), resources, verbs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +58,16 @@ pub const EVICT_RULES: &[Rule] = &[Rule {
     verbs: &["create"],
 }];
 
+/// What the agent's Role in its own namespace grants: reading its DaemonSet, to tell on
+/// SIGTERM whether the DaemonSet is being deleted (uninstall-on-exit `when-deleted`).
+/// Rendered always, whatever the setting, so that switching the setting in the
+/// ConfigMap needs no RBAC change.
+pub const AGENT_NAMESPACE_RULES: &[Rule] = &[Rule {
+    group: "apps",
+    resources: &["daemonsets"],
+    verbs: &["get"],
+}];
+
 /// The name of the admission policy (and its binding) that limits each agent's writes
 /// to its own node.
 pub const NODE_SCOPE_POLICY: &str = "interlock-agent-node-scope";
@@ -82,5 +94,9 @@ mod tests {
         assert!(!grants("", "pods", "create"));
         assert!(!grants("", "secrets", "get"));
         assert!(!grants("", "events", "create"), "core events are not used");
+        assert!(
+            !grants("apps", "daemonsets", "get"),
+            "the agent's own namespace only (AGENT_NAMESPACE_RULES)"
+        );
     }
 }

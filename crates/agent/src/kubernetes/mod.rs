@@ -7,11 +7,14 @@
 //! - [`pods`]: the cache of the pods on this node (one watch, field-selected to
 //!   `spec.nodeName`: API load per node stays constant however large the cluster);
 //! - [`actions`]: what the audit does to pods through the API: the
-//!   `interlock.dev/unprotected` label, Events, and the delete and evict repairs.
+//!   `interlock.dev/unprotected` label, Events, and the delete and evict repairs;
+//! - [`owner`]: on SIGTERM under uninstall-on-exit `when-deleted`, whether the agent's
+//!   DaemonSet is going away ([`owner::decide`] is pure).
 
 pub mod actions;
 pub mod gate;
 pub mod gating;
+pub mod owner;
 pub mod pods;
 
 use std::sync::Arc;
@@ -181,19 +184,22 @@ pub fn start(client: Client, settings: &KubeSettings, shared: Arc<Shared>) -> Cl
     tokio::spawn(run_gate(gate, client.clone(), shared, settings.resync));
     Cluster {
         pods,
-        actions: Arc::new(PodActions::new(client, &settings.node)),
+        actions: Arc::new(PodActions::new(client.clone(), &settings.node)),
+        client,
     }
 }
 
 /// What the agent holds of the cluster when it runs with a Kubernetes API: the pod cache
-/// (current annotations for the audit and the agent socket) and the pod actions (label,
-/// Events, delete, evict).
+/// (current annotations for the audit and the agent socket), the pod actions (label,
+/// Events, delete, evict), and the client (the exit check, [`owner`]).
 #[derive(Clone)]
 pub struct Cluster {
     /// The pods on this node.
     pub pods: PodCache,
     /// Acting on them.
     pub actions: Arc<PodActions>,
+    /// The API client everything above uses.
+    pub client: Client,
 }
 
 fn recorder(client: Client, node: &str) -> Recorder {

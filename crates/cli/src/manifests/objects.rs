@@ -4,7 +4,9 @@
 //! YAML; [`super::render`] writes the stream.
 
 use super::values::Values;
-use interlock_contract::rbac::{Rule, AGENT_RULES, EVICT_RULES, NODE_SCOPE_POLICY};
+use interlock_contract::rbac::{
+    Rule, AGENT_NAMESPACE_RULES, AGENT_RULES, EVICT_RULES, NODE_SCOPE_POLICY,
+};
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
     ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
@@ -19,7 +21,9 @@ use k8s_openapi::api::core::v1::{
     LocalObjectReference, Namespace, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe,
     SeccompProfile, SecurityContext, ServiceAccount, Volume, VolumeMount,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
@@ -88,20 +92,28 @@ fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
         .collect()
 }
 
+fn agent_subject(v: &Values) -> Vec<Subject> {
+    vec![Subject {
+        kind: "ServiceAccount".into(),
+        name: "interlock".into(),
+        namespace: Some(v.namespace.clone()),
+        ..Default::default()
+    }]
+}
+
+fn role_ref(kind: &str, name: &str) -> RoleRef {
+    RoleRef {
+        api_group: "rbac.authorization.k8s.io".into(),
+        kind: kind.into(),
+        name: name.into(),
+    }
+}
+
 fn binding(v: &Values, name: &str) -> ClusterRoleBinding {
     ClusterRoleBinding {
         metadata: meta(v, name, false),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: name.into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: "interlock".into(),
-            namespace: Some(v.namespace.clone()),
-            ..Default::default()
-        }]),
+        role_ref: role_ref("ClusterRole", name),
+        subjects: Some(agent_subject(v)),
     }
 }
 
@@ -128,6 +140,21 @@ pub fn objects(v: &Values) -> Vec<Object> {
             },
         ),
         yaml("", &binding(v, "interlock-agent")),
+        yaml(
+            "The agent's API access in its own namespace only: exactly\ninterlock_contract::rbac::AGENT_NAMESPACE_RULES (reading its DaemonSet on SIGTERM,\nfor INTERLOCK_UNINSTALL_ON_EXIT=when-deleted; rendered whatever that setting is).",
+            &Role {
+                metadata: meta(v, "interlock-agent", true),
+                rules: Some(policy_rules(AGENT_NAMESPACE_RULES)),
+            },
+        ),
+        yaml(
+            "",
+            &RoleBinding {
+                metadata: meta(v, "interlock-agent", true),
+                role_ref: role_ref("Role", "interlock-agent"),
+                subjects: Some(agent_subject(v)),
+            },
+        ),
         yaml(
             "The agent's settings as its INTERLOCK_* environment: `kubectl exec … interlock check`\nin the agent's pod sees the same ones and needs no flags. INTERLOCK_PROBE_ADDR: the\nkubelet's probes (/healthz, /readyz only) on the node's loopback (the pod is\nhostNetwork), so no flood of the metrics port can fail a liveness probe.",
             &agent_config(v),
@@ -312,8 +339,10 @@ fn agent_container(v: &Values) -> Container {
         }]),
         env: Some(vec![
             field_env("NODE_NAME", "spec.nodeName"),
-            // `interlock check` in the pod names this namespace in its hints.
+            // `interlock check` in the pod names this namespace in its hints; with
+            // POD_NAME, uninstall-on-exit `when-deleted` reads the pod's owning DaemonSet.
             field_env("POD_NAMESPACE", "metadata.namespace"),
+            field_env("POD_NAME", "metadata.name"),
             // /metrics (with /healthz and /readyz) on the node's IP only, not on every
             // interface: Prometheus scrapes the pod IP, which is the node's.
             field_env("HOST_IP", "status.hostIP"),

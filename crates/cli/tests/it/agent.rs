@@ -514,6 +514,45 @@ fn plugin_binary_is_reinstalled_when_removed_or_replaced() {
     );
 }
 
+/// The agent replaces any interlock-cni that is not its own build byte for byte: another
+/// build already in the bin dir when it starts (a previous release's: it still answers
+/// VERSION), and one of the same size put in while it runs (one byte differs), are both
+/// replaced by its own.
+#[test]
+fn another_build_in_the_bin_dir_is_replaced_byte_for_byte() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Dirs::new();
+    d.write("10-calico.conflist", CALICO);
+    let ours = std::fs::read(plugin()).unwrap();
+    let p = d.bin.join("interlock-cni");
+    let put = |bytes: &[u8]| {
+        let tmp = d.bin.join(".other-build.tmp");
+        std::fs::write(&tmp, bytes).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&tmp, &p).unwrap();
+    };
+    let mut longer = ours.clone();
+    longer.extend_from_slice(b"\n# another build\n");
+    put(&longer);
+    let a = d.agent(&[]);
+    wait_protected(&d, &a);
+    assert!(std::fs::read(&p).unwrap() == ours, "the other build stayed");
+    let mut same_size = ours.clone();
+    let i = same_size.len() / 2;
+    same_size[i] ^= 0x01;
+    put(&same_size);
+    wait_until(
+        Duration::from_secs(10),
+        || std::fs::read(&p).is_ok_and(|b| b == ours),
+        || format!("a build of the same size stayed; log:\n{}", a.log_text()),
+    );
+    wait_until(
+        Duration::from_secs(10),
+        || a.metric("interlock_plugin_installs_total").unwrap() >= 2.0,
+        || a.log_text(),
+    );
+}
+
 /// STATUS says whether an ADD could protect a meshed pod, not whether the agent runs
 /// (issue 10): the plugin protects pods without the agent, so STATUS stays 0 after the
 /// agent is killed (a failing STATUS would make containerd evict the node's pods).

@@ -25,5 +25,6 @@ mod node_scope;
 mod scenarios;
 mod stalled_guard;
 mod uninstall;
+mod uninstall_on_exit;
 mod upgrade;
 mod validate;

@@ -9,7 +9,7 @@ use crate::common;
 use common::interlock;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -121,6 +121,8 @@ fn every_object_validates_against_the_kubernetes_schemas() {
                 "serviceaccount/",
                 "clusterrole/",
                 "clusterrolebinding/",
+                "role/",
+                "rolebinding/",
                 "configmap/interlock-config",
                 "configmap/interlock-plugin-config",
                 "daemonset/",
@@ -293,29 +295,36 @@ fn the_daemonset_is_not_privileged_and_has_only_the_capabilities_it_needs() {
         .find(|v| v.name == "cri-socket-dir")
         .and_then(|v| v.host_path.as_ref()?.type_.clone());
     assert_eq!(cri_type.as_deref(), Some("Directory"));
-    // Settings from the ConfigMap; the node name from the downward API.
+    // Settings from the ConfigMap; the node name and the agent's own pod (for
+    // uninstall-on-exit when-deleted) from the downward API.
     let env_from = c.env_from.as_ref().unwrap();
     assert_eq!(
         env_from[0].config_map_ref.as_ref().unwrap().name,
         "interlock-config"
     );
-    let node = c
-        .env
-        .as_ref()
-        .unwrap()
-        .iter()
-        .find(|e| e.name == "NODE_NAME")
-        .unwrap();
-    assert_eq!(
-        node.value_from
+    for (name, path) in [
+        ("NODE_NAME", "spec.nodeName"),
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+    ] {
+        let var = c
+            .env
             .as_ref()
             .unwrap()
-            .field_ref
-            .as_ref()
-            .unwrap()
-            .field_path,
-        "spec.nodeName"
-    );
+            .iter()
+            .find(|e| e.name == name)
+            .unwrap_or_else(|| panic!("no {name}"));
+        assert_eq!(
+            var.value_from
+                .as_ref()
+                .unwrap()
+                .field_ref
+                .as_ref()
+                .unwrap()
+                .field_path,
+            path
+        );
+    }
 }
 
 fn ds_annotations(d: &[serde_json::Value]) -> serde_json::Value {
@@ -353,6 +362,39 @@ fn settings_rbac_and_namespace_are_as_the_agent_expects() {
             want.verbs.iter().map(|s| s.to_string()).collect::<Vec<_>>()
         );
     }
+    // In its own namespace: exactly AGENT_NAMESPACE_RULES, bound to its service account.
+    let ns_role: Role = object(&d, "Role");
+    assert_eq!(
+        ns_role.metadata.namespace.as_deref(),
+        Some("interlock-system")
+    );
+    let ns_rules = ns_role.rules.unwrap();
+    assert_eq!(
+        ns_rules
+            .iter()
+            .map(|r| (
+                r.api_groups.clone().unwrap(),
+                r.resources.clone().unwrap(),
+                r.verbs.clone()
+            ))
+            .collect::<Vec<_>>(),
+        interlock_contract::rbac::AGENT_NAMESPACE_RULES
+            .iter()
+            .map(|r| (
+                vec![r.group.to_string()],
+                r.resources.iter().map(|s| s.to_string()).collect(),
+                r.verbs.iter().map(|s| s.to_string()).collect()
+            ))
+            .collect::<Vec<(Vec<String>, Vec<String>, Vec<String>)>>()
+    );
+    let ns_binding: RoleBinding = object(&d, "RoleBinding");
+    assert_eq!(ns_binding.role_ref.kind, "Role");
+    assert_eq!(ns_binding.role_ref.name, ns_role.metadata.name.unwrap());
+    let subject = &ns_binding.subjects.unwrap()[0];
+    assert_eq!(
+        (subject.name.as_str(), subject.namespace.as_deref()),
+        ("interlock", Some("interlock-system"))
+    );
     let config_map = |name: &str| -> ConfigMap {
         let d = d
             .iter()

@@ -49,6 +49,8 @@ fn cluster(set: &[&str]) -> KubeApi {
         if [
             "ClusterRole",
             "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
         ]
@@ -58,7 +60,7 @@ fn cluster(set: &[&str]) -> KubeApi {
             loaded += 1;
         }
     }
-    assert!(loaded >= 4, "the manifests lack the access objects");
+    assert!(loaded >= 6, "the manifests lack the access objects");
     for n in ["a", "b"] {
         api.put_object(
             json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n},
@@ -187,6 +189,48 @@ async fn a_nodes_token_cannot_taint_another_node_or_touch_its_pods() {
     assert!(e.to_string().contains("no node claim"), "{e}");
     // Reads are RBAC's alone (an admission policy sees only writes).
     assert!(Api::<Pod>::all(a).list(&Default::default()).await.is_ok());
+}
+
+/// Uninstall-on-exit `when-deleted` reads the agent's DaemonSet: the rendered Role lets
+/// the agent's token get the DaemonSets of its own namespace, and no other namespace's
+/// (nor list them across the cluster); the exit check works with exactly these grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_reads_daemonsets_in_its_own_namespace_only() {
+    use interlock_agent::kubernetes::owner;
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let api = cluster(&[]);
+    let ds = |ns: &str| {
+        json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+               "metadata": {"name": "interlock-node", "namespace": ns},
+               "spec": {"selector": {"matchLabels": {"app": "x"}},
+                        "template": {"metadata": {"labels": {"app": "x"}},
+                                     "spec": {"containers": [{"name": "c", "image": "i"}]}}}})
+    };
+    let ours = api.put_object(ds("interlock-system"));
+    api.put_object(ds("kube-system"));
+    api.put_object(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "interlock-node-a", "namespace": "interlock-system",
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                          "name": "interlock-node", "uid": ours["metadata"]["uid"],
+                                          "controller": true}]},
+        "spec": {"nodeName": "a", "containers": [{"name": "agent", "image": "i"}]}}));
+    let a = client(&api, "token-a").await;
+    Api::<DaemonSet>::namespaced(a.clone(), "interlock-system")
+        .get("interlock-node")
+        .await
+        .unwrap();
+    let e = Api::<DaemonSet>::namespaced(a.clone(), "kube-system")
+        .get("interlock-node")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), Some(403), "{e}");
+    let e = Api::<DaemonSet>::all(a.clone())
+        .list(&Default::default())
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), Some(403), "{e}");
+    let d = owner::ask(a, "interlock-system", "interlock-node-a").await;
+    assert!(matches!(d, Ok(owner::ExitDecision::Keep(_))), "{d:?}");
 }
 
 /// With `repairPolicy=evict` the Eviction grant is rendered, and what no admission

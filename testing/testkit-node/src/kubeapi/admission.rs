@@ -1,7 +1,8 @@
 //! Who is asking, and whether they may, as kube-apiserver decides it: bearer tokens the
 //! test registers ([`super::KubeApi::add_token`]) name a user (a service account whose
 //! pod-bound token carries `authentication.kubernetes.io/node-name`, as Kubernetes ≥ 1.30
-//! issues them); RBAC is evaluated over the stored ClusterRoles and ClusterRoleBindings;
+//! issues them); RBAC is evaluated over the stored ClusterRoles and ClusterRoleBindings,
+//! and Roles and RoleBindings in the request's namespace;
 //! ValidatingAdmissionPolicies and their bindings are evaluated with a CEL interpreter
 //! (the policy's own expressions, not a rewrite of them). A request with no registered
 //! token is the cluster's admin, checked by neither, as before.
@@ -96,13 +97,19 @@ fn forbidden(a: &Attributes<'_>) -> ApiError {
     ))
 }
 
-/// RBAC: whether a ClusterRoleBinding (or, in the request's namespace, a RoleBinding to a
-/// ClusterRole) grants the request through a rule of its ClusterRole.
-pub(crate) fn authorize(
-    roles: &[Value],
-    bindings: &[Value],
-    a: &Attributes<'_>,
-) -> Result<(), ApiError> {
+/// The stored RBAC objects.
+pub(crate) struct Rbac {
+    pub cluster_roles: Vec<Value>,
+    pub cluster_role_bindings: Vec<Value>,
+    pub roles: Vec<Value>,
+    pub role_bindings: Vec<Value>,
+}
+
+/// RBAC: whether a ClusterRoleBinding grants the request through a rule of its
+/// ClusterRole, or a RoleBinding in the request's namespace through a rule of its Role
+/// (of that namespace) or ClusterRole. A cluster-scoped request, or a request across all
+/// namespaces, is granted by ClusterRoleBindings only, as kube-apiserver decides.
+pub(crate) fn authorize(rbac: &Rbac, a: &Attributes<'_>) -> Result<(), ApiError> {
     let resource = match a.sub {
         Some(s) => format!("{}/{s}", a.rt.plural),
         None => a.rt.plural.to_string(),
@@ -131,24 +138,45 @@ pub(crate) fn authorize(
             && has("verbs", a.verb)
             && (names.is_empty() || names.contains(&a.name))
     };
-    let allowed = bindings
+    let bound = |b: &&Value| {
+        b["subjects"]
+            .as_array()
+            .is_some_and(|ss| ss.iter().any(subject_matches))
+    };
+    let cluster_role = |b: &Value| {
+        rbac.cluster_roles
+            .iter()
+            .find(|r| r["metadata"]["name"] == b["roleRef"]["name"])
+    };
+    let grants = |role: &Value| {
+        role["rules"]
+            .as_array()
+            .is_some_and(|rules| rules.iter().any(rule_matches))
+    };
+    let cluster_wide = rbac
+        .cluster_role_bindings
         .iter()
-        .filter(|b| {
-            b["subjects"]
-                .as_array()
-                .is_some_and(|ss| ss.iter().any(subject_matches))
-        })
+        .filter(bound)
         .filter(|b| b["roleRef"]["kind"] == "ClusterRole")
-        .filter_map(|b| {
-            roles
-                .iter()
-                .find(|r| r["metadata"]["name"] == b["roleRef"]["name"])
-        })
-        .any(|role| {
-            role["rules"]
-                .as_array()
-                .is_some_and(|rules| rules.iter().any(rule_matches))
-        });
+        .filter_map(cluster_role)
+        .any(grants);
+    let in_namespace = a.rt.namespaced
+        && !a.namespace.is_empty()
+        && rbac
+            .role_bindings
+            .iter()
+            .filter(|b| b["metadata"]["namespace"] == a.namespace)
+            .filter(bound)
+            .filter_map(|b| match b["roleRef"]["kind"].as_str() {
+                Some("ClusterRole") => cluster_role(b),
+                Some("Role") => rbac.roles.iter().find(|r| {
+                    r["metadata"]["namespace"] == a.namespace
+                        && r["metadata"]["name"] == b["roleRef"]["name"]
+                }),
+                _ => None,
+            })
+            .any(grants);
+    let allowed = cluster_wide || in_namespace;
     if allowed {
         Ok(())
     } else {

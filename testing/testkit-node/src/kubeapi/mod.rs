@@ -3,8 +3,10 @@
 //!
 //! Served: core/v1 `nodes` (+ `status`), `pods` (+ `status`, `eviction`, and the
 //! all-namespaces list/watch), events.k8s.io/v1 `events`, policy/v1
-//! `poddisruptionbudgets` (+ `status`), apps/v1 `daemonsets` (+ `status`), and the
-//! discovery documents clients read.
+//! `poddisruptionbudgets` (+ `status`), apps/v1 `daemonsets` (+ `status`),
+//! rbac.authorization.k8s.io/v1 `clusterroles`, `clusterrolebindings`, `roles` and
+//! `rolebindings`, admissionregistration.k8s.io/v1 validating admission policies and
+//! their bindings, and the discovery documents clients read.
 //! Lists and watches honour `resourceVersion` (unset, `"0"`, a version, `Exact`),
 //! `limit`/`continue`, `fieldSelector`, `labelSelector`, `allowWatchBookmarks`,
 //! `timeoutSeconds` and `sendInitialEvents`; a version older than the retained history is
@@ -13,7 +15,9 @@
 //! by content type (merge, strategic merge, JSON patch, server-side apply with field
 //! ownership). A bound pod is deleted gracefully (Terminating, then a simulated kubelet
 //! removes it); an eviction is refused (429) while a PodDisruptionBudget allows no
-//! disruption.
+//! disruption. Another object with finalizers, or deleted with
+//! `propagationPolicy=Foreground`, stays with `deletionTimestamp` until its last finalizer
+//! is taken away (no garbage collector runs here: the test plays it).
 //!
 //! The test side: direct object access, a request log, per-client load counters, and
 //! fault injection (`fail_next`, `compact_history`, `restart`, `hang_writes`). Unknown
@@ -320,6 +324,7 @@ impl KubeApi {
                 name,
                 &store::DeleteOpts {
                     grace_seconds: Some(0),
+                    ignore_finalizers: true,
                     ..Default::default()
                 },
             )

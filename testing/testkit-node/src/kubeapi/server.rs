@@ -550,17 +550,21 @@ fn serve(shared: &Arc<Shared>, call: &Call<'_>, counters: &Arc<Counters>) -> Res
     });
     let (policies, bindings) = match &attrs {
         Some(a) => {
-            let (roles, role_bindings, policies, bindings) = {
+            let (rbac, policies, bindings) = {
                 let store = lock(&shared.store);
                 let all = |plural| store.all(resource_by_plural(plural).expect("served"));
                 (
-                    all("clusterroles"),
-                    all("clusterrolebindings"),
+                    super::admission::Rbac {
+                        cluster_roles: all("clusterroles"),
+                        cluster_role_bindings: all("clusterrolebindings"),
+                        roles: all("roles"),
+                        role_bindings: all("rolebindings"),
+                    },
                     all("validatingadmissionpolicies"),
                     all("validatingadmissionpolicybindings"),
                 )
             };
-            if let Err(e) = super::admission::authorize(&roles, &role_bindings, a) {
+            if let Err(e) = super::admission::authorize(&rbac, a) {
                 return error(e, counters);
             }
             (policies, bindings)
@@ -1139,11 +1143,25 @@ fn delete_options(body: &[u8], q: &Query) -> Result<DeleteOpts, ApiError> {
         .get("gracePeriodSeconds")
         .and_then(|g| g.parse().ok())
         .or_else(|| opts["gracePeriodSeconds"].as_i64());
+    let propagation = q
+        .get("propagationPolicy")
+        .map(String::from)
+        .or_else(|| s(&opts["propagationPolicy"]));
+    if let Some(p) = propagation
+        .as_deref()
+        .filter(|p| !["Foreground", "Background", "Orphan"].contains(p))
+    {
+        return Err(ApiError::bad_request(format!(
+            "propagationPolicy: Unsupported value: \"{p}\": supported values: \"Foreground\", \"Background\", \"Orphan\""
+        )));
+    }
     Ok(DeleteOpts {
         uid: s(&opts["preconditions"]["uid"]),
         rv: s(&opts["preconditions"]["resourceVersion"]),
         dry_run,
         grace_seconds,
+        propagation,
+        ignore_finalizers: false,
     })
 }
 
@@ -1158,11 +1176,16 @@ fn delete(
     let opts = delete_options(body, q)?;
     let done = lock(&shared.store).delete(rt, ns, name, &opts)?;
     if let Deleted::Terminating(pod) = &done {
-        if !opts.dry_run {
+        if !opts.dry_run && rt.plural == "pods" {
             kubelet_finishes(shared, pod);
         }
     }
     let gone = done.object();
+    // Kept for its finalizers: 202 Accepted with the object, as kube-apiserver answers a
+    // deletion it has not finished.
+    if rt.plural != "pods" && matches!(done, Deleted::Terminating(_)) {
+        return Ok((202, gone.clone()));
+    }
     if rt.delete_returns_object {
         return Ok((200, gone.clone()));
     }
@@ -1261,6 +1284,7 @@ fn evict_locked(
         rv: s(&pre["resourceVersion"]),
         dry_run,
         grace_seconds: del["gracePeriodSeconds"].as_i64(),
+        ..Default::default()
     };
     let check_only = DeleteOpts {
         dry_run: true,

@@ -52,13 +52,34 @@ pub(crate) struct WriteMode<'a> {
     pub manager: Option<&'a str>,
 }
 
-/// A DELETE's options: preconditions, `dryRun`, and a pod's grace period.
+/// A DELETE's options: preconditions, `dryRun`, a pod's grace period, and the
+/// `propagationPolicy`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct DeleteOpts {
     pub uid: Option<String>,
     pub rv: Option<String>,
     pub dry_run: bool,
     pub grace_seconds: Option<i64>,
+    /// `Foreground`, `Background` or `Orphan` (`None`: the type's default, Background).
+    pub propagation: Option<String>,
+    /// Remove the object whatever its finalizers say (the test playing the garbage
+    /// collector or a controller that finished its finalizer).
+    pub ignore_finalizers: bool,
+}
+
+/// The finalizer kube-apiserver adds for `propagationPolicy=Foreground`: the object stays,
+/// with `deletionTimestamp`, until the garbage collector has deleted its dependents.
+pub(crate) const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+
+fn finalizers(obj: &Value) -> Vec<String> {
+    obj["metadata"]["finalizers"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// What a DELETE did.
@@ -506,6 +527,16 @@ impl Store {
         if result == old || dry_run {
             return Ok((result, false));
         }
+        // The last finalizer of an object being deleted is gone: so is the object.
+        if rt.plural != "pods"
+            && result["metadata"].get("deletionTimestamp").is_some()
+            && finalizers(&result).is_empty()
+        {
+            return Ok((
+                self.commit(ChangeType::Deleted, rt, result, Some(old)),
+                false,
+            ));
+        }
         Ok((
             self.commit(ChangeType::Modified, rt, result, Some(old)),
             false,
@@ -515,7 +546,12 @@ impl Store {
     /// DELETE with optional UID and `resourceVersion` preconditions. A pod bound to a
     /// node is deleted gracefully, as on a real cluster: it gets `deletionTimestamp` and
     /// `deletionGracePeriodSeconds` (MODIFIED) and stays until a delete with grace 0 (the
-    /// kubelet's) removes it.
+    /// kubelet's) removes it. Any other object with finalizers, or deleted with
+    /// `propagationPolicy=Foreground` (which adds [`FOREGROUND_FINALIZER`]), gets
+    /// `deletionTimestamp` (MODIFIED) and stays until an update takes its last finalizer
+    /// away; there is no garbage collector here, so the test plays it. `Orphan` removes
+    /// the object at once: the real collector drops its `orphan` finalizer as soon as it
+    /// has orphaned the dependents, and the fake tracks none.
     pub fn delete(
         &mut self,
         rt: &'static ResourceType,
@@ -568,6 +604,29 @@ impl Store {
                     + grace as u64;
                 marked["metadata"]["deletionTimestamp"] = json!(super::meta::rfc3339(at));
                 marked["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+                return Ok(Deleted::Terminating(self.commit(
+                    ChangeType::Modified,
+                    rt,
+                    marked,
+                    Some(old),
+                )));
+            }
+        }
+        if rt.plural != "pods" && !opts.ignore_finalizers {
+            let mut pending = finalizers(&old);
+            if opts.propagation.as_deref() == Some("Foreground")
+                && !pending.iter().any(|f| f == FOREGROUND_FINALIZER)
+            {
+                pending.push(FOREGROUND_FINALIZER.into());
+            }
+            if !pending.is_empty() {
+                if opts.dry_run || old["metadata"].get("deletionTimestamp").is_some() {
+                    return Ok(Deleted::Terminating(old));
+                }
+                let mut marked = old.clone();
+                marked["metadata"]["finalizers"] = json!(pending);
+                marked["metadata"]["deletionTimestamp"] = json!(now());
+                marked["metadata"]["deletionGracePeriodSeconds"] = json!(0);
                 return Ok(Deleted::Terminating(self.commit(
                     ChangeType::Modified,
                     rt,
