@@ -58,7 +58,7 @@ ensure_venv() {
 
 install_kube_python() {
     # The official Python Kubernetes client, a real client the fake API server's tests
-    # (testing/testkit-node/tests/kubeapi_real_clients.rs) cross-check it with. It lives in its
+    # (testing/testkit-node/tests/it/kubeapi_real_clients.rs) cross-check it with. It lives in its
     # own venv so the system's Python packages are left as they are.
     local venv="${INTERLOCK_KUBE_VENV:-$HOME/.cache/interlock/kube-python}"
     local version=37.0.2

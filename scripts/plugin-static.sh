@@ -6,7 +6,7 @@
 # with glibc's own start-up, which the tests run too). lean-start mirrors glibc's x86-64
 # start-up only, so other triples get soft-sha256 alone by default. The one place
 # the shipped build is spelled out: `make plugin-static`, scripts/image-rootfs.sh,
-# scripts/plugin-hot-text.sh and testing/bench/tests/shipped_plugin.rs all run it.
+# scripts/plugin-hot-text.sh and testing/bench/tests/it/shipped_plugin.rs all run it.
 #
 #   scripts/plugin-static.sh TRIPLE TARGET_DIR [more cargo build arguments]
 #

@@ -3,7 +3,7 @@
 //! start-up with a warning naming the object, or fail under
 //! `INTERLOCK_LEAN_START=require`; a build that is not static is refused the same way.
 //! (That the pinned glibc gets the lean start-up is shown by the shipped plugin's
-//! self-check, testing/bench/tests/shipped_plugin.rs.)
+//! self-check, testing/bench/tests/it/shipped_plugin.rs.)
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

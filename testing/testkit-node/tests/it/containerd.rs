@@ -230,8 +230,14 @@ fn a_killed_test_is_cleaned_up_even_when_its_daemon_cannot_restart() {
 }
 
 fn killed_test_is_cleaned_up(break_config: bool) {
+    // The test's full name in this binary (tests/it/main.rs: `mod containerd;`).
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "killed_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "containerd::killed_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(
             "INTERLOCK_KIT_KILLED_CHILD",
             if break_config { "break" } else { "1" },
