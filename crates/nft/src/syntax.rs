@@ -93,6 +93,140 @@ fn network_match(offset: u32, len: u32, mask: Option<&[u8]>, data: &[u8]) -> Opt
     })
 }
 
+/// The words of a comparison of what register 1 holds (`r1`, masked by `mask`) with
+/// `data`, or None when they are not known here; also whether the match only states a
+/// dependency (a protocol match a later header match makes implicit). An `l4proto`
+/// match names the protocol (`l4`) the port matches after it are shown with.
+fn cmp_words(
+    r1: Option<&Loaded>,
+    mask: Option<&[u8]>,
+    op: CmpOp,
+    data: &[u8],
+    l4: &mut Option<String>,
+) -> (Option<String>, bool) {
+    let op_w = op_word(op);
+    let mut is_dependency = false;
+    let words = match (r1, mask) {
+        (Some(Loaded::Meta(MetaKey::L4Proto)), None) if data.len() == 1 => {
+            if op == CmpOp::Eq {
+                *l4 = Some(l4_name(data[0]));
+                is_dependency = true;
+            }
+            Some(format!("meta l4proto {op_w}{}", l4_name(data[0])))
+        }
+        (Some(Loaded::Meta(MetaKey::NfProto)), None) if data.len() == 1 => {
+            is_dependency = op == CmpOp::Eq;
+            let f = match data[0] {
+                2 => "ipv4".to_string(),
+                10 => "ipv6".to_string(),
+                n => n.to_string(),
+            };
+            Some(format!("meta nfproto {op_w}{f}"))
+        }
+        (Some(Loaded::Meta(k @ (MetaKey::SkUid | MetaKey::SkGid | MetaKey::Mark))), None) => {
+            let name = match k {
+                MetaKey::SkUid => "skuid",
+                MetaKey::SkGid => "skgid",
+                _ => "mark",
+            };
+            ne_u32(data).map(|v| match k {
+                MetaKey::Mark => format!("meta mark {op_w}0x{v:08x}"),
+                _ => format!("meta {name} {op_w}{v}"),
+            })
+        }
+        (Some(Loaded::Meta(k @ (MetaKey::IifName | MetaKey::OifName))), None) => {
+            let name = if *k == MetaKey::IifName {
+                "iifname"
+            } else {
+                "oifname"
+            };
+            let s: Vec<u8> = data.iter().copied().take_while(|b| *b != 0).collect();
+            Some(format!(
+                "{name} {op_w}\"{}\"",
+                String::from_utf8_lossy(&s).escape_debug()
+            ))
+        }
+        (Some(Loaded::Payload(PayloadBase::Network, off, len)), m) => {
+            network_match(*off, *len, m, data).map(|s| s.replace("{op}", op_w))
+        }
+        (Some(Loaded::Payload(PayloadBase::Transport, off @ (0 | 2), 2)), None) => {
+            let field = if *off == 0 { "sport" } else { "dport" };
+            be_u16(data).map(|p| format!("{} {field} {op_w}{p}", l4.as_deref().unwrap_or("th")))
+        }
+        (Some(Loaded::Ct(CtKey::State)), Some(m))
+            if op == CmpOp::Neq && data.iter().all(|b| *b == 0) =>
+        {
+            ne_u32(m).map(|bits| {
+                let names: Vec<&str> = CT_STATES
+                    .iter()
+                    .filter(|(b, _)| bits & b != 0)
+                    .map(|(_, n)| *n)
+                    .collect();
+                format!("ct state {}", names.join(","))
+            })
+        }
+        _ => None,
+    };
+    (words, is_dependency)
+}
+
+/// The words of a port range match on what register 1 holds (`r1`, unmasked), or None.
+fn range_words(
+    r1: Option<&Loaded>,
+    mask: Option<&[u8]>,
+    op: RangeOp,
+    from: &[u8],
+    to: &[u8],
+    l4: Option<&str>,
+) -> Option<String> {
+    let (Some(Loaded::Payload(PayloadBase::Transport, off @ (0 | 2), 2)), None) = (r1, mask) else {
+        return None;
+    };
+    let field = if *off == 0 { "sport" } else { "dport" };
+    be_u16(from).zip(be_u16(to)).map(|(a, b)| {
+        let op_w = if op == RangeOp::Eq { "" } else { "!= " };
+        format!("{} {field} {op_w}{a}-{b}", l4.unwrap_or("th"))
+    })
+}
+
+/// The words of a statement (`ct zone set`, `redirect`, `counter`, a verdict) whose
+/// operand, if any, is what register 1 holds (`r1`); None for anything else.
+fn statement_words(e: &Expr, r1: Option<&Loaded>) -> Option<String> {
+    match e {
+        Expr::Ct {
+            key: CtKey::Zone,
+            dreg: None,
+            sreg,
+        } if sreg.unwrap_or(Register::R1) == Register::R1 => match r1 {
+            Some(Loaded::Value(v)) => v
+                .get(..2)
+                .map(|b| format!("ct zone set {}", u16::from_ne_bytes([b[0], b[1]]))),
+            _ => None,
+        },
+        Expr::Redir {
+            reg_proto_min,
+            reg_proto_max: None,
+            ..
+        } => match (reg_proto_min, r1) {
+            (None, _) => Some("redirect".to_string()),
+            (Some(Register::R1), Some(Loaded::Value(v))) => {
+                be_u16(v).map(|p| format!("redirect to :{p}"))
+            }
+            _ => None,
+        },
+        Expr::Counter => Some("counter".to_string()),
+        Expr::Immediate {
+            dreg,
+            data: ImmediateData::Verdict(v),
+        } if *dreg == Register::VERDICT => Some(match v {
+            crate::expr::Verdict::Jump(c) => format!("jump {c}"),
+            crate::expr::Verdict::Goto(c) => format!("goto {c}"),
+            v => v.to_string(),
+        }),
+        _ => None,
+    }
+}
+
 /// The rule's expressions as `nft list` shows them (see the module docs).
 pub fn nft_syntax(exprs: &[Expr]) -> String {
     let mut out: Vec<String> = vec![];
@@ -103,9 +237,8 @@ pub fn nft_syntax(exprs: &[Expr]) -> String {
     let mut mask: Option<Vec<u8>> = None;
     for e in exprs {
         let raw = e.to_string();
-        let mut words: Option<String> = None;
         let mut is_dependency = false;
-        match e {
+        let words = match e {
             Expr::Meta { key, dreg } if *dreg == Register::R1 => {
                 r1 = Some(Loaded::Meta(*key));
                 mask = None;
@@ -150,72 +283,9 @@ pub fn nft_syntax(exprs: &[Expr]) -> String {
                 continue;
             }
             Expr::Cmp { sreg, op, data } if *sreg == Register::R1 => {
-                let op_w = op_word(*op);
-                words = match (&r1, mask.as_deref()) {
-                    (Some(Loaded::Meta(MetaKey::L4Proto)), None) if data.len() == 1 => {
-                        if *op == CmpOp::Eq {
-                            l4 = Some(l4_name(data[0]));
-                            is_dependency = true;
-                        }
-                        Some(format!("meta l4proto {op_w}{}", l4_name(data[0])))
-                    }
-                    (Some(Loaded::Meta(MetaKey::NfProto)), None) if data.len() == 1 => {
-                        is_dependency = *op == CmpOp::Eq;
-                        let f = match data[0] {
-                            2 => "ipv4".to_string(),
-                            10 => "ipv6".to_string(),
-                            n => n.to_string(),
-                        };
-                        Some(format!("meta nfproto {op_w}{f}"))
-                    }
-                    (
-                        Some(Loaded::Meta(k @ (MetaKey::SkUid | MetaKey::SkGid | MetaKey::Mark))),
-                        None,
-                    ) => {
-                        let name = match k {
-                            MetaKey::SkUid => "skuid",
-                            MetaKey::SkGid => "skgid",
-                            _ => "mark",
-                        };
-                        ne_u32(data).map(|v| match k {
-                            MetaKey::Mark => format!("meta mark {op_w}0x{v:08x}"),
-                            _ => format!("meta {name} {op_w}{v}"),
-                        })
-                    }
-                    (Some(Loaded::Meta(k @ (MetaKey::IifName | MetaKey::OifName))), None) => {
-                        let name = if *k == MetaKey::IifName {
-                            "iifname"
-                        } else {
-                            "oifname"
-                        };
-                        let s: Vec<u8> = data.iter().copied().take_while(|b| *b != 0).collect();
-                        Some(format!(
-                            "{name} {op_w}\"{}\"",
-                            String::from_utf8_lossy(&s).escape_debug()
-                        ))
-                    }
-                    (Some(Loaded::Payload(PayloadBase::Network, off, len)), m) => {
-                        network_match(*off, *len, m, data).map(|s| s.replace("{op}", op_w))
-                    }
-                    (Some(Loaded::Payload(PayloadBase::Transport, off @ (0 | 2), 2)), None) => {
-                        let field = if *off == 0 { "sport" } else { "dport" };
-                        be_u16(data)
-                            .map(|p| format!("{} {field} {op_w}{p}", l4.as_deref().unwrap_or("th")))
-                    }
-                    (Some(Loaded::Ct(CtKey::State)), Some(m))
-                        if *op == CmpOp::Neq && data.iter().all(|b| *b == 0) =>
-                    {
-                        ne_u32(m).map(|bits| {
-                            let names: Vec<&str> = CT_STATES
-                                .iter()
-                                .filter(|(b, _)| bits & b != 0)
-                                .map(|(_, n)| *n)
-                                .collect();
-                            format!("ct state {}", names.join(","))
-                        })
-                    }
-                    _ => None,
-                };
+                let words;
+                (words, is_dependency) =
+                    cmp_words(r1.as_ref(), mask.as_deref(), *op, data, &mut l4);
                 // A header match makes its protocol match implicit, as in `nft list`.
                 let header = matches!(
                     r1,
@@ -229,60 +299,19 @@ pub fn nft_syntax(exprs: &[Expr]) -> String {
                         out.remove(i);
                     }
                 }
+                words
             }
             Expr::Range { sreg, op, from, to } if *sreg == Register::R1 => {
-                if let (Some(Loaded::Payload(PayloadBase::Transport, off @ (0 | 2), 2)), None) =
-                    (&r1, &mask)
-                {
-                    let field = if *off == 0 { "sport" } else { "dport" };
-                    words = be_u16(from).zip(be_u16(to)).map(|(a, b)| {
-                        let op_w = if *op == RangeOp::Eq { "" } else { "!= " };
-                        format!("{} {field} {op_w}{a}-{b}", l4.as_deref().unwrap_or("th"))
-                    });
-                    if words.is_some() {
-                        if let Some(i) = dependency.take() {
-                            out.remove(i);
-                        }
+                let words = range_words(r1.as_ref(), mask.as_deref(), *op, from, to, l4.as_deref());
+                if words.is_some() {
+                    if let Some(i) = dependency.take() {
+                        out.remove(i);
                     }
                 }
+                words
             }
-            Expr::Ct {
-                key: CtKey::Zone,
-                dreg: None,
-                sreg,
-            } if sreg.unwrap_or(Register::R1) == Register::R1 => {
-                if let Some(Loaded::Value(v)) = &r1 {
-                    words = v
-                        .get(..2)
-                        .map(|b| format!("ct zone set {}", u16::from_ne_bytes([b[0], b[1]])));
-                }
-            }
-            Expr::Redir {
-                reg_proto_min,
-                reg_proto_max: None,
-                ..
-            } => {
-                words = match (reg_proto_min, &r1) {
-                    (None, _) => Some("redirect".to_string()),
-                    (Some(Register::R1), Some(Loaded::Value(v))) => {
-                        be_u16(v).map(|p| format!("redirect to :{p}"))
-                    }
-                    _ => None,
-                };
-            }
-            Expr::Counter => words = Some("counter".to_string()),
-            Expr::Immediate {
-                dreg,
-                data: ImmediateData::Verdict(v),
-            } if *dreg == Register::VERDICT => {
-                words = Some(match v {
-                    crate::expr::Verdict::Jump(c) => format!("jump {c}"),
-                    crate::expr::Verdict::Goto(c) => format!("goto {c}"),
-                    v => v.to_string(),
-                });
-            }
-            _ => {}
-        }
+            _ => statement_words(e, r1.as_ref()),
+        };
         if is_dependency {
             dependency = Some(out.len());
         } else if words.is_some() {

@@ -832,6 +832,16 @@ struct Call {
     scope: String,
 }
 
+impl Call {
+    fn new(verb: &'static str, resource: &'static str, scope: String) -> Call {
+        Call {
+            verb,
+            resource,
+            scope,
+        }
+    }
+}
+
 impl std::fmt::Display for Call {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} {}", self.verb, self.resource)?;
@@ -946,19 +956,14 @@ async fn gather(
     use k8s_openapi::api::core::v1::{Node, Pod};
     use kube::api::{Api, ListParams};
     let fail = |call: Call| move |e: kube::Error| explain(&call, &e, server, creds);
-    let call = |verb, resource, scope: String| Call {
-        verb,
-        resource,
-        scope,
-    };
     let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await
-        .map_err(fail(call("list", "nodes", String::new())))?;
+        .map_err(fail(Call::new("list", "nodes", String::new())))?;
     let agents = Api::<Pod>::namespaced(client.clone(), namespace)
         .list(&ListParams::default().labels(selector))
         .await
-        .map_err(fail(call(
+        .map_err(fail(Call::new(
             "list",
             "pods",
             format!("in namespace {namespace}"),
@@ -966,72 +971,26 @@ async fn gather(
     let unprotected = Api::<Pod>::all(client.clone())
         .list(&ListParams::default().labels(&format!("{LABEL_UNPROTECTED}=true")))
         .await
-        .map_err(fail(call("list", "pods", "in every namespace".into())))?;
+        .map_err(fail(Call::new("list", "pods", "in every namespace".into())))?;
     // Leftover mesh CNIs are a migration check: without the right to list DaemonSets
     // the rest of the check still stands, and says what it could not look at.
     let daemonsets = Api::<DaemonSet>::all(client.clone())
         .list(&ListParams::default())
         .await;
-    let daemonset = daemonsets.as_ref().ok().and_then(|list| {
-        let ds = list.items.iter().find(|d| {
-            d.metadata.name.as_deref() == Some(DAEMONSET_NAME)
-                && d.metadata.namespace.as_deref() == Some(namespace)
-        })?;
-        let st = ds.status.as_ref()?;
-        Some(DaemonSetFacts {
-            name: format!("{namespace}/{DAEMONSET_NAME}"),
-            desired: st.desired_number_scheduled,
-            ready: st.number_ready,
-            updated: st.updated_number_scheduled.unwrap_or(0),
-        })
-    });
+    let daemonset = daemonsets
+        .as_ref()
+        .ok()
+        .and_then(|list| own_daemonset(&list.items, namespace));
     let node_pools = node_pools(&client, server, creds).await;
     let mesh_cni = match daemonsets {
         Err(e) => Err(explain(
-            &call("list", "daemonsets.apps", "in every namespace".into()),
+            &Call::new("list", "daemonsets.apps", "in every namespace".into()),
             &e,
             server,
             creds,
         )
         .message),
-        Ok(list) => {
-            let mut found = Vec::new();
-            for ds in &list.items {
-                let name = ds.metadata.name.clone().unwrap_or_default();
-                let ds_ns = ds.metadata.namespace.clone().unwrap_or_default();
-                let labels = ds.metadata.labels.clone().unwrap_or_default();
-                let Some(mesh) = mesh_cni_of(&name, &labels) else {
-                    continue;
-                };
-                let selector = ds
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.selector.match_labels.clone())
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(",");
-                let nodes = if selector.is_empty() {
-                    Vec::new()
-                } else {
-                    Api::<Pod>::namespaced(client.clone(), &ds_ns)
-                        .list(&ListParams::default().labels(&selector))
-                        .await
-                        .map_err(fail(call("list", "pods", format!("in namespace {ds_ns}"))))?
-                        .items
-                        .iter()
-                        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
-                        .collect()
-                };
-                found.push(MeshCniFacts {
-                    mesh,
-                    daemonset: format!("{ds_ns}/{name}"),
-                    nodes,
-                });
-            }
-            Ok(found)
-        }
+        Ok(list) => Ok(mesh_cnis(&client, &list.items, server, creds).await?),
     };
     let node_of = |p: &Pod| {
         p.spec
@@ -1045,35 +1004,7 @@ async fn gather(
         mesh_cni,
         daemonset,
         node_pools,
-        nodes: nodes
-            .items
-            .iter()
-            .map(|n| NodeFacts {
-                name: n.metadata.name.clone().unwrap_or_default(),
-                linux: n
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get("kubernetes.io/os"))
-                    .is_none_or(|os| os == "linux"),
-                condition: n
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_READY))
-                    .map(|c| ConditionFacts {
-                        status: c.status.clone(),
-                        reason: c.reason.clone().unwrap_or_default(),
-                        message: c.message.clone().unwrap_or_default(),
-                    }),
-                taint: n
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.taints.as_ref())
-                    .and_then(|t| t.iter().find(|t| t.key == TAINT_NOT_READY))
-                    .map(|t| t.effect.clone()),
-            })
-            .collect(),
+        nodes: nodes.items.iter().map(node_facts).collect(),
         agents: agents.items.iter().map(agent_facts).collect(),
         unprotected: unprotected
             .items
@@ -1085,6 +1016,102 @@ async fn gather(
             })
             .collect(),
     })
+}
+
+/// The rollout of the agent's own DaemonSet, when `namespace` has it.
+fn own_daemonset(
+    daemonsets: &[k8s_openapi::api::apps::v1::DaemonSet],
+    namespace: &str,
+) -> Option<DaemonSetFacts> {
+    let ds = daemonsets.iter().find(|d| {
+        d.metadata.name.as_deref() == Some(DAEMONSET_NAME)
+            && d.metadata.namespace.as_deref() == Some(namespace)
+    })?;
+    let st = ds.status.as_ref()?;
+    Some(DaemonSetFacts {
+        name: format!("{namespace}/{DAEMONSET_NAME}"),
+        desired: st.desired_number_scheduled,
+        ready: st.number_ready,
+        updated: st.updated_number_scheduled.unwrap_or(0),
+    })
+}
+
+/// The DaemonSets of other meshes' CNI plugins among `daemonsets`, each with the nodes
+/// its pods run on (listed by its selector).
+async fn mesh_cnis(
+    client: &kube::Client,
+    daemonsets: &[k8s_openapi::api::apps::v1::DaemonSet],
+    server: &str,
+    creds: &str,
+) -> Result<Vec<MeshCniFacts>, ApiProblem> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, ListParams};
+    let mut found = Vec::new();
+    for ds in daemonsets {
+        let name = ds.metadata.name.clone().unwrap_or_default();
+        let ds_ns = ds.metadata.namespace.clone().unwrap_or_default();
+        let labels = ds.metadata.labels.clone().unwrap_or_default();
+        let Some(mesh) = mesh_cni_of(&name, &labels) else {
+            continue;
+        };
+        let selector = ds
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.match_labels.clone())
+            .unwrap_or_default()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let nodes = if selector.is_empty() {
+            Vec::new()
+        } else {
+            let call = Call::new("list", "pods", format!("in namespace {ds_ns}"));
+            Api::<Pod>::namespaced(client.clone(), &ds_ns)
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .map_err(|e| explain(&call, &e, server, creds))?
+                .items
+                .iter()
+                .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+                .collect()
+        };
+        found.push(MeshCniFacts {
+            mesh,
+            daemonset: format!("{ds_ns}/{name}"),
+            nodes,
+        });
+    }
+    Ok(found)
+}
+
+/// What `check cluster` needs of a node: its OS, Ready condition and startup taint.
+fn node_facts(n: &k8s_openapi::api::core::v1::Node) -> NodeFacts {
+    NodeFacts {
+        name: n.metadata.name.clone().unwrap_or_default(),
+        linux: n
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("kubernetes.io/os"))
+            .is_none_or(|os| os == "linux"),
+        condition: n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_READY))
+            .map(|c| ConditionFacts {
+                status: c.status.clone(),
+                reason: c.reason.clone().unwrap_or_default(),
+                message: c.message.clone().unwrap_or_default(),
+            }),
+        taint: n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .and_then(|t| t.iter().find(|t| t.key == TAINT_NOT_READY))
+            .map(|t| t.effect.clone()),
+    }
 }
 
 /// The name `interlock manifests` gives the agent's DaemonSet.
@@ -1111,11 +1138,7 @@ async fn node_pools(
     {
         Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Vec::new()),
         Err(e) => {
-            let call = Call {
-                verb: "list",
-                resource: "nodepools.karpenter.sh",
-                scope: String::new(),
-            };
+            let call = Call::new("list", "nodepools.karpenter.sh", String::new());
             return Err(explain(&call, &e, server, creds).message);
         }
         Ok(list) => list,

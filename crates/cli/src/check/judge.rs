@@ -293,294 +293,345 @@ pub fn judge(o: &Observed<'_>) -> Judgement {
 /// The config the runtime loads: whether it runs interlock-cni, and what is wrong
 /// with it. Also says whether the config runs interlock (with a version it accepts).
 fn config_findings(o: &Observed<'_>) -> (Vec<Finding>, bool) {
-    let mut f: Vec<Finding> = Vec::new();
-    let mut push = |id, area, status, effect, message: String, hint: Hint| {
-        f.push(Finding::new(id, area, status, effect, message, hint))
-    };
-    use Effect::{Hole, Risk};
-    use Status::{Fail, Ok as Good, Warn};
-    let rt = o.effective.runtime;
-    let mut config_runs_us = false;
-    match &o.effective.chosen {
-        None => push(
+    let Some(chosen) = &o.effective.chosen else {
+        let no_network = Finding::new(
             "config.no-network",
             "config",
-            Fail,
-            Risk,
+            Status::Fail,
+            Effect::Risk,
             // The summary already says "<runtime> has NO network: …".
             format!("{}: no pod can start", o.effective.summary),
-            HINT_NO_NETWORK.into(),
-        ),
-        Some(c) => {
-            let name = shown_os(c.path.file_name().unwrap_or_default());
-            let types = chain_types(&c.list);
-            let chain = c.list.plugin_types().join(" → ");
-            let others: Vec<&str> = OTHER_MESH_PLUGINS
-                .iter()
-                .copied()
-                .filter(|m| types.iter().any(|t| t == m))
-                .collect();
-            // The same predicate the agent's readiness uses (thin Multus included).
-            match confdir::runs_plugin(&c.list, &name, PLUGIN_TYPE) {
-                // The agent's own fail-closed stand-in for a missing primary: no pod
-                // starts (none unprotected either); the primary is what is missing.
-                Err(why) if c.list.name() == interlock_contract::layout::HOLDING_NETWORK => push(
-                    "config.waiting-for-primary",
-                    "config",
-                    Fail,
-                    Risk,
-                    format!("{rt} loads {why}: no pod can start on this node"),
-                    HINT_WAITING_FOR_PRIMARY.into(),
-                ),
-                Err(why) if why.contains("does not contain") => {
-                    let by = if others.is_empty() {
-                        "pods started now get NO redirection".to_string()
-                    } else {
-                        format!(
-                            "pods started now are redirected by {}, not by interlock",
-                            others.join(" and ")
-                        )
-                    };
-                    push(
-                        "config.no-interlock",
-                        "config",
-                        Fail,
-                        Hole,
-                        format!("{rt} loads {name} ({chain}), which does not contain interlock-cni: {by}"),
-                        HINT_NO_INTERLOCK.into(),
-                    )
-                }
-                Err(why) => push(
-                    "config.interlock-misplaced",
-                    "config",
-                    Fail,
-                    Risk,
-                    format!("{rt} loads {why}"),
-                    HINT_MISPLACED.into(),
-                ),
-                Ok(running) => {
-                    let accepts = o
-                        .binary
-                        .and_then(|b| b.versions.as_ref().ok())
-                        .cloned()
-                        .unwrap_or_default();
-                    match confdir::version_refused(&name, PLUGIN_TYPE, &running.version, &accepts) {
-                        Some(why) => push(
-                            "config.version-refused",
-                            "config",
-                            Fail,
-                            Risk,
-                            format!("{rt} loads {why}"),
-                            HINT_VERSION.into(),
-                        ),
-                        None => {
-                            config_runs_us = true;
-                            let place = match running.placement {
-                                confdir::Placement::List => String::new(),
-                                confdir::Placement::MultusDelegate => {
-                                    " (interlock-cni runs in its Multus delegate)".to_string()
-                                }
-                            };
-                            push(
-                                "config.loaded",
-                                "config",
-                                Good,
-                                Effect::None,
-                                format!(
-                                    "{rt} loads {name}{}: {chain}{place}",
-                                    o.copied_from
-                                        .map(|src| format!(" (interlock's copy of {src})"))
-                                        .unwrap_or_default()
-                                ),
-                                "".into(),
-                            );
-                            let declares = running
-                                .entry
-                                .get("capabilities")
-                                .and_then(|c| c.get(POD_ANNOTATIONS_CAPABILITY))
-                                .and_then(|v| v.as_bool())
-                                .unwrap_or(false);
-                            if !declares {
-                                push(
-                                    "config.no-annotations-capability",
-                                    "config",
-                                    Warn,
-                                    Effect::None,
-                                    format!("the interlock-cni entry in {name} does not declare the {POD_ANNOTATIONS_CAPABILITY} capability: every ADD must ask the agent or the API"),
-                                    HINT_CAPABILITY.into(),
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-            if !others.is_empty() && config_runs_us {
-                push(
-                    "config.other-mesh",
-                    "config",
-                    Fail,
-                    Hole,
-                    format!(
-                        "{name} runs {} in the same chain as interlock-cni: each pod's traffic is redirected twice, by two rule sets neither of which knows the other; interlock cannot vouch for the result",
-                        others.join(" and ")
-                    ),
-                    HINT_OTHER_MESH.into(),
-                );
-            }
-            if !o.missing_plugins.is_empty() {
-                push(
-                    "config.plugin-missing",
-                    "config",
-                    Fail,
-                    Risk,
-                    format!(
-                        "{name} runs {} but no bin dir ({}) has {}: {rt} loads the file anyway and every ADD fails, so no pod can start",
-                        o.missing_plugins.join(", "),
-                        shown_dirs(o.bin_dirs),
-                        if o.missing_plugins.len() == 1 { "it" } else { "them" }
-                    ),
-                    HINT_PLUGIN_MISSING.into(),
-                );
-            }
-            if let (Some(s), true) = (o.stale, config_runs_us) {
-                let from = s
-                    .source
-                    .as_deref()
-                    .map(|p| format!(" (from {})", shown(p)))
-                    .unwrap_or_default();
-                push(
-                    "config.stale",
-                    "config",
-                    Fail,
-                    Risk,
-                    format!(
-                        "{} is not what the agent would write now{from}: {}; pods started now get the old settings",
-                        shown(&s.file),
-                        s.difference
-                    ),
-                    HINT_STALE.into(),
-                );
-            }
-        }
+            HINT_NO_NETWORK,
+        );
+        return (vec![no_network], false);
+    };
+    let file = LoadedFile::of(chosen);
+    let (mut f, config_runs_us) = entry_findings(o, &file);
+    if config_runs_us {
+        f.extend(other_mesh_finding(&file));
+    }
+    f.extend(plugin_missing_finding(o, &file));
+    if config_runs_us {
+        f.extend(stale_finding(o));
     }
     (f, config_runs_us)
 }
 
+/// The file the runtime loads, as the config findings name it.
+struct LoadedFile<'a> {
+    chosen: &'a confdir::Chosen,
+    /// Its file name.
+    name: String,
+    /// Its plugin types, in order, joined by arrows.
+    chain: String,
+    /// The other meshes' redirectors it runs ([`OTHER_MESH_PLUGINS`]).
+    other_meshes: Vec<&'static str>,
+}
+
+impl<'a> LoadedFile<'a> {
+    fn of(chosen: &'a confdir::Chosen) -> LoadedFile<'a> {
+        let types = chain_types(&chosen.list);
+        LoadedFile {
+            chosen,
+            name: shown_os(chosen.path.file_name().unwrap_or_default()),
+            chain: chosen.list.plugin_types().join(" → "),
+            other_meshes: OTHER_MESH_PLUGINS
+                .iter()
+                .copied()
+                .filter(|m| types.iter().any(|t| t == m))
+                .collect(),
+        }
+    }
+}
+
+/// Whether the loaded file runs interlock-cni, where it must and once; also says whether
+/// it does, with a version the binary accepts.
+fn entry_findings(o: &Observed<'_>, file: &LoadedFile<'_>) -> (Vec<Finding>, bool) {
+    let rt = o.effective.runtime;
+    let name = &file.name;
+    let fail = |id, effect, message, hint| {
+        let finding = Finding::new(id, "config", Status::Fail, effect, message, hint);
+        (vec![finding], false)
+    };
+    // The same predicate the agent's readiness uses (thin Multus included).
+    match confdir::runs_plugin(&file.chosen.list, name, PLUGIN_TYPE) {
+        // The agent's own fail-closed stand-in for a missing primary: no pod
+        // starts (none unprotected either); the primary is what is missing.
+        Err(why) if file.chosen.list.name() == interlock_contract::layout::HOLDING_NETWORK => fail(
+            "config.waiting-for-primary",
+            Effect::Risk,
+            format!("{rt} loads {why}: no pod can start on this node"),
+            HINT_WAITING_FOR_PRIMARY,
+        ),
+        Err(why) if why.contains("does not contain") => {
+            let by = if file.other_meshes.is_empty() {
+                "pods started now get NO redirection".to_string()
+            } else {
+                format!(
+                    "pods started now are redirected by {}, not by interlock",
+                    file.other_meshes.join(" and ")
+                )
+            };
+            fail(
+                "config.no-interlock",
+                Effect::Hole,
+                format!(
+                    "{rt} loads {name} ({}), which does not contain interlock-cni: {by}",
+                    file.chain
+                ),
+                HINT_NO_INTERLOCK,
+            )
+        }
+        Err(why) => fail(
+            "config.interlock-misplaced",
+            Effect::Risk,
+            format!("{rt} loads {why}"),
+            HINT_MISPLACED,
+        ),
+        Ok(running) => running_entry_findings(o, file, &running),
+    }
+}
+
+/// The interlock-cni entry the loaded file runs: with a cniVersion the binary accepts
+/// (then the config runs interlock), and declaring the pod-annotations capability.
+fn running_entry_findings(
+    o: &Observed<'_>,
+    file: &LoadedFile<'_>,
+    running: &confdir::RunningEntry<'_>,
+) -> (Vec<Finding>, bool) {
+    let rt = o.effective.runtime;
+    let name = &file.name;
+    let accepts = o
+        .binary
+        .and_then(|b| b.versions.as_ref().ok())
+        .cloned()
+        .unwrap_or_default();
+    if let Some(why) = confdir::version_refused(name, PLUGIN_TYPE, &running.version, &accepts) {
+        let refused = Finding::new(
+            "config.version-refused",
+            "config",
+            Status::Fail,
+            Effect::Risk,
+            format!("{rt} loads {why}"),
+            HINT_VERSION,
+        );
+        return (vec![refused], false);
+    }
+    let place = match running.placement {
+        confdir::Placement::List => String::new(),
+        confdir::Placement::MultusDelegate => {
+            " (interlock-cni runs in its Multus delegate)".to_string()
+        }
+    };
+    let copy = o
+        .copied_from
+        .map(|src| format!(" (interlock's copy of {src})"))
+        .unwrap_or_default();
+    let mut f = vec![Finding::new(
+        "config.loaded",
+        "config",
+        Status::Ok,
+        Effect::None,
+        format!("{rt} loads {name}{copy}: {}{place}", file.chain),
+        "",
+    )];
+    let declares = running
+        .entry
+        .get("capabilities")
+        .and_then(|c| c.get(POD_ANNOTATIONS_CAPABILITY))
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    if !declares {
+        f.push(Finding::new(
+            "config.no-annotations-capability",
+            "config",
+            Status::Warn,
+            Effect::None,
+            format!("the interlock-cni entry in {name} does not declare the {POD_ANNOTATIONS_CAPABILITY} capability: every ADD must ask the agent or the API"),
+            HINT_CAPABILITY,
+        ));
+    }
+    (f, true)
+}
+
+/// Another mesh's redirector in the same chain as interlock-cni (which runs).
+fn other_mesh_finding(file: &LoadedFile<'_>) -> Option<Finding> {
+    if file.other_meshes.is_empty() {
+        return None;
+    }
+    Some(Finding::new(
+        "config.other-mesh",
+        "config",
+        Status::Fail,
+        Effect::Hole,
+        format!(
+            "{} runs {} in the same chain as interlock-cni: each pod's traffic is redirected twice, by two rule sets neither of which knows the other; interlock cannot vouch for the result",
+            file.name,
+            file.other_meshes.join(" and ")
+        ),
+        HINT_OTHER_MESH,
+    ))
+}
+
+/// Plugins the loaded file runs that no bin dir has.
+fn plugin_missing_finding(o: &Observed<'_>, file: &LoadedFile<'_>) -> Option<Finding> {
+    if o.missing_plugins.is_empty() {
+        return None;
+    }
+    Some(Finding::new(
+        "config.plugin-missing",
+        "config",
+        Status::Fail,
+        Effect::Risk,
+        format!(
+            "{} runs {} but no bin dir ({}) has {}: {} loads the file anyway and every ADD fails, so no pod can start",
+            file.name,
+            o.missing_plugins.join(", "),
+            shown_dirs(o.bin_dirs),
+            if o.missing_plugins.len() == 1 { "it" } else { "them" },
+            o.effective.runtime
+        ),
+        HINT_PLUGIN_MISSING,
+    ))
+}
+
+/// The loaded file (which runs interlock) is not what the agent would write now.
+fn stale_finding(o: &Observed<'_>) -> Option<Finding> {
+    let s = o.stale?;
+    let from = s
+        .source
+        .as_deref()
+        .map(|p| format!(" (from {})", shown(p)))
+        .unwrap_or_default();
+    Some(Finding::new(
+        "config.stale",
+        "config",
+        Status::Fail,
+        Effect::Risk,
+        format!(
+            "{} is not what the agent would write now{from}: {}; pods started now get the old settings",
+            shown(&s.file),
+            s.difference
+        ),
+        HINT_STALE,
+    ))
+}
+
 /// The plugin binary the runtime would run. Also says whether it is interlock's.
 fn binary_findings(o: &Observed<'_>) -> (Vec<Finding>, bool) {
-    let mut f: Vec<Finding> = Vec::new();
-    let mut push = |id, area, status, effect, message: String, hint: Hint| {
-        f.push(Finding::new(id, area, status, effect, message, hint))
+    let fail = |id, effect, message, hint| {
+        let finding = Finding::new(id, "binary", Status::Fail, effect, message, hint);
+        (vec![finding], false)
     };
-    use Effect::{Hole, Risk};
-    use Status::{Fail, Ok as Good, Warn};
-    let mut binary_ok = false;
-    match o.binary {
-        None => push(
+    let Some(b) = o.binary else {
+        return fail(
             "binary.missing",
-            "binary",
-            Fail,
-            Risk,
+            Effect::Risk,
             format!(
                 "interlock-cni is in none of the bin dirs ({}), or is not executable: ADD would fail",
                 shown_dirs(o.bin_dirs)
             ),
-            HINT_BINARY_MISSING.into(),
-        ),
-        Some(b) => {
-            let path = shown_os(b.path.as_os_str());
-            match (&b.versions, &b.content, &b.build) {
-                (_, Content::Differs, None) | (Ok(_), Content::Unverified, None) => push(
-                    "binary.not-interlock",
-                    "binary",
-                    Fail,
-                    Hole,
-                    format!(
-                        "{path} is not interlock's plugin: {}; whatever it does, it does not redirect pods",
-                        match &b.source {
-                            Ok(src) if b.content == Content::Differs => format!(
-                                "its content differs from {} and it does not answer VERSION as interlock-cni",
-                                shown_os(src.as_os_str())
-                            ),
-                            _ => "it does not answer VERSION as interlock-cni".to_string(),
-                        }
+            HINT_BINARY_MISSING,
+        );
+    };
+    let path = shown_os(b.path.as_os_str());
+    match (&b.versions, &b.content, &b.build) {
+        (_, Content::Differs, None) | (Ok(_), Content::Unverified, None) => fail(
+            "binary.not-interlock",
+            Effect::Hole,
+            format!(
+                "{path} is not interlock's plugin: {}; whatever it does, it does not redirect pods",
+                match &b.source {
+                    Ok(src) if b.content == Content::Differs => format!(
+                        "its content differs from {} and it does not answer VERSION as interlock-cni",
+                        shown_os(src.as_os_str())
                     ),
-                    HINT_NOT_INTERLOCK.into(),
-                ),
-                (Err(e), _, _) => push(
-                    "binary.no-version",
-                    "binary",
-                    Fail,
-                    Risk,
-                    format!("{path} does not answer VERSION: {e}"),
-                    HINT_BINARY_BROKEN.into(),
-                ),
-                (Ok(_), Content::Differs, Some(build)) => push(
-                    "binary.other-build",
-                    "binary",
-                    Fail,
-                    Risk,
-                    {
-                        let source = b
-                            .source
-                            .as_ref()
-                            .map(|s| shown_os(s.as_os_str()))
-                            .unwrap_or_default();
-                        let digests = b
-                            .digests
-                            .as_ref()
-                            .map(|(i, s)| format!(" (sha256 {i} installed, {s} shipped)"))
-                            .unwrap_or_default();
-                        if build == interlock_buildinfo::VERSION {
-                            format!(
-                                "{path} is interlock-cni {build}, the same version as this interlock, but other bytes than {source}{digests}: another build of the same commit (a rebuild, other flags or another toolchain)"
-                            )
-                        } else {
-                            format!(
-                                "{path} is interlock-cni {build}, not the build this interlock ships ({}): it differs from {source}{digests}",
-                                interlock_buildinfo::VERSION
-                            )
-                        }
-                    },
-                    HINT_OTHER_BUILD.into(),
-                ),
-                (Ok(v), content, build) => {
-                    binary_ok = true;
-                    push(
-                        "binary.ok",
-                        "binary",
-                        Good,
-                        Effect::None,
-                        format!(
-                            "{path} is interlock-cni {} (answers VERSION: {}){}",
-                            build.as_deref().unwrap_or("?"),
-                            v.join(", "),
-                            if *content == Content::Matches {
-                                ", byte for byte the plugin this interlock ships"
-                            } else {
-                                ""
-                            }
-                        ),
-                        "".into(),
-                    );
-                    if *content == Content::Unverified {
-                        push(
-                            "binary.unverified",
-                            "binary",
-                            Warn,
-                            Effect::None,
-                            format!(
-                                "{path} answers as interlock-cni but its content was not compared: {}",
-                                b.source.as_ref().err().cloned().unwrap_or_default()
-                            ),
-                            HINT_UNVERIFIED.into(),
-                        );
-                    }
+                    _ => "it does not answer VERSION as interlock-cni".to_string(),
                 }
-            }
-        }
+            ),
+            HINT_NOT_INTERLOCK,
+        ),
+        (Err(e), _, _) => fail(
+            "binary.no-version",
+            Effect::Risk,
+            format!("{path} does not answer VERSION: {e}"),
+            HINT_BINARY_BROKEN,
+        ),
+        (Ok(_), Content::Differs, Some(build)) => fail(
+            "binary.other-build",
+            Effect::Risk,
+            other_build_message(&path, b, build),
+            HINT_OTHER_BUILD,
+        ),
+        (Ok(v), content, build) => (interlock_binary_findings(&path, b, v, content, build), true),
     }
-    (f, binary_ok)
+}
+
+/// What `binary.other-build` says: interlock's plugin, but not the bytes this interlock
+/// ships (the same version rebuilt, or another version).
+fn other_build_message(path: &str, b: &BinaryFacts, build: &str) -> String {
+    let source = b
+        .source
+        .as_ref()
+        .map(|s| shown_os(s.as_os_str()))
+        .unwrap_or_default();
+    let digests = b
+        .digests
+        .as_ref()
+        .map(|(i, s)| format!(" (sha256 {i} installed, {s} shipped)"))
+        .unwrap_or_default();
+    if build == interlock_buildinfo::VERSION {
+        format!(
+            "{path} is interlock-cni {build}, the same version as this interlock, but other bytes than {source}{digests}: another build of the same commit (a rebuild, other flags or another toolchain)"
+        )
+    } else {
+        format!(
+            "{path} is interlock-cni {build}, not the build this interlock ships ({}): it differs from {source}{digests}",
+            interlock_buildinfo::VERSION
+        )
+    }
+}
+
+/// The binary is interlock's plugin (it answers VERSION as interlock-cni): whether its
+/// content was compared with the plugin this interlock ships.
+fn interlock_binary_findings(
+    path: &str,
+    b: &BinaryFacts,
+    versions: &[String],
+    content: &Content,
+    build: &Option<String>,
+) -> Vec<Finding> {
+    let mut f = vec![Finding::new(
+        "binary.ok",
+        "binary",
+        Status::Ok,
+        Effect::None,
+        format!(
+            "{path} is interlock-cni {} (answers VERSION: {}){}",
+            build.as_deref().unwrap_or("?"),
+            versions.join(", "),
+            if *content == Content::Matches {
+                ", byte for byte the plugin this interlock ships"
+            } else {
+                ""
+            }
+        ),
+        "",
+    )];
+    if *content == Content::Unverified {
+        f.push(Finding::new(
+            "binary.unverified",
+            "binary",
+            Status::Warn,
+            Effect::None,
+            format!(
+                "{path} answers as interlock-cni but its content was not compared: {}",
+                b.source.as_ref().err().cloned().unwrap_or_default()
+            ),
+            HINT_UNVERIFIED,
+        ));
+    }
+    f
 }
 
 /// How long after a fight ended `check` still mentions it: a primary restarted later
