@@ -362,7 +362,8 @@ impl ReadinessPoller {
                     let now = clock.now_ms();
                     let current = *addr.lock().unwrap_or_else(|e| e.into_inner());
                     let is_ready = current.is_some_and(|a| {
-                        http_status(a, "/readyz", Duration::from_millis(200)) == Some(200)
+                        interlock_testkit::http::get(a, "/readyz", Duration::from_millis(200))
+                            .is_some_and(|(code, _)| code == 200)
                     });
                     let mut r = rd.lock().unwrap_or_else(|e| e.into_inner());
                     let open = matches!(r.last(), Some((_, None)));
@@ -411,27 +412,6 @@ impl Drop for ReadinessPoller {
             let _ = t.join();
         }
     }
-}
-
-/// The status code of `GET path` on `addr`, or `None` when it did not answer in time.
-pub fn http_status(addr: SocketAddr, path: &str, timeout: Duration) -> Option<u16> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    s.set_write_timeout(Some(timeout)).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: soak\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut head = [0u8; 32];
-    let n = s.read(&mut head).ok()?;
-    std::str::from_utf8(&head[..n])
-        .ok()?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 #[cfg(test)]

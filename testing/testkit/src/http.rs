@@ -1,5 +1,5 @@
 //! The test kit's one HTTP client: a plain `GET` on loopback, for the agent's health
-//! endpoints in node-in-a-box tests and the soak.
+//! endpoints in the CLI's tests, node-in-a-box tests and the soak.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -2,8 +2,6 @@
 #![allow(dead_code)]
 
 use interlock_confdir::{self as confdir, Effective, Runtime};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -249,14 +247,8 @@ impl Agent {
 
     /// GET `path`: (status, body), or None when not reachable.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        let code = out.split_whitespace().nth(1)?.parse().ok()?;
-        let body = out.split_once("\r\n\r\n")?.1.to_string();
-        Some((code, body))
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        interlock_testkit::http::get(addr, path, Duration::from_secs(2))
     }
 
     pub fn ready(&self) -> Option<bool> {
