@@ -16,6 +16,7 @@ use interlock_testkit_node::node::{AgentArgs, Node, NodeOptions};
 
 #[test]
 fn the_end_check_is_not_disturbed_by_the_checker_probing_the_same_sandboxes() {
+    let _turn = crate::one_at_a_time();
     require_root!();
     let bin = default_bin_dir().expect("interlock and interlock-cni built next to the tests");
     let node = Node::start(NodeOptions::new(

@@ -13,6 +13,7 @@ use interlock_testkit_node::node::{AgentArgs, Node, NodeOptions};
 
 #[test]
 fn an_empty_libcni_cache_blocks_the_del_until_cleared_and_then_nothing_leaks() {
+    let _turn = crate::one_at_a_time();
     require_root!();
     let bin = default_bin_dir().expect("interlock and interlock-cni built next to the tests");
     let node = Node::start(NodeOptions::new(

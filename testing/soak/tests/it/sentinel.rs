@@ -69,6 +69,7 @@ fn sentinel_under(
 
 #[test]
 fn under_report_a_sentinel_gets_its_event_and_label_and_under_repair_its_repair() {
+    let _turn = crate::one_at_a_time();
     require_root!();
     let (node, report, capture) = sentinel_under("report", false);
     assert_eq!(report.missing, None, "{report:?}");
@@ -92,6 +93,7 @@ fn under_report_a_sentinel_gets_its_event_and_label_and_under_repair_its_repair(
 /// synced (the repair itself does not wait for it).
 #[test]
 fn a_repair_before_the_pod_cache_syncs_still_gets_its_event() {
+    let _turn = crate::one_at_a_time();
     require_root!();
     let (node, repair, capture) = sentinel_under("repair", true);
     assert_eq!(repair.missing, None, "{repair:?}\n{}", node.agent_logs());

@@ -7,6 +7,7 @@ use interlock_testkit::require_root;
 
 #[test]
 fn a_short_soak_keeps_every_invariant() {
+    let _turn = crate::one_at_a_time();
     require_root!();
     let bin_dir = default_bin_dir().unwrap_or_else(|| {
         panic!(
@@ -73,6 +74,7 @@ fn a_short_soak_keeps_every_invariant() {
 /// unprotected. A checker that cannot see an unprotected sandbox would pass it.
 #[test]
 fn without_interlock_the_soak_sees_every_meshed_sandbox_exposed() {
+    let _turn = crate::one_at_a_time();
     require_root!();
     let bin_dir = default_bin_dir().expect("interlock and interlock-cni built next to the tests");
     let seed = rand::random();
@@ -80,7 +82,9 @@ fn without_interlock_the_soak_sees_every_meshed_sandbox_exposed() {
     opts.with_interlock = false;
     opts.chaos = Vec::new();
     opts.resident = 2;
-    opts.lifetime_ms = 800..1500;
+    // Long enough for the checker (a round every 250 ms, up to about 800 ms each on a
+    // loaded 2-core machine) to see every sandbox at least once before it goes.
+    opts.lifetime_ms = 2500..3500;
     let report = run(&opts).expect("the soak runs");
     eprint!("{}", report.summary());
     assert!(!report.ok);
