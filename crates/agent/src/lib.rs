@@ -375,6 +375,39 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| AgentError::Runtime(format!("cannot handle SIGTERM: {e}")))?
     };
+    let created_conf_dir = prepare_dirs(&cfg)?;
+    let nofile = raise_nofile_limit();
+    let listeners = 1 + u64::from(cfg.probe_addr.is_some());
+    let limits =
+        health::ServerLimits::default().within_descriptors(nofile, RESERVED_DESCRIPTORS, listeners);
+    let installer = guard::install::PluginInstaller::new(&cfg.plugin_source)?;
+    log_start(&cfg, &installer);
+    let shared = Arc::new(health::shared::Shared::default());
+    let served = rt.block_on(serve_until_signal(
+        &cfg,
+        Started {
+            installer,
+            shared,
+            limits,
+            nofile,
+            created_conf_dir,
+        },
+        &mut term,
+    ));
+    // A guard thread still blocked must not hold the process: drop the runtime without
+    // waiting for it.
+    rt.shutdown_background();
+    let uninstall = served?;
+    mark_stopped(&cfg);
+    if uninstall {
+        exit::uninstall(&cfg)?;
+    }
+    Ok(())
+}
+
+/// Creates the conf, bin and state dirs and sweeps the temp files a killed writer left.
+/// Returns whether the conf dir had to be created.
+fn prepare_dirs(cfg: &AgentConfig) -> Result<bool, AgentError> {
     // A conf dir that is not there was read by no runtime so far: said while waiting.
     let created_conf_dir = !cfg.conf_dir.exists();
     mkdir(&cfg.conf_dir)?;
@@ -386,11 +419,11 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     for b in &cfg.bin_dirs {
         guard::sweep_stale_temps(b);
     }
-    let nofile = raise_nofile_limit();
-    let listeners = 1 + u64::from(cfg.probe_addr.is_some());
-    let limits =
-        health::ServerLimits::default().within_descriptors(nofile, RESERVED_DESCRIPTORS, listeners);
-    let installer = guard::install::PluginInstaller::new(&cfg.plugin_source)?;
+    Ok(created_conf_dir)
+}
+
+/// Logs what the agent starts with, and warns when `when-deleted` cannot work.
+fn log_start(cfg: &AgentConfig, installer: &guard::install::PluginInstaller) {
     info!(
         version = env!("CARGO_PKG_VERSION"),
         conf_dir = %cfg.conf_dir.display(),
@@ -417,133 +450,196 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
             );
         }
     }
-    let shared = Arc::new(health::shared::Shared::default());
+}
+
+/// What [`run`] prepared before the runtime runs.
+struct Started {
+    installer: guard::install::PluginInstaller,
+    shared: Arc<health::shared::Shared>,
+    limits: health::ServerLimits,
+    nofile: u64,
+    created_conf_dir: bool,
+}
+
+/// Serves health, connects to the API, starts the audit, the agent socket and the guard,
+/// then waits for SIGTERM or SIGINT and stops. Returns whether to uninstall.
+async fn serve_until_signal(
+    cfg: &AgentConfig,
+    started: Started,
+    term: &mut tokio::signal::unix::Signal,
+) -> Result<bool, AgentError> {
+    let Started {
+        installer,
+        shared,
+        limits,
+        nofile,
+        created_conf_dir,
+    } = started;
+    serve_health(cfg, &shared, limits, nofile)?;
+    // Before the guard writes anything: a missing node name stops the agent here. The
+    // audit and the agent socket take the cluster (`None`: no Kubernetes API; the audit
+    // then uses the sandboxes' own annotations and the socket cannot answer lookups).
+    // A SIGTERM that came while the agent started (or comes while it connects to the
+    // API) stops it here, before the guard ran: the config stays as it is unless
+    // uninstall-on-exit says otherwise.
+    let cluster = tokio::select! {
+        c = start_kubernetes(cfg, &shared) => c?,
+        _ = term.recv() => {
+            info!(
+                signal = "SIGTERM",
+                "stopping during start-up, before the config guard ran"
+            );
+            return Ok(exit::decide(cfg, None).await);
+        }
+    };
+    let client = cluster.as_ref().map(|c| c.client.clone());
+    start_audit_and_socket(cfg, cluster, &shared)?;
+    let (tx, done_rx) = start_guard(cfg, installer, &shared, created_conf_dir)?;
+    let sig = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    };
+    info!(
+        signal = sig,
+        uninstall_on_exit = %cfg.uninstall_on_exit,
+        "stopping"
+    );
+    let _ = tx.send(guard::Wake::Stop);
+    // The guard stops while the API is asked (`when-deleted`): both are bounded.
+    let guard_stopped = async {
+        if tokio::time::timeout(STOP_GRACE, done_rx).await.is_err() {
+            error!(
+                waited_seconds = STOP_GRACE.as_secs_f64(),
+                since_last_pass_seconds = shared.since_tick().as_secs_f64(),
+                "the config guard did not finish its pass; exiting without it"
+            );
+        }
+    };
+    let ((), uninstall) = tokio::join!(guard_stopped, exit::decide(cfg, client));
+    Ok(uninstall)
+}
+
+/// Binds the health endpoints (and the kubelet probe endpoints, if asked) and serves them
+/// on the runtime.
+fn serve_health(
+    cfg: &AgentConfig,
+    shared: &Arc<health::shared::Shared>,
+    limits: health::ServerLimits,
+    nofile: u64,
+) -> Result<(), AgentError> {
     let admin = health::Admin::new(
         shared.clone(),
         health::verdicts::VerdictWindows::for_marker(cfg.marker_stale_after),
     );
-    let served = rt.block_on(async {
-        let listen = |addr: SocketAddr| {
-            health::bind(addr).map_err(|e| AgentError::Listen {
-                addr: addr.to_string(),
-                reason: e.to_string(),
-            })
-        };
-        let listener = listen(cfg.health_addr)?;
-        info!(
-            addr = %listener
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_default(),
-            max_connections = limits.max_connections,
-            open_file_limit = nofile,
-            "health endpoints listening"
-        );
-        if let Some(addr) = cfg.probe_addr {
-            let probes = listen(addr)?;
-            info!(%addr, "kubelet probe endpoints (/healthz, /readyz) listening");
-            tokio::spawn(health::serve(probes, admin.clone().probes_only(), limits));
-        }
-        tokio::spawn(health::serve(listener, admin, limits));
-        // Before the guard writes anything: a missing node name stops the agent here. The
-        // audit and the agent socket take the cluster (`None`: no Kubernetes API; the audit
-        // then uses the sandboxes' own annotations and the socket cannot answer lookups).
-        // A SIGTERM that came while the agent started (or comes while it connects to the
-        // API) stops it here, before the guard ran: the config stays as it is unless
-        // uninstall-on-exit says otherwise.
-        let cluster = tokio::select! {
-            c = start_kubernetes(&cfg, &shared) => c?,
-            _ = term.recv() => {
-                info!(
-                    signal = "SIGTERM",
-                    "stopping during start-up, before the config guard ran"
-                );
-                return Ok(exit::decide(&cfg, None).await);
-            }
-        };
-        let client = cluster.as_ref().map(|c| c.client.clone());
-        let fallback = cfg.audit.as_ref().map(|a| audit::socket::CriFallback {
-            endpoint: a.cri_endpoint.clone(),
-        });
-        // ADD notes go to the audit, through a bounded queue; without an audit there is
-        // no queue and a note is answered `undecided` (nothing is kept).
-        let (wake_tx, wake_rx) = match &cfg.audit {
-            Some(_) => {
-                let (tx, rx) = tokio::sync::mpsc::channel::<String>(audit::NOTE_QUEUE);
-                (Some(tx), Some(rx))
-            }
-            None => (None, None),
-        };
-        serve_agent_socket(
-            &cfg.state_dir,
-            cluster.clone(),
-            fallback,
-            wake_tx,
-            shared.starts.clone(),
-        )?;
-        if let (Some(settings), Some(wake_rx)) = (cfg.audit.clone(), wake_rx) {
-            let plugin = interlock_contract::PluginConfig::from_map(&cfg.entry())
-                .map_err(|e| AgentError::Runtime(format!("the plugin entry is invalid: {e}")))?;
-            tokio::spawn(audit::run(
-                settings,
-                plugin,
-                cluster,
-                shared.audit.clone(),
-                shared.audit_health.clone(),
-                wake_rx,
-            ));
-        } else {
-            info!("sandbox audit disabled (--cri-endpoint none)");
-        }
-        let (tx, rx) = std::sync::mpsc::channel();
-        guard::spawn_watcher(&cfg.conf_dir, &cfg.bin_dirs, tx.clone()).map_err(|e| {
-            AgentError::Dir {
-                path: cfg.conf_dir.clone(),
-                reason: format!("cannot watch with inotify: {e}"),
-            }
-        })?;
-        let mut g = guard::Guard::new(cfg.clone(), installer, shared.clone());
-        if created_conf_dir {
-            g.created_conf_dir();
-        }
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-        // Configs may nest 10,000 deep (Go's limit, which the runtimes accept); the guard
-        // clones, compares and writes them, all recursive.
-        std::thread::Builder::new()
-            .name("interlock-guard".into())
-            .stack_size(interlock_libcni::gojson::DEEP_VALUE_STACK)
-            .spawn(move || {
-                g.run(rx);
-                let _ = done_tx.send(());
-            })
-            .map_err(|e| AgentError::Runtime(format!("cannot start guard thread: {e}")))?;
-        let sig = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-        };
-        info!(
-            signal = sig,
-            uninstall_on_exit = %cfg.uninstall_on_exit,
-            "stopping"
-        );
-        let _ = tx.send(guard::Wake::Stop);
-        // The guard stops while the API is asked (`when-deleted`): both are bounded.
-        let guard_stopped = async {
-            if tokio::time::timeout(STOP_GRACE, done_rx).await.is_err() {
-                error!(
-                    waited_seconds = STOP_GRACE.as_secs_f64(),
-                    since_last_pass_seconds = shared.since_tick().as_secs_f64(),
-                    "the config guard did not finish its pass; exiting without it"
-                );
-            }
-        };
-        let ((), uninstall) = tokio::join!(guard_stopped, exit::decide(&cfg, client));
-        Ok::<bool, AgentError>(uninstall)
+    let listen = |addr: SocketAddr| {
+        health::bind(addr).map_err(|e| AgentError::Listen {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })
+    };
+    let listener = listen(cfg.health_addr)?;
+    info!(
+        addr = %listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
+        max_connections = limits.max_connections,
+        open_file_limit = nofile,
+        "health endpoints listening"
+    );
+    if let Some(addr) = cfg.probe_addr {
+        let probes = listen(addr)?;
+        info!(%addr, "kubelet probe endpoints (/healthz, /readyz) listening");
+        tokio::spawn(health::serve(probes, admin.clone().probes_only(), limits));
+    }
+    tokio::spawn(health::serve(listener, admin, limits));
+    Ok(())
+}
+
+/// Serves the agent socket and starts the sandbox audit (unless disabled), joined by the
+/// queue of ADD notes.
+fn start_audit_and_socket(
+    cfg: &AgentConfig,
+    cluster: Option<kubernetes::Cluster>,
+    shared: &Arc<health::shared::Shared>,
+) -> Result<(), AgentError> {
+    let fallback = cfg.audit.as_ref().map(|a| audit::socket::CriFallback {
+        endpoint: a.cri_endpoint.clone(),
     });
-    // A guard thread still blocked must not hold the process: drop the runtime without
-    // waiting for it.
-    rt.shutdown_background();
-    let uninstall = served?;
+    // ADD notes go to the audit, through a bounded queue; without an audit there is
+    // no queue and a note is answered `undecided` (nothing is kept).
+    let (wake_tx, wake_rx) = match &cfg.audit {
+        Some(_) => {
+            let (tx, rx) = tokio::sync::mpsc::channel::<String>(audit::NOTE_QUEUE);
+            (Some(tx), Some(rx))
+        }
+        None => (None, None),
+    };
+    serve_agent_socket(
+        &cfg.state_dir,
+        cluster.clone(),
+        fallback,
+        wake_tx,
+        shared.starts.clone(),
+    )?;
+    if let (Some(settings), Some(wake_rx)) = (cfg.audit.clone(), wake_rx) {
+        let plugin = interlock_contract::PluginConfig::from_map(&cfg.entry())
+            .map_err(|e| AgentError::Runtime(format!("the plugin entry is invalid: {e}")))?;
+        tokio::spawn(audit::run(
+            settings,
+            plugin,
+            cluster,
+            shared.audit.clone(),
+            shared.audit_health.clone(),
+            wake_rx,
+        ));
+    } else {
+        info!("sandbox audit disabled (--cri-endpoint none)");
+    }
+    Ok(())
+}
+
+/// Starts the inotify watcher and the config guard's thread. Returns the guard's wake
+/// channel and a receiver that resolves once the guard has stopped.
+fn start_guard(
+    cfg: &AgentConfig,
+    installer: guard::install::PluginInstaller,
+    shared: &Arc<health::shared::Shared>,
+    created_conf_dir: bool,
+) -> Result<
+    (
+        std::sync::mpsc::Sender<guard::Wake>,
+        tokio::sync::oneshot::Receiver<()>,
+    ),
+    AgentError,
+> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    guard::spawn_watcher(&cfg.conf_dir, &cfg.bin_dirs, tx.clone()).map_err(|e| {
+        AgentError::Dir {
+            path: cfg.conf_dir.clone(),
+            reason: format!("cannot watch with inotify: {e}"),
+        }
+    })?;
+    let mut g = guard::Guard::new(cfg.clone(), installer, shared.clone());
+    if created_conf_dir {
+        g.created_conf_dir();
+    }
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    // Configs may nest 10,000 deep (Go's limit, which the runtimes accept); the guard
+    // clones, compares and writes them, all recursive.
+    std::thread::Builder::new()
+        .name("interlock-guard".into())
+        .stack_size(interlock_libcni::gojson::DEEP_VALUE_STACK)
+        .spawn(move || {
+            g.run(rx);
+            let _ = done_tx.send(());
+        })
+        .map_err(|e| AgentError::Runtime(format!("cannot start guard thread: {e}")))?;
+    Ok((tx, done_rx))
+}
+
+/// Writes the readiness marker of an agent that stopped.
+fn mark_stopped(cfg: &AgentConfig) {
     let stopped = guard::marker::Marker {
         ready: false,
         reason: format!("interlock agent (pid {}) stopped", std::process::id()),
@@ -563,10 +659,6 @@ pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     if let Err(e) = guard::marker::write(&cfg.state_dir, &stopped) {
         error!(state_dir = %cfg.state_dir.display(), error = %e, "cannot mark the agent stopped");
     }
-    if uninstall {
-        exit::uninstall(&cfg)?;
-    }
-    Ok(())
 }
 
 /// Serves `<state dir>/agent.sock`: pod lookups from the cluster's pod cache, else from

@@ -25,7 +25,9 @@ use interlock_redirect::backend::{self, BackendKind};
 use interlock_redirect::netns::{pod_netns_id, NetnsError, NetnsId, PodNetns};
 use interlock_redirect::netns_record::{NetnsLock, NetnsStore};
 use interlock_redirect::probe::ProxyPort;
-use interlock_redirect::{engine, EngineError, InstallOptions, Removal, Verification};
+use interlock_redirect::{
+    engine, EngineError, InstallOptions, RedirectSpec, Removal, Verification,
+};
 
 use interlock_redirect::decision::Decision;
 
@@ -296,16 +298,9 @@ fn protect_pod(
         return Ok((Protection::NotNeeded, None));
     };
     let start = Instant::now();
-    let path = Path::new(netns);
     // Opened and checked once: its identity keys the lock, and the engine enters it.
-    let pod = PodNetns::open(path)?;
-    let id = pod.id();
-    let lock = NetnsStore::new(&config.state_dir)
-        .lock(id)
-        .map_err(|e| Failure::state(format!("locking the state of netns {netns}: {e}")))?;
-    let record = lock
-        .load()
-        .map_err(|e| Failure::state(format!("reading the state of netns {netns}: {e}")))?;
+    let pod = PodNetns::open(Path::new(netns))?;
+    let (lock, record) = lock_netns(config, &pod, netns)?;
     let others = record
         .as_ref()
         .map(|r| r.live_refs(key, is_live(store, r, None)))
@@ -313,79 +308,27 @@ fn protect_pod(
     let spec = spec.as_installed();
     let (canonical, spec_hash) = spec.canonical_and_hash();
     let (_, gateways) = pod_addresses(prev, ifname);
+    let target = Target {
+        pod: &pod,
+        netns,
+        spec: &spec,
+        spec_hash: &spec_hash,
+        gateways: &gateways,
+        proxy_port,
+    };
 
     let mut notes = Vec::new();
-    let (backend, backend_reason, probe, timings) = match record
-        .as_ref()
-        .filter(|_| !others.is_empty())
-    {
-        Some(r) => {
-            if r.spec_hash != spec_hash {
-                return Err(Failure::clean(
-                    Step::Apply,
-                    format!(
-                        "network namespace {netns} already holds interlock's rules for {} with \
-                         another spec (installed {}, this attachment's {}): the interlock-cni \
-                         entries of the pod's networks disagree (profiles?); make them equal",
-                        names(&others),
-                        short_hash(&r.spec_hash),
-                        short_hash(&spec_hash)
-                    ),
-                )
-                .kept_for(&others));
-            }
-            let reason = format!("shared with {} ({})", names(&others), r.backend);
-            let t = Instant::now();
-            match engine::check_in(&pod, &spec, r.backend) {
-                Ok(Verification::Exact) => (
-                    r.backend,
-                    reason,
-                    r.probe
-                        .iter()
-                        .map(|l| {
-                            format!(
-                                "{l} (proven by the ADD of {}/{})",
-                                r.proven_by.container_id, r.proven_by.ifname
-                            )
-                        })
-                        .collect(),
-                    Timings {
-                        rules_us: micros(t.elapsed()),
-                        probe_us: 0,
-                        protect_us: 0,
-                    },
-                ),
-                // Altered since: re-apply and re-prove, never removing what the others
-                // rely on.
-                _ => {
-                    let options = InstallOptions {
-                        remove_on_failure: false,
-                        proxy_port,
-                        spec_hash: Some(spec_hash.clone()),
-                        ..InstallOptions::default()
-                    };
-                    let done =
-                        engine::install_and_prove_in(&pod, &spec, r.backend, &gateways, &options)
-                            .map_err(|e| Failure::from(e).kept_for(&others))?;
-                    (r.backend, reason, done.probe.lines(), timings_of(&done))
-                }
-            }
-        }
+    let rules = match record.as_ref().filter(|_| !others.is_empty()) {
+        Some(r) => share_rules(&target, r, &others)?,
         None => {
             let (kind, reason) = resolve_backend(config.backend, &config.state_dir);
-            let options = InstallOptions {
-                // Nothing recorded for this netns: a new pod's, most likely empty.
-                new_netns: record.is_none(),
-                proxy_port,
-                spec_hash: Some(spec_hash.clone()),
-                ..InstallOptions::default()
-            };
-            let done = match engine::install_and_prove_in(&pod, &spec, kind, &gateways, &options) {
-                Ok(done) => done,
+            // Nothing recorded for this netns: a new pod's, most likely empty.
+            let rules = match install_rules(&target, kind, reason, record.is_none()) {
+                Ok(rules) => rules,
                 Err(e) => {
                     // No live reference: the record (if any) is stale.
                     let _ = lock.forget();
-                    return Err(e.into());
+                    return Err(e);
                 }
             };
             notes.extend(retire_previous_backend(
@@ -395,45 +338,20 @@ fn protect_pod(
                 netns,
                 kind,
             ));
-            (kind, reason, done.probe.lines(), timings_of(&done))
+            rules
         }
     };
-    let mut new_record = match record.filter(|_| !others.is_empty()) {
-        Some(mut r) => {
-            r.attachments.retain(|k| others.contains(k));
-            // Exact as this build renders them, or re-applied: this build's shape now.
-            r.shape = RULE_SHAPE;
-            if timings.probe_us > 0 {
-                r.probe.clone_from(&probe);
-                r.proven_by = key.clone();
-            }
-            r
-        }
-        None => NetnsRecord {
-            netns_id: id.to_string(),
-            netns: netns.to_string(),
-            backend,
-            spec: canonical.clone(),
-            spec_hash: spec_hash.clone(),
-            probe: probe.clone(),
-            proven_by: key.clone(),
-            attachments: Vec::new(),
-            updated_at_ms: 0,
-            shape: RULE_SHAPE,
-        },
-    };
-    new_record.add_ref(key);
-    new_record.updated_at_ms = interlock_contract::time::now_ms();
+    let new_record = record_reference(record, &others, key, &target, &canonical, &rules);
     let protected = Protected {
         profile: *profile,
-        backend,
-        backend_reason,
+        backend: rules.backend,
+        backend_reason: rules.backend_reason,
         spec: canonical,
         spec_hash,
-        probe,
+        probe: rules.probe,
         timings: Timings {
             protect_us: micros(start.elapsed()),
-            ..timings
+            ..rules.timings
         },
     };
     Ok((
@@ -445,6 +363,174 @@ fn protect_pod(
             notes,
         }),
     ))
+}
+
+/// What [`protect_pod`] works on: the pod's netns and the rules it needs there.
+struct Target<'a> {
+    pod: &'a PodNetns,
+    netns: &'a str,
+    spec: &'a RedirectSpec,
+    spec_hash: &'a str,
+    /// Where the probe sends its traffic.
+    gateways: &'a [IpAddr],
+    proxy_port: ProxyPort,
+}
+
+/// The rules in the netns after [`share_rules`] or [`install_rules`].
+struct Rules {
+    backend: BackendKind,
+    backend_reason: String,
+    probe: Vec<String>,
+    timings: Timings,
+}
+
+/// Takes the netns's lock and reads its record (none: no attachment relies on it yet).
+fn lock_netns(
+    config: &PluginConfig,
+    pod: &PodNetns,
+    netns: &str,
+) -> Result<(NetnsLock, Option<NetnsRecord>), Failure> {
+    let lock = NetnsStore::new(&config.state_dir)
+        .lock(pod.id())
+        .map_err(|e| Failure::state(format!("locking the state of netns {netns}: {e}")))?;
+    let record = lock
+        .load()
+        .map_err(|e| Failure::state(format!("reading the state of netns {netns}: {e}")))?;
+    Ok((lock, record))
+}
+
+/// Joins the rules that `others` (live, recorded in `r`) rely on: reads them back and, if
+/// they were altered since, re-applies and re-proves them without ever removing them.
+fn share_rules(
+    target: &Target<'_>,
+    r: &NetnsRecord,
+    others: &[AttachmentKey],
+) -> Result<Rules, Failure> {
+    let netns = target.netns;
+    if r.spec_hash != target.spec_hash {
+        return Err(Failure::clean(
+            Step::Apply,
+            format!(
+                "network namespace {netns} already holds interlock's rules for {} with \
+                 another spec (installed {}, this attachment's {}): the interlock-cni \
+                 entries of the pod's networks disagree (profiles?); make them equal",
+                names(others),
+                short_hash(&r.spec_hash),
+                short_hash(target.spec_hash)
+            ),
+        )
+        .kept_for(others));
+    }
+    let backend_reason = format!("shared with {} ({})", names(others), r.backend);
+    let t = Instant::now();
+    match engine::check_in(target.pod, target.spec, r.backend) {
+        Ok(Verification::Exact) => Ok(Rules {
+            backend: r.backend,
+            backend_reason,
+            probe: r
+                .probe
+                .iter()
+                .map(|l| {
+                    format!(
+                        "{l} (proven by the ADD of {}/{})",
+                        r.proven_by.container_id, r.proven_by.ifname
+                    )
+                })
+                .collect(),
+            timings: Timings {
+                rules_us: micros(t.elapsed()),
+                probe_us: 0,
+                protect_us: 0,
+            },
+        }),
+        // Altered since: re-apply and re-prove, never removing what the others
+        // rely on.
+        _ => {
+            let options = InstallOptions {
+                remove_on_failure: false,
+                proxy_port: target.proxy_port,
+                spec_hash: Some(target.spec_hash.to_string()),
+                ..InstallOptions::default()
+            };
+            let done = engine::install_and_prove_in(
+                target.pod,
+                target.spec,
+                r.backend,
+                target.gateways,
+                &options,
+            )
+            .map_err(|e| Failure::from(e).kept_for(others))?;
+            Ok(Rules {
+                backend: r.backend,
+                backend_reason,
+                probe: done.probe.lines(),
+                timings: timings_of(&done),
+            })
+        }
+    }
+}
+
+/// Installs, reads back and proves the rules with `kind` when no other attachment relies
+/// on the netns (on failure the engine removes them again).
+fn install_rules(
+    target: &Target<'_>,
+    kind: BackendKind,
+    backend_reason: String,
+    new_netns: bool,
+) -> Result<Rules, Failure> {
+    let options = InstallOptions {
+        new_netns,
+        proxy_port: target.proxy_port,
+        spec_hash: Some(target.spec_hash.to_string()),
+        ..InstallOptions::default()
+    };
+    let done =
+        engine::install_and_prove_in(target.pod, target.spec, kind, target.gateways, &options)?;
+    Ok(Rules {
+        backend: kind,
+        backend_reason,
+        probe: done.probe.lines(),
+        timings: timings_of(&done),
+    })
+}
+
+/// The netns's record with `key`'s reference added: the shared one (kept to `others`,
+/// re-proven if the rules were re-applied), or a new one for rules just installed.
+fn record_reference(
+    record: Option<NetnsRecord>,
+    others: &[AttachmentKey],
+    key: &AttachmentKey,
+    target: &Target<'_>,
+    canonical: &str,
+    rules: &Rules,
+) -> NetnsRecord {
+    let mut new_record = match record.filter(|_| !others.is_empty()) {
+        Some(mut r) => {
+            r.attachments.retain(|k| others.contains(k));
+            // Exact as this build renders them, or re-applied: this build's shape now.
+            r.shape = RULE_SHAPE;
+            if rules.timings.probe_us > 0 {
+                r.probe.clone_from(&rules.probe);
+                r.proven_by = key.clone();
+            }
+            r
+        }
+        None => NetnsRecord {
+            netns_id: target.pod.id().to_string(),
+            netns: target.netns.to_string(),
+            backend: rules.backend,
+            spec: canonical.to_string(),
+            spec_hash: target.spec_hash.to_string(),
+            probe: rules.probe.clone(),
+            proven_by: key.clone(),
+            attachments: Vec::new(),
+            updated_at_ms: 0,
+            shape: RULE_SHAPE,
+        },
+    };
+    new_record.add_ref(key);
+    new_record.updated_at_ms = interlock_contract::time::now_ms();
+    new_record
 }
 
 /// The rule and probe times of an engine run (the whole ADD's is filled in later).

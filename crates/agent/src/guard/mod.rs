@@ -1170,145 +1170,216 @@ pub fn spawn_watcher(
     bin_dirs: &[PathBuf],
     tx: std::sync::mpsc::Sender<Wake>,
 ) -> std::io::Result<()> {
-    use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
-    let mut ino = Inotify::init()?;
-    let mask = WatchMask::CREATE
-        | WatchMask::DELETE
-        | WatchMask::MODIFY
-        | WatchMask::CLOSE_WRITE
-        | WatchMask::MOVED_TO
-        | WatchMask::MOVED_FROM
-        | WatchMask::ATTRIB
-        | WatchMask::DELETE_SELF
-        | WatchMask::MOVE_SELF;
-    // (directory, its watch, true for the conf dir)
-    let mut watched: Vec<(PathBuf, Option<WatchDescriptor>, bool)> = vec![];
-    watched.push((
-        conf_dir.to_path_buf(),
-        Some(ino.watches().add(conf_dir, mask)?),
-        true,
-    ));
-    for b in bin_dirs {
-        watched.push((b.clone(), Some(ino.watches().add(b, mask)?), false));
-    }
+    let watcher = Watcher::new(conf_dir, bin_dirs)?;
     std::thread::Builder::new()
         .name("interlock-watch".into())
-        .spawn(move || {
-            let mut buf = vec![0u8; 16 * 1024];
-            // Conf dir names not yet sent (temp files wait for the next real change).
-            let mut names: Vec<OsString> = vec![];
-            let mut unknown = false;
-            loop {
-                // Re-watch directories that went away, once they are back.
-                let mut lost = false;
-                for (path, wd, is_conf) in watched.iter_mut() {
-                    if wd.is_none() {
-                        match ino.watches().add(&*path, mask) {
-                            Ok(w) => {
-                                info!("watching {} again", path.display());
-                                *wd = Some(w);
-                                let wake = if *is_conf {
-                                    Wake::Conf(ConfChange::Unknown)
-                                } else {
-                                    Wake::Bin
-                                };
-                                if tx.send(wake).is_err() {
-                                    return;
-                                }
-                            }
-                            Err(_) => lost = true,
-                        }
-                    }
-                }
-                let events = if lost {
-                    // Poll while a directory is missing (the resync covers the gap).
-                    std::thread::sleep(Duration::from_millis(100));
-                    match ino.read_events(&mut buf) {
-                        Ok(ev) => ev,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                        Err(e) => {
-                            error!("inotify read failed: {e}; relying on periodic resync");
-                            return;
-                        }
-                    }
-                } else {
-                    // Wait with poll, then read without blocking: the crate's blocking read
-                    // clears and sets O_NONBLOCK around every read (4 fcntl calls a wake).
-                    if let Err(e) = wait_readable(&ino) {
-                        error!("inotify poll failed: {e}; relying on periodic resync");
-                        return;
-                    }
-                    match ino.read_events(&mut buf) {
-                        Ok(ev) => ev,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                        Err(e) => {
-                            error!("inotify read failed: {e}; relying on periodic resync");
-                            return;
-                        }
-                    }
-                };
-                let (mut conf, mut bin) = (false, false);
-                for ev in events {
-                    if ev.mask.contains(EventMask::Q_OVERFLOW) {
-                        warn!("inotify queue overflowed: reading the conf dir again in full");
-                        (conf, bin, unknown) = (true, true, true);
-                        continue;
-                    }
-                    let Some(entry) = watched
-                        .iter_mut()
-                        .find(|(_, wd, _)| wd.as_ref() == Some(&ev.wd))
-                    else {
-                        continue;
-                    };
-                    if ev.mask.intersects(
-                        EventMask::IGNORED | EventMask::DELETE_SELF | EventMask::MOVE_SELF,
-                    ) {
-                        warn!(
-                            "{} was removed or moved; watching for it to come back",
-                            entry.0.display()
-                        );
-                        if ev.mask.contains(EventMask::MOVE_SELF) {
-                            let _ = ino.watches().remove(ev.wd.clone());
-                        }
-                        entry.1 = None;
-                    }
-                    if !entry.2 {
-                        bin = true;
-                        continue;
-                    }
-                    let Some(name) = ev.name else {
-                        // The directory itself (moved, removed, its attributes).
-                        (conf, unknown) = (true, true);
-                        continue;
-                    };
-                    // Temp files come and go on every atomic write: the rename that
-                    // follows is what matters (their names go with the next wake, so
-                    // the guard's cache does not keep a stale one).
-                    if !name.as_encoded_bytes().ends_with(b".tmp") {
-                        conf = true;
-                    }
-                    if !names.iter().any(|n| n == name) {
-                        names.push(name.to_os_string());
-                    }
-                }
-                if conf {
-                    let change = if unknown {
-                        names.clear();
-                        ConfChange::Unknown
-                    } else {
-                        ConfChange::Names(std::mem::take(&mut names))
-                    };
-                    unknown = false;
-                    if tx.send(Wake::Conf(change)).is_err() {
-                        return;
-                    }
-                }
-                if bin && tx.send(Wake::Bin).is_err() {
-                    return;
-                }
-            }
-        })?;
+        .spawn(move || watcher.run(&tx))?;
     Ok(())
+}
+
+/// A directory [`spawn_watcher`] watches.
+struct WatchedDir {
+    path: PathBuf,
+    /// `None` while the directory is gone (removed or moved away).
+    wd: Option<inotify::WatchDescriptor>,
+    is_conf: bool,
+}
+
+/// The inotify thread's state.
+struct Watcher {
+    ino: inotify::Inotify,
+    mask: inotify::WatchMask,
+    watched: Vec<WatchedDir>,
+    /// Conf dir names not yet sent (temp files wait for the next real change).
+    names: Vec<OsString>,
+    /// The conf dir changed in a way its names do not tell: read it in full.
+    unknown: bool,
+}
+
+/// What a batch of events woke: the conf dir, the bin dirs.
+#[derive(Default)]
+struct Woken {
+    conf: bool,
+    bin: bool,
+}
+
+/// The outcome of one read of the inotify descriptor.
+enum Read<'b> {
+    Events(inotify::Events<'b>),
+    /// Nothing to read yet.
+    Nothing,
+    /// The descriptor failed (logged): the periodic resync is all that is left.
+    Failed,
+}
+
+impl Watcher {
+    fn new(conf_dir: &Path, bin_dirs: &[PathBuf]) -> std::io::Result<Watcher> {
+        use inotify::{Inotify, WatchMask};
+        let ino = Inotify::init()?;
+        let mask = WatchMask::CREATE
+            | WatchMask::DELETE
+            | WatchMask::MODIFY
+            | WatchMask::CLOSE_WRITE
+            | WatchMask::MOVED_TO
+            | WatchMask::MOVED_FROM
+            | WatchMask::ATTRIB
+            | WatchMask::DELETE_SELF
+            | WatchMask::MOVE_SELF;
+        let mut watched = vec![WatchedDir {
+            path: conf_dir.to_path_buf(),
+            wd: Some(ino.watches().add(conf_dir, mask)?),
+            is_conf: true,
+        }];
+        for b in bin_dirs {
+            watched.push(WatchedDir {
+                path: b.clone(),
+                wd: Some(ino.watches().add(b, mask)?),
+                is_conf: false,
+            });
+        }
+        Ok(Watcher {
+            ino,
+            mask,
+            watched,
+            names: vec![],
+            unknown: false,
+        })
+    }
+
+    /// Sends a [`Wake`] per batch of events until the receiver is gone or inotify fails.
+    fn run(mut self, tx: &std::sync::mpsc::Sender<Wake>) {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let Some(lost) = self.rewatch(tx) else {
+                return;
+            };
+            let events = match self.read(&mut buf, lost) {
+                Read::Events(ev) => ev,
+                Read::Nothing => continue,
+                Read::Failed => return,
+            };
+            let mut woken = Woken::default();
+            for ev in events {
+                self.note(ev, &mut woken);
+            }
+            if !self.send(woken, tx) {
+                return;
+            }
+        }
+    }
+
+    /// Re-watches directories that went away, once they are back (each one back is a
+    /// wake). Returns whether one is still missing; `None` once the receiver is gone.
+    fn rewatch(&mut self, tx: &std::sync::mpsc::Sender<Wake>) -> Option<bool> {
+        let mut lost = false;
+        for dir in self.watched.iter_mut().filter(|d| d.wd.is_none()) {
+            match self.ino.watches().add(&dir.path, self.mask) {
+                Ok(w) => {
+                    info!("watching {} again", dir.path.display());
+                    dir.wd = Some(w);
+                    let wake = if dir.is_conf {
+                        Wake::Conf(ConfChange::Unknown)
+                    } else {
+                        Wake::Bin
+                    };
+                    if tx.send(wake).is_err() {
+                        return None;
+                    }
+                }
+                Err(_) => lost = true,
+            }
+        }
+        Some(lost)
+    }
+
+    /// Reads the next batch of events: polling while a directory is missing, else waiting
+    /// until there is one.
+    fn read<'b>(&mut self, buf: &'b mut [u8], lost: bool) -> Read<'b> {
+        if lost {
+            // Poll while a directory is missing (the resync covers the gap).
+            std::thread::sleep(Duration::from_millis(100));
+        } else {
+            // Wait with poll, then read without blocking: the crate's blocking read
+            // clears and sets O_NONBLOCK around every read (4 fcntl calls a wake).
+            if let Err(e) = wait_readable(&self.ino) {
+                error!("inotify poll failed: {e}; relying on periodic resync");
+                return Read::Failed;
+            }
+        }
+        match self.ino.read_events(buf) {
+            Ok(ev) => Read::Events(ev),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Read::Nothing,
+            Err(e) => {
+                error!("inotify read failed: {e}; relying on periodic resync");
+                Read::Failed
+            }
+        }
+    }
+
+    /// Takes one event into `woken` (and the conf dir's pending names).
+    fn note(&mut self, ev: inotify::Event<&std::ffi::OsStr>, woken: &mut Woken) {
+        use inotify::EventMask;
+        if ev.mask.contains(EventMask::Q_OVERFLOW) {
+            warn!("inotify queue overflowed: reading the conf dir again in full");
+            (woken.conf, woken.bin, self.unknown) = (true, true, true);
+            return;
+        }
+        let Some(dir) = self
+            .watched
+            .iter_mut()
+            .find(|d| d.wd.as_ref() == Some(&ev.wd))
+        else {
+            return;
+        };
+        if ev
+            .mask
+            .intersects(EventMask::IGNORED | EventMask::DELETE_SELF | EventMask::MOVE_SELF)
+        {
+            warn!(
+                "{} was removed or moved; watching for it to come back",
+                dir.path.display()
+            );
+            if ev.mask.contains(EventMask::MOVE_SELF) {
+                let _ = self.ino.watches().remove(ev.wd.clone());
+            }
+            dir.wd = None;
+        }
+        if !dir.is_conf {
+            woken.bin = true;
+            return;
+        }
+        let Some(name) = ev.name else {
+            // The directory itself (moved, removed, its attributes).
+            (woken.conf, self.unknown) = (true, true);
+            return;
+        };
+        // Temp files come and go on every atomic write: the rename that follows is what
+        // matters (their names go with the next wake, so the guard's cache does not keep
+        // a stale one).
+        if !name.as_encoded_bytes().ends_with(b".tmp") {
+            woken.conf = true;
+        }
+        if !self.names.iter().any(|n| n == name) {
+            self.names.push(name.to_os_string());
+        }
+    }
+
+    /// Sends the wakes of a batch; false once the receiver is gone.
+    fn send(&mut self, woken: Woken, tx: &std::sync::mpsc::Sender<Wake>) -> bool {
+        if woken.conf {
+            let change = if self.unknown {
+                self.names.clear();
+                ConfChange::Unknown
+            } else {
+                ConfChange::Names(std::mem::take(&mut self.names))
+            };
+            self.unknown = false;
+            if tx.send(Wake::Conf(change)).is_err() {
+                return false;
+            }
+        }
+        !(woken.bin && tx.send(Wake::Bin).is_err())
+    }
 }
 
 #[cfg(test)]
