@@ -29,6 +29,14 @@
 //!   [`health::verdicts`] decides what the endpoints answer (pure), and
 //!   [`health::telemetry`] sets up the logs.
 //!
+//! Tests: the pure decisions are tested beside them, the Kubernetes side against the fake
+//! API in `crates/agent/tests/kube.rs`. The agent as a process (the built `interlock`
+//! binary, which cargo builds only for its own crate's tests) is tested in
+//! `crates/cli/tests/it/`: `agent.rs` (the guard and its files), `audit.rs` (audit and
+//! repair on a real containerd), `kube_agent.rs` (gating and Events, against the fake API), `agent_socket*.rs`,
+//! `crash.rs`, `stalled_guard.rs`, `health_flood.rs`, `node_scope.rs`, `upgrade.rs` and
+//! `uninstall_on_exit.rs`.
+//!
 //! Readiness is one value with one path: [`guard::readiness`] decides it from what the
 //! guard found, the guard publishes it in [`health::shared::Shared`] (and the marker),
 //! [`health::verdicts`] turns it into `/readyz`'s answer (stale when the guard stops), and
