@@ -371,35 +371,10 @@ fn burst(way: &mut Way, n: usize) -> anyhow::Result<()> {
 /// (`None`: containerd not running, or `/proc` unreadable).
 fn cpu_use(way: &Way) -> Option<(Duration, Duration)> {
     let agent = match way.name {
-        "interlock" => cpu_of(way.node.agent(|a| a.pid()))?,
+        "interlock" => crate::repair::cpu_time(way.node.agent(|a| a.pid()))?,
         _ => Duration::ZERO,
     };
-    Some((agent, cpu_of(way.node.containerd_pid()?)?))
-}
-
-/// The CPU time (user + system, every thread's, ended ones too) of process `pid`, from
-/// `/proc/PID/stat`.
-fn cpu_of(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // utime and stime are the 14th and 15th fields; the command before them, in
-    // parentheses, may hold spaces.
-    let after_comm: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks =
-        after_comm.get(11)?.parse::<u64>().ok()? + after_comm.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_secs_f64(ticks as f64 / clock_ticks_per_s()?))
-}
-
-/// The kernel's clock ticks per second for `/proc` times (`getconf CLK_TCK`).
-fn clock_ticks_per_s() -> Option<f64> {
-    static HZ: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
-    *HZ.get_or_init(|| {
-        let out = std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()?;
-        let hz: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-        (hz > 0.0).then_some(hz)
-    })
+    Some((agent, crate::repair::cpu_time(way.node.containerd_pid()?)?))
 }
 
 fn ms(s: &Option<Summary>) -> Value {
