@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 /// The plugin binary's name and `type`.
 pub const PLUGIN_TYPE: &str = "interlock-cni";
 
+use crate::guard::GuardRole;
 pub use crate::layout::DEFAULT_STATE_DIR;
 use crate::profile::ProfileName;
 
@@ -159,6 +160,10 @@ pub struct PluginConfig {
     /// Capabilities declared to the runtime (`io.kubernetes.cri.pod-annotations`).
     #[serde(default)]
     pub capabilities: BTreeMap<String, bool>,
+    /// Guard mode: the plugin writes no rules and guards the mesh plugin that follows it
+    /// in the chain. Absent in interlock's own (redirecting) role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<GuardRole>,
 }
 
 fn default_profiles() -> Vec<ProfileName> {
@@ -178,6 +183,7 @@ impl Default for PluginConfig {
             backend: BackendChoice::default(),
             profiles: default_profiles(),
             capabilities: BTreeMap::from([(POD_ANNOTATIONS_CAPABILITY.to_string(), true)]),
+            guard: None,
         }
     }
 }
@@ -282,6 +288,7 @@ impl PluginConfig {
             backend: field(map, "backend")?.unwrap_or_default(),
             profiles,
             capabilities: field(map, "capabilities")?.unwrap_or_default(),
+            guard: field(map, "guard")?,
         })
     }
 
@@ -318,6 +325,16 @@ mod tests {
         assert_eq!(c.failure_policy, FailurePolicy::Closed);
         assert_eq!(c.backend, BackendChoice::Auto);
         assert_eq!(c.profiles, ProfileName::ALL.to_vec());
+        assert_eq!(c.guard, None);
+        let g = parse(json!({"type": "interlock-cni", "guard": {"mesh": "istio", "hold": true}}))
+            .unwrap();
+        let role = g.guard.clone().unwrap();
+        assert_eq!(role.mesh, crate::guard::GuardedMesh::Istio);
+        assert!(role.hold);
+        assert_eq!(
+            PluginConfig::from_map(g.to_value().as_object().unwrap()).unwrap(),
+            g
+        );
         let c = parse(json!({
             "type": "interlock-cni", "name": "k8s", "cniVersion": "1.0.0", "someFutureField": 1,
             "stateDir": "/run/il", "logFile": "/var/log/il.log", "logLevel": "debug",
@@ -403,6 +420,10 @@ mod tests {
             (
                 json!({"type": "interlock-cni", "kubeconfig": "/etc/kubeconfig"}),
                 "kubeconfig",
+            ),
+            (
+                json!({"type": "interlock-cni", "guard": {"mesh": "cilium"}}),
+                "guard",
             ),
         ];
         for (doc, expected) in cases {

@@ -7,6 +7,7 @@
 //!   agent-ready.json               the agent's readiness marker (crate::marker)
 //!   agent.sock                     the agent socket (crate::agent_socket)
 //!   backend-detected.json          the plugin's cached `backend: auto` detection
+//!   guard-entry.json               guard mode: the mesh plugin entry last learnt
 //!   attachments/<id>+<ifname>.json one per attachment (or h-<sha256>.json for long ids)
 //!   netns/<dev>-<ino>.json|.lock   one per protected pod netns, and its lock
 //! ```
@@ -25,6 +26,10 @@ pub const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
 /// that the moment the primary writes its file the runtime still loads a config that
 /// holds pods back until the agent has chained interlock-cni after the primary.
 pub const HOLDING_NETWORK: &str = "interlock-waiting-for-primary";
+
+/// Guard mode: the mesh plugin entry the agent last learnt, kept in the state dir so a
+/// restarted agent guards without a window.
+pub const GUARD_ENTRY_FILE: &str = "guard-entry.json";
 
 /// The readiness marker's file name in the state dir.
 pub const MARKER_FILE: &str = "agent-ready.json";

@@ -3,7 +3,8 @@
 //! readiness marker ([`marker`]), the agent socket's messages ([`agent_socket`]), the
 //! Kubernetes names users configure node pools and alerts with ([`names`]), file names and
 //! the state dir's layout ([`layout`]), CNI and interlock error codes with the steps they
-//! belong to ([`codes`]), the records the plugin keeps per attachment and per netns
+//! belong to ([`codes`]), the meshes whose own plugin guard mode keeps in the chain
+//! ([`guard`]), the records the plugin keeps per attachment and per netns
 //! ([`state`]), atomic writes for all of these files ([`atomic`]) and bounded reads of
 //! files others may have planted ([`bounded`]), file names made safe to print
 //! ([`shown`]), and the one clock and timestamp format of every log ([`time`]).
@@ -16,6 +17,7 @@ pub mod atomic;
 pub mod bounded;
 pub mod codes;
 pub mod config;
+pub mod guard;
 pub mod layout;
 pub mod marker;
 pub mod names;
