@@ -156,6 +156,9 @@ pub struct AgentConfig {
     /// The sandbox audit (`--cri-endpoint`, `--audit-interval`, `--repair-policy`);
     /// `None`: no audit (`--cri-endpoint none`).
     pub audit: Option<audit::AuditSettings>,
+    /// Guard mode (`--guard-mesh`): the mesh whose own CNI plugin the agent keeps in the
+    /// chain, with `interlock-cni` in its guard role; `None`: interlock redirects itself.
+    pub guard: Option<interlock_contract::guard::GuardedMesh>,
 }
 
 impl AgentConfig {
@@ -187,6 +190,7 @@ impl AgentConfig {
             runtime_configs: None,
             primary_wait_hint: guard::PRIMARY_WAIT_HINT,
             audit: Some(audit::AuditSettings::default()),
+            guard: None,
         }
     }
 
