@@ -12,6 +12,10 @@ use clap::Args;
 use std::path::PathBuf;
 pub use values::Values;
 
+/// The ConfigMap of the agents' `INTERLOCK_*` settings (`check cluster` reads guard mode
+/// from it).
+pub const AGENT_CONFIG_MAP: &str = "interlock-config";
+
 /// `interlock manifests` flags.
 #[derive(Debug, Args)]
 pub struct ManifestsArgs {

@@ -262,11 +262,17 @@ fn agent_config(v: &Values) -> ConfigMap {
     if !v.max_cni_version.is_empty() {
         data.insert("INTERLOCK_MAX_CNI_VERSION", v.max_cni_version.clone());
     }
+    if !v.guard_mesh.is_empty() {
+        data.insert("INTERLOCK_GUARD_MESH", v.guard_mesh.clone());
+    }
+    if v.uninstall_on_exit != "false" {
+        data.insert("INTERLOCK_UNINSTALL_ON_EXIT", v.uninstall_on_exit.clone());
+    }
     if !v.chain_target.is_empty() {
         data.insert("INTERLOCK_CHAIN_TARGET", v.chain_target.clone());
     }
     ConfigMap {
-        metadata: meta(v, "interlock-config", true),
+        metadata: meta(v, super::AGENT_CONFIG_MAP, true),
         data: Some(data.into_iter().map(|(k, v)| (k.to_string(), v)).collect()),
         ..Default::default()
     }
@@ -332,7 +338,7 @@ fn agent_container(v: &Values) -> Container {
         command: Some(strings(&["/usr/local/bin/interlock", "agent"])),
         env_from: Some(vec![EnvFromSource {
             config_map_ref: Some(ConfigMapEnvSource {
-                name: "interlock-config".into(),
+                name: super::AGENT_CONFIG_MAP.into(),
                 ..Default::default()
             }),
             ..Default::default()

@@ -20,8 +20,13 @@ pub struct Values {
     pub image_pull_secrets: Vec<String>,
     /// The namespace interlock runs in.
     pub namespace: String,
-    /// `owned` or `chain`.
+    /// `owned`, `chain` or `guard`.
     pub config_mode: String,
+    /// Guard mode: the mesh whose own CNI plugin the agent guards (`istio`, `linkerd`,
+    /// `consul`, `kuma`; `""` outside guard mode).
+    pub guard_mesh: String,
+    /// What the agent removes when it exits: `false`, `true` or `when-deleted`.
+    pub uninstall_on_exit: String,
     /// Chain mode: the file to chain into (`""`: the one the runtime loads).
     pub chain_target: String,
     /// `containerd` or `crio`.
@@ -117,6 +122,7 @@ pub const KEYS: &[(&str, Shape)] = &[
     ("namespace", Shape::Scalar),
     ("configMode", Shape::Scalar),
     ("chainTarget", Shape::Scalar),
+    ("guardMesh", Shape::Scalar),
     ("runtime", Shape::Scalar),
     ("repairPolicy", Shape::Scalar),
     ("taintEffect", Shape::Scalar),
@@ -140,6 +146,7 @@ pub const KEYS: &[(&str, Shape)] = &[
     ("logLevel", Shape::Scalar),
     ("logFormat", Shape::Scalar),
     ("auditInterval", Shape::Scalar),
+    ("uninstallOnExit", Shape::Scalar),
     ("allowAhead", Shape::List),
     ("maxCniVersion", Shape::Scalar),
     ("failurePolicy", Shape::Scalar),
@@ -169,6 +176,8 @@ impl Default for Values {
             namespace: "interlock-system".into(),
             config_mode: "owned".into(),
             chain_target: String::new(),
+            guard_mesh: String::new(),
+            uninstall_on_exit: "false".into(),
             runtime: "containerd".into(),
             repair_policy: "repair".into(),
             taint_effect: "NoSchedule".into(),
@@ -671,7 +680,18 @@ impl Values {
     fn apply_agent_key(&mut self, k: &str, value: &Value) -> Result<bool, String> {
         let s = || scalar(k, value);
         match k {
-            "configMode" => self.config_mode = one_of(k, &s()?, &["owned", "chain"])?,
+            "configMode" => self.config_mode = one_of(k, &s()?, &["owned", "chain", "guard"])?,
+            "guardMesh" => {
+                let v = s()?;
+                self.guard_mesh = if v.is_empty() {
+                    v
+                } else {
+                    one_of(k, &v, &["istio", "linkerd", "consul", "kuma"])?
+                };
+            }
+            "uninstallOnExit" => {
+                self.uninstall_on_exit = one_of(k, &s()?, &["false", "true", "when-deleted"])?
+            }
             "chainTarget" => {
                 let v = s()?;
                 self.chain_target = if v.is_empty() { v } else { file_name(k, &v)? };
@@ -789,7 +809,17 @@ impl Values {
                 self.chain_target, self.config_mode
             ));
         }
-        Ok(())
+        match (self.config_mode == "guard", self.guard_mesh.is_empty()) {
+            (true, true) => Err(
+                "configMode=guard: guardMesh must name the mesh whose CNI plugin to guard (istio, linkerd, consul or kuma)"
+                    .to_string(),
+            ),
+            (false, false) => Err(format!(
+                "guardMesh={:?}: only with configMode=guard (configMode is {})",
+                self.guard_mesh, self.config_mode
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// What the operator should know before applying these settings.
@@ -799,6 +829,12 @@ impl Values {
             w.push(format!(
                 "taintEffect=NoExecute: a loss of protection longer than {} s evicts every pod on the node that does not tolerate interlock.dev/not-ready (a primary CNI's restart can cause one); NoSchedule only keeps new pods away",
                 interlock_agent::kubernetes::gating::LOSS_DEBOUNCE.as_secs()
+            ));
+        }
+        if self.guard_mesh == "consul" && self.taint_effect != "none" {
+            w.push(format!(
+                "guardMesh=consul: Consul's CNI DaemonSet does not tolerate the startup taint interlock.dev/not-ready:{}; add that toleration to it, or set taintEffect=none, or its pod never starts on a tainted node",
+                self.taint_effect
             ));
         }
         if self.failure_policy == "open" {

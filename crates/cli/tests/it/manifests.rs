@@ -506,6 +506,7 @@ annotations:
 logLevel: interlock_agent=debug,info
 logFormat: json
 auditInterval: 2.5
+uninstallOnExit: when-deleted
 allowAhead: [00-multus.conf, 01-sriov.conflist]
 maxCniVersion: 0.4.0
 failurePolicy: open
@@ -513,6 +514,10 @@ backend: iptables-nft
 logFile: /var/log/interlock-cni.log
 pluginLogLevel: debug
 "#;
+
+/// The keys [`EVERY_KEY`] cannot set with the others: guard mode's, which exclude chain
+/// mode's `chainTarget`.
+const GUARD_KEYS: &str = "configMode: guard\nguardMesh: consul\n";
 
 /// The keys docs/install.md documents, from its settings table (`| \`key\` | …`).
 fn documented_keys() -> BTreeSet<String> {
@@ -554,12 +559,52 @@ fn every_setting_is_documented_and_covered_by_the_values_file_test() {
         .collect();
     assert!(known.len() >= 35, "{known:?}");
     assert_eq!(documented_keys(), known, "docs/install.md's settings table");
-    let in_file: BTreeSet<String> =
-        serde_yaml_ng::from_str::<BTreeMap<String, serde_yaml_ng::Value>>(EVERY_KEY)
-            .unwrap()
-            .into_keys()
-            .collect();
-    assert_eq!(in_file, known, "the values file of the test below");
+    let in_file: BTreeSet<String> = [EVERY_KEY, GUARD_KEYS]
+        .into_iter()
+        .flat_map(|f| {
+            serde_yaml_ng::from_str::<BTreeMap<String, serde_yaml_ng::Value>>(f)
+                .unwrap()
+                .into_keys()
+        })
+        .collect();
+    assert_eq!(
+        in_file, known,
+        "the values files of a_values_file_sets_every_key and guard_mode_is_a_mode_with_its_mesh"
+    );
+}
+
+/// Guard mode renders its mesh into the agent's environment, needs one, and warns that
+/// Consul's CNI DaemonSet does not tolerate the startup taint.
+#[test]
+fn guard_mode_is_a_mode_with_its_mesh() {
+    let (code, yaml, err) = manifests_with(GUARD_KEYS, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("guardMesh=consul") && err.contains("toleration"),
+        "{err}"
+    );
+    let cm = docs(&yaml)
+        .into_iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "interlock-config")
+        .expect("the agent's ConfigMap");
+    let data = serde_json::from_value::<ConfigMap>(cm)
+        .unwrap()
+        .data
+        .unwrap();
+    assert_eq!(data["INTERLOCK_CONFIG_MODE"], "guard");
+    assert_eq!(data["INTERLOCK_GUARD_MESH"], "consul");
+    let (code, _, err) = manifests_with(GUARD_KEYS, &["taintEffect=none"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("toleration"), "{err}");
+    for (set, says) in [
+        (&["guardMesh="][..], "guardMesh must name"),
+        (&["configMode=owned"][..], "only with configMode=guard"),
+        (&["guardMesh=cilium"][..], "guardMesh"),
+    ] {
+        let (code, _, err) = manifests_with(GUARD_KEYS, set);
+        assert_ne!(code, Some(0), "{set:?}");
+        assert!(err.contains(says), "{set:?}: {err}");
+    }
 }
 
 #[test]
@@ -657,6 +702,7 @@ fn a_values_file_sets_every_key() {
         ("INTERLOCK_LOG", "interlock_agent=debug,info"),
         ("INTERLOCK_LOG_FORMAT", "json"),
         ("INTERLOCK_AUDIT_INTERVAL", "2.5"),
+        ("INTERLOCK_UNINSTALL_ON_EXIT", "when-deleted"),
         ("INTERLOCK_ALLOW_AHEAD", "00-multus.conf,01-sriov.conflist"),
         ("INTERLOCK_MAX_CNI_VERSION", "0.4.0"),
     ] {
