@@ -103,7 +103,7 @@ pub struct AgentPodFacts {
 }
 
 /// A DaemonSet of another mesh's CNI plugin (its chart's name or labels).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MeshCniFacts {
     /// `istio-cni`, `linkerd-cni`, `consul-cni` or `kuma-cni`.
     pub mesh: &'static str,
@@ -111,6 +111,40 @@ pub struct MeshCniFacts {
     pub daemonset: String,
     /// The nodes its pods run on.
     pub nodes: Vec<String>,
+    /// Its pods' tolerations.
+    pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+}
+
+/// Guard mode as interlock's ConfigMap sets it for every agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardFacts {
+    /// The guarded mesh's plugin type (`istio-cni`, …).
+    pub plugin: &'static str,
+    /// The startup taint's effect the agents use (`none`: no taint).
+    pub taint_effect: String,
+}
+
+/// Whether `tolerations` let a pod onto a node tainted `key` with `effect`, as the
+/// scheduler matches them (an empty key with `Exists` tolerates every taint; an empty
+/// effect, every effect).
+pub fn tolerates(
+    tolerations: &[k8s_openapi::api::core::v1::Toleration],
+    key: &str,
+    effect: &str,
+) -> bool {
+    tolerations.iter().any(|t| {
+        let exists = t.operator.as_deref() == Some("Exists");
+        let key_ok = match t.key.as_deref() {
+            None | Some("") => exists,
+            Some(k) => k == key,
+        };
+        let value_ok = exists || t.value.as_deref().unwrap_or("") == "true";
+        let effect_ok = t
+            .effect
+            .as_deref()
+            .is_none_or(|e| e.is_empty() || e == effect);
+        key_ok && value_ok && effect_ok
+    })
 }
 
 /// A Karpenter NodePool (`karpenter.sh/v1`) and where it puts interlock's startup taint.
@@ -150,7 +184,7 @@ pub struct PodRef {
 }
 
 /// Everything [`judge_cluster`] looks at.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ClusterFacts {
     /// The version of this `interlock` (the CLI), `major.minor.patch`.
     pub cli_version: String,
@@ -169,6 +203,8 @@ pub struct ClusterFacts {
     /// Karpenter's NodePools (empty: Karpenter is not installed), or why they could not
     /// be listed.
     pub node_pools: Result<Vec<NodePoolFacts>, String>,
+    /// Guard mode, when interlock's ConfigMap turns it on.
+    pub guard: Option<GuardFacts>,
 }
 
 impl Default for ClusterFacts {
@@ -182,6 +218,7 @@ impl Default for ClusterFacts {
             mesh_cni: Ok(Vec::new()),
             daemonset: None,
             node_pools: Ok(Vec::new()),
+            guard: None,
         }
     }
 }
@@ -315,6 +352,15 @@ fn hint(id: &str, ns: &str) -> String {
         "cluster.other-mesh-cni-elsewhere" => format!(
             "fine while you move one node pool at a time; when every pool runs interlock, remove it (docs/migration.md#one-node-pool-at-a-time) ({DOC_CLUSTER})"
         ),
+        "cluster.guarded-mesh-cni-missing" => format!(
+            "install the mesh's CNI (its DaemonSet) or run the agents without guard mode (interlock manifests --set configMode=owned): until then they hold every meshed pod (docs/guard-mode.md) ({DOC_CLUSTER})"
+        ),
+        "cluster.guarded-mesh-cni-untolerated" => format!(
+            "add the toleration {{key: {TAINT_NOT_READY}, operator: Exists}} to the mesh's CNI DaemonSet, or set taintEffect none: a node the agent taints before the mesh's plugin is there would keep its taint for good (docs/guard-mode.md#consul-consul-cni) ({DOC_CLUSTER})"
+        ),
+        "cluster.guarded-mesh-cni-absent" => format!(
+            "the agents there hold meshed pods until the mesh's CNI pod runs: look at its DaemonSet's nodeSelector and tolerations (docs/guard-mode.md) ({DOC_CLUSTER})"
+        ),
         "cluster.daemonsets-unreadable" => format!(
             "grant list on daemonsets.apps in every namespace to see leftover mesh CNI DaemonSets (kubectl auth can-i list daemonsets.apps -A) ({DOC_CHECK})"
         ),
@@ -354,6 +400,13 @@ fn what(id: &str) -> &'static str {
         "cluster.other-mesh-cni" => "another mesh's CNI DaemonSet runs on nodes with interlock",
         "cluster.other-mesh-cni-elsewhere" => "another mesh's CNI DaemonSet is still installed",
         "cluster.daemonsets-unreadable" => "other meshes' CNI DaemonSets not looked for",
+        "cluster.guarded-mesh-cni-missing" => "the guarded mesh's CNI DaemonSet is missing",
+        "cluster.guarded-mesh-cni-untolerated" => {
+            "the guarded mesh's CNI DaemonSet does not tolerate the startup taint"
+        }
+        "cluster.guarded-mesh-cni-absent" => {
+            "nodes with an agent but no pod of the guarded mesh's CNI"
+        }
         "cluster.nodepool-no-startup-taint" => "Karpenter NodePools without the startup taint",
         "cluster.nodepool-permanent-taint" => {
             "Karpenter NodePools with the startup taint as a permanent taint"
@@ -641,7 +694,11 @@ fn mesh_cni_findings(f: &ClusterFacts, kinds: &mut Kinds) {
             e.clone(),
         ),
         Ok(found) => {
-            for m in found {
+            let guarded = f.guard.as_ref().map(|g| g.plugin);
+            if let Some(g) = &f.guard {
+                guarded_mesh_findings(f, g, found, &ours, kinds);
+            }
+            for m in found.iter().filter(|m| Some(m.mesh) != guarded) {
                 let both: Vec<&str> = m
                     .nodes
                     .iter()
@@ -675,6 +732,60 @@ fn mesh_cni_findings(f: &ClusterFacts, kinds: &mut Kinds) {
                 }
             }
         }
+    }
+}
+
+/// Guard mode: the guarded mesh's CNI DaemonSet must run on every node with an agent
+/// (the agents there hold meshed pods until it does) and tolerate the startup taint (a
+/// node tainted for want of it could never get it).
+fn guarded_mesh_findings(
+    f: &ClusterFacts,
+    g: &GuardFacts,
+    found: &[MeshCniFacts],
+    ours: &[&str],
+    kinds: &mut Kinds,
+) {
+    let theirs: Vec<&MeshCniFacts> = found.iter().filter(|m| m.mesh == g.plugin).collect();
+    if theirs.is_empty() {
+        if !f.agents.is_empty() {
+            kinds.add(
+                "cluster.guarded-mesh-cni-missing",
+                Status::Fail,
+                Effect::Risk,
+                format!(
+                    "the agents guard {} but no {} DaemonSet was found",
+                    g.plugin, g.plugin
+                ),
+            );
+        }
+        return;
+    }
+    for m in &theirs {
+        if g.taint_effect != "none" && !tolerates(&m.tolerations, TAINT_NOT_READY, &g.taint_effect)
+        {
+            kinds.add(
+                "cluster.guarded-mesh-cni-untolerated",
+                Status::Fail,
+                Effect::Risk,
+                format!(
+                    "{} DaemonSet {} does not tolerate {TAINT_NOT_READY}:{}",
+                    m.mesh, m.daemonset, g.taint_effect
+                ),
+            );
+        }
+    }
+    let without: Vec<&str> = ours
+        .iter()
+        .copied()
+        .filter(|n| !theirs.iter().any(|m| m.nodes.iter().any(|x| x == n)))
+        .collect();
+    if !without.is_empty() {
+        kinds.add(
+            "cluster.guarded-mesh-cni-absent",
+            Status::Fail,
+            Effect::Risk,
+            format!("no {} pod on {}", g.plugin, without.join(", ")),
+        );
     }
 }
 
@@ -982,6 +1093,7 @@ async fn gather(
         .ok()
         .and_then(|list| own_daemonset(&list.items, namespace));
     let node_pools = node_pools(&client, server, creds).await;
+    let guard = guard_facts(&client, namespace).await;
     let mesh_cni = match daemonsets {
         Err(e) => Err(explain(
             &Call::new("list", "daemonsets.apps", "in every namespace".into()),
@@ -1004,6 +1116,7 @@ async fn gather(
         mesh_cni,
         daemonset,
         node_pools,
+        guard,
         nodes: nodes.items.iter().map(node_facts).collect(),
         agents: agents.items.iter().map(agent_facts).collect(),
         unprotected: unprotected
@@ -1015,6 +1128,30 @@ async fn gather(
                 node: node_of(p),
             })
             .collect(),
+    })
+}
+
+/// Guard mode from interlock's ConfigMap (`interlock manifests` renders the agents'
+/// settings there). Not readable or not there: judged as interlock's own mode, which is
+/// what the node checks then show.
+async fn guard_facts(client: &kube::Client, namespace: &str) -> Option<GuardFacts> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let cm = kube::api::Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .get_opt(CONFIG_MAP_NAME)
+        .await
+        .ok()??;
+    let data = cm.data?;
+    if data.get("INTERLOCK_CONFIG_MODE").map(String::as_str) != Some("guard") {
+        return None;
+    }
+    let mesh: interlock_contract::guard::GuardedMesh =
+        data.get("INTERLOCK_GUARD_MESH")?.parse().ok()?;
+    Some(GuardFacts {
+        plugin: mesh.plugin_type(),
+        taint_effect: data
+            .get("INTERLOCK_TAINT_EFFECT")
+            .cloned()
+            .unwrap_or_else(|| "NoSchedule".into()),
     })
 }
 
@@ -1076,10 +1213,17 @@ async fn mesh_cnis(
                 .filter_map(|p| p.spec.as_ref()?.node_name.clone())
                 .collect()
         };
+        let tolerations = ds
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|p| p.tolerations.clone())
+            .unwrap_or_default();
         found.push(MeshCniFacts {
             mesh,
             daemonset: format!("{ds_ns}/{name}"),
             nodes,
+            tolerations,
         });
     }
     Ok(found)
@@ -1116,6 +1260,8 @@ fn node_facts(n: &k8s_openapi::api::core::v1::Node) -> NodeFacts {
 
 /// The name `interlock manifests` gives the agent's DaemonSet.
 const DAEMONSET_NAME: &str = "interlock-node";
+/// The agents' settings, as `interlock manifests` renders them.
+const CONFIG_MAP_NAME: &str = crate::manifests::AGENT_CONFIG_MAP;
 
 /// Karpenter's NodePools and where each puts the startup taint. A cluster without
 /// Karpenter serves no such resource (404): no pools, nothing to say.
@@ -1787,11 +1933,13 @@ mod tests {
                     mesh: "istio-cni",
                     daemonset: "istio-system/istio-cni-node".into(),
                     nodes: vec!["a".into(), "b".into()],
+                    tolerations: vec![],
                 },
                 MeshCniFacts {
                     mesh: "linkerd-cni",
                     daemonset: "linkerd-cni/linkerd-cni".into(),
                     nodes: vec!["b".into()],
+                    tolerations: vec![],
                 },
             ]),
             ..Default::default()
@@ -1823,6 +1971,53 @@ mod tests {
             .findings
             .iter()
             .any(|f| f.id == "cluster.daemonsets-unreadable" && f.status == Status::Warn));
+    }
+
+    /// Tolerations match as the scheduler matches them.
+    #[test]
+    fn tolerations_match_key_value_and_effect() {
+        use k8s_openapi::api::core::v1::Toleration;
+        let t =
+            |key: Option<&str>, op: &str, value: Option<&str>, effect: Option<&str>| Toleration {
+                key: key.map(str::to_string),
+                operator: Some(op.to_string()),
+                value: value.map(str::to_string),
+                effect: effect.map(str::to_string),
+                ..Default::default()
+            };
+        let k = TAINT_NOT_READY;
+        for (tols, effect, want) in [
+            (vec![t(None, "Exists", None, None)], "NoSchedule", true),
+            (
+                vec![t(None, "Exists", None, Some("NoSchedule"))],
+                "NoSchedule",
+                true,
+            ),
+            (
+                vec![t(None, "Exists", None, Some("NoExecute"))],
+                "NoSchedule",
+                false,
+            ),
+            (vec![t(Some(k), "Exists", None, None)], "NoExecute", true),
+            (
+                vec![t(Some(k), "Equal", Some("true"), Some("NoSchedule"))],
+                "NoSchedule",
+                true,
+            ),
+            (
+                vec![t(Some(k), "Equal", Some("false"), None)],
+                "NoSchedule",
+                false,
+            ),
+            (
+                vec![t(Some("CriticalAddonsOnly"), "Exists", None, None)],
+                "NoSchedule",
+                false,
+            ),
+            (vec![], "NoSchedule", false),
+        ] {
+            assert_eq!(tolerates(&tols, k, effect), want, "{tols:?} {effect}");
+        }
     }
 
     /// Karpenter's NodePools: without the startup taint, or with it as a permanent taint,

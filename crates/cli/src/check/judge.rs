@@ -5,6 +5,7 @@
 use super::sandboxes::{SandboxVerdict, SandboxesSeen};
 use interlock_confdir::{self as confdir, Effective};
 use interlock_contract::config::{PLUGIN_TYPE, POD_ANNOTATIONS_CAPABILITY};
+use interlock_contract::guard::GuardRole;
 use interlock_contract::marker::ReadinessMarker;
 use interlock_contract::shown::{shown, shown_os};
 use serde::Serialize;
@@ -224,6 +225,9 @@ const HINT_WAITING_FOR_PRIMARY: &str = "look at the primary CNI (its DaemonSet a
 const HINT_VERSION: &str = "use a cniVersion interlock-cni supports (INTERLOCK_MAX_CNI_VERSION caps what the agent writes)";
 const HINT_CAPABILITY: &str = "let the agent write the entry, or add \"capabilities\": {\"io.kubernetes.cri.pod-annotations\": true} to it";
 const HINT_PLUGIN_MISSING: &str = "install the primary's plugin binaries into the bin dir (the primary CNI's DaemonSet does this), or fix INTERLOCK_CNI_BIN_DIR";
+const HINT_GUARD_HOLD: &str = "the mesh's CNI DaemonSet is not (or not yet) installed on this node: see `kubectl get pods -A -o wide` for its pod here and the agent's log for what it waits for (docs/guard-mode.md)";
+const HINT_GUARD_MISSING: &str = "the agent is not running or not in guard mode: see `interlock check` after the agent is up (docs/guard-mode.md)";
+const HINT_GUARD_ORDER: &str = "the mesh's installer placed its entry before interlock-cni: the agent keeps the order it finds rather than fight it (docs/guard-mode.md)";
 const HINT_OTHER_MESH: &str = "remove the mesh's own CNI plugin (its CNI DaemonSet) before relying on interlock: see docs/migration.md";
 const HINT_STALE: &str = "start the interlock agent (it rewrites the copy at once); until then pods get the old settings";
 const HINT_BINARY_MISSING: &str =
@@ -309,6 +313,7 @@ fn config_findings(o: &Observed<'_>) -> (Vec<Finding>, bool) {
     let (mut f, config_runs_us) = entry_findings(o, &file);
     if config_runs_us {
         f.extend(other_mesh_finding(&file));
+        f.extend(guard_finding(&file));
     }
     f.extend(plugin_missing_finding(o, &file));
     if config_runs_us {
@@ -324,13 +329,20 @@ struct LoadedFile<'a> {
     name: String,
     /// Its plugin types, in order, joined by arrows.
     chain: String,
-    /// The other meshes' redirectors it runs ([`OTHER_MESH_PLUGINS`]).
+    /// The other meshes' redirectors it runs ([`OTHER_MESH_PLUGINS`]), but for the one
+    /// interlock-cni guards.
     other_meshes: Vec<&'static str>,
+    /// interlock-cni's guard role in this file, when it guards a mesh's own plugin.
+    guard: Option<GuardRole>,
+    /// The file's plugin types, in order.
+    types: Vec<String>,
 }
 
 impl<'a> LoadedFile<'a> {
     fn of(chosen: &'a confdir::Chosen) -> LoadedFile<'a> {
         let types = chain_types(&chosen.list);
+        let guard = guard_role(&chosen.list);
+        let guarded = guard.as_ref().map(|g| g.mesh.plugin_type());
         LoadedFile {
             chosen,
             name: shown_os(chosen.path.file_name().unwrap_or_default()),
@@ -338,9 +350,76 @@ impl<'a> LoadedFile<'a> {
             other_meshes: OTHER_MESH_PLUGINS
                 .iter()
                 .copied()
-                .filter(|m| types.iter().any(|t| t == m))
+                .filter(|m| Some(*m) != guarded && types.iter().any(|t| t == m))
                 .collect(),
+            guard,
+            types,
         }
+    }
+}
+
+/// The guard role of the first interlock-cni entry of `list`, if it has one that parses
+/// (one that does not is the plugin's error to report at ADD, and `entry_findings`').
+fn guard_role(list: &interlock_libcni::NetworkConfigList) -> Option<GuardRole> {
+    let entry = list
+        .plugins()
+        .iter()
+        .find(|p| p.get("type").and_then(|t| t.as_str()) == Some(PLUGIN_TYPE))?;
+    serde_json::from_value(entry.get("guard")?.clone()).ok()
+}
+
+/// In guard mode: whether the mesh's own plugin runs after interlock-cni's guard, or the
+/// guard holds meshed pods back, and why.
+fn guard_finding(file: &LoadedFile<'_>) -> Option<Finding> {
+    let role = file.guard.as_ref()?;
+    let t = role.mesh.plugin_type();
+    let name = &file.name;
+    let ours = file.types.iter().position(|x| x == PLUGIN_TYPE);
+    let theirs = file.types.iter().position(|x| x == t);
+    let reason = role
+        .reason
+        .as_deref()
+        .map(|r| format!(" ({r})"))
+        .unwrap_or_default();
+    let finding = |id, status, effect, message: String, hint| {
+        Some(Finding::new(id, "config", status, effect, message, hint))
+    };
+    match (theirs, role.hold) {
+        (None, true) => finding(
+            "guard.hold",
+            Status::Fail,
+            Effect::Risk,
+            format!("{name} holds meshed pods: {t} is not in the chain{reason}; {} pods wait (\"try again later\") until it is, other pods start", role.mesh),
+            HINT_GUARD_HOLD,
+        ),
+        (None, false) => finding(
+            "guard.entry-missing",
+            Status::Fail,
+            Effect::Hole,
+            format!("interlock-cni in {name} guards {t}, but the file does not run it and does not hold: {} pods started now get no redirection", role.mesh),
+            HINT_GUARD_MISSING,
+        ),
+        (Some(_), true) => finding(
+            "guard.hold",
+            Status::Fail,
+            Effect::Risk,
+            format!("{name} runs {t}, but interlock-cni's guard still holds {} pods{reason}: they wait until the agent sees {t} usable", role.mesh),
+            HINT_GUARD_HOLD,
+        ),
+        (Some(i), false) if ours.is_some_and(|o| o > i) => finding(
+            "guard.order",
+            Status::Warn,
+            Effect::None,
+            format!("{name} runs {t} before interlock-cni's guard: {t} still redirects, but a pod it fails is not held back first"),
+            HINT_GUARD_ORDER,
+        ),
+        (Some(_), false) => finding(
+            "guard.entry",
+            Status::Ok,
+            Effect::None,
+            format!("{name} runs {t} after interlock-cni's guard: {} pods are redirected by {t}", role.mesh),
+            "",
+        ),
     }
 }
 

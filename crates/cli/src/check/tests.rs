@@ -1149,3 +1149,84 @@ fn an_agent_and_plugin_outside_the_skew_policy_are_flagged() {
         .iter()
         .any(|i| i.starts_with("skew.")));
 }
+
+/// Guard mode: the mesh's plugin that interlock-cni guards is not "another mesh"; what
+/// `check` says follows the role's hold and the plugin's place in the chain.
+#[test]
+fn a_guarded_mesh_plugin_is_judged_by_the_guard_role() {
+    let now = 10_000_000;
+    let m = marker(true, 0, now);
+    let b = bin();
+    let cap = r#""capabilities":{"io.kubernetes.cri.pod-annotations":true}"#;
+    for mesh in interlock_contract::guard::GuardedMesh::ALL {
+        let t = mesh.plugin_type();
+        let guard = |hold: bool| {
+            format!(
+                r#"{{"type":"interlock-cni",{cap},"guard":{{"mesh":"{mesh}","hold":{hold},"reason":"{t} binary missing"}}}}"#
+            )
+        };
+        let cases = [
+            // (plugins, expected finding, protected)
+            (
+                format!(r#"{{"type":"bridge"}},{},{{"type":"{t}"}}"#, guard(false)),
+                "guard.entry",
+                true,
+            ),
+            (
+                format!(r#"{{"type":"bridge"}},{}"#, guard(true)),
+                "guard.hold",
+                false,
+            ),
+            (
+                format!(r#"{{"type":"bridge"}},{}"#, guard(false)),
+                "guard.entry-missing",
+                false,
+            ),
+            (
+                format!(r#"{{"type":"bridge"}},{{"type":"{t}"}},{}"#, guard(false)),
+                "guard.order",
+                true,
+            ),
+        ];
+        for (plugins, id, protected) in cases {
+            let list = format!(r#"{{"cniVersion":"1.0.0","name":"k8s","plugins":[{plugins}]}}"#);
+            let (_d, e) = effective(&[("05-interlock.conflist", &list)]);
+            let (ok, summary, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
+            assert!(
+                !f.iter().any(|f| f.id == "config.other-mesh"),
+                "{mesh} {id}: {f:?}"
+            );
+            let g = f
+                .iter()
+                .find(|f| f.id == id)
+                .unwrap_or_else(|| panic!("{mesh}: no {id} in {f:?}"));
+            assert!(g.message.contains(t), "{}", g.message);
+            if id == "guard.hold" {
+                assert!(g.message.contains("binary missing"), "{}", g.message);
+            }
+            assert_eq!(ok, protected, "{mesh} {id}: {summary}");
+        }
+        // A second mesh's plugin next to the guarded one is still two redirectors.
+        let other = interlock_contract::guard::GuardedMesh::ALL
+            .into_iter()
+            .find(|o| *o != mesh)
+            .unwrap()
+            .plugin_type();
+        let list = format!(
+            r#"{{"cniVersion":"1.0.0","name":"k8s","plugins":[{{"type":"bridge"}},{},{{"type":"{t}"}},{{"type":"{other}"}}]}}"#,
+            guard(false)
+        );
+        let (_d, e) = effective(&[("05-interlock.conflist", &list)]);
+        let (ok, _, f) = judge_at(&e, Some(&b), Ok(&m), now, None);
+        let o = f
+            .iter()
+            .find(|f| f.id == "config.other-mesh")
+            .expect("other-mesh");
+        assert!(
+            o.message.contains(other) && !o.message.contains(t),
+            "{}",
+            o.message
+        );
+        assert!(!ok);
+    }
+}

@@ -397,6 +397,64 @@ fn leftover_mesh_cni_daemonsets_are_found() {
     assert!(!text.contains("calico-node"), "{text}");
 }
 
+/// Guard mode (interlock's ConfigMap says so): the guarded mesh's CNI DaemonSet is not a
+/// leftover; it must tolerate the startup taint and run on every agent's node. Consul's
+/// chart tolerates `CriticalAddonsOnly` and every `NoExecute` taint only
+/// (hashicorp/consul-k8s `charts/consul/templates/cni-daemonset.yaml`).
+#[test]
+fn a_guarded_mesh_cni_must_tolerate_the_taint_and_run_beside_every_agent() {
+    let (api, d) = cluster();
+    for n in ["n1", "n2"] {
+        node(&api, n, Some("True"), false, "linux");
+        agent_pod(&api, n, true);
+    }
+    api.put_object(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "interlock-config", "namespace": "interlock-system"},
+        "data": {"INTERLOCK_CONFIG_MODE": "guard", "INTERLOCK_GUARD_MESH": "consul",
+            "INTERLOCK_TAINT_EFFECT": "NoSchedule"}}));
+    let labels = json!({"app": "consul", "component": "cni"});
+    let consul_ds = |tolerations: Value| {
+        api.put_object(json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "consul-cni", "namespace": "consul", "labels": labels},
+            "spec": {"selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels},
+                    "spec": {"tolerations": tolerations,
+                        "containers": [{"name": "install-cni", "image": "x"}]}}}}));
+    };
+    consul_ds(json!([
+        {"key": "CriticalAddonsOnly", "operator": "Exists"},
+        {"effect": "NoExecute", "operator": "Exists"}
+    ]));
+    pod(&api, "consul", "consul-cni-a1", "n1", labels.clone(), true);
+    let (code, text, _) = check_cluster_with(&d, &["-o", "json"]);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    // At risk, not unprotected: the agents hold the pods the mesh cannot redirect.
+    assert_eq!(code, 1, "{v:#}");
+    assert_eq!(v["verdict"], "at-risk");
+    assert!(
+        !text.contains("cluster.other-mesh-cni"),
+        "the guarded mesh is no leftover: {v:#}"
+    );
+    expect_finding(
+        &v,
+        "cluster.guarded-mesh-cni-untolerated",
+        "fail",
+        "consul-cni DaemonSet consul/consul-cni does not tolerate interlock.dev/not-ready:NoSchedule",
+    );
+    expect_finding(
+        &v,
+        "cluster.guarded-mesh-cni-absent",
+        "fail",
+        "no consul-cni pod on n2",
+    );
+    // Tolerating the taint and running on both nodes: nothing left to say.
+    consul_ds(json!([{"key": TAINT_NOT_READY, "operator": "Exists"}]));
+    pod(&api, "consul", "consul-cni-b2", "n2", labels.clone(), true);
+    let (code, text, _) = check_cluster_with(&d, &["-o", "json"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(!text.contains("cluster.guarded-mesh"), "{text}");
+}
+
 /// Hints name the namespace the agent was looked for in.
 #[test]
 fn hints_name_the_namespace_given() {

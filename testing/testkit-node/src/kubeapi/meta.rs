@@ -195,6 +195,22 @@ pub(crate) static RESOURCES: &[ResourceType] = &[
         short_names: &[],
         fields: &[],
     },
+    // Where `interlock manifests` puts the agents' settings (`check cluster` reads guard
+    // mode from it).
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "configmaps",
+        singular: "configmap",
+        kind: "ConfigMap",
+        namespaced: true,
+        status_subresource: false,
+        has_generation: false,
+        create_on_update: false,
+        delete_returns_object: false,
+        short_names: &["cm"],
+        fields: &[],
+    },
     ResourceType {
         group: "apps",
         version: "v1",
