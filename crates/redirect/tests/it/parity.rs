@@ -26,7 +26,7 @@
 
 #[path = "parity/case.rs"]
 mod case;
-#[path = "parity/cases/mod.rs"]
+#[path = "parity/cases.rs"]
 mod cases;
 #[path = "parity/dns.rs"]
 mod dns;

@@ -7,7 +7,7 @@
 
 use interlock_contract::pod::PodFacts;
 
-use crate::parity::case::{ann, pod_facts, Case, Mesh, MeshRules};
+use crate::{ann, pod_facts, Case, Mesh, MeshRules};
 
 /// Under which condition linkerd-cni writes the IPv6 rules (linkerd.md §1.5).
 const V6_CONDITION: &str = "\"ipv6\": true in the linkerd-cni config (chart disableIPv6: false): the same rules through ip6tables";

@@ -6,7 +6,7 @@
 //! rules naming an IPv4 network exist in the IPv4 table only. [`tests::derivation`] holds the
 //! derivation to the IPv6 table the sheet lists for `include-exclude-ip`.
 
-use crate::parity::case::{ann, pod_facts, Case, Mesh, MeshRules};
+use crate::{ann, pod_facts, Case, Mesh, MeshRules};
 
 /// Under which condition istio-cni writes IPv6 rules (istio.md §2.7).
 const V6_CONDITION: &str =
