@@ -1,4 +1,4 @@
-//! The seed's scenarios on a node in a box (`interlock-testkit-node`: a private containerd
+//! The three race scenarios on a node in a box (`interlock-testkit-node`: a private containerd
 //! with the reference `bridge`/`host-local`/`portmap` primary, the fake Kubernetes API),
 //! with a mesh's installer and plugin stand-ins, with or without interlock; every pod's
 //! capture proven by a real connection ([`check_capture`]: a listener on the mesh's
@@ -28,7 +28,7 @@ use interlock_testkit_node::node::{
 
 use crate::install::{self, InstallOptions};
 
-/// One of the seed's scenarios.
+/// One of the three race scenarios.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scenario {
     /// The mesh's installer runs first; the primary writes its file later.

@@ -1,6 +1,6 @@
-//! The seed's scenarios on a real containerd with each mesh's own installer and plugin
-//! stand-ins and no interlock (issue 29, "without guard mode the same scenarios show the
-//! failure"): in each scenario a meshed pod that starts while containerd's chain lacks
+//! The three race scenarios on a real containerd with each mesh's own installer and plugin
+//! stand-ins and no interlock (what guard mode is for: without it the scenarios show the
+//! failure): in each scenario a meshed pod that starts while containerd's chain lacks
 //! the mesh's plugin runs with its connections uncaptured, and stays so after the entry
 //! returns (nothing repairs it); a meshed pod started while the chain carries the plugin
 //! is captured (the control), and an unmeshed pod is never captured. One node per mesh,
@@ -41,6 +41,31 @@ fn without_guard_mode(mesh: GuardedMesh) {
                     "{mesh} {s:?}: {:?} pod {} ({}): {:?}",
                     o.role, o.pod, o.when, o.outcome
                 ));
+            }
+        }
+        if mesh == GuardedMesh::Consul {
+            // Silent: consul-cni marks the pods it redirected `complete`; a window pod keeps
+            // the injector's `enabled`, and nothing reads either value.
+            let api = bed.node.api().expect("the fake API");
+            for o in obs
+                .iter()
+                .filter(|o| o.when == "at start" && o.role != Role::Plain)
+            {
+                let (ns, name) = o.pod.split_once('/').expect("namespace/name");
+                let pod = api.get_object("pods", ns, name).expect("the pod object");
+                let status = &pod["metadata"]["annotations"]
+                    ["consul.hashicorp.com/transparent-proxy-status"];
+                let want = if o.role == Role::Window {
+                    "enabled"
+                } else {
+                    "complete"
+                };
+                if status != want {
+                    failures.push(format!(
+                        "{mesh} {s:?}: {:?} pod {}: transparent-proxy-status {status}, want {want}",
+                        o.role, o.pod
+                    ));
+                }
             }
         }
         assert!(
