@@ -5,7 +5,7 @@
 //!   names, writing each mesh's rules from `interlock-mesh-cases`.
 //! - [`install`]: the installers' file behaviour and their process
 //!   (`mesh-standin install <mesh> …`).
-//! - [`scenario`]: the three race scenarios on a node in a box, with or without interlock,
+//! - [`scenario`]: the race scenarios (mesh first, primary rewrite, pods before the mesh, installer restart) on a node in a box, with or without interlock,
 //!   returning per-pod captured/uncaptured observations.
 
 pub mod files;

@@ -3,7 +3,7 @@
 //! `mesh-standin install <mesh> …` is that mesh's installer stand-in
 //! (`interlock_mesh_standins::install`).
 
-fn main() {
+fn main() -> std::process::ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let code = if argv.first().map(String::as_str) == Some("install") {
         let source = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
@@ -17,5 +17,5 @@ fn main() {
     } else {
         interlock_mesh_standins::plugin::main()
     };
-    std::process::exit(code);
+    std::process::ExitCode::from(u8::try_from(code).unwrap_or(1))
 }

@@ -1,4 +1,4 @@
-//! The three race scenarios on a node in a box (`interlock-testkit-node`: a private containerd
+//! The race scenarios on a node in a box (`interlock-testkit-node`: a private containerd
 //! with the reference `bridge`/`host-local`/`portmap` primary, the fake Kubernetes API),
 //! with a mesh's installer and plugin stand-ins, with or without interlock; every pod's
 //! capture proven by a real connection ([`check_capture`]: a listener on the mesh's
@@ -28,7 +28,7 @@ use interlock_testkit_node::node::{
 
 use crate::install::{self, InstallOptions};
 
-/// One of the three race scenarios.
+/// One of the race scenarios.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scenario {
     /// The mesh's installer runs first; the primary writes its file later.
@@ -37,14 +37,18 @@ pub enum Scenario {
     PrimaryRewrite,
     /// Pods start on the primary's chain before the mesh's installer ever ran.
     PodsBeforeMesh,
+    /// The chain is right; the mesh's installer restarts (a DaemonSet rollout): on SIGTERM
+    /// it removes its entry and binary, and the new one puts them back.
+    InstallerRestart,
 }
 
 impl Scenario {
-    /// All three, in the order the tests play them.
-    pub const ALL: [Scenario; 3] = [
+    /// All of them, in the order the tests play them.
+    pub const ALL: [Scenario; 4] = [
         Scenario::MeshFirst,
         Scenario::PrimaryRewrite,
         Scenario::PodsBeforeMesh,
+        Scenario::InstallerRestart,
     ];
 }
 
@@ -243,6 +247,22 @@ impl MeshBed {
         }
     }
 
+    /// Waits for the window: without interlock, until containerd's loaded chain lacks the
+    /// mesh's plugin; with interlock (which may answer the change before containerd loads
+    /// it, or hold the chain), until containerd has loaded any chain, and no longer than
+    /// a few seconds.
+    pub fn wait_window(&mut self, interlock: &Interlock) -> Result<(), String> {
+        match interlock {
+            Interlock::Without => self.wait_chain(false).map(|_| ()),
+            Interlock::Agent(_) => {
+                let _ = self
+                    .node
+                    .wait_loaded_chain(|c| !c.is_empty(), Duration::from_secs(5));
+                Ok(())
+            }
+        }
+    }
+
     /// The current installer's output.
     pub fn installer_log(&self) -> String {
         std::fs::read_to_string(self.log()).unwrap_or_default()
@@ -385,7 +405,7 @@ pub fn run(
                 .node
                 .write_primary()
                 .map_err(|e| format!("write the primary: {e}"))?;
-            r.bed.wait_chain(false)?;
+            r.bed.wait_window(interlock)?;
             r.pod(Role::Window, "window");
             r.pod(Role::Plain, "plain");
             r.bed.release_installer();
@@ -406,7 +426,7 @@ pub fn run(
                 .node
                 .rewrite_primary(PrimaryWrite::Rename)
                 .map_err(|e| format!("rewrite the primary: {e}"))?;
-            r.bed.wait_chain(false)?;
+            r.bed.wait_window(interlock)?;
             r.pod(Role::Window, "window");
             r.pod(Role::Plain, "plain");
             r.bed.release_installer();
@@ -419,12 +439,29 @@ pub fn run(
                 .node
                 .write_primary()
                 .map_err(|e| format!("write the primary: {e}"))?;
-            r.bed.wait_chain(false)?;
+            r.bed.wait_window(interlock)?;
             r.pod(Role::Window, "window");
             r.pod(Role::Plain, "plain");
             r.bed.start_installer()?;
             r.bed.wait_chain(true)?;
             r.pod(Role::Control, "control");
+            r.again();
+        }
+        Scenario::InstallerRestart => {
+            r.bed
+                .node
+                .write_primary()
+                .map_err(|e| format!("write the primary: {e}"))?;
+            r.bed.start_installer()?;
+            r.bed.wait_chain(true)?;
+            r.pod(Role::Control, "control");
+            r.bed.stop_installer();
+            r.bed.wait_window(interlock)?;
+            r.pod(Role::Window, "window");
+            r.pod(Role::Plain, "plain");
+            r.bed.start_installer()?;
+            r.bed.wait_chain(true)?;
+            r.pod(Role::Control, "control-after");
             r.again();
         }
     }

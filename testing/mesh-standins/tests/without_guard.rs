@@ -1,10 +1,10 @@
-//! The three race scenarios on a real containerd with each mesh's own installer and plugin
+//! The race scenarios on a real containerd with each mesh's own installer and plugin
 //! stand-ins and no interlock (what guard mode is for: without it the scenarios show the
 //! failure): in each scenario a meshed pod that starts while containerd's chain lacks
 //! the mesh's plugin runs with its connections uncaptured, and stays so after the entry
 //! returns (nothing repairs it); a meshed pod started while the chain carries the plugin
 //! is captured (the control), and an unmeshed pod is never captured. One node per mesh,
-//! three scenarios on it.
+//! four scenarios on it.
 
 use std::path::Path;
 use std::time::Instant;
