@@ -359,6 +359,39 @@ impl Recorder<'_> {
         self.started.push((role, sb, name));
     }
 
+    fn write_primary(&mut self) -> Result<(), String> {
+        self.bed
+            .node
+            .write_primary()
+            .map(|_| ())
+            .map_err(|e| format!("write the primary: {e}"))
+    }
+
+    /// The installer runs and the chain carries its plugin: a control pod.
+    fn installed(&mut self) -> Result<(), String> {
+        self.bed.start_installer()?;
+        self.bed.wait_chain(true)?;
+        self.pod(Role::Control, "control");
+        Ok(())
+    }
+
+    /// In the window: a meshed pod and a plain one.
+    fn in_window(&mut self, interlock: &Interlock) -> Result<(), String> {
+        self.bed.wait_window(interlock)?;
+        self.pod(Role::Window, "window");
+        self.pod(Role::Plain, "plain");
+        Ok(())
+    }
+
+    /// Once the chain carries the plugin again: one more control pod, and every pod
+    /// observed again.
+    fn after_entry(&mut self, tag: &str) -> Result<(), String> {
+        self.bed.wait_chain(true)?;
+        self.pod(Role::Control, tag);
+        self.again();
+        Ok(())
+    }
+
     /// Every earlier pod observed again, now that the entry is back.
     fn again(&mut self) {
         for (role, sb, name) in self.started.clone() {
@@ -401,68 +434,36 @@ pub fn run(
         Scenario::MeshFirst => {
             r.bed.start_installer()?;
             r.bed.hold_installer();
-            r.bed
-                .node
-                .write_primary()
-                .map_err(|e| format!("write the primary: {e}"))?;
-            r.bed.wait_window(interlock)?;
-            r.pod(Role::Window, "window");
-            r.pod(Role::Plain, "plain");
+            r.write_primary()?;
+            r.in_window(interlock)?;
             r.bed.release_installer();
-            r.bed.wait_chain(true)?;
-            r.pod(Role::Control, "control");
-            r.again();
+            r.after_entry("control")?;
         }
         Scenario::PrimaryRewrite => {
-            r.bed
-                .node
-                .write_primary()
-                .map_err(|e| format!("write the primary: {e}"))?;
-            r.bed.start_installer()?;
-            r.bed.wait_chain(true)?;
-            r.pod(Role::Control, "control");
+            r.write_primary()?;
+            r.installed()?;
             r.bed.hold_installer();
             r.bed
                 .node
                 .rewrite_primary(PrimaryWrite::Rename)
                 .map_err(|e| format!("rewrite the primary: {e}"))?;
-            r.bed.wait_window(interlock)?;
-            r.pod(Role::Window, "window");
-            r.pod(Role::Plain, "plain");
+            r.in_window(interlock)?;
             r.bed.release_installer();
-            r.bed.wait_chain(true)?;
-            r.pod(Role::Control, "control-after");
-            r.again();
+            r.after_entry("control-after")?;
         }
         Scenario::PodsBeforeMesh => {
-            r.bed
-                .node
-                .write_primary()
-                .map_err(|e| format!("write the primary: {e}"))?;
-            r.bed.wait_window(interlock)?;
-            r.pod(Role::Window, "window");
-            r.pod(Role::Plain, "plain");
+            r.write_primary()?;
+            r.in_window(interlock)?;
             r.bed.start_installer()?;
-            r.bed.wait_chain(true)?;
-            r.pod(Role::Control, "control");
-            r.again();
+            r.after_entry("control")?;
         }
         Scenario::InstallerRestart => {
-            r.bed
-                .node
-                .write_primary()
-                .map_err(|e| format!("write the primary: {e}"))?;
-            r.bed.start_installer()?;
-            r.bed.wait_chain(true)?;
-            r.pod(Role::Control, "control");
+            r.write_primary()?;
+            r.installed()?;
             r.bed.stop_installer();
-            r.bed.wait_window(interlock)?;
-            r.pod(Role::Window, "window");
-            r.pod(Role::Plain, "plain");
+            r.in_window(interlock)?;
             r.bed.start_installer()?;
-            r.bed.wait_chain(true)?;
-            r.pod(Role::Control, "control-after");
-            r.again();
+            r.after_entry("control-after")?;
         }
     }
     Ok(r.seen)
