@@ -184,6 +184,16 @@ impl MeshBed {
         }
     }
 
+    /// SIGKILL to the installer: no cleanup, so its entry and binary stay (for kuma-cni,
+    /// whose plugin then fails every ADD for want of an `/install-cni` process).
+    pub fn kill_installer(&mut self) {
+        self.release_installer();
+        if let Some(mut c) = self.installer.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     /// Stops the installer process where it is (SIGSTOP): it sees nothing until released.
     pub fn hold_installer(&mut self) {
         if let Some(c) = &self.installer {

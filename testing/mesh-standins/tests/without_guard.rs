@@ -12,9 +12,13 @@ use std::time::Instant;
 use interlock_contract::guard::GuardedMesh;
 use interlock_mesh_standins::scenario::{self, Interlock, MeshBed, Role, Scenario};
 use interlock_testkit::require_root;
-use interlock_testkit_node::node::NodeOptions;
+use interlock_testkit_node::node::{Capture, NodeOptions};
 
 const EXE: &str = env!("CARGO_BIN_EXE_mesh-standin");
+
+/// Held by the Kuma tests: kuma-cni's plugin counts `/install-cni` processes host-wide, so
+/// two Kuma installers at once would fail each other's pods.
+static KUMA: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn without_guard_mode(mesh: GuardedMesh) {
     let begin = Instant::now();
@@ -121,5 +125,45 @@ fn linkerd_without_guard_mode_leaves_window_pods_uncaptured() {
 #[test]
 fn kuma_without_guard_mode_leaves_window_pods_uncaptured() {
     require_root!();
+    let _one = KUMA.lock().unwrap_or_else(|e| e.into_inner());
     without_guard_mode(GuardedMesh::Kuma);
+}
+
+/// kuma-cni's installer killed without its cleanup (OOM, node pressure): its entry and
+/// binary stay, and the plugin fails every ADD, unmeshed pods' too (the kuma CNI pod's own,
+/// which is not hostNetwork), until an installer runs again.
+#[test]
+fn kuma_installer_killed_without_cleanup_refuses_every_pod() {
+    require_root!();
+    let _one = KUMA.lock().unwrap_or_else(|e| e.into_inner());
+    let options = NodeOptions::new("/nonexistent/interlock", "/nonexistent/interlock-cni");
+    let mut bed =
+        MeshBed::start(GuardedMesh::Kuma, Path::new(EXE), options).expect("start the node");
+    bed.node.write_primary().expect("write the primary");
+    bed.start_installer().expect("start the installer");
+    bed.wait_chain(true).expect("kuma-cni loaded");
+    let control = bed
+        .run_pod("control", true)
+        .expect("a pod on the right chain");
+    assert_eq!(bed.capture(&control), Capture::Redirected);
+    bed.kill_installer();
+    assert!(
+        bed.node.bin_dir().join("kuma-cni").exists(),
+        "the binary stays"
+    );
+    for meshed in [true, false] {
+        match bed.run_pod("refused", meshed) {
+            Err(e) => assert!(e.contains("/install-cni"), "meshed {meshed}: {e}"),
+            Ok(sb) => panic!(
+                "meshed {meshed}: {} started with no installer running",
+                sb.name
+            ),
+        }
+    }
+    bed.start_installer().expect("restart the installer");
+    let after = bed
+        .run_pod("after", true)
+        .expect("a pod once an installer runs");
+    assert_eq!(bed.capture(&after), Capture::Redirected);
+    bed.reset().expect("reset");
 }
