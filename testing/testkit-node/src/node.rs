@@ -708,7 +708,8 @@ impl Node {
     }
 
     /// Waits until the pod network containerd has loaded (the last of
-    /// [`Node::loaded_chains`]) satisfies `want`; returns the chain it saw.
+    /// [`Node::loaded_chains`] that is not the loopback network; empty while there is none)
+    /// satisfies `want`; returns the chain it saw.
     pub fn wait_loaded_chain(
         &self,
         want: impl Fn(&[String]) -> bool,
@@ -716,9 +717,11 @@ impl Node {
     ) -> Result<Vec<String>, String> {
         let deadline = Instant::now() + timeout;
         loop {
+            // containerd always lists its loopback network first; the pod network, once
+            // loaded, follows it.
             let chain = self
                 .loaded_chains()
-                .and_then(|c| c.last().cloned())
+                .and_then(|c| c.into_iter().rfind(|n| n.as_slice() != ["loopback"]))
                 .unwrap_or_default();
             if want(&chain) {
                 return Ok(chain);
@@ -1273,12 +1276,6 @@ fn pod_spec(annotations: &std::collections::BTreeMap<String, String>) -> Value {
     {
         containers.push(json!({"name": "kuma-sidecar", "image": "kuma-dp",
             "securityContext": {"runAsUser": 5678, "runAsGroup": 5678}}));
-    }
-    if annotations.contains_key("consul.hashicorp.com/connect-inject-status") {
-        containers.push(
-            json!({"name": "consul-dataplane", "image": "consul-dataplane",
-            "securityContext": {"runAsUser": 5995, "runAsGroup": 5995}}),
-        );
     }
     json!({"nodeName": NODE_NAME, "containers": containers})
 }

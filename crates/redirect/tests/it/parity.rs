@@ -1,8 +1,8 @@
 //! Parity with the meshes' own rules, proven differentially.
 //!
 //! For every case — a pod configuration taken from Istio's, Linkerd's and Consul's own
-//! rule-generation tests and code (`parity/cases/`, each naming its upstream file) — the
-//! rules the mesh writes are loaded with `iptables-restore` into the pod netns of one
+//! rule-generation tests and code (`testing/mesh-cases`, each naming its upstream file) —
+//! the rules the mesh writes are loaded with `iptables-restore` into the pod netns of one
 //! closed topology, and interlock's rules for the same pod (its annotations and spec facts
 //! as the mesh's CNI plugin sees them) into another, once per backend. The same probes run
 //! on every side — TCP and UDP from the pod as the app, root, the proxy's UID and GID, to
