@@ -22,6 +22,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use interlock_contract::guard::GuardedMesh;
+use interlock_cri::SandboxConfig;
 use interlock_testkit_node::node::{
     check_capture, AgentArgs, Capture, Node, NodeOptions, PrimaryWrite, Sandbox, CHECK_UID,
 };
@@ -93,6 +94,9 @@ pub struct Observation {
     pub pod: String,
     /// When it was observed: `"at start"` or `"after the entry returned"`.
     pub when: &'static str,
+    /// How many times the runtime refused it before the outcome (with interlock, whose
+    /// hold refuses meshed pods while the mesh's plugin cannot run; 0 without).
+    pub refusals: u32,
     /// What happened to it.
     pub outcome: Outcome,
 }
@@ -278,8 +282,8 @@ impl MeshBed {
         std::fs::read_to_string(self.log()).unwrap_or_default()
     }
 
-    /// Runs a pod: meshed with the mesh's default case's annotations, or plain.
-    pub fn run_pod(&mut self, tag: &str, meshed: bool) -> Result<Sandbox, String> {
+    /// A pod's sandbox config: meshed with the mesh's default case's annotations, or plain.
+    pub fn pod_config(&self, tag: &str, meshed: bool) -> SandboxConfig {
         let mut config = self.node.pod_config(tag, false);
         if meshed {
             let case = interlock_mesh_cases::default_case(
@@ -289,6 +293,17 @@ impl MeshBed {
                 config = config.annotation(&k, &v);
             }
         }
+        config
+    }
+
+    /// Runs a pod from [`MeshBed::pod_config`]; it is removed at the next reset.
+    pub fn run_pod(&mut self, tag: &str, meshed: bool) -> Result<Sandbox, String> {
+        let config = self.pod_config(tag, meshed);
+        self.run_config(config)
+    }
+
+    /// Runs a pod from a config of the caller's; it is removed at the next reset.
+    pub fn run_config(&mut self, config: SandboxConfig) -> Result<Sandbox, String> {
         let sb = self.node.run_config(config)?;
         self.pods.push(sb.clone());
         Ok(sb)
@@ -338,32 +353,48 @@ impl Drop for MeshBed {
     }
 }
 
+/// How long a refused pod is retried with interlock.
+const RETRY: Duration = Duration::from_secs(60);
+
 struct Recorder<'a> {
     bed: &'a mut MeshBed,
+    /// Retry refused pods (with interlock).
+    retry: bool,
     scenario: Scenario,
     seen: Vec<Observation>,
     started: Vec<(Role, Option<Sandbox>, String)>,
 }
 
 impl Recorder<'_> {
+    /// Runs a pod and observes it. With interlock the runtime's refusal is retried as the
+    /// kubelet retries a sandbox (every second, up to [`RETRY`]), the same pod each time;
+    /// without it, a refusal is the outcome.
     fn pod(&mut self, role: Role, tag: &str) {
-        let meshed = role != Role::Plain;
-        let (sb, outcome) = match self.bed.run_pod(tag, meshed) {
-            Ok(sb) => {
-                let c = self.bed.capture(&sb);
-                (Some(sb), Outcome::Started(c))
+        let config = self.bed.pod_config(tag, role != Role::Plain);
+        let mut refusals = 0;
+        let deadline = Instant::now() + RETRY;
+        let (sb, outcome) = loop {
+            match self.bed.run_config(config.clone()) {
+                Ok(sb) => {
+                    let c = self.bed.capture(&sb);
+                    break (Some(sb), Outcome::Started(c));
+                }
+                Err(e) if !self.retry || Instant::now() > deadline => {
+                    break (None, Outcome::Refused(e))
+                }
+                Err(_) => {
+                    refusals += 1;
+                    std::thread::sleep(Duration::from_secs(1));
+                }
             }
-            Err(e) => (None, Outcome::Refused(e)),
         };
-        let name = sb
-            .as_ref()
-            .map(|s| format!("{}/{}", s.namespace, s.name))
-            .unwrap_or_else(|| format!("(refused {tag})"));
+        let name = format!("{}/{}", config.metadata.namespace, config.metadata.name);
         self.seen.push(Observation {
             scenario: self.scenario,
             role,
             pod: name.clone(),
             when: "at start",
+            refusals,
             outcome,
         });
         self.started.push((role, sb, name));
@@ -412,6 +443,7 @@ impl Recorder<'_> {
                     role,
                     pod: name,
                     when: "after the entry returned",
+                    refusals: 0,
                     outcome: Outcome::Started(c),
                 });
             }
@@ -435,6 +467,7 @@ pub fn run(
         }
     }
     let mut r = Recorder {
+        retry: matches!(interlock, Interlock::Agent(_)),
         bed,
         scenario,
         seen: Vec::new(),
@@ -484,8 +517,8 @@ pub fn describe(obs: &[Observation]) -> String {
     obs.iter()
         .map(|o| {
             format!(
-                "{:?} {:?} {} ({}): {:?}",
-                o.scenario, o.role, o.pod, o.when, o.outcome
+                "{:?} {:?} {} ({}, refused {}x): {:?}",
+                o.scenario, o.role, o.pod, o.when, o.refusals, o.outcome
             )
         })
         .collect::<Vec<_>>()
