@@ -280,6 +280,16 @@ fn kuma_writes_the_list_into_a_named_conf() {
     );
 }
 
+/// An installer process killed when dropped (also when the test fails).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn wait(what: &str, f: impl Fn() -> bool) {
     let until = Instant::now() + Duration::from_secs(20);
     while !f() {
@@ -295,12 +305,13 @@ fn the_istio_installer_process_cleans_up_on_sigterm() {
     write(&a, &primary());
     let o = opts(GuardedMesh::Istio, &d);
     let log = d.conf.parent().unwrap().join("install.log");
-    let mut child = install::spawn(Path::new(EXE), &o, &log).unwrap();
+    let mut child = Killed(install::spawn(Path::new(EXE), &o, &log).unwrap());
+    let child = &mut child.0;
     wait("istio-cni in the file", || has_type(&a, "istio-cni"));
     // The primary drops it; the installer puts it back by itself.
     write(&a, &primary());
     wait("istio-cni back", || has_type(&a, "istio-cni"));
-    let status = install::terminate(&mut child, Duration::from_secs(10)).unwrap();
+    let status = install::terminate(child, Duration::from_secs(10)).unwrap();
     assert!(
         status.success(),
         "{status}: {}",
@@ -317,7 +328,8 @@ fn the_kuma_installer_process_is_install_cni_and_exits_5_on_loss() {
     write(&named, &primary());
     let o = opts(GuardedMesh::Kuma, &d);
     let log = d.conf.parent().unwrap().join("install.log");
-    let mut child = install::spawn(Path::new(EXE), &o, &log).unwrap();
+    let mut child = Killed(install::spawn(Path::new(EXE), &o, &log).unwrap());
+    let child = &mut child.0;
     let cmdline = fs::read(format!("/proc/{}/cmdline", child.id())).unwrap();
     assert_eq!(cmdline.split(|b| *b == 0).next().unwrap(), b"/install-cni");
     wait("kuma-cni in the file", || has_type(&named, "kuma-cni"));

@@ -142,14 +142,32 @@ fn kubeconfig(b: &Bed, mesh: GuardedMesh) -> std::path::PathBuf {
 /// host-wide, so two at once would fail each other's ADDs.
 static INSTALL_CNI: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// A process whose argv[0] is `/install-cni` (kuma-cni's plugin looks for exactly one).
-fn install_cni_process() -> std::process::Child {
+/// A process whose argv[0] is `/install-cni` (kuma-cni's plugin looks for exactly one),
+/// killed when dropped (also when the test fails).
+struct InstallCni(std::process::Child);
+
+impl InstallCni {
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for InstallCni {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn install_cni_process() -> InstallCni {
     use std::os::unix::process::CommandExt;
-    Command::new("sleep")
-        .arg0("/install-cni")
-        .arg("60")
-        .spawn()
-        .unwrap()
+    InstallCni(
+        Command::new("sleep")
+            .arg0("/install-cni")
+            .arg("60")
+            .spawn()
+            .unwrap(),
+    )
 }
 
 #[test]
@@ -184,8 +202,7 @@ fn add_gets_the_pod_with_the_token_and_passes_unmeshed_pods_unchanged() {
         assert_eq!(code, 1, "{mesh}: {v}");
         assert!(v["msg"].as_str().unwrap().contains("403"), "{mesh}: {v}");
     }
-    let _ = kuma.kill();
-    let _ = kuma.wait();
+    kuma.kill();
 }
 
 #[test]
@@ -211,8 +228,7 @@ fn add_fails_without_the_plugins_dependency() {
             "{mesh}: {v}"
         );
     }
-    let _ = kuma.kill();
-    let _ = kuma.wait();
+    kuma.kill();
     // kuma-cni fails every ADD, excluded namespaces too, without exactly one /install-cni.
     let (code, v) = cni(
         "ADD",
