@@ -94,6 +94,8 @@ pub struct Observation {
     pub pod: String,
     /// When it was observed: `"at start"` or `"after the entry returned"`.
     pub when: &'static str,
+    /// Its network namespace, when it started.
+    pub netns: Option<PathBuf>,
     /// How many times the runtime refused it before the outcome (with interlock, whose
     /// hold refuses meshed pods while the mesh's plugin cannot run; 0 without).
     pub refusals: u32,
@@ -394,6 +396,7 @@ impl Recorder<'_> {
             role,
             pod: name.clone(),
             when: "at start",
+            netns: sb.as_ref().and_then(|s| s.netns.clone()),
             refusals,
             outcome,
         });
@@ -443,6 +446,7 @@ impl Recorder<'_> {
                     role,
                     pod: name,
                     when: "after the entry returned",
+                    netns: sb.netns.clone(),
                     refusals: 0,
                     outcome: Outcome::Started(c),
                 });
@@ -523,4 +527,35 @@ pub fn describe(obs: &[Observation]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The nat rules in a pod's netns as `iptables-save` shows them (the nf_tables flavour,
+/// which every stand-in writes with).
+pub fn nat_rules(netns: &Path) -> Result<String, String> {
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args(["iptables-save", "-t", "nat"])
+        .output()
+        .map_err(|e| format!("iptables-save in {}: {e}", netns.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "iptables-save in {}: {}",
+            netns.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// How many rules each chain has in a restore file or `iptables-save` output.
+pub fn rules_per_chain(table: &str) -> std::collections::BTreeMap<String, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for l in table.lines() {
+        if let Some(rest) = l.strip_prefix("-A ") {
+            if let Some(chain) = rest.split_whitespace().next() {
+                *m.entry(chain.to_string()).or_insert(0) += 1;
+            }
+        }
+    }
+    m
 }

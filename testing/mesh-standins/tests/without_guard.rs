@@ -47,6 +47,31 @@ fn without_guard_mode(mesh: GuardedMesh) {
                 ));
             }
         }
+        // The control pods carry the mesh's rules as its plugin writes them: every chain
+        // of the default case with as many rules.
+        let case = interlock_mesh_cases::default_case(
+            interlock_mesh_standins::plugin::mesh_of(mesh.plugin_type()).expect("a mesh"),
+        );
+        let interlock_mesh_cases::MeshRules::Restore(want) = &case.v4 else {
+            panic!("{}: IPv4 rules", case.id())
+        };
+        let want = scenario::rules_per_chain(want);
+        assert!(want.len() >= 3, "{}: {want:?}", case.id());
+        for o in obs
+            .iter()
+            .filter(|o| o.role == Role::Control && o.when == "at start")
+        {
+            let netns = o.netns.as_ref().expect("a started pod has a netns");
+            let got =
+                scenario::rules_per_chain(&scenario::nat_rules(netns).expect("iptables-save"));
+            if got != want {
+                failures.push(format!(
+                    "{mesh} {s:?}: control pod {}: rules per chain {got:?}, {} writes {want:?}",
+                    o.pod,
+                    case.id()
+                ));
+            }
+        }
         if mesh == GuardedMesh::Consul {
             // Silent: consul-cni marks the pods it redirected `complete`; a window pod keeps
             // the injector's `enabled`, and nothing reads either value.
