@@ -1,7 +1,7 @@
 //! Linkerd cases as linkerd-cni configures a pod: its integration-test configuration, the
 //! default chart configuration, each pod annotation linkerd-cni reads, and the proxy-init
 //! lab scenarios whose setting is a pod annotation under linkerd-cni. The nat tables are
-//! written by [`nat_table`] exactly as `research/linkerd.md` §1.1–1.3 describes proxy-init's
+//! written by `nat_table` exactly as `research/linkerd.md` §1.1–1.3 describes proxy-init's
 //! commands (the same rule list for IPv4 and IPv6); the tests below hold it to the two full
 //! tables the sheet lists (§3.3 and §3.4 C).
 

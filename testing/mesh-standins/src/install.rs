@@ -522,7 +522,7 @@ pub fn parse(argv: &[String], source: PathBuf) -> Result<InstallOptions, String>
     Ok(o)
 }
 
-/// Starts the installer process from the stand-in binary `exe`: kuma-cni's with argv[0]
+/// Starts the installer process from the stand-in binary `exe`: kuma-cni's with `argv[0]`
 /// `/install-cni` (its plugin looks for exactly one such process). Output goes to `log`.
 pub fn spawn(exe: &Path, opts: &InstallOptions, log: &Path) -> io::Result<Child> {
     use std::os::unix::process::CommandExt;

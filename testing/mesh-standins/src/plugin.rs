@@ -6,7 +6,7 @@
 //!   `<cni_agent_run_dir>/istio-cni-kubeconfig`, linkerd-cni's `kubernetes.kubeconfig`
 //!   (context `linkerd-cni-context`), consul-cni's `<cni_net_dir>/<kubeconfig>` (else the
 //!   newest `<that>-*`), kuma-cni's `kubernetes.kubeconfig` and exactly one process whose
-//!   argv[0] is `/install-cni`; ADD fails when it is missing;
+//!   `argv[0]` is `/install-cni`; ADD fails when it is missing;
 //! - the pod GET over the API with the kubeconfig's token (istio-cni and kuma-cni retry 30
 //!   times, 1 s apart), the mesh's recognition and skips — a skipped pod gets `prevResult`
 //!   back unchanged;

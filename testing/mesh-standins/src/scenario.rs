@@ -16,6 +16,18 @@
 //! installer has between a primary's write and its own reaction (milliseconds for
 //! istio-cni, linkerd-cni and consul-cni, a second plus a restart for kuma-cni), made wide
 //! enough that a pod lands in it every time instead of by chance.
+//!
+//! # With guard mode (not yet written)
+//! - Start the bed with the real binaries (`NodeOptions::new(interlock, interlock-cni)`)
+//!   and play with `Interlock::Agent(AgentArgs::args(&["--config-mode", "guard",
+//!   "--guard-mesh", "<mesh>"]))`: the agent starts before the first scenario and stays.
+//! - Refusals are retried as the kubelet retries ([`Observation::refusals`] counts them);
+//!   a window pod that is held shows up as refused `n` times, then started.
+//! - A pod the audit restarts gets a new sandbox and netns: the observation "after the
+//!   entry returned" still looks at the old netns (`NoNetwork` once it is gone), so look
+//!   the pod up again by name ([`Node::sandboxes`]) before judging it.
+//! - kuma-cni's plugin counts `/install-cni` processes host-wide: never run two Kuma beds
+//!   (or a Kuma bed and the Kuma plugin tests) at once.
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
