@@ -210,6 +210,21 @@ impl CriClient {
         })
     }
 
+    /// The runtime's verbose `Status` info map (containerd: `cniconfig` holds the CNI
+    /// networks it has loaded, `config` its CRI config); runtime-specific JSON strings.
+    pub async fn status_info(&self) -> Result<std::collections::HashMap<String, String>, CriError> {
+        let r = self
+            .call(
+                "Status",
+                None,
+                self.timeouts.call,
+                |mut c, req| async move { c.status(req).await },
+                cri::StatusRequest { verbose: true },
+            )
+            .await?;
+        Ok(r.info)
+    }
+
     /// The sandboxes that pass `filter`, in the runtime's order.
     pub async fn list_sandboxes(
         &self,

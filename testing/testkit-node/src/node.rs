@@ -41,7 +41,8 @@
 //!   with or without the fake API); it returns a [`Sandbox`] (ID, pod, netns, IP) or the
 //!   runtime's error. [`Node::stop_pod`] / [`Node::remove_pod`] undo it. A pod run from a
 //!   config with a mesh's annotations gets that mesh's proxy container in its Pod object
-//!   (the agent reads the spec of Istio and Linkerd pods).
+//!   (the agent reads the spec of Istio and Linkerd pods; the mesh plugin stand-ins that of
+//!   Kuma's). [`Node::loaded_chains`] is what containerd has loaded (verbose CRI status).
 //!   With the fake API, [`Node::pod_object`] and [`Node::pod_events`] show what the agent
 //!   wrote about a pod, [`Node::taints`] and [`Node::condition`] about the node.
 //! - [`Node::watch_conf_dir`] reports every file deleted or moved out of the conf dir
@@ -682,6 +683,59 @@ impl Node {
         Ok(())
     }
 
+    /// The plugin `type`s of each CNI network containerd has loaded, in its order (the
+    /// loopback network first, then the pod network from the conf dir), from CRI's verbose
+    /// `Status` (`cniconfig`); `None` when CRI does not answer or says nothing of it.
+    pub fn loaded_chains(&self) -> Option<Vec<Vec<String>>> {
+        let cri = self.cri.clone();
+        let info = self.block_on(async move { cri.status_info().await.ok() })?;
+        let v: Value = serde_json::from_str(info.get("cniconfig")?).ok()?;
+        let nets = v.get("Networks")?.as_array()?;
+        Some(
+            nets.iter()
+                .map(|n| {
+                    n["Config"]["Plugins"]
+                        .as_array()
+                        .map(|ps| {
+                            ps.iter()
+                                .filter_map(|p| p["Network"]["type"].as_str().map(str::to_string))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                })
+                .collect(),
+        )
+    }
+
+    /// Waits until the pod network containerd has loaded (the last of
+    /// [`Node::loaded_chains`] that is not the loopback network; empty while there is none)
+    /// satisfies `want`; returns the chain it saw.
+    pub fn wait_loaded_chain(
+        &self,
+        want: impl Fn(&[String]) -> bool,
+        timeout: Duration,
+    ) -> Result<Vec<String>, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            // containerd always lists its loopback network first; the pod network, once
+            // loaded, follows it.
+            let chain = self
+                .loaded_chains()
+                .and_then(|c| c.into_iter().rfind(|n| n.as_slice() != ["loopback"]))
+                .unwrap_or_default();
+            if want(&chain) {
+                return Ok(chain);
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "containerd's loaded chain {chain:?} not as wanted within {timeout:?}; conf dir: {:?}",
+                    self.conf_files()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Stops containerd and starts it again on the same root, state and socket; returns
     /// how long until CRI answered again. Sandboxes survive.
     pub fn restart_containerd(&self) -> io::Result<Duration> {
@@ -1214,6 +1268,14 @@ fn pod_spec(annotations: &std::collections::BTreeMap<String, String>) -> Value {
     }
     if annotations.contains_key("linkerd.io/proxy-version") {
         containers.push(json!({"name": "linkerd-proxy", "image": "proxy"}));
+    }
+    if annotations
+        .get("kuma.io/sidecar-injected")
+        .map(String::as_str)
+        == Some("true")
+    {
+        containers.push(json!({"name": "kuma-sidecar", "image": "kuma-dp",
+            "securityContext": {"runAsUser": 5678, "runAsGroup": 5678}}));
     }
     json!({"nodeName": NODE_NAME, "containers": containers})
 }

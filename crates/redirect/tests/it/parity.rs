@@ -1,8 +1,8 @@
 //! Parity with the meshes' own rules, proven differentially.
 //!
 //! For every case — a pod configuration taken from Istio's, Linkerd's and Consul's own
-//! rule-generation tests and code (`parity/cases/`, each naming its upstream file) — the
-//! rules the mesh writes are loaded with `iptables-restore` into the pod netns of one
+//! rule-generation tests and code (`testing/mesh-cases`, each naming its upstream file) —
+//! the rules the mesh writes are loaded with `iptables-restore` into the pod netns of one
 //! closed topology, and interlock's rules for the same pod (its annotations and spec facts
 //! as the mesh's CNI plugin sees them) into another, once per backend. The same probes run
 //! on every side — TCP and UDP from the pod as the app, root, the proxy's UID and GID, to
@@ -26,7 +26,7 @@
 
 #[path = "parity/case.rs"]
 mod case;
-#[path = "parity/cases/mod.rs"]
+#[path = "parity/cases.rs"]
 mod cases;
 #[path = "parity/dns.rs"]
 mod dns;
@@ -401,6 +401,66 @@ fn harness_agrees_with_itself_and_with_the_fact_sheets() {
         if got != want {
             wrong.push(format!(
                 "{case}: {probe}: landed {got}, the fact sheet says {want}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Kuma's case (written from the fact sheet, no golden upstream) through the harness
+/// against itself, and its probes landing where `research/guard-mode.md` §A.4.4 says:
+/// the app's TCP to 15001, the proxy's (5678) out, the proxy's own loopback connection to
+/// the pod to 15006 unless from 127.0.0.6, inbound to 15006.
+#[test]
+fn kuma_case_lands_where_the_fact_sheet_says() {
+    require_root!();
+    let o = run(vec![cases::by_id("kuma/default")], Against::Itself);
+    print_and_write(&o, "kuma self-comparison");
+    assert!(o.rows.iter().all(report::Row::ok), "{}", summary(&o.rows));
+    let expect = [
+        (
+            "out tcp app (1000:1000) -> 192.0.2.10:8080",
+            pod("127.0.0.1:15001", Some("192.0.2.10:8080")),
+        ),
+        (
+            "out tcp root (0:0) -> 192.0.2.10:8080",
+            pod("127.0.0.1:15001", Some("192.0.2.10:8080")),
+        ),
+        (
+            "out tcp proxy (5678:5678) -> 192.0.2.10:8080",
+            node("192.0.2.10:8080"),
+        ),
+        (
+            "out tcp proxy (5678:5678) -> 10.99.1.2:8080",
+            pod("127.0.0.1:15006", Some("10.99.1.2:8080")),
+        ),
+        (
+            "out tcp proxy (5678:5678) from 127.0.0.6 -> 10.99.1.2:8080",
+            pod("10.99.1.2:8080", None),
+        ),
+        (
+            "out tcp app (1000:1000) -> 127.0.0.6:8080",
+            pod("127.0.0.6:8080", None),
+        ),
+        (
+            "in tcp node from 198.51.100.7 -> 10.99.1.2:8080",
+            pod("10.99.1.2:15006", Some("10.99.1.2:8080")),
+        ),
+        (
+            "out tcp app (1000:1000) -> [2001:db8::10]:8080",
+            pod("[::1]:15001", Some("[2001:db8::10]:8080")),
+        ),
+        (
+            "out tcp proxy (5678:5678) -> [fd99:1::2]:8080",
+            pod("[::1]:15006", Some("[fd99:1::2]:8080")),
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (probe, want) in expect {
+        let got = landed(&o, "kuma/default", probe);
+        if got != want {
+            wrong.push(format!(
+                "kuma/default: {probe}: landed {got}, the fact sheet says {want}"
             ));
         }
     }

@@ -1,132 +1,18 @@
 //! A comparison case: one pod configuration, the rules its mesh writes for it (per family,
-//! with the upstream file they come from), the pod as interlock sees it, and the probes
+//! with the upstream file they come from), the pod as interlock sees it — all from
+//! `interlock-mesh-cases`, shared with the mesh plugin stand-ins — and the probes
 //! generated from all of that.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use interlock_contract::pod::{ContainerFacts, PodFacts};
 use ipnet::IpNet;
+
+pub use interlock_mesh_cases::{Case, Mesh, MeshRules};
 
 use super::net::{Creds, Proto};
 use super::probe::{Dir, Probe, Who};
 use super::topology::{gw_ip, on_link, pod_ip};
-
-/// The mesh a case comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Mesh {
-    Istio,
-    Linkerd,
-    Consul,
-}
-
-impl fmt::Display for Mesh {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Mesh::Istio => "istio",
-            Mesh::Linkerd => "linkerd",
-            Mesh::Consul => "consul",
-        })
-    }
-}
-
-impl Mesh {
-    /// Ports every probe set of the mesh includes: its proxy's ports and the ports its
-    /// rules treat specially.
-    pub fn special_ports(self) -> &'static [u16] {
-        match self {
-            Mesh::Istio => &[15001, 15006, 15008, 15020, 15021, 15090, 15053, 53],
-            Mesh::Linkerd => &[4140, 4143, 4190, 4191],
-            Mesh::Consul => &[20000, 15001, 8600, 53, 19000],
-        }
-    }
-}
-
-/// What a mesh writes for one address family.
-#[derive(Debug, Clone)]
-pub enum MeshRules {
-    /// `iptables-restore` input (every table the mesh writes).
-    Restore(String),
-    /// The mesh writes nothing usable for this family (or refuses the pod): why.
-    NotWritten(String),
-}
-
-/// One case.
-#[derive(Debug, Clone)]
-pub struct Case {
-    pub mesh: Mesh,
-    /// Short name, unique within the mesh.
-    pub name: String,
-    /// The upstream file(s) the configuration and rules come from.
-    pub source: String,
-    /// How the upstream configuration maps to the pod below (and what is derived).
-    pub mapping: String,
-    /// The pod's annotations as the mesh's injector and CNI plugin see them.
-    pub annotations: BTreeMap<String, String>,
-    /// The pod's spec facts (the agent's pod cache).
-    pub facts: PodFacts,
-    pub v4: MeshRules,
-    pub v6: MeshRules,
-    /// Under which condition the mesh writes the IPv6 rules compared here.
-    pub v6_condition: String,
-    /// The proxy's UID and GID (the GID as the proxy container runs; `None`: not set).
-    pub proxy_uid: u32,
-    pub proxy_gid: Option<u32>,
-    /// Ports to probe beyond those named in the rules and the mesh's special ports.
-    pub extra_ports: Vec<u16>,
-}
-
-impl Case {
-    pub fn id(&self) -> String {
-        format!("{}/{}", self.mesh, self.name)
-    }
-
-    pub fn rules(&self, v6: bool) -> &MeshRules {
-        if v6 {
-            &self.v6
-        } else {
-            &self.v4
-        }
-    }
-}
-
-/// Annotations from pairs.
-pub fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-/// A pod with an init container, an app container and a proxy container.
-pub fn pod_facts(
-    init: &str,
-    proxy: &str,
-    uid: Option<i64>,
-    gid: Option<i64>,
-    env: &[(&str, &str)],
-    args: &[&str],
-) -> PodFacts {
-    PodFacts {
-        labels: BTreeMap::new(),
-        containers: vec![
-            ContainerFacts::named(init, true),
-            ContainerFacts::named("app", false),
-            ContainerFacts {
-                name: proxy.to_string(),
-                init: false,
-                run_as_user: uid,
-                run_as_group: gid,
-                env: env
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                args: args.iter().map(|s| s.to_string()).collect(),
-            },
-        ],
-    }
-}
 
 /// What a rule set names: ports, networks, UIDs and GIDs.
 #[derive(Debug, Default)]

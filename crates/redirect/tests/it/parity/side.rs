@@ -37,8 +37,8 @@ pub struct SideRun {
 }
 
 /// Loads the mesh's rules of `case` into the pod netns `pod`, as the mesh writes them
-/// (every table of each family's restore file; Istio's `::6/128` on `lo` with its IPv6
-/// rules). A restore file the kernel refuses is a wrong fact: the test stops, naming it.
+/// (every table of each family's restore file; Istio's and Kuma's `::6/128` on `lo` with
+/// their IPv6 rules). A restore file the kernel refuses is a wrong fact: the test stops, naming it.
 pub fn load_mesh_rules(pod: &Netns, case: &Case) {
     for (v6, tool) in [
         (false, "iptables-nft-restore"),
@@ -57,7 +57,7 @@ pub fn load_mesh_rules(pod: &Netns, case: &Case) {
                 case.source
             ),
         );
-        if v6 && case.mesh == Mesh::Istio {
+        if v6 && matches!(case.mesh, Mesh::Istio | Mesh::Kuma) {
             let out = Command::new("ip")
                 .args(["-n", pod.name(), "addr", "add", "::6/128", "dev", "lo"])
                 .output()

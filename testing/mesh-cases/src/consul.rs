@@ -7,7 +7,7 @@
 
 use serde_json::json;
 
-use crate::parity::case::{ann, pod_facts, Case, Mesh, MeshRules};
+use crate::{ann, pod_facts, Case, Mesh, MeshRules};
 
 /// Under which condition consul-k8s writes IPv6 rules (consul.md §4.5).
 const V6_CONDITION: &str = "consul.hashicorp.com/dual-stack: \"true\" (webhook env CONSUL_DUAL_STACK=true): the same rules through ip6tables with ::1/128";

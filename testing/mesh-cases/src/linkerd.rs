@@ -1,13 +1,13 @@
 //! Linkerd cases as linkerd-cni configures a pod: its integration-test configuration, the
 //! default chart configuration, each pod annotation linkerd-cni reads, and the proxy-init
 //! lab scenarios whose setting is a pod annotation under linkerd-cni. The nat tables are
-//! written by [`nat_table`] exactly as `research/linkerd.md` §1.1–1.3 describes proxy-init's
+//! written by `nat_table` exactly as `research/linkerd.md` §1.1–1.3 describes proxy-init's
 //! commands (the same rule list for IPv4 and IPv6); the tests below hold it to the two full
 //! tables the sheet lists (§3.3 and §3.4 C).
 
 use interlock_contract::pod::PodFacts;
 
-use crate::parity::case::{ann, pod_facts, Case, Mesh, MeshRules};
+use crate::{ann, pod_facts, Case, Mesh, MeshRules};
 
 /// Under which condition linkerd-cni writes the IPv6 rules (linkerd.md §1.5).
 const V6_CONDITION: &str = "\"ipv6\": true in the linkerd-cni config (chart disableIPv6: false): the same rules through ip6tables";

@@ -3,10 +3,10 @@
 //! mesh writes for them, written from `research/istio.md` §7 (which names the upstream
 //! golden of each). IPv4 tables are as listed there; IPv6 tables are derived from them as
 //! istio-iptables does (§1.3, §2.8): the loopback rules take `::6/128` and `::1/128`, and
-//! rules naming an IPv4 network exist in the IPv4 table only. [`tests::derivation`] holds the
+//! rules naming an IPv4 network exist in the IPv4 table only. `tests::derivation` holds the
 //! derivation to the IPv6 table the sheet lists for `include-exclude-ip`.
 
-use crate::parity::case::{ann, pod_facts, Case, Mesh, MeshRules};
+use crate::{ann, pod_facts, Case, Mesh, MeshRules};
 
 /// Under which condition istio-cni writes IPv6 rules (istio.md §2.7).
 const V6_CONDITION: &str =
