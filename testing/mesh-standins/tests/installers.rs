@@ -330,8 +330,23 @@ fn the_kuma_installer_process_is_install_cni_and_exits_5_on_loss() {
     let log = d.conf.parent().unwrap().join("install.log");
     let mut child = Killed(install::spawn(Path::new(EXE), &o, &log).unwrap());
     let child = &mut child.0;
-    let cmdline = fs::read(format!("/proc/{}/cmdline", child.id())).unwrap();
-    assert_eq!(cmdline.split(|b| *b == 0).next().unwrap(), b"/install-cni");
+    // Right after spawn the child may not have exec'd yet (its cmdline is still ours):
+    // wait for the exec, then the name must be Kuma's.
+    let argv0 = || {
+        let cmdline = fs::read(format!("/proc/{}/cmdline", child.id())).unwrap_or_default();
+        cmdline
+            .split(|b| *b == 0)
+            .next()
+            .unwrap_or_default()
+            .to_vec()
+    };
+    let ours = fs::read("/proc/self/cmdline").unwrap();
+    let ours = ours.split(|b| *b == 0).next().unwrap().to_vec();
+    wait("the installer's exec", || {
+        let a = argv0();
+        !a.is_empty() && a != ours
+    });
+    assert_eq!(argv0(), b"/install-cni");
     wait("kuma-cni in the file", || has_type(&named, "kuma-cni"));
     write(&named, &primary());
     let until = Instant::now() + Duration::from_secs(20);
