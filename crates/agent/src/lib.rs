@@ -595,8 +595,17 @@ fn start_audit_and_socket(
         shared.starts.clone(),
     )?;
     if let (Some(settings), Some(wake_rx)) = (cfg.audit.clone(), wake_rx) {
-        let plugin = interlock_contract::PluginConfig::from_map(&cfg.entry())
+        let mut plugin = interlock_contract::PluginConfig::from_map(&cfg.entry())
             .map_err(|e| AgentError::Runtime(format!("the plugin entry is invalid: {e}")))?;
+        // Guard mode: the audit proves the mesh's own capture (audit::guarded).
+        if let (Some(mesh), None) = (cfg.guard, &plugin.guard) {
+            plugin.guard = Some(interlock_contract::guard::GuardRole {
+                mesh,
+                hold: false,
+                reason: None,
+                exclude_namespaces: Vec::new(),
+            });
+        }
         tokio::spawn(audit::run(
             settings,
             plugin,

@@ -1,0 +1,494 @@
+//! Guard mode's audit (issue 29): the mesh's own plugin wrote a meshed sandbox's rules,
+//! in its own shape, so they are never read back. Each meshed sandbox is judged by a
+//! connection alone ([`interlock_redirect::probe::probe_with`] with
+//! [`ProxyPort::MaybeTaken`], in the pod's netns on a dedicated thread, as the in-place
+//! repair proves its rules): an outbound connection as root to the pod's gateway must be
+//! delivered to the proxy's outbound port, whoever wrote the rules.
+//!
+//! - **Which sandboxes**: those the guarded mesh's plugin would redirect
+//!   ([`GuardedMesh::recognise`]), with T's excluded namespaces from the entry the config
+//!   guard learnt (`<stateDir>/guard-entry.json`), else from interlock-cni's own
+//!   settings (its guard role's `excludeNamespaces`, else `excludeNamespaces`), which the
+//!   log says.
+//! - **Which families**: only those the mesh captures for that pod
+//!   ([`interlock_contract::guard::Ipv6Capture`]: IPv4 always). A family the pod routes
+//!   beyond link-local that the mesh leaves uncaptured is reported (logged once per
+//!   sandbox), not judged unprotected: the mesh chose not to capture it, and restarting
+//!   the pod would not change that.
+//! - **When**: once the proxy's outbound port has a listener (sock_diag, nothing bound);
+//!   a sandbox whose proxy has not listened after [`LISTEN_GRACE`] is probed with the port
+//!   free (the probe binds it for at most its timeout). A failed probe is tried once more
+//!   before it counts, since a proxy that starts during the first may have taken the
+//!   port.
+//!
+//! In-place repair is not offered in guard mode in this version (it would need an
+//! explicit opt-in and the guard role's DEL releasing its state): an unprotected sandbox
+//! is restarted by default, and `repair` is taken as `restart`.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use interlock_contract::guard::{GuardedMesh, ProbeInputs};
+use interlock_redirect::probe::{self, ProbeError, ProbeReport, ProxyPort};
+use interlock_redirect::spec::{
+    Family, InboundCapture, Loopback, OutboundCapture, PortSelection, RedirectSpec,
+};
+use serde_json::Value;
+
+use super::decide::Verdict;
+
+/// How long after its sandbox was created a proxy may take to listen before the probe
+/// binds its port itself.
+pub const LISTEN_GRACE: Duration = Duration::from_secs(30);
+/// How long one probe connection may take.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The pause before a failed probe is tried again.
+pub const RETRY_AFTER: Duration = Duration::from_millis(500);
+/// How the verdict of a sandbox not probed yet starts (its proxy does not listen yet).
+pub const WAITING: &str = "not probed yet";
+/// The Event reason of a routed family the guarded mesh leaves uncaptured.
+pub const EVENT_FAMILY_UNCOVERED: &str = "FamilyNotCaptured";
+/// The largest `guard-entry.json` read.
+const MAX_ENTRY_BYTES: u64 = 1 << 20;
+
+/// The guarded mesh and where its learnt entry is kept.
+#[derive(Debug, Clone)]
+pub struct GuardAudit {
+    /// The mesh whose plugin follows interlock-cni in the chain.
+    pub mesh: GuardedMesh,
+    /// The agent's state dir (where the config guard keeps the learnt entry).
+    pub state_dir: PathBuf,
+    /// T's excluded namespaces while no entry has been learnt: interlock-cni's own.
+    pub fallback_excluded: Vec<String>,
+}
+
+/// T's entry and excluded namespaces as the audit uses them, and where they came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeshSettings {
+    /// T's entry, when learnt.
+    pub entry: Option<Value>,
+    /// T's excluded namespaces.
+    pub excluded: Vec<String>,
+    /// Where those came from, for the log.
+    pub source: String,
+}
+
+impl GuardAudit {
+    /// T's entry as the config guard last learnt it, and the excluded namespaces
+    /// (see the module docs). An unreadable or foreign file counts as not learnt.
+    pub fn settings(&self) -> MeshSettings {
+        let path = self
+            .state_dir
+            .join(interlock_contract::layout::GUARD_ENTRY_FILE);
+        let learnt = interlock_contract::bounded::read_regular(&path, MAX_ENTRY_BYTES)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| learnt_entry(&v, self.mesh));
+        match learnt {
+            Some(entry) => MeshSettings {
+                excluded: self.mesh.excluded_namespaces(&entry),
+                entry: Some(entry),
+                source: format!(
+                    "{}'s entry learnt in {}",
+                    self.mesh.plugin_type(),
+                    path.display()
+                ),
+            },
+            None => MeshSettings {
+                entry: None,
+                excluded: self.fallback_excluded.clone(),
+                source: format!(
+                    "interlock-cni's settings: no {} entry learnt yet ({} missing or unreadable)",
+                    self.mesh.plugin_type(),
+                    path.display()
+                ),
+            },
+        }
+    }
+}
+
+/// The entry in the config guard's `guard-entry.json` (`{"mesh": …, "entry": {…}}`), if
+/// it is for `mesh` (pure).
+pub fn learnt_entry(file: &Value, mesh: GuardedMesh) -> Option<Value> {
+    let for_mesh = file.get("mesh").and_then(Value::as_str) == Some(mesh.as_str());
+    let entry = file.get("entry").filter(|e| e.is_object())?;
+    let typed = entry.get("type").and_then(Value::as_str) == Some(mesh.plugin_type());
+    (for_mesh && typed).then(|| entry.clone())
+}
+
+/// The spec the probe checks a meshed pod against (pure): outbound TCP to the proxy's
+/// outbound port from every UID but the proxy's, IPv4 always and IPv6 only when
+/// `ipv6` (a family not captured is excluded whole, so the probe skips it rather than
+/// failing on it). Never installed: it only tells the probe what to demand.
+pub fn probe_spec(inputs: &ProbeInputs, ipv6: bool) -> RedirectSpec {
+    RedirectSpec {
+        proxy_uid: inputs.proxy_uid,
+        proxy_gid: None,
+        exempt_uids: Vec::new(),
+        inbound: InboundCapture {
+            proxy_port: inputs.outbound_port,
+            include_ports: PortSelection::Only(Vec::new()),
+            exclude_ports: Vec::new(),
+            exclude_sources: Vec::new(),
+        },
+        outbound: OutboundCapture {
+            proxy_port: inputs.outbound_port,
+            include_ports: PortSelection::All,
+            exclude_ports: Vec::new(),
+            include_cidrs: Vec::new(),
+            exclude_cidrs: if ipv6 {
+                Vec::new()
+            } else {
+                vec!["::/0".parse().expect("a literal network")]
+            },
+            any_destination_ports: Vec::new(),
+        },
+        loopback: Loopback::default(),
+        dns: None,
+        drop_invalid: false,
+        exclude_interfaces: Vec::new(),
+        ipv4: true,
+        ipv6: true,
+    }
+}
+
+/// What the pod's netns showed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probed {
+    /// The netns is gone.
+    Gone,
+    /// The proxy does not listen yet and the grace has not passed: judged later.
+    Waiting,
+    /// Probed.
+    Done {
+        /// The outcome.
+        outcome: ProbeOutcome,
+        /// A family the pod routes that the mesh leaves uncaptured (why), if any.
+        uncovered: Option<String>,
+        /// Whether the proxy listened when the probe ran.
+        listening: bool,
+    },
+}
+
+/// How the probe ended (classified in the netns thread, judged by [`judge`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// Every captured family shown delivered to the proxy (or sealed); the report's lines.
+    Captured(Vec<String>),
+    /// The probe ran but nothing it did depended on the rules (no family routable).
+    NothingToProve(Vec<String>),
+    /// A connection was not delivered to the proxy's port: the traffic leaves uncaptured.
+    NotCaptured(String),
+    /// The probe could not tell (no gateway to probe, a link that leaves the node, the
+    /// netns unreadable).
+    CannotTell(String),
+}
+
+/// The verdict for a probed meshed sandbox (pure).
+pub fn judge(mesh: GuardedMesh, outcome: &ProbeOutcome) -> Verdict {
+    let t = mesh.plugin_type();
+    match outcome {
+        ProbeOutcome::Captured(_) => Verdict::Protected,
+        ProbeOutcome::NotCaptured(why) => Verdict::Unprotected {
+            reason: format!(
+                "meshed by {t}, but its outbound traffic is not captured (proven by a connection): {why}"
+            ),
+        },
+        ProbeOutcome::NothingToProve(lines) => Verdict::Unknown {
+            reason: format!(
+                "meshed by {t}; no family of the pod is routable, so a connection proves nothing: {}",
+                lines.join("; ")
+            ),
+        },
+        ProbeOutcome::CannotTell(why) => Verdict::Unknown {
+            reason: format!("meshed by {t}; capture cannot be proven by a connection: {why}"),
+        },
+    }
+}
+
+/// Classifies what [`probe::probe_with`] returned (pure).
+pub fn classify(result: Result<ProbeReport, ProbeError>) -> ProbeOutcome {
+    match result {
+        Ok(r) if r.shows_redirection() => ProbeOutcome::Captured(r.lines()),
+        Ok(r) => ProbeOutcome::NothingToProve(r.lines()),
+        Err(
+            e @ (ProbeError::NotRedirected { .. }
+            | ProbeError::WrongOriginalDst { .. }
+            | ProbeError::UnexpectedRoute { .. }),
+        ) => ProbeOutcome::NotCaptured(e.to_string()),
+        Err(e) => ProbeOutcome::CannotTell(e.to_string()),
+    }
+}
+
+/// Whether to probe now (pure): once the proxy listens, or once `age` passed the grace.
+pub fn probe_now(listening: bool, age: Duration) -> bool {
+    listening || age >= LISTEN_GRACE
+}
+
+/// Why a routed family is left uncovered (pure): IPv6 routed beyond link-local while the
+/// mesh captures only IPv4 for this pod. `routes_v6` are the pod's IPv6 unicast
+/// destinations off `lo` (network address, as printed).
+pub fn uncovered(
+    mesh: GuardedMesh,
+    captures_v6: bool,
+    routes_v6: &[(IpAddr, String)],
+) -> Option<String> {
+    let beyond: Vec<&str> = routes_v6
+        .iter()
+        .filter(|(a, _)| !is_link_local(*a))
+        .map(|(_, s)| s.as_str())
+        .collect();
+    (!captures_v6 && !beyond.is_empty()).then(|| {
+        format!(
+            "the pod routes IPv6 ({}), which {} does not capture for it; its IPv6 connections bypass the proxy (the mesh's own choice: see its IPv6 setting)",
+            beyond.join(", "),
+            mesh.plugin_type()
+        )
+    })
+}
+
+fn is_link_local(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(a) if (a.segments()[0] & 0xffc0) == 0xfe80)
+}
+
+/// Probes the sandbox at `netns` (blocking: enters the netns on a dedicated thread).
+/// `age` is how long ago the sandbox was created.
+pub fn probe_sandbox(
+    netns: &Path,
+    mesh: GuardedMesh,
+    inputs: &ProbeInputs,
+    age: Duration,
+) -> Probed {
+    let pod = match interlock_redirect::netns::PodNetns::open(netns) {
+        Ok(p) => p,
+        Err(e) if e.is_gone() => return Probed::Gone,
+        Err(e) => {
+            return Probed::Done {
+                outcome: ProbeOutcome::CannotTell(e.to_string()),
+                uncovered: None,
+                listening: false,
+            }
+        }
+    };
+    let inputs = *inputs;
+    let ran = pod.run(move || {
+        let listening = match interlock_redirect::sockdiag::tcp_sockets() {
+            Ok(s) => s
+                .iter()
+                .any(|s| s.state == TCP_LISTEN && s.local.port() == inputs.outbound_port),
+            Err(e) => {
+                return Probed::Done {
+                    outcome: ProbeOutcome::CannotTell(format!("listing the pod's sockets: {e}")),
+                    uncovered: None,
+                    listening: false,
+                }
+            }
+        };
+        if !probe_now(listening, age) {
+            return Probed::Waiting;
+        }
+        let addrs = addresses();
+        let captures_v6 = inputs.ipv6.captures_ipv6(&addrs);
+        let routes_v6 = ipv6_routes();
+        let spec = probe_spec(&inputs, captures_v6);
+        let mut result = probe::probe_with(&spec, &[], PROBE_TIMEOUT, ProxyPort::MaybeTaken);
+        if result.is_err() {
+            std::thread::sleep(RETRY_AFTER);
+            result = probe::probe_with(&spec, &[], PROBE_TIMEOUT, ProxyPort::MaybeTaken);
+        }
+        Probed::Done {
+            outcome: classify(result),
+            uncovered: uncovered(mesh, captures_v6, &routes_v6),
+            listening,
+        }
+    });
+    match ran {
+        Ok(p) => p,
+        Err(e) if e.is_gone() => Probed::Gone,
+        Err(e) => Probed::Done {
+            outcome: ProbeOutcome::CannotTell(e.to_string()),
+            uncovered: None,
+            listening: false,
+        },
+    }
+}
+
+const TCP_LISTEN: u8 = 10;
+
+/// The calling thread's netns's addresses, interface by interface in the kernel's order
+/// (how the meshes' plugins walk them).
+fn addresses() -> Vec<IpAddr> {
+    let Ok(list) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    list.filter_map(|a| {
+        let s = a.address?;
+        s.as_sockaddr_in()
+            .map(|v4| IpAddr::V4(v4.ip()))
+            .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+    })
+    .collect()
+}
+
+/// The IPv6 unicast destinations the calling thread's netns routes off `lo`.
+fn ipv6_routes() -> Vec<(IpAddr, String)> {
+    let (Ok(routes), Ok(links)) = (
+        interlock_redirect::route::routes(),
+        interlock_redirect::route::links(),
+    ) else {
+        return Vec::new();
+    };
+    let lo: Vec<u32> = links
+        .iter()
+        .filter(|l| l.name == "lo")
+        .map(|l| l.index)
+        .collect();
+    routes
+        .iter()
+        .filter(|r| r.is_unicast() && Family::of_net(&r.dst) == Family::V6 && !lo.contains(&r.oif))
+        .map(|r| (r.dst.addr(), r.dst.to_string()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use interlock_contract::guard::Ipv6Capture;
+
+    fn inputs() -> ProbeInputs {
+        ProbeInputs {
+            outbound_port: 15001,
+            proxy_uid: 1337,
+            ipv6: Ipv6Capture::FirstAddressIsIpv6,
+        }
+    }
+
+    #[test]
+    fn the_probe_spec_demands_only_the_captured_families() {
+        let v4 = probe_spec(&inputs(), false);
+        v4.validate().unwrap();
+        assert_eq!(v4.outbound.proxy_port, 15001);
+        assert!(v4.outbound_capture_gap(Family::V4).is_none());
+        let gap = v4.outbound_capture_gap(Family::V6).unwrap();
+        assert!(gap.contains("::/0"), "{gap}");
+        assert!(v4.captures_outbound(0, 0, "", "10.0.0.1".parse().unwrap(), 9));
+        assert!(!v4.captures_outbound(1337, 0, "", "10.0.0.1".parse().unwrap(), 9));
+        let dual = probe_spec(&inputs(), true);
+        dual.validate().unwrap();
+        assert!(dual.outbound_capture_gap(Family::V6).is_none());
+    }
+
+    #[test]
+    fn verdicts_come_from_the_connection_only() {
+        let m = GuardedMesh::Istio;
+        assert_eq!(
+            judge(m, &ProbeOutcome::Captured(vec!["IPv4: landed".into()])),
+            Verdict::Protected
+        );
+        let Verdict::Unprotected { reason } =
+            judge(m, &ProbeOutcome::NotCaptured("reset by 10.0.0.1".into()))
+        else {
+            panic!()
+        };
+        assert!(
+            reason.contains("istio-cni") && reason.contains("reset by 10.0.0.1"),
+            "{reason}"
+        );
+        assert_eq!(
+            judge(m, &ProbeOutcome::CannotTell("x".into())).label(),
+            "unknown"
+        );
+        assert_eq!(
+            judge(m, &ProbeOutcome::NothingToProve(vec![])).label(),
+            "unknown"
+        );
+        // Which probe errors mean "not captured".
+        let not = classify(Err(ProbeError::NotRedirected {
+            target: "10.0.0.1:9".parse().unwrap(),
+            port: 15001,
+            detail: "connection refused".into(),
+        }));
+        assert!(matches!(not, ProbeOutcome::NotCaptured(_)), "{not:?}");
+        let cannot = classify(Err(ProbeError::NoTarget {
+            family: Family::V4,
+            reason: "no gateway".into(),
+        }));
+        assert!(matches!(cannot, ProbeOutcome::CannotTell(_)), "{cannot:?}");
+        let empty = classify(Ok(ProbeReport::default()));
+        assert!(
+            matches!(empty, ProbeOutcome::NothingToProve(_)),
+            "{empty:?}"
+        );
+    }
+
+    #[test]
+    fn probing_waits_for_the_listener_or_the_grace() {
+        assert!(probe_now(true, Duration::ZERO));
+        assert!(!probe_now(false, Duration::from_secs(5)));
+        assert!(probe_now(false, LISTEN_GRACE));
+    }
+
+    #[test]
+    fn an_uncaptured_routed_family_is_reported_not_judged() {
+        let m = GuardedMesh::Linkerd;
+        let net = |s: &str| {
+            let addr = s.split('/').next().unwrap().parse::<IpAddr>().unwrap();
+            (addr, s.to_string())
+        };
+        let (ll, global, default) = (net("fe80::/64"), net("fd00:1::/64"), net("::/0"));
+        assert_eq!(
+            uncovered(m, false, std::slice::from_ref(&ll)),
+            None,
+            "link-local only is not reported"
+        );
+        assert_eq!(uncovered(m, true, &[global.clone(), default.clone()]), None);
+        let why = uncovered(m, false, &[ll, global, default]).unwrap();
+        assert!(
+            why.contains("fd00:1::/64") && why.contains("::/0") && why.contains("linkerd-cni"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn the_learnt_entry_is_read_for_its_mesh_only() {
+        let file = serde_json::json!({
+            "mesh": "istio",
+            "entry": {"type": "istio-cni", "exclude_namespaces": ["kube-system", "istio-system"]},
+            "source": "10-calico.conflist",
+        });
+        let e = learnt_entry(&file, GuardedMesh::Istio).unwrap();
+        assert_eq!(e["type"], "istio-cni");
+        assert_eq!(learnt_entry(&file, GuardedMesh::Kuma), None);
+        assert_eq!(
+            learnt_entry(&serde_json::json!({"mesh": "istio"}), GuardedMesh::Istio),
+            None
+        );
+
+        let dir = interlock_testkit::tempdir().unwrap();
+        let g = GuardAudit {
+            mesh: GuardedMesh::Istio,
+            state_dir: dir.path().to_path_buf(),
+            fallback_excluded: vec!["kube-system".into()],
+        };
+        let s = g.settings();
+        assert_eq!(
+            (s.entry, s.excluded.clone()),
+            (None, vec!["kube-system".to_string()])
+        );
+        assert!(
+            s.source.contains("no istio-cni entry learnt yet"),
+            "{}",
+            s.source
+        );
+        std::fs::write(
+            dir.path()
+                .join(interlock_contract::layout::GUARD_ENTRY_FILE),
+            file.to_string(),
+        )
+        .unwrap();
+        let s = g.settings();
+        assert_eq!(s.excluded, vec!["kube-system", "istio-system"]);
+        assert!(s.entry.is_some() && s.source.contains("learnt"), "{s:?}");
+    }
+}
