@@ -364,6 +364,185 @@ mod tests {
         }
     }
 
+    /// A pod netns behind a veth whose other end (the pod's gateway) is in a "node"
+    /// netns, IPv4 with a default route, and an IPv6 address that Istio leaves
+    /// uncaptured (its first address is IPv4).
+    fn pod_behind_node() -> (interlock_testkit::Netns, interlock_testkit::Netns) {
+        let node = interlock_testkit::Netns::new("gnode").unwrap();
+        let pod = interlock_testkit::Netns::new("gpod").unwrap();
+        node.exec_ok(&[
+            "ip",
+            "link",
+            "add",
+            "gw0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            pod.name(),
+        ]);
+        node.exec_ok(&["ip", "addr", "add", "10.98.3.1/24", "dev", "gw0"]);
+        node.exec_ok(&["ip", "link", "set", "gw0", "up"]);
+        pod.exec_ok(&["ip", "addr", "add", "10.98.3.2/24", "dev", "eth0"]);
+        pod.exec_ok(&["ip", "addr", "add", "fd98:3::2/64", "dev", "eth0", "nodad"]);
+        pod.exec_ok(&["ip", "link", "set", "eth0", "up"]);
+        pod.exec_ok(&["ip", "route", "add", "default", "via", "10.98.3.1"]);
+        (node, pod)
+    }
+
+    /// istio-cni's outbound capture, written the mesh's way (iptables REDIRECT to 15001
+    /// for everyone but UID 1337), by the test itself: interlock never writes it.
+    fn write_istio_outbound_rules(pod: &interlock_testkit::Netns) {
+        for rule in [
+            vec!["-t", "nat", "-N", "ISTIO_REDIRECT"],
+            vec![
+                "-t",
+                "nat",
+                "-A",
+                "ISTIO_REDIRECT",
+                "-p",
+                "tcp",
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                "15001",
+            ],
+            vec!["-t", "nat", "-N", "ISTIO_OUTPUT"],
+            vec![
+                "-t",
+                "nat",
+                "-A",
+                "ISTIO_OUTPUT",
+                "-m",
+                "owner",
+                "--uid-owner",
+                "1337",
+                "-j",
+                "RETURN",
+            ],
+            vec![
+                "-t",
+                "nat",
+                "-A",
+                "ISTIO_OUTPUT",
+                "-d",
+                "127.0.0.1/32",
+                "-j",
+                "RETURN",
+            ],
+            vec!["-t", "nat", "-A", "ISTIO_OUTPUT", "-j", "ISTIO_REDIRECT"],
+            vec![
+                "-t",
+                "nat",
+                "-A",
+                "OUTPUT",
+                "-p",
+                "tcp",
+                "-j",
+                "ISTIO_OUTPUT",
+            ],
+        ] {
+            let mut argv = vec!["iptables"];
+            argv.extend(rule);
+            pod.exec_ok(&argv);
+        }
+    }
+
+    /// The probe judges by a connection only: with no rules it says not captured (and a
+    /// proxy that listens does not change that); with the rules the mesh writes it says
+    /// captured, through a listening proxy (sock_diag) and, past the grace, with the port
+    /// free; a young sandbox whose proxy does not listen waits. The pod's IPv6, which
+    /// Istio leaves uncaptured here, is reported, not judged.
+    #[test]
+    fn a_connection_tells_captured_from_not_captured() {
+        interlock_testkit::require_root!();
+        let (_node, pod) = pod_behind_node();
+        let mesh = GuardedMesh::Istio;
+        let old = LISTEN_GRACE + Duration::from_secs(1);
+        let probe = |age| probe_sandbox(&pod.path(), mesh, &inputs(), age);
+
+        assert_eq!(probe(Duration::ZERO), Probed::Waiting);
+        let Probed::Done {
+            outcome,
+            uncovered,
+            listening,
+        } = probe(old)
+        else {
+            panic!("not probed")
+        };
+        assert!(!listening);
+        assert!(
+            matches!(outcome, ProbeOutcome::NotCaptured(_)),
+            "{outcome:?}"
+        );
+        assert_eq!(judge(mesh, &outcome).label(), "unprotected");
+        let why = uncovered.expect("the pod's IPv6 is routed and not captured");
+        assert!(
+            why.contains("fd98:3::/64") && why.contains("istio-cni"),
+            "{why}"
+        );
+
+        // A proxy listening without the rules: still not captured.
+        let proxy = pod.run(|| std::net::TcpListener::bind("0.0.0.0:15001").unwrap());
+        let Probed::Done {
+            outcome, listening, ..
+        } = probe(Duration::ZERO)
+        else {
+            panic!("a listening proxy is probed at once")
+        };
+        assert!(listening);
+        assert!(
+            matches!(outcome, ProbeOutcome::NotCaptured(_)),
+            "{outcome:?}"
+        );
+
+        write_istio_outbound_rules(&pod);
+        let Probed::Done {
+            outcome, uncovered, ..
+        } = probe(Duration::ZERO)
+        else {
+            panic!("not probed")
+        };
+        let ProbeOutcome::Captured(lines) = &outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("10.98.3.1") && l.contains("running proxy")),
+            "{lines:?}"
+        );
+        assert_eq!(judge(mesh, &outcome), Verdict::Protected);
+        assert!(
+            uncovered.is_some(),
+            "reported every pass; the audit logs it once"
+        );
+
+        // The proxy gone: past the grace the probe binds the port itself.
+        drop(proxy);
+        let Probed::Done {
+            outcome, listening, ..
+        } = probe(old)
+        else {
+            panic!("not probed")
+        };
+        assert!(!listening);
+        let ProbeOutcome::Captured(lines) = &outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("original destination 10.98.3.1")),
+            "{lines:?}"
+        );
+        // Nothing of interlock's was written.
+        let ruleset = pod.exec_ok(&["nft", "list", "tables"]);
+        assert!(!ruleset.contains("interlock"), "{ruleset}");
+    }
+
     #[test]
     fn the_probe_spec_demands_only_the_captured_families() {
         let v4 = probe_spec(&inputs(), false);
