@@ -31,9 +31,7 @@ use std::time::Duration;
 
 use interlock_contract::guard::{GuardedMesh, ProbeInputs};
 use interlock_redirect::probe::{self, ProbeError, ProbeReport, ProxyPort};
-use interlock_redirect::spec::{
-    Family, InboundCapture, Loopback, OutboundCapture, PortSelection, RedirectSpec,
-};
+use interlock_redirect::spec::{Family, PortSelection, RedirectSpec};
 use serde_json::Value;
 
 use super::decide::Verdict;
@@ -122,35 +120,13 @@ pub fn learnt_entry(file: &Value, mesh: GuardedMesh) -> Option<Value> {
 /// `ipv6` (a family not captured is excluded whole, so the probe skips it rather than
 /// failing on it). Never installed: it only tells the probe what to demand.
 pub fn probe_spec(inputs: &ProbeInputs, ipv6: bool) -> RedirectSpec {
-    RedirectSpec {
-        proxy_uid: inputs.proxy_uid,
-        proxy_gid: None,
-        exempt_uids: Vec::new(),
-        inbound: InboundCapture {
-            proxy_port: inputs.outbound_port,
-            include_ports: PortSelection::Only(Vec::new()),
-            exclude_ports: Vec::new(),
-            exclude_sources: Vec::new(),
-        },
-        outbound: OutboundCapture {
-            proxy_port: inputs.outbound_port,
-            include_ports: PortSelection::All,
-            exclude_ports: Vec::new(),
-            include_cidrs: Vec::new(),
-            exclude_cidrs: if ipv6 {
-                Vec::new()
-            } else {
-                vec!["::/0".parse().expect("a literal network")]
-            },
-            any_destination_ports: Vec::new(),
-        },
-        loopback: Loopback::default(),
-        dns: None,
-        drop_invalid: false,
-        exclude_interfaces: Vec::new(),
-        ipv4: true,
-        ipv6: true,
+    let port = inputs.outbound_port;
+    let mut spec = interlock_redirect::profile::base_spec(inputs.proxy_uid, None, port, port);
+    spec.inbound.include_ports = PortSelection::Only(Vec::new());
+    if !ipv6 {
+        spec.outbound.exclude_cidrs = vec!["::/0".parse().expect("a literal network")];
     }
+    spec
 }
 
 /// What the pod's netns showed.
