@@ -23,6 +23,10 @@
 //! removes the rules and the records. Then it ends the connections opened before the
 //! rules (`SOCK_DESTROY` inside the netns); a refusal or survivors escalate to a restart.
 //!
+//! In guard mode ([`guarded`]) the mesh's own plugin wrote the rules: a meshed sandbox is
+//! judged by a connection alone, never by reading rules back, and is not repaired in
+//! place (restarted by default).
+//!
 //! When that sandbox is later deleted through a chain that still lacks interlock, no DEL
 //! of interlock's removes that state: every full pass therefore removes the state and
 //! netns references of sandboxes the runtime no longer lists and whose netns is gone
