@@ -148,14 +148,24 @@ pub enum GuardVerdict {
     PassAndNote,
     /// Refuse with "try again later" (11): the message for the runtime.
     Hold(String),
+    /// A pod hold would refuse, let through under `failurePolicy: open` (why, logged as
+    /// an error).
+    PassOpen(String),
 }
 
 /// The guard role's answer for a pod, from the entry's role and the pod's
 /// [`Recognition`] (pure). Hold refuses only meshed pods, and pods it cannot tell
 /// apart: every other pod passes, the mesh's own installer pod included (it needs a
 /// pod network on three of the four meshes). Out of hold, an undecidable pod passes:
-/// the mesh's plugin follows and decides for itself.
-pub fn guard_verdict(role: &GuardRole, pod: &str, recognition: &Recognition) -> GuardVerdict {
+/// the mesh's plugin follows and decides for itself. With `failurePolicy: open`
+/// (`open`) a pod hold would refuse passes instead, which the caller logs as an error,
+/// as for the redirecting role.
+pub fn guard_verdict(
+    role: &GuardRole,
+    pod: &str,
+    recognition: &Recognition,
+    open: bool,
+) -> GuardVerdict {
     let t = role.mesh.plugin_type();
     let why = role
         .reason
@@ -165,6 +175,14 @@ pub fn guard_verdict(role: &GuardRole, pod: &str, recognition: &Recognition) -> 
     match (recognition, role.hold) {
         (Recognition::NotMeshed(r), _) => GuardVerdict::Pass(format!("not meshed: {r}")),
         (Recognition::Meshed, false) => GuardVerdict::PassAndNote,
+        (Recognition::Meshed | Recognition::Undecidable(_), true) if open => {
+            GuardVerdict::PassOpen(format!(
+                "runs WITHOUT its traffic captured (failurePolicy open): {t} cannot run in \
+                 this node's CNI chain now ({why}), and the pod is meshed by it or cannot be \
+                 told apart ({})",
+                recognition.label()
+            ))
+        }
         (Recognition::Undecidable(r), false) => GuardVerdict::Pass(format!("{t} decides ({r})")),
         (Recognition::Meshed, true) => GuardVerdict::Hold(format!(
             "pod {pod} is held: it is meshed by {t}, and {t} cannot run in this node's CNI \
@@ -225,6 +243,7 @@ mod tests {
             GuardVerdict::Pass(_) => "pass",
             GuardVerdict::PassAndNote => "pass+note",
             GuardVerdict::Hold(_) => "hold",
+            GuardVerdict::PassOpen(_) => "pass-open",
         };
         let cases = [
             (false, &meshed, "pass+note"),
@@ -235,7 +254,7 @@ mod tests {
             (true, &unknown, "hold"),
         ];
         for (hold, r, want) in cases {
-            let v = guard_verdict(&role(hold), "shop/cart-0", r);
+            let v = guard_verdict(&role(hold), "shop/cart-0", r, false);
             assert_eq!(label(&v), want, "hold {hold}, {r:?}: {v:?}");
             if let GuardVerdict::Hold(m) = &v {
                 assert!(
@@ -246,14 +265,26 @@ mod tests {
                 );
             }
         }
-        let GuardVerdict::Hold(m) = guard_verdict(&role(true), "shop/x", &unknown) else {
+        let GuardVerdict::Hold(m) = guard_verdict(&role(true), "shop/x", &unknown, false) else {
             panic!()
         };
         assert!(m.contains("no annotations, no agent"), "{m}");
+        // failurePolicy open lets a held pod through, saying so; nothing else changes.
+        for r in [&meshed, &unknown] {
+            let v = guard_verdict(&role(true), "shop/x", r, true);
+            let GuardVerdict::PassOpen(m) = &v else {
+                panic!("{v:?}")
+            };
+            assert!(m.contains("WITHOUT") && m.contains("consul-cni"), "{m}");
+        }
+        assert_eq!(
+            guard_verdict(&role(false), "shop/x", &meshed, true),
+            GuardVerdict::PassAndNote
+        );
         // A hold without a reason still says so.
         let mut bare = role(true);
         bare.reason = None;
-        let GuardVerdict::Hold(m) = guard_verdict(&bare, "shop/x", &meshed) else {
+        let GuardVerdict::Hold(m) = guard_verdict(&bare, "shop/x", &meshed, false) else {
             panic!()
         };
         assert!(m.contains("no reason given"), "{m}");

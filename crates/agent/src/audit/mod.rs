@@ -266,6 +266,7 @@ impl Auditor {
             }
             self.metrics.set_verdicts(&counts);
             lock(&self.history).forget_old(Instant::now());
+            lock(&self.uncovered).retain(|id| all.contains(id));
             self.collect_gone(all).await;
             self.metrics.duration.observe(start.elapsed().as_secs_f64());
             info!(

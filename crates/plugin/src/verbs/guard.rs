@@ -41,17 +41,26 @@ pub(super) fn add(call: &Call, role: &GuardRole) -> Result<CniResult, CniError> 
         netns: call.inv.netns().to_string(),
     };
     let (recognition, source, noted) = recognise(call, role, &mut pod, &add);
-    let verdict = guard_verdict(role, &name, &recognition);
+    let open = call.config.failure_policy == interlock_contract::config::FailurePolicy::Open;
+    let verdict = guard_verdict(role, &name, &recognition, open);
     let took = ms(micros(start.elapsed()));
     match verdict {
         GuardVerdict::Hold(msg) => {
-            note_held(call, role, &pod);
+            note_held(call, role, &pod, false);
             Err(call.err(codes::TRY_AGAIN_LATER, msg).with_details(format!(
                 "the interlock agent sets hold while {} is missing from, or cannot run in, \
                  the effective CNI config; it lifts it once the plugin is back \
                  (annotations from {source}; {took})",
                 role.mesh.plugin_type()
             )))
+        }
+        GuardVerdict::PassOpen(why) => {
+            note_held(call, role, &pod, true);
+            call.log.error(&format!(
+                "pod {name}: guard ({}): {why}; annotations from {source}; total {took}",
+                role.mesh
+            ));
+            Ok(prev)
         }
         GuardVerdict::Pass(why) => {
             call.log.info(&format!(
@@ -159,9 +168,9 @@ fn recognise(
     }
 }
 
-/// Tells the agent a pod start was refused by the hold (counted as refused). Best
-/// effort.
-fn note_held(call: &Call, role: &GuardRole, pod: &PodIdentity) {
+/// Tells the agent a pod start was refused by the hold (counted as refused), or let
+/// through unprotected under `failurePolicy: open` (`open`). Best effort.
+fn note_held(call: &Call, role: &GuardRole, pod: &PodIdentity, open: bool) {
     use interlock_contract::agent_socket::{outcome, FailedNote, OP_FAILED, PROTOCOL_VERSION};
     let Some(socket) = &call.config.agent_socket else {
         return;
@@ -173,10 +182,15 @@ fn note_held(call: &Call, role: &GuardRole, pod: &PodIdentity) {
         netns: call.inv.netns().to_string(),
         namespace: pod.namespace.clone(),
         name: pod.name.clone(),
-        outcome: outcome::REFUSED.into(),
+        outcome: if open {
+            outcome::UNPROTECTED
+        } else {
+            outcome::REFUSED
+        }
+        .into(),
         reason: "guard-hold".into(),
         profile: role.mesh.as_str().into(),
-        code: codes::TRY_AGAIN_LATER,
+        code: if open { 0 } else { codes::TRY_AGAIN_LATER },
     };
     if let Err(e) = crate::agent_client::note_failed(socket, &note) {
         call.log.debug(&format!(

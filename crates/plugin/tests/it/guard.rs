@@ -102,6 +102,25 @@ fn hold_passes_unmeshed_pods_with_the_bridges_result() {
     );
 }
 
+/// With `failurePolicy: open`, hold lets a meshed pod through and logs it at error
+/// level; still nothing is written.
+#[test]
+fn hold_with_failure_policy_open_passes_and_says_so() {
+    require_root!();
+    let n = Node::new(false);
+    let mut r = role("istio", true);
+    r["failurePolicy"] = json!("open");
+    let pod = n.add(&n.chain(r), "open-0", Some(ISTIO.annotations()));
+    assert_untouched(&pod.ns);
+    let log = n.log();
+    assert!(
+        log.contains("ERROR")
+            && log.contains("shop/open-0")
+            && log.contains("WITHOUT its traffic captured"),
+        "{log}"
+    );
+}
+
 /// Out of hold, a meshed pod passes (the mesh's plugin follows) and the agent hears of
 /// its ADD, so its audit probes the sandbox; nothing is written.
 #[test]
