@@ -30,7 +30,8 @@
 //!   [`health::telemetry`] sets up the logs.
 //!
 //! Tests: the pure decisions are tested beside them, the Kubernetes side against the fake
-//! API in `crates/agent/tests/kube.rs`. The agent as a process (the built `interlock`
+//! API in `crates/agent/tests/kube.rs`, guard mode's audit on a real containerd in
+//! `crates/agent/tests/guarded_audit.rs`. The agent as a process (the built `interlock`
 //! binary, which cargo builds only for its own crate's tests) is tested in
 //! `crates/cli/tests/it/`: `agent.rs` (the guard and its files), `audit.rs` (audit and
 //! repair on a real containerd), `kube_agent.rs` (gating and Events, against the fake API), `agent_socket*.rs`,
