@@ -197,6 +197,12 @@ pub fn classify(result: Result<ProbeReport, ProbeError>) -> ProbeOutcome {
     }
 }
 
+/// Whether `verdict` says the sandbox was not probed yet, its proxy not listening
+/// ([`Probed::Waiting`]).
+pub fn is_waiting(verdict: &Verdict) -> bool {
+    matches!(verdict, Verdict::Unknown { reason } if reason.starts_with(WAITING))
+}
+
 /// Whether to probe now (pure): once the proxy listens, or once `age` passed the grace.
 pub fn probe_now(listening: bool, age: Duration) -> bool {
     listening || age >= LISTEN_GRACE
@@ -579,6 +585,12 @@ mod tests {
 
     #[test]
     fn probing_waits_for_the_listener_or_the_grace() {
+        assert!(is_waiting(&Verdict::Unknown {
+            reason: format!("{WAITING}: its proxy does not listen")
+        }));
+        assert!(!is_waiting(&Verdict::Unknown {
+            reason: "netns unreadable".into()
+        }));
         assert!(probe_now(true, Duration::ZERO));
         assert!(!probe_now(false, Duration::from_secs(5)));
         assert!(probe_now(false, LISTEN_GRACE));

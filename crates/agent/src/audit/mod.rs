@@ -395,8 +395,8 @@ impl Auditor {
                 );
                 report.actions = self.act(status, decision, reason).await;
             }
-            Verdict::Unknown { reason } if reason.starts_with(guarded::WAITING) => {
-                info!(pod = %report.pod, sandbox = %report.sandbox, reason = %reason, "audit: not probed yet")
+            Verdict::Unknown { reason } if guarded::is_waiting(&report.verdict) => {
+                tracing::debug!(pod = %report.pod, sandbox = %report.sandbox, reason = %reason, "audit: not probed yet")
             }
             Verdict::Unknown { reason } => {
                 warn!(pod = %report.pod, sandbox = %report.sandbox, reason = %reason, "audit: cannot decide")
@@ -1562,6 +1562,11 @@ pub async fn run(
             Ok(reports) => {
                 health.runtime_answered();
                 for r in reports {
+                    // Guard mode: a sandbox whose proxy does not listen yet is looked at
+                    // again with the noted ones, so it is probed as soon as it does.
+                    if guarded::is_waiting(&r.verdict) {
+                        continue;
+                    }
                     pending.remove(&r.sandbox);
                     info!(
                         pod = %r.pod,
@@ -1580,7 +1585,7 @@ pub async fn run(
         pending.retain(|id, until| {
             let keep = *until > now;
             if !keep {
-                info!(sandbox = %id, "audit: the sandbox of an ADD note never became ready; the periodic audit covers it if it does");
+                info!(sandbox = %id, "audit: the sandbox of an ADD note never became ready (in guard mode: or its proxy never listened); the periodic audit covers it");
             }
             keep
         });
