@@ -172,6 +172,35 @@ fn an_undecidable_pod_is_held_only_in_hold() {
     );
 }
 
+/// Linkerd, in hold: linkerd-cni decides on the pod's containers, so a pod without
+/// Linkerd's annotations is looked up; the agent says it runs `linkerd-proxy` (the
+/// stand-in's pods do), so it is held. Without an agent only the annotations are known:
+/// no `linkerd.io/proxy-version`, not meshed, passed.
+#[test]
+fn linkerd_hold_asks_the_agent_for_the_containers() {
+    require_root!();
+    let n = Node::new(false);
+    let (ns, _, r) = n.try_add(&n.chain(role("linkerd", true)), "hand-0", Some(json!({})));
+    let (code, msg) = cni_error(&r.expect_err("a pod running linkerd-proxy must be held"));
+    assert_eq!(code, 11, "{msg}");
+    assert!(
+        msg.contains("shop/hand-0") && msg.contains("linkerd-cni"),
+        "{msg}"
+    );
+    assert_untouched(&ns);
+    let mut without_agent = role("linkerd", true);
+    without_agent["agentSocket"] = Value::Null;
+    let pod = n.add(&n.chain(without_agent), "hand-1", Some(json!({})));
+    assert_untouched(&pod.ns);
+    let log = n.log();
+    assert!(
+        log.contains(
+            "shop/hand-1: guard (linkerd): passed, not meshed: no linkerd.io/proxy-version"
+        ),
+        "{log}"
+    );
+}
+
 /// STATUS in the guard role succeeds in hold, even where the redirecting role's STATUS
 /// fails (a spec-reading profile without an agent socket).
 #[test]
