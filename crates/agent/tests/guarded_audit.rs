@@ -38,30 +38,33 @@ fn proxy_listener(netns: &Path) -> TcpListener {
     in_netns(netns, || TcpListener::bind("0.0.0.0:15001").unwrap()).unwrap()
 }
 
-/// istio-cni's outbound capture, written the mesh's way (iptables REDIRECT to 15001 for
-/// everyone but UID 1337).
-fn write_istio_outbound_rules(netns: &Path) {
-    for rule in [
-        "-t nat -N ISTIO_REDIRECT",
-        "-t nat -A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001",
-        "-t nat -N ISTIO_OUTPUT",
-        "-t nat -A ISTIO_OUTPUT -m owner --uid-owner 1337 -j RETURN",
-        "-t nat -A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN",
-        "-t nat -A ISTIO_OUTPUT -j ISTIO_REDIRECT",
-        "-t nat -A OUTPUT -p tcp -j ISTIO_OUTPUT",
-    ] {
-        let out = std::process::Command::new("nsenter")
-            .arg(format!("--net={}", netns.display()))
-            .arg("iptables")
-            .args(rule.split(' '))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "iptables {rule}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+/// The rules istio-cni writes for its default install (the shared cases), loaded into
+/// the pod's netns as istio-cni would.
+fn write_istio_rules(netns: &Path) {
+    use std::io::Write;
+    let case = interlock_mesh_cases::default_case(interlock_mesh_cases::Mesh::Istio);
+    let interlock_mesh_cases::MeshRules::Restore(text) = case.rules(false) else {
+        panic!("{}: no IPv4 rules", case.id())
+    };
+    let mut child = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args(["iptables-restore", "--noflush"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,7 +91,7 @@ async fn guard_mode_restarts_the_uncaptured_and_leaves_the_captured() {
     let (captured, captured_ns) = run("capt", true).await;
     let (bare, bare_ns) = run("bare", true).await;
     let (plain, _) = run("plain", false).await;
-    write_istio_outbound_rules(&captured_ns);
+    write_istio_rules(&captured_ns);
     // Both meshed pods' proxies run, so both are probed at once.
     let proxies = (proxy_listener(&captured_ns), proxy_listener(&bare_ns));
 
