@@ -41,30 +41,11 @@ fn proxy_listener(netns: &Path) -> TcpListener {
 /// The rules istio-cni writes for its default install (the shared cases), loaded into
 /// the pod's netns as istio-cni would.
 fn write_istio_rules(netns: &Path) {
-    use std::io::Write;
     let case = interlock_mesh_cases::default_case(interlock_mesh_cases::Mesh::Istio);
     let interlock_mesh_cases::MeshRules::Restore(text) = case.rules(false) else {
         panic!("{}: no IPv4 rules", case.id())
     };
-    let mut child = std::process::Command::new("nsenter")
-        .arg(format!("--net={}", netns.display()))
-        .args(["iptables-restore", "--noflush"])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    interlock_testkit::traffic::restore_in(netns, "iptables-restore", text);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -382,7 +382,6 @@ mod tests {
         mesh: interlock_mesh_cases::Mesh,
         v6: &[bool],
     ) {
-        use std::io::Write;
         let case = interlock_mesh_cases::default_case(mesh);
         for &family in v6 {
             let tool = if family {
@@ -393,25 +392,7 @@ mod tests {
             let interlock_mesh_cases::MeshRules::Restore(text) = case.rules(family) else {
                 panic!("{}: no rules for v6={family}", case.id())
             };
-            let mut child = std::process::Command::new("ip")
-                .args(["netns", "exec", pod.name(), tool, "--noflush"])
-                .stdin(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(text.as_bytes())
-                .unwrap();
-            let out = child.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "{} {tool}: {}",
-                case.id(),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            interlock_testkit::traffic::restore_in(&pod.path(), tool, text);
         }
     }
 
