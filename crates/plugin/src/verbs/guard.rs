@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use interlock_cni_types::{CniError, CniResult};
 use interlock_contract::codes;
-use interlock_contract::guard::{GuardPod, GuardRole, Recognition};
+use interlock_contract::guard::{GuardPod, GuardRole, GuardedMesh, Recognition};
 
 use super::{ms, Call};
 use crate::decide::{guard_verdict, GuardVerdict};
@@ -114,11 +114,12 @@ fn recognise(
     let first = judge(pod);
     let ask = match &first {
         Recognition::Undecidable(_) => true,
-        Recognition::Meshed => role.hold && pod.facts.is_none(),
+        // consul-cni decides on the annotations alone: nothing to ask.
+        Recognition::Meshed => role.hold && pod.facts.is_none() && role.mesh != GuardedMesh::Consul,
         Recognition::NotMeshed(_) => {
             role.hold
                 && pod.facts.is_none()
-                && role.mesh == interlock_contract::guard::GuardedMesh::Linkerd
+                && role.mesh == GuardedMesh::Linkerd
                 && !role.exclude_namespaces.contains(&pod.namespace)
         }
     };
