@@ -30,7 +30,8 @@
 //!   [`health::telemetry`] sets up the logs.
 //!
 //! Tests: the pure decisions are tested beside them, the Kubernetes side against the fake
-//! API in `crates/agent/tests/kube.rs`. The agent as a process (the built `interlock`
+//! API in `crates/agent/tests/kube.rs`, guard mode's audit on a real containerd in
+//! `crates/agent/tests/guarded_audit.rs`. The agent as a process (the built `interlock`
 //! binary, which cargo builds only for its own crate's tests) is tested in
 //! `crates/cli/tests/it/`: `agent.rs` (the guard and its files), `audit.rs` (audit and
 //! repair on a real containerd), `kube_agent.rs` (gating and Events, against the fake API), `agent_socket*.rs`,
@@ -595,8 +596,17 @@ fn start_audit_and_socket(
         shared.starts.clone(),
     )?;
     if let (Some(settings), Some(wake_rx)) = (cfg.audit.clone(), wake_rx) {
-        let plugin = interlock_contract::PluginConfig::from_map(&cfg.entry())
+        let mut plugin = interlock_contract::PluginConfig::from_map(&cfg.entry())
             .map_err(|e| AgentError::Runtime(format!("the plugin entry is invalid: {e}")))?;
+        // Guard mode: the audit proves the mesh's own capture (audit::guarded).
+        if let (Some(mesh), None) = (cfg.guard, &plugin.guard) {
+            plugin.guard = Some(interlock_contract::guard::GuardRole {
+                mesh,
+                hold: false,
+                reason: None,
+                exclude_namespaces: Vec::new(),
+            });
+        }
         tokio::spawn(audit::run(
             settings,
             plugin,

@@ -9,6 +9,7 @@ use crate::lookup::{self, Resolved};
 use interlock_attach::pod::PodIdentity;
 use interlock_attach::pod::Source;
 use interlock_contract::config::PluginConfig;
+use interlock_contract::guard::{GuardRole, Recognition};
 
 pub use interlock_redirect::decision::Decision;
 
@@ -137,6 +138,65 @@ pub fn decide_for_add(
     }
 }
 
+/// What `interlock-cni` in its guard role does with an ADD (see [`guard_verdict`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuardVerdict {
+    /// Let the pod through: the mesh's plugin, next in the chain, decides (why, for the
+    /// log).
+    Pass(String),
+    /// Let a meshed pod through and tell the agent, whose audit then proves it captured.
+    PassAndNote,
+    /// Refuse with "try again later" (11): the message for the runtime.
+    Hold(String),
+    /// A pod hold would refuse, let through under `failurePolicy: open` (why, logged as
+    /// an error).
+    PassOpen(String),
+}
+
+/// The guard role's answer for a pod, from the entry's role and the pod's
+/// [`Recognition`] (pure). Hold refuses only meshed pods, and pods it cannot tell
+/// apart: every other pod passes, the mesh's own installer pod included (it needs a
+/// pod network on three of the four meshes). Out of hold, an undecidable pod passes:
+/// the mesh's plugin follows and decides for itself. With `failurePolicy: open`
+/// (`open`) a pod hold would refuse passes instead, which the caller logs as an error,
+/// as for the redirecting role.
+pub fn guard_verdict(
+    role: &GuardRole,
+    pod: &str,
+    recognition: &Recognition,
+    open: bool,
+) -> GuardVerdict {
+    let t = role.mesh.plugin_type();
+    let why = role
+        .reason
+        .as_deref()
+        .filter(|r| !r.is_empty())
+        .unwrap_or("no reason given");
+    match (recognition, role.hold) {
+        (Recognition::NotMeshed(r), _) => GuardVerdict::Pass(format!("not meshed: {r}")),
+        (Recognition::Meshed, false) => GuardVerdict::PassAndNote,
+        (Recognition::Meshed | Recognition::Undecidable(_), true) if open => {
+            GuardVerdict::PassOpen(format!(
+                "runs WITHOUT its traffic captured (failurePolicy open): {t} cannot run in \
+                 this node's CNI chain now ({why}), and the pod is meshed by it or cannot be \
+                 told apart ({})",
+                recognition.label()
+            ))
+        }
+        (Recognition::Undecidable(r), false) => GuardVerdict::Pass(format!("{t} decides ({r})")),
+        (Recognition::Meshed, true) => GuardVerdict::Hold(format!(
+            "pod {pod} is held: it is meshed by {t}, and {t} cannot run in this node's CNI \
+             chain now ({why}); without it the pod would start with its traffic uncaptured, \
+             so it waits (fail closed; the runtime retries)"
+        )),
+        (Recognition::Undecidable(r), true) => GuardVerdict::Hold(format!(
+            "pod {pod} is held: {t} cannot run in this node's CNI chain now ({why}), and \
+             whether the pod is meshed cannot be told ({r}), so it waits (fail closed; the \
+             runtime retries)"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,6 +225,69 @@ mod tests {
                 false,
             )],
         }
+    }
+
+    #[test]
+    fn guard_verdicts() {
+        use interlock_contract::guard::GuardedMesh;
+        let role = |hold: bool| GuardRole {
+            mesh: GuardedMesh::Consul,
+            hold,
+            reason: hold.then(|| "consul-cni binary missing from /opt/cni/bin".to_string()),
+            exclude_namespaces: vec![],
+        };
+        let meshed = Recognition::Meshed;
+        let not = Recognition::NotMeshed("no transparent-proxy-status".into());
+        let unknown = Recognition::Undecidable("no annotations, no agent".into());
+        let label = |v: &GuardVerdict| match v {
+            GuardVerdict::Pass(_) => "pass",
+            GuardVerdict::PassAndNote => "pass+note",
+            GuardVerdict::Hold(_) => "hold",
+            GuardVerdict::PassOpen(_) => "pass-open",
+        };
+        let cases = [
+            (false, &meshed, "pass+note"),
+            (false, &not, "pass"),
+            (false, &unknown, "pass"),
+            (true, &meshed, "hold"),
+            (true, &not, "pass"),
+            (true, &unknown, "hold"),
+        ];
+        for (hold, r, want) in cases {
+            let v = guard_verdict(&role(hold), "shop/cart-0", r, false);
+            assert_eq!(label(&v), want, "hold {hold}, {r:?}: {v:?}");
+            if let GuardVerdict::Hold(m) = &v {
+                assert!(
+                    m.contains("shop/cart-0")
+                        && m.contains("consul-cni")
+                        && m.contains("binary missing from /opt/cni/bin"),
+                    "{m}"
+                );
+            }
+        }
+        let GuardVerdict::Hold(m) = guard_verdict(&role(true), "shop/x", &unknown, false) else {
+            panic!()
+        };
+        assert!(m.contains("no annotations, no agent"), "{m}");
+        // failurePolicy open lets a held pod through, saying so; nothing else changes.
+        for r in [&meshed, &unknown] {
+            let v = guard_verdict(&role(true), "shop/x", r, true);
+            let GuardVerdict::PassOpen(m) = &v else {
+                panic!("{v:?}")
+            };
+            assert!(m.contains("WITHOUT") && m.contains("consul-cni"), "{m}");
+        }
+        assert_eq!(
+            guard_verdict(&role(false), "shop/x", &meshed, true),
+            GuardVerdict::PassAndNote
+        );
+        // A hold without a reason still says so.
+        let mut bare = role(true);
+        bare.reason = None;
+        let GuardVerdict::Hold(m) = guard_verdict(&bare, "shop/x", &meshed, false) else {
+            panic!()
+        };
+        assert!(m.contains("no reason given"), "{m}");
     }
 
     #[test]

@@ -47,6 +47,14 @@
 //!   (only listed attachments count as live). **STATUS** answers 50 only when an ADD could
 //!   not protect a meshed pod now ([`verbs::check_status`]; not because the agent is down).
 //!   **VERSION**: 0.3.0 to 1.1.0.
+//! - **The guard role** (the entry's `guard`, guard mode: a mesh's own plugin follows in
+//!   the chain and writes the rules). ADD writes nothing and keeps no state: it passes
+//!   `prevResult` through for every pod the mesh would not redirect
+//!   (`interlock_contract::guard::GuardedMesh::recognise`), refuses meshed pods with 11
+//!   while the agent holds the chain (`hold`: the mesh's plugin cannot run), and passes a
+//!   meshed pod otherwise, with the `added` note so the agent's audit proves its capture
+//!   ([`decide::guard_verdict`]). DEL, CHECK and GC pass (DEL and GC still release state
+//!   an earlier redirecting entry left); STATUS always succeeds, in hold too.
 //!
 //! Nothing but the protocol ever goes to stdout; one line per verb is logged at info
 //! level (pod, decision, backend, timings) and every failure at error level.
@@ -61,7 +69,7 @@
 //! | 5 | I/O failure on interlock's own state under `stateDir` (step `state`) |
 //! | 6 | stdin is not a JSON object |
 //! | 7 | invalid network config: a bad field of the interlock-cni entry (named), a missing or invalid `prevResult`, malformed `runtimeConfig` annotations |
-//! | 11 | try again later (step `lookup`): the pod's mesh status cannot be decided — the runtime passed no annotations and the agent socket did not answer (or is not trusted); the message says why |
+//! | 11 | try again later (step `lookup`): the pod's mesh status cannot be decided — the runtime passed no annotations and the agent socket did not answer (or is not trusted); the message says why. In the guard role: a meshed (or undecidable) pod held while the mesh's plugin cannot run; the message names the pod, the plugin and the reason |
 //! | 50 | STATUS: an ADD could not protect a meshed pod now: the backend cannot work, the state dir is unusable, or the lookup the entry needs cannot work (every reason listed) |
 //! | 100 | internal error (a bug) |
 //! | 101 | step `spec`: the pod's mesh annotations cannot be turned into rules (names the annotation and its value) |

@@ -227,3 +227,27 @@ pub fn delete_uid_rule(ns: &Netns, backend: &str, uid: u32) {
         other => panic!("unknown backend {other}"),
     }
 }
+
+/// Loads `text` with `tool` (`iptables-restore`, `ip6tables-restore`, …) `--noflush` into
+/// the netns at `netns`, as a mesh's own CNI plugin loads its rules (a test playing that
+/// plugin). Panics with the tool's stderr when it fails.
+pub fn restore_in(netns: &std::path::Path, tool: &str, text: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args([tool, "--noflush"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("nsenter {tool}: {e}"));
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(text.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{tool} in {}: {}",
+        netns.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

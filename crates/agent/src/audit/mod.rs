@@ -23,12 +23,17 @@
 //! removes the rules and the records. Then it ends the connections opened before the
 //! rules (`SOCK_DESTROY` inside the netns); a refusal or survivors escalate to a restart.
 //!
+//! In guard mode ([`guarded`]) the mesh's own plugin wrote the rules: a meshed sandbox is
+//! judged by a connection alone, never by reading rules back, and is not repaired in
+//! place (restarted by default).
+//!
 //! When that sandbox is later deleted through a chain that still lacks interlock, no DEL
 //! of interlock's removes that state: every full pass therefore removes the state and
 //! netns references of sandboxes the runtime no longer lists and whose netns is gone
 //! (`interlock_attach::collect`), never of one it still lists.
 
 pub mod decide;
+pub mod guarded;
 pub mod socket;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -141,6 +146,9 @@ pub struct Auditor {
     metrics: AuditMetrics,
     history: Mutex<RepairHistory>,
     older: Arc<OlderProofs>,
+    guard: Option<guarded::GuardAudit>,
+    /// Sandboxes whose uncaptured routed family was reported (once each).
+    uncovered: Mutex<BTreeSet<String>>,
 }
 
 /// What reading one netns showed ([`inspect`]).
@@ -171,11 +179,33 @@ impl Auditor {
         let (backend, why) =
             interlock_attach::protect::resolve_backend(plugin.backend, &plugin.state_dir);
         info!(%backend, reason = %why, "audit: backend for netns the plugin has not recorded");
+        let guard = plugin.guard.as_ref().map(|role| guarded::GuardAudit {
+            mesh: role.mesh,
+            state_dir: plugin.state_dir.clone(),
+            fallback_excluded: if role.exclude_namespaces.is_empty() {
+                plugin.exclude_namespaces.clone()
+            } else {
+                role.exclude_namespaces.clone()
+            },
+        });
+        let policy = match (&guard, policy) {
+            (Some(g), RepairPolicy::Repair) => {
+                info!(
+                    mesh = %g.mesh,
+                    "audit: guard mode judges sandboxes by a connection only and does not repair \
+                     the mesh's rules in place; unprotected sandboxes are restarted"
+                );
+                RepairPolicy::Restart
+            }
+            (_, p) => p,
+        };
         Auditor {
             cri,
             plugin,
             backend,
             policy,
+            guard,
+            uncovered: Mutex::default(),
             api: cluster.clone().map(|c| ApiWork::new(c, metrics.clone())),
             cluster,
             metrics,
@@ -236,6 +266,7 @@ impl Auditor {
             }
             self.metrics.set_verdicts(&counts);
             lock(&self.history).forget_old(Instant::now());
+            lock(&self.uncovered).retain(|id| all.contains(id));
             self.collect_gone(all).await;
             self.metrics.duration.observe(start.elapsed().as_secs_f64());
             info!(
@@ -282,6 +313,12 @@ impl Auditor {
             Some((a, f)) => (a, Some(f)),
             None => (status.annotations.clone(), None),
         };
+        if let Some(g) = &self.guard {
+            let report = self
+                .audit_guarded(g, &id, &status, &annotations, facts.as_ref())
+                .await?;
+            return Some(self.conclude(&status, None, report).await);
+        }
         // Without the pod's spec (no Kubernetes API), a profile that reads it is judged
         // by the spec the plugin recorded when it installed the rules.
         let decision = interlock_redirect::decision::decide_sandbox(
@@ -329,13 +366,24 @@ impl Auditor {
             }
             _ => (decide::judge(&decision, None), None),
         };
-        let mut report = SandboxReport {
+        let report = SandboxReport {
             sandbox: id,
             pod,
             netns_id,
             verdict,
             actions: vec![],
         };
+        Some(self.conclude(&status, Some(&decision), report).await)
+    }
+
+    /// Logs the verdict and acts on an unprotected sandbox (`decision`: the redirecting
+    /// role's, for an in-place repair; `None` in guard mode).
+    async fn conclude(
+        &self,
+        status: &SandboxStatus,
+        decision: Option<&Decision>,
+        mut report: SandboxReport,
+    ) -> SandboxReport {
         match &report.verdict {
             Verdict::Unprotected { reason } => {
                 warn!(
@@ -345,15 +393,162 @@ impl Auditor {
                     reason = %reason,
                     "UNPROTECTED meshed sandbox"
                 );
-                report.actions = self.act(&status, &decision, reason).await;
+                report.actions = self.act(status, decision, reason).await;
+            }
+            Verdict::Unknown { reason } if guarded::is_waiting(&report.verdict) => {
+                tracing::debug!(pod = %report.pod, sandbox = %report.sandbox, reason = %reason, "audit: not probed yet")
             }
             Verdict::Unknown { reason } => {
                 warn!(pod = %report.pod, sandbox = %report.sandbox, reason = %reason, "audit: cannot decide")
             }
-            Verdict::Protected => self.mark_repaired(&status),
+            Verdict::Protected => self.mark_repaired(status),
             Verdict::NotMeshed { .. } => {}
         }
-        Some(report)
+        report
+    }
+
+    /// Guard mode: whether the guarded mesh's plugin would redirect the sandbox's pod,
+    /// and if so whether a connection proves its traffic captured (see [`guarded`]).
+    /// `None`: the sandbox is gone.
+    async fn audit_guarded(
+        &self,
+        g: &guarded::GuardAudit,
+        id: &str,
+        status: &SandboxStatus,
+        annotations: &BTreeMap<String, String>,
+        facts: Option<&interlock_contract::pod::PodFacts>,
+    ) -> Option<SandboxReport> {
+        let meta = &status.metadata;
+        let pod = format!("{}/{}", meta.namespace, meta.name);
+        let report = |verdict, netns_id: Option<String>| SandboxReport {
+            sandbox: id.to_string(),
+            pod: pod.clone(),
+            netns_id,
+            verdict,
+            actions: vec![],
+        };
+        if status.host_network {
+            return Some(report(
+                Verdict::NotMeshed {
+                    reason: "hostNetwork: no CNI plugin runs for it".into(),
+                },
+                None,
+            ));
+        }
+        let settings = {
+            let g = g.clone();
+            tokio::task::spawn_blocking(move || g.settings())
+                .await
+                .unwrap_or_else(|e| guarded::MeshSettings {
+                    entry: None,
+                    excluded: Vec::new(),
+                    source: format!("none: the reading thread failed: {e}"),
+                })
+        };
+        let gp = interlock_contract::guard::GuardPod {
+            display: &pod,
+            namespace: &meta.namespace,
+            annotations: Some(annotations),
+            facts,
+        };
+        match g.mesh.recognise(&gp, &settings.excluded) {
+            interlock_contract::guard::Recognition::Meshed => {}
+            interlock_contract::guard::Recognition::NotMeshed(reason) => {
+                return Some(report(Verdict::NotMeshed { reason }, None))
+            }
+            interlock_contract::guard::Recognition::Undecidable(reason) => {
+                return Some(report(Verdict::Unknown { reason }, None))
+            }
+        }
+        let yaml =
+            |s: &str| serde_yaml_ng::from_str::<serde_json::Value>(s).map_err(|e| e.to_string());
+        let inputs = match g.mesh.probe_inputs(&gp, settings.entry.as_ref(), &yaml) {
+            Ok(i) => i,
+            Err(e) => {
+                return Some(report(
+                    Verdict::Unknown {
+                        reason: format!("{e} (excluded namespaces from {})", settings.source),
+                    },
+                    None,
+                ))
+            }
+        };
+        let Some(path) = status.netns_path().map(Path::to_path_buf) else {
+            return Some(report(
+                Verdict::Unknown {
+                    reason: "the sandbox's netns path is unknown".into(),
+                },
+                None,
+            ));
+        };
+        let age = std::time::SystemTime::now()
+            .duration_since(status.created_at())
+            .unwrap_or_default();
+        let mesh = g.mesh;
+        let netns_id = interlock_redirect::netns::PodNetns::open(&path)
+            .ok()
+            .map(|p| p.id().to_string());
+        let probed =
+            tokio::task::spawn_blocking(move || guarded::probe_sandbox(&path, mesh, &inputs, age))
+                .await;
+        let verdict = match probed {
+            Ok(guarded::Probed::Gone) => return None,
+            Ok(guarded::Probed::Waiting) => Verdict::Unknown {
+                reason: format!(
+                    "{}: its proxy does not listen on port {} yet; probed once it does, or \
+                     with the port free {} s after the sandbox was created",
+                    guarded::WAITING,
+                    inputs.outbound_port,
+                    guarded::LISTEN_GRACE.as_secs()
+                ),
+            },
+            Ok(guarded::Probed::Done {
+                outcome,
+                uncovered,
+                listening,
+            }) => {
+                if let Some(why) = uncovered {
+                    self.report_uncovered(status, &pod, &why);
+                }
+                if let guarded::ProbeOutcome::Captured(lines) = &outcome {
+                    tracing::debug!(pod = %pod, sandbox = %id, listening, proof = %lines.join("; "), "audit: capture proven by a connection");
+                }
+                guarded::judge(mesh, &outcome)
+            }
+            Err(e) => {
+                self.metrics.errors.inc();
+                Verdict::Unknown {
+                    reason: format!("the probing thread failed: {e}"),
+                }
+            }
+        };
+        Some(report(verdict, netns_id))
+    }
+
+    /// A routed family the guarded mesh leaves uncaptured: a warning once per sandbox,
+    /// and an Event on its pod when the API knows it. Not a verdict (see [`guarded`]).
+    fn report_uncovered(&self, status: &SandboxStatus, pod: &str, why: &str) {
+        if !lock(&self.uncovered).insert(status.id.clone()) {
+            return;
+        }
+        warn!(pod = %pod, sandbox = %status.id, "audit: {why}");
+        let meta = &status.metadata;
+        if let (Some(c), Some(w)) = (&self.cluster, &self.api) {
+            if c.pods.pod(&meta.namespace, &meta.name, &meta.uid).is_some() {
+                let key = PodKey {
+                    namespace: meta.namespace.clone(),
+                    name: meta.name.clone(),
+                    uid: meta.uid.clone(),
+                };
+                w.publish(
+                    &key,
+                    true,
+                    guarded::EVENT_FAMILY_UNCOVERED,
+                    why.to_string(),
+                    false,
+                );
+            }
+        }
     }
 
     /// Applies the policy (with the loop guard) to an unprotected sandbox. Nothing here
@@ -363,7 +558,7 @@ impl Auditor {
     async fn act(
         &self,
         status: &SandboxStatus,
-        decision: &Decision,
+        decision: Option<&Decision>,
         reason: &str,
     ) -> Vec<ActionReport> {
         let now = Instant::now();
@@ -496,7 +691,7 @@ impl Auditor {
         status: &SandboxStatus,
         pod: &PodKey,
         pod_api: PodApi<'_>,
-        decision: &Decision,
+        decision: Option<&Decision>,
         reason: &str,
     ) -> Result<Performed, ActionError> {
         let api_pod = match pod_api {
@@ -505,6 +700,11 @@ impl Auditor {
         };
         match action.policy {
             RepairPolicy::Repair => {
+                let Some(decision) = decision else {
+                    return Err(ActionError::escalate(
+                        "guard mode does not repair the mesh's rules in place",
+                    ));
+                };
                 let Some(netns) = status.netns_path().map(Path::to_path_buf) else {
                     return Err(ActionError::escalate("the sandbox's netns path is unknown"));
                 };
@@ -1362,6 +1562,11 @@ pub async fn run(
             Ok(reports) => {
                 health.runtime_answered();
                 for r in reports {
+                    // Guard mode: a sandbox whose proxy does not listen yet is looked at
+                    // again with the noted ones, so it is probed as soon as it does.
+                    if guarded::is_waiting(&r.verdict) {
+                        continue;
+                    }
                     pending.remove(&r.sandbox);
                     info!(
                         pod = %r.pod,
@@ -1380,7 +1585,7 @@ pub async fn run(
         pending.retain(|id, until| {
             let keep = *until > now;
             if !keep {
-                info!(sandbox = %id, "audit: the sandbox of an ADD note never became ready; the periodic audit covers it if it does");
+                info!(sandbox = %id, "audit: the sandbox of an ADD note never became ready (in guard mode: or its proxy never listened); the periodic audit covers it");
             }
             keep
         });

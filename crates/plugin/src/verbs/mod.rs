@@ -6,6 +6,7 @@ mod add;
 mod check;
 mod del;
 mod gc;
+mod guard;
 mod status;
 
 pub use status::check_status;
@@ -111,15 +112,27 @@ impl Plugin for InterlockCni {
     }
 
     fn add(&self, inv: &Invocation, ctx: &Ctx) -> Result<CniResult, CniError> {
-        add::add(&Self::call(inv, ctx))
+        let call = Self::call(inv, ctx);
+        match &ctx.config.guard {
+            Some(role) => guard::add(&call, role),
+            None => add::add(&call),
+        }
     }
 
     fn del(&self, inv: &Invocation, ctx: &Ctx) -> Result<(), CniError> {
-        del::del(&Self::call(inv, ctx))
+        let call = Self::call(inv, ctx);
+        if ctx.config.guard.is_some() && !guard::has_state(&call) {
+            return Ok(());
+        }
+        del::del(&call)
     }
 
     fn check(&self, inv: &Invocation, ctx: &Ctx) -> Result<(), CniError> {
-        check::check(&Self::call(inv, ctx))
+        let call = Self::call(inv, ctx);
+        match &ctx.config.guard {
+            Some(role) => guard::check(&call, role),
+            None => check::check(&call),
+        }
     }
 
     fn gc(&self, inv: &Invocation, ctx: &Ctx) -> Result<(), CniError> {

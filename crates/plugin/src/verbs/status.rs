@@ -9,7 +9,9 @@
 //! socket), or a profile that reads the pod's spec (Istio, Linkerd) is enabled without
 //! an `agentSocket` to ask for it. The agent being down or not ready is *not* such a
 //! reason — it comes back, and meanwhile such pods' ADDs fail with 11 and are retried;
-//! the agent's taint and node condition say that. (The agent's readiness marker is
+//! the agent's taint and node condition say that. In the guard role (the entry's
+//! `guard`) STATUS always succeeds, in hold too (see `super::guard`). (The agent's
+//! readiness marker is
 //! `interlock_contract::marker`'s, read by `interlock check`.)
 
 use std::io;
@@ -28,6 +30,11 @@ pub(super) fn status(call: &Call) -> Result<(), CniError> {
 /// STATUS: `Ok` when an ADD on this node can protect a meshed pod now; otherwise code 50
 /// listing every reason (see the module docs).
 pub fn check_status(config: &PluginConfig, cni_version: &str) -> Result<(), CniError> {
+    if config.guard.is_some() {
+        // The guard role writes nothing and keeps no state, and a hold is not a reason
+        // (see `super::guard`): nothing it needs can be missing for good.
+        return Ok(());
+    }
     let mut problems = Vec::new();
     let (kind, why) = interlock_attach::protect::resolve_backend(config.backend, &config.state_dir);
     if let Err(e) = interlock_redirect::backend::open(kind).and_then(|b| b.usable()) {
@@ -90,4 +97,36 @@ pub fn check_status(config: &PluginConfig, cni_version: &str) -> Result<(), CniE
     .with_details(
         "an ADD of a meshed pod would fail; fix the cause named above (the agent being down is not such a cause: Istio and Linkerd pods then wait for it, other pods need no agent)",
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use interlock_contract::guard::{GuardRole, GuardedMesh};
+
+    #[test]
+    fn guard_role_status_never_fails_not_even_in_hold() {
+        // An entry that fails STATUS in the redirecting role for two reasons: an
+        // unusable state dir (a file where the dir should be) and a spec-reading profile
+        // without an agent socket.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, "").unwrap();
+        let mut c = PluginConfig {
+            state_dir: file,
+            profiles: vec![ProfileName::Istio],
+            agent_socket: None,
+            ..PluginConfig::default()
+        };
+        let e = check_status(&c, "1.1.0").unwrap_err();
+        assert_eq!(e.code, NOT_AVAILABLE);
+        assert!(e.msg.contains("state dir"), "{}", e.msg);
+        c.guard = Some(GuardRole {
+            mesh: GuardedMesh::Istio,
+            hold: true,
+            reason: Some("istio-cni binary missing".into()),
+            exclude_namespaces: vec![],
+        });
+        assert!(check_status(&c, "1.1.0").is_ok());
+    }
 }

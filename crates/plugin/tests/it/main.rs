@@ -9,6 +9,7 @@ mod common;
 mod attachments;
 mod chain;
 mod families;
+mod guard;
 mod hygiene;
 mod lookup;
 mod netns;

@@ -35,16 +35,10 @@ use crate::spec::{is_localhost, DnsCapture, RedirectSpec, SpecError};
 
 /// Consul annotation keys.
 pub mod keys {
-    /// Written by the injector on injected pods.
-    pub const CONNECT_INJECT_STATUS: &str = "consul.hashicorp.com/connect-inject-status";
-    /// The older name of [`CONNECT_INJECT_STATUS`].
-    pub const MESH_INJECT_STATUS: &str = "consul.hashicorp.com/mesh-inject-status";
-    /// Written by the injector when transparent proxy is on for the pod.
-    pub const TRANSPARENT_PROXY_STATUS: &str = "consul.hashicorp.com/transparent-proxy-status";
-    /// The redirection, as JSON.
-    pub const REDIRECT_TRAFFIC_CONFIG: &str = "consul.hashicorp.com/redirect-traffic-config";
-    /// `"true"` when the cluster is dual stack.
-    pub const DUAL_STACK: &str = "consul.hashicorp.com/dual-stack";
+    pub use interlock_contract::guard::keys::consul::{
+        CONNECT_INJECT_STATUS, DUAL_STACK, MESH_INJECT_STATUS, REDIRECT_TRAFFIC_CONFIG,
+        TRANSPARENT_PROXY_STATUS,
+    };
 }
 
 /// Outbound port when the config leaves it 0.

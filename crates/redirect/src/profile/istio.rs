@@ -41,10 +41,7 @@ use crate::spec::{DnsCapture, PortSelection, ProxyToInbound, RedirectSpec, SpecE
 
 /// Istio annotation keys.
 pub mod keys {
-    /// Written by the injector on meshed pods.
-    pub const STATUS: &str = "sidecar.istio.io/status";
-    /// `"false"` opts a pod out (the label of the same name wins over the annotation).
-    pub const INJECT: &str = "sidecar.istio.io/inject";
+    pub use interlock_contract::guard::keys::istio::{INJECT, STATUS};
     /// `REDIRECT` (default) or `TPROXY` (refused).
     pub const INTERCEPTION_MODE: &str = "sidecar.istio.io/interceptionMode";
     /// Inbound ports captured (`*` default, empty = none).
@@ -67,10 +64,9 @@ pub mod keys {
     pub const KUBEVIRT_INTERFACES: &str = "traffic.sidecar.istio.io/kubevirtInterfaces";
 }
 
-/// The proxy container.
-pub const PROXY_CONTAINER: &str = "istio-proxy";
-/// The init container that writes the rules itself (no CNI).
-pub const INIT_CONTAINER: &str = "istio-init";
+pub use interlock_contract::guard::keys::istio::{
+    INIT as INIT_CONTAINER, PROXY as PROXY_CONTAINER,
+};
 /// The proxy's UID and GID when its container does not set them.
 pub const DEFAULT_PROXY_ID: u32 = 1337;
 /// Outbound capture port.

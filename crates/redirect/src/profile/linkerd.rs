@@ -36,26 +36,22 @@ use crate::spec::{RedirectSpec, SpecError};
 
 /// Linkerd annotation and label keys.
 pub mod keys {
-    /// Written by the injector on meshed pods.
-    pub const PROXY_VERSION: &str = "linkerd.io/proxy-version";
+    pub use interlock_contract::guard::keys::linkerd::{PROXY_UID, PROXY_VERSION};
     /// Inbound ports not captured (added to 4191, 4190).
     pub const SKIP_INBOUND_PORTS: &str = "config.linkerd.io/skip-inbound-ports";
     /// Outbound ports not captured.
     pub const SKIP_OUTBOUND_PORTS: &str = "config.linkerd.io/skip-outbound-ports";
     /// Inbound source networks not captured.
     pub const SKIP_SUBNETS: &str = "config.linkerd.io/skip-subnets";
-    /// The proxy's UID (default 2102).
-    pub const PROXY_UID: &str = "config.linkerd.io/proxy-uid";
     /// The proxy's GID (default: none).
     pub const PROXY_GID: &str = "config.linkerd.io/proxy-gid";
     /// Label of the control plane's own pods (their API server calls are not captured).
     pub const CONTROL_PLANE_COMPONENT: &str = "linkerd.io/control-plane-component";
 }
 
-/// The proxy container.
-pub const PROXY_CONTAINER: &str = "linkerd-proxy";
-/// The init container that writes the rules itself (no CNI).
-pub const INIT_CONTAINER: &str = "linkerd-init";
+pub use interlock_contract::guard::keys::linkerd::{
+    INIT as INIT_CONTAINER, PROXY as PROXY_CONTAINER,
+};
 /// The proxy's default UID.
 pub const DEFAULT_PROXY_UID: u32 = 2102;
 /// Outbound capture port.

@@ -210,7 +210,7 @@ fn parse_net_or_addr(item: &str) -> Option<IpNet> {
 
 /// The spec every profile starts from: capture everything in both directions, both
 /// families, everything through `lo` passes.
-fn base_spec(uid: u32, gid: Option<u32>, inbound: u16, outbound: u16) -> RedirectSpec {
+pub fn base_spec(uid: u32, gid: Option<u32>, inbound: u16, outbound: u16) -> RedirectSpec {
     RedirectSpec {
         proxy_uid: uid,
         proxy_gid: gid,
