@@ -160,6 +160,9 @@ pub struct AgentConfig {
     /// Guard mode (`--guard-mesh`): the mesh whose own CNI plugin the agent keeps in the
     /// chain, with `interlock-cni` in its guard role; `None`: interlock redirects itself.
     pub guard: Option<interlock_contract::guard::GuardedMesh>,
+    /// Guard mode: where the host's root is mounted (`--guard-host-root`), to check the
+    /// files the mesh's plugin entry names (its kubeconfig) as the plugin will see them.
+    pub guard_host_root: PathBuf,
 }
 
 impl AgentConfig {
@@ -192,6 +195,7 @@ impl AgentConfig {
             primary_wait_hint: guard::PRIMARY_WAIT_HINT,
             audit: Some(audit::AuditSettings::default()),
             guard: None,
+            guard_host_root: "/".into(),
         }
     }
 
@@ -223,6 +227,14 @@ impl AgentConfig {
             runtime: self.runtime,
             entry: self.entry(),
             max_cni_version: self.max_cni_version.clone(),
+            guard: self
+                .guard
+                .filter(|_| self.mode == ConfigMode::Guard)
+                .map(|mesh| guard::plan::GuardInput {
+                    mesh,
+                    learned: None,
+                    unusable: None,
+                }),
         }
     }
 }

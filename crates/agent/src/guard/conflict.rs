@@ -243,6 +243,37 @@ pub fn conflicting_files<'p>(
     out
 }
 
+/// Guard mode's conflicts among the files `plan` touches: a file of ours that someone
+/// deleted, or that no longer runs `interlock-cni` (nor parses). The mesh's installer
+/// adding, replacing or removing its own entry in the guard file keeps `interlock-cni`
+/// there and is no conflict: it is the converging writer.
+pub fn guard_conflicting_files<'p>(
+    plan: &'p Plan,
+    snap: &Snapshot,
+    left: &HashMap<String, Option<Vec<u8>>>,
+) -> Vec<&'p str> {
+    let mut out: Vec<&str> = vec![];
+    for a in &plan.actions {
+        let f = a.file();
+        let Some(expected) = left.get(f) else {
+            continue;
+        };
+        let current = snap.get(f);
+        let bytes = current.map(|e| e.content.as_deref().unwrap_or_default());
+        if bytes == expected.as_deref() || out.contains(&f) {
+            continue;
+        }
+        let keeps_ours = current.is_some_and(|e| {
+            e.parse()
+                .is_ok_and(|p| plan::entry_of_type(p.list.raw(), plan::PLUGIN_TYPE).is_some())
+        });
+        if !keeps_ours {
+            out.push(f);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

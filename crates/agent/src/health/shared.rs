@@ -286,6 +286,27 @@ impl Shared {
         }
     }
 
+    /// Guard mode: the state the node's config is in now (one of
+    /// [`crate::health::metrics::GUARD_STATES`]).
+    pub fn set_guard_state(&self, state: &str) {
+        for s in crate::health::metrics::GUARD_STATES {
+            self.guard
+                .guard_state
+                .get_or_create(&crate::health::metrics::StateLabel {
+                    state: s.to_string(),
+                })
+                .set(i64::from(s == state));
+        }
+    }
+
+    /// Guard mode: the mesh's installer wrote the guard file `file`.
+    pub fn mesh_wrote(&self, file: &str) {
+        self.guard
+            .mesh_writes
+            .get_or_create(&FileLabel::new(file))
+            .inc();
+    }
+
     /// `/metrics` in the OpenMetrics text format.
     pub fn render_metrics(&self) -> String {
         let mut s = String::new();
