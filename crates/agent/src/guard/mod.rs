@@ -1016,6 +1016,7 @@ impl Guard {
             fight_detail: self.fight_detail.as_deref(),
             plan: &plan,
             conf_dir: &dir,
+            guard: self.guarded.as_ref().and_then(|g| g.state.as_ref()),
         });
         let r = match self.conf_dir_note() {
             Some(note) if !r.ready => Readiness {
