@@ -800,8 +800,14 @@ impl Guard {
         let mut changed = false;
         for a in &plan.actions {
             let done = match a {
-                Action::Write { name, bytes, mode } if !plan::is_owned_name(name) => {
+                // In guard mode the guard file is shared with the mesh's installer: a
+                // version it wrote after this snapshot is never overwritten; the next
+                // reconcile learns from it and decides again.
+                Action::Write { name, bytes, mode }
+                    if !plan::is_owned_name(name) || self.guarded.is_some() =>
+                {
                     let base = snap.get(name).map(|e| e.content.as_deref());
+                    let guarded = self.guarded.is_some();
                     match base {
                         // Not read (refused, unreadable): nothing to compare with.
                         Some(None) => apply(&dir, a).map(|()| Replaced::Written {
@@ -811,6 +817,9 @@ impl Guard {
                         base => {
                             let settings = &self.settings;
                             let mut rederive = |newer: &[u8]| {
+                                if guarded {
+                                    return None;
+                                }
                                 plan::rewrite_for(snap, settings, facts, name, newer)
                             };
                             replace_checked(
@@ -947,7 +956,9 @@ impl Guard {
             Some(g) => {
                 g.learn(snap, &self.shared);
                 let t_type = g.mesh.plugin_type();
-                let bin = find_known(&mut self.plugins, t_type, &self.cfg.bin_dirs);
+                // Looked up afresh (one stat per bin dir): a binary deleted since the
+                // last bin-dir event must hold pods at once, with the right reason.
+                let bin = interlock_libcni::exec::find_plugin(t_type, &self.cfg.bin_dirs);
                 self.settings.guard = Some(g.input(bin.as_deref(), &self.cfg.bin_dirs));
                 let (plan, state) = plan::plan_guard(snap, &self.settings, &facts);
                 g.planned(state, plan.target.clone(), &self.shared);

@@ -1,0 +1,592 @@
+//! `interlock agent --config-mode guard` as a process against throwaway dirs, with each
+//! mesh's installer played by test code that writes files the way that installer does
+//! (research/guard-mode.md A.1.2, A.2.2, A.4.2) and a stand-in for the mesh's plugin
+//! binary that answers VERSION. Every wait is for an event, with a generous deadline.
+
+use crate::common::*;
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const GUARD_FILE: &str = "00-interlock.conflist";
+const PRIMARY: &str = "10-calico.conflist";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn guard_args(mesh: &str) -> Vec<String> {
+    vec![
+        "--config-mode".into(),
+        "guard".into(),
+        "--guard-mesh".into(),
+        mesh.into(),
+    ]
+}
+
+fn start(d: &Dirs, mesh: &str) -> Agent {
+    let args = guard_args(mesh);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    d.agent(&refs)
+}
+
+/// Installs a stand-in for the mesh's plugin binary that answers VERSION like the real
+/// ones (cni v1.3.0 skel: 0.1.0 to 1.1.0), atomically.
+fn install_binary(d: &Dirs, plugin: &str) {
+    let script = "#!/bin/sh\ncase \"$CNI_COMMAND\" in\nVERSION) echo '{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[\"0.1.0\",\"0.2.0\",\"0.3.0\",\"0.3.1\",\"0.4.0\",\"1.0.0\",\"1.1.0\"]}';;\n*) echo '{\"code\":50,\"msg\":\"stand-in\"}'; exit 1;;\nesac\n";
+    let tmp = d.bin.join(format!(".{plugin}.tmp"));
+    std::fs::write(&tmp, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&tmp, d.bin.join(plugin)).unwrap();
+}
+
+/// What a Go installer writes: the file through a map (keys sorted), compact.
+fn go_json(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let sorted: BTreeMap<&String, Value> = m.iter().map(|(k, v)| (k, go_json(v))).collect();
+            Value::Object(sorted.into_iter().map(|(k, v)| (k.clone(), v)).collect())
+        }
+        Value::Array(a) => Value::Array(a.iter().map(go_json).collect()),
+        other => other.clone(),
+    }
+}
+
+fn parse(s: &[u8]) -> Option<Map<String, Value>> {
+    serde_json::from_slice::<Value>(s)
+        .ok()?
+        .as_object()
+        .cloned()
+}
+
+/// `content` with T removed and `t` appended (all four installers do that), Go-style.
+fn inject(content: &[u8], t: &Map<String, Value>) -> Option<Vec<u8>> {
+    let mut list = parse(content)?;
+    let ty = t["type"].clone();
+    let ps = list.get_mut("plugins")?.as_array_mut()?;
+    ps.retain(|p| p["type"] != ty);
+    ps.push(Value::Object(t.clone()));
+    Some(serde_json::to_vec(&go_json(&Value::Object(list))).unwrap())
+}
+
+/// `content` without T, or `None` when it had none.
+fn without(content: &[u8], ty: &str) -> Option<Vec<u8>> {
+    let mut list = parse(content)?;
+    let ps = list.get_mut("plugins")?.as_array_mut()?;
+    let n = ps.len();
+    ps.retain(|p| p["type"] != ty);
+    (ps.len() != n).then(|| serde_json::to_vec(&go_json(&Value::Object(list))).unwrap())
+}
+
+/// Atomic write, as Istio, Linkerd (install) and Kuma do.
+fn put(dir: &Path, name: &str, data: &[u8]) {
+    let tmp = dir.join(format!("{name}.install"));
+    std::fs::write(&tmp, data).unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+fn types(d: &Dirs, name: &str) -> Vec<String> {
+    d.read(name)
+        .and_then(|b| parse(&b))
+        .map(|l| plugin_types(&Value::Object(l)))
+        .unwrap_or_default()
+}
+
+fn guard_metric(a: &Agent, state: &str) -> Option<f64> {
+    a.metric(&format!("interlock_guard_state{{state=\"{state}\"}}"))
+}
+
+/// The guard file runs the primary, interlock-cni in its guard role, then exactly `t`.
+fn wait_guarding(d: &Dirs, a: &Agent, t: &Map<String, Value>) {
+    let ty = t["type"].as_str().unwrap().to_string();
+    wait_until(
+        WAIT,
+        || {
+            a.ready() == Some(true)
+                && guard_metric(a, "guard") == Some(1.0)
+                && types(d, GUARD_FILE) == ["bridge", "portmap", "interlock-cni", ty.as_str()]
+        },
+        || {
+            format!(
+                "not guarding: {:?} {:?}\n{}\nlog:\n{}",
+                d.names(),
+                d.read(GUARD_FILE)
+                    .map(|b| String::from_utf8_lossy(&b).into_owned()),
+                d.effective().summary,
+                a.log_text()
+            )
+        },
+    );
+    let g = d.json(GUARD_FILE);
+    assert_eq!(g["plugins"][3], Value::Object(t.clone()), "T changed");
+    assert_eq!(g["plugins"][2]["guard"]["hold"], json!(false));
+    let e = d.effective();
+    assert_eq!(
+        e.chosen
+            .unwrap()
+            .path
+            .file_name()
+            .unwrap()
+            .to_string_lossy(),
+        GUARD_FILE
+    );
+}
+
+/// Hold: T out of the guard file, interlock-cni refusing meshed pods with the reason, the
+/// node not ready (marker included).
+fn wait_holding(d: &Dirs, a: &Agent, ty: &str, why: &str) {
+    wait_until(
+        WAIT,
+        || {
+            a.ready() == Some(false)
+                && guard_metric(a, "hold") == Some(1.0)
+                && types(d, GUARD_FILE) == ["bridge", "portmap", "interlock-cni"]
+                && d.json(GUARD_FILE)["plugins"][2]["guard"]["hold"] == json!(true)
+                && d.json(GUARD_FILE)["plugins"][2]["guard"]["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains(why))
+                && a.get("/readyz")
+                    .is_some_and(|(_, body)| body.contains("meshed pods are held"))
+        },
+        || {
+            format!(
+                "not holding: {:?}\nlog:\n{}",
+                d.read(GUARD_FILE)
+                    .map(|b| String::from_utf8_lossy(&b).into_owned()),
+                a.log_text()
+            )
+        },
+    );
+    let g = d.json(GUARD_FILE);
+    let role = &g["plugins"][2]["guard"];
+    assert_eq!(role["hold"], json!(true), "{g:#}");
+    let reason = role["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(ty) && reason.contains(why),
+        "{reason}\nlog:\n{}",
+        a.log_text()
+    );
+    let (_, body) = a.get("/readyz").unwrap();
+    assert!(body.contains("meshed pods are held"), "{body}");
+    let marker: Value =
+        serde_json::from_slice(&std::fs::read(d.state.join("agent-ready.json")).unwrap()).unwrap();
+    assert_eq!(marker["ready"], json!(false), "{marker:#}");
+}
+
+/// The first file libcni would load (sorted names, a list with plugins).
+fn first_valid(d: &Dirs) -> Option<String> {
+    d.names()
+        .into_iter()
+        .filter(|n| n.ends_with(".conflist"))
+        .find(|n| {
+            d.read(n)
+                .and_then(|b| parse(&b))
+                .is_some_and(|l| l.get("plugins").is_some())
+        })
+}
+
+/// istio-cni's installer (A.1.2): binary and kubeconfig first, then its entry appended to
+/// the first valid file at its start, which stays its target.
+struct IstioInstaller {
+    t: Map<String, Value>,
+    run_dir: PathBuf,
+    target: Option<String>,
+}
+
+impl IstioInstaller {
+    fn new(d: &Dirs) -> IstioInstaller {
+        let run_dir = d.tmp.path().join("istio-run");
+        // Keys unsorted on purpose: the installer writes them sorted, and the agent must
+        // keep whatever it finds verbatim.
+        let t = json!({"type": "istio-cni", "name": "istio-cni", "plugin_log_level": "info",
+            "cni_agent_run_dir": run_dir.display().to_string(),
+            "exclude_namespaces": ["kube-system"], "native_nftables": false});
+        IstioInstaller {
+            t: go_json(&t).as_object().cloned().unwrap(),
+            run_dir,
+            target: None,
+        }
+    }
+
+    fn start(&mut self, d: &Dirs) {
+        install_binary(d, "istio-cni");
+        std::fs::create_dir_all(&self.run_dir).unwrap();
+        put(&self.run_dir, "istio-cni-kubeconfig", b"apiVersion: v1\n");
+        let target = first_valid(d).expect("a valid config to chain into");
+        let c = d.read(&target).unwrap();
+        put(&d.conf, &target, &inject(&c, &self.t).unwrap());
+        self.target = Some(target);
+    }
+
+    /// SIGTERM cleanup, first step: its entry out of its target.
+    fn remove_entry(&mut self, d: &Dirs) {
+        if let Some(tg) = self.target.take() {
+            if let Some(new) = d.read(&tg).and_then(|c| without(&c, "istio-cni")) {
+                put(&d.conf, &tg, &new);
+            }
+        }
+    }
+
+    /// SIGTERM cleanup, the rest: kubeconfig and binary removed.
+    fn remove_files(&mut self, d: &Dirs) {
+        let _ = std::fs::remove_file(self.run_dir.join("istio-cni-kubeconfig"));
+        let _ = std::fs::remove_file(d.bin.join("istio-cni"));
+    }
+}
+
+#[test]
+fn istio_first_then_primary_guards_holds_on_cleanup_and_guards_again() {
+    let d = Dirs::new();
+    let a = start(&d, "istio");
+    wait_until(
+        WAIT,
+        || types(&d, GUARD_FILE) == ["interlock-cni"],
+        || format!("no holding config: {:?}\n{}", d.names(), a.log_text()),
+    );
+    assert_eq!(a.ready(), Some(false));
+    // The mesh first: its installer picks the holding config, the only valid file.
+    let mut istio = IstioInstaller::new(&d);
+    istio.start(&d);
+    assert_eq!(istio.target.as_deref(), Some(GUARD_FILE));
+    wait_until(
+        WAIT,
+        || a.log_text().contains("learnt the istio-cni entry"),
+        || a.log_text(),
+    );
+    // Accepted, never stripped: still the holding config plus T.
+    assert_eq!(types(&d, GUARD_FILE), ["interlock-cni", "istio-cni"]);
+    assert_eq!(guard_metric(&a, "no-primary"), Some(1.0));
+    // Then the primary.
+    d.write(PRIMARY, CALICO);
+    wait_guarding(&d, &a, &istio.t);
+    // T persisted verbatim, key order included.
+    let kept: Value =
+        serde_json::from_slice(&std::fs::read(d.state.join("guard-entry.json")).unwrap()).unwrap();
+    assert_eq!(
+        serde_json::to_string(&kept["entry"]).unwrap(),
+        serde_json::to_string(&istio.t).unwrap()
+    );
+    // The primary rewrites its file: followed, T kept, still ready.
+    d.write(PRIMARY, &CALICO.replace("1440", "1450"));
+    wait_until(
+        WAIT,
+        || d.json(GUARD_FILE)["plugins"][0]["mtu"] == json!(1450),
+        || a.log_text(),
+    );
+    wait_guarding(&d, &a, &istio.t);
+    assert!(
+        a.metric("interlock_guard_mesh_writes_total{file=\"00-interlock.conflist\"}")
+            .is_some_and(|n| n >= 1.0),
+        "the installer's write to the guard file was not counted"
+    );
+    assert_eq!(
+        a.metric("interlock_config_conflicts_total{file=\"00-interlock.conflist\"}"),
+        None,
+        "the installer's write counted as a conflict"
+    );
+    // SIGTERM cleanup: the entry leaves the guard file: hold within the deadline, T
+    // forgotten (not put back, not kept for a restart).
+    istio.remove_entry(&d);
+    wait_holding(&d, &a, "istio-cni", "removed from the guard file");
+    assert!(!d.state.join("guard-entry.json").exists());
+    // Then its kubeconfig and binary go; still holding.
+    istio.remove_files(&d);
+    std::thread::sleep(Duration::from_millis(300));
+    wait_holding(&d, &a, "istio-cni", "removed from the guard file");
+    // A new installer process: the first valid file is the guard file again.
+    istio.start(&d);
+    assert_eq!(istio.target.as_deref(), Some(GUARD_FILE));
+    wait_guarding(&d, &a, &istio.t);
+    assert_eq!(
+        a.metric("interlock_errors_total"),
+        Some(0.0),
+        "{}",
+        a.log_text()
+    );
+}
+
+#[test]
+fn istio_binary_removed_alone_holds_then_guards_when_back() {
+    let d = Dirs::new();
+    d.write(PRIMARY, CALICO);
+    // Istio started before interlock: its sticky target is the primary's file.
+    let mut istio = IstioInstaller::new(&d);
+    istio.start(&d);
+    assert_eq!(istio.target.as_deref(), Some(PRIMARY));
+    let a = start(&d, "istio");
+    wait_guarding(&d, &a, &istio.t);
+    // The primary rewrites its file, dropping T: the guard file keeps T, still ready.
+    d.write(PRIMARY, CALICO);
+    std::thread::sleep(Duration::from_millis(300));
+    wait_guarding(&d, &a, &istio.t);
+    // The kubeconfig vanishes (installer restarting): hold, T kept in memory.
+    std::fs::remove_file(istio.run_dir.join("istio-cni-kubeconfig")).unwrap();
+    // The run dir is not watched: the next event or resync notices. An event:
+    d.write(PRIMARY, &CALICO.replace("1440", "1460"));
+    wait_holding(&d, &a, "istio-cni", "istio-cni-kubeconfig");
+    assert!(d.state.join("guard-entry.json").exists());
+    put(&istio.run_dir, "istio-cni-kubeconfig", b"apiVersion: v1\n");
+    d.write(PRIMARY, CALICO);
+    wait_guarding(&d, &a, &istio.t);
+    // The binary goes: the bin dir is watched, hold at once.
+    std::fs::remove_file(d.bin.join("istio-cni")).unwrap();
+    wait_holding(&d, &a, "istio-cni", "binary missing");
+    install_binary(&d, "istio-cni");
+    wait_guarding(&d, &a, &istio.t);
+}
+
+/// linkerd-cni's installer (A.2.2) as a thread reacting to the conf dir: every
+/// `.conflist` whose content differs from what it last wrote gets its entry appended
+/// (temp file and rename); SIGTERM reverts every file and removes binary and kubeconfig.
+struct Linkerd {
+    stop: Arc<AtomicBool>,
+    writes: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    t: Map<String, Value>,
+}
+
+impl Linkerd {
+    fn entry(d: &Dirs) -> Map<String, Value> {
+        let t = json!({"type": "linkerd-cni", "name": "linkerd-cni", "log_level": "info",
+            "kubernetes": {"kubeconfig": d.conf.join("ZZZ-linkerd-cni-kubeconfig").display().to_string()},
+            "linkerd": {"incoming-proxy-port": 4143, "outgoing-proxy-port": 4140,
+                "proxy-uid": 2102, "ipv6": false}});
+        go_json(&t).as_object().cloned().unwrap()
+    }
+
+    fn start(d: &Dirs) -> Linkerd {
+        install_binary(d, "linkerd-cni");
+        put(&d.conf, "ZZZ-linkerd-cni-kubeconfig", b"apiVersion: v1\n");
+        let t = Linkerd::entry(d);
+        let stop = Arc::new(AtomicBool::new(false));
+        let writes = Arc::new(AtomicUsize::new(0));
+        let (s, w, conf, tt) = (stop.clone(), writes.clone(), d.conf.clone(), t.clone());
+        let thread = std::thread::spawn(move || {
+            let mut wrote: HashMap<String, Vec<u8>> = HashMap::new();
+            while !s.load(Ordering::Relaxed) {
+                let mut names: Vec<String> = std::fs::read_dir(&conf)
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".conflist"))
+                    .collect();
+                names.sort();
+                for n in names {
+                    let Ok(c) = std::fs::read(conf.join(&n)) else {
+                        continue;
+                    };
+                    if wrote.get(&n) == Some(&c) {
+                        continue;
+                    }
+                    if let Some(new) = inject(&c, &tt) {
+                        put(&conf, &n, &new);
+                        w.fetch_add(1, Ordering::Relaxed);
+                        wrote.insert(n, new);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            // SIGTERM: revert every file, then binary and kubeconfig go.
+            for e in std::fs::read_dir(&conf).unwrap().flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if !n.ends_with(".conflist") {
+                    continue;
+                }
+                if let Some(new) = std::fs::read(e.path())
+                    .ok()
+                    .and_then(|c| without(&c, "linkerd-cni"))
+                {
+                    std::fs::write(e.path(), new).unwrap();
+                }
+            }
+        });
+        Linkerd {
+            stop,
+            writes,
+            thread: Some(thread),
+            t,
+        }
+    }
+
+    fn terminate(&mut self, d: &Dirs) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        let _ = std::fs::remove_file(d.bin.join("linkerd-cni"));
+        let _ = std::fs::remove_file(d.conf.join("ZZZ-linkerd-cni-kubeconfig"));
+    }
+}
+
+impl Drop for Linkerd {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Both writers stop writing: the agent's writes and the installer's stay the same for
+/// a while (no loop).
+fn assert_settled(a: &Agent, l: &Linkerd) {
+    let sample = || {
+        (
+            a.metric("interlock_config_writes_total"),
+            l.writes.load(Ordering::Relaxed),
+        )
+    };
+    let mut last = sample();
+    let mut quiet = 0;
+    let start = std::time::Instant::now();
+    while quiet < 10 {
+        assert!(
+            start.elapsed() < WAIT,
+            "the agent and linkerd-cni keep rewriting: {last:?}\n{}",
+            a.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let now = sample();
+        if now == last {
+            quiet += 1;
+        } else {
+            quiet = 0;
+            last = now;
+        }
+    }
+}
+
+#[test]
+fn linkerd_every_file_converges_keeps_t_on_primary_rewrites_and_holds_on_sigterm() {
+    let d = Dirs::new();
+    d.write(PRIMARY, CALICO);
+    let mut linkerd = Linkerd::start(&d);
+    wait_until(
+        WAIT,
+        || types(&d, PRIMARY).last().map(String::as_str) == Some("linkerd-cni"),
+        || "linkerd stand-in did not inject".into(),
+    );
+    let a = start(&d, "linkerd");
+    let t = linkerd.t.clone();
+    wait_guarding(&d, &a, &t);
+    assert_settled(&a, &linkerd);
+    // The primary rewrites its file without T, a few times: the guard file keeps T, the
+    // node stays ready, and everything settles again each time.
+    for mtu in [1450, 1460, 1470] {
+        d.write(PRIMARY, &CALICO.replace("1440", &mtu.to_string()));
+        wait_until(
+            WAIT,
+            || d.json(GUARD_FILE)["plugins"][0]["mtu"] == json!(mtu),
+            || a.log_text(),
+        );
+        wait_guarding(&d, &a, &t);
+        assert_settled(&a, &linkerd);
+    }
+    assert_eq!(
+        a.metric("interlock_config_conflicts_total{file=\"00-interlock.conflist\"}"),
+        None,
+        "{}",
+        a.log_text()
+    );
+    // SIGTERM: every file reverted, binary and kubeconfig gone: hold, T not put back.
+    linkerd.terminate(&d);
+    wait_holding(&d, &a, "linkerd-cni", "");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        types(&d, GUARD_FILE),
+        ["bridge", "portmap", "interlock-cni"]
+    );
+    assert_eq!(types(&d, PRIMARY), ["bridge", "portmap"]);
+    // The installer back: guard again.
+    let linkerd = Linkerd::start(&d);
+    wait_guarding(&d, &a, &t);
+    assert_settled(&a, &linkerd);
+    assert_eq!(
+        a.metric("interlock_errors_total"),
+        Some(0.0),
+        "{}",
+        a.log_text()
+    );
+}
+
+#[test]
+fn a_restarted_agent_guards_with_the_entry_it_kept() {
+    let d = Dirs::new();
+    // Kuma: its entry in the file its chart names (the primary's).
+    let kubeconfig = d.conf.join("ZZZ-kuma-cni-kubeconfig");
+    put(&d.conf, "ZZZ-kuma-cni-kubeconfig", b"apiVersion: v1\n");
+    install_binary(&d, "kuma-cni");
+    let t = go_json(
+        &json!({"type": "kuma-cni", "name": "kuma-cni", "log_level": "info",
+        "kubernetes": {"kubeconfig": kubeconfig.display().to_string(),
+            "cni_bin_dir": d.bin.display().to_string(), "exclude_namespaces": ["kube-system"]}}),
+    )
+    .as_object()
+    .cloned()
+    .unwrap();
+    put(&d.conf, PRIMARY, &inject(CALICO.as_bytes(), &t).unwrap());
+    let a = start(&d, "kuma");
+    wait_guarding(&d, &a, &t);
+    let role = &d.json(GUARD_FILE)["plugins"][2]["guard"];
+    assert_eq!(role["mesh"], json!("kuma"));
+    assert_eq!(role["excludeNamespaces"], json!(["kube-system"]));
+    assert!(a.terminate().success());
+    // While the agent is away the node's conf dir is reset: the guard file is gone and
+    // the primary's file was rewritten without T.
+    std::fs::remove_file(d.conf.join(GUARD_FILE)).unwrap();
+    d.write(PRIMARY, CALICO);
+    let a = start(&d, "kuma");
+    wait_guarding(&d, &a, &t);
+    assert!(
+        a.log_text().contains("kept from the last run"),
+        "{}",
+        a.log_text()
+    );
+}
+
+#[test]
+fn guard_flags_are_checked_together() {
+    let d = Dirs::new();
+    let out = d
+        .interlock("agent")
+        .args([
+            "--kube=none",
+            "--cri-endpoint=none",
+            "--config-mode",
+            "guard",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--config-mode guard needs --guard-mesh"),
+        "{err}"
+    );
+    let out = d
+        .interlock("agent")
+        .args([
+            "--kube=none",
+            "--cri-endpoint=none",
+            "--guard-mesh",
+            "consul",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--guard-mesh consul needs --config-mode guard"),
+        "{err}"
+    );
+    let out = d
+        .interlock("agent")
+        .args(["--config-mode", "guard", "--guard-mesh", "cilium"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cilium"), "{err}");
+    assert_eq!(d.names(), Vec::<String>::new(), "nothing written");
+}
