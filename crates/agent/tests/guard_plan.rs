@@ -769,3 +769,37 @@ fn t_is_held_while_its_version_refuses_the_list_or_it_is_not_learnt() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn uninstall_removes_the_guard_file_and_says_the_mesh_plugin_went_with_it() {
+    let mesh = GuardedMesh::Istio;
+    let t = t_entry(mesh, 1);
+    let mut files = Files::new();
+    let mut agent = Agent::new(mesh);
+    let mut istio = Istio {
+        t: t.clone(),
+        target: None,
+        up: true,
+    };
+    settle(&mut agent, &mut istio, &mut files, 6);
+    files.insert(PRIMARY.into(), calico());
+    settle(&mut agent, &mut istio, &mut files, 6);
+    assert_guarding(&files, &t);
+    let u = interlock_agent::guard::plan::plan_uninstall_explained(&snapshot(&files));
+    assert_eq!(
+        u.actions,
+        [Action::Remove {
+            name: "00-interlock.conflist".into()
+        }]
+    );
+    assert!(
+        u.notes
+            .iter()
+            .any(|n| n.contains("carried istio-cni")
+                && n.contains("restart the istio-cni DaemonSet")),
+        "{:?}",
+        u.notes
+    );
+    // The primary's file is left as it is (T is not written into it).
+    assert!(u.actions.iter().all(|a| a.file() != PRIMARY));
+}

@@ -991,6 +991,9 @@ pub fn plan_uninstall_explained(snap: &Snapshot) -> UninstallPlan {
                 actions.push(Action::Remove {
                     name: c.name().to_string(),
                 });
+                if let Some(note) = guarded_plugin_note(c) {
+                    notes.push(note);
+                }
             } else {
                 notes.push(format!(
                     "kept {}: named like interlock's own config, but it does not carry an \
@@ -1090,6 +1093,27 @@ pub fn plan_uninstall_explained(snap: &Snapshot) -> UninstallPlan {
         }
     }
     UninstallPlan { actions, notes }
+}
+
+/// The note for removing guard file `c` when it carries a guarded mesh's plugin: the
+/// chain loses that plugin until its installer writes it again. Interlock does not write
+/// it into another file itself (that would be writing the mesh's entry for it).
+fn guarded_plugin_note(c: &Candidate<'_>) -> Option<String> {
+    let p = c.parsed().as_ref().ok()?;
+    let t = p
+        .list
+        .plugin_types()
+        .into_iter()
+        .find_map(GuardedMesh::from_plugin_type)?;
+    Some(format!(
+        "removed {}, interlock's guard file, which carried {}: the chain lacks {} until \
+         the {t} CNI installer writes it again (linkerd-cni and consul-cni do on the \
+         directory's next change; istio-cni, if this file was its target, waits for it to \
+         come back: restart the istio-cni DaemonSet's pod on this node)",
+        c.entry.shown(),
+        t.plugin_type(),
+        t.plugin_type()
+    ))
 }
 
 /// Whether the runtime's effective config runs our entry (once, after the primary, at a
