@@ -384,7 +384,7 @@ impl Agent {
         });
         let facts = self.facts(t_binary);
         let (plan, state) = plan_guard(&snap, &s, &facts);
-        let conflicts = guard_conflicting_files(&plan, &snap, &self.left);
+        let conflicts = guard_conflicting_files(&plan, &snap, &self.left, self.mesh.plugin_type());
         assert!(
             conflicts.is_empty(),
             "an installer's write counted as a conflict: {conflicts:?}"
@@ -697,7 +697,9 @@ fn removing_interlock_from_the_guard_file_or_deleting_it_is_a_conflict() {
     );
     let (plan, _) = plan_guard(&snap_after(&edited), &s, &facts);
     assert!(!plan.actions.is_empty());
-    assert!(guard_conflicting_files(&plan, &snap_after(&edited), &agent.left).is_empty());
+    assert!(
+        guard_conflicting_files(&plan, &snap_after(&edited), &agent.left, "istio-cni").is_empty()
+    );
     // interlock-cni removed: a conflict.
     let mut edited = files.clone();
     edited.insert(
@@ -706,7 +708,7 @@ fn removing_interlock_from_the_guard_file_or_deleting_it_is_a_conflict() {
     );
     let (plan, _) = plan_guard(&snap_after(&edited), &s, &facts);
     assert_eq!(
-        guard_conflicting_files(&plan, &snap_after(&edited), &agent.left),
+        guard_conflicting_files(&plan, &snap_after(&edited), &agent.left, "istio-cni"),
         [gname.as_str()]
     );
     // The guard file deleted: a conflict.
@@ -714,7 +716,7 @@ fn removing_interlock_from_the_guard_file_or_deleting_it_is_a_conflict() {
     edited.remove(&gname);
     let (plan, _) = plan_guard(&snap_after(&edited), &s, &facts);
     assert_eq!(
-        guard_conflicting_files(&plan, &snap_after(&edited), &agent.left),
+        guard_conflicting_files(&plan, &snap_after(&edited), &agent.left, "istio-cni"),
         [gname.as_str()]
     );
 }
@@ -802,4 +804,47 @@ fn uninstall_removes_the_guard_file_and_says_the_mesh_plugin_went_with_it() {
     );
     // The primary's file is left as it is (T is not written into it).
     assert!(u.actions.iter().all(|a| a.file() != PRIMARY));
+}
+
+#[test]
+fn an_installer_putting_t_back_while_the_guard_holds_is_a_conflict() {
+    // linkerd-cni re-injects into the guard file each time it changes; while its entry
+    // cannot run (here: its binary is missing where the agent looks), the guard leaves
+    // it out each time: without a conflict the two would rewrite the file for ever.
+    let mesh = GuardedMesh::Linkerd;
+    let t = t_entry(mesh, 1);
+    let mut files = Files::from([(PRIMARY.to_string(), calico())]);
+    let mut linkerd = Linkerd {
+        t: t.clone(),
+        wrote: HashMap::new(),
+        up: true,
+    };
+    linkerd.react(&mut files);
+    let mut agent = Agent::new(mesh);
+    settle(&mut agent, &mut linkerd, &mut files, 8);
+    // The binary vanishes from the agent's view, the installer goes on.
+    agent.reconcile(&mut files, false);
+    assert_holding(&files, "linkerd-cni");
+    assert!(
+        linkerd.react(&mut files),
+        "linkerd re-injects into the guard file"
+    );
+    let snap = snapshot(&files);
+    let mut s = settings(mesh);
+    s.guard.as_mut().unwrap().learned = Some(t.clone());
+    s.guard.as_mut().unwrap().unusable = Some("linkerd-cni binary missing".into());
+    let (plan, _) = plan_guard(&snap, &s, &agent.facts(false));
+    assert_eq!(
+        guard_conflicting_files(&plan, &snap, &agent.left, "linkerd-cni"),
+        ["00-interlock.conflist"]
+    );
+    // The installer's version still has interlock-cni holding meshed pods back.
+    let (_, list) = guard_file(&files);
+    let ours = list["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "interlock-cni")
+        .unwrap();
+    assert_eq!(ours["guard"]["hold"], Value::Bool(true));
 }

@@ -656,8 +656,8 @@ impl Guard {
         now: Instant,
     ) -> Option<String> {
         let dir = self.cfg.conf_dir.clone();
-        let files = if self.guarded.is_some() {
-            guard_conflicting_files(plan, snap, &self.left)
+        let files = if let Some(g) = &self.guarded {
+            guard_conflicting_files(plan, snap, &self.left, g.mesh.plugin_type())
         } else {
             conflicting_files(plan, snap, &self.left, &self.settings.entry)
         };
