@@ -338,139 +338,80 @@ fn istio_binary_removed_alone_holds_then_guards_when_back() {
 
 /// linkerd-cni's installer (A.2.2) as a thread reacting to the conf dir: every
 /// `.conflist` whose content differs from what it last wrote gets its entry appended
-/// (temp file and rename); SIGTERM reverts every file and removes binary and kubeconfig.
-struct Linkerd {
-    stop: Arc<AtomicBool>,
-    writes: Arc<AtomicUsize>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    t: Map<String, Value>,
+/// (temp file and rename); SIGTERM reverts every file (in place) and removes binary and
+/// kubeconfig.
+fn linkerd_entry(d: &Dirs) -> Map<String, Value> {
+    let t = json!({"type": "linkerd-cni", "name": "linkerd-cni", "log_level": "info",
+        "kubernetes": {"kubeconfig": d.conf.join("ZZZ-linkerd-cni-kubeconfig").display().to_string()},
+        "linkerd": {"incoming-proxy-port": 4143, "outgoing-proxy-port": 4140,
+            "proxy-uid": 2102, "ipv6": false}});
+    go_json(&t).as_object().cloned().unwrap()
 }
 
-impl Linkerd {
-    fn entry(d: &Dirs) -> Map<String, Value> {
-        let t = json!({"type": "linkerd-cni", "name": "linkerd-cni", "log_level": "info",
-            "kubernetes": {"kubeconfig": d.conf.join("ZZZ-linkerd-cni-kubeconfig").display().to_string()},
-            "linkerd": {"incoming-proxy-port": 4143, "outgoing-proxy-port": 4140,
-                "proxy-uid": 2102, "ipv6": false}});
-        go_json(&t).as_object().cloned().unwrap()
-    }
-
-    fn start(d: &Dirs) -> Linkerd {
-        install_binary(d, "linkerd-cni");
-        put(&d.conf, "ZZZ-linkerd-cni-kubeconfig", b"apiVersion: v1\n");
-        let t = Linkerd::entry(d);
-        let stop = Arc::new(AtomicBool::new(false));
-        let writes = Arc::new(AtomicUsize::new(0));
-        let (s, w, conf, tt) = (stop.clone(), writes.clone(), d.conf.clone(), t.clone());
-        let thread = std::thread::spawn(move || {
-            let mut wrote: HashMap<String, Vec<u8>> = HashMap::new();
-            while !s.load(Ordering::Relaxed) {
-                let mut names: Vec<String> = std::fs::read_dir(&conf)
-                    .unwrap()
-                    .flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.ends_with(".conflist"))
-                    .collect();
-                names.sort();
-                for n in names {
-                    let Ok(c) = std::fs::read(conf.join(&n)) else {
-                        continue;
-                    };
-                    if wrote.get(&n) == Some(&c) {
-                        continue;
-                    }
-                    if let Some(new) = inject(&c, &tt) {
-                        put(&conf, &n, &new);
-                        w.fetch_add(1, Ordering::Relaxed);
-                        wrote.insert(n, new);
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            // SIGTERM: revert every file, then binary and kubeconfig go.
-            for e in std::fs::read_dir(&conf).unwrap().flatten() {
-                let n = e.file_name().to_string_lossy().into_owned();
-                if !n.ends_with(".conflist") {
-                    continue;
-                }
-                if let Some(new) = std::fs::read(e.path())
-                    .ok()
-                    .and_then(|c| without(&c, "linkerd-cni"))
-                {
-                    std::fs::write(e.path(), new).unwrap();
-                }
-            }
-        });
-        Linkerd {
-            stop,
-            writes,
-            thread: Some(thread),
-            t,
-        }
-    }
-
-    fn terminate(&mut self, d: &Dirs) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap();
-        }
-        let _ = std::fs::remove_file(d.bin.join("linkerd-cni"));
-        let _ = std::fs::remove_file(d.conf.join("ZZZ-linkerd-cni-kubeconfig"));
-    }
-}
-
-impl Drop for Linkerd {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Both writers stop writing: the agent's writes and the installer's stay the same for
-/// a while (no loop).
-fn assert_settled(a: &Agent, l: &Linkerd) {
-    let sample = || {
-        (
-            a.metric("interlock_config_writes_total"),
-            l.writes.load(Ordering::Relaxed),
-        )
+fn linkerd_installer(d: &Dirs) -> InstallerThread {
+    install_binary(d, "linkerd-cni");
+    put(&d.conf, "ZZZ-linkerd-cni-kubeconfig", b"apiVersion: v1\n");
+    let t = linkerd_entry(d);
+    let conf = d.conf.clone();
+    let conflists = |conf: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(conf)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".conflist"))
+            .collect();
+        v.sort();
+        v
     };
-    let mut last = sample();
-    let mut quiet = 0;
-    let start = std::time::Instant::now();
-    while quiet < 10 {
-        assert!(
-            start.elapsed() < WAIT,
-            "the agent and linkerd-cni keep rewriting: {last:?}\n{}",
-            a.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-        let now = sample();
-        if now == last {
-            quiet += 1;
-        } else {
-            quiet = 0;
-            last = now;
+    let mut wrote: HashMap<String, Vec<u8>> = HashMap::new();
+    let c2 = conf.clone();
+    let step = move || {
+        let mut any = false;
+        for n in conflists(&c2) {
+            let Ok(c) = std::fs::read(c2.join(&n)) else {
+                continue;
+            };
+            if wrote.get(&n) == Some(&c) {
+                continue;
+            }
+            if let Some(new) = inject(&c, &t) {
+                put(&c2, &n, &new);
+                wrote.insert(n, new);
+                any = true;
+            }
         }
-    }
+        any
+    };
+    let bin = d.bin.join("linkerd-cni");
+    let cleanup = move || {
+        for n in conflists(&conf) {
+            if let Some(new) = std::fs::read(conf.join(&n))
+                .ok()
+                .and_then(|c| without(&c, "linkerd-cni"))
+            {
+                std::fs::write(conf.join(&n), new).unwrap();
+            }
+        }
+        let _ = std::fs::remove_file(bin);
+        let _ = std::fs::remove_file(conf.join("ZZZ-linkerd-cni-kubeconfig"));
+    };
+    InstallerThread::spawn(step, cleanup)
 }
 
 #[test]
 fn linkerd_every_file_converges_keeps_t_on_primary_rewrites_and_holds_on_sigterm() {
     let d = Dirs::new();
     d.write(PRIMARY, CALICO);
-    let mut linkerd = Linkerd::start(&d);
+    let mut linkerd = linkerd_installer(&d);
     wait_until(
         WAIT,
         || types(&d, PRIMARY).last().map(String::as_str) == Some("linkerd-cni"),
         || "linkerd stand-in did not inject".into(),
     );
     let a = start(&d, "linkerd");
-    let t = linkerd.t.clone();
+    let t = linkerd_entry(&d);
     wait_guarding(&d, &a, &t);
-    assert_settled(&a, &linkerd);
+    assert_quiet(&a, &linkerd.writes);
     // The primary rewrites its file without T, a few times: the guard file keeps T, the
     // node stays ready, and everything settles again each time.
     for mtu in [1450, 1460, 1470] {
@@ -481,7 +422,7 @@ fn linkerd_every_file_converges_keeps_t_on_primary_rewrites_and_holds_on_sigterm
             || a.log_text(),
         );
         wait_guarding(&d, &a, &t);
-        assert_settled(&a, &linkerd);
+        assert_quiet(&a, &linkerd.writes);
     }
     assert_eq!(
         a.metric("interlock_config_conflicts_total{file=\"00-interlock.conflist\"}"),
@@ -490,7 +431,7 @@ fn linkerd_every_file_converges_keeps_t_on_primary_rewrites_and_holds_on_sigterm
         a.log_text()
     );
     // SIGTERM: every file reverted, binary and kubeconfig gone: hold, T not put back.
-    linkerd.terminate(&d);
+    linkerd.terminate();
     wait_holding(&d, &a, "linkerd-cni", "");
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
@@ -499,9 +440,9 @@ fn linkerd_every_file_converges_keeps_t_on_primary_rewrites_and_holds_on_sigterm
     );
     assert_eq!(types(&d, PRIMARY), ["bridge", "portmap"]);
     // The installer back: guard again.
-    let linkerd = Linkerd::start(&d);
+    let linkerd = linkerd_installer(&d);
     wait_guarding(&d, &a, &t);
-    assert_settled(&a, &linkerd);
+    assert_quiet(&a, &linkerd.writes);
     assert_eq!(
         a.metric("interlock_errors_total"),
         Some(0.0),
@@ -589,4 +530,271 @@ fn guard_flags_are_checked_together() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cilium"), "{err}");
     assert_eq!(d.names(), Vec::<String>::new(), "nothing written");
+}
+
+/// An installer played by a thread: `step` runs every few milliseconds until stopped
+/// (counting its writes), then `cleanup` runs once (its SIGTERM handling).
+struct InstallerThread {
+    stop: Arc<AtomicBool>,
+    writes: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl InstallerThread {
+    fn spawn(
+        mut step: impl FnMut() -> bool + Send + 'static,
+        cleanup: impl FnOnce() + Send + 'static,
+    ) -> InstallerThread {
+        let stop = Arc::new(AtomicBool::new(false));
+        let writes = Arc::new(AtomicUsize::new(0));
+        let (s, w) = (stop.clone(), writes.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                if step() {
+                    w.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            cleanup();
+        });
+        InstallerThread {
+            stop,
+            writes,
+            thread: Some(thread),
+        }
+    }
+
+    /// True once the thread ended by itself (an installer that exits).
+    fn exited(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    fn terminate(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for InstallerThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The agent's writes and the installer's stay the same for a second: no loop.
+fn assert_quiet(a: &Agent, writes: &AtomicUsize) {
+    let sample = || {
+        (
+            a.metric("interlock_config_writes_total"),
+            writes.load(Ordering::Relaxed),
+        )
+    };
+    let mut last = sample();
+    let mut quiet = 0;
+    let start = std::time::Instant::now();
+    while quiet < 10 {
+        assert!(
+            start.elapsed() < WAIT,
+            "the agent and the installer keep rewriting: {last:?}\n{}",
+            a.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let now = sample();
+        if now == last {
+            quiet += 1;
+        } else {
+            quiet = 0;
+            last = now;
+        }
+    }
+}
+
+/// consul-cni's installer (A.3.2): on every change, the first valid file; its entry must
+/// be the last plugin and equal to its own, else removed and appended; written in place
+/// (not atomically). Its kubeconfig name carries a per-start id. SIGTERM cleans the file
+/// it chose at its start only, then binary and kubeconfig.
+fn consul_installer(d: &Dirs, id: u32) -> (InstallerThread, Map<String, Value>) {
+    let kubeconfig = format!("ZZZ-consul-cni-kubeconfig-{id}");
+    install_binary(d, "consul-cni");
+    put(&d.conf, &kubeconfig, b"apiVersion: v1\n");
+    let t = go_json(&json!({"type": "consul-cni", "name": "consul-cni",
+        "cni_bin_dir": d.bin.display().to_string(), "cni_net_dir": d.conf.display().to_string(),
+        "kubeconfig": kubeconfig, "log_level": "info", "multus": false,
+        "autorotate_token": true}))
+    .as_object()
+    .cloned()
+    .unwrap();
+    let conf = d.conf.clone();
+    let names = move |conf: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(conf)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".conflist"))
+            .collect();
+        v.sort();
+        v
+    };
+    let first = move |conf: &Path| {
+        names(conf).into_iter().find(|n| {
+            std::fs::read(conf.join(n))
+                .ok()
+                .and_then(|b| parse(&b))
+                .is_some_and(|l| l.get("plugins").is_some())
+        })
+    };
+    let start_file = first(&conf);
+    let (tt, c2) = (t.clone(), conf.clone());
+    let step = move || {
+        let Some(tg) = first(&c2) else {
+            return false;
+        };
+        let Ok(c) = std::fs::read(c2.join(&tg)) else {
+            return false;
+        };
+        let Some(list) = parse(&c) else {
+            return false;
+        };
+        let last = list["plugins"].as_array().and_then(|p| p.last()).cloned();
+        if last.as_ref().and_then(Value::as_object) == Some(&tt) {
+            return false;
+        }
+        std::fs::write(c2.join(&tg), inject(&c, &tt).unwrap()).unwrap();
+        true
+    };
+    let (c3, bin, kc) = (
+        conf.clone(),
+        d.bin.join("consul-cni"),
+        conf.join(&kubeconfig),
+    );
+    let cleanup = move || {
+        if let Some(f) = start_file {
+            if let Some(new) = std::fs::read(c3.join(&f))
+                .ok()
+                .and_then(|c| without(&c, "consul-cni"))
+            {
+                std::fs::write(c3.join(&f), new).unwrap();
+            }
+        }
+        let _ = std::fs::remove_file(bin);
+        let _ = std::fs::remove_file(kc);
+    };
+    (InstallerThread::spawn(step, cleanup), t)
+}
+
+#[test]
+fn consul_first_valid_file_on_every_event_converges_and_a_restart_is_adopted() {
+    let d = Dirs::new();
+    d.write(PRIMARY, CALICO);
+    let (mut consul, t1) = consul_installer(&d, 1);
+    wait_until(
+        WAIT,
+        || types(&d, PRIMARY).last().map(String::as_str) == Some("consul-cni"),
+        || "consul stand-in did not write its entry".into(),
+    );
+    let a = start(&d, "consul");
+    wait_guarding(&d, &a, &t1);
+    assert_quiet(&a, &consul.writes);
+    // The primary rewrites its file without T: the guard file (consul's target now,
+    // being first) keeps T last; nobody loops.
+    d.write(PRIMARY, &CALICO.replace("1440", "1450"));
+    wait_until(
+        WAIT,
+        || d.json(GUARD_FILE)["plugins"][0]["mtu"] == json!(1450),
+        || a.log_text(),
+    );
+    wait_guarding(&d, &a, &t1);
+    assert_quiet(&a, &consul.writes);
+    // A restart: the old installer cleans only its start file (the primary's) and takes
+    // binary and kubeconfig: hold.
+    consul.terminate();
+    wait_holding(&d, &a, "consul-cni", "binary missing");
+    // The new one has a new kubeconfig name: it writes its entry into the first file,
+    // the guard file; the agent adopts it verbatim.
+    let (consul, t2) = consul_installer(&d, 2);
+    assert_ne!(t1, t2);
+    wait_guarding(&d, &a, &t2);
+    assert_quiet(&a, &consul.writes);
+    let kept: Value =
+        serde_json::from_slice(&std::fs::read(d.state.join("guard-entry.json")).unwrap()).unwrap();
+    assert_eq!(kept["entry"], Value::Object(t2));
+}
+
+/// kuma-cni's installer (A.4.2): its entry appended to the file its chart names; polls
+/// that file and, once its entry is gone, cleans up (binary, entry, kubeconfig) and exits.
+fn kuma_installer(d: &Dirs, t: &Map<String, Value>) -> InstallerThread {
+    install_binary(d, "kuma-cni");
+    put(&d.conf, "ZZZ-kuma-cni-kubeconfig", b"apiVersion: v1\n");
+    let c = d.read(PRIMARY).unwrap();
+    if without(&c, "kuma-cni").is_none() {
+        put(&d.conf, PRIMARY, &inject(&c, t).unwrap());
+    }
+    let (conf, bin) = (d.conf.clone(), d.bin.clone());
+    let gone = Arc::new(AtomicBool::new(false));
+    let g2 = gone.clone();
+    let c2 = conf.clone();
+    let step = move || {
+        let has = std::fs::read(c2.join(PRIMARY))
+            .ok()
+            .is_some_and(|c| without(&c, "kuma-cni").is_some());
+        if !has {
+            g2.store(true, Ordering::Relaxed);
+        }
+        false
+    };
+    let cleanup = move || {
+        let _ = std::fs::remove_file(bin.join("kuma-cni"));
+        if let Some(new) = std::fs::read(conf.join(PRIMARY))
+            .ok()
+            .and_then(|c| without(&c, "kuma-cni"))
+        {
+            put(&conf, PRIMARY, &new);
+        }
+        let _ = std::fs::remove_file(conf.join("ZZZ-kuma-cni-kubeconfig"));
+    };
+    let th = InstallerThread::spawn(step, cleanup);
+    // Exits by itself once the check fails.
+    let stop = th.stop.clone();
+    std::thread::spawn(move || {
+        while !gone.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    th
+}
+
+#[test]
+fn kuma_named_file_primary_rewrite_holds_until_the_restarted_installer_is_back() {
+    let d = Dirs::new();
+    d.write(PRIMARY, CALICO);
+    let t = go_json(
+        &json!({"type": "kuma-cni", "name": "kuma-cni", "cniVersion": "0.3.1",
+        "kubernetes": {"kubeconfig": d.conf.join("ZZZ-kuma-cni-kubeconfig").display().to_string(),
+            "cni_bin_dir": d.bin.display().to_string(), "exclude_namespaces": ["kube-system"]}}),
+    )
+    .as_object()
+    .cloned()
+    .unwrap();
+    let kuma = kuma_installer(&d, &t);
+    let a = start(&d, "kuma");
+    wait_guarding(&d, &a, &t);
+    // The primary rewrites its file without T: Kuma's check fails, it cleans up and
+    // exits (binary gone): hold, meshed pods wait for its restart.
+    d.write(PRIMARY, &CALICO.replace("1440", "1450"));
+    wait_until(
+        WAIT,
+        || kuma.exited(),
+        || "kuma stand-in did not exit".into(),
+    );
+    wait_holding(&d, &a, "kuma-cni", "binary missing");
+    // Restarted (the kubelet's back-off): entry, binary and kubeconfig back: guard.
+    let _kuma = kuma_installer(&d, &t);
+    wait_guarding(&d, &a, &t);
+    assert!(d.json(GUARD_FILE)["plugins"][0]["mtu"] == json!(1450));
 }
