@@ -380,6 +380,32 @@ mod tests {
     }
 
     #[test]
+    fn guard_state_is_one_hot_and_mesh_writes_count_per_file() {
+        let s = Shared::default();
+        s.set_guard_state("hold");
+        s.set_guard_state("guard");
+        s.mesh_wrote("00-interlock.conflist");
+        s.mesh_wrote("00-interlock.conflist");
+        let m = s.render_metrics();
+        assert!(
+            m.contains("interlock_guard_state{state=\"guard\"} 1\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains("interlock_guard_state{state=\"hold\"} 0\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains("interlock_guard_state{state=\"no-primary\"} 0\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains("interlock_guard_mesh_writes_total{file=\"00-interlock.conflist\"} 2\n"),
+            "{m}"
+        );
+    }
+
+    #[test]
     fn every_documented_series_is_exported() {
         let m = Shared::default().render_metrics();
         for name in crate::health::metrics::SERIES {
