@@ -484,6 +484,19 @@ fn a_restarted_agent_guards_with_the_entry_it_kept() {
         "{}",
         a.log_text()
     );
+    // Uninstall: the guard file and the kept entry go; the primary's file stays as the
+    // primary wrote it, and the output says T left with the guard file.
+    assert!(a.terminate().success());
+    let out = d.uninstall();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("carried kuma-cni"), "{text}");
+    assert_eq!(d.names(), [PRIMARY, "ZZZ-kuma-cni-kubeconfig"]);
+    assert_eq!(d.read(PRIMARY).unwrap(), CALICO.as_bytes());
+    assert!(!d.state.join("guard-entry.json").exists());
 }
 
 #[test]
