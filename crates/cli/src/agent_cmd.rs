@@ -53,7 +53,8 @@ pub struct AgentArgs {
     #[arg(long, env = "INTERLOCK_GUARD_MESH")]
     pub guard_mesh: Option<GuardedMesh>,
     /// Guard mode: where the host's root is mounted in the agent's container, to check the
-    /// files the mesh's plugin needs at ADD (its kubeconfig) at the paths its entry names.
+    /// files the mesh's plugin needs at ADD (its kubeconfig) at the paths its entry names
+    /// (a file in the host's conf dir is found in --cni-conf-dir whatever this says).
     #[arg(long, env = "INTERLOCK_GUARD_HOST_ROOT", default_value = "/")]
     pub guard_host_root: PathBuf,
     /// Chain mode: the file to chain into (default: the one the runtime loads).

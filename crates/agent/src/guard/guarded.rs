@@ -32,6 +32,9 @@ pub struct Guarded {
     /// Paths T's entry names are looked up under this root (`/` on the host; the
     /// host's root mount in a container).
     host_root: PathBuf,
+    /// The conf dir as the agent sees it: a file T names in the host's conf dir (every
+    /// kubeconfig but istio-cni's) is found there, wherever the host's root is.
+    conf_dir: PathBuf,
     /// The guard file's name and content as last seen or written.
     seen: Option<(String, Vec<u8>)>,
     /// The state the last plan put the config in.
@@ -42,7 +45,7 @@ pub struct Guarded {
 
 impl Guarded {
     /// Guard mode for `mesh`, with the T the last run kept in `state_dir` (if any).
-    pub fn new(mesh: GuardedMesh, state_dir: &Path, host_root: &Path) -> Guarded {
+    pub fn new(mesh: GuardedMesh, state_dir: &Path, host_root: &Path, conf_dir: &Path) -> Guarded {
         let persisted = load(state_dir, mesh);
         if persisted.is_some() {
             info!(
@@ -56,6 +59,7 @@ impl Guarded {
             learner: Learner::new(mesh, persisted),
             state_dir: state_dir.to_path_buf(),
             host_root: host_root.to_path_buf(),
+            conf_dir: conf_dir.to_path_buf(),
             seen: None,
             state: None,
             guard_file: None,
@@ -108,9 +112,9 @@ impl Guarded {
             self.seen = Some((c.name().to_string(), now));
         }
         let mesh = self.mesh;
-        let root = self.host_root.clone();
+        let (root, conf) = (self.host_root.clone(), self.conf_dir.clone());
         let deps = move |t: &serde_json::Map<String, serde_json::Value>| {
-            learn::dependency_paths(mesh, t).is_ok_and(|d| missing(&root, &d).is_none())
+            learn::dependency_paths(mesh, t).is_ok_and(|d| missing(&root, &conf, &d).is_none())
         };
         let gv = g.as_ref().map(|(n, l)| FileView {
             name: n,
@@ -178,7 +182,7 @@ impl Guarded {
             )),
             Some(t) => match learn::dependency_paths(self.mesh, t) {
                 Err(e) => Some(e),
-                Ok(d) => missing(&self.host_root, &d).map(|p| {
+                Ok(d) => missing(&self.host_root, &self.conf_dir, &d).map(|p| {
                     format!(
                         "{t_type} needs {} at every ADD, which is missing (installer \
                          restarting?)",
@@ -229,12 +233,26 @@ fn under(root: &Path, path: &Path) -> PathBuf {
     root.join(path.strip_prefix("/").unwrap_or(path))
 }
 
+/// Where the agent sees `path` (absolute, as on the host): in the conf dir when `path`
+/// names a file in a directory the conf dir is a mount of (`/etc/cni/net.d/x` with the
+/// conf dir at `/host/etc/cni/net.d`), else under `root`.
+fn seen_at(root: &Path, conf_dir: &Path, path: &Path) -> PathBuf {
+    let in_conf = path
+        .parent()
+        .and_then(|p| p.strip_prefix("/").ok())
+        .filter(|p| !p.as_os_str().is_empty() && conf_dir.ends_with(p));
+    match (in_conf, path.file_name()) {
+        (Some(_), Some(name)) => conf_dir.join(name),
+        _ => under(root, path),
+    }
+}
+
 /// The first dependency that is not a regular file (following links, as the plugin's
 /// open does), if any.
-fn missing(root: &Path, deps: &[learn::Dependency]) -> Option<PathBuf> {
+fn missing(root: &Path, conf_dir: &Path, deps: &[learn::Dependency]) -> Option<PathBuf> {
     deps.iter()
         .find(|d| {
-            let p = under(root, &d.path);
+            let p = seen_at(root, conf_dir, &d.path);
             if std::fs::metadata(&p).is_ok_and(|m| m.is_file()) {
                 return false;
             }
@@ -306,20 +324,29 @@ mod tests {
             path: p.into(),
             prefix_fallback: f,
         };
+        let conf = Path::new("/nowhere/etc/cni/net.d");
         assert_eq!(
-            missing(root, &[dep("/n/k", false)]),
+            missing(root, conf, &[dep("/n/k", false)]),
             Some(PathBuf::from("/n/k"))
         );
         std::fs::create_dir(root.join("n/k")).unwrap();
         assert!(
-            missing(root, &[dep("/n/k", false)]).is_some(),
+            missing(root, conf, &[dep("/n/k", false)]).is_some(),
             "a dir is no kubeconfig"
         );
         std::fs::write(root.join("n/c-1"), "x").unwrap();
-        assert!(missing(root, &[dep("/n/c", false)]).is_some());
-        assert_eq!(missing(root, &[dep("/n/c", true)]), None);
+        assert!(missing(root, conf, &[dep("/n/c", false)]).is_some());
+        assert_eq!(missing(root, conf, &[dep("/n/c", true)]), None);
         std::fs::write(root.join("n/j"), "x").unwrap();
-        assert_eq!(missing(root, &[dep("/n/j", false)]), None);
+        assert_eq!(missing(root, conf, &[dep("/n/j", false)]), None);
+        // The host's conf dir mounted elsewhere (the DaemonSet's /host/etc/cni/net.d):
+        // a kubeconfig the entry names in /etc/cni/net.d is found in the mount.
+        let mounted = root.join("host/etc/cni/net.d");
+        std::fs::create_dir_all(&mounted).unwrap();
+        std::fs::write(mounted.join("ZZZ-linkerd-cni-kubeconfig"), "x").unwrap();
+        let l = dep("/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig", false);
+        assert_eq!(missing(Path::new("/nowhere"), &mounted, &[l.clone()]), None);
+        assert!(missing(Path::new("/nowhere"), conf, &[l]).is_some());
     }
 
     #[test]
@@ -345,6 +372,7 @@ mod tests {
             learner: l,
             state_dir: d.path().into(),
             host_root: "/".into(),
+            conf_dir: "/etc/cni/net.d".into(),
             seen: None,
             state: None,
             guard_file: None,

@@ -429,7 +429,9 @@ impl Guard {
         let cfg_guard = cfg
             .guard
             .filter(|_| cfg.mode == plan::ConfigMode::Guard)
-            .map(|mesh| guarded::Guarded::new(mesh, &cfg.state_dir, &cfg.guard_host_root));
+            .map(|mesh| {
+                guarded::Guarded::new(mesh, &cfg.state_dir, &cfg.guard_host_root, &cfg.conf_dir)
+            });
         Guard {
             settings: cfg.settings(),
             conflicts: ConflictTracker::new(
