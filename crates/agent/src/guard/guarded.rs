@@ -345,7 +345,10 @@ mod tests {
         std::fs::create_dir_all(&mounted).unwrap();
         std::fs::write(mounted.join("ZZZ-linkerd-cni-kubeconfig"), "x").unwrap();
         let l = dep("/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig", false);
-        assert_eq!(missing(Path::new("/nowhere"), &mounted, &[l.clone()]), None);
+        assert_eq!(
+            missing(Path::new("/nowhere"), &mounted, std::slice::from_ref(&l)),
+            None
+        );
         assert!(missing(Path::new("/nowhere"), conf, &[l]).is_some());
     }
 

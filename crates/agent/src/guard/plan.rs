@@ -1128,6 +1128,22 @@ pub fn check_effective(
     check_effective_with(snap, settings, &bins.view(), &interlock_versions(facts))
 }
 
+/// The config the runtime loads from `snap` and its file name, or why none.
+fn effective_named(
+    snap: &Snapshot,
+    runtime: Runtime,
+    bins: &Binaries<'_>,
+) -> Result<(confdir::Chosen, String), String> {
+    let (chosen, summary) = confdir::effective_outcome(snap, runtime, bins);
+    let chosen = chosen.ok_or(summary)?;
+    let name = chosen
+        .path
+        .file_name()
+        .map(interlock_contract::shown::shown_os)
+        .unwrap_or_default();
+    Ok((chosen, name))
+}
+
 /// [`check_effective`] with the plugin binaries as `bins` and the versions interlock-cni
 /// `accepts`. The same judgement ([`confdir::effective`], [`confdir::runs_plugin`],
 /// [`confdir::version_refused`]) as `interlock check`.
@@ -1137,15 +1153,8 @@ pub fn check_effective_with(
     bins: &Binaries<'_>,
     accepts: &[String],
 ) -> Result<String, String> {
-    let (chosen, summary) = confdir::effective_outcome(snap, settings.runtime, bins);
-    let Some(chosen) = &chosen else {
-        return Err(summary);
-    };
-    let name = chosen
-        .path
-        .file_name()
-        .map(interlock_contract::shown::shown_os)
-        .unwrap_or_default();
+    let (chosen, name) = effective_named(snap, settings.runtime, bins)?;
+    let chosen = &chosen;
     let parsed = Parsed {
         list: chosen.list.clone(),
         format: chosen.format,
@@ -1595,15 +1604,8 @@ pub fn check_effective_guard(
     state: &GuardState,
     guard_file: Option<&str>,
 ) -> Result<String, String> {
-    let (chosen, summary) = confdir::effective_outcome(snap, settings.runtime, bins);
-    let Some(chosen) = &chosen else {
-        return Err(summary);
-    };
-    let name = chosen
-        .path
-        .file_name()
-        .map(interlock_contract::shown::shown_os)
-        .unwrap_or_default();
+    let (chosen, name) = effective_named(snap, settings.runtime, bins)?;
+    let chosen = &chosen;
     if let Some(g) = guard_file.filter(|g| *g != name) {
         return Err(format!(
             "the effective config is {name}, not the guard file {}",

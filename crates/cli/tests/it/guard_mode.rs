@@ -499,48 +499,28 @@ fn a_restarted_agent_guards_with_the_entry_it_kept() {
     assert!(!d.state.join("guard-entry.json").exists());
 }
 
+/// Runs the agent with `args` and returns its error output; it must refuse to start.
+fn refused(d: &Dirs, args: &[&str]) -> String {
+    let out = d.interlock("agent").args(args).output().unwrap();
+    assert!(!out.status.success(), "started with {args:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn guard_flags_are_checked_together() {
     let d = Dirs::new();
-    let out = d
-        .interlock("agent")
-        .args([
-            "--kube=none",
-            "--cri-endpoint=none",
-            "--config-mode",
-            "guard",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let base = ["--kube=none", "--cri-endpoint=none"];
+    let err = refused(&d, &[&base[..], &["--config-mode", "guard"]].concat());
     assert!(
         err.contains("--config-mode guard needs --guard-mesh"),
         "{err}"
     );
-    let out = d
-        .interlock("agent")
-        .args([
-            "--kube=none",
-            "--cri-endpoint=none",
-            "--guard-mesh",
-            "consul",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(&d, &[&base[..], &["--guard-mesh", "consul"]].concat());
     assert!(
         err.contains("--guard-mesh consul needs --config-mode guard"),
         "{err}"
     );
-    let out = d
-        .interlock("agent")
-        .args(["--config-mode", "guard", "--guard-mesh", "cilium"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(&d, &["--config-mode", "guard", "--guard-mesh", "cilium"]);
     assert!(err.contains("cilium"), "{err}");
     assert_eq!(d.names(), Vec::<String>::new(), "nothing written");
 }
