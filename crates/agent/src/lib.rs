@@ -13,7 +13,9 @@
 //!   when to back off, [`guard::readiness`] whether the node is ready (all pure);
 //!   [`guard::contested_write`] writes a file another writer also writes without losing its
 //!   writes, [`guard::install`] handles the plugin binary, and [`guard::marker`] is the
-//!   readiness file `interlock check` reads.
+//!   readiness file `interlock check` reads. Guard mode (`--config-mode guard`) adds
+//!   [`guard::learn`] (pure: which mesh plugin entry to keep) and [`guard::guarded`]
+//!   (that entry kept in the state dir, whether it can run, the state metric).
 //! - [`audit`], audit and repair (tokio, netns work on threads of its own): the sandbox
 //!   audit acts, [`audit::decide`] decides (pure), and [`audit::socket`] serves the
 //!   plugin's pod lookups and hands its ADD notes to the audit.
