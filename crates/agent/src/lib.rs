@@ -13,7 +13,9 @@
 //!   when to back off, [`guard::readiness`] whether the node is ready (all pure);
 //!   [`guard::contested_write`] writes a file another writer also writes without losing its
 //!   writes, [`guard::install`] handles the plugin binary, and [`guard::marker`] is the
-//!   readiness file `interlock check` reads.
+//!   readiness file `interlock check` reads. Guard mode (`--config-mode guard`) adds
+//!   [`guard::learn`] (pure: which mesh plugin entry to keep) and [`guard::guarded`]
+//!   (that entry kept in the state dir, whether it can run, the state metric).
 //! - [`audit`], audit and repair (tokio, netns work on threads of its own): the sandbox
 //!   audit acts, [`audit::decide`] decides (pure), and [`audit::socket`] serves the
 //!   plugin's pod lookups and hands its ADD notes to the audit.
@@ -160,6 +162,9 @@ pub struct AgentConfig {
     /// Guard mode (`--guard-mesh`): the mesh whose own CNI plugin the agent keeps in the
     /// chain, with `interlock-cni` in its guard role; `None`: interlock redirects itself.
     pub guard: Option<interlock_contract::guard::GuardedMesh>,
+    /// Guard mode: where the host's root is mounted (`--guard-host-root`), to check the
+    /// files the mesh's plugin entry names (its kubeconfig) as the plugin will see them.
+    pub guard_host_root: PathBuf,
 }
 
 impl AgentConfig {
@@ -192,6 +197,7 @@ impl AgentConfig {
             primary_wait_hint: guard::PRIMARY_WAIT_HINT,
             audit: Some(audit::AuditSettings::default()),
             guard: None,
+            guard_host_root: "/".into(),
         }
     }
 
@@ -223,6 +229,14 @@ impl AgentConfig {
             runtime: self.runtime,
             entry: self.entry(),
             max_cni_version: self.max_cni_version.clone(),
+            guard: self
+                .guard
+                .filter(|_| self.mode == ConfigMode::Guard)
+                .map(|mesh| guard::plan::GuardInput {
+                    mesh,
+                    learned: None,
+                    unusable: None,
+                }),
         }
     }
 }

@@ -439,7 +439,8 @@ fn remove_path(r: &mut UninstallReport, path: &Path, why: String, dir: bool) -> 
 /// The state dir's part of [`uninstall_node`].
 fn uninstall_state_dir(state_dir: &Path, opts: &UninstallOptions, r: &mut UninstallReport) {
     use interlock_contract::layout::{
-        AGENT_SOCKET_FILE, ATTACHMENTS_DIR, BACKEND_CACHE_FILE, MARKER_FILE, NETNS_DIR,
+        AGENT_SOCKET_FILE, ATTACHMENTS_DIR, BACKEND_CACHE_FILE, GUARD_ENTRY_FILE, MARKER_FILE,
+        NETNS_DIR,
     };
     use std::os::unix::fs::FileTypeExt;
     let mut names: Vec<std::ffi::OsString> = match std::fs::read_dir(state_dir) {
@@ -493,6 +494,16 @@ fn uninstall_state_dir(state_dir: &Path, opts: &UninstallOptions, r: &mut Uninst
                         false,
                     );
                 }
+            }
+            GUARD_ENTRY_FILE => {
+                remove_path(
+                    r,
+                    &path,
+                    "guard mode's copy of the mesh plugin's entry; a new agent learns it again \
+                     from the conf dir"
+                        .into(),
+                    false,
+                );
             }
             BACKEND_CACHE_FILE => {
                 remove_path(

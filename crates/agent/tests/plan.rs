@@ -34,6 +34,7 @@ fn settings(mode: ConfigMode) -> Settings {
         runtime: Runtime::Containerd,
         entry: plugin_entry(Path::new("/var/run/interlock")),
         max_cni_version: None,
+        guard: None,
     }
 }
 

@@ -8,6 +8,7 @@ use interlock_agent::audit::AuditSettings;
 use interlock_agent::guard::plan::ConfigMode;
 use interlock_agent::kubernetes::gating::TaintEffect;
 use interlock_agent::{AgentConfig, KubeMode, Runtime, UninstallOnExit};
+use interlock_contract::guard::GuardedMesh;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -41,9 +42,21 @@ pub struct Dirs {
 pub struct AgentArgs {
     #[command(flatten)]
     pub dirs: Dirs,
-    /// owned: write our own config sorting first; chain: insert into the target in place.
+    /// owned: write our own config sorting first; chain: insert into the target in place;
+    /// guard: keep the mesh named by --guard-mesh's own CNI plugin in the chain (a file of
+    /// ours sorting first: the primary's plugins, interlock-cni holding meshed pods back
+    /// while the mesh's plugin cannot run, then the mesh's plugin) and redirect nothing.
     #[arg(long, env = "INTERLOCK_CONFIG_MODE", default_value = "owned")]
     pub config_mode: ConfigMode,
+    /// Guard mode: the mesh whose own CNI plugin is guarded: istio (istio-cni), linkerd
+    /// (linkerd-cni), consul (consul-cni) or kuma (kuma-cni). Only with --config-mode guard.
+    #[arg(long, env = "INTERLOCK_GUARD_MESH")]
+    pub guard_mesh: Option<GuardedMesh>,
+    /// Guard mode: where the host's root is mounted in the agent's container, to check the
+    /// files the mesh's plugin needs at ADD (its kubeconfig) at the paths its entry names
+    /// (a file in the host's conf dir is found in --cni-conf-dir whatever this says).
+    #[arg(long, env = "INTERLOCK_GUARD_HOST_ROOT", default_value = "/")]
+    pub guard_host_root: PathBuf,
     /// Chain mode: the file to chain into (default: the one the runtime loads).
     #[arg(long, env = "INTERLOCK_CHAIN_TARGET")]
     pub chain_target: Option<String>,
@@ -242,6 +255,8 @@ pub fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     cfg.conf_dir = a.dirs.cni_conf_dir;
     cfg.bin_dirs = a.dirs.cni_bin_dirs;
     cfg.state_dir = a.dirs.state_dir;
+    cfg.guard = guard_mesh(a.config_mode, a.guard_mesh, a.chain_target.as_deref())?;
+    cfg.guard_host_root = a.guard_host_root;
     cfg.mode = a.config_mode;
     cfg.chain_target = a.chain_target;
     cfg.runtime = a.runtime;
@@ -269,6 +284,31 @@ pub fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
     cfg.primary_wait_hint = seconds("--primary-wait-hint-seconds", a.primary_wait_hint_seconds)?;
     cfg.audit = audit_settings(&a.cri_endpoint, a.audit_interval, a.repair_policy)?;
     interlock_agent::run(cfg).context("interlock agent failed")
+}
+
+/// The guarded mesh, checked against the config mode: guard mode needs a mesh, a mesh
+/// needs guard mode, and guard mode has no chain target (it keeps a file of its own).
+fn guard_mesh(
+    mode: ConfigMode,
+    mesh: Option<GuardedMesh>,
+    chain_target: Option<&str>,
+) -> anyhow::Result<Option<GuardedMesh>> {
+    match (mode, mesh) {
+        (ConfigMode::Guard, None) => anyhow::bail!(
+            "--config-mode guard needs --guard-mesh (INTERLOCK_GUARD_MESH): the mesh whose CNI \
+             plugin to guard (istio, linkerd, consul or kuma)"
+        ),
+        (ConfigMode::Guard, Some(_)) if chain_target.is_some() => anyhow::bail!(
+            "--chain-target does not apply to --config-mode guard: guard mode keeps a file of \
+             its own sorting first; remove --chain-target (INTERLOCK_CHAIN_TARGET)"
+        ),
+        (ConfigMode::Guard, Some(m)) => Ok(Some(m)),
+        (other, Some(m)) => anyhow::bail!(
+            "--guard-mesh {m} needs --config-mode guard (it is {other}): in {other} mode \
+             interlock redirects traffic itself and guards no mesh's plugin"
+        ),
+        (_, None) => Ok(None),
+    }
 }
 
 /// A positive, finite number of seconds from flag `flag` (at most a day).
@@ -849,6 +889,35 @@ mod cluster_uninstall {
             doing: e.doing.clone(),
             error: e.source.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod guard_flag_tests {
+    use super::*;
+
+    #[test]
+    fn guard_mode_and_mesh_go_together() {
+        assert_eq!(
+            guard_mesh(ConfigMode::Guard, Some(GuardedMesh::Kuma), None).unwrap(),
+            Some(GuardedMesh::Kuma)
+        );
+        assert_eq!(guard_mesh(ConfigMode::Owned, None, None).unwrap(), None);
+        let e = guard_mesh(ConfigMode::Guard, None, None).unwrap_err();
+        assert!(e.to_string().contains("needs --guard-mesh"), "{e}");
+        let e = guard_mesh(ConfigMode::Chain, Some(GuardedMesh::Istio), None).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--guard-mesh istio needs --config-mode guard"),
+            "{e}"
+        );
+        let e = guard_mesh(
+            ConfigMode::Guard,
+            Some(GuardedMesh::Istio),
+            Some("10-x.conflist"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("--chain-target"), "{e}");
     }
 }
 

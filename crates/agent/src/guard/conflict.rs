@@ -243,6 +243,49 @@ pub fn conflicting_files<'p>(
     out
 }
 
+/// Guard mode's conflicts among the files `plan` touches: a file of ours that someone
+/// deleted, or that no longer runs `interlock-cni` (nor parses). The mesh's installer
+/// adding, replacing or removing its own entry (of type `t_type`) in the guard file keeps
+/// `interlock-cni` there and is no conflict: it is the converging writer. Except while
+/// the guard holds: an installer that puts its entry back each time the guard leaves it
+/// out (it cannot run: a file it needs is missing where the agent looks) would otherwise
+/// rewrite the file with the guard for ever; counted as conflicts, that trips the usual
+/// back-off. Meanwhile the installer's version keeps `interlock-cni` holding meshed pods.
+pub fn guard_conflicting_files<'p>(
+    plan: &'p Plan,
+    snap: &Snapshot,
+    left: &HashMap<String, Option<Vec<u8>>>,
+    t_type: &str,
+) -> Vec<&'p str> {
+    let mut out: Vec<&str> = vec![];
+    for a in &plan.actions {
+        let f = a.file();
+        let Some(expected) = left.get(f) else {
+            continue;
+        };
+        let current = snap.get(f);
+        let bytes = current.map(|e| e.content.as_deref().unwrap_or_default());
+        if bytes == expected.as_deref() || out.contains(&f) {
+            continue;
+        }
+        let has = |b: &[u8], t: &str| {
+            serde_json::from_slice::<Value>(b)
+                .ok()
+                .and_then(|v| v.as_object().map(|l| plan::entry_of_type(l, t).is_some()))
+                .unwrap_or(false)
+        };
+        let now = bytes.unwrap_or_default();
+        let keeps_ours = current.is_some() && has(now, plan::PLUGIN_TYPE);
+        let planned_t = a.leaves().is_some_and(|b| has(b, t_type));
+        let left_t = expected.as_deref().is_some_and(|b| has(b, t_type));
+        let put_back = a.leaves().is_some() && !planned_t && !left_t && has(now, t_type);
+        if !keeps_ours || put_back {
+            out.push(f);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

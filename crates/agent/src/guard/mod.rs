@@ -26,14 +26,16 @@
 
 pub mod conflict;
 pub mod contested_write;
+pub mod guarded;
 pub mod install;
+pub mod learn;
 pub mod marker;
 pub mod plan;
 pub mod readiness;
 
 use crate::health::shared::{FileConflict, Readiness, Shared};
 use crate::AgentConfig;
-use conflict::{conflicting_files, ConflictTracker, Verdict};
+use conflict::{conflicting_files, guard_conflicting_files, ConflictTracker, Verdict};
 use contested_write::{replace_checked, Replaced};
 use install::{PluginInstaller, VersionCache, PLUGIN_FILE};
 use interlock_confdir::{self as confdir, Binaries, DirCache, Snapshot};
@@ -115,7 +117,9 @@ fn reads_also(name: &str) -> bool {
 /// — no decision of the guard looks past it. Chain mode, and a `.conf` primary (which may
 /// be wrapped into the `.conflist` sorting after it), read them all (`None`).
 fn stop_rule(cfg: &AgentConfig) -> Option<impl Fn(&confdir::DirEntry) -> bool + '_> {
-    if cfg.mode == plan::ConfigMode::Chain {
+    // Guard mode learns the mesh's entry from every file (Kuma's named file, Istio's
+    // sticky target may sort after the primary).
+    if matches!(cfg.mode, plan::ConfigMode::Chain | plan::ConfigMode::Guard) {
         return None;
     }
     let crio = cfg.runtime == confdir::Runtime::Crio;
@@ -362,6 +366,8 @@ pub struct Guard {
     /// What the wait for the primary's first config suggests, once it lasted
     /// `cfg.primary_wait_hint` (logged once per wait).
     wait_hint: Option<String>,
+    /// Guard mode's state (`None` in owned and chain mode).
+    guarded: Option<guarded::Guarded>,
 }
 
 /// The config file the runtime loads from `snap` and the plugin types of its chain: in a
@@ -420,6 +426,12 @@ impl Guard {
         }
         shared.insecure_dirs.set(insecure.len() as i64);
         let cfg_state_dir = cfg.state_dir.clone();
+        let cfg_guard = cfg
+            .guard
+            .filter(|_| cfg.mode == plan::ConfigMode::Guard)
+            .map(|mesh| {
+                guarded::Guarded::new(mesh, &cfg.state_dir, &cfg.guard_host_root, &cfg.conf_dir)
+            });
         Guard {
             settings: cfg.settings(),
             conflicts: ConflictTracker::new(
@@ -446,6 +458,7 @@ impl Guard {
             created_conf_dir: false,
             waiting_since: None,
             wait_hint: None,
+            guarded: cfg_guard,
         }
         .with_conf_dir_checked()
     }
@@ -579,6 +592,10 @@ impl Guard {
         }
         // Our own plugin is in every list we write, whether or not a file has it yet.
         types.insert(plan::PLUGIN_TYPE.to_string());
+        // In guard mode so is the mesh's, once learnt.
+        if let Some(g) = &self.guarded {
+            types.insert(g.mesh.plugin_type().to_string());
+        }
         let mut bins = vec![];
         for t in types {
             if t == plan::PLUGIN_TYPE {
@@ -609,7 +626,25 @@ impl Guard {
     /// Whether the runtime loads our entry from `snap`, judged by the same code as
     /// `interlock check` (bin dirs looked up for real, for CRI-O's rules).
     fn verdict(&self, snap: &Snapshot, facts: &Facts) -> Result<String, String> {
-        effective_verdict(&self.cfg, snap, &plan::interlock_versions(facts))
+        let accepts = plan::interlock_versions(facts);
+        match &self.guarded {
+            Some(g) => {
+                let state = g.state.clone().unwrap_or(plan::GuardState::NoPrimary {
+                    reason: String::new(),
+                });
+                with_bins(&self.cfg, |bins| {
+                    plan::check_effective_guard(
+                        snap,
+                        &self.settings,
+                        bins,
+                        &accepts,
+                        &state,
+                        g.guard_file.as_deref(),
+                    )
+                })
+            }
+            None => effective_verdict(&self.cfg, snap, &accepts),
+        }
     }
 
     /// Records conflicts for the files `plan` touches; returns the first file the guard
@@ -623,7 +658,12 @@ impl Guard {
         now: Instant,
     ) -> Option<String> {
         let dir = self.cfg.conf_dir.clone();
-        for f in conflicting_files(plan, snap, &self.left, &self.settings.entry) {
+        let files = if let Some(g) = &self.guarded {
+            guard_conflicting_files(plan, snap, &self.left, g.mesh.plugin_type())
+        } else {
+            conflicting_files(plan, snap, &self.left, &self.settings.entry)
+        };
+        for f in files {
             if self.conflicts.in_backoff(f, now) {
                 continue;
             }
@@ -762,8 +802,14 @@ impl Guard {
         let mut changed = false;
         for a in &plan.actions {
             let done = match a {
-                Action::Write { name, bytes, mode } if !plan::is_owned_name(name) => {
+                // In guard mode the guard file is shared with the mesh's installer: a
+                // version it wrote after this snapshot is never overwritten; the next
+                // reconcile learns from it and decides again.
+                Action::Write { name, bytes, mode }
+                    if !plan::is_owned_name(name) || self.guarded.is_some() =>
+                {
                     let base = snap.get(name).map(|e| e.content.as_deref());
+                    let guarded = self.guarded.is_some();
                     match base {
                         // Not read (refused, unreadable): nothing to compare with.
                         Some(None) => apply(&dir, a).map(|()| Replaced::Written {
@@ -773,6 +819,9 @@ impl Guard {
                         base => {
                             let settings = &self.settings;
                             let mut rederive = |newer: &[u8]| {
+                                if guarded {
+                                    return None;
+                                }
                                 plan::rewrite_for(snap, settings, facts, name, newer)
                             };
                             replace_checked(
@@ -829,6 +878,23 @@ impl Guard {
             }
         }
         changed
+    }
+
+    /// Guard mode: tells the learner what interlock itself left in the guard file, so
+    /// that T left out by interlock (hold) is not taken for the installer's removal.
+    fn note_guard_writes(&mut self, plan: &plan::Plan) {
+        let Some(g) = self.guarded.as_mut() else {
+            return;
+        };
+        for a in &plan.actions {
+            if let Action::Write { name, .. } = a {
+                if let Some(Some(bytes)) = self.left.get(name) {
+                    if plan::is_owned_name(name) {
+                        g.wrote(name, bytes);
+                    }
+                }
+            }
+        }
     }
 
     /// The runtime would load a config without us right now: /readyz says so for the
@@ -888,7 +954,20 @@ impl Guard {
             }
         };
         let facts = self.facts(snap);
-        let plan = plan::plan(snap, &self.settings, &facts);
+        let plan = match self.guarded.as_mut() {
+            Some(g) => {
+                g.learn(snap, &self.shared);
+                let t_type = g.mesh.plugin_type();
+                // Looked up afresh (one stat per bin dir): a binary deleted since the
+                // last bin-dir event must hold pods at once, with the right reason.
+                let bin = interlock_libcni::exec::find_plugin(t_type, &self.cfg.bin_dirs);
+                self.settings.guard = Some(g.input(bin.as_deref(), &self.cfg.bin_dirs));
+                let (plan, state) = plan::plan_guard(snap, &self.settings, &facts);
+                g.planned(state, plan.target.clone(), &self.shared);
+                plan
+            }
+            None => plan::plan(snap, &self.settings, &facts),
+        };
         let now = Instant::now();
         self.follow_wait(
             plan.problem
@@ -904,6 +983,7 @@ impl Guard {
         if blocked.is_none() && !plan.actions.is_empty() {
             self.mark_repairing(snap, &facts);
             changed = self.apply_plan(&plan, snap, &facts);
+            self.note_guard_writes(&plan);
             if !changed {
                 verdict = Some(self.verdict(snap, &facts));
             }
@@ -949,6 +1029,7 @@ impl Guard {
             fight_detail: self.fight_detail.as_deref(),
             plan: &plan,
             conf_dir: &dir,
+            guard: self.guarded.as_ref().and_then(|g| g.state.as_ref()),
         });
         let r = match self.conf_dir_note() {
             Some(note) if !r.ready => Readiness {

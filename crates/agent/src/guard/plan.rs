@@ -11,6 +11,7 @@ use interlock_cni_types::version::{CniVersion, SemVer};
 use interlock_confdir::{
     self as confdir, Binaries, Candidate, DirEntry, Parsed, Runtime, Snapshot,
 };
+use interlock_contract::guard::{GuardRole, GuardedMesh};
 use interlock_contract::layout;
 use interlock_contract::shown::shown;
 use interlock_libcni::ConfFormat;
@@ -40,6 +41,10 @@ pub enum ConfigMode {
     Owned,
     /// Insert our entry into the target file in place.
     Chain,
+    /// Guard a mesh's own CNI plugin (`--guard-mesh`): a file of our own sorting first
+    /// with the primary's plugins, `interlock-cni` in its guard role, then the mesh's
+    /// entry, kept verbatim ([`plan_guard`]).
+    Guard,
 }
 
 impl std::str::FromStr for ConfigMode {
@@ -49,19 +54,21 @@ impl std::str::FromStr for ConfigMode {
         match s {
             "owned" => Ok(ConfigMode::Owned),
             "chain" => Ok(ConfigMode::Chain),
+            "guard" => Ok(ConfigMode::Guard),
             other => Err(format!(
-                "unknown config mode {other:?} (expected owned or chain)"
+                "unknown config mode {other:?} (expected owned, chain or guard)"
             )),
         }
     }
 }
 
 impl ConfigMode {
-    /// The name `--config-mode` takes (`owned`, `chain`).
+    /// The name `--config-mode` takes (`owned`, `chain`, `guard`).
     pub fn as_str(self) -> &'static str {
         match self {
             ConfigMode::Owned => "owned",
             ConfigMode::Chain => "chain",
+            ConfigMode::Guard => "guard",
         }
     }
 }
@@ -87,6 +94,9 @@ pub struct Settings {
     pub entry: Map<String, Value>,
     /// Highest `cniVersion` the guard may choose (`None`: no cap).
     pub max_cni_version: Option<String>,
+    /// Guard mode: the guarded mesh and what the thin layer learnt about its plugin
+    /// before this plan (`None` in owned and chain mode).
+    pub guard: Option<GuardInput>,
 }
 
 /// What the thin layer learnt from the bin dirs.
@@ -618,6 +628,7 @@ pub fn plan(snap: &Snapshot, settings: &Settings, facts: &Facts) -> Plan {
     match settings.mode {
         ConfigMode::Owned => plan_owned(snap, settings, facts),
         ConfigMode::Chain => plan_chain(snap, settings, facts),
+        ConfigMode::Guard => plan_guard(snap, settings, facts).0,
     }
 }
 
@@ -980,6 +991,9 @@ pub fn plan_uninstall_explained(snap: &Snapshot) -> UninstallPlan {
                 actions.push(Action::Remove {
                     name: c.name().to_string(),
                 });
+                if let Some(note) = guarded_plugin_note(c) {
+                    notes.push(note);
+                }
             } else {
                 notes.push(format!(
                     "kept {}: named like interlock's own config, but it does not carry an \
@@ -1081,6 +1095,27 @@ pub fn plan_uninstall_explained(snap: &Snapshot) -> UninstallPlan {
     UninstallPlan { actions, notes }
 }
 
+/// The note for removing guard file `c` when it carries a guarded mesh's plugin: the
+/// chain loses that plugin until its installer writes it again. Interlock does not write
+/// it into another file itself (that would be writing the mesh's entry for it).
+fn guarded_plugin_note(c: &Candidate<'_>) -> Option<String> {
+    let p = c.parsed().as_ref().ok()?;
+    let t = p
+        .list
+        .plugin_types()
+        .into_iter()
+        .find_map(GuardedMesh::from_plugin_type)?;
+    Some(format!(
+        "removed {}, interlock's guard file, which carried {}: the chain lacks {} until \
+         the {t} CNI installer writes it again (linkerd-cni and consul-cni do on the \
+         directory's next change; istio-cni, if this file was its target, waits for it to \
+         come back: restart the istio-cni DaemonSet's pod on this node)",
+        c.entry.shown(),
+        t.plugin_type(),
+        t.plugin_type()
+    ))
+}
+
 /// Whether the runtime's effective config runs our entry (once, after the primary, at a
 /// `cniVersion` interlock-cni accepts), with the binaries as `facts` know them. `Ok(name)`
 /// of the effective file when it does, otherwise why not.
@@ -1093,6 +1128,22 @@ pub fn check_effective(
     check_effective_with(snap, settings, &bins.view(), &interlock_versions(facts))
 }
 
+/// The config the runtime loads from `snap` and its file name, or why none.
+fn effective_named(
+    snap: &Snapshot,
+    runtime: Runtime,
+    bins: &Binaries<'_>,
+) -> Result<(confdir::Chosen, String), String> {
+    let (chosen, summary) = confdir::effective_outcome(snap, runtime, bins);
+    let chosen = chosen.ok_or(summary)?;
+    let name = chosen
+        .path
+        .file_name()
+        .map(interlock_contract::shown::shown_os)
+        .unwrap_or_default();
+    Ok((chosen, name))
+}
+
 /// [`check_effective`] with the plugin binaries as `bins` and the versions interlock-cni
 /// `accepts`. The same judgement ([`confdir::effective`], [`confdir::runs_plugin`],
 /// [`confdir::version_refused`]) as `interlock check`.
@@ -1102,15 +1153,8 @@ pub fn check_effective_with(
     bins: &Binaries<'_>,
     accepts: &[String],
 ) -> Result<String, String> {
-    let (chosen, summary) = confdir::effective_outcome(snap, settings.runtime, bins);
-    let Some(chosen) = &chosen else {
-        return Err(summary);
-    };
-    let name = chosen
-        .path
-        .file_name()
-        .map(interlock_contract::shown::shown_os)
-        .unwrap_or_default();
+    let (chosen, name) = effective_named(snap, settings.runtime, bins)?;
+    let chosen = &chosen;
     let parsed = Parsed {
         list: chosen.list.clone(),
         format: chosen.format,
@@ -1145,4 +1189,450 @@ pub fn apply_in_memory(snap: &Snapshot, actions: &[Action]) -> Snapshot {
         }
     }
     out
+}
+
+// ---------------------------------------------------------------------------------------
+// Guard mode (issue 29): keep a mesh's own CNI plugin, T, in the effective chain.
+
+/// What the thin layer learnt about the guarded mesh's plugin before a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GuardInput {
+    /// The guarded mesh.
+    pub mesh: GuardedMesh,
+    /// T as learnt (verbatim, key order kept; [`crate::guard::learn`]), if any.
+    pub learned: Option<Map<String, Value>>,
+    /// Why T cannot run now apart from its VERSION answer (binary missing, a file it
+    /// needs at ADD missing, never learnt), worded for the node's reason; `None`: nothing
+    /// found against it.
+    pub unusable: Option<String>,
+}
+
+/// The guard-mode state of the node's config, published for readiness, metrics and
+/// `check`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuardState {
+    /// No valid foreign config: the holding config is kept (every ADD refused).
+    NoPrimary {
+        /// Why (no primary yet, or none usable).
+        reason: String,
+    },
+    /// A primary, but T cannot run: the guard file runs the primary's plugins and
+    /// `interlock-cni` holding meshed pods back.
+    Hold {
+        /// Why T cannot run, for the node's reason and the refused pods' error.
+        reason: String,
+    },
+    /// The guard file runs the primary's plugins, `interlock-cni` in its guard role and T.
+    Guard,
+}
+
+impl GuardState {
+    /// The state's name in metrics and logs (`no-primary`, `hold`, `guard`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            GuardState::NoPrimary { .. } => "no-primary",
+            GuardState::Hold { .. } => "hold",
+            GuardState::Guard => "guard",
+        }
+    }
+
+    /// Every state name, for the metric's series.
+    pub const NAMES: [&'static str; 3] = crate::health::metrics::GUARD_STATES;
+}
+
+/// The plugin `type` of `p`, if any.
+fn type_of(p: &Value) -> Option<&str> {
+    p.get("type").and_then(Value::as_str)
+}
+
+/// The last entry of type `t` in `list`'s `plugins` (a `.conflist`'s, or a list some
+/// installer wrote into a `.conf`), if any.
+pub fn entry_of_type<'a>(list: &'a Map<String, Value>, t: &str) -> Option<&'a Map<String, Value>> {
+    list.get("plugins")
+        .and_then(Value::as_array)?
+        .iter()
+        .rev()
+        .find(|p| type_of(p) == Some(t))
+        .and_then(Value::as_object)
+}
+
+/// Namespaces T never touches, from its entry (Istio: `exclude_namespaces`; Kuma:
+/// `kubernetes.exclude_namespaces`; the others have none).
+pub fn excluded_namespaces(mesh: GuardedMesh, t: &Map<String, Value>) -> Vec<String> {
+    let v = match mesh {
+        GuardedMesh::Istio => t.get("exclude_namespaces"),
+        GuardedMesh::Kuma => t
+            .get("kubernetes")
+            .and_then(|k| k.get("exclude_namespaces")),
+        GuardedMesh::Linkerd | GuardedMesh::Consul => None,
+    };
+    v.and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Our entry in its guard role: `settings.entry` plus the `guard` field.
+pub fn guard_entry(
+    settings: &Settings,
+    mesh: GuardedMesh,
+    t: Option<&Map<String, Value>>,
+    hold: Option<&str>,
+) -> Map<String, Value> {
+    let role = GuardRole {
+        mesh,
+        hold: hold.is_some(),
+        reason: hold.map(str::to_string),
+        exclude_namespaces: t.map(|t| excluded_namespaces(mesh, t)).unwrap_or_default(),
+    };
+    let mut entry = settings.entry.clone();
+    // GuardRole is plain data: serialising it cannot fail, and a failure would only
+    // leave the role out, which the plugin reads as no guard role (redirect as usual).
+    if let Ok(v) = serde_json::to_value(&role) {
+        entry.insert("guard".into(), v);
+    }
+    entry
+}
+
+/// True when `bytes` parse to exactly `want` up to object key order (every mesh's
+/// installer round-trips the file through a Go map, which sorts keys; treating that as a
+/// difference would make interlock and Linkerd rewrite the file in turn for ever).
+pub fn same_config(bytes: Option<&[u8]>, want: &Map<String, Value>) -> bool {
+    bytes
+        .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+        .is_some_and(|v| v.as_object() == Some(want))
+}
+
+/// A write of `want` to `name` unless it already holds it (up to key order) with a mode
+/// no other user can write.
+fn write_unless_same(snap: &Snapshot, name: &str, want: &Map<String, Value>) -> Vec<Action> {
+    let current = snap.get(name);
+    let same = same_config(current.and_then(|e| e.content.as_deref()), want);
+    if same && current.is_some_and(|e| e.mode & 0o022 == 0) {
+        return vec![];
+    }
+    vec![Action::Write {
+        name: name.to_string(),
+        bytes: render(want),
+        mode: written_mode(current.map_or(0o644, |e| e.mode)),
+    }]
+}
+
+/// Guard mode's plan and the state it puts the node's config in.
+///
+/// - No valid foreign config: the holding config, under the name it will keep as the
+///   guard file. An installer appending T to it is accepted (never stripped).
+/// - A primary and a usable T: the guard file is the primary's list with its plugins
+///   (minus any T and interlock entries), `interlock-cni` in its guard role, then T
+///   exactly as learnt, last (consul-k8s insists on it; all four installers append).
+/// - A primary and no usable T: the same without T, and `interlock-cni` holding meshed
+///   pods back (`hold: true`, the reason in the entry).
+///
+/// The guard file keeps its name once chosen: Istio's installer may have made it its
+/// sticky target, and would wait for it for ever if it moved. A file that comes to sort
+/// ahead of it is therefore reported (not ready) rather than overtaken.
+pub fn plan_guard(snap: &Snapshot, settings: &Settings, facts: &Facts) -> (Plan, GuardState) {
+    let Some(g) = &settings.guard else {
+        let why = "guard mode without a guarded mesh (--guard-mesh)".to_string();
+        return (
+            Plan {
+                problem: Some(why.clone()),
+                blocks_ready: true,
+                ..Plan::default()
+            },
+            GuardState::NoPrimary { reason: why },
+        );
+    };
+    let t_type = g.mesh.plugin_type();
+    let cands = snap.candidates();
+    let foreign: Vec<&Candidate> = cands.iter().filter(|c| !is_owned_name(c.name())).collect();
+    // The guard file keeps its name: the first file of ours there is (with our entry),
+    // wherever it sorts now.
+    let existing = cands
+        .iter()
+        .find(|c| is_ours(c) && c.entry.utf8_name())
+        .map(|c| c.name().to_string());
+    let Some(first_foreign) = foreign.first() else {
+        return plan_guard_holding(snap, settings, t_type, existing);
+    };
+    let first_name =
+        String::from_utf8_lossy(first_foreign.entry.os_name.as_encoded_bytes()).into_owned();
+    // T's binary may be gone while T still sits in the primary's file; the guard file
+    // never copies it from there, so it does not make the primary unusable.
+    let present = |t: &str| t == t_type || facts.present_types.contains(t);
+    let bins = Binaries {
+        dirs: &[],
+        present: &present,
+        versions: None,
+    };
+    let Some(primary) = foreign
+        .iter()
+        .find(|c| confdir::usable(c, settings.runtime, &bins).is_ok())
+    else {
+        let why = match first_foreign.parsed() {
+            Err(e) => e.clone(),
+            Ok(_) => format!("{}: plugin binaries missing", first_foreign.entry.shown()),
+        };
+        let reason = format!("no valid primary CNI config to copy ({why})");
+        // Keep whatever we wrote: the primary is probably mid-way through a rewrite.
+        return (
+            Plan {
+                problem: Some(reason.clone()),
+                ..Plan::default()
+            },
+            GuardState::NoPrimary { reason },
+        );
+    };
+    let name = match existing.or_else(|| owned_name_before(&first_name)) {
+        Some(n) => n,
+        None => {
+            let reason = format!(
+                "cannot name the guard file so that it sorts before {}: rename that file",
+                first_foreign.entry.shown()
+            );
+            return (
+                Plan {
+                    problem: Some(reason.clone()),
+                    blocks_ready: true,
+                    ..Plan::default()
+                },
+                GuardState::NoPrimary { reason },
+            );
+        }
+    };
+    if is_meta(primary, settings) {
+        let reason = format!(
+            "{} is a meta plugin's config (Multus or similar): guard mode does not support \
+             it; the mesh's plugin cannot be guarded in a delegate",
+            primary.entry.shown()
+        );
+        return (
+            Plan {
+                problem: Some(reason.clone()),
+                blocks_ready: true,
+                ..Plan::default()
+            },
+            GuardState::NoPrimary { reason },
+        );
+    }
+    let parsed = match primary.parsed() {
+        Ok(p) => p,
+        Err(e) => {
+            let reason = format!("no valid primary CNI config to copy ({e})");
+            return (
+                Plan {
+                    problem: Some(reason.clone()),
+                    ..Plan::default()
+                },
+                GuardState::NoPrimary { reason },
+            );
+        }
+    };
+    let base: Vec<Value> = parsed
+        .plugins()
+        .iter()
+        .filter(|p| !is_entry(p) && type_of(p) != Some(t_type))
+        .cloned()
+        .collect();
+    // The list as the runtime reads it (a `.conf` lifted into a list, as owned mode
+    // copies it).
+    let mut list = parsed.list.raw().clone();
+    // The version every plugin of the full chain (with T) accepts.
+    let mut types: Vec<String> = base
+        .iter()
+        .filter_map(|p| type_of(p).map(str::to_string))
+        .collect();
+    types.push(PLUGIN_TYPE.to_string());
+    types.push(t_type.to_string());
+    let version = choose_cni_version(
+        parsed.cni_version(),
+        &types,
+        &facts.versions,
+        settings.max_cni_version.as_deref(),
+    );
+    list.insert("cniVersion".into(), Value::String(version));
+    let with_entry = |entry: Map<String, Value>, t: Option<&Map<String, Value>>| {
+        let mut ps = base.clone();
+        ps.push(Value::Object(entry));
+        if let Some(t) = t {
+            ps.push(Value::Object(t.clone()));
+        }
+        ps
+    };
+    // Fit the list's version to interlock-cni and the primary's plugins first (as owned
+    // mode does); T is judged against the result.
+    list.insert(
+        "plugins".into(),
+        Value::Array(with_entry(settings.entry.clone(), None)),
+    );
+    if let Err(e) = fit_version(&mut list, &primary.entry.shown(), settings, facts) {
+        let reason = format!("cannot copy {}: {e}", primary.entry.shown());
+        return (
+            Plan {
+                problem: Some(reason.clone()),
+                blocks_ready: true,
+                ..Plan::default()
+            },
+            GuardState::NoPrimary { reason },
+        );
+    }
+    let version = list
+        .get("cniVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let hold = t_unusable(g, &version, facts);
+    let t = g.learned.as_ref().filter(|_| hold.is_none());
+    let entry = guard_entry(settings, g.mesh, g.learned.as_ref(), hold.as_deref());
+    list.insert("plugins".into(), Value::Array(with_entry(entry, t)));
+    let mut actions = write_unless_same(snap, &name, &list);
+    actions.extend(remove_owned(&cands, Some(&name)));
+    let ahead = name.as_bytes() >= first_foreign.entry.os_name.as_encoded_bytes();
+    let (problem, blocks_ready) = match (&hold, ahead) {
+        (_, true) => (
+            Some(format!(
+                "{} sorts ahead of the guard file {}, so the runtime loads it instead: \
+                 interlock keeps the guard file's name (the {} installer may have made it \
+                 its target) and stays not ready; remove that file or rename it to sort \
+                 after {}",
+                first_foreign.entry.shown(),
+                shown(&name),
+                g.mesh,
+                shown(&name)
+            )),
+            true,
+        ),
+        (Some(h), false) => (Some(format!("{h}: meshed pods are held")), true),
+        (None, false) => (None, false),
+    };
+    let state = match hold {
+        Some(reason) => GuardState::Hold { reason },
+        None => GuardState::Guard,
+    };
+    (
+        Plan {
+            actions,
+            target: Some(name),
+            problem,
+            blocks_ready,
+        },
+        state,
+    )
+}
+
+/// Why T cannot run in a list of `version`, or `None` when it can.
+fn t_unusable(g: &GuardInput, version: &str, facts: &Facts) -> Option<String> {
+    let t_type = g.mesh.plugin_type();
+    if g.learned.is_none() {
+        return Some(g.unusable.clone().unwrap_or_else(|| {
+            format!(
+                "no {t_type} entry learnt yet: no config file in the conf dir carries one \
+                 (the {} CNI installer has not written it)",
+                g.mesh
+            )
+        }));
+    }
+    if let Some(u) = &g.unusable {
+        return Some(u.clone());
+    }
+    let Some(accepts) = facts.versions.get(t_type) else {
+        return Some(format!("{t_type} has not answered VERSION (yet)"));
+    };
+    confdir::version_refused("the guard file", t_type, version, accepts)
+}
+
+/// No primary in guard mode: today's holding config, except that T entries an installer
+/// appended to it are kept (Linkerd injects into every file, Istio and Consul pick the
+/// first one): stripping them would start a loop with the installer.
+fn plan_guard_holding(
+    snap: &Snapshot,
+    settings: &Settings,
+    t_type: &str,
+    existing: Option<String>,
+) -> (Plan, GuardState) {
+    let mut plan = plan_holding(snap, settings);
+    let reason = plan
+        .problem
+        .clone()
+        .unwrap_or_else(|| WAITING_FOR_PRIMARY.to_string());
+    // plan_holding names the file itself; a guard file of ours that is already there
+    // keeps its name (it is the only candidate then, so the two agree).
+    let name = plan
+        .actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Write { name, .. } => Some(name.clone()),
+            _ => None,
+        })
+        .or(existing);
+    if let Some(name) = name {
+        let current = snap.get(&name);
+        let theirs: Vec<Value> = current
+            .and_then(|e| e.content.as_deref())
+            .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+            .and_then(|v| v.get("plugins").and_then(Value::as_array).cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| type_of(p) == Some(t_type))
+            .collect();
+        let holding: Value = serde_json::from_slice(&holding_config(settings)).unwrap_or_default();
+        if let Some(mut want) = holding.as_object().cloned() {
+            if let Some(Value::Array(ps)) = want.get_mut("plugins") {
+                ps.extend(theirs);
+            }
+            let write = write_unless_same(snap, &name, &want);
+            plan.actions.retain(|a| a.file() != name);
+            plan.actions.splice(0..0, write);
+        }
+    }
+    (plan, GuardState::NoPrimary { reason })
+}
+
+/// Whether the runtime's effective config is the guard file `guard_file` and runs
+/// `interlock-cni` (at a version it `accepts`) and, in [`GuardState::Guard`], T after it:
+/// `Ok(file)` or why not. The same predicates as `interlock check`
+/// ([`confdir::effective_outcome`], [`confdir::runs_plugin`], [`confdir::version_refused`]).
+pub fn check_effective_guard(
+    snap: &Snapshot,
+    settings: &Settings,
+    bins: &Binaries<'_>,
+    accepts: &[String],
+    state: &GuardState,
+    guard_file: Option<&str>,
+) -> Result<String, String> {
+    let (chosen, name) = effective_named(snap, settings.runtime, bins)?;
+    let chosen = &chosen;
+    if let Some(g) = guard_file.filter(|g| *g != name) {
+        return Err(format!(
+            "the effective config is {name}, not the guard file {}",
+            shown(g)
+        ));
+    }
+    let what = format!("the effective config {name}");
+    let ours = confdir::runs_plugin(&chosen.list, &what, PLUGIN_TYPE)?;
+    if let Some(why) = confdir::version_refused(&what, PLUGIN_TYPE, &ours.version, accepts) {
+        return Err(why);
+    }
+    if *state == GuardState::Guard {
+        if let Some(g) = &settings.guard {
+            let t_type = g.mesh.plugin_type();
+            confdir::runs_plugin(&chosen.list, &what, t_type)?;
+            let plugins = chosen.list.plugins();
+            let at = |t: &str| plugins.iter().position(|p| type_of(p) == Some(t));
+            match (at(PLUGIN_TYPE), at(t_type)) {
+                (Some(i), Some(j)) if i < j => {}
+                _ => {
+                    return Err(format!(
+                        "{what} runs {t_type} before interlock-cni: meshed pods would not be \
+                         held while {t_type} cannot run"
+                    ))
+                }
+            }
+        }
+    }
+    Ok(name)
 }

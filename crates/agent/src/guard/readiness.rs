@@ -4,7 +4,7 @@
 //! verdict, the plugin binaries, the files in back-off, the plan) and publishes what
 //! [`judge`] says.
 
-use crate::guard::plan::Plan;
+use crate::guard::plan::{GuardState, Plan};
 use crate::health::shared::Readiness;
 use std::path::Path;
 
@@ -27,6 +27,8 @@ pub struct Observed<'a> {
     pub plan: &'a Plan,
     /// The conf dir (named in reasons).
     pub conf_dir: &'a Path,
+    /// Guard mode: the state the plan put the config in (`None` in owned and chain mode).
+    pub guard: Option<&'a GuardState>,
 }
 
 /// Ready only when the effective config runs our entry, the binary is verified, no file
@@ -57,6 +59,28 @@ pub fn judge(o: &Observed<'_>) -> Readiness {
             reason,
             effective,
         };
+    }
+    // Guard mode is ready only in its guard state: the mesh's plugin runs after
+    // interlock-cni in the guard file (the verdict checks the file and the order).
+    match o.guard {
+        Some(GuardState::Hold { .. }) => {
+            return Readiness {
+                ready: false,
+                reason: o.plan.problem.clone().unwrap_or_default(),
+                effective: o.verdict.as_ref().ok().cloned(),
+            }
+        }
+        Some(GuardState::NoPrimary { reason }) => {
+            return Readiness {
+                ready: false,
+                reason: match o.verdict {
+                    Err(e) => format!("{e}: {reason}"),
+                    Ok(_) => reason.clone(),
+                },
+                effective: None,
+            }
+        }
+        Some(GuardState::Guard) | None => {}
     }
     match (o.verdict, o.binary_problem) {
         (Err(e), _) => Readiness {
@@ -103,6 +127,7 @@ mod tests {
             fight_detail: None,
             plan,
             conf_dir: Path::new("/etc/cni/net.d"),
+            guard: None,
         })
     }
 
@@ -192,6 +217,7 @@ mod tests {
             fight_detail: Some(detail),
             plan: &clean,
             conf_dir: Path::new("/etc/cni/net.d"),
+            guard: None,
         };
         let r = judge(&o);
         assert!(!r.ready);
@@ -211,5 +237,72 @@ mod tests {
         // Over: ready again.
         let r = judge(&Observed { fighting: &[], ..o });
         assert!(r.ready, "{}", r.reason);
+    }
+
+    #[test]
+    fn guard_mode_is_ready_only_in_its_guard_state() {
+        let ok: Result<String, String> = Ok("00-interlock.conflist".into());
+        let held = "consul-cni binary missing from /opt/cni/bin (installer restarting?)";
+        let hold_plan = Plan {
+            problem: Some(format!("{held}: meshed pods are held")),
+            blocks_ready: true,
+            target: Some("00-interlock.conflist".into()),
+            ..Plan::default()
+        };
+        let guarding = Plan {
+            target: Some("00-interlock.conflist".into()),
+            ..Plan::default()
+        };
+        let o = |verdict, plan, guard, backing: &'static [String]| {
+            judge(&Observed {
+                verdict,
+                binary_problem: None,
+                backing_off: backing,
+                fighting: &[],
+                fight_detail: None,
+                plan,
+                conf_dir: Path::new("/etc/cni/net.d"),
+                guard: Some(guard),
+            })
+        };
+        // Guard, the guard file in effect with T after interlock-cni: ready.
+        let r = o(&ok, &guarding, &GuardState::Guard, &[]);
+        assert!(r.ready, "{}", r.reason);
+        assert_eq!(r.effective.as_deref(), Some("00-interlock.conflist"));
+        // Hold: interlock-cni is in effect (it holds meshed pods), still not ready, and
+        // the reason names T and why.
+        let hold = GuardState::Hold {
+            reason: held.into(),
+        };
+        let r = o(&ok, &hold_plan, &hold, &[]);
+        assert!(!r.ready);
+        assert_eq!(
+            r.reason,
+            "consul-cni binary missing from /opt/cni/bin (installer restarting?): meshed pods are held"
+        );
+        // Guard planned, but the runtime loads something else (or T before us).
+        let bad: Result<String, String> = Err(
+            "the effective config is 0-cilium.conflist, not the guard file 00-interlock.conflist"
+                .into(),
+        );
+        let r = o(&bad, &guarding, &GuardState::Guard, &[]);
+        assert!(!r.ready);
+        assert!(r.reason.contains("not the guard file"), "{}", r.reason);
+        // No primary: the holding config.
+        let none = GuardState::NoPrimary {
+            reason: "no CNI config from the primary plugin in the conf dir yet".into(),
+        };
+        let holding: Result<String, String> =
+            Err("00-interlock.conflist is interlock's holding config".into());
+        let empty = Plan::default();
+        let r = o(&holding, &empty, &none, &[]);
+        assert!(!r.ready);
+        assert!(r.reason.contains("holding config") && r.reason.contains("primary"));
+        // Back-off comes first, as in the other modes.
+        static BACKING: std::sync::LazyLock<Vec<String>> =
+            std::sync::LazyLock::new(|| vec!["00-interlock.conflist".to_string()]);
+        let r = o(&ok, &guarding, &GuardState::Guard, BACKING.as_slice());
+        assert!(!r.ready);
+        assert!(r.reason.starts_with("backing off"), "{}", r.reason);
     }
 }

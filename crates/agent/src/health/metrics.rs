@@ -17,7 +17,7 @@ pub const REPAIR_BUCKETS: [f64; 9] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.
 
 /// Every series family the agent exports, by the name in its `# TYPE` line (counters get
 /// `_total` on their samples, the info metric `_info`).
-pub const SERIES: [&str; 29] = [
+pub const SERIES: [&str; 31] = [
     "interlock_build",
     "interlock_errors",
     "interlock_insecure_dirs",
@@ -29,6 +29,8 @@ pub const SERIES: [&str; 29] = [
     "interlock_config_conflicts",
     "interlock_config_backoff",
     "interlock_config_fights",
+    "interlock_guard_state",
+    "interlock_guard_mesh_writes",
     "interlock_plugin_installs",
     "interlock_agent_ready",
     "interlock_not_ready_transitions",
@@ -146,6 +148,22 @@ pub struct GuardMetrics {
     pub backoff: Family<FileLabel, Gauge>,
     /// Fights over a file (another writer undoing every change), per file.
     pub fights: Family<FileLabel, Counter>,
+    /// Guard mode: 1 for the state the node's config is in (`no-primary`, `hold`,
+    /// `guard`), 0 for the others; no series outside guard mode.
+    pub guard_state: Family<StateLabel, Gauge>,
+    /// Guard mode: the mesh's installer changed the guard file (added, replaced or removed
+    /// its entry), per file. The converging writer, not a conflict.
+    pub mesh_writes: Family<FileLabel, Counter>,
+}
+
+/// Guard mode's states, as `interlock_guard_state` names them.
+pub const GUARD_STATES: [&str; 3] = ["no-primary", "hold", "guard"];
+
+/// A label naming a guard-mode state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// `no-primary`, `hold` or `guard`.
+    pub state: String,
 }
 
 impl GuardMetrics {
@@ -160,6 +178,8 @@ impl GuardMetrics {
             conflicts: Family::default(),
             backoff: Family::default(),
             fights: Family::default(),
+            guard_state: Family::default(),
+            mesh_writes: Family::default(),
         };
         r.register(
             "interlock_config_reconciles",
@@ -200,6 +220,16 @@ impl GuardMetrics {
             "interlock_config_fights",
             "Fights over a file: another writer undid interlock's change to it so often that the agent backed off",
             m.fights.clone(),
+        );
+        r.register(
+            "interlock_guard_state",
+            "Guard mode: 1 for the state of the node's config (no-primary, hold, guard)",
+            m.guard_state.clone(),
+        );
+        r.register(
+            "interlock_guard_mesh_writes",
+            "Guard mode: writes of the mesh's installer to the guard file (its entry added, replaced or removed)",
+            m.mesh_writes.clone(),
         );
         m
     }

@@ -286,6 +286,27 @@ impl Shared {
         }
     }
 
+    /// Guard mode: the state the node's config is in now (one of
+    /// [`crate::health::metrics::GUARD_STATES`]).
+    pub fn set_guard_state(&self, state: &str) {
+        for s in crate::health::metrics::GUARD_STATES {
+            self.guard
+                .guard_state
+                .get_or_create(&crate::health::metrics::StateLabel {
+                    state: s.to_string(),
+                })
+                .set(i64::from(s == state));
+        }
+    }
+
+    /// Guard mode: the mesh's installer wrote the guard file `file`.
+    pub fn mesh_wrote(&self, file: &str) {
+        self.guard
+            .mesh_writes
+            .get_or_create(&FileLabel::new(file))
+            .inc();
+    }
+
     /// `/metrics` in the OpenMetrics text format.
     pub fn render_metrics(&self) -> String {
         let mut s = String::new();
@@ -356,6 +377,32 @@ mod tests {
         let m = s.render_metrics();
         assert!(m.contains("interlock_config_conflicts_total{file=\"10-\\\"a\\\".conflist\"} 4\n"));
         assert!(m.contains("interlock_config_backoff{file=\"10-\\\"a\\\".conflist\"} 0\n"));
+    }
+
+    #[test]
+    fn guard_state_is_one_hot_and_mesh_writes_count_per_file() {
+        let s = Shared::default();
+        s.set_guard_state("hold");
+        s.set_guard_state("guard");
+        s.mesh_wrote("00-interlock.conflist");
+        s.mesh_wrote("00-interlock.conflist");
+        let m = s.render_metrics();
+        assert!(
+            m.contains("interlock_guard_state{state=\"guard\"} 1\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains("interlock_guard_state{state=\"hold\"} 0\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains("interlock_guard_state{state=\"no-primary\"} 0\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains("interlock_guard_mesh_writes_total{file=\"00-interlock.conflist\"} 2\n"),
+            "{m}"
+        );
     }
 
     #[test]

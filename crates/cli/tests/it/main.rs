@@ -15,6 +15,7 @@ mod capabilities;
 mod check;
 mod check_cluster;
 mod crash;
+mod guard_mode;
 mod health_flood;
 mod image;
 mod inspect;
