@@ -264,6 +264,7 @@ fn agent_config(v: &Values) -> ConfigMap {
     }
     if !v.guard_mesh.is_empty() {
         data.insert("INTERLOCK_GUARD_MESH", v.guard_mesh.clone());
+        data.insert("INTERLOCK_GUARD_HOST_ROOT", GUARD_HOST_ROOT.into());
     }
     if v.uninstall_on_exit != "false" {
         data.insert("INTERLOCK_UNINSTALL_ON_EXIT", v.uninstall_on_exit.clone());
@@ -391,23 +392,49 @@ fn agent_container(v: &Values) -> Container {
         readiness_probe: Some(probe("/readyz", port, 2, None)),
         liveness_probe: Some(probe("/healthz", port, 10, Some(3))),
         resources: Some(v.resources.clone()),
-        volume_mounts: Some(vec![
-            mount("cni-conf", CONF_MOUNT, false),
-            mount("cni-bin", BIN_MOUNT, false),
-            mount("state", STATE_DIR, false),
-            // The audit enters pod network namespaces by the paths the runtime reports.
-            VolumeMount {
+        volume_mounts: Some(
+            vec![
+                mount("cni-conf", CONF_MOUNT, false),
+                mount("cni-bin", BIN_MOUNT, false),
+                mount("state", STATE_DIR, false),
+                // The audit enters pod network namespaces by the paths the runtime reports.
+                VolumeMount {
+                    mount_propagation: Some("HostToContainer".into()),
+                    ..mount("netns", "/var/run/netns", true)
+                },
+                // The audit lists the node's sandboxes over CRI and reconnects by path.
+                // Read-only: connecting to a socket needs no write access to the mount.
+                mount("cri-socket-dir", v.cri_socket_dir(), true),
+                mount("config", "/etc/interlock", true),
+            ]
+            .into_iter()
+            .chain(guard_run_dir(v).map(|(_, inside)| VolumeMount {
+                // istio-cni's installer creates and fills the directory after the agent
+                // starts: its files must show through.
                 mount_propagation: Some("HostToContainer".into()),
-                ..mount("netns", "/var/run/netns", true)
-            },
-            // The audit lists the node's sandboxes over CRI and reconnects by path.
-            // Read-only: connecting to a socket needs no write access to the mount.
-            mount("cri-socket-dir", v.cri_socket_dir(), true),
-            mount("config", "/etc/interlock", true),
-        ]),
+                ..mount("guard-run-dir", &inside, true)
+            }))
+            .collect(),
+        ),
         ..Default::default()
     }
 }
+
+/// Guard mode: the host directory outside the conf dir where the guarded mesh's plugin
+/// keeps what its ADD needs (istio-cni's kubeconfig in its run dir), and where the agent
+/// sees it (under [`GUARD_HOST_ROOT`]), so that it can tell the plugin would run.
+fn guard_run_dir(v: &Values) -> Option<(String, String)> {
+    (v.config_mode == "guard" && v.guard_mesh == "istio").then(|| {
+        let host = ISTIO_CNI_RUN_DIR.to_string();
+        (host.clone(), format!("{GUARD_HOST_ROOT}{host}"))
+    })
+}
+
+/// Where guard mode's host paths are mounted in the agent's container.
+const GUARD_HOST_ROOT: &str = "/host";
+/// istio-cni's run dir on the host (its chart's `cniAgentRunDir`), which holds the
+/// kubeconfig its plugin reads at every ADD.
+const ISTIO_CNI_RUN_DIR: &str = "/var/run/istio-cni";
 
 /// The agent pod: host network, scheduling settings and the host paths it mounts.
 fn pod_spec(v: &Values) -> PodSpec {
@@ -430,26 +457,34 @@ fn pod_spec(v: &Values) -> PodSpec {
         }),
         termination_grace_period_seconds: Some(30),
         containers: vec![agent_container(v)],
-        volumes: Some(vec![
-            host_path("cni-conf", &v.cni_conf_dir, "DirectoryOrCreate"),
-            host_path("cni-bin", &v.cni_bin_dir, "DirectoryOrCreate"),
-            host_path("state", STATE_DIR, "DirectoryOrCreate"),
-            host_path("netns", "/var/run/netns", "DirectoryOrCreate"),
-            host_path("cri-socket-dir", v.cri_socket_dir(), "Directory"),
-            Volume {
-                name: "config".into(),
-                config_map: Some(ConfigMapVolumeSource {
-                    name: "interlock-plugin-config".into(),
-                    items: Some(vec![KeyToPath {
-                        key: "plugin-config.json".into(),
-                        path: "plugin-config.json".into(),
+        volumes: Some(
+            vec![
+                host_path("cni-conf", &v.cni_conf_dir, "DirectoryOrCreate"),
+                host_path("cni-bin", &v.cni_bin_dir, "DirectoryOrCreate"),
+                host_path("state", STATE_DIR, "DirectoryOrCreate"),
+                host_path("netns", "/var/run/netns", "DirectoryOrCreate"),
+                host_path("cri-socket-dir", v.cri_socket_dir(), "Directory"),
+                Volume {
+                    name: "config".into(),
+                    config_map: Some(ConfigMapVolumeSource {
+                        name: "interlock-plugin-config".into(),
+                        items: Some(vec![KeyToPath {
+                            key: "plugin-config.json".into(),
+                            path: "plugin-config.json".into(),
+                            ..Default::default()
+                        }]),
                         ..Default::default()
-                    }]),
+                    }),
                     ..Default::default()
-                }),
-                ..Default::default()
-            },
-        ]),
+                },
+            ]
+            .into_iter()
+            .chain(
+                guard_run_dir(v)
+                    .map(|(host, _)| host_path("guard-run-dir", &host, "DirectoryOrCreate")),
+            )
+            .collect(),
+        ),
         ..Default::default()
     }
 }

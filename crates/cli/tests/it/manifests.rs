@@ -593,6 +593,37 @@ fn guard_mode_is_a_mode_with_its_mesh() {
         .unwrap();
     assert_eq!(data["INTERLOCK_CONFIG_MODE"], "guard");
     assert_eq!(data["INTERLOCK_GUARD_MESH"], "consul");
+    assert_eq!(data["INTERLOCK_GUARD_HOST_ROOT"], "/host");
+    // Consul's kubeconfig is in the conf dir: no other host path. istio-cni's is in its
+    // run dir, which the agent must see to tell whether istio-cni's ADD can work.
+    let run_dir_mount = |yaml: &str| {
+        let ds: DaemonSet = object(&docs(yaml), "DaemonSet");
+        let pod = ds.spec.unwrap().template.spec.unwrap();
+        let vol = pod
+            .volumes
+            .unwrap()
+            .into_iter()
+            .find(|v| v.name == "guard-run-dir")
+            .map(|v| v.host_path.unwrap().path);
+        let mount = pod.containers[0]
+            .volume_mounts
+            .clone()
+            .unwrap()
+            .into_iter()
+            .find(|m| m.name == "guard-run-dir")
+            .map(|m| (m.mount_path, m.read_only));
+        (vol, mount)
+    };
+    assert_eq!(run_dir_mount(&yaml), (None, None));
+    let (code, istio, err) = manifests_with(GUARD_KEYS, &["guardMesh=istio"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        run_dir_mount(&istio),
+        (
+            Some("/var/run/istio-cni".into()),
+            Some(("/host/var/run/istio-cni".into(), Some(true)))
+        )
+    );
     let (code, _, err) = manifests_with(GUARD_KEYS, &["taintEffect=none"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(!err.contains("toleration"), "{err}");
