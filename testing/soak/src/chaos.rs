@@ -154,6 +154,10 @@ impl ChaosKind {
     /// the effective chain may lack interlock until the agent converges again. Only a
     /// meshed sandbox created during such a step (or while no agent could converge) may
     /// be seen unprotected at all, and then only until the audit repairs it.
+    ///
+    /// Guard mode's installer and plugin steps never explain an exposure: while the
+    /// mesh's plugin cannot run, guard mode's promise is that meshed pods are held back
+    /// (refused), not that they start uncaptured and are restarted later.
     pub fn touches_the_chain(self) -> bool {
         matches!(
             self,
@@ -162,9 +166,6 @@ impl ChaosKind {
                 | ChaosKind::PrimaryDelete
                 | ChaosKind::ConfigAhead
                 | ChaosKind::Sentinel
-                | ChaosKind::InstallerRestart
-                | ChaosKind::InstallerKill
-                | ChaosKind::TBinaryDelete
         )
     }
 }
@@ -384,9 +385,6 @@ mod tests {
                 ChaosKind::PrimaryDelete,
                 ChaosKind::ConfigAhead,
                 ChaosKind::Sentinel,
-                ChaosKind::InstallerRestart,
-                ChaosKind::InstallerKill,
-                ChaosKind::TBinaryDelete,
             ]
         );
     }
@@ -408,7 +406,10 @@ mod tests {
         );
         assert!(!ChaosKind::GUARD.contains(&ChaosKind::ConfigAhead));
         for k in ChaosKind::ALL {
-            assert!(ChaosKind::OWN.contains(&k) || ChaosKind::GUARD.contains(&k), "{k}");
+            assert!(
+                ChaosKind::OWN.contains(&k) || ChaosKind::GUARD.contains(&k),
+                "{k}"
+            );
         }
     }
 }

@@ -489,8 +489,11 @@ mod tests {
             })
         }
         fn stop_installer(&mut self, kill: bool) -> Result<(), String> {
-            self.calls
-                .push(if kill { "installer kill" } else { "installer term" });
+            self.calls.push(if kill {
+                "installer kill"
+            } else {
+                "installer term"
+            });
             Ok(())
         }
         fn start_installer(&mut self) -> Result<(), String> {

@@ -14,8 +14,7 @@ use interlock_contract::guard::GuardedMesh;
 use interlock_cri::SandboxFilter;
 use interlock_mesh_standins::install::{self, InstallOptions};
 use interlock_testkit_node::node::{
-    check_capture, AgentArgs, Capture, Node, NodeOptions, Sandbox, CHECK_UID,
-    PROXY_OUTBOUND_PORT,
+    check_capture, AgentArgs, Capture, Node, NodeOptions, Sandbox, CHECK_UID, PROXY_OUTBOUND_PORT,
 };
 
 use crate::chaos::{ChaosKind, ChaosPlan, ChaosTiming};
@@ -1124,5 +1123,23 @@ mod tests {
         o.audit_interval_s = 1.25;
         assert_eq!(o.repair_budget_ms(), 3250);
         assert_eq!(o.interlock, Path::new("/x/interlock"));
+    }
+
+    #[test]
+    fn guard_mode_waits_for_the_audit_grace_and_restarts_instead_of_repairing() {
+        let mut o = SoakOptions::new(10, 1, Path::new("/x")).guard(GuardedMesh::Consul);
+        o.audit_interval_s = 0.5;
+        assert_eq!(o.repair_budget_ms(), 2500 + GUARD_LISTEN_GRACE_MS + 2500);
+        assert_eq!(o.config_mode, "guard");
+        assert_eq!(o.chaos, ChaosKind::GUARD);
+        assert_eq!(o.effective_policy(), "restart");
+        o.repair_policy = "repair".into();
+        assert_eq!(o.effective_policy(), "restart");
+        o.repair_policy = "report".into();
+        assert_eq!(o.effective_policy(), "report");
+        assert_eq!(o.mesh_standin, Path::new("/x/mesh-standin"));
+        let own = SoakOptions::new(10, 1, Path::new("/x"));
+        assert_eq!(own.effective_policy(), "repair");
+        assert_eq!(own.chaos, ChaosKind::OWN);
     }
 }

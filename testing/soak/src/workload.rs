@@ -316,7 +316,8 @@ impl Workload {
     async fn delete_pod(&self, name: &str) {
         if let Some(url) = &self.config.pod_api {
             let (url, path) = (url.clone(), format!("/api/v1/namespaces/soak/pods/{name}"));
-            let _ = tokio::task::spawn_blocking(move || api_call(&url, "DELETE", &path, None)).await;
+            let _ =
+                tokio::task::spawn_blocking(move || api_call(&url, "DELETE", &path, None)).await;
         }
     }
 

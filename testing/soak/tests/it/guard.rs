@@ -56,7 +56,10 @@ fn a_short_guard_mode_soak_keeps_every_invariant() {
     );
     assert!(meshed + plain >= 30 && meshed > 0 && plain > 0);
     for kind in &opts.chaos {
-        assert!(report.chaos.events[kind] >= 1, "seed {seed}: no {kind} step");
+        assert!(
+            report.chaos.events[kind] >= 1,
+            "seed {seed}: no {kind} step"
+        );
     }
     // Captured by the mesh's rules, seen by a connection; plain pods went direct.
     assert!(report.checker.probes["meshed"].captured > 0);
