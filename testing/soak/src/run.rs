@@ -621,6 +621,15 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
     }
     std::thread::sleep(Duration::from_millis(opts.repair_budget_ms() + 500));
     checker.wait_rounds(2, Duration::from_secs(10));
+    // Guard mode: the agent's audit probes a sandbox as soon as a listener appears on
+    // its proxy's port, and the capture check's listener is one: the agent's connection
+    // would land on it instead of the check's. interlock writes no rules in guard mode,
+    // so the mesh's capture is checked with the agent stopped (SIGTERM, as a rollout).
+    if guard.is_some() && soak_node.agent_running() {
+        if let Err(e) = soak_node.stop_agent() {
+            violations.push(Violation::new("agent_not_stopped_at_end", e));
+        }
+    }
     let (checked, final_check, found) = end_check_as(
         checker,
         &soak_node.node,
