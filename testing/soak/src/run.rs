@@ -257,6 +257,18 @@ impl MeshInstaller {
     }
 }
 
+impl Drop for MeshInstaller {
+    /// A run that ends early (an error) leaves no installer behind; the run itself stops
+    /// it with SIGTERM, so that its cleanup runs.
+    fn drop(&mut self) {
+        self.pause(false);
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// How long an upgraded (or downgraded) agent may take to be ready.
 const BUILD_READY_PATIENCE: Duration = Duration::from_secs(30);
 
