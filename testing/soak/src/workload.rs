@@ -622,6 +622,10 @@ pub fn failure_reason(error: &str) -> String {
             "plugin binary being replaced (text file busy)",
         ),
         (
+            "this node has no primary cni config yet",
+            "interlock's holding config refused it (no primary config)",
+        ),
+        (
             "is held: it is meshed by",
             "guard mode held a meshed pod (the mesh's plugin cannot run)",
         ),
@@ -757,6 +761,10 @@ mod tests {
         assert_eq!(
             failure_reason("plugin type=\"interlock-cni\" failed (add): pod soak/soak46-m is held: it is meshed by istio-cni, and istio-cni cannot run"),
             "guard mode held a meshed pod (the mesh's plugin cannot run)"
+        );
+        assert_eq!(
+            failure_reason("plugin type=\"interlock-cni\" failed (add): ADD refused: this node has no primary CNI config yet, so no pod can get an address"),
+            "interlock's holding config refused it (no primary config)"
         );
         let a = failure_reason("weird thing 12ab happened to pod 7");
         let b = failure_reason("weird thing 99ff happened to pod 3");
