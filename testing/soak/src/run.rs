@@ -127,11 +127,16 @@ impl SoakOptions {
     /// 2 s plus the audit interval; in guard mode plus the audit's wait for a proxy that
     /// never listens ([`GUARD_LISTEN_GRACE_MS`]) and its probe tried twice.
     pub fn repair_budget_ms(&self) -> Ms {
-        let base = 2000 + (self.audit_interval_s * 1000.0).ceil() as Ms;
+        let base = self.own_repair_budget_ms();
         match self.guard_mesh {
             Some(_) => base + GUARD_LISTEN_GRACE_MS + GUARD_PROBE_TWICE_MS,
             None => base,
         }
+    }
+
+    /// 2 s plus the audit interval: interlock's own modes' budget.
+    fn own_repair_budget_ms(&self) -> Ms {
+        2000 + (self.audit_interval_s * 1000.0).ceil() as Ms
     }
 
     /// The repair policy the agent acts by (guard mode takes `repair` as `restart`).
@@ -631,7 +636,19 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             violations.push(Violation::new("agent_not_ready_at_end", e));
         }
     }
-    std::thread::sleep(Duration::from_millis(opts.repair_budget_ms() + 500));
+    // The repair budget passes; guard mode's (its audit's 30 s wait for a proxy
+    // included) is cut short once the checker sees no meshed sandbox exposed: nothing is
+    // left to repair, and the final check proves every one anyway.
+    let settle = Instant::now();
+    std::thread::sleep(Duration::from_millis(opts.own_repair_budget_ms() + 500));
+    let full = Duration::from_millis(opts.repair_budget_ms() + 500);
+    while settle.elapsed() < full {
+        checker.wait_rounds(1, Duration::from_secs(10));
+        if checker.with_state(|s| s.ledger.exposed_now().is_empty()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     checker.wait_rounds(2, Duration::from_secs(10));
     // Guard mode: the agent's audit probes a sandbox as soon as a listener appears on
     // its proxy's port, and the capture check's listener is one: the agent's connection

@@ -80,3 +80,51 @@ fn a_short_guard_mode_soak_keeps_every_invariant() {
     assert!(report.audit.sentinels_acted_on >= 1, "{:?}", report.audit);
     assert_eq!(report.audit.unmeshed_acted_on, 0, "{:?}", report.audit);
 }
+
+/// The control: the same mesh without interlock. Each installer restart (SIGTERM: its
+/// entry removed from the primary's file, put back by the new installer) lets meshed
+/// pods start uncaptured, and the soak must say so. A checker that cannot see a pod the
+/// mesh's plugin never ran for would pass this run.
+#[test]
+fn without_interlock_an_installer_restart_lets_meshed_pods_start_uncaptured() {
+    let _turn = crate::one_at_a_time();
+    require_root!();
+    let bin_dir = default_bin_dir().expect("interlock and interlock-cni built next to the tests");
+    let seed = rand::random();
+    let mut opts = SoakOptions::new(24, seed, &bin_dir).guard(GuardedMesh::Istio);
+    opts.with_interlock = false;
+    opts.chaos = vec![ChaosKind::InstallerRestart];
+    // The installer is away most of the time, so that meshed pods start meanwhile.
+    opts.timing = ChaosTiming {
+        gap_ms: 300..600,
+        hold_ms: 1500..2500,
+    };
+    opts.resident = 2;
+    opts.lifetime_ms = 2500..3500;
+    opts.min_duration = Duration::from_secs(15);
+    let report = run(&opts).expect("the soak runs");
+    eprint!("{}", report.summary());
+
+    assert!(!report.ok, "seed {seed}: the control run passed");
+    assert!(report.chaos.events[&ChaosKind::InstallerRestart] >= 2);
+    // Captured while the installer was there, uncaptured while it was not.
+    assert!(report.checker.probes["meshed"].captured > 0);
+    assert!(report.exposures.sandboxes >= 1, "{:?}", report.exposures);
+    let unexplained: Vec<_> = report
+        .violations
+        .iter()
+        .filter(|v| v.invariant == "unexplained_exposure")
+        .collect();
+    assert!(!unexplained.is_empty(), "{:#?}", report.violations);
+    // Nothing was refused for the mesh: nobody held the pods back.
+    assert!(
+        !report
+            .sandboxes
+            .failure_reasons
+            .keys()
+            .any(|r| r.starts_with("guard mode held")),
+        "{:?}",
+        report.sandboxes.failure_reasons
+    );
+    assert_eq!(report.leaks.total(), 0, "{:?}", report.leaks.details);
+}
