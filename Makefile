@@ -11,7 +11,7 @@ HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 STATIC_PLUGIN := target/static/$(HOST_TRIPLE)/plugin/interlock-cni
 VERSION := $(shell sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
 
-.PHONY: all deps build lint test demo soak bench bench-json bench-repair bench-api-load bench-sandbox bench-budgets plugin-static plugin-hot-text image-rootfs image release clean
+.PHONY: all deps build lint test demo soak soak-guard bench bench-json bench-repair bench-api-load bench-sandbox bench-budgets plugin-static plugin-hot-text image-rootfs image release clean
 
 all: build
 
@@ -46,7 +46,8 @@ demo: deps
 ## switch to SOAK_OTHER=v0.1.0 and back (built once per target dir from git, offline;
 ## SOAK_OTHER= restarts this build instead). Its sentinels are checked through the fake
 ## Kubernetes API. SOAK_ARGS for more flags (--seed N, --config-mode chain,
-## --without-interlock for the control run, --no-kube without the API and sentinels). It judges behaviour,
+## --without-interlock for the control run, --no-kube without the API and sentinels,
+## --guard-mesh istio|linkerd|consul|kuma for guard mode). It judges behaviour,
 ## not speed: the debug build `make test` made is used as is (SOAK_PROFILE=release for
 ## the shipped build).
 CREATIONS ?= 2000
@@ -55,9 +56,19 @@ SOAK_OTHER ?= v0.1.0
 SOAK_PROFILE ?= dev
 SOAK_DIR := target/$(if $(filter dev,$(SOAK_PROFILE)),debug,$(SOAK_PROFILE))
 soak: deps
-	@$(CARGO) build --profile $(SOAK_PROFILE) -p interlock -p interlock-cni -p interlock-soak
+	@$(CARGO) build --profile $(SOAK_PROFILE) -p interlock -p interlock-cni -p interlock-soak \
+		-p interlock-mesh-standins
 	@./$(SOAK_DIR)/interlock-soak --creations $(CREATIONS) --min-duration-s $$(( $(SOAK_MINUTES) * 60 )) \
 		$(if $(SOAK_OTHER),--other-release $(SOAK_OTHER)) --bin-dir ./$(SOAK_DIR) $(SOAK_ARGS)
+
+## soak-guard: the soak in guard mode, GUARD_MESH=istio (linkerd, consul, kuma): the
+## mesh's plugin and installer stand-ins redirect, the agent guards them
+## (--config-mode guard), and the chaos also restarts and kills the mesh's installer and
+## deletes its plugin binary. Its upgrade steps restart this build (SOAK_OTHER's older
+## release has no guard mode). A sentinel takes the audit's 30 s wait for a proxy.
+GUARD_MESH ?= istio
+soak-guard:
+	@$(MAKE) --no-print-directory soak SOAK_OTHER= SOAK_ARGS="--guard-mesh $(GUARD_MESH) $(SOAK_ARGS)"
 
 ## plugin-static: the interlock-cni binary to ship ($(STATIC_PLUGIN))
 plugin-static:

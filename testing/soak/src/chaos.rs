@@ -47,11 +47,38 @@ pub enum ChaosKind {
     /// agent started, and the fake API must show the pod's Event (and, under `report`,
     /// its label); then the sentinel is removed.
     Sentinel,
+    /// Guard mode: the mesh's installer gets SIGTERM, so it removes its entry, the
+    /// plugin's kubeconfig and binary as every installer does when its pod stops; a new
+    /// installer starts after the hold (a DaemonSet rollout of the mesh's CNI pod).
+    InstallerRestart,
+    /// Guard mode: the mesh's installer gets SIGKILL (no cleanup: its entry and binary
+    /// stay); a new installer starts after the hold.
+    InstallerKill,
+    /// Guard mode: the mesh's plugin binary is deleted; after the hold the installer is
+    /// restarted (SIGTERM, then a new one), which copies it back.
+    TBinaryDelete,
 }
 
 impl ChaosKind {
     /// Every kind, in report order.
-    pub const ALL: [ChaosKind; 10] = [
+    pub const ALL: [ChaosKind; 13] = [
+        ChaosKind::AgentKill,
+        ChaosKind::PrimaryRewrite,
+        ChaosKind::PrimaryRename,
+        ChaosKind::PrimaryDelete,
+        ChaosKind::ConfigAhead,
+        ChaosKind::PluginDelete,
+        ChaosKind::ContainerdRestart,
+        ChaosKind::Upgrade,
+        ChaosKind::UpgradeContainerdRestart,
+        ChaosKind::Sentinel,
+        ChaosKind::InstallerRestart,
+        ChaosKind::InstallerKill,
+        ChaosKind::TBinaryDelete,
+    ];
+
+    /// The kinds of interlock's own modes (`owned`, `chain`): the default there.
+    pub const OWN: [ChaosKind; 10] = [
         ChaosKind::AgentKill,
         ChaosKind::PrimaryRewrite,
         ChaosKind::PrimaryRename,
@@ -63,6 +90,33 @@ impl ChaosKind {
         ChaosKind::UpgradeContainerdRestart,
         ChaosKind::Sentinel,
     ];
+
+    /// The kinds of guard mode: the default there. A config sorting ahead of the guard
+    /// file is left out (the runtime loads it, and no mode can keep a chain it never
+    /// reads: the sentinels are that case, on purpose).
+    pub const GUARD: [ChaosKind; 12] = [
+        ChaosKind::AgentKill,
+        ChaosKind::PrimaryRewrite,
+        ChaosKind::PrimaryRename,
+        ChaosKind::PrimaryDelete,
+        ChaosKind::PluginDelete,
+        ChaosKind::ContainerdRestart,
+        ChaosKind::Upgrade,
+        ChaosKind::UpgradeContainerdRestart,
+        ChaosKind::Sentinel,
+        ChaosKind::InstallerRestart,
+        ChaosKind::InstallerKill,
+        ChaosKind::TBinaryDelete,
+    ];
+
+    /// True for the kinds that act on a guarded mesh's installer or plugin (guard mode
+    /// only).
+    pub fn guard_only(self) -> bool {
+        matches!(
+            self,
+            ChaosKind::InstallerRestart | ChaosKind::InstallerKill | ChaosKind::TBinaryDelete
+        )
+    }
 
     /// The name used in the report and on the command line.
     pub fn name(self) -> &'static str {
@@ -77,6 +131,9 @@ impl ChaosKind {
             ChaosKind::Upgrade => "upgrade",
             ChaosKind::UpgradeContainerdRestart => "upgrade_containerd_restart",
             ChaosKind::Sentinel => "sentinel",
+            ChaosKind::InstallerRestart => "installer_restart",
+            ChaosKind::InstallerKill => "installer_kill",
+            ChaosKind::TBinaryDelete => "t_binary_delete",
         }
     }
 
@@ -97,6 +154,10 @@ impl ChaosKind {
     /// the effective chain may lack interlock until the agent converges again. Only a
     /// meshed sandbox created during such a step (or while no agent could converge) may
     /// be seen unprotected at all, and then only until the audit repairs it.
+    ///
+    /// Guard mode's installer and plugin steps never explain an exposure: while the
+    /// mesh's plugin cannot run, guard mode's promise is that meshed pods are held back
+    /// (refused), not that they start uncaptured and are restarted later.
     pub fn touches_the_chain(self) -> bool {
         matches!(
             self,
@@ -323,8 +384,32 @@ mod tests {
                 ChaosKind::PrimaryRename,
                 ChaosKind::PrimaryDelete,
                 ChaosKind::ConfigAhead,
-                ChaosKind::Sentinel
+                ChaosKind::Sentinel,
             ]
         );
+    }
+
+    #[test]
+    fn each_mode_has_its_kinds_and_only_guard_mode_the_installers() {
+        assert!(ChaosKind::OWN.iter().all(|k| !k.guard_only()));
+        let guard_only: Vec<ChaosKind> = ChaosKind::GUARD
+            .into_iter()
+            .filter(|k| k.guard_only())
+            .collect();
+        assert_eq!(
+            guard_only,
+            [
+                ChaosKind::InstallerRestart,
+                ChaosKind::InstallerKill,
+                ChaosKind::TBinaryDelete
+            ]
+        );
+        assert!(!ChaosKind::GUARD.contains(&ChaosKind::ConfigAhead));
+        for k in ChaosKind::ALL {
+            assert!(
+                ChaosKind::OWN.contains(&k) || ChaosKind::GUARD.contains(&k),
+                "{k}"
+            );
+        }
     }
 }

@@ -49,6 +49,19 @@ pub trait NodeOps: Send {
     /// Plants sentinel number `seq` ([`ChaosKind::Sentinel`]) and waits for what the API
     /// must show about it; leaves an agent running and the sentinel removed.
     fn sentinel(&mut self, seq: u32) -> Result<SentinelOutcome, String>;
+    /// Guard mode: stops the mesh's installer, with SIGKILL (`kill`, no cleanup) or
+    /// SIGTERM (its cleanup runs), and waits for it to exit.
+    fn stop_installer(&mut self, kill: bool) -> Result<(), String> {
+        let _ = kill;
+        Err("no mesh installer on this node (not guard mode)".into())
+    }
+    /// Guard mode: starts a new installer of the mesh.
+    fn start_installer(&mut self) -> Result<(), String> {
+        Err("no mesh installer on this node (not guard mode)".into())
+    }
+    /// Between steps: restarts an installer that exited on its own (kuma-cni's does
+    /// after a failed check, and the kubelet restarts it).
+    fn tend(&mut self) {}
 }
 
 /// The files the chaos loop plays with.
@@ -60,6 +73,8 @@ pub struct NodeFiles {
     pub bin_dir: PathBuf,
     /// The primary's config as the primary renders it (no foreign entries).
     pub primary: Value,
+    /// Guard mode: the guarded mesh's plugin binary name (its `type`) in the bin dir.
+    pub mesh_plugin: Option<String>,
 }
 
 impl NodeFiles {
@@ -151,9 +166,11 @@ impl<N: NodeOps + 'static> ChaosLoop<N> {
                         sleep_unless(&st, Duration::from_millis(200));
                         continue;
                     };
+                    node.tend();
                     if !sleep_unless(&st, step.gap) {
                         break;
                     }
+                    node.tend();
                     seq += 1;
                     apply(&mut node, &files, step, seq, &clock, &lg, &st);
                 }
@@ -299,6 +316,22 @@ fn apply<N: NodeOps>(
         ChaosKind::Sentinel => match node.sentinel(seq) {
             Ok(outcome) => lock().sentinels.push(outcome),
             Err(e) => note("sentinel", Err(e)),
+        },
+        ChaosKind::InstallerRestart | ChaosKind::InstallerKill => {
+            let kill = step.kind == ChaosKind::InstallerKill;
+            note("stop", node.stop_installer(kill));
+            hold();
+            note("start", node.start_installer());
+        }
+        ChaosKind::TBinaryDelete => match &files.mesh_plugin {
+            Some(t) => {
+                note("delete", io(fs::remove_file(files.bin_dir.join(t))));
+                hold();
+                // The installer copies the binary when it starts.
+                note("stop", node.stop_installer(false));
+                note("start", node.start_installer());
+            }
+            None => note("delete", Err("no mesh plugin on this node".into())),
         },
         ChaosKind::Upgrade | ChaosKind::UpgradeContainerdRestart => {
             // To the other build, then back: each a rollout step with a gap of the hold.
@@ -455,6 +488,18 @@ mod tests {
                 ..SentinelOutcome::default()
             })
         }
+        fn stop_installer(&mut self, kill: bool) -> Result<(), String> {
+            self.calls.push(if kill {
+                "installer kill"
+            } else {
+                "installer term"
+            });
+            Ok(())
+        }
+        fn start_installer(&mut self) -> Result<(), String> {
+            self.calls.push("installer start");
+            Ok(())
+        }
     }
 
     fn files(dir: &Path) -> NodeFiles {
@@ -466,6 +511,7 @@ mod tests {
             conf_dir,
             bin_dir,
             primary: json!({"cniVersion": "0.3.1", "name": "k", "plugins": [{"type": "bridge"}]}),
+            mesh_plugin: Some("istio-cni".into()),
         }
     }
 
@@ -580,6 +626,67 @@ mod tests {
             "{:?}",
             log.errors
         );
+    }
+
+    #[test]
+    fn installer_steps_stop_and_start_the_installer_and_a_deleted_binary_goes_first() {
+        let tmp = tempfile_dir();
+        let f = files(tmp.path());
+        let t = f.bin_dir.join("istio-cni");
+        fs::write(&t, b"x").unwrap();
+        let clock = Clock::start();
+        let log = Mutex::new(ChaosLog::default());
+        let mut node = Recorder::default();
+        let stop = AtomicBool::new(false);
+        for (i, kind) in [
+            ChaosKind::InstallerRestart,
+            ChaosKind::InstallerKill,
+            ChaosKind::TBinaryDelete,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            apply(
+                &mut node,
+                &f,
+                step(kind, Variant::Plain),
+                i as u32 + 1,
+                &clock,
+                &log,
+                &stop,
+            );
+        }
+        assert_eq!(
+            node.calls,
+            [
+                "installer term",
+                "installer start",
+                "installer kill",
+                "installer start",
+                "installer term",
+                "installer start"
+            ]
+        );
+        // The recorder copies nothing back: the step deleted T's binary.
+        assert!(!t.exists());
+        let l = log.into_inner().unwrap();
+        assert!(l.errors.is_empty(), "{:?}", l.errors);
+        assert_eq!(l.spans.len(), 3);
+        // Without a guarded mesh there is no binary to delete: an error, not a panic.
+        let mut plain = files(tmp.path());
+        plain.mesh_plugin = None;
+        let log = Mutex::new(ChaosLog::default());
+        apply(
+            &mut node,
+            &plain,
+            step(ChaosKind::TBinaryDelete, Variant::Plain),
+            4,
+            &clock,
+            &log,
+            &stop,
+        );
+        let l = log.into_inner().unwrap();
+        assert!(l.errors[0].contains("no mesh plugin"), "{:?}", l.errors);
     }
 
     #[test]

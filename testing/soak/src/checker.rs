@@ -28,6 +28,41 @@ use crate::probe::ProbeServer;
 /// the fake API; only the sentinels do).
 pub const MESH_ANNOTATION: (&str, &str) = interlock_testkit_node::node::MESHED_ANNOTATION;
 
+/// What makes a sandbox meshed: annotations it carries (every one, with its value).
+/// interlock's own modes: [`MESH_ANNOTATION`]; guard mode: the mesh's own annotations as
+/// its injector writes them (the mesh's default case in `interlock-mesh-cases`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meshed(pub Vec<(String, String)>);
+
+impl Meshed {
+    /// interlock's own switch.
+    pub fn interlock() -> Meshed {
+        Meshed(vec![(
+            MESH_ANNOTATION.0.to_string(),
+            MESH_ANNOTATION.1.to_string(),
+        )])
+    }
+
+    /// A guarded mesh's injected pod.
+    pub fn of_mesh(mesh: interlock_mesh_cases::Mesh) -> Meshed {
+        Meshed(
+            interlock_mesh_cases::default_case(mesh)
+                .annotations
+                .into_iter()
+                .collect(),
+        )
+    }
+
+    /// True when `annotations` carry every one of them.
+    pub fn matches(&self, annotations: &BTreeMap<String, String>) -> bool {
+        !self.0.is_empty()
+            && self
+                .0
+                .iter()
+                .all(|(k, v)| annotations.get(k).is_some_and(|have| have == v))
+    }
+}
+
 /// The soak's clock: milliseconds since it began, for both monotonic and wall times.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
@@ -93,6 +128,8 @@ pub struct CheckerConfig {
     pub period: Duration,
     /// Bound on one probe's connect and on the wait for the server to see it.
     pub probe_timeout: Duration,
+    /// What makes a sandbox meshed.
+    pub meshed: Meshed,
 }
 
 /// What the checker learnt, shared with the run while it goes on.
@@ -243,7 +280,7 @@ async fn check_loop(
                     let Some(netns) = status.netns_path().map(PathBuf::from) else {
                         continue;
                     };
-                    let meshed = s.annotations.contains_key(MESH_ANNOTATION.0);
+                    let meshed = config.meshed.matches(&s.annotations);
                     let mut st = lock();
                     st.ledger
                         .seen(&s.id, meshed, clock.ms_of(s.created_at()), clock.now_ms());
@@ -302,5 +339,33 @@ async fn check_loop(
         }
         let left = config.period.saturating_sub(began.elapsed());
         tokio::time::sleep(left).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sandbox_is_meshed_only_with_every_annotation_of_its_mode() {
+        let ann = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let own = Meshed::interlock();
+        assert!(own.matches(&ann(&[MESH_ANNOTATION])));
+        assert!(!own.matches(&ann(&[(MESH_ANNOTATION.0, "disabled")])));
+        let istio = Meshed::of_mesh(interlock_mesh_cases::Mesh::Istio);
+        assert!(istio.0.iter().any(|(k, _)| k == "sidecar.istio.io/status"));
+        let all: Vec<(&str, &str)> = istio
+            .0
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert!(istio.matches(&ann(&all)));
+        assert!(!istio.matches(&ann(&[MESH_ANNOTATION])));
+        assert!(!own.matches(&ann(&all)));
+        assert!(!Meshed(Vec::new()).matches(&ann(&all)));
     }
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use interlock_contract::guard::GuardedMesh;
 use interlock_soak::chaos::ChaosKind;
 use interlock_soak::run::{default_bin_dir, run, SoakOptions};
 
@@ -24,7 +25,7 @@ struct Args {
     /// Seed of the chaos plan and the workload (default: random, printed).
     #[arg(long)]
     seed: Option<u64>,
-    /// The agent's --config-mode: owned or chain.
+    /// The agent's --config-mode: owned or chain (--guard-mesh sets guard).
     #[arg(long, default_value = "owned")]
     config_mode: String,
     /// The agent's --audit-interval, in seconds.
@@ -64,6 +65,13 @@ struct Args {
     /// which are checked through it, are left out.
     #[arg(long)]
     no_kube: bool,
+    /// Guard mode: the mesh's plugin and installer stand-ins (`mesh-standin`, next to
+    /// the other binaries) run on the node, and the agent with `--config-mode guard
+    /// --guard-mesh <mesh>` guards them: istio, linkerd, consul or kuma. Its chaos adds
+    /// installer_restart, installer_kill and t_binary_delete; config_ahead is left out,
+    /// and the upgrades too when the other build is an older release.
+    #[arg(long, conflicts_with_all = ["no_kube", "without_interlock"])]
+    guard_mesh: Option<GuardedMesh>,
 }
 
 fn main() -> ExitCode {
@@ -75,9 +83,12 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let mut opts = SoakOptions::new(args.creations, seed, &bin_dir);
+    opts.config_mode = args.config_mode;
+    if let Some(mesh) = args.guard_mesh {
+        opts = opts.guard(mesh);
+    }
     opts.workers = args.workers;
     opts.max_live = args.max_live;
-    opts.config_mode = args.config_mode;
     opts.audit_interval_s = args.audit_interval;
     opts.resident = args.resident;
     opts.with_interlock = !args.without_interlock;

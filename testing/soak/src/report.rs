@@ -68,6 +68,23 @@ pub struct Settings {
     pub kube: bool,
     /// The agent's `--repair-policy`.
     pub repair_policy: String,
+    /// Guard mode: the mesh whose own plugin (a stand-in) redirects, next to its
+    /// installer stand-in; `None` in interlock's own modes.
+    pub guard_mesh: Option<String>,
+}
+
+/// What the agent's audit did to pods, as the fake API's Events say (read at the end).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AuditActions {
+    /// Events about pods, by reason.
+    pub events_by_reason: BTreeMap<String, u64>,
+    /// The workload's meshed pods the audit acted on (restarted, evicted, deleted,
+    /// repaired or reported).
+    pub meshed_acted_on: u64,
+    /// The workload's unmeshed pods the audit acted on: must be 0.
+    pub unmeshed_acted_on: u64,
+    /// Sentinels the audit acted on.
+    pub sentinels_acted_on: u64,
 }
 
 /// Sandboxes created and how.
@@ -313,6 +330,8 @@ pub struct Report {
     pub final_check: FinalCheck,
     /// Leftovers after the teardown.
     pub leaks: Leaks,
+    /// What the audit did to pods (with the fake API).
+    pub audit: AuditActions,
     /// Every broken invariant.
     pub violations: Vec<Violation>,
 }
@@ -323,7 +342,7 @@ impl Report {
         let s = &self.sandboxes;
         let mut out = String::new();
         out.push_str(&format!(
-            "interlock soak{} (seed {}, config mode {}, audit interval {} s): {}\n",
+            "interlock soak{} (seed {}, config mode {}{}, audit interval {} s): {}\n",
             if self.settings.with_interlock {
                 ""
             } else {
@@ -331,6 +350,10 @@ impl Report {
             },
             self.settings.seed,
             self.settings.config_mode,
+            self.settings
+                .guard_mesh
+                .as_ref()
+                .map_or(String::new(), |m| format!(" guarding {m}")),
             self.settings.audit_interval_s,
             if self.ok { "OK" } else { "FAILED" }
         ));
@@ -382,6 +405,29 @@ impl Report {
                 "  runtime fault cleared to tear down: {} freezer cgroup(s) runc left freezing (a sandbox stopped while its init exec'd), thawed: {}\n",
                 s.stuck_freezers_thawed.len(),
                 s.stuck_freezers_thawed.join(", ")
+            ));
+        }
+        if !s.failure_reasons.is_empty() {
+            let why: Vec<String> = s
+                .failure_reasons
+                .iter()
+                .map(|(r, n)| format!("{n}× {r}"))
+                .collect();
+            out.push_str(&format!("  refused or failed: {}\n", why.join("; ")));
+        }
+        let a = &self.audit;
+        if !a.events_by_reason.is_empty() {
+            let reasons: Vec<String> = a
+                .events_by_reason
+                .iter()
+                .map(|(r, n)| format!("{r} {n}"))
+                .collect();
+            out.push_str(&format!(
+                "  audit: acted on {} meshed pods, {} sentinels, {} unmeshed pods (Events: {})\n",
+                a.meshed_acted_on,
+                a.sentinels_acted_on,
+                a.unmeshed_acted_on,
+                reasons.join(", ")
             ));
         }
         let e = &self.exposures;

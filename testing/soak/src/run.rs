@@ -10,16 +10,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
+use interlock_contract::guard::GuardedMesh;
 use interlock_cri::SandboxFilter;
-use interlock_testkit_node::node::{AgentArgs, Capture, Node, NodeOptions, Sandbox};
+use interlock_mesh_standins::install::{self, InstallOptions};
+use interlock_testkit_node::node::{
+    check_capture, AgentArgs, Capture, Node, NodeOptions, Sandbox, CHECK_UID, PROXY_OUTBOUND_PORT,
+};
 
 use crate::chaos::{ChaosKind, ChaosPlan, ChaosTiming};
 use crate::chaos_loop::{ChaosLoop, HealthAddr, NodeFiles, NodeOps, ReadinessPoller};
-use crate::checker::{Checker, CheckerConfig, CheckerState, Clock, Stopping, MESH_ANNOTATION};
+use crate::checker::{Checker, CheckerConfig, CheckerState, Clock, Meshed, Stopping};
 use crate::ledger::{judge, Budget, Ms, Timeline, Verdict, VerdictCounts, Violation};
 use crate::probe::ProbeServer;
 use crate::report::{
-    Chaos, CheckerSummary, Distribution, Exposures, FinalCheck, Leaks, Report, Sandboxes, Settings,
+    AuditActions, Chaos, CheckerSummary, Distribution, Exposures, FinalCheck, Leaks, Report,
+    Sandboxes, Settings,
 };
 use crate::sentinel::{self, SentinelOutcome};
 use crate::workload::{sweep, Workload, WorkloadConfig};
@@ -72,7 +77,13 @@ pub struct SoakOptions {
     pub kube: bool,
     /// The agent's `--repair-policy`. Only `repair` keeps every sandbox protected, which
     /// the soak's invariants demand; the sentinel check knows what each policy promises.
+    /// Guard mode takes `repair` as `restart` (it never repairs in place).
     pub repair_policy: String,
+    /// Guard mode (`--config-mode guard --guard-mesh <mesh>`): the mesh's plugin and
+    /// installer stand-ins run on the node and redirect; interlock only guards.
+    pub guard_mesh: Option<GuardedMesh>,
+    /// The stand-ins' binary (`mesh-standin`), for guard mode.
+    pub mesh_standin: PathBuf,
 }
 
 impl SoakOptions {
@@ -89,7 +100,7 @@ impl SoakOptions {
             config_mode: "owned".into(),
             audit_interval_s: 0.5,
             checker_period: Duration::from_millis(250),
-            chaos: ChaosKind::ALL.to_vec(),
+            chaos: ChaosKind::OWN.to_vec(),
             timing: ChaosTiming::default(),
             interlock: bin_dir.join("interlock"),
             plugin: bin_dir.join("interlock-cni"),
@@ -99,14 +110,50 @@ impl SoakOptions {
             min_duration: Duration::ZERO,
             kube: true,
             repair_policy: "repair".into(),
+            guard_mesh: None,
+            mesh_standin: bin_dir.join("mesh-standin"),
         }
     }
 
-    /// 2 s plus the audit interval.
+    /// Guard mode for `mesh`: its chaos kinds, and `restart` (guard mode's default).
+    pub fn guard(mut self, mesh: GuardedMesh) -> SoakOptions {
+        self.guard_mesh = Some(mesh);
+        self.config_mode = "guard".into();
+        self.chaos = ChaosKind::GUARD.to_vec();
+        self.repair_policy = "restart".into();
+        self
+    }
+
+    /// 2 s plus the audit interval; in guard mode plus the audit's wait for a proxy that
+    /// never listens ([`GUARD_LISTEN_GRACE_MS`]) and its probe tried twice.
     pub fn repair_budget_ms(&self) -> Ms {
+        let base = self.own_repair_budget_ms();
+        match self.guard_mesh {
+            Some(_) => base + GUARD_LISTEN_GRACE_MS + GUARD_PROBE_TWICE_MS,
+            None => base,
+        }
+    }
+
+    /// 2 s plus the audit interval: interlock's own modes' budget.
+    fn own_repair_budget_ms(&self) -> Ms {
         2000 + (self.audit_interval_s * 1000.0).ceil() as Ms
     }
+
+    /// The repair policy the agent acts by (guard mode takes `repair` as `restart`).
+    pub fn effective_policy(&self) -> &str {
+        match (&self.guard_mesh, self.repair_policy.as_str()) {
+            (Some(_), "repair") => "restart",
+            (_, p) => p,
+        }
+    }
 }
+
+/// Guard mode's audit probes a meshed sandbox whose proxy never listened this long
+/// after its creation (docs/guard-mode.md, "Audit"); the soak's pause sandboxes have no
+/// proxy, so this is when an uncaptured one is found.
+pub const GUARD_LISTEN_GRACE_MS: Ms = 30_000;
+/// Two probes of at most 1 s each, 500 ms apart (a failed probe is tried once more).
+const GUARD_PROBE_TWICE_MS: Ms = 2_500;
 
 /// The most of the agents' logs `--agent-log` keeps (the end).
 const AGENT_LOG_MAX: usize = 64 << 20;
@@ -138,6 +185,93 @@ struct SoakNode {
     repair_policy: String,
     stopping: Stopping,
     clock: Clock,
+    /// Guard mode: the mesh's installer stand-in.
+    installer: Option<MeshInstaller>,
+    /// What makes a sentinel meshed.
+    meshed: Meshed,
+    /// How long a sentinel's Event may take.
+    sentinel_patience: Duration,
+}
+
+/// The mesh's installer stand-in as a process, as the kubelet runs its DaemonSet pod.
+struct MeshInstaller {
+    exe: PathBuf,
+    opts: InstallOptions,
+    child: Option<std::process::Child>,
+    starts: u32,
+    log_dir: PathBuf,
+    /// Restarts after it exited on its own (kuma-cni after a failed check).
+    exits: u32,
+}
+
+impl MeshInstaller {
+    fn start(&mut self) -> Result<(), String> {
+        if self.child.is_some() {
+            return Err(format!("the {} installer runs already", self.opts.mesh));
+        }
+        self.starts += 1;
+        let log = self
+            .log_dir
+            .join(format!("install-{}-{}.log", self.opts.mesh, self.starts));
+        let child = install::spawn(&self.exe, &self.opts, &log)
+            .map_err(|e| format!("starting the {} installer: {e}", self.opts.mesh))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn stop(&mut self, kill: bool) -> Result<(), String> {
+        let Some(mut child) = self.child.take() else {
+            return Err(format!("no {} installer runs", self.opts.mesh));
+        };
+        if kill {
+            let _ = child.kill();
+            child.wait().map(drop).map_err(|e| e.to_string())
+        } else {
+            match install::terminate(&mut child, Duration::from_secs(10)) {
+                Some(_) => Ok(()),
+                None => Err(format!(
+                    "the {} installer did not exit on SIGTERM",
+                    self.opts.mesh
+                )),
+            }
+        }
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT: while stopped it writes nothing.
+    fn pause(&self, stop: bool) {
+        if let Some(c) = &self.child {
+            let sig = if stop {
+                nix::sys::signal::Signal::SIGSTOP
+            } else {
+                nix::sys::signal::Signal::SIGCONT
+            };
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+        }
+    }
+
+    fn tend(&mut self) {
+        let exited = self
+            .child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_some());
+        if exited {
+            self.child = None;
+            self.exits += 1;
+            let _ = self.start();
+        }
+    }
+}
+
+impl Drop for MeshInstaller {
+    /// A run that ends early (an error) leaves no installer behind; the run itself stops
+    /// it with SIGTERM, so that its cleanup runs.
+    fn drop(&mut self) {
+        self.pause(false);
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// How long an upgraded (or downgraded) agent may take to be ready.
@@ -208,16 +342,24 @@ impl NodeOps for SoakNode {
     }
 
     fn sentinel(&mut self, seq: u32) -> Result<SentinelOutcome, String> {
-        // No agent may take the chain back while the sentinel starts.
+        // No agent may take the chain back while the sentinel starts, and no mesh
+        // installer may put its entry into the sentinel's config.
         self.kill_agent()?;
-        let planted = sentinel::start_unprotected(
+        if let Some(i) = &self.installer {
+            i.pause(true);
+        }
+        let planted = sentinel::start_unprotected_as(
             &self.node,
             &self.conf_dir,
             &self.primary,
             &format!("sentinel{seq}"),
+            &self.meshed,
             &self.stopping,
             &self.clock,
         );
+        if let Some(i) = &self.installer {
+            i.pause(false);
+        }
         let agent_started = Instant::now();
         let started = self.start_agent();
         let (sb, attempts) = planted?;
@@ -228,7 +370,7 @@ impl NodeOps for SoakNode {
                 attempts,
                 &self.repair_policy,
                 agent_started,
-                sentinel::PATIENCE,
+                self.sentinel_patience,
             )
         });
         self.stopping.mark(&sb.id, self.clock.now_ms());
@@ -239,6 +381,26 @@ impl NodeOps for SoakNode {
         let outcome = outcome?;
         removed?;
         Ok(outcome)
+    }
+
+    fn stop_installer(&mut self, kill: bool) -> Result<(), String> {
+        match &mut self.installer {
+            Some(i) => i.stop(kill),
+            None => Err("no mesh installer on this node (not guard mode)".into()),
+        }
+    }
+
+    fn start_installer(&mut self) -> Result<(), String> {
+        match &mut self.installer {
+            Some(i) => i.start(),
+            None => Err("no mesh installer on this node (not guard mode)".into()),
+        }
+    }
+
+    fn tend(&mut self) {
+        if let Some(i) = &mut self.installer {
+            i.tend();
+        }
     }
 }
 
@@ -253,6 +415,29 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             ));
         }
     }
+    if let Some(mesh) = opts.guard_mesh {
+        if !opts.mesh_standin.is_file() {
+            return Err(anyhow!(
+                "{} missing: guard mode runs {mesh}'s stand-ins from it (cargo build -p interlock-mesh-standins)",
+                opts.mesh_standin.display()
+            ));
+        }
+        if !opts.kube {
+            return Err(anyhow!(
+                "guard mode needs the fake Kubernetes API: {mesh}'s plugin reads every Pod from it"
+            ));
+        }
+    }
+    let guard = opts.guard_mesh;
+    let meshed = match guard {
+        Some(m) => Meshed::of_mesh(
+            interlock_mesh_standins::plugin::mesh_of(m.plugin_type())
+                .ok_or_else(|| anyhow!("no stand-in for {m}"))?,
+        ),
+        None => Meshed::interlock(),
+    };
+    let capture_port = guard.map_or(PROXY_OUTBOUND_PORT, GuardedMesh::default_outbound_port);
+    let policy = opts.effective_policy().to_string();
     // The image the agent installs its plugin from: this build's, until an upgrade step
     // puts the other build's there (as a new image brings its own).
     let image = interlock_testkit::tempdir()?;
@@ -280,6 +465,35 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
     node.write_primary()
         .context("writing the primary's config")?;
     let kit_dir = node.containerd().dir().to_path_buf();
+    // Guard mode: the mesh's installer first (the mesh installed before interlock).
+    let installer = match guard {
+        Some(mesh) => {
+            let api = node
+                .api()
+                .ok_or_else(|| anyhow!("guard mode without the fake API"))?
+                .url();
+            let mut i = MeshInstaller {
+                exe: opts.mesh_standin.clone(),
+                opts: InstallOptions {
+                    mesh,
+                    conf_dir: node.conf_dir(),
+                    bin_dir: node.bin_dir(),
+                    source: opts.mesh_standin.clone(),
+                    server: api,
+                    token: format!("{mesh}-cni-token"),
+                    run_dir: kit_dir.join("istio-cni-run"),
+                    conf_name: crate::chaos_loop::PRIMARY.to_string(),
+                },
+                child: None,
+                starts: 0,
+                log_dir: kit_dir.clone(),
+                exits: 0,
+            };
+            i.start().map_err(|e| anyhow!(e))?;
+            Some(i)
+        }
+        None => None,
+    };
     let plugin_config = kit_dir.join("soak-plugin-config.json");
     let socket = node.state_dir().join("agent.sock");
     fs::write(
@@ -289,20 +503,31 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             "agentSocket": socket,
         }))?,
     )?;
-    let agent_args = AgentArgs::args(&[
+    let mut args = vec![
         "--config-mode".to_string(),
         opts.config_mode.clone(),
         "--audit-interval".to_string(),
         opts.audit_interval_s.to_string(),
-        "--plugin-config".to_string(),
-        plugin_config.display().to_string(),
         "--repair-policy".to_string(),
-        opts.repair_policy.clone(),
-    ]);
+        policy.clone(),
+    ];
+    match guard {
+        Some(mesh) => args.extend(["--guard-mesh".to_string(), mesh.as_str().to_string()]),
+        None => args.extend([
+            "--plugin-config".to_string(),
+            plugin_config.display().to_string(),
+        ]),
+    }
+    let agent_args = AgentArgs::args(&args);
     let files = NodeFiles {
         conf_dir: node.conf_dir(),
         bin_dir: node.bin_dir(),
         primary: node.primary_conflist(),
+        mesh_plugin: guard.map(|m| m.plugin_type().to_string()),
+    };
+    let pod_api = match guard {
+        Some(_) => node.api().map(|a| a.url()),
+        None => None,
     };
     let endpoint = node.containerd().endpoint();
     let gateway = node.gateway();
@@ -319,9 +544,16 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
         builds: [(opts.interlock.clone(), opts.plugin.clone()), other],
         conf_dir: files.conf_dir.clone(),
         primary: files.primary.clone(),
-        repair_policy: opts.repair_policy.clone(),
+        repair_policy: policy.clone(),
         stopping: stopping.clone(),
         clock,
+        installer,
+        meshed: meshed.clone(),
+        sentinel_patience: if guard.is_some() {
+            sentinel::GUARD_PATIENCE
+        } else {
+            sentinel::PATIENCE
+        },
     };
     if opts.with_interlock {
         soak_node.start_agent().map_err(|e| anyhow!(e))?;
@@ -342,6 +574,7 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             gateway,
             period: opts.checker_period,
             probe_timeout: Duration::from_millis(300),
+            meshed: meshed.clone(),
         },
         clock,
         stopping.clone(),
@@ -358,6 +591,8 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             lifetime_ms: opts.lifetime_ms.clone(),
             resident: opts.resident,
             seed: opts.seed,
+            meshed: meshed.clone(),
+            pod_api,
         },
         clock,
         stopping.clone(),
@@ -368,6 +603,13 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
         .copied()
         .filter(|k| opts.with_interlock || !k.needs_the_agent())
         .filter(|k| opts.kube || *k != ChaosKind::Sentinel)
+        .filter(|k| guard.is_some() || !k.guard_only())
+        // An older release knows no guard mode: no upgrades to it.
+        .filter(|k| {
+            guard.is_none()
+                || opts.other_build.is_none()
+                || !matches!(k, ChaosKind::Upgrade | ChaosKind::UpgradeContainerdRestart)
+        })
         .collect();
     let plan = ChaosPlan::new(opts.seed, &kinds, opts.timing.clone());
     let soak_began = clock.now_ms();
@@ -394,9 +636,37 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             violations.push(Violation::new("agent_not_ready_at_end", e));
         }
     }
-    std::thread::sleep(Duration::from_millis(opts.repair_budget_ms() + 500));
+    // The repair budget passes; guard mode's (its audit's 30 s wait for a proxy
+    // included) is cut short once the checker sees no meshed sandbox exposed: nothing is
+    // left to repair, and the final check proves every one anyway.
+    let settle = Instant::now();
+    std::thread::sleep(Duration::from_millis(opts.own_repair_budget_ms() + 500));
+    let full = Duration::from_millis(opts.repair_budget_ms() + 500);
+    while settle.elapsed() < full {
+        checker.wait_rounds(1, Duration::from_secs(10));
+        if checker.with_state(|s| s.ledger.exposed_now().is_empty()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     checker.wait_rounds(2, Duration::from_secs(10));
-    let (checked, final_check, found) = end_check(checker, &soak_node.node, &server, gateway);
+    // Guard mode: the agent's audit probes a sandbox as soon as a listener appears on
+    // its proxy's port, and the capture check's listener is one: the agent's connection
+    // would land on it instead of the check's. interlock writes no rules in guard mode,
+    // so the mesh's capture is checked with the agent stopped (SIGTERM, as a rollout).
+    if guard.is_some() && soak_node.agent_running() {
+        if let Err(e) = soak_node.stop_agent() {
+            violations.push(Violation::new("agent_not_stopped_at_end", e));
+        }
+    }
+    let (checked, final_check, found) = end_check_as(
+        checker,
+        &soak_node.node,
+        &server,
+        gateway,
+        &meshed,
+        capture_port,
+    );
     violations.extend(found);
     let readiness = poller.stop();
     let mut ledger = checked.ledger;
@@ -436,6 +706,26 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
                 "interlock-soak: writing the agent logs to {}: {e}",
                 path.display()
             );
+        }
+    }
+    let audit = audit_actions(&soak_node.node);
+    if audit.unmeshed_acted_on > 0 {
+        violations.push(Violation::new(
+            "unmeshed_acted_on",
+            format!(
+                "the audit acted on {} unmeshed pod(s): {:?}",
+                audit.unmeshed_acted_on, audit.events_by_reason
+            ),
+        ));
+    }
+    // The installer's SIGTERM cleanup, as a drained node's DaemonSet pod does.
+    let installer_exits = soak_node.installer.as_ref().map_or(0, |i| i.exits);
+    if let Some(i) = &mut soak_node.installer {
+        if i.child.is_some() {
+            if let Err(e) = i.stop(false) {
+                leaks.other += 1;
+                leaks.details.push(format!("mesh installer: {e}"));
+            }
         }
     }
     let footprint = soak_node
@@ -571,7 +861,14 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
             ),
             min_duration_s: opts.min_duration.as_secs(),
             kube: opts.kube,
-            repair_policy: opts.repair_policy.clone(),
+            repair_policy: policy.clone(),
+            guard_mesh: guard.map(|m| {
+                if installer_exits > 0 {
+                    format!("{m} (its installer exited and was restarted {installer_exits}×)")
+                } else {
+                    m.to_string()
+                }
+            }),
         },
         duration_s: elapsed as f64 / 1000.0,
         sandboxes: Sandboxes {
@@ -614,6 +911,7 @@ pub fn run(opts: &SoakOptions) -> anyhow::Result<Report> {
         exposures: Exposures::of(exposures),
         final_check,
         leaks,
+        audit,
         violations,
     })
 }
@@ -668,16 +966,72 @@ pub fn end_check(
     server: &ProbeServer,
     gateway: std::net::Ipv4Addr,
 ) -> (CheckerState, FinalCheck, Vec<Violation>) {
+    end_check_as(
+        checker,
+        node,
+        server,
+        gateway,
+        &Meshed::interlock(),
+        PROXY_OUTBOUND_PORT,
+    )
+}
+
+/// [`end_check`] with sandboxes meshed by `meshed`, whose proxy's outbound port is
+/// `capture_port` (guard mode: the mesh's).
+pub fn end_check_as(
+    checker: Checker,
+    node: &Node,
+    server: &ProbeServer,
+    gateway: std::net::Ipv4Addr,
+    meshed: &Meshed,
+    capture_port: u16,
+) -> (CheckerState, FinalCheck, Vec<Violation>) {
     let checked = checker.stop();
     let mut violations = Vec::new();
-    let out = final_check(node, server, gateway, &mut violations);
+    let out = final_check(node, server, gateway, meshed, capture_port, &mut violations);
     (checked, out, violations)
+}
+
+/// Counts the Events about pods in the fake API by reason, and the pods the audit acted
+/// on by kind: the workload's (namespace `soak`, named `…-m` meshed or `…-p` plain) and
+/// the sentinels.
+fn audit_actions(node: &Node) -> AuditActions {
+    const ACTIONS: [&str; 5] = ["Restarted", "Repaired", "Evicted", "Deleted", "Unprotected"];
+    let mut out = AuditActions::default();
+    let Some(api) = node.api() else {
+        return out;
+    };
+    let mut acted: std::collections::BTreeSet<(String, String)> = Default::default();
+    for e in api.objects("events") {
+        if e["regarding"]["kind"] != "Pod" {
+            continue;
+        }
+        let reason = e["reason"].as_str().unwrap_or_default().to_string();
+        *out.events_by_reason.entry(reason.clone()).or_default() += 1;
+        if ACTIONS.contains(&reason.as_str()) {
+            let ns = e["regarding"]["namespace"].as_str().unwrap_or_default();
+            let name = e["regarding"]["name"].as_str().unwrap_or_default();
+            acted.insert((ns.to_string(), name.to_string()));
+        }
+    }
+    for (ns, name) in acted {
+        if ns == "soak" && name.ends_with("-p") {
+            out.unmeshed_acted_on += 1;
+        } else if ns == "soak" {
+            out.meshed_acted_on += 1;
+        } else {
+            out.sentinels_acted_on += 1;
+        }
+    }
+    out
 }
 
 fn final_check(
     node: &Node,
     server: &ProbeServer,
     gateway: std::net::Ipv4Addr,
+    meshed: &Meshed,
+    capture_port: u16,
     violations: &mut Vec<Violation>,
 ) -> FinalCheck {
     let mut out = FinalCheck::default();
@@ -698,7 +1052,7 @@ fn final_check(
                 namespace: s.metadata.namespace.clone(),
                 name: s.metadata.name.clone(),
                 uid: s.metadata.uid.clone(),
-                meshed: s.annotations.contains_key(MESH_ANNOTATION.0),
+                meshed: meshed.matches(&s.annotations),
                 netns: status.netns_path().map(Path::to_path_buf),
                 ip: status.ips.first().copied(),
             });
@@ -719,7 +1073,9 @@ fn final_check(
         let own = sb.netns.as_deref().map_or(Verdict::NoConnection, |ns| {
             server.probe(ns, gateway, Duration::from_millis(500))
         });
-        let kit = node.capture(sb);
+        let kit = sb.netns.as_deref().map_or(Capture::NoNetwork, |ns| {
+            check_capture(ns, capture_port, CHECK_UID, gateway)
+        });
         if sb.meshed {
             out.meshed_running += 1;
             if own == Verdict::Direct || kit == Capture::NotRedirected {
@@ -805,5 +1161,23 @@ mod tests {
         o.audit_interval_s = 1.25;
         assert_eq!(o.repair_budget_ms(), 3250);
         assert_eq!(o.interlock, Path::new("/x/interlock"));
+    }
+
+    #[test]
+    fn guard_mode_waits_for_the_audit_grace_and_restarts_instead_of_repairing() {
+        let mut o = SoakOptions::new(10, 1, Path::new("/x")).guard(GuardedMesh::Consul);
+        o.audit_interval_s = 0.5;
+        assert_eq!(o.repair_budget_ms(), 2500 + GUARD_LISTEN_GRACE_MS + 2500);
+        assert_eq!(o.config_mode, "guard");
+        assert_eq!(o.chaos, ChaosKind::GUARD);
+        assert_eq!(o.effective_policy(), "restart");
+        o.repair_policy = "repair".into();
+        assert_eq!(o.effective_policy(), "restart");
+        o.repair_policy = "report".into();
+        assert_eq!(o.effective_policy(), "report");
+        assert_eq!(o.mesh_standin, Path::new("/x/mesh-standin"));
+        let own = SoakOptions::new(10, 1, Path::new("/x"));
+        assert_eq!(own.effective_policy(), "repair");
+        assert_eq!(own.chaos, ChaosKind::OWN);
     }
 }

@@ -19,7 +19,7 @@ use interlock_testkit_node::node::{Capture, Node, Sandbox};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::checker::{Clock, Stopping};
+use crate::checker::{Clock, Meshed, Stopping};
 use crate::ledger::Ms;
 
 /// The label the agent puts on an unprotected pod it reports (the documented name,
@@ -27,6 +27,10 @@ use crate::ledger::Ms;
 pub const LABEL_UNPROTECTED: &str = "interlock.dev/unprotected";
 /// How long the agent may take, once started, to publish what the policy promises.
 pub const PATIENCE: Duration = Duration::from_secs(20);
+/// The same in guard mode, whose audit probes a sandbox whose proxy never listens only
+/// 30 s after it was created (the documented grace, docs/guard-mode.md): that, and
+/// [`PATIENCE`] after it.
+pub const GUARD_PATIENCE: Duration = Duration::from_secs(50);
 /// Sandboxes tried before the step gives up on starting one unprotected.
 const ATTEMPTS: u32 = 5;
 
@@ -93,6 +97,28 @@ pub fn start_unprotected(
     stopping: &Stopping,
     clock: &Clock,
 ) -> Result<(Sandbox, u32), String> {
+    start_unprotected_as(
+        node,
+        conf_dir,
+        primary,
+        tag,
+        &Meshed::interlock(),
+        stopping,
+        clock,
+    )
+}
+
+/// [`start_unprotected`] for a pod meshed by `meshed`'s annotations (guard mode: the
+/// mesh's own).
+pub fn start_unprotected_as(
+    node: &Node,
+    conf_dir: &Path,
+    primary: &Value,
+    tag: &str,
+    meshed: &Meshed,
+    stopping: &Stopping,
+    clock: &Clock,
+) -> Result<(Sandbox, u32), String> {
     let name = ahead_name(conf_dir)?;
     let path = conf_dir.join(&name);
     let tmp = conf_dir.join(format!(".{name}.tmp"));
@@ -104,7 +130,11 @@ pub fn start_unprotected(
         for attempt in 1..=ATTEMPTS {
             // The runtime reloads its config dir on a change; give it a moment.
             std::thread::sleep(Duration::from_millis(100 * u64::from(attempt)));
-            let sb = node.run_config(node.pod_config(&format!("{tag}-{attempt}"), true))?;
+            let mut config = node.pod_config(&format!("{tag}-{attempt}"), false);
+            for (k, v) in &meshed.0 {
+                config = config.annotation(k, v);
+            }
+            let sb = node.run_config(config)?;
             match node.capture(&sb) {
                 Capture::NotRedirected => return Ok((sb, attempt)),
                 other => {

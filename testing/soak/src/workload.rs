@@ -21,7 +21,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
-use crate::checker::{Clock, Stopping, MESH_ANNOTATION};
+use crate::checker::{Clock, Meshed, Stopping};
 use crate::ledger::Ms;
 
 /// How long a removal task keeps trying before it leaves the sandbox to the final sweep.
@@ -59,6 +59,12 @@ pub struct WorkloadConfig {
     pub resident: u64,
     /// Seed of the meshed/plain choices and lifetimes.
     pub seed: u64,
+    /// The annotations a meshed sandbox carries.
+    pub meshed: Meshed,
+    /// The fake API's URL, when every sandbox's Pod must be there before its sandbox
+    /// runs and go after it was removed, as the kubelet's pods are (guard mode: the
+    /// mesh's plugin reads the Pod).
+    pub pod_api: Option<String>,
 }
 
 /// Counts of what the workload did.
@@ -225,7 +231,24 @@ impl Workload {
                 format!("uid-{name}-{}", self.config.seed),
             );
             if meshed {
-                pod = pod.annotation(MESH_ANNOTATION.0, MESH_ANNOTATION.1);
+                for (k, v) in &self.config.meshed.0 {
+                    pod = pod.annotation(k, v);
+                }
+            }
+            if let Some(url) = &self.config.pod_api {
+                let (url, body) = (url.clone(), pod_object(&pod));
+                let put = tokio::task::spawn_blocking(move || {
+                    api_call(&url, "POST", "/api/v1/namespaces/soak/pods", Some(&body))
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+                if let Err(e) = put {
+                    self.failed(meshed, &format!("putting the Pod {name} into the API: {e}"));
+                    self.reserved.fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
+                    tokio::time::sleep(FAILURE_BACKOFF).await;
+                    continue;
+                }
             }
             let t0 = self.clock.now_ms();
             let created = match cri.clone() {
@@ -245,6 +268,7 @@ impl Workload {
                     if is_transport(&e) {
                         cri = None;
                     }
+                    self.delete_pod(&name).await;
                     self.failed(meshed, &e.to_string());
                     self.reserved.fetch_sub(1, Ordering::SeqCst);
                     drop(permit);
@@ -278,12 +302,22 @@ impl Workload {
                     tokio::time::sleep(Duration::from_millis(lifetime)).await;
                     me.stopping.mark(&id, me.clock.now_ms());
                     if me.remove(&id).await {
+                        me.delete_pod(&name).await;
                         me.lock_stats().removed += 1;
                     } else {
                         me.left.lock().unwrap_or_else(|e| e.into_inner()).push(id);
                     }
                     drop(permit);
                 });
+        }
+    }
+
+    /// Deletes the Pod `soak/<name>` from the fake API (when the workload keeps Pods).
+    async fn delete_pod(&self, name: &str) {
+        if let Some(url) = &self.config.pod_api {
+            let (url, path) = (url.clone(), format!("/api/v1/namespaces/soak/pods/{name}"));
+            let _ =
+                tokio::task::spawn_blocking(move || api_call(&url, "DELETE", &path, None)).await;
         }
     }
 
@@ -513,6 +547,54 @@ fn is_transport(e: &CriError) -> bool {
         || text.contains("broken pipe")
 }
 
+/// The Pod object of a sandbox config, as the kubelet's pod is in the API: its
+/// annotations, and the containers a mesh's injector adds ([`interlock_testkit_node::node::pod_spec`]).
+pub fn pod_object(pod: &SandboxConfig) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod.metadata.name, "namespace": pod.metadata.namespace,
+                     "uid": pod.metadata.uid, "annotations": pod.annotations},
+        "spec": interlock_testkit_node::node::pod_spec(&pod.annotations),
+        "status": {"phase": "Running"}})
+}
+
+/// One request to the fake API at `url` (`http://host:port`), without credentials;
+/// `Ok` for a 2xx answer (and for a DELETE of what is gone already).
+pub fn api_call(
+    url: &str,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let host = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = std::net::TcpStream::connect(host).map_err(|e| format!("{url}: {e}"))?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("{method} {path}: {e}"))?;
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let code: u16 = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    if (200..300).contains(&code) || (method == "DELETE" && code == 404) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{method} {path}: {}",
+            answer.lines().next().unwrap_or("no answer")
+        ))
+    }
+}
+
 /// A short, stable reason for a failed creation: the known causes by name, anything
 /// else by its first words with IDs and numbers removed.
 pub fn failure_reason(error: &str) -> String {
@@ -532,8 +614,20 @@ pub fn failure_reason(error: &str) -> String {
         ),
         ("failed to find plugin", "a plugin binary missing"),
         (
+            "netplugin failed with no error message: fork/exec",
+            "a plugin binary missing",
+        ),
+        (
             "text file busy",
             "plugin binary being replaced (text file busy)",
+        ),
+        (
+            "this node has no primary cni config yet",
+            "interlock's holding config refused it (no primary config)",
+        ),
+        (
+            "is held: it is meshed by",
+            "guard mode held a meshed pod (the mesh's plugin cannot run)",
         ),
         (
             "plugin type=\"interlock-cni\"",
@@ -659,6 +753,18 @@ mod tests {
         assert_eq!(
             failure_reason("plugin type=\"interlock-cni\" failed (add): code 104: probe"),
             "interlock-cni refused the ADD"
+        );
+        assert_eq!(
+            failure_reason("plugin type=\"istio-cni\" name=\"istio-cni\" failed (add): netplugin failed with no error message: fork/exec /x/bin/istio-cni: no such file or directory"),
+            "a plugin binary missing"
+        );
+        assert_eq!(
+            failure_reason("plugin type=\"interlock-cni\" failed (add): pod soak/soak46-m is held: it is meshed by istio-cni, and istio-cni cannot run"),
+            "guard mode held a meshed pod (the mesh's plugin cannot run)"
+        );
+        assert_eq!(
+            failure_reason("plugin type=\"interlock-cni\" failed (add): ADD refused: this node has no primary CNI config yet, so no pod can get an address"),
+            "interlock's holding config refused it (no primary config)"
         );
         let a = failure_reason("weird thing 12ab happened to pod 7");
         let b = failure_reason("weird thing 99ff happened to pod 3");

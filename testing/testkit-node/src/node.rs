@@ -1259,7 +1259,7 @@ fn original_dst(conn: &TcpStream) -> Option<SocketAddrV4> {
 /// The spec of a pod with `annotations`, bound to the node: an app container, and the
 /// proxy container a mesh's injector adds when its annotation says it injected the pod
 /// (as the injector writes them: Istio's proxy runs `proxy sidecar` as 1337).
-fn pod_spec(annotations: &std::collections::BTreeMap<String, String>) -> Value {
+pub fn pod_spec(annotations: &std::collections::BTreeMap<String, String>) -> Value {
     let mut containers = vec![json!({"name": "app", "image": "app"})];
     if annotations.contains_key("sidecar.istio.io/status") {
         containers.push(json!({"name": "istio-proxy", "image": "proxyv2",

@@ -40,6 +40,7 @@ fn the_end_check_is_not_disturbed_by_the_checker_probing_the_same_sandboxes() {
                 // Back to back: a round every few milliseconds.
                 period: Duration::ZERO,
                 probe_timeout: Duration::from_millis(300),
+                meshed: interlock_soak::checker::Meshed::interlock(),
             },
             Clock::start(),
             Stopping::default(),

@@ -12,6 +12,7 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 }
 
 mod end_check;
+mod guard;
 mod rollout_stop;
 mod runtime_fault;
 mod sentinel;
