@@ -305,7 +305,8 @@ async fn discovery_documents() {
             "nodes/status",
             "pods",
             "pods/status",
-            "pods/eviction"
+            "pods/eviction",
+            "configmaps"
         ]
     );
     let (_, ev) = get(&api, "/apis/events.k8s.io/v1").await;
