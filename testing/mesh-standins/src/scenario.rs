@@ -549,6 +549,9 @@ impl Recorder<'_> {
                 Err(_) => {
                     refusals += 1;
                     std::thread::sleep(Duration::from_secs(1));
+                    // The kubelet restarts an installer that exited meanwhile (kuma-cni's,
+                    // after a primary's rewrite dropped its entry).
+                    self.bed.tend()?;
                 }
             }
         };

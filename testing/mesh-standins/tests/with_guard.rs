@@ -15,14 +15,16 @@
 //! - The Node carries the startup taint (`InterlockReady=False`) while the window is held
 //!   open longer than the agent's debounce, and loses it once the plugin is back.
 //! - Guard mode writes no rules: nothing of interlock's in any pod's netns.
+//! - At the end, with a proxy listening in each meshed pod still running, the audit
+//!   proves every one captured by a connection (`interlock_sandboxes{verdict}`).
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use interlock_contract::guard::GuardedMesh;
 use interlock_mesh_standins::scenario::{self, Interlock, MeshBed, Observation, Role, Scenario};
 use interlock_testkit::require_root;
-use interlock_testkit_node::node::{AgentArgs, Capture, NodeOptions};
+use interlock_testkit_node::node::{in_netns, AgentArgs, Capture, NodeOptions};
 
 const EXE: &str = env!("CARGO_BIN_EXE_mesh-standin");
 
@@ -196,6 +198,7 @@ fn with_guard_mode(mesh: GuardedMesh) {
         }
     }
 
+    let mut last = Vec::new();
     for s in Scenario::ALL {
         let played = match scenario::play(&mut bed, s, &Interlock::Agent(args.clone())) {
             Ok(p) => p,
@@ -252,6 +255,59 @@ fn with_guard_mode(mesh: GuardedMesh) {
             failures.push(format!(
                 "{mesh} {s:?}: the plugin is back, yet the taint stayed: {window:?}"
             ));
+        }
+        last = played.observations;
+    }
+    // The last scenario's pods still run. With a proxy listening in each meshed one (the
+    // audit then probes at once), the audit proves every one captured by its own
+    // connection, and restarts none.
+    let meshed: Vec<&Observation> = last
+        .iter()
+        .filter(|o| o.when == "at start" && o.role != Role::Plain && o.netns.is_some())
+        .collect();
+    let port = mesh.default_outbound_port();
+    let proxies: Vec<_> = meshed
+        .iter()
+        .map(|o| {
+            in_netns(o.netns.as_ref().expect("started"), move || {
+                std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, port))
+            })
+            .and_then(|r| r)
+            .unwrap_or_else(|e| panic!("a proxy listener in {}: {e}", o.pod))
+        })
+        .collect();
+    let judged = Instant::now();
+    let verdict = |v: &str| {
+        bed.node
+            .agent(|a| a.metric(&format!("interlock_sandboxes{{verdict=\"{v}\"}}")))
+    };
+    let mut seen = (None, None, None);
+    while judged.elapsed() < Duration::from_secs(40) {
+        seen = (verdict("protected"), verdict("unprotected"), verdict("unknown"));
+        if seen == (Some(meshed.len() as f64), Some(0.0), Some(0.0)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    lines.push(format!(
+        "{mesh}: the audit judged {} meshed pods (protected, unprotected, unknown) = {seen:?} within {:.1} s",
+        meshed.len(),
+        judged.elapsed().as_secs_f64()
+    ));
+    if seen != (Some(meshed.len() as f64), Some(0.0), Some(0.0)) {
+        failures.push(format!(
+            "{mesh}: the audit's verdicts (protected, unprotected, unknown) {seen:?}, want {} protected",
+            meshed.len()
+        ));
+    }
+    drop(proxies);
+    for o in last.iter().filter(|o| o.when == "at start") {
+        let ready = o
+            .sandbox
+            .as_ref()
+            .map(|id| bed.sandbox_ready(id).expect("list sandboxes"));
+        if ready != Some(true) {
+            failures.push(format!("{mesh}: {} restarted after the audit", o.pod));
         }
     }
     let elapsed = begin.elapsed();
