@@ -295,9 +295,7 @@ impl MeshBed {
             Interlock::Agent(_) => self
                 .node
                 .wait_loaded_chain(
-                    |c| {
-                        c.iter().any(|x| x == "bridge") && c.iter().any(|x| x == "interlock-cni")
-                    },
+                    |c| c.iter().any(|x| x == "bridge") && c.iter().any(|x| x == "interlock-cni"),
                     WAIT,
                 )
                 .map(|_| ()),
@@ -443,12 +441,15 @@ pub struct Played {
     pub window: Option<Window>,
 }
 
+/// What ends a window: the installer released or started.
+type Close = Box<dyn FnOnce(&mut MeshBed) -> Result<(), String>>;
+
 /// The window while it is held open (with interlock).
 struct Open {
     since: Instant,
     tainted: bool,
     not_ready: bool,
-    close: Option<Box<dyn FnOnce(&mut MeshBed) -> Result<(), String>>>,
+    close: Option<Close>,
     closed_at: Option<Instant>,
 }
 
@@ -536,6 +537,7 @@ impl Recorder<'_> {
 
     /// [`Recorder::pod`] with a config of the caller's.
     fn pod_from(&mut self, role: Role, config: SandboxConfig) -> Result<(), String> {
+        let began = Instant::now();
         let mut refusals = 0;
         let (sb, outcome) = loop {
             let result = self.bed.run_config(config.clone());
@@ -545,7 +547,9 @@ impl Recorder<'_> {
                     let c = self.bed.capture(&sb);
                     break (Some(sb), Outcome::Started(c));
                 }
-                Err(e) if !self.retry || self.retries_over() => break (None, Outcome::Refused(e)),
+                Err(e) if !self.retry || self.retries_over(began) => {
+                    break (None, Outcome::Refused(e))
+                }
                 Err(_) => {
                     refusals += 1;
                     std::thread::sleep(Duration::from_secs(1));
@@ -570,14 +574,15 @@ impl Recorder<'_> {
         Ok(())
     }
 
-    /// Retrying ends [`RETRY`] after the window closed (or started, when none is open).
-    fn retries_over(&self) -> bool {
-        match &self.open {
-            Some(o) => o
-                .closed_at
-                .is_some_and(|t| t.elapsed() > RETRY),
+    /// Retrying ends [`RETRY`] after the pod's first try and after the window closed;
+    /// never while a window is held open (it closes itself, see `watch_window`).
+    fn retries_over(&self, began: Instant) -> bool {
+        let window_over = match &self.open {
+            Some(o) if o.close.is_some() => false,
+            Some(o) => o.closed_at.is_none_or(|t| t.elapsed() > RETRY),
             None => true,
-        }
+        };
+        window_over && began.elapsed() > RETRY
     }
 
     /// Samples the Node while the window is open, and closes it once it was held long

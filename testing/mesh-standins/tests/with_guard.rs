@@ -209,7 +209,10 @@ fn with_guard_mode(mesh: GuardedMesh) {
         };
         let obs = &played.observations;
         let window = played.window.clone().expect("with interlock");
-        lines.push(format!("{mesh} {s:?}: {window:?}\n{}", scenario::describe(obs)));
+        lines.push(format!(
+            "{mesh} {s:?}: {window:?}\n{}",
+            scenario::describe(obs)
+        ));
         for o in obs {
             check_started(mesh, o, &mut failures);
         }
@@ -283,7 +286,11 @@ fn with_guard_mode(mesh: GuardedMesh) {
     };
     let mut seen = (None, None, None);
     while judged.elapsed() < Duration::from_secs(40) {
-        seen = (verdict("protected"), verdict("unprotected"), verdict("unknown"));
+        seen = (
+            verdict("protected"),
+            verdict("unprotected"),
+            verdict("unknown"),
+        );
         if seen == (Some(meshed.len() as f64), Some(0.0), Some(0.0)) {
             break;
         }
