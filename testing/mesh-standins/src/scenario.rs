@@ -119,6 +119,8 @@ pub struct Observation {
     /// How many times the runtime refused it before the outcome (with interlock, whose
     /// hold refuses meshed pods while the mesh's plugin cannot run; 0 without).
     pub refusals: u32,
+    /// The runtime's last refusal before the outcome, when there was one.
+    pub refused_with: Option<String>,
     /// What happened to it.
     pub outcome: Outcome,
 }
@@ -288,14 +290,20 @@ impl MeshBed {
     /// Waits for the window: without interlock, until containerd's loaded chain lacks the
     /// mesh's plugin; with interlock (which may answer the change before containerd loads
     /// it, or hold the chain), until containerd has loaded the agent's file: the primary's
-    /// plugins and interlock-cni.
-    pub fn wait_window(&mut self, interlock: &Interlock) -> Result<(), String> {
+    /// plugins and interlock-cni, and with `held` (the agent cannot have the mesh's
+    /// plugin: its installer stopped or not yet run) without that plugin, so that a chain
+    /// containerd loaded before the scenario does not pass for it.
+    pub fn wait_window(&mut self, interlock: &Interlock, held: bool) -> Result<(), String> {
+        let t = self.mesh.plugin_type();
         match interlock {
             Interlock::Without => self.wait_chain(false).map(|_| ()),
             Interlock::Agent(_) => self
                 .node
                 .wait_loaded_chain(
-                    |c| c.iter().any(|x| x == "bridge") && c.iter().any(|x| x == "interlock-cni"),
+                    |c| {
+                        let has = |p: &str| c.iter().any(|x| x == p);
+                        has("bridge") && has("interlock-cni") && !(held && has(t))
+                    },
                     WAIT,
                 )
                 .map(|_| ()),
@@ -539,6 +547,7 @@ impl Recorder<'_> {
     fn pod_from(&mut self, role: Role, config: SandboxConfig) -> Result<(), String> {
         let began = Instant::now();
         let mut refusals = 0;
+        let mut refused_with = None;
         let (sb, outcome) = loop {
             let result = self.bed.run_config(config.clone());
             self.watch_window()?;
@@ -550,8 +559,9 @@ impl Recorder<'_> {
                 Err(e) if !self.retry || self.retries_over(began) => {
                     break (None, Outcome::Refused(e))
                 }
-                Err(_) => {
+                Err(e) => {
                     refusals += 1;
+                    refused_with = Some(e);
                     std::thread::sleep(Duration::from_secs(1));
                     // The kubelet restarts an installer that exited meanwhile (kuma-cni's,
                     // after a primary's rewrite dropped its entry).
@@ -568,6 +578,7 @@ impl Recorder<'_> {
             netns: sb.as_ref().and_then(|s| s.netns.clone()),
             sandbox: sb.as_ref().map(|s| s.id.clone()),
             refusals,
+            refused_with,
             outcome,
         });
         self.started.push((role, sb, name));
@@ -628,16 +639,18 @@ impl Recorder<'_> {
         self.pod(Role::Control, "control")
     }
 
-    /// In the window: a meshed pod and a plain one; `close` ends the window (releases or
-    /// starts the installer). Without interlock both run in the window and it closes
+    /// In the window: a meshed pod and a plain one; `held`: the agent cannot have the
+    /// mesh's plugin in it (see [`MeshBed::wait_window`]); `close` ends the window
+    /// (releases or starts the installer). Without interlock both run in the window and it closes
     /// after them; with it the plain pod runs first and the window pod's retries hold
     /// the window open (see the module docs).
     fn in_window(
         &mut self,
         interlock: &Interlock,
+        held: bool,
         close: impl FnOnce(&mut MeshBed) -> Result<(), String> + 'static,
     ) -> Result<(), String> {
-        self.bed.wait_window(interlock)?;
+        self.bed.wait_window(interlock, held)?;
         match interlock {
             Interlock::Without => {
                 self.pod(Role::Window, "window")?;
@@ -683,6 +696,7 @@ impl Recorder<'_> {
                     netns: sb.netns.clone(),
                     sandbox: Some(sb.id.clone()),
                     refusals: 0,
+                    refused_with: None,
                     outcome: Outcome::Started(c),
                 });
             }
@@ -739,7 +753,7 @@ pub fn play(
             r.bed.start_installer()?;
             r.bed.hold_installer();
             r.write_primary()?;
-            r.in_window(interlock, release)?;
+            r.in_window(interlock, true, release)?;
             r.after_entry("control")?;
         }
         Scenario::PrimaryRewrite => {
@@ -750,19 +764,19 @@ pub fn play(
                 .node
                 .rewrite_primary(PrimaryWrite::Rename)
                 .map_err(|e| format!("rewrite the primary: {e}"))?;
-            r.in_window(interlock, release)?;
+            r.in_window(interlock, false, release)?;
             r.after_entry("control-after")?;
         }
         Scenario::PodsBeforeMesh => {
             r.write_primary()?;
-            r.in_window(interlock, start)?;
+            r.in_window(interlock, true, start)?;
             r.after_entry("control")?;
         }
         Scenario::InstallerRestart => {
             r.write_primary()?;
             r.installed()?;
             r.bed.stop_installer();
-            r.in_window(interlock, start)?;
+            r.in_window(interlock, true, start)?;
             r.after_entry("control-after")?;
         }
     }

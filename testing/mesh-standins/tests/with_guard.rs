@@ -219,8 +219,8 @@ fn with_guard_mode(mesh: GuardedMesh) {
         for o in obs.iter().filter(|o| o.when == "at start") {
             if o.role == Role::Plain && o.refusals != 0 {
                 failures.push(format!(
-                    "{mesh} {s:?}: the plain pod {} was refused {}x",
-                    o.pod, o.refusals
+                    "{mesh} {s:?}: the plain pod {} was refused {}x, last: {:?}",
+                    o.pod, o.refusals, o.refused_with
                 ));
             }
             // Nothing restarted: each sandbox still ready, no Restarted Event.
