@@ -384,9 +384,22 @@ impl MeshBed {
         }
         self.stop_installer();
         // The agent's own file stays: deleting it is a conflict the agent backs off from.
+        let mut kept = false;
         for f in crate::files::config_files(&self.node.conf_dir()) {
-            if !carries_interlock(&f) {
+            if carries_interlock(&f) {
+                kept = true;
+            } else {
                 let _ = std::fs::remove_file(f);
+            }
+        }
+        // With the agent: until containerd has loaded its holding config (no primary, so
+        // no `bridge`), lest a chain from before the reset pass for the next scenario's.
+        if kept {
+            if let Err(e) = self
+                .node
+                .wait_loaded_chain(|c| !c.is_empty() && !c.iter().any(|x| x == "bridge"), WAIT)
+            {
+                errors.push(format!("the agent's holding config: {e}"));
             }
         }
         if errors.is_empty() {
@@ -843,11 +856,7 @@ pub fn before_agent(bed: &mut MeshBed, args: &AgentArgs) -> Result<Early, String
         .ok_or_else(|| format!("{}: no netns", early.name))?;
     let port = bed.mesh.default_outbound_port();
     // The pod's proxy, listening as a sidecar does.
-    let proxy = interlock_testkit_node::node::in_netns(&netns, move || {
-        std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, port))
-    })
-    .and_then(|r| r)
-    .map_err(|e| format!("the proxy's listener in {}: {e}", netns.display()))?;
+    let proxy = proxy_listener(&netns, port)?;
 
     let mut r = Recorder {
         retry: true,
@@ -918,6 +927,29 @@ pub fn before_agent(bed: &mut MeshBed, args: &AgentArgs) -> Result<Early, String
         again,
         window,
     })
+}
+
+/// A listener on `port` in the pod's netns at `netns`, as its proxy would have (the
+/// audit probes a meshed pod at once when one listens). Retried for a few seconds: the
+/// capture check's own listener on that port may still be closing.
+pub fn proxy_listener(netns: &Path, port: u16) -> Result<std::net::TcpListener, String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let bound = interlock_testkit_node::node::in_netns(netns, move || {
+            std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, port))
+        })
+        .and_then(|r| r);
+        match bound {
+            Ok(l) => return Ok(l),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!(
+                    "a proxy listener on {port} in {}: {e}",
+                    netns.display()
+                ))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
 }
 
 /// The observations as lines, for a failure message or the test's output.

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use interlock_contract::guard::GuardedMesh;
 use interlock_mesh_standins::scenario::{self, Interlock, MeshBed, Observation, Role, Scenario};
 use interlock_testkit::require_root;
-use interlock_testkit_node::node::{in_netns, AgentArgs, Capture, NodeOptions};
+use interlock_testkit_node::node::{AgentArgs, Capture, NodeOptions};
 
 const EXE: &str = env!("CARGO_BIN_EXE_mesh-standin");
 
@@ -272,11 +272,8 @@ fn with_guard_mode(mesh: GuardedMesh) {
     let proxies: Vec<_> = meshed
         .iter()
         .map(|o| {
-            in_netns(o.netns.as_ref().expect("started"), move || {
-                std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, port))
-            })
-            .and_then(|r| r)
-            .unwrap_or_else(|e| panic!("a proxy listener in {}: {e}", o.pod))
+            scenario::proxy_listener(o.netns.as_ref().expect("started"), port)
+                .unwrap_or_else(|e| panic!("{}: {e}", o.pod))
         })
         .collect();
     let judged = Instant::now();
