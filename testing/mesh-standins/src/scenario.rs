@@ -17,17 +17,23 @@
 //! istio-cni, linkerd-cni and consul-cni, a second plus a restart for kuma-cni), made wide
 //! enough that a pod lands in it every time instead of by chance.
 //!
-//! # With guard mode (not yet written)
-//! - Start the bed with the real binaries (`NodeOptions::new(interlock, interlock-cni)`)
-//!   and play with `Interlock::Agent(AgentArgs::args(&["--config-mode", "guard",
-//!   "--guard-mesh", "<mesh>"]))`: the agent starts before the first scenario and stays.
-//! - Refusals are retried as the kubelet retries ([`Observation::refusals`] counts them);
-//!   a window pod that is held shows up as refused `n` times, then started.
-//! - A pod the audit restarts gets a new sandbox and netns: the observation "after the
-//!   entry returned" still looks at the old netns (`NoNetwork` once it is gone), so look
-//!   the pod up again by name ([`Node::sandboxes`]) before judging it.
-//! - kuma-cni's plugin counts `/install-cni` processes host-wide: never run two Kuma beds
-//!   (or a Kuma bed and the Kuma plugin tests) at once.
+//! # With guard mode
+//! The bed runs the real binaries (`NodeOptions::new(interlock, interlock-cni)`) and
+//! [`run`] takes `Interlock::Agent(AgentArgs::args(&["--config-mode", "guard",
+//! "--guard-mesh", "<mesh>"]))`: the agent starts before the first scenario and stays.
+//! Then a window is played differently, since the agent's hold refuses meshed pods while
+//! the mesh's plugin cannot run: the plain pod starts first, then the meshed window pod
+//! is retried as the kubelet retries a sandbox ([`Observation::refusals`]), the window is
+//! held open at least [`HOLD`] while the Node's taint is watched ([`Window`]), and only
+//! then is it closed (the installer released or started) while the retries go on, so
+//! the held pod starts once the plugin is back.
+//!
+//! [`before_agent`] plays what the hold cannot prevent: a meshed pod that started before
+//! the agent existed. The audit restarts it (stops its sandbox over CRI); the bed plays
+//! the kubelet and creates its sandbox again, with a new netns.
+//!
+//! kuma-cni's plugin counts `/install-cni` processes host-wide: never run two Kuma beds
+//! (or a Kuma bed and the Kuma plugin tests) at once.
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -108,9 +114,13 @@ pub struct Observation {
     pub when: &'static str,
     /// Its network namespace, when it started.
     pub netns: Option<PathBuf>,
+    /// Its sandbox ID, when it started.
+    pub sandbox: Option<String>,
     /// How many times the runtime refused it before the outcome (with interlock, whose
     /// hold refuses meshed pods while the mesh's plugin cannot run; 0 without).
     pub refusals: u32,
+    /// The runtime's last refusal before the outcome, when there was one.
+    pub refused_with: Option<String>,
     /// What happened to it.
     pub outcome: Outcome,
 }
@@ -137,6 +147,7 @@ pub struct MeshBed {
     opts: InstallOptions,
     installer: Option<Child>,
     held: bool,
+    agent: bool,
     starts: u32,
     pods: Vec<Sandbox>,
 }
@@ -168,6 +179,7 @@ impl MeshBed {
             opts,
             installer: None,
             held: false,
+            agent: false,
             starts: 0,
             pods: Vec::new(),
         })
@@ -277,17 +289,24 @@ impl MeshBed {
 
     /// Waits for the window: without interlock, until containerd's loaded chain lacks the
     /// mesh's plugin; with interlock (which may answer the change before containerd loads
-    /// it, or hold the chain), until containerd has loaded any chain, and no longer than
-    /// a few seconds.
-    pub fn wait_window(&mut self, interlock: &Interlock) -> Result<(), String> {
+    /// it, or hold the chain), until containerd has loaded the agent's file: the primary's
+    /// plugins and interlock-cni, and with `held` (the agent cannot have the mesh's
+    /// plugin: its installer stopped or not yet run) without that plugin, so that a chain
+    /// containerd loaded before the scenario does not pass for it.
+    pub fn wait_window(&mut self, interlock: &Interlock, held: bool) -> Result<(), String> {
+        let t = self.mesh.plugin_type();
         match interlock {
             Interlock::Without => self.wait_chain(false).map(|_| ()),
-            Interlock::Agent(_) => {
-                let _ = self
-                    .node
-                    .wait_loaded_chain(|c| !c.is_empty(), Duration::from_secs(5));
-                Ok(())
-            }
+            Interlock::Agent(_) => self
+                .node
+                .wait_loaded_chain(
+                    |c| {
+                        let has = |p: &str| c.iter().any(|x| x == p);
+                        has("bridge") && has("interlock-cni") && !(held && has(t))
+                    },
+                    WAIT,
+                )
+                .map(|_| ()),
         }
     }
 
@@ -324,20 +343,38 @@ impl MeshBed {
     }
 
     /// The capture check on a pod, at the mesh's outbound port.
+    ///
+    /// With guard mode the agent's audit probes a meshed pod by a connection of its own
+    /// once a listener is on that port, and the check's listener is one: the probe's
+    /// connection, redirected too, may reach it first and is reported as landing with
+    /// another original destination. The check is then run again (a few times), so a
+    /// wrong original destination of the check's own connection still fails it.
     pub fn capture(&self, sb: &Sandbox) -> Capture {
-        match &sb.netns {
-            Some(n) => check_capture(
+        let Some(n) = &sb.netns else {
+            return Capture::NoNetwork;
+        };
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let c = check_capture(
                 n,
                 self.mesh.default_outbound_port(),
                 CHECK_UID,
                 self.node.gateway(),
-            ),
-            None => Capture::NoNetwork,
+            );
+            match &c {
+                Capture::Failed(why)
+                    if tries < 3 && why.starts_with("landed on the proxy port") =>
+                {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                _ => return c,
+            }
         }
     }
 
     /// Removes every pod, stops the installer (its cleanup runs) and deletes every config
-    /// file: the node as before a scenario.
+    /// file but the agent's: the node as before a scenario.
     pub fn reset(&mut self) -> Result<(), String> {
         let mut errors = Vec::new();
         for sb in std::mem::take(&mut self.pods) {
@@ -346,8 +383,24 @@ impl MeshBed {
             }
         }
         self.stop_installer();
+        // The agent's own file stays: deleting it is a conflict the agent backs off from.
+        let mut kept = false;
         for f in crate::files::config_files(&self.node.conf_dir()) {
-            let _ = std::fs::remove_file(f);
+            if carries_interlock(&f) {
+                kept = true;
+            } else {
+                let _ = std::fs::remove_file(f);
+            }
+        }
+        // With the agent: until containerd has loaded its holding config (no primary, so
+        // no `bridge`), lest a chain from before the reset pass for the next scenario's.
+        if kept {
+            if let Err(e) = self
+                .node
+                .wait_loaded_chain(|c| !c.is_empty() && !c.iter().any(|x| x == "bridge"), WAIT)
+            {
+                errors.push(format!("the agent's holding config: {e}"));
+            }
         }
         if errors.is_empty() {
             Ok(())
@@ -355,6 +408,15 @@ impl MeshBed {
             Err(errors.join("; "))
         }
     }
+}
+
+/// Whether a config file has `interlock-cni` in its plugins (the agent's own file).
+fn carries_interlock(path: &Path) -> bool {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["plugins"].as_array().cloned())
+        .is_some_and(|ps| ps.iter().any(|p| p["type"] == "interlock-cni"))
 }
 
 impl Drop for MeshBed {
@@ -367,8 +429,112 @@ impl Drop for MeshBed {
     }
 }
 
-/// How long a refused pod is retried with interlock.
+/// How long a refused pod is retried with interlock (after its window closed).
 const RETRY: Duration = Duration::from_secs(60);
+
+/// With interlock, how long a window is held open at least before it is closed: longer
+/// than the agent's 3 s debounce before it taints the node again on a loss.
+pub const HOLD: Duration = Duration::from_secs(6);
+
+/// With interlock, the longest a window is held open waiting for the taint.
+const HOLD_AT_MOST: Duration = Duration::from_secs(15);
+
+/// What the Node showed around a window held open with interlock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    /// How long the window was held open before it was closed.
+    pub held: Duration,
+    /// Whether the Node carried the startup taint at some moment while it was held.
+    pub tainted: bool,
+    /// Whether `InterlockReady` was `False` at some moment while it was held.
+    pub not_ready: bool,
+    /// How long after the window closed the taint was gone and `InterlockReady` was
+    /// `True` (`None`: not within the wait).
+    pub untainted_after: Option<Duration>,
+}
+
+/// One scenario as played: each pod observed, and with interlock the window.
+#[derive(Debug, Clone)]
+pub struct Played {
+    /// Every pod, at start and after the entry returned.
+    pub observations: Vec<Observation>,
+    /// With interlock: what the Node showed around the window.
+    pub window: Option<Window>,
+}
+
+/// What ends a window: the installer released or started.
+type Close = Box<dyn FnOnce(&mut MeshBed) -> Result<(), String>>;
+
+/// The window while it is held open (with interlock).
+struct Open {
+    since: Instant,
+    tainted: bool,
+    not_ready: bool,
+    close: Option<Close>,
+    closed_at: Option<Instant>,
+}
+
+impl MeshBed {
+    /// Whether the Node carries interlock's startup taint now.
+    pub fn tainted(&self) -> bool {
+        self.node
+            .taints()
+            .iter()
+            .any(|t| t == interlock_contract::names::TAINT_NOT_READY)
+    }
+
+    /// `InterlockReady`'s status now (`None`: not written).
+    pub fn interlock_ready(&self) -> Option<String> {
+        self.node
+            .condition()
+            .and_then(|c| c["status"].as_str().map(str::to_string))
+    }
+
+    /// Waits until the taint is gone and `InterlockReady` is `True`; how long it took.
+    pub fn wait_untainted(&self, timeout: Duration) -> Option<Duration> {
+        let begin = Instant::now();
+        while begin.elapsed() < timeout {
+            if !self.tainted() && self.interlock_ready().as_deref() == Some("True") {
+                return Some(begin.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        None
+    }
+
+    /// Starts the agent once per bed with `args`.
+    pub fn ensure_agent(&mut self, args: &AgentArgs) -> Result<(), String> {
+        if !self.agent {
+            self.node
+                .start_agent(args.clone())
+                .map_err(|e| format!("start the agent: {e}"))?;
+            self.agent = true;
+        }
+        Ok(())
+    }
+
+    /// Stops and removes a sandbox over CRI and keeps its Pod in the API: what the
+    /// kubelet does before it creates a stopped pod's sandbox again.
+    pub fn remove_sandbox(&mut self, sb: &Sandbox) -> Result<(), String> {
+        let cri = self.node.cri();
+        let id = sb.id.clone();
+        self.node.block_on(async move {
+            cri.stop_sandbox(&id).await.map_err(|e| e.to_string())?;
+            cri.remove_sandbox(&id).await.map_err(|e| e.to_string())
+        })?;
+        self.pods.retain(|p| p.id != sb.id);
+        Ok(())
+    }
+
+    /// Whether the sandbox `id` is still listed and ready.
+    pub fn sandbox_ready(&self, id: &str) -> Result<bool, String> {
+        Ok(self
+            .node
+            .sandboxes()?
+            .iter()
+            .any(|s| s.id == id && s.state == interlock_cri::SandboxState::Ready))
+    }
+}
 
 struct Recorder<'a> {
     bed: &'a mut MeshBed,
@@ -377,28 +543,42 @@ struct Recorder<'a> {
     scenario: Scenario,
     seen: Vec<Observation>,
     started: Vec<(Role, Option<Sandbox>, String)>,
+    open: Option<Open>,
 }
 
 impl Recorder<'_> {
     /// Runs a pod and observes it. With interlock the runtime's refusal is retried as the
-    /// kubelet retries a sandbox (every second, up to [`RETRY`]), the same pod each time;
+    /// kubelet retries a sandbox (every second, the same pod each time), while an open
+    /// window is held at least [`HOLD`] and then closed, and up to [`RETRY`] after that;
     /// without it, a refusal is the outcome.
-    fn pod(&mut self, role: Role, tag: &str) {
+    fn pod(&mut self, role: Role, tag: &str) -> Result<(), String> {
         let config = self.bed.pod_config(tag, role != Role::Plain);
+        self.pod_from(role, config)
+    }
+
+    /// [`Recorder::pod`] with a config of the caller's.
+    fn pod_from(&mut self, role: Role, config: SandboxConfig) -> Result<(), String> {
+        let began = Instant::now();
         let mut refusals = 0;
-        let deadline = Instant::now() + RETRY;
+        let mut refused_with = None;
         let (sb, outcome) = loop {
-            match self.bed.run_config(config.clone()) {
+            let result = self.bed.run_config(config.clone());
+            self.watch_window()?;
+            match result {
                 Ok(sb) => {
                     let c = self.bed.capture(&sb);
                     break (Some(sb), Outcome::Started(c));
                 }
-                Err(e) if !self.retry || Instant::now() > deadline => {
+                Err(e) if !self.retry || self.retries_over(began) => {
                     break (None, Outcome::Refused(e))
                 }
-                Err(_) => {
+                Err(e) => {
                     refusals += 1;
+                    refused_with = Some(e);
                     std::thread::sleep(Duration::from_secs(1));
+                    // The kubelet restarts an installer that exited meanwhile (kuma-cni's,
+                    // after a primary's rewrite dropped its entry).
+                    self.bed.tend()?;
                 }
             }
         };
@@ -409,10 +589,52 @@ impl Recorder<'_> {
             pod: name.clone(),
             when: "at start",
             netns: sb.as_ref().and_then(|s| s.netns.clone()),
+            sandbox: sb.as_ref().map(|s| s.id.clone()),
             refusals,
+            refused_with,
             outcome,
         });
         self.started.push((role, sb, name));
+        Ok(())
+    }
+
+    /// Retrying ends [`RETRY`] after the pod's first try and after the window closed;
+    /// never while a window is held open (it closes itself, see `watch_window`).
+    fn retries_over(&self, began: Instant) -> bool {
+        let window_over = match &self.open {
+            Some(o) if o.close.is_some() => false,
+            Some(o) => o.closed_at.is_none_or(|t| t.elapsed() > RETRY),
+            None => true,
+        };
+        window_over && began.elapsed() > RETRY
+    }
+
+    /// Samples the Node while the window is open, and closes it once it was held long
+    /// enough ([`HOLD`], and the taint seen or [`HOLD_AT_MOST`] passed).
+    fn watch_window(&mut self) -> Result<(), String> {
+        let Some(o) = &mut self.open else {
+            return Ok(());
+        };
+        if o.close.is_none() {
+            return Ok(());
+        }
+        o.tainted |= self.bed.tainted();
+        o.not_ready |= self.bed.interlock_ready().as_deref() == Some("False");
+        let held = o.since.elapsed();
+        if held >= HOLD && (o.tainted || held >= HOLD_AT_MOST) {
+            self.close_window()?;
+        }
+        Ok(())
+    }
+
+    fn close_window(&mut self) -> Result<(), String> {
+        if let Some(o) = &mut self.open {
+            if let Some(close) = o.close.take() {
+                o.closed_at = Some(Instant::now());
+                close(self.bed)?;
+            }
+        }
+        Ok(())
     }
 
     fn write_primary(&mut self) -> Result<(), String> {
@@ -427,23 +649,49 @@ impl Recorder<'_> {
     fn installed(&mut self) -> Result<(), String> {
         self.bed.start_installer()?;
         self.bed.wait_chain(true)?;
-        self.pod(Role::Control, "control");
-        Ok(())
+        self.pod(Role::Control, "control")
     }
 
-    /// In the window: a meshed pod and a plain one.
-    fn in_window(&mut self, interlock: &Interlock) -> Result<(), String> {
-        self.bed.wait_window(interlock)?;
-        self.pod(Role::Window, "window");
-        self.pod(Role::Plain, "plain");
-        Ok(())
+    /// In the window: a meshed pod and a plain one; `held`: the agent cannot have the
+    /// mesh's plugin in it (see [`MeshBed::wait_window`]); `close` ends the window
+    /// (releases or starts the installer). Without interlock both run in the window and it closes
+    /// after them; with it the plain pod runs first and the window pod's retries hold
+    /// the window open (see the module docs).
+    fn in_window(
+        &mut self,
+        interlock: &Interlock,
+        held: bool,
+        close: impl FnOnce(&mut MeshBed) -> Result<(), String> + 'static,
+    ) -> Result<(), String> {
+        self.bed.wait_window(interlock, held)?;
+        match interlock {
+            Interlock::Without => {
+                self.pod(Role::Window, "window")?;
+                self.pod(Role::Plain, "plain")?;
+                close(self.bed)
+            }
+            Interlock::Agent(_) => {
+                self.open = Some(Open {
+                    since: Instant::now(),
+                    tainted: false,
+                    not_ready: false,
+                    close: Some(Box::new(close)),
+                    closed_at: None,
+                });
+                self.pod(Role::Plain, "plain")?;
+                self.pod(Role::Window, "window")?;
+                // Started at once (the agent kept the plugin in the chain): the window
+                // was never open.
+                self.close_window()
+            }
+        }
     }
 
     /// Once the chain carries the plugin again: one more control pod, and every pod
     /// observed again.
     fn after_entry(&mut self, tag: &str) -> Result<(), String> {
         self.bed.wait_chain(true)?;
-        self.pod(Role::Control, tag);
+        self.pod(Role::Control, tag)?;
         self.again();
         Ok(())
     }
@@ -459,11 +707,24 @@ impl Recorder<'_> {
                     pod: name,
                     when: "after the entry returned",
                     netns: sb.netns.clone(),
+                    sandbox: Some(sb.id.clone()),
                     refusals: 0,
+                    refused_with: None,
                     outcome: Outcome::Started(c),
                 });
             }
         }
+    }
+
+    fn window(&self) -> Option<Window> {
+        let o = self.open.as_ref()?;
+        let closed = o.closed_at.unwrap_or_else(Instant::now);
+        Some(Window {
+            held: closed.duration_since(o.since),
+            tainted: o.tainted,
+            not_ready: o.not_ready,
+            untainted_after: None,
+        })
     }
 }
 
@@ -474,13 +735,18 @@ pub fn run(
     scenario: Scenario,
     interlock: &Interlock,
 ) -> Result<Vec<Observation>, String> {
+    play(bed, scenario, interlock).map(|p| p.observations)
+}
+
+/// [`run`], with what the Node showed around the window (with interlock).
+pub fn play(
+    bed: &mut MeshBed,
+    scenario: Scenario,
+    interlock: &Interlock,
+) -> Result<Played, String> {
     bed.reset()?;
     if let Interlock::Agent(args) = interlock {
-        if bed.node.agent_ready().is_none() {
-            bed.node
-                .start_agent(args.clone())
-                .map_err(|e| format!("start the agent: {e}"))?;
-        }
+        bed.ensure_agent(args)?;
     }
     let mut r = Recorder {
         retry: matches!(interlock, Interlock::Agent(_)),
@@ -488,14 +754,19 @@ pub fn run(
         scenario,
         seen: Vec::new(),
         started: Vec::new(),
+        open: None,
     };
+    let release = |b: &mut MeshBed| {
+        b.release_installer();
+        Ok(())
+    };
+    let start = |b: &mut MeshBed| b.start_installer();
     match scenario {
         Scenario::MeshFirst => {
             r.bed.start_installer()?;
             r.bed.hold_installer();
             r.write_primary()?;
-            r.in_window(interlock)?;
-            r.bed.release_installer();
+            r.in_window(interlock, true, release)?;
             r.after_entry("control")?;
         }
         Scenario::PrimaryRewrite => {
@@ -506,26 +777,179 @@ pub fn run(
                 .node
                 .rewrite_primary(PrimaryWrite::Rename)
                 .map_err(|e| format!("rewrite the primary: {e}"))?;
-            r.in_window(interlock)?;
-            r.bed.release_installer();
+            r.in_window(interlock, false, release)?;
             r.after_entry("control-after")?;
         }
         Scenario::PodsBeforeMesh => {
             r.write_primary()?;
-            r.in_window(interlock)?;
-            r.bed.start_installer()?;
+            r.in_window(interlock, true, start)?;
             r.after_entry("control")?;
         }
         Scenario::InstallerRestart => {
             r.write_primary()?;
             r.installed()?;
             r.bed.stop_installer();
-            r.in_window(interlock)?;
-            r.bed.start_installer()?;
+            r.in_window(interlock, true, start)?;
             r.after_entry("control-after")?;
         }
     }
-    Ok(r.seen)
+    let mut window = r.window();
+    if let Some(w) = &mut window {
+        w.untainted_after = r.bed.wait_untainted(WAIT);
+    }
+    Ok(Played {
+        observations: r.seen,
+        window,
+    })
+}
+
+/// A meshed pod that started before the agent existed, and what guard mode did about it;
+/// see [`before_agent`].
+#[derive(Debug, Clone)]
+pub struct Early {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The capture check on it before the agent started.
+    pub at_start: Capture,
+    /// How long after its sandbox was created it was stopped (the audit's restart).
+    pub restarted_after: Option<Duration>,
+    /// How long after the agent started it was stopped.
+    pub restarted_after_agent: Option<Duration>,
+    /// The Events on its pod once the `Restarted` one arrived (reason, note).
+    pub events: Vec<(String, String)>,
+    /// Its [`interlock_contract::names::LABEL_UNPROTECTED`] label then.
+    pub label: Option<String>,
+    /// The plain pod started next to it (before the agent).
+    pub plain: Observation,
+    /// Whether the plain pod's sandbox was still the same and ready at the end.
+    pub plain_ready: bool,
+    /// Its sandbox created again (the kubelet's part), as a window pod: refused while
+    /// the node holds, started once the installer runs.
+    pub again: Observation,
+    /// What the Node showed while the recreated pod was held.
+    pub window: Window,
+}
+
+/// How long the audit may take to restart a meshed pod that runs uncaptured: its first
+/// pass, one full period (10 s by default) and a slow machine.
+pub const AUDIT_BUDGET: Duration = Duration::from_secs(60);
+
+/// Plays a meshed pod (and a plain one) started on the primary's chain before the agent
+/// existed, with its proxy listening (so the audit probes it at once): the agent starts,
+/// its audit proves the pod uncaptured by a connection and restarts it. Then the bed
+/// plays the kubelet: the sandbox is created again, held (refused) while the mesh's
+/// plugin cannot run, and started once the mesh's installer runs. Reset first; the pods
+/// stay until the next reset.
+pub fn before_agent(bed: &mut MeshBed, args: &AgentArgs) -> Result<Early, String> {
+    bed.reset()?;
+    bed.node
+        .write_primary()
+        .map_err(|e| format!("write the primary: {e}"))?;
+    bed.node.wait_loaded_chain(|c| !c.is_empty(), WAIT)?;
+    let created = Instant::now();
+    let config = bed.pod_config("early", true);
+    let early = bed.run_config(config.clone())?;
+    let at_start = bed.capture(&early);
+    let netns = early
+        .netns
+        .clone()
+        .ok_or_else(|| format!("{}: no netns", early.name))?;
+    let port = bed.mesh.default_outbound_port();
+    // The pod's proxy, listening as a sidecar does.
+    let proxy = proxy_listener(&netns, port)?;
+
+    let mut r = Recorder {
+        retry: true,
+        bed,
+        scenario: Scenario::PodsBeforeMesh,
+        seen: Vec::new(),
+        started: Vec::new(),
+        open: None,
+    };
+    r.pod(Role::Plain, "early-plain")?;
+    let plain = r.seen.pop().expect("observed");
+
+    let agent_start = Instant::now();
+    r.bed.ensure_agent(args)?;
+    let deadline = Instant::now() + AUDIT_BUDGET;
+    let (mut restarted_after, mut restarted_after_agent) = (None, None);
+    while Instant::now() < deadline {
+        if !r.bed.sandbox_ready(&early.id)? {
+            restarted_after = Some(created.elapsed());
+            restarted_after_agent = Some(agent_start.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(proxy);
+    let deadline = Instant::now() + WAIT;
+    let mut events = r.bed.node.pod_events(&early);
+    while restarted_after.is_some()
+        && !events.iter().any(|(reason, _)| reason == "Restarted")
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(200));
+        events = r.bed.node.pod_events(&early);
+    }
+    let label = r.bed.node.pod_object(&early).and_then(|p| {
+        p["metadata"]["labels"][interlock_contract::names::LABEL_UNPROTECTED]
+            .as_str()
+            .map(str::to_string)
+    });
+
+    // The kubelet: the stopped sandbox removed, the pod's sandbox created again.
+    r.bed.remove_sandbox(&early)?;
+    r.open = Some(Open {
+        since: Instant::now(),
+        tainted: false,
+        not_ready: false,
+        close: Some(Box::new(|b: &mut MeshBed| b.start_installer())),
+        closed_at: None,
+    });
+    r.pod_from(Role::Window, config)?;
+    r.close_window()?;
+    let again = r.seen.pop().expect("observed");
+    let mut window = r.window().expect("opened");
+    window.untainted_after = r.bed.wait_untainted(WAIT);
+    let plain_ready = match &plain.sandbox {
+        Some(id) => r.bed.sandbox_ready(id)?,
+        None => false,
+    };
+    Ok(Early {
+        pod: format!("{}/{}", early.namespace, early.name),
+        at_start,
+        restarted_after,
+        restarted_after_agent,
+        events,
+        label,
+        plain,
+        plain_ready,
+        again,
+        window,
+    })
+}
+
+/// A listener on `port` in the pod's netns at `netns`, as its proxy would have (the
+/// audit probes a meshed pod at once when one listens). Retried for a few seconds: the
+/// capture check's own listener on that port may still be closing.
+pub fn proxy_listener(netns: &Path, port: u16) -> Result<std::net::TcpListener, String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let bound = interlock_testkit_node::node::in_netns(netns, move || {
+            std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, port))
+        })
+        .and_then(|r| r);
+        match bound {
+            Ok(l) => return Ok(l),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!(
+                    "a proxy listener on {port} in {}: {e}",
+                    netns.display()
+                ))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
 }
 
 /// The observations as lines, for a failure message or the test's output.
