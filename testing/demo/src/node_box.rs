@@ -230,6 +230,30 @@ impl DemoNode {
         self.node().conf_files()
     }
 
+    /// Whether the conf dir's `file` is a list with a plugin for which `is` holds.
+    fn file_has(&self, file: &str, is: impl Fn(&Value) -> bool) -> bool {
+        let list: Value = std::fs::read(self.node().conf_dir().join(file))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null);
+        list["plugins"]
+            .as_array()
+            .is_some_and(|plugins| plugins.iter().any(is))
+    }
+
+    /// Whether interlock-cni's entry in the conf dir's `file` holds meshed pods (its guard
+    /// role's `hold`).
+    pub fn guard_holds(&self, file: &str) -> bool {
+        self.file_has(file, |p| {
+            p["type"] == "interlock-cni" && p["guard"]["hold"] == true
+        })
+    }
+
+    /// Whether the conf dir's `file` runs a plugin of type `plugin_type`.
+    pub fn file_runs(&self, file: &str, plugin_type: &str) -> bool {
+        self.file_has(file, |p| p["type"] == plugin_type)
+    }
+
     /// What the node owns on the host, to check after teardown that nothing is left.
     pub fn footprint(&self) -> Footprint {
         self.node().footprint()
