@@ -67,7 +67,7 @@ impl Mode {
 
 /// The node in a box itself, or one carrying a mesh's installer and plugin stand-ins.
 enum Host {
-    Plain(Node),
+    Plain(Box<Node>),
     Mesh(Box<MeshBed>),
 }
 
@@ -134,7 +134,7 @@ impl DemoNode {
     pub fn start(bins: &Binaries, startup_taint: bool) -> Result<DemoNode, String> {
         let node = Node::start(node_options(bins, startup_taint).with_kube())
             .map_err(|e| format!("starting a node: {e}"))?;
-        DemoNode::around(bins, Host::Plain(node), Mode::Owned)
+        DemoNode::around(bins, Host::Plain(Box::new(node)), Mode::Owned)
     }
 
     /// Starts a node where `mesh`'s own CNI plugin redirects: its installer and plugin are
