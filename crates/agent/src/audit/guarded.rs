@@ -73,6 +73,21 @@ pub struct MeshSettings {
 }
 
 impl GuardAudit {
+    /// Guard mode's audit for interlock-cni's settings `plugin`, when its guard role is
+    /// set: T's excluded namespaces fall back on the role's, else the plugin's own.
+    pub fn of(plugin: &interlock_contract::PluginConfig) -> Option<GuardAudit> {
+        let role = plugin.guard.as_ref()?;
+        Some(GuardAudit {
+            mesh: role.mesh,
+            state_dir: plugin.state_dir.clone(),
+            fallback_excluded: if role.exclude_namespaces.is_empty() {
+                plugin.exclude_namespaces.clone()
+            } else {
+                role.exclude_namespaces.clone()
+            },
+        })
+    }
+
     /// T's entry as the config guard last learnt it, and the excluded namespaces
     /// (see the module docs). An unreadable or foreign file counts as not learnt.
     pub fn settings(&self) -> MeshSettings {

@@ -179,15 +179,7 @@ impl Auditor {
         let (backend, why) =
             interlock_attach::protect::resolve_backend(plugin.backend, &plugin.state_dir);
         info!(%backend, reason = %why, "audit: backend for netns the plugin has not recorded");
-        let guard = plugin.guard.as_ref().map(|role| guarded::GuardAudit {
-            mesh: role.mesh,
-            state_dir: plugin.state_dir.clone(),
-            fallback_excluded: if role.exclude_namespaces.is_empty() {
-                plugin.exclude_namespaces.clone()
-            } else {
-                role.exclude_namespaces.clone()
-            },
-        });
+        let guard = guarded::GuardAudit::of(&plugin);
         let policy = match (&guard, policy) {
             (Some(g), RepairPolicy::Repair) => {
                 info!(

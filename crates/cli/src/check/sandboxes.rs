@@ -311,8 +311,8 @@ pub fn list(endpoint: &str, plugin: &PluginConfig) -> SandboxesSeen {
             Err(e) => docs.push(doc(&id, "", None, &decide::Verdict::Unknown { reason: e })),
         }
     }
-    if let Some(role) = &plugin.guard {
-        docs.extend(guarded_docs(plugin, role, &ready));
+    if let Some(g) = guarded::GuardAudit::of(plugin) {
+        docs.extend(guarded_docs(&g, &ready));
         return SandboxesSeen::Listed(sorted(docs));
     }
     let decisions = decisions_of(plugin, &ready.iter().map(|(_, s)| s).collect::<Vec<_>>());
@@ -352,20 +352,7 @@ fn sorted(mut docs: Vec<SandboxDoc>) -> Vec<SandboxDoc> {
 /// proven captured by a connection once its proxy listens (with the port free only past
 /// [`guarded::LISTEN_GRACE`], so as never to take a starting proxy's port); until then
 /// unknown, "not probed yet".
-fn guarded_docs(
-    plugin: &PluginConfig,
-    role: &interlock_contract::guard::GuardRole,
-    ready: &[(String, SandboxStatus)],
-) -> Vec<SandboxDoc> {
-    let g = guarded::GuardAudit {
-        mesh: role.mesh,
-        state_dir: plugin.state_dir.clone(),
-        fallback_excluded: if role.exclude_namespaces.is_empty() {
-            plugin.exclude_namespaces.clone()
-        } else {
-            role.exclude_namespaces.clone()
-        },
-    };
+fn guarded_docs(g: &guarded::GuardAudit, ready: &[(String, SandboxStatus)]) -> Vec<SandboxDoc> {
     let keys: Vec<PodKey> = ready
         .iter()
         .filter(|(_, s)| !s.host_network)
@@ -381,13 +368,13 @@ fn guarded_docs(
         .iter()
         .filter_map(|(id, s)| {
             let f = facts.get(&PodKey::of(s)).and_then(|r| r.as_ref().ok());
-            let judged = guarded::judge_sandbox(&g, s, &s.annotations, f)?;
+            let judged = guarded::judge_sandbox(g, s, &s.annotations, f)?;
             let pod = format!("{}/{}", s.metadata.namespace, s.metadata.name);
             let mut d = doc(id, &pod, s.netns_path(), &judged.verdict);
             if d.verdict == SandboxVerdict::Protected {
                 d.reason = format!(
                     "meshed by {}; a connection from inside the pod landed on its proxy's port",
-                    role.mesh.plugin_type()
+                    g.mesh.plugin_type()
                 );
             }
             Some(d)

@@ -647,6 +647,18 @@ fn settings_come_from_the_agents_environment_then_the_marker() {
     );
 }
 
+/// Waits (5 s at most) until the runtime says its pod network is ready.
+async fn network_ready(cri: &interlock_cri::CriClient) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !cri.status().await.unwrap().network_ready() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "NetworkReady never came"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// The sandboxes half of `check node` against a real containerd (issue 12): meshed
 /// sandboxes created while only the primary's config existed are listed as UNPROTECTED by
 /// name (exit 2) and check changes nothing in them; once the agent, started with the same
@@ -659,14 +671,7 @@ async fn check_lists_the_nodes_sandboxes_with_the_audits_verdicts() {
     kit.install_primary_plugins().unwrap();
     kit.write_primary_config().unwrap();
     let cri = kit.cri().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !cri.status().await.unwrap().network_ready() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "NetworkReady never came"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    network_ready(&cri).await;
     let mut meshed = Vec::new();
     for tag in ["mesh0", "mesh1"] {
         let config = kit.pod(tag).annotation(
@@ -852,14 +857,7 @@ async fn check_judges_guard_mode_sandboxes_by_a_connection() {
     kit.install_primary_plugins().unwrap();
     let primary = kit.write_primary_config().unwrap();
     let cri = kit.cri().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !cri.status().await.unwrap().network_ready() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "NetworkReady never came"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    network_ready(&cri).await;
     let run = |tag: &'static str, meshed: bool| {
         let mut config = kit.pod(tag);
         if meshed {
