@@ -711,8 +711,13 @@ fn scenario_4(bins: &Binaries, leftovers: &mut Vec<String>) -> Result<ScenarioOu
     pause(Duration::from_millis(300))?;
     let mut started = vec![(web, node.run_pod(&web))];
     clock.say(&format!(
-        "kubelet starts shop/web: {} — {guard_file} still runs istio-cni",
-        started_words(&started)
+        "kubelet starts shop/web: {} — {guard_file} {}",
+        started_words(&started),
+        if node.file_runs(&guard_file, MESH.plugin_type()) {
+            "still runs istio-cni"
+        } else {
+            "LOST istio-cni"
+        }
     ));
     node.mesh()?.release_installer();
     node.mesh()?.stop_installer();
