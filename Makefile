@@ -33,11 +33,12 @@ test: deps lint
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
-## demo: the three race scenarios on nodes in a box (private containerd, reference
-## primary, fake Kubernetes API), without and with interlock; exit 1 if a meshed pod
-## ran unprotected with interlock. Removes everything it made, also on Ctrl-C.
+## demo: four race scenarios on nodes in a box (private containerd, reference
+## primary, fake Kubernetes API), without and with interlock (the fourth keeps istio-cni,
+## played by mesh-standin, and guards it); exit 1 if a meshed pod ran unprotected with
+## interlock. Removes everything it made, also on Ctrl-C.
 demo: deps
-	$(CARGO) build --release -p interlock-cni -p interlock -p interlock-demo
+	$(CARGO) build --release -p interlock-cni -p interlock -p interlock-mesh-standins -p interlock-demo
 	./target/release/interlock-demo --bin-dir ./target/release
 
 ## soak: a bounded chaos soak on a private containerd, judged by an independent checker

@@ -272,7 +272,18 @@ fn check_node(a: &NodeArgs, now: u64, node: &str) -> NodeReport {
         SandboxesSeen::NotAsked
     } else {
         match audit_plugin_config(a.plugin_config.as_deref(), &a.state_dir, Some(&effective)) {
-            Ok(plugin) => sandboxes::list(&cri_endpoint, &plugin),
+            Ok(mut plugin) => {
+                // Guard mode: the config containerd loads says which mesh interlock-cni
+                // guards, as the agent's `--guard-mesh` tells its audit.
+                if plugin.guard.is_none() {
+                    plugin.guard = judge::guard_role_of(&effective).map(|mut role| {
+                        role.hold = false;
+                        role.reason = None;
+                        role
+                    });
+                }
+                sandboxes::list(&cri_endpoint, &plugin)
+            }
             Err(e) => SandboxesSeen::Unreachable(e),
         }
     };

@@ -141,6 +141,16 @@ fn first_landing(
     )))
 }
 
+/// The pod's sidecar proxy starting: a listener on its outbound port inside the pod,
+/// kept as long as the returned socket lives (guard mode probes a pod once its proxy
+/// listens).
+pub fn proxy_listens(netns: &Path, ports: ProxyPorts) -> Result<TcpListener, String> {
+    in_pod(netns, move || {
+        TcpListener::bind((Ipv4Addr::UNSPECIFIED, ports.outbound))
+    })?
+    .map_err(|e| format!("the proxy listening on {}: {e}", ports.outbound))
+}
+
 /// A connection a pod opened before the check, to see later whether it was ended.
 #[derive(Debug)]
 pub struct OpenConnection {

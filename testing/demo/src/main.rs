@@ -1,7 +1,8 @@
-//! `make demo`: nodes in a box. For each of the three race scenarios, two fresh nodes —
+//! `make demo`: nodes in a box. For each of the four race scenarios, two fresh nodes —
 //! each a private containerd with a reference primary (`bridge` + `host-local` +
 //! `portmap` as `10-calico.conflist`) and a fake Kubernetes API — show the same events
-//! without interlock and with it (the real `interlock agent`), and print for every pod
+//! without interlock and with it (the real `interlock agent`; in the fourth, a mesh that
+//! keeps its own CNI plugin, istio-cni's stand-in, guarded), and print for every pod
 //! whether its traffic was redirected, proven by connections from inside it. Exits 1
 //! when the "with interlock" side left a meshed pod unprotected; removes everything it
 //! created, also on failure or Ctrl-C.
@@ -20,7 +21,7 @@ use std::process::ExitCode;
 use node_box::Binaries;
 use scenarios::Stop;
 
-const USAGE: &str = "usage: interlock-demo [--bin-dir DIR]   (DIR holds interlock and interlock-cni; default: next to this binary)";
+const USAGE: &str = "usage: interlock-demo [--bin-dir DIR]   (DIR holds interlock, interlock-cni and mesh-standin; default: next to this binary)";
 
 fn main() -> ExitCode {
     let bins = match binaries() {
@@ -37,11 +38,10 @@ fn main() -> ExitCode {
         eprintln!("interlock-demo: {e}");
         return ExitCode::from(2);
     }
-    println!(
-        "interlock demo: the three race scenarios on real containerd, without and with interlock"
-    );
+    println!("interlock demo: four race scenarios on real containerd, without and with interlock");
     println!("(each node: a private containerd, bridge+host-local+portmap as 10-calico.conflist, a fake Kubernetes API;");
-    println!(" pods shop/web (Istio sidecar), shop/api (Linkerd proxy), shop/db (no mesh); traffic checked by connecting from inside each pod)");
+    println!(" pods shop/web (Istio sidecar), shop/api (Linkerd proxy), shop/db (no mesh); traffic checked by connecting from inside each pod;");
+    println!(" scenario 4 keeps istio-cni, played by a stand-in that writes Istio's rules, and guards it)");
     let mut leftovers = Vec::new();
     // Every node is torn down before this returns, on every path.
     let outcome = scenarios::run_all(&bins, &mut leftovers);
@@ -102,6 +102,7 @@ fn binaries() -> Result<Option<Binaries>, String> {
     Ok(Some(Binaries {
         interlock: dir.join("interlock"),
         plugin: dir.join("interlock-cni"),
+        mesh_standin: dir.join("mesh-standin"),
     }))
 }
 
@@ -110,10 +111,10 @@ fn preflight(bins: &Binaries) -> Result<(), String> {
     if !interlock_testkit::is_root() {
         return Err("the demo runs containerd and creates network namespaces: run it as root (sudo make demo)".into());
     }
-    for b in [&bins.interlock, &bins.plugin] {
+    for b in [&bins.interlock, &bins.plugin, &bins.mesh_standin] {
         if !b.is_file() {
             return Err(format!(
-                "{} not found: build it first (cargo build --release -p interlock -p interlock-cni)",
+                "{} not found: build it first (cargo build --release -p interlock -p interlock-cni -p interlock-mesh-standins)",
                 b.display()
             ));
         }

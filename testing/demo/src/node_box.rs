@@ -15,13 +15,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use interlock_contract::guard::GuardedMesh;
 use interlock_contract::names::LABEL_UNPROTECTED;
 use interlock_cri::SandboxConfig;
+use interlock_mesh_standins::scenario::MeshBed;
 use interlock_testkit::agent_standin::AgentStandIn;
 use interlock_testkit_node::containerd::Footprint;
 use interlock_testkit_node::kubeapi::KubeApi;
 use interlock_testkit_node::node::{
-    AgentArgs, Node, NodeOptions, Sandbox, NODE_NAME, PRIMARY_CONFLIST, TAINT_NOT_READY,
+    AgentArgs, Node, NodeOptions, PrimaryWrite, Sandbox, NODE_NAME, PRIMARY_CONFLIST,
+    TAINT_NOT_READY,
 };
 use serde_json::{json, Value};
 
@@ -35,6 +38,37 @@ pub struct Binaries {
     pub interlock: PathBuf,
     /// `interlock-cni`.
     pub plugin: PathBuf,
+    /// `mesh-standin`: the stand-in for a mesh's own CNI plugin and its installer.
+    pub mesh_standin: PathBuf,
+}
+
+/// How the agent guards the node's config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// interlock-cni redirects (`--config-mode owned`).
+    Owned,
+    /// The mesh's own CNI plugin redirects; interlock-cni guards it (`--config-mode guard
+    /// --guard-mesh <mesh>`).
+    Guard(GuardedMesh),
+}
+
+impl Mode {
+    /// The agent's flags (and `interlock check`'s environment) for this mode.
+    fn flags(self) -> Vec<(&'static str, &'static str, String)> {
+        match self {
+            Mode::Owned => vec![("--config-mode", "INTERLOCK_CONFIG_MODE", "owned".into())],
+            Mode::Guard(mesh) => vec![
+                ("--config-mode", "INTERLOCK_CONFIG_MODE", "guard".into()),
+                ("--guard-mesh", "INTERLOCK_GUARD_MESH", mesh.as_str().into()),
+            ],
+        }
+    }
+}
+
+/// The node in a box itself, or one carrying a mesh's installer and plugin stand-ins.
+enum Host {
+    Plain(Box<Node>),
+    Mesh(Box<MeshBed>),
 }
 
 /// `interlock check` as an operator ran it.
@@ -79,8 +113,10 @@ pub struct DemoNode {
     /// proxy containers), served to the plugin standing in for it when interlock's agent
     /// does not run. Declared first: it stops before the node's directory goes.
     mesh_api: AgentStandIn,
-    node: Node,
+    host: Host,
     bins: Binaries,
+    /// The agent's `--config-mode` (and, in guard mode, `--guard-mesh`).
+    mode: Mode,
     /// The demo's own files (plugin config, kubeconfig), inside the kit's directory.
     dir: PathBuf,
     /// A loopback address nothing listens on, for `check` before the agent runs.
@@ -96,9 +132,28 @@ impl DemoNode {
     /// Starts a node with the fake API; `startup_taint`: it registers with
     /// `interlock.dev/not-ready`, as a node pool set up for interlock does.
     pub fn start(bins: &Binaries, startup_taint: bool) -> Result<DemoNode, String> {
-        let mut options = NodeOptions::new(&bins.interlock, &bins.plugin).with_kube();
-        options.startup_taint = startup_taint;
-        let node = Node::start(options).map_err(|e| format!("starting a node: {e}"))?;
+        let node = Node::start(node_options(bins, startup_taint).with_kube())
+            .map_err(|e| format!("starting a node: {e}"))?;
+        DemoNode::around(bins, Host::Plain(Box::new(node)), Mode::Owned)
+    }
+
+    /// Starts a node where `mesh`'s own CNI plugin redirects: its installer and plugin are
+    /// the stand-ins (`mesh-standin`); with interlock, the agent runs in guard mode.
+    pub fn start_guarded(
+        bins: &Binaries,
+        mesh: GuardedMesh,
+        startup_taint: bool,
+    ) -> Result<DemoNode, String> {
+        let bed = MeshBed::start(mesh, &bins.mesh_standin, node_options(bins, startup_taint))
+            .map_err(|e| format!("starting a node: {e}"))?;
+        DemoNode::around(bins, Host::Mesh(Box::new(bed)), Mode::Guard(mesh))
+    }
+
+    fn around(bins: &Binaries, host: Host, mode: Mode) -> Result<DemoNode, String> {
+        let node = match &host {
+            Host::Plain(n) => n,
+            Host::Mesh(bed) => &bed.node,
+        };
         let dir = node.containerd().dir().join("demo");
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let mesh_api = AgentStandIn::start(
@@ -108,8 +163,9 @@ impl DemoNode {
         .map_err(|e| format!("the mesh plugin's pod source: {e}"))?;
         let demo = DemoNode {
             mesh_api,
-            node,
+            host,
             bins: bins.clone(),
+            mode,
             dir,
             no_agent_yet: unused_loopback_port()?,
             agent_started: AtomicBool::new(false),
@@ -122,15 +178,31 @@ impl DemoNode {
         let plugin_config = json!({
             "profiles": ["istio", "linkerd", "generic"],
             "excludeNamespaces": ["kube-system"],
-            "agentSocket": demo.node.state_dir().join("agent.sock"),
+            "agentSocket": demo.node().state_dir().join("agent.sock"),
         });
         std::fs::write(demo.plugin_config(), plugin_config.to_string())
             .map_err(|e| format!("plugin config: {e}"))?;
         Ok(demo)
     }
 
+    fn node(&self) -> &Node {
+        match &self.host {
+            Host::Plain(n) => n,
+            Host::Mesh(bed) => &bed.node,
+        }
+    }
+
+    /// The mesh's installer and plugin stand-ins, on a node from
+    /// [`DemoNode::start_guarded`].
+    pub fn mesh(&mut self) -> Result<&mut MeshBed, String> {
+        match &mut self.host {
+            Host::Mesh(bed) => Ok(bed),
+            Host::Plain(_) => Err("this node has no mesh stand-ins".into()),
+        }
+    }
+
     fn api(&self) -> &KubeApi {
-        self.node
+        self.node()
             .api()
             .expect("DemoNode::start always starts the fake API")
     }
@@ -150,22 +222,46 @@ impl DemoNode {
 
     /// The node's address on the pods' network (the bridge).
     pub fn gateway(&self) -> Ipv4Addr {
-        self.node.gateway()
+        self.node().gateway()
     }
 
     /// The config file names in the conf dir, sorted.
     pub fn conf_files(&self) -> Vec<String> {
-        self.node.conf_files()
+        self.node().conf_files()
+    }
+
+    /// Whether the conf dir's `file` is a list with a plugin for which `is` holds.
+    fn file_has(&self, file: &str, is: impl Fn(&Value) -> bool) -> bool {
+        let list: Value = std::fs::read(self.node().conf_dir().join(file))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null);
+        list["plugins"]
+            .as_array()
+            .is_some_and(|plugins| plugins.iter().any(is))
+    }
+
+    /// Whether interlock-cni's entry in the conf dir's `file` holds meshed pods (its guard
+    /// role's `hold`).
+    pub fn guard_holds(&self, file: &str) -> bool {
+        self.file_has(file, |p| {
+            p["type"] == "interlock-cni" && p["guard"]["hold"] == true
+        })
+    }
+
+    /// Whether the conf dir's `file` runs a plugin of type `plugin_type`.
+    pub fn file_runs(&self, file: &str, plugin_type: &str) -> bool {
+        self.file_has(file, |p| p["type"] == plugin_type)
     }
 
     /// What the node owns on the host, to check after teardown that nothing is left.
     pub fn footprint(&self) -> Footprint {
-        self.node.footprint()
+        self.node().footprint()
     }
 
     /// The primary CNI's DaemonSet writes its config (`10-calico.conflist`).
     pub fn write_primary(&self) -> Result<(), String> {
-        self.node
+        self.node()
             .write_primary()
             .map(drop)
             .map_err(|e| format!("writing {PRIMARY_CONFLIST}: {e}"))
@@ -178,23 +274,32 @@ impl DemoNode {
     fn plain_mesh_entry(&self) -> Value {
         json!({
             "type": "interlock-cni",
-            "stateDir": self.node.state_dir(),
+            "stateDir": self.node().state_dir(),
             "agentSocket": self.mesh_api.path(),
             "capabilities": {"io.kubernetes.cri.pod-annotations": true},
         })
     }
 
+    /// The primary CNI's DaemonSet rewrites its config (a restart or an upgrade): the
+    /// file as it writes it, without anything another installer appended.
+    pub fn rewrite_primary(&self, how: PrimaryWrite) -> Result<(), String> {
+        self.node()
+            .rewrite_primary(how)
+            .map(drop)
+            .map_err(|e| format!("rewriting {PRIMARY_CONFLIST}: {e}"))
+    }
+
     /// The mesh CNI's installer copies its binary and appends its entry to the
     /// primary's file, as istio-cni and linkerd-cni do when they find one.
     pub fn append_mesh_entry_to_primary(&self) -> Result<(), String> {
-        self.node
+        self.node()
             .install_interlock_cni()
             .map_err(|e| format!("installing interlock-cni: {e}"))?;
-        let mut list = self.node.primary_conflist();
+        let mut list = self.node().primary_conflist();
         if let Some(plugins) = list["plugins"].as_array_mut() {
             plugins.push(self.plain_mesh_entry());
         }
-        self.node
+        self.node()
             .containerd()
             .write_conf(PRIMARY_CONFLIST, &list)
             .map(drop)
@@ -205,7 +310,7 @@ impl DemoNode {
     /// its plugin; returns the file's name.
     pub fn write_mesh_only_config(&self) -> Result<&'static str, String> {
         const NAME: &str = "05-mesh-cni.conflist";
-        self.node
+        self.node()
             .install_interlock_cni()
             .map_err(|e| format!("installing interlock-cni: {e}"))?;
         let list = json!({
@@ -213,7 +318,7 @@ impl DemoNode {
             "name": "mesh-cni",
             "plugins": [self.plain_mesh_entry()],
         });
-        self.node
+        self.node()
             .write_sorting_first(NAME, &list)
             .map(|_| NAME)
             .map_err(|e| format!("writing {NAME}: {e}"))
@@ -222,14 +327,16 @@ impl DemoNode {
     /// Starts `interlock agent` as its DaemonSet runs it (owned mode, the shipped plugin
     /// settings, the API, the CRI socket).
     pub fn start_agent(&self) -> Result<(), String> {
-        let plugin_config = self.plugin_config().display().to_string();
-        self.node
-            .start_agent(AgentArgs::args(&[
-                "--config-mode",
-                "owned",
-                "--plugin-config",
-                &plugin_config,
-            ]))
+        let mut args: Vec<String> = Vec::new();
+        for (flag, _, value) in self.mode.flags() {
+            args.extend([flag.to_string(), value]);
+        }
+        args.extend([
+            "--plugin-config".into(),
+            self.plugin_config().display().to_string(),
+        ]);
+        self.node()
+            .start_agent(AgentArgs::args(&args))
             .map_err(|e| format!("starting the agent: {e}"))?;
         self.agent_started.store(true, Ordering::SeqCst);
         Ok(())
@@ -237,7 +344,7 @@ impl DemoNode {
 
     /// The agent's log so far.
     pub fn agent_log(&self) -> String {
-        self.node.agent_logs()
+        self.node().agent_logs()
     }
 
     /// The environment the agent's pod has (the DaemonSet's ConfigMap and fieldRefs):
@@ -245,23 +352,31 @@ impl DemoNode {
     fn agent_env(&self) -> Vec<(&'static str, String)> {
         let path = |p: &Path| p.display().to_string();
         let mut env = vec![
-            ("INTERLOCK_CNI_CONF_DIR", path(&self.node.conf_dir())),
-            ("INTERLOCK_CNI_BIN_DIR", path(&self.node.bin_dir())),
-            ("INTERLOCK_STATE_DIR", path(&self.node.state_dir())),
-            ("INTERLOCK_CRI_ENDPOINT", self.node.containerd().endpoint()),
+            ("INTERLOCK_CNI_CONF_DIR", path(&self.node().conf_dir())),
+            ("INTERLOCK_CNI_BIN_DIR", path(&self.node().bin_dir())),
+            ("INTERLOCK_STATE_DIR", path(&self.node().state_dir())),
+            (
+                "INTERLOCK_CRI_ENDPOINT",
+                self.node().containerd().endpoint(),
+            ),
             (
                 "INTERLOCK_RUNTIME_CONFIG",
-                path(&self.node.containerd().config_path()),
+                path(&self.node().containerd().config_path()),
             ),
             ("INTERLOCK_RUNTIME", "containerd".into()),
-            ("INTERLOCK_CONFIG_MODE", "owned".into()),
             ("INTERLOCK_PLUGIN_CONFIG", path(&self.plugin_config())),
             ("INTERLOCK_PLUGIN_SOURCE", path(&self.bins.plugin)),
             ("KUBECONFIG", path(&self.kubeconfig())),
             ("NODE_NAME", NODE_NAME.into()),
         ];
+        env.extend(
+            self.mode
+                .flags()
+                .into_iter()
+                .map(|(_, var, value)| (var, value)),
+        );
         if self.agent_started.load(Ordering::SeqCst) {
-            let health = self.node.agent(|a| a.health_addr().to_string());
+            let health = self.node().agent(|a| a.health_addr().to_string());
             env.push(("INTERLOCK_HEALTH_ADDR", health));
         } else {
             // As in the agent's pod before the agent listens: an address nobody answers.
@@ -313,7 +428,7 @@ impl DemoNode {
     /// Waits up to `timeout` for containerd to load a CNI config; `false` when it did
     /// not (the pods then show why).
     pub fn wait_network_ready(&self, timeout: Duration) -> bool {
-        self.node.wait_network_ready(true, timeout).is_ok()
+        self.node().wait_network_ready(true, timeout).is_ok()
     }
 
     /// The scheduler binds `pod` to this node (it appears in the API) and the kubelet
@@ -329,15 +444,15 @@ impl DemoNode {
         for (k, v) in pod.mesh.annotations() {
             config = config.annotation(*k, *v);
         }
-        self.node
+        self.node()
             .run_config(config)
             .map_err(|e| short_cri_error(&e))
     }
 
     /// The node as the API shows it now.
     pub fn node_view(&self) -> NodeView {
-        let taints = self.node.taints();
-        let condition = self.node.condition().map(|c| {
+        let taints = self.node().taints();
+        let condition = self.node().condition().map(|c| {
             (
                 c["status"].as_str().unwrap_or("").to_string(),
                 c["message"].as_str().unwrap_or("").to_string(),
@@ -390,8 +505,25 @@ impl DemoNode {
 
     /// Tears the node down now; returns what could not be undone.
     pub fn teardown(self) -> Vec<String> {
-        self.node.teardown().err().unwrap_or_default()
+        match self.host {
+            Host::Plain(node) => node.teardown().err().unwrap_or_default(),
+            Host::Mesh(mut bed) => {
+                // The installer first (it runs from the node's bin dir), then the node,
+                // whose teardown on drop says on stderr what it could not undo; the
+                // footprint check after it finds what is left.
+                bed.kill_installer();
+                drop(bed);
+                Vec::new()
+            }
+        }
     }
+}
+
+/// The node's options: the binaries under demonstration, the startup taint.
+fn node_options(bins: &Binaries, startup_taint: bool) -> NodeOptions {
+    let mut options = NodeOptions::new(&bins.interlock, &bins.plugin);
+    options.startup_taint = startup_taint;
+    options
 }
 
 /// `127.0.0.1:<port>` where nothing listens: a port the kernel just handed out, closed.

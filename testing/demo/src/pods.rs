@@ -99,6 +99,26 @@ pub const PODS: [PodSpec; 3] = [
     },
 ];
 
+/// The pods of the guarded-mesh scenario: two Istio pods, each started in one of
+/// istio-cni's windows, and one not meshed.
+pub const GUARDED_PODS: [PodSpec; 3] = [
+    PodSpec {
+        namespace: "shop",
+        name: "web",
+        mesh: Mesh::Istio,
+    },
+    PodSpec {
+        namespace: "shop",
+        name: "cart",
+        mesh: Mesh::Istio,
+    },
+    PodSpec {
+        namespace: "shop",
+        name: "db",
+        mesh: Mesh::None,
+    },
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,13 +6,14 @@
 
 use std::time::{Duration, Instant};
 
-use interlock_testkit_node::node::Sandbox;
+use interlock_contract::guard::GuardedMesh;
+use interlock_testkit_node::node::{PrimaryWrite, Sandbox, PRIMARY_CONFLIST};
 
 use crate::capture::{self, OpenConnection};
 use crate::check_agrees::{self, Expected};
 use crate::interrupt::{self, Interrupted};
 use crate::node_box::{wait_until, Binaries, DemoNode};
-use crate::pods::{PodSpec, PODS};
+use crate::pods::{PodSpec, GUARDED_PODS, PODS};
 use crate::report::{self, PodOutcome, Protection, ScenarioOutcome, SideOutcome, Started};
 
 /// How long the demo waits for the agent to make a node ready.
@@ -48,6 +49,7 @@ pub fn run_all(bins: &Binaries, leftovers: &mut Vec<String>) -> Result<Vec<Scena
         scenario_1(bins, leftovers)?,
         scenario_2(bins, leftovers)?,
         scenario_3(bins, leftovers)?,
+        scenario_4(bins, leftovers)?,
     ])
 }
 
@@ -573,5 +575,279 @@ fn scenario_3(bins: &Binaries, leftovers: &mut Vec<String>) -> Result<ScenarioOu
         title: TITLE,
         without,
         with,
+    })
+}
+
+/// How long the kubelet's retries of a held pod are followed.
+const HELD_WAIT: Duration = Duration::from_secs(30);
+
+/// Waits until containerd's loaded chain does (`true`) or does not carry istio-cni.
+fn istio_in_chain(node: &mut DemoNode, carries: bool) -> Result<(), Stop> {
+    interrupt::check()?;
+    node.mesh()?.wait_chain(carries)?;
+    Ok(())
+}
+
+/// The kubelet runs `spec`'s sandbox and, while the runtime refuses it, retries (every
+/// 200 ms here, up to [`HELD_WAIT`]); returns the outcome and the refusals, oldest first.
+fn run_retrying(
+    node: &DemoNode,
+    spec: &PodSpec,
+) -> Result<(Result<Sandbox, String>, Vec<String>), Interrupted> {
+    let deadline = Instant::now() + HELD_WAIT;
+    let mut refusals = Vec::new();
+    loop {
+        interrupt::check()?;
+        match node.run_pod(spec) {
+            Ok(sb) => return Ok((Ok(sb), refusals)),
+            Err(e) if Instant::now() >= deadline => return Ok((Err(e), refusals)),
+            Err(e) => refusals.push(e),
+        }
+        pause(Duration::from_millis(200))?;
+    }
+}
+
+fn scenario_4(bins: &Binaries, leftovers: &mut Vec<String>) -> Result<ScenarioOutcome, Stop> {
+    const TITLE: &str = "a mesh keeps its own CNI (istio-cni)";
+    const MESH: GuardedMesh = GuardedMesh::Istio;
+    let [web, cart, db] = GUARDED_PODS;
+    scenario_header(
+        4,
+        TITLE,
+        "istio-cni redirects, as in most clusters: its installer (a DaemonSet) picks the\n\
+         first config file once, for good, and appends its plugin there; the primary's\n\
+         rewrite of that file drops it until the installer puts it back, and the installer\n\
+         removes it whenever its pod restarts. Its windows are milliseconds long; here\n\
+         the installer is paused (SIGSTOP) so that a pod lands in each window every time.\n\
+         Pods: shop/web and shop/cart (Istio sidecar), shop/db (no mesh). With interlock,\n\
+         the agent runs in guard mode (--config-mode guard --guard-mesh istio): interlock-cni\n\
+         sits before istio-cni and writes no rules; istio-cni's plugin and installer are\n\
+         stand-ins (mesh-standin) that write and remove what the real ones do.",
+    );
+
+    side_header(false, "istio-cni's installer and plugin, no agent");
+    let mut node = DemoNode::start_guarded(bins, MESH, false)?;
+    let clock = Clock::start();
+    node.write_primary()?;
+    clock.say("primary CNI writes 10-calico.conflist");
+    node.mesh()?.start_installer()?;
+    istio_in_chain(&mut node, true)?;
+    clock.say(
+        "istio-cni's installer picks 10-calico.conflist (the first file) as its target and appends istio-cni",
+    );
+    node.mesh()?.hold_installer();
+    node.rewrite_primary(PrimaryWrite::Rename)?;
+    istio_in_chain(&mut node, false)?;
+    clock.say("primary CNI rewrites 10-calico.conflist: istio-cni's entry is gone (installer not yet back)");
+    let mut started = vec![(web, node.run_pod(&web)), (db, node.run_pod(&db))];
+    clock.say(&format!(
+        "kubelet starts shop/web and shop/db: {}",
+        started_words(&started)
+    ));
+    node.mesh()?.release_installer();
+    istio_in_chain(&mut node, true)?;
+    clock.say("istio-cni's installer puts its entry back (new pods only)");
+    node.mesh()?.stop_installer();
+    istio_in_chain(&mut node, false)?;
+    clock.say(
+        "istio-cni's pod restarts (a rollout): the old installer removes its entry and binary",
+    );
+    started.push((cart, node.run_pod(&cart)));
+    clock.say(&format!(
+        "kubelet starts shop/cart: {}",
+        started_words(&started[2..])
+    ));
+    node.mesh()?.start_installer()?;
+    istio_in_chain(&mut node, true)?;
+    clock.say("the new installer appends istio-cni again (new pods only)");
+    let started = in_order(started);
+    let pods = observe(&node, &started, Vec::new());
+    let without = finish_side(&node, false, pods, None);
+    teardown(node, leftovers);
+
+    side_header(
+        true,
+        "the agent in guard mode keeps istio-cni's entry in its guard file; the node starts tainted",
+    );
+    let mut node = DemoNode::start_guarded(bins, MESH, true)?;
+    let clock = Clock::start();
+    node.write_primary()?;
+    clock.say("primary CNI writes 10-calico.conflist");
+    node.start_agent()?;
+    clock.say("interlock agent starts in guard mode (DaemonSet pod)");
+    let guard_file = wait_for_guard_file(&node)?;
+    let v = node.node_view();
+    clock.say(&format!(
+        "{} — the guard file: the primary's plugins, then interlock-cni holding meshed pods (no istio-cni yet); node {}",
+        conf_dir_listing(&node),
+        if v.tainted { "keeps its taint" } else { "UNTAINTED" },
+    ));
+    node.mesh()?.start_installer()?;
+    let installer_at = Instant::now();
+    clock.say("istio-cni's installer starts");
+    let ready = node.wait_node(READY_WAIT, |v| v.ready())?;
+    let mut highlight = Vec::new();
+    if ready {
+        let ms = installer_at.elapsed().as_millis();
+        let target = if node.file_runs(PRIMARY_CONFLIST, MESH.plugin_type()) {
+            format!("{PRIMARY_CONFLIST}, and the agent copies its entry into {guard_file}")
+        } else {
+            format!("{guard_file} (the first file)")
+        };
+        clock.say(&format!(
+            "istio-cni appends itself to {target}; the agent adopts the entry and is ready {ms} ms after the installer started: taint removed"
+        ));
+    } else {
+        clock.say(&format!(
+            "node still tainted {READY_WAIT:?} after istio-cni's installer started — the agent's log ends:\n{}",
+            tail(&node.agent_log(), 8)
+        ));
+    }
+    node.mesh()?.hold_installer();
+    node.rewrite_primary(PrimaryWrite::Rename)?;
+    clock.say("primary CNI rewrites 10-calico.conflist (installer paused as before)");
+    // The agent answers the rewrite from the new primary and the entry it keeps: the
+    // chain containerd loads never lacks istio-cni.
+    pause(Duration::from_millis(300))?;
+    let mut started = vec![(web, node.run_pod(&web))];
+    clock.say(&format!(
+        "kubelet starts shop/web: {} — {guard_file} {}",
+        started_words(&started),
+        if node.file_runs(&guard_file, MESH.plugin_type()) {
+            "still runs istio-cni"
+        } else {
+            "LOST istio-cni"
+        }
+    ));
+    node.mesh()?.release_installer();
+    node.mesh()?.stop_installer();
+    clock.say("istio-cni's pod restarts: the old installer removes its entry from the guard file and its binary");
+    if wait_until(READY_WAIT, || node.guard_holds(&guard_file))? {
+        clock.say(&format!(
+            "the agent has rewritten {guard_file} by the time the old installer exits: interlock-cni now holds meshed pods"
+        ));
+    }
+    started.push((db, node.run_pod(&db)));
+    clock.say(&format!(
+        "kubelet starts shop/db (not meshed) during the hold: {}",
+        started_words(&started[1..])
+    ));
+    let cart_first = node.run_pod(&cart);
+    let mut held_pods = 0;
+    let cart_run = match cart_first {
+        Ok(sb) => {
+            clock.say(&format!(
+                "kubelet starts shop/cart: STARTED during the hold (sandbox {})",
+                sb.id
+            ));
+            Ok(sb)
+        }
+        Err(e) => {
+            held_pods += 1;
+            clock.say(&format!(
+                "kubelet starts shop/cart: held — {}",
+                e.split("; ").next().unwrap_or(&e)
+            ));
+            // A not-ready that lasts under 3 s re-taints nothing (the agent's debounce);
+            // the new installer is slow enough here to see the taint come back.
+            let tainted = node.wait_node(READY_WAIT, |v| v.tainted)?;
+            let v = node.node_view();
+            clock.say(&format!(
+                "node {}, InterlockReady={}",
+                if tainted {
+                    "tainted again (after 3 s not ready)"
+                } else {
+                    "NOT TAINTED"
+                },
+                v.condition.as_ref().map_or("(none)", |c| c.0.as_str()),
+            ));
+            node.mesh()?.start_installer()?;
+            let restarted_at = Instant::now();
+            clock.say("the new installer starts; the kubelet keeps retrying shop/cart");
+            let (run, refusals) = run_retrying(&node, &cart)?;
+            let ready = node.wait_node(READY_WAIT, |v| v.ready())?;
+            clock.say(&format!(
+                "istio-cni back in {guard_file}: node {}; shop/cart {} after {} more refusal(s), {} ms after the installer started",
+                if ready { "ready again, taint removed" } else { "STILL TAINTED" },
+                if run.is_ok() { "starts" } else { "STILL REFUSED" },
+                refusals.len(),
+                restarted_at.elapsed().as_millis()
+            ));
+            highlight.push(format!("{} held until istio-cni was back", held_pods));
+            run
+        }
+    };
+    if node.mesh()?.installer_starts() < 2 {
+        node.mesh()?.start_installer()?;
+        node.wait_node(READY_WAIT, |v| v.ready())?;
+    }
+    started.push((cart, cart_run));
+    let started = in_order(started);
+    let pods = observe(&node, &started, Vec::new());
+    // Only now, after the connections above: a listening proxy is what guard mode's
+    // audit (and check) probe through, and their probe must not meet the demo's own.
+    let sidecars: Vec<_> = started
+        .iter()
+        .filter(|(s, _)| s.mesh.meshed())
+        .filter_map(|(s, r)| {
+            let netns = r.as_ref().ok()?.netns.as_ref()?;
+            capture::proxy_listens(netns, s.mesh.proxy_ports()).ok()
+        })
+        .collect();
+    clock.say(&format!(
+        "the sidecar proxies start: {} meshed pods listen on their proxy's port",
+        sidecars.len()
+    ));
+    let mut with = finish_side(
+        &node,
+        true,
+        pods,
+        (!highlight.is_empty()).then(|| highlight.join(", ")),
+    );
+    with.check_disagreements = print_check(&node, true, &with.pods);
+    drop(sidecars);
+    teardown(node, leftovers);
+
+    Ok(ScenarioOutcome {
+        number: 4,
+        title: TITLE,
+        without,
+        with,
+    })
+}
+
+/// The pods in [`GUARDED_PODS`]'s order.
+fn in_order(mut started: PodsStarted) -> PodsStarted {
+    started.sort_by_key(|(s, _)| GUARDED_PODS.iter().position(|p| p == s));
+    started
+}
+
+/// `started, started` / `refused (why)` for each pod, in a few words.
+fn started_words(started: &[(PodSpec, Result<Sandbox, String>)]) -> String {
+    started
+        .iter()
+        .map(|(s, r)| match r {
+            Ok(_) => format!("{} started", s.full_name()),
+            Err(e) => format!("{} refused ({e})", s.full_name()),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Waits until the agent has written its guard file; returns its name.
+fn wait_for_guard_file(node: &DemoNode) -> Result<String, Stop> {
+    let mut name = None;
+    wait_until(READY_WAIT, || {
+        name = node
+            .conf_files()
+            .into_iter()
+            .find(|n| n.ends_with("interlock.conflist"));
+        name.is_some()
+    })?;
+    name.ok_or_else(|| {
+        Stop::Failed(format!(
+            "the agent wrote no guard file within {READY_WAIT:?}; its log ends:\n{}",
+            tail(&node.agent_log(), 8)
+        ))
     })
 }

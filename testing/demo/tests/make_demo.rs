@@ -1,6 +1,6 @@
 //! `make demo` end to end, so that every commit keeps it working: the demo binary runs
-//! the three scenarios against real containerd with the `interlock` and `interlock-cni`
-//! built next to it, passes, shows the failures interlock exists for on the "without"
+//! the four scenarios against real containerd with the `interlock`, `interlock-cni` and
+//! `mesh-standin` built next to it, passes, shows the failures interlock exists for on the "without"
 //! side, and leaves nothing behind — also when interrupted by Ctrl-C halfway.
 
 use std::io::{BufRead, BufReader};
@@ -10,20 +10,20 @@ use std::time::{Duration, Instant};
 
 use interlock_testkit::require_root;
 
-/// The directory holding the demo binary and, when built, `interlock` and
-/// `interlock-cni` (`make test` builds every binary before the tests).
+/// The directory holding the demo binary and, when built, `interlock`, `interlock-cni`
+/// and `mesh-standin` (`make test` builds every binary before the tests).
 fn bin_dir() -> Option<PathBuf> {
     let dir = Path::new(env!("CARGO_BIN_EXE_interlock-demo"))
         .parent()?
         .to_path_buf();
-    let built = ["interlock", "interlock-cni"]
+    let built = ["interlock", "interlock-cni", "mesh-standin"]
         .iter()
         .all(|b| dir.join(b).is_file());
     if built {
         return Some(dir);
     }
     let msg = format!(
-        "interlock and interlock-cni are not built in {}: cargo build -p interlock -p interlock-cni",
+        "interlock, interlock-cni and mesh-standin are not built in {}: cargo build -p interlock -p interlock-cni -p interlock-mesh-standins",
         dir.display()
     );
     assert!(!interlock_testkit::in_ci(), "{msg}");
@@ -99,12 +99,26 @@ fn the_demo_passes_shows_the_races_and_leaves_nothing() {
         "0/2 redirected, 2 UNPROTECTED",
         // With interlock: the earlier connections of the repaired pods were ended.
         "ended (ECONNABORTED)",
+        // istio-cni kept: without interlock the primary's rewrite and the installer's
+        // restart each let a meshed pod run uncaptured; in guard mode the pod started
+        // during the restart is held, naming istio-cni, and starts once it is back, and
+        // check names the guarded plugin.
+        "Scenario 4: a mesh keeps its own CNI (istio-cni)",
+        "2/2 redirected, 1 held until istio-cni was back",
+        "held — plugin type=\"interlock-cni\" failed (add): pod shop/cart is held: it is meshed by istio-cni",
+        "00-interlock.conflist runs istio-cni after interlock-cni's guard",
         "PASS: with interlock every meshed pod ran redirected",
         "cleanup: every containerd",
     ] {
         assert!(stdout.contains(needle), "{needle:?} missing:\n{stdout}");
     }
     assert!(!stdout.contains("CHECK WRONG"), "{stdout}");
+    // Scenarios 3 and 4 without interlock.
+    assert_eq!(
+        stdout.matches("0/2 redirected, 2 UNPROTECTED").count(),
+        2,
+        "{stdout}"
+    );
     assert_eq!(leftovers(kits.path()), Vec::<String>::new());
 }
 

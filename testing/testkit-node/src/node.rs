@@ -1164,16 +1164,25 @@ pub fn check_capture(netns: &Path, proxy_port: u16, uid: u32, gateway: Ipv4Addr)
             Err(e) => return Capture::Failed(format!("spawn the client: {e}")),
         };
         let deadline = Instant::now() + Duration::from_secs(3);
+        // A connection for another destination is someone else's (guard mode's audit
+        // probes the gateway once a proxy listens, and looks for the server side of its
+        // connection: kept open until the check ends): not a verdict on ours, but said if
+        // ours never arrives.
+        let mut other_landing = None;
+        let mut others = Vec::new();
         let verdict = loop {
             if let Ok((conn, peer)) = proxy.accept() {
                 if peer.ip() == IpAddr::V4(own_ip) || peer.ip().is_loopback() {
-                    break match original_dst(&conn) {
-                        Some(d) if d == destination => Capture::Redirected,
-                        other => Capture::Failed(format!(
-                            "landed on the proxy port with original destination {other:?}, \
-                                 not {destination}"
-                        )),
-                    };
+                    match original_dst(&conn) {
+                        Some(d) if d == destination => break Capture::Redirected,
+                        other => {
+                            other_landing = Some(format!(
+                                "; a connection landed on the proxy port with original \
+                                 destination {other:?}, not {destination}"
+                            ));
+                            others.push(conn);
+                        }
+                    }
                 }
             }
             if let Ok((_, peer)) = host.accept() {
@@ -1182,7 +1191,10 @@ pub fn check_capture(netns: &Path, proxy_port: u16, uid: u32, gateway: Ipv4Addr)
                 }
             }
             if Instant::now() > deadline {
-                break Capture::Failed("no connection arrived anywhere".into());
+                break Capture::Failed(format!(
+                    "no connection arrived anywhere{}",
+                    other_landing.as_deref().unwrap_or("")
+                ));
             }
             if let Ok(Some(status)) = child.try_wait() {
                 if !status.success() {
@@ -1197,6 +1209,7 @@ pub fn check_capture(netns: &Path, proxy_port: u16, uid: u32, gateway: Ipv4Addr)
         };
         let _ = child.kill();
         let _ = child.wait();
+        drop(others);
         verdict
     });
     match checked {

@@ -73,6 +73,21 @@ pub struct MeshSettings {
 }
 
 impl GuardAudit {
+    /// Guard mode's audit for interlock-cni's settings `plugin`, when its guard role is
+    /// set: T's excluded namespaces fall back on the role's, else the plugin's own.
+    pub fn of(plugin: &interlock_contract::PluginConfig) -> Option<GuardAudit> {
+        let role = plugin.guard.as_ref()?;
+        Some(GuardAudit {
+            mesh: role.mesh,
+            state_dir: plugin.state_dir.clone(),
+            fallback_excluded: if role.exclude_namespaces.is_empty() {
+                plugin.exclude_namespaces.clone()
+            } else {
+                role.exclude_namespaces.clone()
+            },
+        })
+    }
+
     /// T's entry as the config guard last learnt it, and the excluded namespaces
     /// (see the module docs). An unreadable or foreign file counts as not learnt.
     pub fn settings(&self) -> MeshSettings {
@@ -293,6 +308,112 @@ pub fn probe_sandbox(
             uncovered: None,
             listening: false,
         },
+    }
+}
+
+/// A guard-mode verdict on one sandbox ([`judge_sandbox`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Judged {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// A family the pod routes that the mesh leaves uncaptured (why), if probed.
+    pub uncovered: Option<String>,
+    /// The probe's lines when it proved the capture.
+    pub proof: Option<Vec<String>>,
+    /// Whether the proxy listened when the probe ran.
+    pub listening: bool,
+    /// Whether the verdict came from the pod's netns (probed, or waiting for its proxy).
+    pub in_netns: bool,
+}
+
+impl Judged {
+    fn just(verdict: Verdict) -> Judged {
+        Judged {
+            verdict,
+            uncovered: None,
+            proof: None,
+            listening: false,
+            in_netns: false,
+        }
+    }
+}
+
+/// Guard mode's verdict on the sandbox `status` (blocking: reads the learnt entry, enters
+/// the netns), as the audit and `interlock check` give it: whether the guarded mesh's
+/// plugin would redirect its pod ([`GuardedMesh::recognise`] on `annotations` and the
+/// spec's `facts`), and if so whether a connection proves its traffic captured
+/// ([`probe_sandbox`]; not probed yet while its proxy does not listen within
+/// [`LISTEN_GRACE`]). `None`: the sandbox's netns is gone.
+pub fn judge_sandbox(
+    g: &GuardAudit,
+    status: &interlock_cri::SandboxStatus,
+    annotations: &std::collections::BTreeMap<String, String>,
+    facts: Option<&interlock_contract::pod::PodFacts>,
+) -> Option<Judged> {
+    use interlock_contract::guard::{GuardPod, Recognition};
+    let meta = &status.metadata;
+    let pod = format!("{}/{}", meta.namespace, meta.name);
+    if status.host_network {
+        return Some(Judged::just(Verdict::NotMeshed {
+            reason: "hostNetwork: no CNI plugin runs for it".into(),
+        }));
+    }
+    let settings = g.settings();
+    let gp = GuardPod {
+        display: &pod,
+        namespace: &meta.namespace,
+        annotations: Some(annotations),
+        facts,
+    };
+    match g.mesh.recognise(&gp, &settings.excluded) {
+        Recognition::Meshed => {}
+        Recognition::NotMeshed(reason) => return Some(Judged::just(Verdict::NotMeshed { reason })),
+        Recognition::Undecidable(reason) => return Some(Judged::just(Verdict::Unknown { reason })),
+    }
+    let yaml = |s: &str| serde_yaml_ng::from_str::<Value>(s).map_err(|e| e.to_string());
+    let inputs = match g.mesh.probe_inputs(&gp, settings.entry.as_ref(), &yaml) {
+        Ok(i) => i,
+        Err(e) => {
+            return Some(Judged::just(Verdict::Unknown {
+                reason: format!("{e} (excluded namespaces from {})", settings.source),
+            }))
+        }
+    };
+    let Some(path) = status.netns_path() else {
+        return Some(Judged::just(Verdict::Unknown {
+            reason: "the sandbox's netns path is unknown".into(),
+        }));
+    };
+    let age = std::time::SystemTime::now()
+        .duration_since(status.created_at())
+        .unwrap_or_default();
+    match probe_sandbox(path, g.mesh, &inputs, age) {
+        Probed::Gone => None,
+        Probed::Waiting => Some(Judged {
+            in_netns: true,
+            ..Judged::just(Verdict::Unknown {
+                reason: format!(
+                    "{WAITING}: its proxy does not listen on port {} yet; probed once it does, \
+                     or with the port free {} s after the sandbox was created",
+                    inputs.outbound_port,
+                    LISTEN_GRACE.as_secs()
+                ),
+            })
+        }),
+        Probed::Done {
+            outcome,
+            uncovered,
+            listening,
+        } => Some(Judged {
+            verdict: judge(g.mesh, &outcome),
+            uncovered,
+            proof: match outcome {
+                ProbeOutcome::Captured(lines) => Some(lines),
+                _ => None,
+            },
+            listening,
+            in_netns: true,
+        }),
     }
 }
 

@@ -179,15 +179,7 @@ impl Auditor {
         let (backend, why) =
             interlock_attach::protect::resolve_backend(plugin.backend, &plugin.state_dir);
         info!(%backend, reason = %why, "audit: backend for netns the plugin has not recorded");
-        let guard = plugin.guard.as_ref().map(|role| guarded::GuardAudit {
-            mesh: role.mesh,
-            state_dir: plugin.state_dir.clone(),
-            fallback_excluded: if role.exclude_namespaces.is_empty() {
-                plugin.exclude_namespaces.clone()
-            } else {
-                role.exclude_namespaces.clone()
-            },
-        });
+        let guard = guarded::GuardAudit::of(&plugin);
         let policy = match (&guard, policy) {
             (Some(g), RepairPolicy::Repair) => {
                 info!(
@@ -420,109 +412,47 @@ impl Auditor {
     ) -> Option<SandboxReport> {
         let meta = &status.metadata;
         let pod = format!("{}/{}", meta.namespace, meta.name);
-        let report = |verdict, netns_id: Option<String>| SandboxReport {
-            sandbox: id.to_string(),
-            pod: pod.clone(),
-            netns_id,
-            verdict,
-            actions: vec![],
-        };
-        if status.host_network {
-            return Some(report(
-                Verdict::NotMeshed {
-                    reason: "hostNetwork: no CNI plugin runs for it".into(),
-                },
-                None,
-            ));
-        }
-        let settings = {
-            let g = g.clone();
-            tokio::task::spawn_blocking(move || g.settings())
-                .await
-                .unwrap_or_else(|e| guarded::MeshSettings {
-                    entry: None,
-                    excluded: Vec::new(),
-                    source: format!("none: the reading thread failed: {e}"),
-                })
-        };
-        let gp = interlock_contract::guard::GuardPod {
-            display: &pod,
-            namespace: &meta.namespace,
-            annotations: Some(annotations),
-            facts,
-        };
-        match g.mesh.recognise(&gp, &settings.excluded) {
-            interlock_contract::guard::Recognition::Meshed => {}
-            interlock_contract::guard::Recognition::NotMeshed(reason) => {
-                return Some(report(Verdict::NotMeshed { reason }, None))
-            }
-            interlock_contract::guard::Recognition::Undecidable(reason) => {
-                return Some(report(Verdict::Unknown { reason }, None))
-            }
-        }
-        let yaml =
-            |s: &str| serde_yaml_ng::from_str::<serde_json::Value>(s).map_err(|e| e.to_string());
-        let inputs = match g.mesh.probe_inputs(&gp, settings.entry.as_ref(), &yaml) {
-            Ok(i) => i,
-            Err(e) => {
-                return Some(report(
-                    Verdict::Unknown {
-                        reason: format!("{e} (excluded namespaces from {})", settings.source),
-                    },
-                    None,
-                ))
-            }
-        };
-        let Some(path) = status.netns_path().map(Path::to_path_buf) else {
-            return Some(report(
-                Verdict::Unknown {
-                    reason: "the sandbox's netns path is unknown".into(),
-                },
-                None,
-            ));
-        };
-        let age = std::time::SystemTime::now()
-            .duration_since(status.created_at())
-            .unwrap_or_default();
-        let mesh = g.mesh;
-        let netns_id = interlock_redirect::netns::PodNetns::open(&path)
-            .ok()
+        let netns_id = status
+            .netns_path()
+            .and_then(|p| interlock_redirect::netns::PodNetns::open(p).ok())
             .map(|p| p.id().to_string());
-        let probed =
-            tokio::task::spawn_blocking(move || guarded::probe_sandbox(&path, mesh, &inputs, age))
-                .await;
-        let verdict = match probed {
-            Ok(guarded::Probed::Gone) => return None,
-            Ok(guarded::Probed::Waiting) => Verdict::Unknown {
-                reason: format!(
-                    "{}: its proxy does not listen on port {} yet; probed once it does, or \
-                     with the port free {} s after the sandbox was created",
-                    guarded::WAITING,
-                    inputs.outbound_port,
-                    guarded::LISTEN_GRACE.as_secs()
-                ),
-            },
-            Ok(guarded::Probed::Done {
-                outcome,
-                uncovered,
-                listening,
-            }) => {
-                if let Some(why) = uncovered {
-                    self.report_uncovered(status, &pod, &why);
+        let judged = {
+            let (g, s, a, f) = (
+                g.clone(),
+                status.clone(),
+                annotations.clone(),
+                facts.cloned(),
+            );
+            tokio::task::spawn_blocking(move || guarded::judge_sandbox(&g, &s, &a, f.as_ref()))
+                .await
+        };
+        let (verdict, netns_id) = match judged {
+            Ok(None) => return None,
+            Ok(Some(j)) => {
+                if let Some(why) = &j.uncovered {
+                    self.report_uncovered(status, &pod, why);
                 }
-                if let guarded::ProbeOutcome::Captured(lines) = &outcome {
-                    tracing::debug!(pod = %pod, sandbox = %id, listening, proof = %lines.join("; "), "audit: capture proven by a connection");
+                if let Some(lines) = &j.proof {
+                    tracing::debug!(pod = %pod, sandbox = %id, listening = j.listening, proof = %lines.join("; "), "audit: capture proven by a connection");
                 }
-                guarded::judge(mesh, &outcome)
+                // Only a sandbox judged in its netns names it.
+                (j.verdict, netns_id.filter(|_| j.in_netns))
             }
             Err(e) => {
                 self.metrics.errors.inc();
-                Verdict::Unknown {
-                    reason: format!("the probing thread failed: {e}"),
-                }
+                let verdict = Verdict::Unknown {
+                    reason: format!("the judging thread failed: {e}"),
+                };
+                (verdict, netns_id)
             }
         };
-        Some(report(verdict, netns_id))
+        Some(SandboxReport {
+            sandbox: id.to_string(),
+            pod,
+            netns_id,
+            verdict,
+            actions: vec![],
+        })
     }
 
     /// A routed family the guarded mesh leaves uncaptured: a warning once per sandbox,

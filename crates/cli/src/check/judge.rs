@@ -358,6 +358,11 @@ impl<'a> LoadedFile<'a> {
     }
 }
 
+/// The guard role of interlock-cni in the file the runtime loads, if any.
+pub fn guard_role_of(e: &Effective) -> Option<GuardRole> {
+    guard_role(&e.chosen.as_ref()?.list)
+}
+
 /// The guard role of the first interlock-cni entry of `list`, if it has one that parses
 /// (one that does not is the plugin's error to report at ADD, and `entry_findings`').
 fn guard_role(list: &interlock_libcni::NetworkConfigList) -> Option<GuardRole> {

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use interlock_agent::audit::decide;
 use interlock_agent::audit::{self, Inspection};
+use interlock_agent::audit::{decide, guarded};
 use interlock_contract::config::{BackendChoice, PluginConfig};
 use interlock_contract::pod::PodFacts;
 use interlock_cri::{CriClient, SandboxFilter, SandboxState, SandboxStatus, Timeouts};
@@ -311,6 +311,10 @@ pub fn list(endpoint: &str, plugin: &PluginConfig) -> SandboxesSeen {
             Err(e) => docs.push(doc(&id, "", None, &decide::Verdict::Unknown { reason: e })),
         }
     }
+    if let Some(g) = guarded::GuardAudit::of(plugin) {
+        docs.extend(guarded_docs(&g, &ready));
+        return SandboxesSeen::Listed(sorted(docs));
+    }
     let decisions = decisions_of(plugin, &ready.iter().map(|(_, s)| s).collect::<Vec<_>>());
     for ((id, status), decision) in ready.iter().zip(decisions) {
         let id = id.as_str();
@@ -328,14 +332,54 @@ pub fn list(endpoint: &str, plugin: &PluginConfig) -> SandboxesSeen {
         };
         docs.push(doc(id, &pod, netns, &verdict));
     }
-    // Worst first, then by pod: the table reads from what needs attention.
+    SandboxesSeen::Listed(sorted(docs))
+}
+
+/// Worst first, then by pod: the table reads from what needs attention.
+fn sorted(mut docs: Vec<SandboxDoc>) -> Vec<SandboxDoc> {
     docs.sort_by(|a, b| {
         rank(a.verdict)
             .cmp(&rank(b.verdict))
             .then_with(|| a.pod.cmp(&b.pod))
             .then_with(|| a.id.cmp(&b.id))
     });
-    SandboxesSeen::Listed(docs)
+    docs
+}
+
+/// Guard mode: the mesh's own plugin wrote the rules, in its own shape, so each sandbox
+/// gets the verdict guard mode's audit gives it ([`guarded::judge_sandbox`]): recognised
+/// as the mesh's plugin recognises it (the spec read from the API when it can be), and
+/// proven captured by a connection once its proxy listens (with the port free only past
+/// [`guarded::LISTEN_GRACE`], so as never to take a starting proxy's port); until then
+/// unknown, "not probed yet".
+fn guarded_docs(g: &guarded::GuardAudit, ready: &[(String, SandboxStatus)]) -> Vec<SandboxDoc> {
+    let keys: Vec<PodKey> = ready
+        .iter()
+        .filter(|(_, s)| !s.host_network)
+        .map(|(_, s)| PodKey::of(s))
+        .collect();
+    // Without the API the mesh's plugin decides on the annotations alone, as it does.
+    let facts = if keys.is_empty() {
+        BTreeMap::new()
+    } else {
+        api_facts(&keys).unwrap_or_default()
+    };
+    ready
+        .iter()
+        .filter_map(|(id, s)| {
+            let f = facts.get(&PodKey::of(s)).and_then(|r| r.as_ref().ok());
+            let judged = guarded::judge_sandbox(g, s, &s.annotations, f)?;
+            let pod = format!("{}/{}", s.metadata.namespace, s.metadata.name);
+            let mut d = doc(id, &pod, s.netns_path(), &judged.verdict);
+            if d.verdict == SandboxVerdict::Protected {
+                d.reason = format!(
+                    "meshed by {}; a connection from inside the pod landed on its proxy's port",
+                    g.mesh.plugin_type()
+                );
+            }
+            Some(d)
+        })
+        .collect()
 }
 
 fn rank(v: SandboxVerdict) -> u8 {

@@ -647,6 +647,18 @@ fn settings_come_from_the_agents_environment_then_the_marker() {
     );
 }
 
+/// Waits (5 s at most) until the runtime says its pod network is ready.
+async fn network_ready(cri: &interlock_cri::CriClient) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !cri.status().await.unwrap().network_ready() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "NetworkReady never came"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// The sandboxes half of `check node` against a real containerd (issue 12): meshed
 /// sandboxes created while only the primary's config existed are listed as UNPROTECTED by
 /// name (exit 2) and check changes nothing in them; once the agent, started with the same
@@ -659,14 +671,7 @@ async fn check_lists_the_nodes_sandboxes_with_the_audits_verdicts() {
     kit.install_primary_plugins().unwrap();
     kit.write_primary_config().unwrap();
     let cri = kit.cri().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !cri.status().await.unwrap().network_ready() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "NetworkReady never came"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    network_ready(&cri).await;
     let mut meshed = Vec::new();
     for tag in ["mesh0", "mesh1"] {
         let config = kit.pod(tag).annotation(
@@ -837,6 +842,129 @@ async fn check_lists_the_nodes_sandboxes_with_the_audits_verdicts() {
     );
     drop(a);
     kit.teardown().unwrap();
+}
+
+/// Guard mode (the file containerd loads has interlock-cni in its guard role before
+/// istio-cni): the mesh's plugin wrote the rules in its own shape, so check judges each
+/// sandbox as guard mode's audit does, by a connection from inside the pod. A meshed pod
+/// with istio-cni's rules and a listening proxy is protected, one without rules is
+/// unprotected (exit 2), one whose proxy does not listen yet is not probed (unknown), and
+/// an unmeshed pod is not meshed; nothing of interlock's is written into any of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_judges_guard_mode_sandboxes_by_a_connection() {
+    interlock_testkit::require_root!();
+    let kit = interlock_testkit_node::containerd::Containerd::start().unwrap();
+    kit.install_primary_plugins().unwrap();
+    let primary = kit.write_primary_config().unwrap();
+    let cri = kit.cri().await;
+    network_ready(&cri).await;
+    let run = |tag: &'static str, meshed: bool| {
+        let mut config = kit.pod(tag);
+        if meshed {
+            config = config.annotation(
+                "sidecar.istio.io/status",
+                "{\"containers\":[\"istio-proxy\"]}",
+            );
+        }
+        let pod = format!("{}/{}", config.metadata.namespace, config.metadata.name);
+        let cri = &cri;
+        async move {
+            let id = cri.run_sandbox(&config).await.unwrap();
+            let status = cri.sandbox_status(&id, true).await.unwrap();
+            (pod, status.netns_path().expect("netns path").to_path_buf())
+        }
+    };
+    let (captured, captured_ns) = run("capt", true).await;
+    let (bare, bare_ns) = run("bare", true).await;
+    let (waiting, _) = run("wait", true).await;
+    let (plain, plain_ns) = run("plain", false).await;
+    let case = interlock_mesh_cases::default_case(interlock_mesh_cases::Mesh::Istio);
+    let interlock_mesh_cases::MeshRules::Restore(rules) = case.rules(false) else {
+        panic!("{}: no IPv4 rules", case.id())
+    };
+    interlock_testkit::traffic::restore_in(&captured_ns, "iptables-restore", rules);
+    let proxies = (proxy_listener(&captured_ns), proxy_listener(&bare_ns));
+    // The guard file as the agent writes it in guard mode: the primary's plugins, then
+    // interlock-cni guarding istio-cni, then istio-cni's entry.
+    let mut list: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&primary).unwrap()).unwrap();
+    let plugins = list["plugins"].as_array_mut().unwrap();
+    plugins.push(serde_json::json!({"type": "interlock-cni", "guard": {"mesh": "istio"}}));
+    plugins.push(serde_json::json!({"type": "istio-cni", "name": "istio-cni"}));
+    std::fs::write(
+        kit.conf_dir().join("00-interlock.conflist"),
+        serde_json::to_vec(&list).unwrap(),
+    )
+    .unwrap();
+    let d = Dirs {
+        conf: kit.conf_dir(),
+        bin: kit.bin_dir(),
+        ..Dirs::new()
+    };
+    let out = d
+        .interlock("check")
+        .args(["--health-addr", "none", "-o", "json", "--plugin-source"])
+        .arg(plugin())
+        .args(["--cri-endpoint", &kit.endpoint()])
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(out.status.code(), Some(2), "{v:#}");
+    let by_pod = |pod: &str| {
+        v["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["pod"] == pod)
+            .cloned()
+            .unwrap_or_else(|| panic!("{pod} not listed: {v:#}"))
+    };
+    let s = by_pod(&captured);
+    assert_eq!(s["verdict"], "protected", "{s:#}");
+    assert!(s["reason"].as_str().unwrap().contains("istio-cni"), "{s:#}");
+    let s = by_pod(&bare);
+    assert_eq!(s["verdict"], "unprotected", "{s:#}");
+    assert!(
+        s["reason"].as_str().unwrap().contains("not captured"),
+        "{s:#}"
+    );
+    let s = by_pod(&waiting);
+    assert_eq!(s["verdict"], "unknown", "{s:#}");
+    assert!(
+        s["reason"].as_str().unwrap().contains("not probed yet"),
+        "{s:#}"
+    );
+    assert_eq!(by_pod(&plain)["verdict"], "not-meshed", "{v:#}");
+    let f = finding(&v, "sandboxes.unprotected").expect("sandboxes.unprotected");
+    assert!(f["message"].as_str().unwrap().contains(&bare), "{f}");
+    assert!(finding(&v, "guard.entry").is_some(), "{v:#}");
+    // Read-only: nothing of interlock's in any pod.
+    for ns in [&captured_ns, &bare_ns, &plain_ns] {
+        let tables = interlock_testkit_node::node::in_netns(ns, || {
+            Command::new("nft")
+                .args(["list", "tables"])
+                .output()
+                .unwrap()
+        })
+        .unwrap();
+        let tables = String::from_utf8_lossy(&tables.stdout);
+        assert!(!tables.contains("interlock"), "{tables}");
+    }
+    drop(proxies);
+    // containerd runs DEL through the config it loads now: without istio-cni's binary,
+    // the guard file would fail every DEL.
+    std::fs::remove_file(kit.conf_dir().join("00-interlock.conflist")).unwrap();
+    kit.teardown().unwrap();
+}
+
+/// A proxy's outbound listener (port 15001) inside the pod, as Envoy binds it.
+fn proxy_listener(netns: &std::path::Path) -> std::net::TcpListener {
+    interlock_testkit_node::node::in_netns(netns, || {
+        std::net::TcpListener::bind("0.0.0.0:15001").unwrap()
+    })
+    .unwrap()
 }
 
 /// A runtime that cannot be asked is a finding (at risk: running pods cannot be vouched
