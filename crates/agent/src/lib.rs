@@ -236,6 +236,7 @@ impl AgentConfig {
                     mesh,
                     learned: None,
                     unusable: None,
+                    installer_put_t_back: false,
                 }),
         }
     }

@@ -7,8 +7,8 @@
 use interlock_agent::guard::conflict::guard_conflicting_files;
 use interlock_agent::guard::learn::{FileView, Learner};
 use interlock_agent::guard::plan::{
-    check_effective_guard, entry_of_type, is_owned_name, plan_guard, Action, ConfigMode, Facts,
-    GuardInput, GuardState, Settings,
+    check_effective_guard, entry_of_type, is_owned_name, plan_guard, t_put_back, Action,
+    ConfigMode, Facts, GuardInput, GuardState, Settings,
 };
 use interlock_agent::plugin_entry;
 use interlock_confdir::{Binaries, Runtime, Snapshot};
@@ -283,6 +283,8 @@ struct Agent {
     writes: usize,
     state: Option<GuardState>,
     target: Option<String>,
+    /// Sticky for a hold, as `Guarded::note_put_back` keeps it.
+    put_back: bool,
 }
 
 fn settings(mesh: GuardedMesh) -> Settings {
@@ -297,6 +299,7 @@ fn settings(mesh: GuardedMesh) -> Settings {
             mesh,
             learned: None,
             unusable: None,
+            installer_put_t_back: false,
         }),
     }
 }
@@ -325,6 +328,7 @@ impl Agent {
             writes: 0,
             state: None,
             target: None,
+            put_back: false,
         }
     }
 
@@ -371,6 +375,12 @@ impl Agent {
             })
             .collect();
         self.learner.observe(guard, &foreign, &|_| true);
+        match (&self.state, &self.target) {
+            (Some(GuardState::Hold { .. }), Some(name)) => {
+                self.put_back |= t_put_back(&snap, name, &self.left, self.mesh.plugin_type());
+            }
+            _ => self.put_back = false,
+        }
         let mut s = settings(self.mesh);
         let learned = self.learner.current().map(|l| l.entry.clone());
         s.guard = Some(GuardInput {
@@ -381,6 +391,7 @@ impl Agent {
                 (Some(_), true) => None,
             },
             learned,
+            installer_put_t_back: self.put_back,
         });
         let facts = self.facts(t_binary);
         let (plan, state) = plan_guard(&snap, &s, &facts);
@@ -389,6 +400,9 @@ impl Agent {
             conflicts.is_empty(),
             "an installer's write counted as a conflict: {conflicts:?}"
         );
+        if !matches!(state, GuardState::Hold { .. }) {
+            self.put_back = false;
+        }
         self.state = Some(state);
         self.target = plan.target.clone();
         let wrote = !plan.actions.is_empty();
@@ -807,44 +821,94 @@ fn uninstall_removes_the_guard_file_and_says_the_mesh_plugin_went_with_it() {
 }
 
 #[test]
-fn an_installer_putting_t_back_while_the_guard_holds_is_a_conflict() {
-    // linkerd-cni re-injects into the guard file each time it changes; while its entry
-    // cannot run (here: its binary is missing where the agent looks), the guard leaves
-    // it out each time: without a conflict the two would rewrite the file for ever.
-    let mesh = GuardedMesh::Linkerd;
-    let t = t_entry(mesh, 1);
-    let mut files = Files::from([(PRIMARY.to_string(), calico())]);
-    let mut linkerd = Linkerd {
-        t: t.clone(),
-        wrote: HashMap::new(),
-        up: true,
-    };
-    linkerd.react(&mut files);
-    let mut agent = Agent::new(mesh);
-    settle(&mut agent, &mut linkerd, &mut files, 8);
-    // The binary vanishes from the agent's view, the installer goes on.
-    agent.reconcile(&mut files, false);
-    assert_holding(&files, "linkerd-cni");
-    assert!(
-        linkerd.react(&mut files),
-        "linkerd re-injects into the guard file"
-    );
-    let snap = snapshot(&files);
-    let mut s = settings(mesh);
-    s.guard.as_mut().unwrap().learned = Some(t.clone());
-    s.guard.as_mut().unwrap().unusable = Some("linkerd-cni binary missing".into());
-    let (plan, _) = plan_guard(&snap, &s, &agent.facts(false));
-    assert_eq!(
-        guard_conflicting_files(&plan, &snap, &agent.left, "linkerd-cni"),
-        ["00-interlock.conflist"]
-    );
-    // The installer's version still has interlock-cni holding meshed pods back.
-    let (_, list) = guard_file(&files);
-    let ours = list["plugins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["type"] == "interlock-cni")
-        .unwrap();
-    assert_eq!(ours["guard"]["hold"], Value::Bool(true));
+fn an_installer_putting_t_back_while_the_guard_holds_converges_and_stays_held() {
+    // Each of these installers re-inserts its entry into the guard file when it is
+    // missing (Istio: its sticky target; Linkerd: every file; Consul: the first valid
+    // file). While the entry cannot run (here: its binary is missing where the agent
+    // looks, while the installer lives on), the guard leaves it out once; the installer
+    // puts it back; the guard keeps it there after interlock-cni, which goes on holding
+    // meshed pods. Stripping it again would rewrite the file with the installer for as
+    // long as the hold lasts, and the fight that trips would keep the node not ready
+    // long after the binary is back.
+    for mesh in [
+        GuardedMesh::Istio,
+        GuardedMesh::Linkerd,
+        GuardedMesh::Consul,
+    ] {
+        let t = t_entry(mesh, 1);
+        let ty = mesh.plugin_type();
+        let mut files = Files::from([(PRIMARY.to_string(), calico())]);
+        let mut inst = installer(mesh, &t);
+        inst.react(&mut files);
+        let mut agent = Agent::new(mesh);
+        settle(&mut agent, inst.as_mut(), &mut files, 8);
+        assert_guarding(&files, &t);
+        // The binary vanishes from the agent's view; the installer goes on.
+        assert!(
+            agent.reconcile(&mut files, false),
+            "{mesh}: the hold is written"
+        );
+        assert_holding(&files, ty);
+        let before = agent.writes;
+        let mut inst_writes = 0;
+        for _ in 0..8 {
+            inst_writes += usize::from(inst.react(&mut files));
+            agent.reconcile(&mut files, false);
+        }
+        assert_eq!(
+            agent.writes, before,
+            "{mesh}: the guard wrote again: {files:#?}"
+        );
+        assert!(
+            inst_writes <= 1,
+            "{mesh}: the installer wrote {inst_writes} times"
+        );
+        let (name, list) = guard_file(&files);
+        let types: Vec<&str> = list["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            types,
+            ["calico", "portmap", "interlock-cni", ty],
+            "{mesh}: {name}"
+        );
+        assert_eq!(
+            list["plugins"][2]["guard"]["hold"],
+            Value::Bool(true),
+            "{mesh}: interlock-cni must go on holding meshed pods"
+        );
+        assert!(matches!(agent.state, Some(GuardState::Hold { .. })));
+        // The binary is back: guarding again, no fight left behind, and ready.
+        settle(&mut agent, inst.as_mut(), &mut files, 8);
+        assert_guarding(&files, &t);
+        assert_eq!(agent.state, Some(GuardState::Guard));
+        agent.verdict(&files).unwrap();
+    }
+}
+
+/// A running installer for `mesh` whose target is (or becomes) the guard file: Istio's
+/// sticky target is set to it, as when it started before the primary.
+fn installer(mesh: GuardedMesh, t: &Map<String, Value>) -> Box<dyn Installer> {
+    let t = t.clone();
+    match mesh {
+        GuardedMesh::Istio => Box::new(Istio {
+            t,
+            target: Some("00-interlock.conflist".into()),
+            up: true,
+        }),
+        GuardedMesh::Linkerd => Box::new(Linkerd {
+            t,
+            wrote: HashMap::new(),
+            up: true,
+        }),
+        GuardedMesh::Consul => Box::new(Consul {
+            t,
+            start_file: None,
+            up: true,
+        }),
+        GuardedMesh::Kuma => unreachable!("kuma-cni writes its own file only"),
+    }
 }

@@ -246,11 +246,11 @@ pub fn conflicting_files<'p>(
 /// Guard mode's conflicts among the files `plan` touches: a file of ours that someone
 /// deleted, or that no longer runs `interlock-cni` (nor parses). The mesh's installer
 /// adding, replacing or removing its own entry (of type `t_type`) in the guard file keeps
-/// `interlock-cni` there and is no conflict: it is the converging writer. Except while
-/// the guard holds: an installer that puts its entry back each time the guard leaves it
-/// out (it cannot run: a file it needs is missing where the agent looks) would otherwise
-/// rewrite the file with the guard for ever; counted as conflicts, that trips the usual
-/// back-off. Meanwhile the installer's version keeps `interlock-cni` holding meshed pods.
+/// `interlock-cni` there and is no conflict: it is the converging writer. An installer
+/// that puts its entry back while the guard holds is converged with, not fought: the
+/// plan keeps its entry from then on ([`plan::GuardInput::installer_put_t_back`]). Only a
+/// plan that would strip it again (the flag not raised) counts that as a conflict, so a
+/// loop the planner failed to see still trips the usual back-off.
 pub fn guard_conflicting_files<'p>(
     plan: &'p Plan,
     snap: &Snapshot,

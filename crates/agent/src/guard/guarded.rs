@@ -16,6 +16,7 @@ use interlock_confdir::Snapshot;
 use interlock_contract::atomic::write_file_atomic;
 use interlock_contract::guard::GuardedMesh;
 use interlock_contract::layout::GUARD_ENTRY_FILE;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tracing::{info, warn};
 
@@ -41,6 +42,9 @@ pub struct Guarded {
     pub state: Option<GuardState>,
     /// The guard file of the last plan.
     pub guard_file: Option<String>,
+    /// In the hold the last plan put the config in, the installer put T back after the
+    /// guard left it out ([`GuardInput::installer_put_t_back`]).
+    t_put_back: bool,
 }
 
 impl Guarded {
@@ -63,6 +67,7 @@ impl Guarded {
             seen: None,
             state: None,
             guard_file: None,
+            t_put_back: false,
         }
     }
 
@@ -195,6 +200,30 @@ impl Guarded {
             mesh: self.mesh,
             learned,
             unusable,
+            installer_put_t_back: self.t_put_back,
+        }
+    }
+
+    /// Notes, before a plan, whether the installer put T back into the guard file during
+    /// a hold: interlock's last write there (`left`) had no T and the file has one now.
+    /// Sticky until the hold ends, so that a later write of the guard file keeps it.
+    pub fn note_put_back(&mut self, snap: &Snapshot, left: &HashMap<String, Option<Vec<u8>>>) {
+        if !matches!(self.state, Some(GuardState::Hold { .. })) {
+            self.t_put_back = false;
+            return;
+        }
+        let Some(name) = &self.guard_file else {
+            return;
+        };
+        let t_type = self.mesh.plugin_type();
+        if !self.t_put_back && plan::t_put_back(snap, name, left, t_type) {
+            info!(
+                "guard mode: the {} installer put {t_type} back into {name} while meshed pods \
+                 are held; keeping it there after interlock-cni (an unmeshed pod fails at \
+                 {t_type} until it can run, as without interlock)",
+                self.mesh
+            );
+            self.t_put_back = true;
         }
     }
 
@@ -213,6 +242,9 @@ impl Guarded {
             }
         }
         shared.set_guard_state(state.as_str());
+        if !matches!(state, GuardState::Hold { .. }) {
+            self.t_put_back = false;
+        }
         self.state = Some(state);
         self.guard_file = guard_file;
     }
@@ -379,6 +411,7 @@ mod tests {
             seen: None,
             state: None,
             guard_file: None,
+            t_put_back: false,
         };
         g.persist();
         let back = load(d.path(), GuardedMesh::Consul).unwrap();

@@ -672,10 +672,22 @@ impl Guard {
             // investigated.
             let found = match snap.get(f) {
                 None => "it is gone".to_string(),
-                Some(e) => format!(
-                    "it no longer runs interlock-cni ({} bytes)",
-                    e.content.as_ref().map_or(0, Vec::len)
-                ),
+                Some(e) => {
+                    let runs_ours = e
+                        .content
+                        .as_deref()
+                        .and_then(|b| {
+                            serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(b)
+                                .ok()
+                        })
+                        .is_some_and(|l| plan::entry_of_type(&l, plan::PLUGIN_TYPE).is_some());
+                    let bytes = e.content.as_ref().map_or(0, Vec::len);
+                    if runs_ours {
+                        format!("an entry interlock left out is back ({bytes} bytes)")
+                    } else {
+                        format!("it no longer runs interlock-cni ({bytes} bytes)")
+                    }
+                }
             };
             if self.conflicts.in_fight(f, now) {
                 debug!(
@@ -957,6 +969,7 @@ impl Guard {
         let plan = match self.guarded.as_mut() {
             Some(g) => {
                 g.learn(snap, &self.shared);
+                g.note_put_back(snap, &self.left);
                 let t_type = g.mesh.plugin_type();
                 // Looked up afresh (one stat per bin dir): a binary deleted since the
                 // last bin-dir event must hold pods at once, with the right reason.

@@ -1205,6 +1205,10 @@ pub struct GuardInput {
     /// needs at ADD missing, never learnt), worded for the node's reason; `None`: nothing
     /// found against it.
     pub unusable: Option<String>,
+    /// While the guard holds, the installer put T back into the guard file after the
+    /// guard left it out: keep the installer's T there rather than strip it again (the
+    /// two would otherwise rewrite the file in turn for as long as the hold lasts).
+    pub installer_put_t_back: bool,
 }
 
 /// The guard-mode state of the node's config, published for readiness, metrics and
@@ -1330,7 +1334,9 @@ fn write_unless_same(snap: &Snapshot, name: &str, want: &Map<String, Value>) -> 
 ///   (minus any T and interlock entries), `interlock-cni` in its guard role, then T
 ///   exactly as learnt, last (consul-k8s insists on it; all four installers append).
 /// - A primary and no usable T: the same without T, and `interlock-cni` holding meshed
-///   pods back (`hold: true`, the reason in the entry).
+///   pods back (`hold: true`, the reason in the entry). T is left out once; if the
+///   installer puts it back during the hold ([`GuardInput::installer_put_t_back`]), its
+///   T stays after `interlock-cni`, which keeps holding meshed pods.
 ///
 /// The guard file keeps its name once chosen: Istio's installer may have made it its
 /// sticky target, and would wait for it for ever if it moved. A file that comes to sort
@@ -1488,7 +1494,13 @@ pub fn plan_guard(snap: &Snapshot, settings: &Settings, facts: &Facts) -> (Plan,
     let hold = t_unusable(g, &version, facts);
     let t = g.learned.as_ref().filter(|_| hold.is_none());
     let entry = guard_entry(settings, g.mesh, g.learned.as_ref(), hold.as_deref());
-    list.insert("plugins".into(), Value::Array(with_entry(entry, t)));
+    let mut plugins = with_entry(entry, t);
+    if hold.is_some() && g.installer_put_t_back {
+        // interlock-cni still runs first and refuses meshed pods; an unmeshed pod fails
+        // at T as it would without interlock. Converging beats a fight with the installer.
+        plugins.extend(t_entries_in(snap, &name, t_type));
+    }
+    list.insert("plugins".into(), Value::Array(plugins));
     let mut actions = write_unless_same(snap, &name, &list);
     actions.extend(remove_owned(&cands, Some(&name)));
     let ahead = name.as_bytes() >= first_foreign.entry.os_name.as_encoded_bytes();
@@ -1545,6 +1557,39 @@ fn t_unusable(g: &GuardInput, version: &str, facts: &Facts) -> Option<String> {
     confdir::version_refused("the guard file", t_type, version, accepts)
 }
 
+/// Whether another writer put T (`t_type`) back into the guard file `name` after
+/// interlock left it out: interlock's last write there (`left`) had no T and the file has
+/// one now.
+pub fn t_put_back(
+    snap: &Snapshot,
+    name: &str,
+    left: &HashMap<String, Option<Vec<u8>>>,
+    t_type: &str,
+) -> bool {
+    let has_t = |b: &[u8]| {
+        serde_json::from_slice::<Map<String, Value>>(b)
+            .is_ok_and(|l| entry_of_type(&l, t_type).is_some())
+    };
+    let ours_without_t = matches!(left.get(name), Some(Some(b)) if !has_t(b));
+    ours_without_t
+        && snap
+            .get(name)
+            .and_then(|e| e.content.as_deref())
+            .is_some_and(has_t)
+}
+
+/// The entries of type `t_type` in `name`'s `plugins` as the conf dir has them now.
+fn t_entries_in(snap: &Snapshot, name: &str, t_type: &str) -> Vec<Value> {
+    snap.get(name)
+        .and_then(|e| e.content.as_deref())
+        .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+        .and_then(|v| v.get("plugins").and_then(Value::as_array).cloned())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| type_of(p) == Some(t_type))
+        .collect()
+}
+
 /// No primary in guard mode: today's holding config, except that T entries an installer
 /// appended to it are kept (Linkerd injects into every file, Istio and Consul pick the
 /// first one): stripping them would start a loop with the installer.
@@ -1570,15 +1615,7 @@ fn plan_guard_holding(
         })
         .or(existing);
     if let Some(name) = name {
-        let current = snap.get(&name);
-        let theirs: Vec<Value> = current
-            .and_then(|e| e.content.as_deref())
-            .and_then(|b| serde_json::from_slice::<Value>(b).ok())
-            .and_then(|v| v.get("plugins").and_then(Value::as_array).cloned())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|p| type_of(p) == Some(t_type))
-            .collect();
+        let theirs = t_entries_in(snap, &name, t_type);
         let holding: Value = serde_json::from_slice(&holding_config(settings)).unwrap_or_default();
         if let Some(mut want) = holding.as_object().cloned() {
             if let Some(Value::Array(ps)) = want.get_mut("plugins") {
