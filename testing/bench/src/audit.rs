@@ -135,6 +135,7 @@ pub fn run(a: AuditArgs) -> anyhow::Result<()> {
     };
     let spec = spec.as_installed();
 
+    let _neigh = NeighThresholds::raise_for(a.pods)?;
     eprintln!("creating {} pod netns …", a.pods);
     let node = Node::new()?;
     let pods = node.pods(a.pods)?;
@@ -163,8 +164,9 @@ pub fn run(a: AuditArgs) -> anyhow::Result<()> {
     for (i, pod) in pods.iter().enumerate() {
         let target = SocketAddr::new(GATEWAY_V4.into(), port);
         let client = in_netns(&pod.path(), move || {
-            TcpStream::connect_timeout(&target, Duration::from_secs(2))
-        })??;
+            TcpStream::connect_timeout(&target, Duration::from_secs(10))
+        })?
+        .with_context(|| format!("pod {i} ({}): connecting to the node", pod.name()))?;
         let (_server_end, _) = server.accept()?;
         let meta = interlock_cri::SandboxMetadata {
             name: format!("pod-{i}"),
@@ -270,6 +272,53 @@ fn status_kib(pid: u32, field: &str) -> Option<u64> {
 
 fn rss_kib(pid: u32) -> Option<u64> {
     status_kib(pid, "VmRSS:")
+}
+
+/// Host limits a node running many pods on one bridge raises, raised for the run (and
+/// the old values put back): the kernel's neighbour table, shared by every netns, holds
+/// 1,024 entries by default (`gc_thresh3`), which the node's entry per pod and each
+/// pod's entry for its gateway overflow past about 500 pods; and every broadcast (an
+/// ARP request, IPv6 router solicitations) is flooded to every port of the bridge, each
+/// copy through a CPU's backlog of 1,000 packets (`netdev_max_backlog`), which then
+/// drops the replies the bench's connections wait for.
+struct NeighThresholds(Vec<(PathBuf, String)>);
+
+impl NeighThresholds {
+    fn raise_for(pods: usize) -> anyhow::Result<NeighThresholds> {
+        let want = 4 * pods + 1024;
+        let mut knobs = vec![("/proc/sys/net/core/netdev_max_backlog".to_string(), want)];
+        for family in ["ipv4", "ipv6"] {
+            for (knob, value) in [("gc_thresh2", want / 2), ("gc_thresh3", want)] {
+                knobs.push((
+                    format!("/proc/sys/net/{family}/neigh/default/{knob}"),
+                    value,
+                ));
+            }
+        }
+        let mut old = Vec::new();
+        for (path, value) in knobs {
+            let path = PathBuf::from(path);
+            let was = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if was.trim().parse::<usize>().is_ok_and(|v| v >= value) {
+                continue;
+            }
+            std::fs::write(&path, value.to_string())
+                .with_context(|| format!("raising {}", path.display()))?;
+            old.push((path, was));
+        }
+        Ok(NeighThresholds(old))
+    }
+}
+
+impl Drop for NeighThresholds {
+    fn drop(&mut self) {
+        for (path, was) in self.0.iter().rev() {
+            if let Err(e) = std::fs::write(path, was.trim()) {
+                eprintln!("cannot restore {}: {e}", path.display());
+            }
+        }
+    }
 }
 
 fn loadavg() -> String {
