@@ -13,8 +13,8 @@
 //! clobber line's p99 (≤ 5 ms), every writer line's agent CPU (≤ 10 % of a core), and the
 //! agent's idle RSS (the highest line of the run, ≤ 20 MiB); a line is named by its
 //! scenario, mode, any other short text field (where it ran, say) and its foreign files.
-//! A repair line that carries `budgets` lines of its own is judged by those instead, and
-//! fields the budgets do not use are ignored. Runs of the same kind are put together; a
+//! A repair line that carries its own limits (`"budget": {"p99_ms": 5}`, or `budgets`
+//! lines) is judged by those instead, and fields the budgets do not use are ignored. Runs of the same kind are put together; a
 //! budget no document measured is left out, and one that only some runs measured is an
 //! error (runs with different plans do not add up).
 
@@ -262,23 +262,32 @@ fn repair_budgets(lines: &[Value]) -> Vec<(String, Bound, f64, Option<f64>)> {
             out.extend(own);
             continue;
         }
-        match scenario {
-            "clobber" => out.push((
-                format!("repair_p99_after_clobber_{key}_ms"),
-                Bound::AtMost,
-                REPAIR_P99_MS,
-                line["p99_ms"].as_f64(),
-            )),
-            "writer" => out.push((
-                format!(
+        // The line's own limits (`"budget": {"p99_ms": 5}`), else the documented ones.
+        let mut limits: Vec<(String, f64)> = line["budget"]
+            .as_object()
+            .map(|b| {
+                b.iter()
+                    .filter_map(|(field, limit)| Some((field.clone(), limit.as_f64()?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if limits.is_empty() {
+            match scenario {
+                "clobber" => limits.push(("p99_ms".into(), REPAIR_P99_MS)),
+                "writer" => limits.push(("agent_cpu_pct_of_core".into(), AGENT_CPU_PCT)),
+                _ => {}
+            }
+        }
+        for (field, limit) in limits {
+            let name = match (scenario, field.as_str()) {
+                ("clobber", "p99_ms") => format!("repair_p99_after_clobber_{key}_ms"),
+                ("writer", "agent_cpu_pct_of_core") => format!(
                     "agent_cpu_writer_{}_per_s_{key}_pct",
                     line["writes_per_sec"].as_u64().unwrap_or(0)
                 ),
-                Bound::AtMost,
-                AGENT_CPU_PCT,
-                line["agent_cpu_pct_of_core"].as_f64(),
-            )),
-            _ => {}
+                _ => format!("repair_{scenario}_{key}_{field}"),
+            };
+            out.push((name, Bound::AtMost, limit, line[field.as_str()].as_f64()));
         }
     }
     if !lines.is_empty() {
@@ -612,6 +621,26 @@ mod tests {
             (json!("<= 5"), json!(false))
         );
         assert!(!s.to_string().contains("repair_p99_after_clobber_chain"));
+    }
+
+    #[test]
+    fn a_repair_lines_own_limit_and_filesystem_are_used() {
+        let run = json!({"bench": "repair", "lines": [
+            {"p99_ms": 3.0, "scenario": "clobber", "mode": "chain", "filesystem": "tmpfs",
+             "budget": {"p99_ms": 2.5}, "pass": false, "idle_rss_kib": 9000},
+            {"p99_ms": 30.0, "scenario": "return", "mode": "chain", "filesystem": "disk",
+             "budget": {"p99_ms": 50}, "pass": true, "idle_rss_kib": 9000}]});
+        let s = summarize(&[run]).unwrap();
+        let own = line(&s, "repair_p99_after_clobber_chain_tmpfs_ms");
+        assert_eq!(
+            (own["limit"].clone(), own["pass"].clone()),
+            (json!("<= 2.5"), json!(false))
+        );
+        let other = line(&s, "repair_return_chain_disk_p99_ms");
+        assert_eq!(
+            (other["median"].clone(), other["pass"].clone()),
+            (json!(30.0), json!(true))
+        );
     }
 
     #[test]
