@@ -13,11 +13,14 @@
 //! over 1,000 within 1 s (the budget of the count run; none above 1,000), one repair
 //! within 50 ms at p99. Needs root.
 //!
-//! With `--agent-rss-sandboxes N` it runs a real agent instead, on a private containerd
-//! with N ready sandboxes (half of them meshed and unprotected: the agent repairs them),
-//! and reports its resident memory and the duration of its audit passes (from its log),
-//! judged at N = 1,000: RSS ≤ 40 MiB, a pass ≤ 1 s. The kit's primary config is widened
-//! to a /22 for this (its /24 holds 253 pods).
+//! With `--agent-rss-sandboxes N` it runs a real agent instead (`--kube none`), on a
+//! private containerd with N ready sandboxes, half of them annotated as Istio pods, and
+//! reports its resident memory and the duration of its audit passes (from its log),
+//! judged at N = 1,000: RSS ≤ 40 MiB, a pass ≤ 1 s. Without a Kubernetes API the istio
+//! profile cannot decide the annotated pods (it needs the proxy's UID from the pod
+//! spec): they are judged `unknown`, no netns is read and none repaired, so the pass
+//! time is the CRI side and the decisions (`last_audit` has the verdict counts). The
+//! kit's primary config is widened to a /22 for this (its /24 holds 253 pods).
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -54,8 +57,8 @@ pub struct AuditArgs {
     /// it with sock_diag instead of binding the port.
     #[arg(long)]
     pub proxy_listens: bool,
-    /// Instead: the resident memory of a real agent auditing this many sandboxes of a
-    /// private containerd (half of them meshed and unprotected: it repairs them).
+    /// Instead: the resident memory and audit passes of a real agent auditing this many
+    /// sandboxes of a private containerd (half of them annotated as Istio pods).
     #[arg(long)]
     pub agent_rss_sandboxes: Option<usize>,
     /// The `interlock` binary for `--agent-rss-sandboxes` (default: next to this one).
@@ -438,7 +441,7 @@ fn agent_rss(n: usize, interlock: Option<PathBuf>, pretty: bool) -> anyhow::Resu
             .filter(|l| l.contains("audit done"))
             .count()
     };
-    // The first pass repairs the meshed half (tens of ms each on a loaded VM).
+    // A first pass that repairs takes tens of ms per sandbox on a loaded VM.
     let deadline =
         Instant::now() + Duration::from_secs(120) + Duration::from_millis(200) * n as u32;
     let mut first = None;
@@ -480,7 +483,8 @@ fn agent_rss(n: usize, interlock: Option<PathBuf>, pretty: bool) -> anyhow::Resu
         .to_string();
     let _ = child.kill();
     let _ = child.wait();
-    // The passes after the first (which repairs half of them): what every period costs.
+    // The passes after the first (which repairs what it finds unprotected): what every
+    // period costs.
     let steady = crate::stats::median(passes.get(1..).unwrap_or_default());
     let mib = |k: Option<u64>| k.map(|k| k as f64 / 1024.0);
     let budgets = if n >= 1000 {

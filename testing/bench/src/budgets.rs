@@ -66,6 +66,9 @@ struct Judged {
     runs: Vec<Option<f64>>,
 }
 
+/// A budget a document names: `(name, bound, limit, figure)`.
+type Named = (String, Bound, f64, Option<f64>);
+
 /// Repair after a clobber, p99 (docs/performance.md).
 pub const REPAIR_P99_MS: f64 = 5.0;
 /// The agent's CPU under a writer, share of one core.
@@ -204,7 +207,7 @@ fn unit_of(name: &str) -> &'static str {
 
 /// A document's budget lines (`{name, figure, budget: "<= X", pass}`), prefixed:
 /// `name → (bound, limit, figure)`.
-fn budget_lines(v: &Value, prefix: &str) -> Vec<(String, Bound, f64, Option<f64>)> {
+fn budget_lines(v: &Value, prefix: &str) -> Vec<Named> {
     let Some(lines) = v["budgets"].as_array() else {
         return Vec::new();
     };
@@ -248,7 +251,7 @@ fn repair_line_key(line: &Value) -> String {
 }
 
 /// The budgets one run's repair lines measure: `name → (bound, limit, figure)`.
-fn repair_budgets(lines: &[Value]) -> Vec<(String, Bound, f64, Option<f64>)> {
+fn repair_budgets(lines: &[Value]) -> Vec<Named> {
     let mut out = Vec::new();
     let mut idle_rss: Option<f64> = None;
     for line in lines {
@@ -331,7 +334,7 @@ fn judged(docs: &[Value]) -> Vec<Judged> {
         }
     }
     for kind in dynamic {
-        let per_run: Vec<Vec<(String, Bound, f64, Option<f64>)>> = of_kind(kind)
+        let per_run: Vec<Vec<Named>> = of_kind(kind)
             .iter()
             .map(|d| match d["lines"].as_array() {
                 Some(lines) => repair_budgets(lines),
