@@ -138,19 +138,29 @@ bench-sandbox: deps plugin-static
 	@$(CARGO) build --release -p interlock -p interlock-bench
 	@nice -n -15 ./target/release/interlock-bench sandbox --pretty --plugin $(STATIC_PLUGIN)
 
-## bench-budgets: every budget judged on the median of BENCH_RUNS (3) runs of bench-json
-## and bench-sandbox, with the spread; the runs' documents and the summary
-## (budgets.json) in target/bench/
+## bench-budgets: every budget judged on the median of BENCH_RUNS (3) runs of bench-json,
+## bench-sandbox, bench-repair (its JSON lines, CLOBBERS, FOREIGN) and the audit (AUDIT_PODS
+## netns, and a real agent on AUDIT_SANDBOXES sandboxes of a private containerd; 0 skips
+## it), with the spread; the runs' documents and the summary (budgets.json) in target/bench/
 BENCH_RUNS ?= 3
+AUDIT_PODS ?= 1000
+AUDIT_SANDBOXES ?= 1000
 bench-budgets: deps plugin-static
-	@$(CARGO) build --release -p interlock -p interlock-bench
+	@$(CARGO) build --release -p interlock -p interlock-cni -p interlock-bench
 	@mkdir -p target/bench
+	@rm -f target/bench/plugin-*.json target/bench/sandbox-*.json target/bench/repair-*.jsonl target/bench/audit-*.json
 	@for i in $$(seq 1 $(BENCH_RUNS)); do \
 		echo "run $$i of $(BENCH_RUNS)" >&2; \
 		nice -n -15 ./target/release/interlock-bench --plugin $(STATIC_PLUGIN) > target/bench/plugin-$$i.json || exit 1; \
 		nice -n -15 ./target/release/interlock-bench sandbox --plugin $(STATIC_PLUGIN) > target/bench/sandbox-$$i.json || exit 1; \
+		$(MAKE) --no-print-directory -s bench-repair > target/bench/repair-$$i.jsonl || exit 1; \
+		./target/release/interlock-bench audit --pods $(AUDIT_PODS) > target/bench/audit-netns-$$i.json || exit 1; \
+		if [ "$(AUDIT_SANDBOXES)" != 0 ]; then \
+			./target/release/interlock-bench audit --agent-rss-sandboxes $(AUDIT_SANDBOXES) > target/bench/audit-agent-$$i.json || exit 1; \
+		fi; \
 	done
-	@./target/release/interlock-bench budgets --pretty target/bench/plugin-*.json target/bench/sandbox-*.json | tee target/bench/budgets.json
+	@./target/release/interlock-bench budgets --pretty target/bench/plugin-*.json target/bench/sandbox-*.json \
+		target/bench/repair-*.jsonl target/bench/audit-*.json | tee target/bench/budgets.json
 
 clean:
 	$(CARGO) clean
