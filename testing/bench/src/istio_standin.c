@@ -14,6 +14,10 @@
  * As a chained plugin under a real runtime (`interlock-bench sandbox`) it answers ADD
  * with its prevResult, as istio-cni returns the previous result unchanged, and DEL and
  * CHECK with nothing (istio-cni's DEL does no netns work).
+ *
+ * Built with CHAINED_NOOP instead, it is the chained no-op of that bench: it reads its
+ * config and answers ADD with its prevResult, and does nothing else (no netns, no
+ * restore), so a runtime's start with it costs what chaining any plugin costs.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -26,7 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#ifndef STANDIN_JOBS
+#if !defined(STANDIN_JOBS) && !defined(CHAINED_NOOP)
 #error "STANDIN_JOBS (the job list's path) must be defined"
 #endif
 
@@ -62,6 +66,12 @@ static char *slurp_fd(int fd, size_t *len) {
     return buf;
 }
 
+static int fail(const char *what) {
+    fprintf(stderr, "istio-cni stand-in: %s: %s\n", what, strerror(errno));
+    return 1;
+}
+
+#ifndef CHAINED_NOOP
 static char *slurp(const char *path, size_t *len) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -69,11 +79,6 @@ static char *slurp(const char *path, size_t *len) {
     char *buf = slurp_fd(fd, len);
     close(fd);
     return buf;
-}
-
-static int fail(const char *what) {
-    fprintf(stderr, "istio-cni stand-in: %s: %s\n", what, strerror(errno));
-    return 1;
 }
 
 /* Runs `tool --noflush` with `input` on its stdin; 0 when it exits 0. */
@@ -115,6 +120,8 @@ static int restore(char *tool, const char *input, size_t len) {
     }
     return 0;
 }
+
+#endif
 
 /* Prints the object under the config's "prevResult" key (nothing when there is none):
  * the result a chained plugin that changes no interface returns. */
@@ -169,6 +176,9 @@ int main(void) {
     }
     if (command != NULL && strcmp(command, "ADD") != 0)
         return 0;
+#ifdef CHAINED_NOOP
+    return print_prev_result(config);
+#else
     const char *netns = getenv("CNI_NETNS");
     if (netns == NULL) {
         fputs("istio-cni stand-in: CNI_NETNS is not set\n", stderr);
@@ -202,4 +212,5 @@ int main(void) {
     int rc = print_prev_result(config);
     free(config);
     return rc;
+#endif
 }

@@ -519,6 +519,22 @@ pub(crate) fn build_istio_standin(jobs: &[(PathBuf, String)]) -> StaticBin {
     Ok((dir, bin))
 }
 
+/// Builds the chained no-op of `interlock-bench sandbox` (`istio_standin.c` with
+/// `CHAINED_NOOP`: it reads its config and answers ADD with its prevResult, nothing else)
+/// with `gcc -static -Os` in a temp dir.
+pub(crate) fn build_chained_noop() -> StaticBin {
+    let what = "chained no-op";
+    let dir = temp_dir("ilbench-noop", what)?;
+    let bin = build_static(
+        dir.path(),
+        what,
+        ISTIO_STANDIN_C,
+        &["-DCHAINED_NOOP"],
+        false,
+    )?;
+    Ok((dir, bin))
+}
+
 fn temp_dir(prefix: &str, what: &str) -> Result<tempfile::TempDir, String> {
     tempfile::Builder::new()
         .prefix(prefix)

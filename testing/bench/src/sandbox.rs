@@ -1,25 +1,32 @@
 //! `interlock-bench sandbox`: what interlock adds to a pod's start on a real runtime.
 //!
-//! Three nodes in a box (a private containerd each, the reference primary: `bridge` +
+//! Nodes in a box (a private containerd each, the reference primary: `bridge` +
 //! `host-local` + `portmap`), one per way of starting a pod:
 //! - `primary`: the primary alone;
+//! - `chained_noop`: the primary with a static C no-op chained after it (it reads its
+//!   config and returns its prevResult): what chaining any plugin costs on this runtime;
 //! - `interlock`: the primary with the real agent running, which installs
 //!   `interlock-cni` and chains it (the shipped set-up, agent CPU included);
 //! - `istio_standin`: the primary with the istio-cni stand-in chained after it
 //!   ([`crate::build_istio_standin`]: a static plugin that runs `iptables-restore` per
 //!   family in the pod with the rules interlock installs; a lower bound of istio-cni's
-//!   cost, which also asks the API server about every pod).
+//!   cost, which also asks the API server about every pod);
+//! - `interlock_no_note` (only with `--ways`): interlock, but the plugin's ADD notes go to
+//!   a socket nobody serves, so the agent does not react to a start: with `interlock`,
+//!   what that reaction costs.
 //!
 //! A sample is one `RunPodSandbox` (the pause container, the netns, the whole CNI chain:
 //! the call returns when the pod's network is set up) timed from the call to its return;
 //! `StopPodSandbox` (CNI DEL) is timed on the way down. Sequential samples (meshed pods;
-//! unmeshed ones for `primary` and `interlock`) and bursts of N concurrent starts (pods
-//! per second: N over the burst's wall time) are interleaved round by round, the order
-//! of the ways rotating, so a drift of the machine falls on every way alike. Before the
+//! unmeshed ones for `primary` and the interlock ways) and bursts of N concurrent starts
+//! (pods per second: N over the burst's wall time) are interleaved: the sequential ones in
+//! blocks of `--block` starts, the ways taking turns, the bursts round by round, the
+//! order of the ways rotating, so a drift of the machine falls on every way alike. Before the
 //! samples, one meshed pod per way is proven captured (or, for `primary`, not captured)
 //! by a connection. Prints one JSON document with the budgets of issue 30: interlock adds
 //! at most 2 % to the meshed start's median and 5 % to its p99 over the primary alone,
-//! and sustains at least 95 % of its pods per second. Needs root.
+//! and sustains at least 95 % of its pods per second; next to them the chained no-op's
+//! figures (`reference`) and where interlock's difference goes (`breakdown`). Needs root.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -45,6 +52,9 @@ pub struct SandboxArgs {
     /// Rounds the samples and bursts are interleaved in.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Sequential starts a way makes before the next way takes its turn.
+    #[arg(long, default_value_t = 5)]
+    pub block: usize,
     /// Burst sizes: this many meshed sandboxes started at once (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = [8, 32])]
     pub bursts: Vec<usize>,
@@ -60,6 +70,14 @@ pub struct SandboxArgs {
     /// Pretty-print the JSON.
     #[arg(long)]
     pub pretty: bool,
+    /// Another `interlock` binary (an earlier build): adds the way `interlock_baseline`,
+    /// interlock with the agent from that binary, to compare two agents in one run.
+    #[arg(long)]
+    pub baseline_interlock: Option<PathBuf>,
+    /// The ways to run (comma-separated): primary, chained_noop, interlock,
+    /// istio_standin, interlock_no_note.
+    #[arg(long, value_delimiter = ',', default_values_t = WAYS.map(String::from))]
+    pub ways: Vec<String>,
 }
 
 /// Budget: interlock's meshed sandbox start median over the primary alone's, in percent.
@@ -69,8 +87,25 @@ pub const BUDGET_P99_PCT: f64 = 5.0;
 /// Budget: interlock's pods per second in a burst, as a share of the primary alone's.
 pub const BUDGET_RATE_SHARE: f64 = 0.95;
 
-/// The ways a pod is started, in the order of the first round.
-pub const WAYS: [&str; 3] = ["primary", "interlock", "istio_standin"];
+/// The ways a pod is started by default, in the order of the first round.
+pub const WAYS: [&str; 4] = ["primary", "chained_noop", "interlock", "istio_standin"];
+/// Every way: the default ones, `interlock_no_note` (interlock as shipped, but the
+/// plugin's ADD notes go to a socket nobody serves, so the agent does not react to a
+/// start: what its reaction costs a start) and `interlock_baseline` (with
+/// `--baseline-interlock`).
+pub const ALL_WAYS: [&str; 6] = [
+    "primary",
+    "chained_noop",
+    "interlock",
+    "istio_standin",
+    "interlock_no_note",
+    "interlock_baseline",
+];
+
+/// Whether `way` runs the agent.
+fn runs_agent(way: &str) -> bool {
+    way.starts_with("interlock")
+}
 
 /// One way's node and its samples.
 struct Way {
@@ -89,6 +124,9 @@ struct Way {
     /// sequential starts, and how many starts that was: on a 2-core node the agent
     /// competes with the runtime for the CPU, and its CRI calls are the runtime's work.
     cpu: Option<(Duration, Duration, usize)>,
+    /// The agent's `ListPodSandbox` calls during the sequential starts (and their stops),
+    /// and how many starts that was.
+    lists: Option<(f64, usize)>,
     /// The stand-in's build directory (kept while the node may exec it).
     _standin: Option<tempfile::TempDir>,
 }
@@ -116,10 +154,21 @@ pub fn run(mut a: SandboxArgs) -> anyhow::Result<()> {
             bail!("no {what} at {} (build it, or pass its path)", p.display());
         }
     }
+    let mut names = a.ways.clone();
+    if a.baseline_interlock.is_some() {
+        names.push("interlock_baseline".into());
+    }
     let mut ways = Vec::new();
-    for name in WAYS {
+    for name in &names {
+        let Some(&name) = ALL_WAYS.iter().find(|w| *w == name) else {
+            bail!("unknown way {name} (known: {})", ALL_WAYS.join(", "));
+        };
         eprintln!("starting the {name} node …");
-        ways.push(start_way(name, &interlock, &plugin).with_context(|| format!("the {name} way"))?);
+        let agent = match (name, &a.baseline_interlock) {
+            ("interlock_baseline", Some(baseline)) => baseline,
+            _ => &interlock,
+        };
+        ways.push(start_way(name, agent, &plugin).with_context(|| format!("the {name} way"))?);
     }
     for way in &ways {
         prove(way)?;
@@ -127,23 +176,15 @@ pub fn run(mut a: SandboxArgs) -> anyhow::Result<()> {
     for round in 0..a.rounds {
         let order: Vec<usize> = (0..ways.len()).map(|i| (i + round) % ways.len()).collect();
         eprintln!("round {} of {} …", round + 1, a.rounds);
-        for &i in &order {
-            let way = &mut ways[i];
-            let cpu_before = cpu_use(way);
-            let meshed = sequential(way, a.samples, true)?;
-            let mut starts = meshed.len();
-            way.meshed.extend(meshed);
-            if way.name != "istio_standin" {
-                let unmeshed = sequential(way, a.samples, false)?;
-                starts += unmeshed.len();
-                way.unmeshed.extend(unmeshed);
-            }
-            if let (Some(before), Some(after)) = (cpu_before, cpu_use(way)) {
-                let (agent, runtime, n) =
-                    way.cpu.get_or_insert((Duration::ZERO, Duration::ZERO, 0));
-                *agent += after.0.saturating_sub(before.0);
-                *runtime += after.1.saturating_sub(before.1);
-                *n += starts;
+        // The sequential samples in blocks, the ways taking turns: a drift of a shared
+        // machine then falls on every way alike, while each way's starts still follow
+        // one another (the agent's reaction to one start overlaps its way's next).
+        let mut left = a.samples;
+        while left > 0 {
+            let n = left.min(a.block.max(1));
+            left -= n;
+            for &i in &order {
+                sequential_block(&mut ways[i], n)?;
             }
         }
         for &n in &a.bursts {
@@ -180,22 +221,33 @@ fn start_way(
     let mut standin = None;
     match name {
         "primary" => {}
-        "interlock" => {
+        "interlock" | "interlock_baseline" => {
             node.start_agent(AgentArgs::default())?;
             node.wait_agent_ready(Duration::from_secs(60))
                 .map_err(anyhow::Error::msg)?;
         }
-        "istio_standin" => {
-            let (dir, bin) = standin_binary()?;
-            std::fs::copy(&bin, node.bin_dir().join("istio-standin"))
-                .context("installing the stand-in")?;
-            let mut config = node.primary_conflist();
-            let plugins = config["plugins"]
-                .as_array_mut()
-                .context("the primary's conflist has no plugins")?;
-            plugins.push(json!({"type": "istio-standin"}));
-            node.write_sorting_first(PRIMARY_CONFLIST, &config)?;
-            standin = Some(dir);
+        "interlock_no_note" => {
+            // A root-owned directory without a socket: the plugin's note fails at
+            // connect, as with an agent that is not running, while the agent runs.
+            let nowhere = node.state_dir().with_file_name("no-agent");
+            std::fs::create_dir_all(&nowhere).context("creating the unserved socket's dir")?;
+            let config = node.state_dir().with_file_name("plugin-config.json");
+            std::fs::write(
+                &config,
+                json!({"agentSocket": nowhere.join("agent.sock")}).to_string(),
+            )
+            .context("writing the plugin config")?;
+            node.start_agent(AgentArgs::args(&[
+                "--plugin-config".to_string(),
+                config.display().to_string(),
+            ]))?;
+            node.wait_agent_ready(Duration::from_secs(60))
+                .map_err(anyhow::Error::msg)?;
+        }
+        "istio_standin" => standin = Some(chain_static(&node, standin_binary()?, "istio-standin")?),
+        "chained_noop" => {
+            let built = crate::build_chained_noop().map_err(anyhow::Error::msg)?;
+            standin = Some(chain_static(&node, built, "chained-noop")?)
         }
         other => bail!("unknown way {other}"),
     }
@@ -210,8 +262,53 @@ fn start_way(
         plugin_add: Vec::new(),
         bursts: Vec::new(),
         cpu: None,
+        lists: None,
         _standin: standin,
     })
+}
+
+/// Installs the static plugin `built` in the node's bin dir as `name` and chains it after
+/// the primary's plugins; returns its build directory (kept while the node may exec it).
+fn chain_static(
+    node: &Node,
+    (dir, bin): (tempfile::TempDir, PathBuf),
+    name: &str,
+) -> anyhow::Result<tempfile::TempDir> {
+    std::fs::copy(&bin, node.bin_dir().join(name)).with_context(|| format!("installing {name}"))?;
+    let mut config = node.primary_conflist();
+    let plugins = config["plugins"]
+        .as_array_mut()
+        .context("the primary's conflist has no plugins")?;
+    plugins.push(json!({ "type": name }));
+    node.write_sorting_first(PRIMARY_CONFLIST, &config)?;
+    Ok(dir)
+}
+
+/// `n` meshed sequential starts of `way` (and `n` unmeshed ones for the primary and the
+/// interlock ways), with the CPU and the agent's sandbox lists they cost.
+fn sequential_block(way: &mut Way, n: usize) -> anyhow::Result<()> {
+    let cpu_before = cpu_use(way);
+    let lists_before = agent_lists(way);
+    let meshed = sequential(way, n, true)?;
+    let mut starts = meshed.len();
+    way.meshed.extend(meshed);
+    if way.name == "primary" || runs_agent(way.name) {
+        let unmeshed = sequential(way, n, false)?;
+        starts += unmeshed.len();
+        way.unmeshed.extend(unmeshed);
+    }
+    if let (Some(before), Some(after)) = (cpu_before, cpu_use(way)) {
+        let (agent, runtime, n) = way.cpu.get_or_insert((Duration::ZERO, Duration::ZERO, 0));
+        *agent += after.0.saturating_sub(before.0);
+        *runtime += after.1.saturating_sub(before.1);
+        *n += starts;
+    }
+    if let (Some(before), Some(after)) = (lists_before, agent_lists(way)) {
+        let (lists, n) = way.lists.get_or_insert((0.0, 0));
+        *lists += after - before;
+        *n += starts;
+    }
+    Ok(())
 }
 
 /// The istio-cni stand-in, fed the nft-flavoured restore input of the rules interlock
@@ -255,7 +352,7 @@ fn prove(way: &Way) -> anyhow::Result<()> {
     way.node
         .remove_pod(&sandbox)
         .map_err(|e| anyhow::anyhow!("{}: removing the proof pod: {e}", way.name))?;
-    let want_captured = way.name != "primary";
+    let want_captured = way.name != "primary" && way.name != "chained_noop";
     match (&capture, want_captured) {
         (Capture::Redirected, true) | (Capture::NotRedirected, false) => Ok(()),
         _ => bail!(
@@ -370,11 +467,21 @@ fn burst(way: &mut Way, n: usize) -> anyhow::Result<()> {
 /// The CPU time the way's agent (zero without one) and its containerd have used so far
 /// (`None`: containerd not running, or `/proc` unreadable).
 fn cpu_use(way: &Way) -> Option<(Duration, Duration)> {
-    let agent = match way.name {
-        "interlock" => crate::repair::cpu_time(way.node.agent(|a| a.pid()))?,
-        _ => Duration::ZERO,
+    let agent = if runs_agent(way.name) {
+        crate::repair::cpu_time(way.node.agent(|a| a.pid()))?
+    } else {
+        Duration::ZERO
     };
     Some((agent, crate::repair::cpu_time(way.node.containerd_pid()?)?))
+}
+
+/// The agent's `ListPodSandbox` calls so far (`None`: no agent, or no answer).
+fn agent_lists(way: &Way) -> Option<f64> {
+    if !runs_agent(way.name) {
+        return None;
+    }
+    way.node
+        .agent(|a| a.metric("interlock_audit_sandbox_lists_total"))
 }
 
 fn ms(s: &Option<Summary>) -> Value {
@@ -416,6 +523,9 @@ fn report(
                 "cpu_ms_per_sequential_start": w.cpu.and_then(|(agent, runtime, n)| {
                     let per = |d: Duration| round2(d.as_secs_f64() * 1000.0 / n as f64);
                     (n > 0).then(|| json!({"agent": per(agent), "containerd": per(runtime)}))
+                }),
+                "agent_sandbox_lists_per_sequential_start": w.lists.and_then(|(lists, n)| {
+                    (n > 0).then(|| round2(lists / n as f64))
                 }),
                 "bursts": bursts,
             }),
@@ -463,11 +573,82 @@ fn report(
         "runtime": "containerd (private, CRI), the reference primary bridge + host-local + portmap",
         "samples_per_round": a.samples,
         "rounds": a.rounds,
+        "block": a.block,
         "bursts": a.bursts,
         "ways": per_way,
         "budgets": budgets,
+        "reference": reference(ways),
+        "breakdown": breakdown(ways),
         "interlock": interlock.display().to_string(),
         "plugin": plugin.display().to_string(),
+    })
+}
+
+/// The meshed starts' summary of the way `name` (`None`: not run, or no samples).
+fn meshed(ways: &[Way], name: &str) -> Option<Summary> {
+    Summary::of(&ways.iter().find(|w| w.name == name)?.meshed)
+}
+
+/// How much slower `a`'s meshed starts are than `b`'s at `pick`, in percent.
+fn over_pct(ways: &[Way], a: &str, b: &str, pick: fn(&Summary) -> f64) -> Option<f64> {
+    Some(round2(
+        (pick(&meshed(ways, a)?) / pick(&meshed(ways, b)?) - 1.0) * 100.0,
+    ))
+}
+
+/// What any chained plugin costs a start on this runtime, next to the budgets (judged
+/// against the primary alone): the chained no-op over the primary, and interlock over
+/// the chained no-op.
+fn reference(ways: &[Way]) -> Vec<Value> {
+    let line = |name: String, a: &str, b: &str, pick: fn(&Summary) -> f64| json!({"name": name, "figure": over_pct(ways, a, b, pick)});
+    let mut out = Vec::new();
+    for (q, pick) in [
+        ("p50", (|s: &Summary| s.median_us) as fn(&Summary) -> f64),
+        ("p99", |s: &Summary| s.p99_us),
+    ] {
+        out.push(line(
+            format!("chained_noop_meshed_start_{q}_over_primary_pct"),
+            "chained_noop",
+            "primary",
+            pick,
+        ));
+        out.push(line(
+            format!("interlock_meshed_start_{q}_over_chained_noop_pct"),
+            "interlock",
+            "chained_noop",
+            pick,
+        ));
+    }
+    out
+}
+
+/// Where the difference between interlock's meshed start median and the primary's goes,
+/// in ms: chaining any plugin (the chained no-op over the primary), the plugin's own ADD
+/// (its `addUs`), the agent's reaction to the ADD note (`interlock` over
+/// `interlock_no_note`, when that way ran) and the rest (exec and exit of the plugin,
+/// state writes, the note, and the machine's noise: a difference of medians of samples
+/// that ran at different times).
+fn breakdown(ways: &[Way]) -> Value {
+    let p50 = |name: &str| meshed(ways, name).map(|s| s.median_us / 1000.0);
+    let diff = |a: &str, b: &str| Some(round2(p50(a)? - p50(b)?));
+    let total = diff("interlock", "primary");
+    let chaining = diff("chained_noop", "primary");
+    let own_add = ways
+        .iter()
+        .find(|w| w.name == "interlock")
+        .and_then(|w| Summary::of(&w.plugin_add))
+        .map(|s| round2(s.median_us / 1000.0));
+    let reaction = diff("interlock", "interlock_no_note");
+    let rest = total.map(|t| {
+        round2(t - chaining.unwrap_or(0.0) - own_add.unwrap_or(0.0) - reaction.unwrap_or(0.0))
+    });
+    json!({
+        "of": "interlock's meshed start p50 minus the primary alone's, in ms",
+        "total_ms": total,
+        "chaining_any_plugin_ms": chaining,
+        "plugin_own_add_ms": own_add,
+        "agent_reaction_to_the_note_ms": reaction,
+        "rest_ms": rest,
     })
 }
 

@@ -10,8 +10,8 @@
 //! replaced sandbox keeps its pod's UID). Statuses are fetched concurrently; netns work
 //! runs on blocking threads (`PodNetns::run` enters the netns on a dedicated thread), never
 //! across an `.await`. A sandbox that is gone, or whose netns is closed or gone, is skipped
-//! quietly. Audits run one at a time ([`run`]): at start, on the interval, and at once
-//! for a sandbox the plugin reports over the agent socket.
+//! quietly. Audits run one at a time ([`run`]): at start, on the interval, and
+//! [`NOTE_RETRY`] after the plugin reports a sandbox over the agent socket.
 //!
 //! The in-place repair is the plugin's own ADD path
 //! (`interlock_attach::protect::protect_running`: the netns lock, the same spec for both
@@ -1346,8 +1346,11 @@ fn ended_list(ended: &sockdiag::Ended) -> String {
 /// How long a sandbox named by an ADD note is looked for: the plugin sends the note from
 /// inside `RunPodSandbox`, so the runtime lists the sandbox as ready only a little later.
 pub const NOTE_PATIENCE: Duration = Duration::from_secs(5);
-/// How soon noted sandboxes that are not ready yet are looked for again; the wait doubles
-/// with each round that finds none of them, up to [`NOTE_RETRY_MAX`].
+/// How soon after a note its sandbox is first looked for, and how soon noted sandboxes
+/// that are not ready yet are looked for again; the wait doubles with each round that
+/// finds none of them, up to [`NOTE_RETRY_MAX`]. Not at once: the plugin sends the note
+/// from inside the sandbox's start, which the runtime finishes only afterwards, so a list
+/// at once would never find it and only compete with that start for the CPU.
 pub const NOTE_RETRY: Duration = Duration::from_millis(20);
 /// The longest wait between two rounds of looking for noted sandboxes.
 pub const NOTE_RETRY_MAX: Duration = Duration::from_millis(640);
@@ -1373,9 +1376,9 @@ const POD_CHANGE_SPACING: Duration = Duration::from_millis(500);
 const CRI_RETRY: Duration = Duration::from_secs(1);
 
 /// Runs the audit loop: connects to CRI (retrying every second until it answers),
-/// audits at once, then on every `interval` tick and whenever a sandbox ID arrives on
-/// `wake` (the plugin's ADD notes: noted sandboxes not ready yet are looked for again,
-/// all with one list per round, for up to [`NOTE_PATIENCE`]) or the pod watch reports a
+/// audits at once, then on every `interval` tick, [`NOTE_RETRY`] after a sandbox ID
+/// arrives on `wake` (the plugin's ADD notes: noted sandboxes not ready yet are looked for
+/// again, all with one list per round, for up to [`NOTE_PATIENCE`]) and when the pod watch reports a
 /// pod on this node added or changed (a full audit, at most once per
 /// [`POD_CHANGE_SPACING`]), one audit at a time. What the runtime answers, and each
 /// completed pass, go to `health` for `/readyz`.
@@ -1395,16 +1398,18 @@ pub async fn run(
     let mut parts = Some((plugin, cluster, metrics));
     let mut pending: BTreeMap<String, Instant> = BTreeMap::new();
     let mut rounds = 0u32;
+    // When the noted sandboxes are looked for next (none pending: never). A deadline, not
+    // a fresh wait per loop, so notes arriving faster than the wait cannot put it off.
+    let mut next_look: Option<Instant> = None;
     // The pod watch (with a Kubernetes API) wakes a full audit when a pod on this node
     // appears or changes, at most once per POD_CHANGE_SPACING.
     let mut last_pod_audit: Option<Instant> = None;
     let mut cri_retry: Option<Instant> = None;
     loop {
         let retry = async {
-            if pending.is_empty() {
-                std::future::pending::<()>().await
-            } else {
-                tokio::time::sleep(note_retry(rounds)).await
+            match next_look {
+                Some(t) if !pending.is_empty() => tokio::time::sleep_until(t.into()).await,
+                _ => std::future::pending::<()>().await,
             }
         };
         let pod_changed = async {
@@ -1425,12 +1430,12 @@ pub async fn run(
                 None => std::future::pending::<()>().await,
             }
         };
-        let noted: bool = tokio::select! {
-            _ = tick.tick() => false,
-            () = reconnect => false,
+        let noted: Option<bool> = tokio::select! {
+            _ = tick.tick() => Some(false),
+            () = reconnect => Some(false),
             () = pod_changed => {
                 last_pod_audit = Some(Instant::now());
-                false
+                Some(false)
             }
             Some(id) = wake.recv() => {
                 if pending.len() < MAX_PENDING_NOTES || pending.contains_key(&id) {
@@ -1446,13 +1451,22 @@ pub async fn run(
                         Err(_) => break,
                     }
                 }
-                true
+                let now = Instant::now();
+                let first = now + NOTE_RETRY;
+                next_look = Some(match next_look {
+                    Some(t) if t > now => t.min(first),
+                    _ => first,
+                });
+                None
             }
             () = retry => {
                 rounds = rounds.saturating_add(1);
-                true
+                next_look = Some(Instant::now() + note_retry(rounds));
+                Some(true)
             }
         };
+        // A note only sets when its sandbox is first looked for.
+        let Some(noted) = noted else { continue };
         cri_retry = None;
         if auditor.is_none() {
             match CriClient::connect(&settings.cri_endpoint).await {

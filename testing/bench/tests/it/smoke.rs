@@ -327,7 +327,8 @@ fn sandbox_quick_run_measures_every_way_and_judges_every_budget() {
             &w["bursts"]["4"]["pods_per_s_median"],
             &format!("{way} burst rate"),
         );
-        if way != "istio_standin" {
+        // Unmeshed starts only where they can differ from meshed ones.
+        if way == "primary" || way == "interlock" {
             positive(
                 &w["unmeshed_start_ms"]["p50_ms"],
                 &format!("{way} unmeshed start"),
@@ -349,4 +350,23 @@ fn sandbox_quick_run_measures_every_way_and_judges_every_budget() {
         assert!(b["figure"].is_number(), "a budget without its figure: {b}");
         assert!(b["pass"].is_boolean(), "a budget without a verdict: {b}");
     }
+    // The chained no-op's figures next to the budgets, and the breakdown of interlock's
+    // difference (the agent's reaction only with `interlock_no_note`, not run here).
+    let reference = doc["reference"].as_array().expect("reference");
+    assert_eq!(reference.len(), 4, "{doc}");
+    for r in reference {
+        assert!(
+            r["figure"].is_number(),
+            "a reference without its figure: {r}"
+        );
+    }
+    let breakdown = &doc["breakdown"];
+    for part in ["total_ms", "chaining_any_plugin_ms", "rest_ms"] {
+        assert!(breakdown[part].is_number(), "no {part}: {breakdown}");
+    }
+    positive(&breakdown["plugin_own_add_ms"], "the breakdown's own ADD");
+    assert!(
+        breakdown["agent_reaction_to_the_note_ms"].is_null(),
+        "{breakdown}"
+    );
 }
