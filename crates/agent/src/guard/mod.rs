@@ -277,14 +277,18 @@ pub fn apply_unsynced(dir: &Path, a: &Action) -> std::io::Result<()> {
     match a {
         Action::Write { name, bytes, mode } => {
             let path = dir.join(name);
-            let tmp = write_temp(dir, name, bytes, *mode, syncs_in(dir))?;
-            std::fs::rename(&tmp, &path).map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                std::io::Error::new(
-                    e.kind(),
-                    format!("writing {} atomically: {e}", path.display()),
-                )
-            })
+            write_temp(dir, name, bytes, *mode, syncs_in(dir))
+                .and_then(|tmp| {
+                    std::fs::rename(&tmp, &path).inspect_err(|_| {
+                        let _ = std::fs::remove_file(&tmp);
+                    })
+                })
+                .map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("writing {} atomically: {e}", path.display()),
+                    )
+                })
         }
         Action::Rename { from, to } => std::fs::rename(dir.join(from), dir.join(to)),
         Action::Remove { name } => match std::fs::remove_file(dir.join(name)) {
