@@ -110,19 +110,31 @@ bench-json: deps plugin-static
 
 ## bench-repair: the agent's repair, follow, /readyz and primary-return latencies, one JSON line each
 ## (in the system temp dir: on disk, with fsync, like /etc/cni/net.d on a node;
-## CLOBBERS=50 for a short run), then the same repair and a primary rewritten 100 times
-## a second with FOREIGN further foreign files in the conf dir (agent CPU share reported)
+## CLOBBERS=50 for a short run); the repair in both modes with 0 and FOREIGN further foreign
+## files in the conf dir, on disk and on tmpfs (REPAIR_TMPFS); and a primary rewritten 100
+## times a second with 0 and FOREIGN foreign files in both modes (agent CPU share). Every
+## figure with a budget carries it and "pass" in its line.
 CLOBBERS ?= 1000
 FOREIGN ?= 1000
+REPAIR_TMPFS ?= /dev/shm
 bench-repair: deps
 	@$(CARGO) build --release -p interlock -p interlock-cni -p interlock-bench
-	@for run in "clobber chain" "clobber owned" "follow chain" "follow owned" "readyz owned" "return chain" "return owned"; do \
+	@for run in "follow chain" "follow owned" "readyz owned" "return chain" "return owned"; do \
 		set -- $$run; \
 		./target/release/interlock-bench repair --clobbers $(CLOBBERS) --scenario $$1 --mode $$2 || exit 1; \
 	done
-	@./target/release/interlock-bench repair --clobbers $(CLOBBERS) --scenario clobber --mode owned --foreign $(FOREIGN)
-	@for f in 0 $(FOREIGN); do \
-		./target/release/interlock-bench repair --scenario writer --mode owned --foreign $$f || exit 1; \
+	@for dir in "" $(REPAIR_TMPFS); do \
+		for mode in chain owned; do \
+			for f in 0 $(FOREIGN); do \
+				./target/release/interlock-bench repair --clobbers $(CLOBBERS) --scenario clobber \
+					--mode $$mode --foreign $$f $${dir:+--dir $$dir} || exit 1; \
+			done; \
+		done; \
+	done
+	@for mode in owned chain; do \
+		for f in 0 $(FOREIGN); do \
+			./target/release/interlock-bench repair --scenario writer --mode $$mode --foreign $$f || exit 1; \
+		done; \
 	done
 
 ## bench-api-load: Kubernetes API requests and bytes per node for N = 50, 100, 200

@@ -124,6 +124,10 @@ pub struct DirCache {
     after_stop: usize,
     /// Symbolic links among the entries (stat'ed on every read).
     symlinks: usize,
+    /// What the entries named since the last read held before (name, content, parse),
+    /// until this read: one read back with the same content keeps its parse (our own
+    /// write, read back after its event; a writer that rewrites the same bytes).
+    prior: Vec<(OsString, Vec<u8>, ParseMemo)>,
     work: CacheWork,
 }
 
@@ -199,12 +203,14 @@ impl DirCache {
                 self.snap.order = ConfigOrder::fresh();
                 self.slots.clear();
                 (self.listed, self.after_stop, self.symlinks) = (false, 0, 0);
+                self.prior.clear();
                 return Err(e);
             }
         }
         self.dirty.clear();
         self.restat_symlinks();
         self.settle(stop);
+        self.prior.clear();
         Ok(&self.snap)
     }
 
@@ -349,8 +355,12 @@ impl DirCache {
                     }
                     self.symlinks =
                         self.symlinks + usize::from(entry.is_symlink) - usize::from(old.is_symlink);
-                    self.snap.entries[i] = entry;
-                    self.slots[i] = slot;
+                    let mut old = std::mem::replace(&mut self.snap.entries[i], entry);
+                    let old_slot = std::mem::replace(&mut self.slots[i], slot);
+                    // Its last content and parse, in case it reads the same again.
+                    if let Some((_, Kept::Held(content, memo))) = held(&mut old, old_slot.kept) {
+                        self.prior.push((name.clone(), content, memo));
+                    }
                 }
                 Err(i) => self.insert_at(i, entry, slot),
             }
@@ -455,8 +465,16 @@ impl DirCache {
                 (entry.unreadable, entry.refused) = (None, false);
                 match bounded::read_regular_with_meta(&path, bounded::MAX_CONFIG_BYTES) {
                     Ok((content, meta)) => {
+                        // The same bytes as before its change keep their parse.
+                        entry.memo = match self
+                            .prior
+                            .iter()
+                            .position(|(n, c, _)| *n == entry.os_name && *c == content)
+                        {
+                            Some(at) => self.prior.swap_remove(at).2,
+                            None => ParseMemo::default(),
+                        };
                         entry.content = Some(content);
-                        entry.memo = ParseMemo::default();
                         slot.kept = Some((FileKey::of(&meta), Kept::Shown));
                     }
                     // Left out of this snapshot as if never listed (a dangling symlink,
@@ -756,6 +774,51 @@ mod tests {
         );
     }
 
+    /// The parse memo an entry carries (the same `Arc` when the parse was kept).
+    fn memo_of(s: &Snapshot, name: &str) -> std::sync::Arc<std::sync::OnceLock<crate::ParseOf>> {
+        s.get(name).unwrap().memo.0.clone()
+    }
+
+    #[test]
+    fn a_file_read_back_with_the_same_bytes_keeps_its_parse() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        let p = d.join("10-a.conflist");
+        fs::write(&p, conflist("a")).unwrap();
+        let mut c = DirCache::new(d);
+        let before = memo_of(c.read().unwrap(), "10-a.conflist");
+        assert!(c
+            .read()
+            .unwrap()
+            .get("10-a.conflist")
+            .unwrap()
+            .parsed()
+            .unwrap()
+            .is_ok());
+        // Rewritten with the same bytes (a new inode, as an atomic writer makes).
+        fs::write(d.join(".tmp"), conflist("a")).unwrap();
+        fs::rename(d.join(".tmp"), &p).unwrap();
+        c.changed("10-a.conflist");
+        c.changed(".tmp");
+        let s = c.read().unwrap();
+        assert!(
+            std::sync::Arc::ptr_eq(&before, &memo_of(s, "10-a.conflist")),
+            "the same bytes were parsed again"
+        );
+        assert_eq!(*s, read_until(d, &|_| false, None).unwrap());
+        assert_eq!(c.work().reads, 2, "named, so read again");
+        // Other bytes: a parse of its own, of the new content.
+        fs::write(&p, conflist("b")).unwrap();
+        c.changed("10-a.conflist");
+        let s = c.read().unwrap();
+        assert!(!std::sync::Arc::ptr_eq(
+            &before,
+            &memo_of(s, "10-a.conflist")
+        ));
+        let parsed = s.get("10-a.conflist").unwrap().parsed().unwrap().clone();
+        assert_eq!(parsed.unwrap().list.name(), "b");
+    }
+
     #[test]
     fn content_held_back_by_the_stop_is_shown_again_without_a_read() {
         let t = tempfile::tempdir().unwrap();
@@ -857,6 +920,10 @@ mod tests {
                 let got = named.read_until(stop.as_deref()).unwrap();
                 proptest::prop_assert_eq!(got, &fresh, "after {:?} of {}", op, NAMES[n]);
                 proptest::prop_assert_eq!(cand_names(got), cand_names(&fresh));
+                // A parse kept from before a change is the parse of what is there now.
+                for (a, b) in got.entries.iter().zip(&fresh.entries) {
+                    proptest::prop_assert_eq!(a.parsed(), b.parsed(), "{}", b.name);
+                }
             }
         }
     }

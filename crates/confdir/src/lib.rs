@@ -420,6 +420,28 @@ impl<'a> Candidate<'a> {
     }
 }
 
+/// The iterator [`Snapshot::candidates_iter`] returns.
+#[derive(Debug)]
+pub enum Candidates<'a> {
+    /// A cache's snapshot: positions of its config files among its sorted entries.
+    Kept(&'a [DirEntry], std::slice::Iter<'a, u32>),
+    /// Any other snapshot: its config files, sorted here.
+    Sorted(std::vec::IntoIter<&'a DirEntry>),
+}
+
+impl<'a> Iterator for Candidates<'a> {
+    type Item = Candidate<'a>;
+
+    fn next(&mut self) -> Option<Candidate<'a>> {
+        match self {
+            Candidates::Kept(entries, at) => {
+                at.next().map(|&i| Candidate::new(&entries[i as usize]))
+            }
+            Candidates::Sorted(it) => it.next().map(Candidate::new),
+        }
+    }
+}
+
 /// The conf dir at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
@@ -485,6 +507,13 @@ impl Snapshot {
 
     /// The config files sorted by name (bytewise, like Go's `sort.Strings`).
     pub fn candidates(&self) -> Vec<Candidate<'_>> {
+        self.candidates_iter().collect()
+    }
+
+    /// [`Snapshot::candidates`] one at a time: for a caller that stops early (the runtime
+    /// loads the first file that qualifies), the files after it cost nothing in a cache's
+    /// snapshot, not even a place in a list.
+    pub fn candidates_iter(&self) -> Candidates<'_> {
         if let Some(memo) = &self.order.0 {
             // A cache's entries, sorted already.
             let at = memo.get_or_init(|| {
@@ -492,14 +521,11 @@ impl Snapshot {
                     .filter(|&i| self.entries[i as usize].is_config())
                     .collect()
             });
-            return at
-                .iter()
-                .map(|&i| Candidate::new(&self.entries[i as usize]))
-                .collect();
+            return Candidates::Kept(&self.entries, at.iter());
         }
         let mut out: Vec<&DirEntry> = self.entries.iter().filter(|e| e.is_config()).collect();
         out.sort_by(|a, b| a.os_name.as_bytes().cmp(b.os_name.as_bytes()));
-        out.into_iter().map(Candidate::new).collect()
+        Candidates::Sorted(out.into_iter())
     }
 
     /// The entry called `name` (exact UTF-8 names only).
@@ -959,9 +985,38 @@ pub fn effective_outcome(
     runtime: Runtime,
     bins: &Binaries<'_>,
 ) -> (Option<Chosen>, String) {
-    let cands = snap.candidates();
+    let cands = deciding_candidates(snap, runtime, bins);
     let j = judge_outcome(&cands, runtime, &snap.dir, bins);
     (chosen_of(snap, &cands, &j, runtime), j.summary)
+}
+
+/// The candidates up to the one that decides `runtime`'s outcome, in order: containerd
+/// decides on the first file; CRI-O on the first usable one or the first it cannot tell
+/// anything about (refused), and only when there is none on all of them. The outcome
+/// judged on this prefix is the outcome judged on every candidate, and in a large
+/// directory the files after the decision are most of them.
+fn deciding_candidates<'a>(
+    snap: &'a Snapshot,
+    runtime: Runtime,
+    bins: &Binaries<'_>,
+) -> Vec<Candidate<'a>> {
+    let mut out = vec![];
+    for c in snap.candidates_iter() {
+        let decides = match runtime {
+            Runtime::Containerd => true,
+            Runtime::Crio => {
+                c.entry.refused
+                    || c.parsed()
+                        .as_ref()
+                        .is_ok_and(|p| crio_unusable(p, bins).is_none())
+            }
+        };
+        out.push(c);
+        if decides {
+            break;
+        }
+    }
+    out
 }
 
 /// Which network `runtime` loads from `snap`, with a verdict for every entry. Pure: the
@@ -1699,6 +1754,40 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// The outcome judged on the candidates up to the deciding one equals the full
+        /// judgement's, for a fresh read and a cache's read, with duplicate network names
+        /// and a file interlock refuses to read (a FIFO) anywhere in the order.
+        #[test]
+        fn the_outcome_on_the_deciding_prefix_equals_the_full_judgement(
+            files in arb_dir(),
+            fifo in prop::option::of("[0-9a-zA-Z_-]{1,6}\\.conflist"),
+            dup in prop::option::of("[0-9a-zA-Z_-]{1,6}\\.conflist"),
+        ) {
+            let t = tempfile::tempdir().unwrap();
+            let bins = vec![bin_dir(t.path(), &["bridge"])];
+            let d = t.path().join("net.d");
+            fs::create_dir(&d).unwrap();
+            write_dir(&d, &files);
+            if let Some(dup) = dup.filter(|n| !d.join(n).exists()) {
+                // The same network name as a good file (if any sorts before it).
+                fs::write(d.join(dup), good("shared", "bridge")).unwrap();
+            }
+            if let Some(f) = fifo.filter(|n| !d.join(n).exists()) {
+                nix::unistd::mkfifo(&d.join(f), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+            }
+            let present = |t: &str| interlock_libcni::exec::find_plugin(t, &bins).is_some();
+            let b = Binaries { dirs: &bins, present: &present, versions: None };
+            let fresh = read(&d).unwrap();
+            let mut cache = DirCache::new(&d);
+            let cached = cache.read().unwrap();
+            for snap in [&fresh, cached] {
+                for rt in [Runtime::Containerd, Runtime::Crio] {
+                    let full = effective(snap, rt, &b);
+                    prop_assert_eq!(effective_outcome(snap, rt, &b), (full.chosen, full.summary));
+                }
+            }
+        }
 
         #[test]
         fn sorted_by_byte_order_and_first_wins(names in prop::collection::btree_set("[0-9A-Za-z._-]{1,8}\\.(conf|conflist|json)", 1..6)) {

@@ -20,7 +20,10 @@
 //! file before the exchange has truncated it already, so its version differs from the
 //! one the decision saw; while it does not parse, it is exchanged back, and the rest of
 //! its writes land under its name. Readers never see a partial file: every temp file is
-//! complete (and synced, except on tmpfs) before it is exchanged in.
+//! complete (and synced, except on tmpfs) before it is exchanged in. The exchanges
+//! themselves are not synced here: the caller syncs the directory once afterwards (the
+//! guard off its thread, `crate::guard::DirSyncer`), since a sync does not change what
+//! readers see, only what survives a crash.
 //!
 //! A file that did not exist when the decision was made is created with
 //! `RENAME_NOREPLACE`, so a file someone created in between is never replaced. A
@@ -34,7 +37,7 @@ use interlock_contract::atomic::{self, syncs_in, write_file_atomic};
 use interlock_contract::bounded;
 use nix::errno::Errno;
 use nix::fcntl::{renameat2, RenameFlags};
-use std::fs::{self, File};
+use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -140,10 +143,8 @@ pub fn replace_checked(
                 }
             }
         }
-        if sync {
-            File::open(dir)?.sync_all()?;
-        }
-        // `tmp` now holds what was under the name.
+        // `tmp` now holds what was under the name. (The directory is synced by the
+        // caller, once for the whole replacement: see the module docs.)
         let out = read_swapped_out(&tmp);
         if out.is_some() && out == expected {
             // Unchanged since we last knew it: what is in place now replaces it. A held
@@ -231,9 +232,6 @@ fn create_new(
                 format!("creating {}: {e}", path.display()),
             ));
         }
-    }
-    if sync {
-        File::open(dir)?.sync_all()?;
     }
     Ok(Replaced::Written { bytes, followed: 0 })
 }

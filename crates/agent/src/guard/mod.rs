@@ -39,7 +39,7 @@ use conflict::{conflicting_files, guard_conflicting_files, ConflictTracker, Verd
 use contested_write::{replace_checked, Replaced};
 use install::{PluginInstaller, VersionCache, PLUGIN_FILE};
 use interlock_confdir::{self as confdir, Binaries, DirCache, Snapshot};
-use interlock_contract::atomic::write_file_atomic;
+use interlock_contract::atomic::{syncs_in, write_temp};
 use interlock_contract::marker::ConfigFight;
 use interlock_contract::shown::shown;
 use marker::Marker;
@@ -259,21 +259,121 @@ pub fn dir_facts(cfg: &AgentConfig) -> Vec<DirFacts> {
         .collect()
 }
 
-/// Executes one action in `dir`.
+/// Executes one action in `dir`, the directory synced after it (where it is synced at
+/// all: not on tmpfs).
 pub fn apply(dir: &Path, a: &Action) -> std::io::Result<()> {
+    apply_unsynced(dir, a)?;
+    if syncs_in(dir) {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// [`apply`] without syncing the directory afterwards: a written file's content is synced
+/// before it is renamed in (never a partial file), but the rename itself becomes durable
+/// with the next sync of the directory ([`DirSyncer`]). The runtime sees the change as
+/// soon as the rename is done; the directory's sync would only delay the next repair.
+pub fn apply_unsynced(dir: &Path, a: &Action) -> std::io::Result<()> {
     match a {
         Action::Write { name, bytes, mode } => {
-            write_file_atomic(&dir.join(name), bytes, Some(*mode))
+            let path = dir.join(name);
+            write_temp(dir, name, bytes, *mode, syncs_in(dir))
+                .and_then(|tmp| {
+                    std::fs::rename(&tmp, &path).inspect_err(|_| {
+                        let _ = std::fs::remove_file(&tmp);
+                    })
+                })
+                .map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("writing {} atomically: {e}", path.display()),
+                    )
+                })
         }
-        Action::Rename { from, to } => {
-            std::fs::rename(dir.join(from), dir.join(to))?;
-            std::fs::File::open(dir)?.sync_all()
-        }
+        Action::Rename { from, to } => std::fs::rename(dir.join(from), dir.join(to)),
         Action::Remove { name } => match std::fs::remove_file(dir.join(name)) {
-            Ok(()) => std::fs::File::open(dir)?.sync_all(),
+            Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),
         },
+    }
+}
+
+/// How long the conf dir's sync waits after the first change it is asked to make
+/// durable, for more to come: a primary rewritten 100 times a second then costs 20
+/// directory syncs a second, not 100.
+pub const DIR_SYNC_DELAY: Duration = Duration::from_millis(50);
+
+/// Syncs the conf dir after the guard's renames and removals, on a thread of its own:
+/// off the repair's path, and once for every burst of writes (the requests that arrive
+/// within [`DIR_SYNC_DELAY`] of the first, or while a sync runs, are answered by one
+/// sync). A rename is durable at most [`DIR_SYNC_DELAY`] and two syncs after it is made;
+/// what the runtime sees does not wait for it, and a written file's content is synced
+/// before it is renamed in, so a crash never leaves a partial file, at worst the
+/// directory as it was before the last repair (which the agent repairs again at start).
+pub struct DirSyncer {
+    dir: PathBuf,
+    /// The thread's queue (started at the first request; `None` on tmpfs, where nothing
+    /// is synced, or when the thread could not start: then syncs are made in place).
+    tx: Option<std::sync::mpsc::Sender<()>>,
+    started: bool,
+}
+
+impl DirSyncer {
+    /// A syncer for `dir` (no thread until the first request).
+    pub fn new(dir: &Path) -> DirSyncer {
+        DirSyncer {
+            dir: dir.to_path_buf(),
+            tx: None,
+            started: false,
+        }
+    }
+
+    /// The directory changed: sync it soon.
+    pub fn request(&mut self) {
+        if !self.started {
+            self.started = true;
+            self.tx = syncs_in(&self.dir).then(|| self.spawn()).flatten();
+            if self.tx.is_none() && syncs_in(&self.dir) {
+                warn!("cannot start the conf dir's sync thread: syncing in place");
+            }
+        }
+        match &self.tx {
+            Some(tx) if tx.send(()).is_ok() => {}
+            _ if syncs_in(&self.dir) => sync_dir(&self.dir),
+            _ => {}
+        }
+    }
+
+    /// Syncs the directory now (on stop).
+    pub fn now(&self) {
+        if self.started && syncs_in(&self.dir) {
+            sync_dir(&self.dir);
+        }
+    }
+
+    fn spawn(&self) -> Option<std::sync::mpsc::Sender<()>> {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let dir = self.dir.clone();
+        std::thread::Builder::new()
+            .name("interlock-dirsync".into())
+            .spawn(move || {
+                while rx.recv().is_ok() {
+                    std::thread::sleep(DIR_SYNC_DELAY);
+                    // Whatever queued up meanwhile is covered by this sync.
+                    while rx.try_recv().is_ok() {}
+                    sync_dir(&dir);
+                }
+            })
+            .ok()
+            .map(|_| tx)
+    }
+}
+
+/// Syncs `dir` (a failure is logged: the next sync tries again).
+fn sync_dir(dir: &Path) {
+    if let Err(e) = std::fs::File::open(dir).and_then(|f| f.sync_all()) {
+        warn!("syncing {}: {e}", dir.display());
     }
 }
 
@@ -368,6 +468,8 @@ pub struct Guard {
     wait_hint: Option<String>,
     /// Guard mode's state (`None` in owned and chain mode).
     guarded: Option<guarded::Guarded>,
+    /// Syncs the conf dir after our writes, off the repair's path.
+    dir_sync: DirSyncer,
 }
 
 /// The config file the runtime loads from `snap` and the plugin types of its chain: in a
@@ -426,6 +528,7 @@ impl Guard {
         }
         shared.insecure_dirs.set(insecure.len() as i64);
         let cfg_state_dir = cfg.state_dir.clone();
+        let cfg_conf_dir = cfg.conf_dir.clone();
         let cfg_guard = cfg
             .guard
             .filter(|_| cfg.mode == plan::ConfigMode::Guard)
@@ -459,6 +562,7 @@ impl Guard {
             waiting_since: None,
             wait_hint: None,
             guarded: cfg_guard,
+            dir_sync: DirSyncer::new(&cfg_conf_dir),
         }
         .with_conf_dir_checked()
     }
@@ -561,7 +665,7 @@ impl Guard {
         let (plugins, bin_dirs) = (&mut self.plugins, &self.cfg.bin_dirs);
         let mut present =
             |t: &str| t == plan::PLUGIN_TYPE || find_known(plugins, t, bin_dirs).is_some();
-        for c in snap.candidates() {
+        for c in snap.candidates_iter() {
             let owned = plan::is_owned_name(c.name());
             if reached_primary && !owned && target != Some(c.name()) {
                 continue;
@@ -643,7 +747,10 @@ impl Guard {
                     )
                 })
             }
-            None => effective_verdict(&self.cfg, snap, &accepts),
+            // The guard's own settings (`effective_verdict` would build them again).
+            None => with_bins(&self.cfg, |bins| {
+                plan::check_effective_with(snap, &self.settings, bins, &accepts)
+            }),
         }
     }
 
@@ -824,7 +931,7 @@ impl Guard {
                     let guarded = self.guarded.is_some();
                     match base {
                         // Not read (refused, unreadable): nothing to compare with.
-                        Some(None) => apply(&dir, a).map(|()| Replaced::Written {
+                        Some(None) => apply_unsynced(&dir, a).map(|()| Replaced::Written {
                             bytes: bytes.clone(),
                             followed: 0,
                         }),
@@ -847,11 +954,13 @@ impl Guard {
                         }
                     }
                 }
-                _ => apply(&dir, a).map(|()| Replaced::Written {
+                _ => apply_unsynced(&dir, a).map(|()| Replaced::Written {
                     bytes: a.leaves().map(<[u8]>::to_vec).unwrap_or_default(),
                     followed: 0,
                 }),
             };
+            // Whatever it did (written, put back, partly done), the directory changed.
+            self.dir_sync.request();
             match done {
                 Ok(Replaced::Written { bytes, followed }) => {
                     changed = true;
@@ -912,14 +1021,16 @@ impl Guard {
     /// The runtime would load a config without us right now: /readyz says so for the
     /// duration of the repair (not logged, not marked: it lasts milliseconds).
     fn mark_repairing(&self, snap: &Snapshot, facts: &Facts) {
+        // Judged only when there is a "ready" to take back.
+        if !self.shared.readiness().ready {
+            return;
+        }
         if let Err(e) = self.verdict(snap, facts) {
-            if self.shared.readiness().ready {
-                self.shared.set_readiness(Readiness {
-                    ready: false,
-                    reason: format!("repairing: {e}"),
-                    effective: None,
-                });
-            }
+            self.shared.set_readiness(Readiness {
+                ready: false,
+                reason: format!("repairing: {e}"),
+                effective: None,
+            });
         }
     }
 
@@ -1240,6 +1351,8 @@ impl Guard {
                 self.write_marker();
             }
         }
+        // What was renamed last is durable before the guard returns.
+        self.dir_sync.now();
     }
 }
 
