@@ -268,12 +268,7 @@ pub fn guard_conflicting_files<'p>(
         if bytes == expected.as_deref() || out.contains(&f) {
             continue;
         }
-        let has = |b: &[u8], t: &str| {
-            serde_json::from_slice::<Value>(b)
-                .ok()
-                .and_then(|v| v.as_object().map(|l| plan::entry_of_type(l, t).is_some()))
-                .unwrap_or(false)
-        };
+        let has = plan::runs_type;
         let now = bytes.unwrap_or_default();
         let keeps_ours = current.is_some() && has(now, plan::PLUGIN_TYPE);
         let planned_t = a.leaves().is_some_and(|b| has(b, t_type));

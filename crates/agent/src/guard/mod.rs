@@ -783,11 +783,7 @@ impl Guard {
                     let runs_ours = e
                         .content
                         .as_deref()
-                        .and_then(|b| {
-                            serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(b)
-                                .ok()
-                        })
-                        .is_some_and(|l| plan::entry_of_type(&l, plan::PLUGIN_TYPE).is_some());
+                        .is_some_and(|b| plan::runs_type(b, plan::PLUGIN_TYPE));
                     let bytes = e.content.as_ref().map_or(0, Vec::len);
                     if runs_ours {
                         format!("an entry interlock left out is back ({bytes} bytes)")

@@ -1566,16 +1566,18 @@ pub fn t_put_back(
     left: &HashMap<String, Option<Vec<u8>>>,
     t_type: &str,
 ) -> bool {
-    let has_t = |b: &[u8]| {
-        serde_json::from_slice::<Map<String, Value>>(b)
-            .is_ok_and(|l| entry_of_type(&l, t_type).is_some())
-    };
-    let ours_without_t = matches!(left.get(name), Some(Some(b)) if !has_t(b));
+    let ours_without_t = matches!(left.get(name), Some(Some(b)) if !runs_type(b, t_type));
     ours_without_t
         && snap
             .get(name)
             .and_then(|e| e.content.as_deref())
-            .is_some_and(has_t)
+            .is_some_and(|b| runs_type(b, t_type))
+}
+
+/// Whether the config file `bytes` parses to a list with an entry of type `t`.
+pub fn runs_type(bytes: &[u8], t: &str) -> bool {
+    serde_json::from_slice::<Map<String, Value>>(bytes)
+        .is_ok_and(|l| entry_of_type(&l, t).is_some())
 }
 
 /// The entries of type `t_type` in `name`'s `plugins` as the conf dir has them now.
