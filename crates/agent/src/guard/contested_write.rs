@@ -20,10 +20,16 @@
 //! file before the exchange has truncated it already, so its version differs from the
 //! one the decision saw; while it does not parse, it is exchanged back, and the rest of
 //! its writes land under its name. Readers never see a partial file: every temp file is
-//! complete (and synced, except on tmpfs) before it is exchanged in. The exchanges
-//! themselves are not synced here: the caller syncs the directory once afterwards (the
-//! guard off its thread, `crate::guard::DirSyncer`), since a sync does not change what
-//! readers see, only what survives a crash.
+//! complete (and synced, except on tmpfs) before it is exchanged in, and each exchange
+//! is synced before what it took out is read.
+//!
+//! An in-place writer that resolved the name just before an exchange writes into the
+//! file the exchange took out. Once it has the file open, the kernel refuses a read lease
+//! on it, so what an exchange took out is read only when no one has it open for writing
+//! (waiting up to [`WRITER_WAIT`] for a writer to finish): its write is seen and
+//! followed, not thrown away with the file. A writer that resolved the name before the
+//! exchange but opens it only after that check (a stall of its own inside `open`) can
+//! still write into a file no longer under the name; its next write is followed.
 //!
 //! A file that did not exist when the decision was made is created with
 //! `RENAME_NOREPLACE`, so a file someone created in between is never replaced. A
@@ -37,16 +43,22 @@ use interlock_contract::atomic::{self, syncs_in, write_file_atomic};
 use interlock_contract::bounded;
 use nix::errno::Errno;
 use nix::fcntl::{renameat2, RenameFlags};
-use std::fs;
+use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 use tracing::warn;
 
 /// How many newer foreign versions one replacement follows before it gives the file back
 /// to its writer unchanged (a writer that outpaces two syscalls this many times in a row
 /// is in a fight the conflict tracker handles).
 pub const MAX_FOLLOWED: u32 = 64;
+
+/// How long what an exchange took out may stay open for writing by someone else before
+/// it is read anyway (a writer that keeps the file open for good must not stall the
+/// guard).
+pub const WRITER_WAIT: Duration = Duration::from_millis(100);
 
 /// Hard stop: rounds in which every exchange met a newer foreign version.
 const MAX_ROUNDS: u32 = 10_000;
@@ -143,8 +155,10 @@ pub fn replace_checked(
                 }
             }
         }
-        // `tmp` now holds what was under the name. (The directory is synced by the
-        // caller, once for the whole replacement: see the module docs.)
+        if sync {
+            File::open(dir)?.sync_all()?;
+        }
+        // `tmp` now holds what was under the name.
         let out = read_swapped_out(&tmp);
         if out.is_some() && out == expected {
             // Unchanged since we last knew it: what is in place now replaces it. A held
@@ -233,6 +247,9 @@ fn create_new(
             ));
         }
     }
+    if sync {
+        File::open(dir)?.sync_all()?;
+    }
     Ok(Replaced::Written { bytes, followed: 0 })
 }
 
@@ -263,12 +280,45 @@ fn write_temp(dir: &Path, name: &str, bytes: &[u8], mode: u32, sync: bool) -> io
 
 /// The content of what an exchange took out, when it is a regular file of a config's
 /// size (anything else is someone's and goes back: it is never compared equal).
+/// A writer that has it open is waited for (see the module docs).
 fn read_swapped_out(tmp: &Path) -> Option<Vec<u8>> {
     let regular = fs::symlink_metadata(tmp).is_ok_and(|m| m.file_type().is_file());
     if !regular {
         return None;
     }
+    if let Ok(f) = File::open(tmp) {
+        let t0 = Instant::now();
+        while open_for_writing(&f) == Some(true) && t0.elapsed() < WRITER_WAIT {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     bounded::read_config(tmp).ok()
+}
+
+/// Whether someone has `f`'s file open for writing, asked by taking a read lease and
+/// dropping it at once: the kernel refuses one on a file open for writing. `None`: not
+/// known (leases switched off, or the file is not ours to lease).
+#[allow(unsafe_code)]
+fn open_for_writing(f: &File) -> Option<bool> {
+    use std::os::fd::AsRawFd;
+    // Linux's `F_SETSIG` (asm-generic/fcntl.h), which the libc crate does not name.
+    const F_SETSIG: libc::c_int = 10;
+    let fd = f.as_raw_fd();
+    // SAFETY: `fcntl` with integer arguments on a descriptor `f` keeps open. A writer
+    // opening the file in the microseconds the lease is held waits for its release and
+    // makes the kernel signal the holder: SIGURG, whose default action is to ignore it,
+    // instead of SIGIO, whose default ends the process.
+    unsafe {
+        if libc::fcntl(fd, F_SETSIG, libc::SIGURG) == -1 {
+            return None;
+        }
+        if libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) == -1 {
+            return (io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN))
+                .then_some(true);
+        }
+        libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK);
+    }
+    Some(false)
 }
 
 fn remove(p: &Path) {
@@ -370,6 +420,53 @@ mod tests {
             fs::read(d.path().join("10-p.conflist")).unwrap(),
             b"v2 +ours"
         );
+        assert_eq!(names(d.path()), ["10-p.conflist"]);
+    }
+
+    /// An in-place writer that opened the file just before the exchange writes into what
+    /// the exchange took out: its write is waited for and followed, not deleted with it.
+    #[test]
+    fn an_in_place_write_into_the_file_taken_out_is_followed() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("10-p.conflist");
+        fs::write(&p, "v1").unwrap();
+        let ino = fs::metadata(&p).unwrap().ino();
+        // The writer has the file open (as `open(O_TRUNC)` would) before the exchange...
+        let mut f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+        let p2 = p.clone();
+        let writer = std::thread::spawn(move || {
+            // ...and writes once the name no longer leads to it.
+            let t0 = Instant::now();
+            while fs::metadata(&p2).unwrap().ino() == ino {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(30),
+                    "no exchange happened"
+                );
+                std::thread::yield_now();
+            }
+            use std::io::Write;
+            f.set_len(0).unwrap();
+            f.write_all(b"v2").unwrap();
+        });
+        let r = replace_checked(
+            d.path(),
+            "10-p.conflist",
+            0o644,
+            Some(b"v1"),
+            b"v1 +ours".to_vec(),
+            &mut |v| ours(v),
+        )
+        .unwrap();
+        writer.join().unwrap();
+        assert_eq!(
+            r,
+            Replaced::Written {
+                bytes: b"v2 +ours".to_vec(),
+                followed: 1
+            },
+            "the write into the file taken out was lost"
+        );
+        assert_eq!(fs::read(&p).unwrap(), b"v2 +ours");
         assert_eq!(names(d.path()), ["10-p.conflist"]);
     }
 
