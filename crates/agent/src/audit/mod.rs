@@ -149,6 +149,11 @@ pub struct Auditor {
     guard: Option<guarded::GuardAudit>,
     /// Sandboxes whose uncaptured routed family was reported (once each).
     uncovered: Mutex<BTreeSet<String>>,
+    /// The verbose status of every ready sandbox read so far, without its raw info map.
+    /// What the audit reads from it (the pod, its netns, its annotations, host network)
+    /// never changes for a sandbox ID, and asking the runtime for it is most of a pass's
+    /// cost, so only new sandboxes are asked; one that stops leaves the list's ready set.
+    known: Mutex<HashMap<String, Arc<SandboxStatus>>>,
 }
 
 /// What reading one netns showed ([`inspect`]).
@@ -198,6 +203,7 @@ impl Auditor {
             policy,
             guard,
             uncovered: Mutex::default(),
+            known: Mutex::default(),
             api: cluster.clone().map(|c| ApiWork::new(c, metrics.clone())),
             cluster,
             metrics,
@@ -259,6 +265,8 @@ impl Auditor {
             self.metrics.set_verdicts(&counts);
             lock(&self.history).forget_old(Instant::now());
             lock(&self.uncovered).retain(|id| all.contains(id));
+            let ready: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+            lock(&self.known).retain(|id, _| ready.contains(id.as_str()));
             self.collect_gone(all).await;
             self.metrics.duration.observe(start.elapsed().as_secs_f64());
             info!(
@@ -274,8 +282,23 @@ impl Auditor {
         Ok(reports)
     }
 
+    /// The sandbox's verbose status: the one kept from an earlier pass, or the runtime's.
+    async fn status_of(&self, id: &str) -> Result<Arc<SandboxStatus>, CriError> {
+        if let Some(s) = lock(&self.known).get(id) {
+            return Ok(s.clone());
+        }
+        self.metrics.status_reads.inc();
+        let mut status = self.cri.sandbox_status(id, true).await?;
+        status.info = BTreeMap::new();
+        let status = Arc::new(status);
+        if status.state == SandboxState::Ready && status.verbose.netns_closed != Some(true) {
+            lock(&self.known).insert(id.to_string(), status.clone());
+        }
+        Ok(status)
+    }
+
     async fn audit_one(&self, id: String) -> Option<SandboxReport> {
-        let status = match self.cri.sandbox_status(&id, true).await {
+        let status = match self.status_of(&id).await {
             Ok(s) => s,
             Err(e) if e.is_not_found() => return None,
             Err(e) => {

@@ -325,6 +325,8 @@ pub struct AuditMetrics {
     pub errors: Counter,
     /// `ListPodSandbox` calls of the audit.
     pub lists: Counter,
+    /// Verbose `PodSandboxStatus` calls of the audit (one per sandbox it had not seen).
+    pub status_reads: Counter,
     /// Whether the runtime answered the audit's last call (1) or not (0).
     pub cri_up: Gauge,
 }
@@ -339,6 +341,7 @@ impl AuditMetrics {
             duration: Histogram::new(AUDIT_BUCKETS),
             errors: Counter::default(),
             lists: Counter::default(),
+            status_reads: Counter::default(),
             cri_up: Gauge::default(),
         };
         for v in VerdictLabel::ALL {
@@ -377,6 +380,11 @@ impl AuditMetrics {
             "interlock_audit_sandbox_lists",
             "ListPodSandbox calls made by the sandbox audit",
             m.lists.clone(),
+        );
+        r.register(
+            "interlock_audit_sandbox_status_reads",
+            "Verbose PodSandboxStatus calls made by the sandbox audit (one per sandbox it had not seen)",
+            m.status_reads.clone(),
         );
         r.register(
             "interlock_cri_up",

@@ -476,6 +476,89 @@ async fn the_state_of_a_repaired_sandbox_that_is_gone_is_removed() {
     kit.teardown().unwrap();
 }
 
+/// A pass asks the runtime for the verbose status only of sandboxes it has not seen (what
+/// the audit reads from one never changes, and at a thousand sandboxes those calls were
+/// most of a pass), yet judges every sandbox on every pass; a new sandbox is asked about,
+/// and one that stops is no longer counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_asks_the_runtime_only_about_sandboxes_it_has_not_seen() {
+    require_root!();
+    let kit = kit_with_primary();
+    let cri = kit.cri().await;
+    network_ready(&cri).await;
+    let server = server_on();
+    let meshed = run_pod(&kit, &cri, "seen-m", true, &server).await;
+    let plain = run_pod(&kit, &cri, "seen-p", false, &server).await;
+    let d = agent_dirs(&kit);
+    let a = Agent::start(
+        &d,
+        &[
+            "--cri-endpoint",
+            &kit.endpoint(),
+            "--repair-policy",
+            "report",
+            "--audit-interval",
+            "0.2",
+        ],
+    );
+    let reads = || a.metric("interlock_audit_sandbox_status_reads_total");
+    let lists = || {
+        a.metric("interlock_audit_sandbox_lists_total")
+            .unwrap_or(0.0)
+    };
+    let more_passes = |n: f64| {
+        let from = lists();
+        wait_until(
+            Duration::from_secs(20),
+            || lists() >= from + n,
+            || a.log_text(),
+        );
+    };
+    more_passes(5.0);
+    assert_eq!(reads(), Some(2.0), "{}", a.log_text());
+    // Still judged on every pass: the report policy acts on each.
+    let reported = a
+        .metric("interlock_sandbox_repairs_total{policy=\"report\",result=\"done\"}")
+        .unwrap_or(0.0);
+    more_passes(2.0);
+    assert!(
+        a.metric("interlock_sandbox_repairs_total{policy=\"report\",result=\"done\"}")
+            .unwrap_or(0.0)
+            > reported,
+        "{}",
+        a.log_text()
+    );
+    assert_eq!(verdicts(&a, "unprotected"), Some(1.0));
+    assert_eq!(verdicts(&a, "not_meshed"), Some(1.0));
+
+    // A new sandbox is asked about (its ADD note and a pass may both ask once)...
+    let third = run_pod(&kit, &cri, "seen-n", false, &server).await;
+    wait_until(
+        Duration::from_secs(20),
+        || verdicts(&a, "not_meshed") == Some(2.0),
+        || a.get("/metrics").map(|m| m.1).unwrap_or_default(),
+    );
+    more_passes(2.0);
+    let settled = reads().unwrap_or(0.0);
+    assert!((3.0..=4.0).contains(&settled), "{settled} status reads");
+    more_passes(3.0);
+    assert_eq!(
+        reads(),
+        Some(settled),
+        "a known sandbox was asked about again"
+    );
+    // ...and one that stops is no longer counted.
+    cri.stop_sandbox(&third.id).await.unwrap();
+    wait_until(
+        Duration::from_secs(20),
+        || verdicts(&a, "not_meshed") == Some(1.0),
+        || a.get("/metrics").map(|m| m.1).unwrap_or_default(),
+    );
+    drop(a);
+    drop((meshed, plain, third));
+    kit.teardown().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_stops_the_sandbox_and_report_changes_nothing() {
     require_root!();
