@@ -20,8 +20,10 @@
 //! file before the exchange has truncated it already, so its version differs from the
 //! one the decision saw; while it does not parse, it is exchanged back, and the rest of
 //! its writes land under its name. Readers never see a partial file: every temp file is
-//! complete (and synced, except on tmpfs) before it is exchanged in, and each exchange
-//! is synced before what it took out is read.
+//! complete (and synced, except on tmpfs) before it is exchanged in. The exchanges
+//! themselves are not synced here: the caller syncs the directory once afterwards (the
+//! guard off its thread, `crate::guard::DirSyncer`), since a sync does not change what
+//! readers see, only what survives a crash.
 //!
 //! An in-place writer that resolved the name just before an exchange writes into the
 //! file the exchange took out. Once it has the file open, the kernel refuses a read lease
@@ -155,10 +157,8 @@ pub fn replace_checked(
                 }
             }
         }
-        if sync {
-            File::open(dir)?.sync_all()?;
-        }
-        // `tmp` now holds what was under the name.
+        // `tmp` now holds what was under the name. (The directory is synced by the
+        // caller, once for the whole replacement: see the module docs.)
         let out = read_swapped_out(&tmp);
         if out.is_some() && out == expected {
             // Unchanged since we last knew it: what is in place now replaces it. A held
@@ -246,9 +246,6 @@ fn create_new(
                 format!("creating {}: {e}", path.display()),
             ));
         }
-    }
-    if sync {
-        File::open(dir)?.sync_all()?;
     }
     Ok(Replaced::Written { bytes, followed: 0 })
 }
