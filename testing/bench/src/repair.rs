@@ -102,6 +102,74 @@ fn containerd_list(dir: &Path) -> Option<confdir::Parsed> {
     entry.parse().ok()
 }
 
+/// A change to the conf dir's names, from its inotify events.
+enum NameChange {
+    /// This name was created, written, moved or removed.
+    Changed(std::ffi::OsString),
+    /// The queue overflowed: list the directory again.
+    Relist,
+}
+
+/// The conf dir's config names, listed once and kept from its events: the bench's check
+/// then reads the first file only. Listing a directory of a thousand files on every event
+/// would be the bench measuring itself, and each listing holds the directory's lock
+/// against the agent's renames.
+struct Names {
+    dir: PathBuf,
+    set: std::collections::BTreeSet<std::ffi::OsString>,
+}
+
+impl Names {
+    fn list(dir: &Path) -> std::io::Result<Names> {
+        let set = std::fs::read_dir(dir)?
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+            .map(|e| e.file_name())
+            .collect();
+        Ok(Names {
+            dir: dir.to_path_buf(),
+            set,
+        })
+    }
+
+    /// Each name an event names is looked up again (one `lstat`): the order of the
+    /// events of an exchange (`RENAME_EXCHANGE`) says nothing about which name exists.
+    fn apply(&mut self, changes: Vec<NameChange>) {
+        for c in changes {
+            let name = match c {
+                NameChange::Changed(n) => n,
+                NameChange::Relist => {
+                    if let Ok(fresh) = Names::list(&self.dir) {
+                        *self = fresh;
+                    }
+                    continue;
+                }
+            };
+            match std::fs::symlink_metadata(self.dir.join(&name)) {
+                Ok(m) if !m.is_dir() => {
+                    self.set.insert(name);
+                }
+                _ => {
+                    self.set.remove(&name);
+                }
+            }
+        }
+    }
+
+    /// What [`containerd_list`] reads, from the names kept (`OsString`s order by bytes,
+    /// as containerd sorts). `None` also while an event is still on its way.
+    fn containerd_list(&self) -> Option<confdir::Parsed> {
+        let first = self
+            .set
+            .iter()
+            .find(|n| confdir::is_config_name(&n.to_string_lossy()))?;
+        let content = interlock_contract::bounded::read_config(&self.dir.join(first)).ok()?;
+        let mut entry = confdir::DirEntry::file(&first.to_string_lossy(), &content, 0o644);
+        entry.os_name = first.clone();
+        entry.parse().ok()
+    }
+}
+
 /// Whether a list runs interlock-cni.
 fn carries_interlock(p: &confdir::Parsed) -> bool {
     p.list.plugin_types().contains(&"interlock-cni")
@@ -148,7 +216,8 @@ pub struct Session {
     root: PathBuf,
     conf: PathBuf,
     mode: String,
-    events: mpsc::Receiver<()>,
+    events: mpsc::Receiver<Vec<NameChange>>,
+    names: Names,
     count: u64,
     health: std::net::SocketAddr,
 }
@@ -230,13 +299,26 @@ impl Session {
         ino.watches().add(
             &conf,
             inotify::WatchMask::MOVED_TO
+                | inotify::WatchMask::MOVED_FROM
+                | inotify::WatchMask::CREATE
                 | inotify::WatchMask::CLOSE_WRITE
                 | inotify::WatchMask::DELETE,
         )?;
+        // Listed after the watch is in place, so no change falls between the two.
+        let names = Names::list(&conf)?;
         std::thread::spawn(move || {
-            let mut buf = vec![0u8; 8192];
-            while ino.read_events_blocking(&mut buf).is_ok() {
-                if tx.send(()).is_err() {
+            use inotify::EventMask;
+            let mut buf = vec![0u8; 64 * 1024];
+            while let Ok(events) = ino.read_events_blocking(&mut buf) {
+                let changes = events
+                    .filter_map(|e| {
+                        if e.mask.contains(EventMask::Q_OVERFLOW) {
+                            return Some(NameChange::Relist);
+                        }
+                        Some(NameChange::Changed(e.name?.to_os_string()))
+                    })
+                    .collect();
+                if tx.send(changes).is_err() {
                     return;
                 }
             }
@@ -247,6 +329,7 @@ impl Session {
             conf,
             mode: mode.to_string(),
             events,
+            names,
             count: 0,
             health,
         })
@@ -276,7 +359,7 @@ impl Session {
         self.count += 1;
         // Vary the content so every clobber is a real change.
         let body = PRIMARY.replace("ilbench", &format!("ilbench{}", self.count % 2));
-        while self.events.try_recv().is_ok() {}
+        self.drain();
         let name = if self.mode == "owned" {
             "00-interlock.conflist"
         } else {
@@ -296,7 +379,7 @@ impl Session {
         self.count += 1;
         let subnet = format!("10.99.{}.0/24", self.count % 200);
         let body = PRIMARY.replace("10.99.250.0/24", &subnet);
-        while self.events.try_recv().is_ok() {}
+        self.drain();
         let t0 = Instant::now();
         rename_in(&self.conf, "10-primary.conflist", body.as_bytes())?;
         let what = format!("subnet change {}: not followed", self.count);
@@ -370,7 +453,7 @@ impl Session {
         let holding =
             |c: &confdir::Parsed| c.list.name() == interlock_contract::layout::HOLDING_NETWORK;
         let primary = self.conf.join("10-primary.conflist");
-        while self.events.try_recv().is_ok() {}
+        self.drain();
         let t0 = Instant::now();
         std::fs::remove_file(&primary)
             .with_context(|| format!("removing {}", primary.display()))?;
@@ -378,7 +461,7 @@ impl Session {
         let gone = self.wait_conf(t0, what, |c| {
             c.list.name() != "ilbench" && (holding(c) || carries_interlock(c))
         })?;
-        while self.events.try_recv().is_ok() {}
+        self.drain();
         let t1 = Instant::now();
         rename_in(&self.conf, "10-primary.conflist", PRIMARY.as_bytes())?;
         let what = "the primary's return: its network with interlock did not come back";
@@ -391,19 +474,29 @@ impl Session {
     /// Waits until the config the runtime would load satisfies `ok` (woken by the conf
     /// dir's events); the time since `t0`, or `failed` after 5 s.
     fn wait_conf(
-        &self,
+        &mut self,
         t0: Instant,
         failed: &str,
         ok: impl Fn(&confdir::Parsed) -> bool,
     ) -> anyhow::Result<Duration> {
         loop {
-            if containerd_list(&self.conf).is_some_and(|c| ok(&c)) {
+            self.drain();
+            if self.names.containerd_list().is_some_and(|c| ok(&c)) {
                 return Ok(t0.elapsed());
             }
             if t0.elapsed() > Duration::from_secs(5) {
                 bail!("{failed} within 5 s");
             }
-            let _ = self.events.recv_timeout(Duration::from_millis(20));
+            if let Ok(changes) = self.events.recv_timeout(Duration::from_millis(20)) {
+                self.names.apply(changes);
+            }
+        }
+    }
+
+    /// Takes in the conf dir's changes so far.
+    fn drain(&mut self) {
+        while let Ok(changes) = self.events.try_recv() {
+            self.names.apply(changes);
         }
     }
 
@@ -553,4 +646,46 @@ pub fn run(a: RepairArgs) -> anyhow::Result<()> {
     out["rss_after_kib"] = s.rss_kib().into();
     println!("{out}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names kept from events match the directory whatever order an exchange's
+    /// events come in, and the first config is the one containerd would pick.
+    #[test]
+    fn the_names_kept_from_events_are_the_directorys() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        std::fs::write(d.join("10-primary.conflist"), PRIMARY).unwrap();
+        std::fs::write(d.join("50-foreign.conflist"), PRIMARY).unwrap();
+        let mut names = Names::list(d).unwrap();
+        let ours = PRIMARY.replace("\"ilbench\"", "\"ours\"");
+        std::fs::write(d.join(".tmp"), &ours).unwrap();
+        nix::fcntl::renameat2(
+            None,
+            &d.join(".tmp"),
+            None,
+            &d.join("10-primary.conflist"),
+            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+        )
+        .unwrap();
+        // An exchange's events, the name's removal last: both names still exist.
+        names.apply(vec![
+            NameChange::Changed(".tmp".into()),
+            NameChange::Changed("10-primary.conflist".into()),
+        ]);
+        std::fs::remove_file(d.join(".tmp")).unwrap();
+        names.apply(vec![NameChange::Changed(".tmp".into())]);
+        assert_eq!(names.set, Names::list(d).unwrap().set);
+        assert_eq!(names.containerd_list().unwrap().list.name(), "ours");
+        std::fs::remove_file(d.join("10-primary.conflist")).unwrap();
+        names.apply(vec![NameChange::Changed("10-primary.conflist".into())]);
+        assert_eq!(names.containerd_list().unwrap().list.name(), "ilbench");
+        assert_eq!(
+            names.containerd_list().map(|c| c.list.name().to_string()),
+            containerd_list(d).map(|c| c.list.name().to_string())
+        );
+    }
 }
