@@ -605,6 +605,8 @@ pub fn run(a: RepairArgs) -> anyhow::Result<()> {
     let cpu0 = s.cpu_time();
     let t0 = Instant::now();
     let (mut samples, mut ups) = (Vec::with_capacity(a.clobbers), vec![]);
+    let floor = WriteFloor::new(&base, fs == "disk")?;
+    let mut floors = vec![];
     for _ in 0..a.clobbers {
         match a.scenario.as_str() {
             "follow" => samples.push(s.follow()?),
@@ -618,10 +620,15 @@ pub fn run(a: RepairArgs) -> anyhow::Result<()> {
                 samples.push(back);
                 ups.push(left);
             }
-            _ => samples.push(s.clobber()?),
+            _ => {
+                samples.push(s.clobber()?);
+                floors.push(floor.write()?);
+            }
         }
         std::thread::sleep(Duration::from_millis(a.interval_ms));
     }
+    let cpu1 = s.cpu_time();
+    let wall = t0.elapsed().as_secs_f64();
     let mut out = summary(&samples);
     if a.scenario == "readyz" {
         // samples: until 503; ready_again: until 200 after the foreign file left.
@@ -632,8 +639,11 @@ pub fn run(a: RepairArgs) -> anyhow::Result<()> {
         // effect; left: from its removal until the runtime's config no longer is it.
         out["left"] = summary(&ups);
     }
-    let wall = t0.elapsed().as_secs_f64();
-    if let (Some(c0), Some(c1)) = (cpu0, s.cpu_time()) {
+    if !floors.is_empty() {
+        // What writing the repaired file alone costs here: the floor under the repair.
+        out["write_floor"] = summary(&floors);
+    }
+    if let (Some(c0), Some(c1)) = (cpu0, cpu1) {
         out["agent_cpu_pct_of_core"] =
             (((c1 - c0).as_secs_f64() / wall * 1000.0).round() / 10.0).into();
     }
@@ -646,6 +656,44 @@ pub fn run(a: RepairArgs) -> anyhow::Result<()> {
     out["rss_after_kib"] = s.rss_kib().into();
     println!("{out}");
     Ok(())
+}
+
+/// The floor under a repair: writing a config-sized file the way the agent writes one
+/// (a complete temp file, synced except on tmpfs, renamed in), in a directory of its own
+/// on the same filesystem, with no agent and no inotify watch on it.
+struct WriteFloor {
+    dir: PathBuf,
+    sync: bool,
+    bytes: Vec<u8>,
+}
+
+impl WriteFloor {
+    fn new(base: &Path, sync: bool) -> anyhow::Result<WriteFloor> {
+        let dir = base.join(format!("interlock-bench-floor-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // About the size of the primary's list with interlock's entry in it.
+        let bytes = PRIMARY.repeat(2).into_bytes();
+        Ok(WriteFloor { dir, sync, bytes })
+    }
+
+    fn write(&self) -> anyhow::Result<Duration> {
+        let t0 = Instant::now();
+        let tmp = interlock_contract::atomic::write_temp(
+            &self.dir,
+            "10-floor.conflist",
+            &self.bytes,
+            0o644,
+            self.sync,
+        )?;
+        std::fs::rename(&tmp, self.dir.join("10-floor.conflist"))?;
+        Ok(t0.elapsed())
+    }
+}
+
+impl Drop for WriteFloor {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 #[cfg(test)]
