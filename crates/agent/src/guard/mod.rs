@@ -313,10 +313,19 @@ pub const DIR_SYNC_DELAY: Duration = Duration::from_millis(50);
 /// directory as it was before the last repair (which the agent repairs again at start).
 pub struct DirSyncer {
     dir: PathBuf,
-    /// The thread's queue (started at the first request; `None` on tmpfs, where nothing
-    /// is synced, or when the thread could not start: then syncs are made in place).
-    tx: Option<std::sync::mpsc::Sender<()>>,
-    started: bool,
+    how: Syncing,
+}
+
+/// How a [`DirSyncer`] syncs, decided at its first request.
+enum Syncing {
+    /// No request yet.
+    NotYet,
+    /// On its thread, through this queue.
+    Thread(std::sync::mpsc::Sender<()>),
+    /// In place: the thread could not start.
+    InPlace,
+    /// Never: the directory is on tmpfs.
+    Never,
 }
 
 impl DirSyncer {
@@ -324,30 +333,32 @@ impl DirSyncer {
     pub fn new(dir: &Path) -> DirSyncer {
         DirSyncer {
             dir: dir.to_path_buf(),
-            tx: None,
-            started: false,
+            how: Syncing::NotYet,
         }
     }
 
     /// The directory changed: sync it soon.
     pub fn request(&mut self) {
-        if !self.started {
-            self.started = true;
-            self.tx = syncs_in(&self.dir).then(|| self.spawn()).flatten();
-            if self.tx.is_none() && syncs_in(&self.dir) {
+        if matches!(self.how, Syncing::NotYet) {
+            self.how = if !syncs_in(&self.dir) {
+                Syncing::Never
+            } else if let Some(tx) = self.spawn() {
+                Syncing::Thread(tx)
+            } else {
                 warn!("cannot start the conf dir's sync thread: syncing in place");
-            }
+                Syncing::InPlace
+            };
         }
-        match &self.tx {
-            Some(tx) if tx.send(()).is_ok() => {}
-            _ if syncs_in(&self.dir) => sync_dir(&self.dir),
-            _ => {}
+        match &self.how {
+            Syncing::Thread(tx) if tx.send(()).is_ok() => {}
+            Syncing::Thread(_) | Syncing::InPlace => sync_dir(&self.dir),
+            Syncing::NotYet | Syncing::Never => {}
         }
     }
 
     /// Syncs the directory now (on stop).
     pub fn now(&self) {
-        if self.started && syncs_in(&self.dir) {
+        if matches!(self.how, Syncing::Thread(_) | Syncing::InPlace) {
             sync_dir(&self.dir);
         }
     }
