@@ -59,8 +59,13 @@ pub const MAX_FOLLOWED: u32 = 64;
 
 /// How long what an exchange took out may stay open for writing by someone else before
 /// it is read anyway (a writer that keeps the file open for good must not stall the
-/// guard).
-pub const WRITER_WAIT: Duration = Duration::from_millis(100);
+/// guard). The unit tests wait longer, so a writer thread a loaded machine schedules
+/// late still writes within it.
+pub const WRITER_WAIT: Duration = if cfg!(test) {
+    Duration::from_secs(20)
+} else {
+    Duration::from_millis(100)
+};
 
 /// Hard stop: rounds in which every exchange met a newer foreign version.
 const MAX_ROUNDS: u32 = 10_000;
